@@ -1,0 +1,28 @@
+// backends/backend_impls.hpp — the per-device implementations behind the built-in backend names.
+// Each built-in name (eager, batched_mm, grouped_mm) is one ExpertsBackend in the registry that
+// dispatches on the device of the call to the functions declared here.
+#pragma once
+#include "moex/backend.hpp"
+
+namespace moex::detail {
+
+// ---- CPU (src/backends/cpu/) -------------------------------------------------------------
+Support cpu_supports(const Problem& p, std::string_view backend);
+size_t cpu_eager_workspace(const Problem& p);
+size_t cpu_batched_workspace(const Problem& p);
+size_t cpu_grouped_workspace(const Problem& p);
+void cpu_eager(const Experts& ex, const ExpertsCall& call, const RunContext& ctx);
+void cpu_batched(const Experts& ex, const ExpertsCall& call, const RunContext& ctx);
+void cpu_grouped(const Experts& ex, const ExpertsCall& call, const RunContext& ctx);
+
+// ---- CUDA (src/backends/cuda/, compiled only when MOEX_WITH_CUDA) --------------------------
+// Without CUDA these are defined to report "built without CUDA" / throw.
+Support cuda_supports(const Problem& p, std::string_view backend);
+size_t cuda_eager_workspace(const Problem& p);
+size_t cuda_batched_workspace(const Problem& p);
+size_t cuda_grouped_workspace(const Problem& p);
+void cuda_eager(const Experts& ex, const ExpertsCall& call, const RunContext& ctx);
+void cuda_batched(const Experts& ex, const ExpertsCall& call, const RunContext& ctx);
+void cuda_grouped(const Experts& ex, const ExpertsCall& call, const RunContext& ctx);
+
+}  // namespace moex::detail

@@ -1,0 +1,198 @@
+// backends/cpu/cpu_backends.cpp — eager, batched_mm and grouped_mm on the CPU (SPEC §2).
+//
+// All three compute per-pair results y[p] = down_e(act(gate_up_e · x_t)) in f32 and finish with
+// the same fixed-order reduction over the K slots (reduce_slots), so they agree to rounding and
+// every one is deterministic for a given thread count-independent schedule: each output element
+// is computed by exactly one thread with a fixed summation order.
+#include <omp.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "backends/backend_impls.hpp"
+#include "backends/cpu/expert_math.hpp"
+#include "core/check.hpp"
+#include "moex/routing.hpp"
+
+namespace moex::detail {
+
+using namespace moex::cpu;
+
+namespace {
+
+constexpr int64_t kTile = 64;  // output columns per work item (a multiple of every micro-kernel's width)
+
+int threads_of(const Problem& p) { return p.cpu_threads > 0 ? p.cpu_threads : omp_get_max_threads(); }
+
+size_t floats(int64_t n) { return WorkspaceCarver::round_up(size_t(n) * sizeof(float)); }
+
+// Gathers rows of hidden (any activation dtype) into f32 rows: dst[r] = hidden[token_of(r)].
+template <class TokenOf>
+void gather_rows_f32(const KernelTable& kt, const ExpertsCall& call, int64_t rows, TokenOf token_of, float* dst, int threads) {
+  const int64_t H = call.hidden.shape[1];
+  const size_t esz = dtype_size(call.hidden.dtype);
+  const char* x = static_cast<const char*>(call.hidden.data);
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t r = 0; r < rows; ++r) kt.to_f32(x + token_of(r) * H * int64_t(esz), call.hidden.dtype, dst + r * H, H);
+}
+
+struct Tile {
+  int64_t e, n0, n1;
+};
+
+void add_tiles(std::vector<Tile>& tiles, int64_t e, int64_t N) {
+  for (int64_t n = 0; n < N; n += kTile) tiles.push_back({e, n, std::min(N, n + kTile)});
+}
+
+}  // namespace
+
+Support cpu_supports(const Problem& p, std::string_view backend) {
+  if (!is_float_activation(p.spec.dtype))
+    return Support::no(fmt::format("{} on the CPU needs f32, f16 or bf16 activations (got {})", backend, dtype_name(p.spec.dtype)));
+  if (p.spec.quant.quantized())
+    return Support::no(fmt::format(
+        "{} on the CPU does not run FP8/FP4 quantized experts in this version of moex; load the checkpoint with dequantize",
+        backend));
+  return Support::yes();
+}
+
+// ---- eager: loop over the experts that received tokens ------------------------------------
+
+size_t cpu_eager_workspace(const Problem& p) {
+  const int64_t S = p.tokens * p.top_k, H = p.spec.hidden, I = p.spec.intermediate, R = p.spec.gate_up_rows();
+  return floats(S * H) * 3 + floats(S * R) + floats(S * I) + floats(int64_t(threads_of(p)) * H) + floats(S);
+}
+
+void cpu_eager(const Experts& ex, const ExpertsCall& call, const RunContext& ctx) {
+  const KernelTable& kt = kernels();
+  const ExpertsSpec& s = ex.spec;
+  const int64_t T = call.hidden.shape[0], K = call.top_k_index.shape[1], S = T * K;
+  const int64_t E = s.num_experts, H = s.hidden, I = s.intermediate, R = s.gate_up_rows();
+  const int nt = ctx.num_threads;
+  WorkspaceCarver ws(ctx.workspace.data(), ctx.workspace.capacity());
+  float* x = ws.take<float>(size_t(S * H));     // [m, H] the expert's tokens
+  float* gu = ws.take<float>(size_t(S * R));    // [m, R]
+  float* h = ws.take<float>(size_t(S * I));     // [m, I]
+  float* ye = ws.take<float>(size_t(S * H));    // [m, H] the expert's outputs
+  float* y = ws.take<float>(size_t(S * H));     // [S, H] per-pair outputs, indexed by pair id
+  float* scratch = ws.take<float>(size_t(nt) * size_t(H));
+  int32_t* pairs = reinterpret_cast<int32_t*>(ws.take<float>(size_t(S)));
+
+  for (int64_t e = 0; e < E; ++e) {
+    int64_t m = 0;  // this expert's pairs, in pair order (host-side scan: the "data-dependent loop")
+    for (int64_t p = 0; p < S; ++p)
+      if (expert_of(call, p, E) == e) pairs[m++] = int32_t(p);
+    if (m == 0) continue;
+    const ExpertView ev = expert_view(ex, e);
+    gather_rows_f32(kt, call, m, [&](int64_t r) { return int64_t(pairs[r]) / K; }, x, nt);
+    const int64_t up_tiles = (R + kTile - 1) / kTile, down_tiles = (H + kTile - 1) / kTile;
+#pragma omp parallel num_threads(nt)
+    {
+#pragma omp for schedule(static)
+      for (int64_t t = 0; t < up_tiles; ++t) up_projection(kt, ev, x, m, gu, t * kTile, std::min(R, (t + 1) * kTile));
+#pragma omp for schedule(static)
+      for (int64_t r = 0; r < m; ++r) activation_rows(s, gu + r * R, 1, h + r * I);
+#pragma omp for schedule(static)
+      for (int64_t t = 0; t < down_tiles; ++t) down_projection(kt, ev, h, m, ye, t * kTile, std::min(H, (t + 1) * kTile));
+#pragma omp for schedule(static)
+      for (int64_t r = 0; r < m; ++r) std::copy(ye + r * H, ye + (r + 1) * H, y + int64_t(pairs[r]) * H);
+    }
+  }
+  reduce_slots(kt, call, H, y, [&](int64_t p) { return expert_of(call, p, E) < 0 ? int64_t(-1) : p; }, nt, scratch);
+}
+
+// ---- batched_mm: every pair multiplies its token by its own expert's weights, in place -------
+
+size_t cpu_batched_workspace(const Problem& p) {
+  const int64_t T = p.tokens, S = T * p.top_k, H = p.spec.hidden, I = p.spec.intermediate, R = p.spec.gate_up_rows();
+  return floats(T * H) + floats(S * R) + floats(S * I) + floats(S * H) + floats(int64_t(threads_of(p)) * H);
+}
+
+void cpu_batched(const Experts& ex, const ExpertsCall& call, const RunContext& ctx) {
+  const KernelTable& kt = kernels();
+  const ExpertsSpec& s = ex.spec;
+  const int64_t T = call.hidden.shape[0], K = call.top_k_index.shape[1], S = T * K;
+  const int64_t E = s.num_experts, H = s.hidden, I = s.intermediate, R = s.gate_up_rows();
+  const int nt = ctx.num_threads;
+  WorkspaceCarver ws(ctx.workspace.data(), ctx.workspace.capacity());
+  float* xt = ws.take<float>(size_t(T * H));  // [T, H] tokens in f32
+  float* gu = ws.take<float>(size_t(S * R));  // [S, R]
+  float* h = ws.take<float>(size_t(S * I));   // [S, I]
+  float* y = ws.take<float>(size_t(S * H));   // [S, H]
+  float* scratch = ws.take<float>(size_t(nt) * size_t(H));
+
+  gather_rows_f32(kt, call, T, [](int64_t r) { return r; }, xt, nt);
+  const int64_t up_tiles = (R + kTile - 1) / kTile, down_tiles = (H + kTile - 1) / kTile;
+#pragma omp parallel num_threads(nt)
+  {
+    // one GEMV per (pair, tile): the expert's weights are read where they are
+#pragma omp for schedule(dynamic, 4) collapse(2)
+    for (int64_t p = 0; p < S; ++p)
+      for (int64_t t = 0; t < up_tiles; ++t) {
+        const int64_t e = expert_of(call, p, E);
+        if (e < 0) continue;
+        up_projection(kt, expert_view(ex, e), xt + (p / K) * H, 1, gu + p * R, t * kTile, std::min(R, (t + 1) * kTile));
+      }
+#pragma omp for schedule(static)
+    for (int64_t p = 0; p < S; ++p)
+      if (expert_of(call, p, E) >= 0) activation_rows(s, gu + p * R, 1, h + p * I);
+#pragma omp for schedule(dynamic, 4) collapse(2)
+    for (int64_t p = 0; p < S; ++p)
+      for (int64_t t = 0; t < down_tiles; ++t) {
+        const int64_t e = expert_of(call, p, E);
+        if (e < 0) continue;
+        down_projection(kt, expert_view(ex, e), h + p * I, 1, y + p * H, t * kTile, std::min(H, (t + 1) * kTile));
+      }
+  }
+  reduce_slots(kt, call, H, y, [&](int64_t p) { return expert_of(call, p, E) < 0 ? int64_t(-1) : p; }, nt, scratch);
+}
+
+// ---- grouped_mm: sort pairs by expert, one grouped GEMM per projection -----------------------
+
+size_t cpu_grouped_workspace(const Problem& p) {
+  const int64_t S = p.tokens * p.top_k, H = p.spec.hidden, I = p.spec.intermediate, R = p.spec.gate_up_rows();
+  return floats(S * H) + floats(S * R) + floats(S * I) + floats(int64_t(threads_of(p)) * H);
+}
+
+void cpu_grouped(const Experts& ex, const ExpertsCall& call, const RunContext& ctx) {
+  const KernelTable& kt = kernels();
+  const ExpertsSpec& s = ex.spec;
+  const int64_t K = call.top_k_index.shape[1];
+  const int64_t E = s.num_experts, H = s.hidden, I = s.intermediate, R = s.gate_up_rows();
+  const int nt = ctx.num_threads;
+  const RoutingPlan plan = build_routing_plan(call.top_k_index, E);
+  const int64_t rows = plan.num_valid();
+  WorkspaceCarver ws(ctx.workspace.data(), ctx.workspace.capacity());
+  float* xy = ws.take<float>(size_t(std::max<int64_t>(rows, 1) * H));  // [rows, H] sorted inputs, later the outputs
+  float* gu = ws.take<float>(size_t(std::max<int64_t>(rows, 1) * R));  // [rows, R]
+  float* h = ws.take<float>(size_t(std::max<int64_t>(rows, 1) * I));   // [rows, I]
+  float* scratch = ws.take<float>(size_t(nt) * size_t(H));
+
+  gather_rows_f32(kt, call, rows, [&](int64_t r) { return int64_t(plan.sorted_pairs[size_t(r)]) / K; }, xy, nt);
+  std::vector<Tile> up, down;
+  for (int64_t e = 0; e < E; ++e) {
+    if (plan.count(e) == 0) continue;
+    add_tiles(up, e, R);
+    add_tiles(down, e, H);
+  }
+  const auto off = [&](int64_t e) { return plan.expert_offsets[size_t(e)]; };
+#pragma omp parallel num_threads(nt)
+  {
+    // skewed routing makes tiles uneven: dynamic scheduling balances them
+#pragma omp for schedule(dynamic, 1)
+    for (size_t i = 0; i < up.size(); ++i) {
+      const Tile& t = up[i];
+      up_projection(kt, expert_view(ex, t.e), xy + off(t.e) * H, plan.count(t.e), gu + off(t.e) * R, t.n0, t.n1);
+    }
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) activation_rows(s, gu + r * R, 1, h + r * I);
+#pragma omp for schedule(dynamic, 1)
+    for (size_t i = 0; i < down.size(); ++i) {
+      const Tile& t = down[i];
+      down_projection(kt, expert_view(ex, t.e), h + off(t.e) * I, plan.count(t.e), xy + off(t.e) * H, t.n0, t.n1);
+    }
+  }
+  reduce_slots(kt, call, H, xy, [&](int64_t p) { return int64_t(plan.pair_to_row[size_t(p)]); }, nt, scratch);
+}
+
+}  // namespace moex::detail

@@ -1,0 +1,85 @@
+// backends/cpu/expert_math.cpp — one expert's projections and activation on a block of rows.
+#include "backends/cpu/expert_math.hpp"
+
+namespace moex::cpu {
+
+ExpertView expert_view(const Experts& ex, int64_t e) {
+  const ExpertsSpec& s = ex.spec;
+  const int64_t R = s.gate_up_rows(), H = s.hidden, I = s.intermediate;
+  const size_t esz = dtype_size(ex.gate_up.dtype);
+  ExpertView v{&s, nullptr, nullptr, nullptr, nullptr};
+  v.gate_up = static_cast<const char*>(ex.gate_up.data) + size_t(e * R * H) * esz;
+  v.down = static_cast<const char*>(ex.down.data) + size_t(e * H * I) * esz;
+  if (s.has_bias) {
+    v.gate_up_bias = static_cast<const char*>(ex.gate_up_bias.data) + size_t(e * R) * dtype_size(ex.gate_up_bias.dtype);
+    v.down_bias = static_cast<const char*>(ex.down_bias.data) + size_t(e * H) * dtype_size(ex.down_bias.dtype);
+  }
+  return v;
+}
+
+namespace {
+
+void add_bias(const void* bias, DType dt, float* y, int64_t ldy, int64_t m, int64_t n0, int64_t n1) {
+  if (!bias) return;
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t n = n0; n < n1; ++n) y[i * ldy + n] += load_scalar(bias, dt, n);
+}
+
+}  // namespace
+
+void up_projection(const KernelTable& kt, const ExpertView& ev, const float* x, int64_t m, float* gu, int64_t n0, int64_t n1) {
+  const ExpertsSpec& s = *ev.spec;
+  const int64_t R = s.gate_up_rows(), H = s.hidden;
+  MatmulArgs a;
+  a.x = x;
+  a.ldx = H;
+  a.m = m;
+  a.k = H;
+  a.w = ev.gate_up;
+  a.wdtype = s.dtype;
+  a.layout = s.transposed ? WeightLayout::nn : WeightLayout::nt;
+  a.ldw = s.transposed ? R : H;
+  a.y = gu;
+  a.ldy = R;
+  a.n0 = n0;
+  a.n1 = n1;
+  kt.matmul(a);
+  add_bias(ev.gate_up_bias, s.dtype, gu, R, m, n0, n1);
+}
+
+void activation_rows(const ExpertsSpec& s, const float* gu, int64_t m, float* h) {
+  const int64_t I = s.intermediate, R = s.gate_up_rows();
+  for (int64_t i = 0; i < m; ++i) {
+    const float* g = gu + i * R;
+    float* hr = h + i * I;
+    if (!s.has_gate) {
+      for (int64_t c = 0; c < I; ++c) hr[c] = round_to(s.dtype, plain_act(s.activation, g[c]));
+    } else if (s.interleaved) {  // rows g0, u0, g1, u1, ...
+      for (int64_t c = 0; c < I; ++c) hr[c] = round_to(s.dtype, gated_act(s.activation, g[2 * c], g[2 * c + 1]));
+    } else {  // [gate; up]
+      for (int64_t c = 0; c < I; ++c) hr[c] = round_to(s.dtype, gated_act(s.activation, g[c], g[I + c]));
+    }
+  }
+}
+
+void down_projection(const KernelTable& kt, const ExpertView& ev, const float* h, int64_t m, float* y, int64_t n0, int64_t n1) {
+  const ExpertsSpec& s = *ev.spec;
+  const int64_t H = s.hidden, I = s.intermediate;
+  MatmulArgs a;
+  a.x = h;
+  a.ldx = I;
+  a.m = m;
+  a.k = I;
+  a.w = ev.down;
+  a.wdtype = s.dtype;
+  a.layout = s.transposed ? WeightLayout::nn : WeightLayout::nt;
+  a.ldw = s.transposed ? H : I;
+  a.y = y;
+  a.ldy = H;
+  a.n0 = n0;
+  a.n1 = n1;
+  kt.matmul(a);
+  add_bias(ev.down_bias, s.dtype, y, H, m, n0, n1);
+}
+
+}  // namespace moex::cpu

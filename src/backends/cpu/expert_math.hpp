@@ -1,0 +1,111 @@
+// backends/cpu/expert_math.hpp — the pieces of one expert's computation that every CPU backend
+// shares: reading an expert's weights in place, the two projections on a block of rows, the
+// gated activation, and the fixed-order reduction over the K slots (SPEC §1 numerics contract).
+#pragma once
+#include <cmath>
+#include <omp.h>
+
+#include <cstdint>
+
+#include "backends/cpu/kernels.hpp"
+#include "moex/experts.hpp"
+
+namespace moex::cpu {
+
+// Element i of a tensor of dtype f32/f16/bf16 as f32.
+inline float load_scalar(const void* base, DType dt, int64_t i) {
+  switch (dt) {
+    case DType::bf16: return bf16_to_float(static_cast<const uint16_t*>(base)[i]);
+    case DType::f16: return f16_to_float(static_cast<const uint16_t*>(base)[i]);
+    default: return static_cast<const float*>(base)[i];
+  }
+}
+
+// The activation of one (gate, up) pair in f32.
+inline float gated_act(const ActivationSpec& a, float g, float u) {
+  switch (a.kind) {
+    case Activation::silu: return g / (1.0f + std::exp(-g)) * u;
+    case Activation::gelu: return 0.5f * g * (1.0f + std::erf(g * 0.70710678118654752f)) * u;
+    case Activation::gelu_tanh: {
+      const float c = 0.79788456080286536f;  // sqrt(2/pi)
+      return 0.5f * g * (1.0f + std::tanh(c * (g + 0.044715f * g * g * g))) * u;
+    }
+    case Activation::relu: return (g > 0.0f ? g : (g == g ? 0.0f : g)) * u;
+    case Activation::swiglu_clamped: {
+      g = std::fmin(g, a.limit);
+      u = std::fmax(std::fmin(u, a.limit), -a.limit);
+      return (u + 1.0f) * (g / (1.0f + std::exp(-a.alpha * g)));
+    }
+  }
+  return 0.0f;
+}
+// The activation without a gate (has_gate = false): h = act(x).
+inline float plain_act(const ActivationSpec& a, float x) {
+  switch (a.kind) {
+    case Activation::silu: return x / (1.0f + std::exp(-x));
+    case Activation::gelu: return 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752f));
+    case Activation::gelu_tanh: return 0.5f * x * (1.0f + std::tanh(0.79788456080286536f * (x + 0.044715f * x * x * x)));
+    case Activation::relu: return x > 0.0f ? x : (x == x ? 0.0f : x);
+    case Activation::swiglu_clamped: return x;  // rejected by validation (needs a gate)
+  }
+  return 0.0f;
+}
+
+// One expert's weights, addressed in place (no copies).
+struct ExpertView {
+  const ExpertsSpec* spec;
+  const void* gate_up;       // [R, H] (nt) or [H, R] (nn)
+  const void* down;          // [H, I] (nt) or [I, H] (nn)
+  const void* gate_up_bias;  // [R] or nullptr
+  const void* down_bias;     // [H] or nullptr
+};
+ExpertView expert_view(const Experts& ex, int64_t e);
+
+// gu[m, n0:n1] = x[m, H] · gate_upᵀ (+ bias), f32. n ranges over the R = gate_up_rows() outputs.
+void up_projection(const KernelTable& kt, const ExpertView& ev, const float* x, int64_t m, float* gu, int64_t n0, int64_t n1);
+// h[m, I] = act(gu[m, R]), rounded to the activation dtype (the down GEMM reads act-dtype operands).
+void activation_rows(const ExpertsSpec& s, const float* gu, int64_t m, float* h);
+// y[m, n0:n1] = h[m, I] · downᵀ (+ bias), f32.
+void down_projection(const KernelTable& kt, const ExpertView& ev, const float* h, int64_t m, float* y, int64_t n0, int64_t n1);
+
+// out[t] = Σ_j w[t, j] · y[row(t, j)] in slot order, dropped slots skipped, rounded once to the
+// activation dtype. row_of(p) gives the row of pair p = t*K + j in y [rows, H], or -1.
+// (The routing weight is applied here, after the down projection, in f32.)
+template <class RowOf>
+void reduce_slots(const KernelTable& kt, const ExpertsCall& call, int64_t H, const float* y, RowOf row_of, int threads,
+                  float* scratch /* [threads, H] */);
+
+// Routing weight of pair p as f32.
+inline float routing_weight(const ExpertsCall& call, int64_t p) {
+  return load_scalar(call.top_k_weights.data, call.top_k_weights.dtype, p);
+}
+// Expert of pair p, or -1 when the slot is dropped.
+inline int64_t expert_of(const ExpertsCall& call, int64_t p, int64_t E) {
+  int64_t e = call.top_k_index.dtype == DType::i32 ? int64_t(call.top_k_index.ptr<int32_t>()[p])
+                                                     : call.top_k_index.ptr<int64_t>()[p];
+  return (e >= 0 && e < E) ? e : -1;
+}
+
+template <class RowOf>
+void reduce_slots(const KernelTable& kt, const ExpertsCall& call, int64_t H, const float* y, RowOf row_of, int threads,
+                  float* scratch) {
+  const int64_t T = call.hidden.shape[0], K = call.top_k_index.shape[1];
+  const size_t esz = dtype_size(call.out.dtype);
+  char* out = static_cast<char*>(call.out.data);
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t t = 0; t < T; ++t) {
+    float* acc = scratch + int64_t(omp_get_thread_num()) * H;
+    for (int64_t h = 0; h < H; ++h) acc[h] = 0.0f;
+    for (int64_t j = 0; j < K; ++j) {
+      const int64_t row = row_of(t * K + j);
+      if (row < 0) continue;
+      const float w = routing_weight(call, t * K + j);
+      const float* yr = y + row * H;
+#pragma omp simd
+      for (int64_t h = 0; h < H; ++h) acc[h] += w * yr[h];
+    }
+    kt.from_f32(acc, call.out.dtype, out + t * H * int64_t(esz), H);
+  }
+}
+
+}  // namespace moex::cpu

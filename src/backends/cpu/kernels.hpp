@@ -1,0 +1,50 @@
+// backends/cpu/kernels.hpp — the vectorised CPU micro-kernels the CPU backends share.
+// One implementation (kernels_impl.hpp) is compiled per instruction set (AVX-512, AVX2,
+// portable) and the best one the CPU supports is chosen once at run time.
+#pragma once
+#include <cstdint>
+
+#include "moex/dtype.hpp"
+
+namespace moex::cpu {
+
+// How a weight matrix of an expert is stored relative to y = x · op(W):
+//   nt: W is [N, K] row-major (out × in, the default layout):  y[i, n] = Σ_k x[i, k] · W[n, k]
+//   nn: W is [K, N] row-major (in × out, "transposed" experts): y[i, n] = Σ_k x[i, k] · W[k, n]
+enum class WeightLayout { nt, nn };
+
+// Y[0:m, n0:n1] = X[0:m, 0:k] · op(W)[:, n0:n1]; X and Y are f32, W is f32/f16/bf16.
+// Columns outside [n0, n1) of Y are not touched, so threads can split the n range.
+struct MatmulArgs {
+  const float* x = nullptr;  // [m, k], row stride ldx
+  int64_t ldx = 0;
+  int64_t m = 0, k = 0;
+  const void* w = nullptr;  // see WeightLayout; row stride ldw (elements)
+  DType wdtype = DType::f32;
+  WeightLayout layout = WeightLayout::nt;
+  int64_t ldw = 0;
+  float* y = nullptr;  // [m, N], row stride ldy
+  int64_t ldy = 0;
+  int64_t n0 = 0, n1 = 0;
+};
+
+struct KernelTable {
+  const char* isa;  // "avx512", "avx2", "generic"
+  void (*matmul)(const MatmulArgs& a);
+  // n elements of dtype dt (f32/f16/bf16) → f32, and back (round to nearest even).
+  void (*to_f32)(const void* src, DType dt, float* dst, int64_t n);
+  void (*from_f32)(const float* src, DType dt, void* dst, int64_t n);
+  // Runs `iters` rounds of independent FMA chains on one thread; returns the flops done
+  // (the benchmark's peak-rate probe).
+  double (*fma_probe)(int64_t iters);
+};
+
+// The table for this CPU. MOEX_CPU_ISA=avx512|avx2|generic forces a (supported) variant.
+const KernelTable& kernels();
+const KernelTable& generic_kernels();
+#if defined(MOEX_X86)
+const KernelTable& avx2_kernels();
+const KernelTable& avx512_kernels();
+#endif
+
+}  // namespace moex::cpu

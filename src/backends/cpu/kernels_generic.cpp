@@ -1,0 +1,88 @@
+// backends/cpu/kernels_generic.cpp — portable kernels (8-lane arrays the compiler vectorises
+// for the baseline ISA), and the run-time choice of the best kernel table.
+#include <cstdlib>
+#include <string>
+
+#include "backends/cpu/kernels_impl.hpp"
+#include "core/check.hpp"
+
+namespace moex::cpu {
+namespace {
+
+struct Generic {
+  static constexpr int W = 8;
+  struct V {
+    float v[W];
+  };
+  static V zero() { return V{}; }
+  static V set1(float x) {
+    V r;
+    for (int i = 0; i < W; ++i) r.v[i] = x;
+    return r;
+  }
+  static V load(const float* p) {
+    V r;
+    std::memcpy(r.v, p, sizeof(r.v));
+    return r;
+  }
+  static V load_bf16(const uint16_t* p) {
+    V r;
+    for (int i = 0; i < W; ++i) r.v[i] = bf16_to_float(p[i]);
+    return r;
+  }
+  static V load_f16(const uint16_t* p) {
+    V r;
+    for (int i = 0; i < W; ++i) r.v[i] = f16_to_float(p[i]);
+    return r;
+  }
+  static V fma(V a, V b, V c) {
+    for (int i = 0; i < W; ++i) c.v[i] += a.v[i] * b.v[i];
+    return c;
+  }
+  static float reduce(V a) {
+    float s = 0;
+    for (int i = 0; i < W; ++i) s += a.v[i];
+    return s;
+  }
+  static void store(float* p, V a) { std::memcpy(p, a.v, sizeof(a.v)); }
+  static void store_as_bf16(const float* src, uint16_t* dst, int64_t n) { impl::store_as_bf16_scalar(src, dst, n); }
+  static void store_as_f16(const float* src, uint16_t* dst, int64_t n) { impl::store_as_f16_scalar(src, dst, n); }
+};
+
+const KernelTable& choose() {
+  std::string forced;
+  if (const char* env = std::getenv("MOEX_CPU_ISA")) forced = env;
+#if defined(MOEX_X86)
+  __builtin_cpu_init();
+  const bool has512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  const bool has2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  if (forced == "avx512" && has512) return avx512_kernels();
+  if (forced == "avx2" && has2) return avx2_kernels();
+  if (forced == "generic") return generic_kernels();
+  if (forced.empty() || forced == "auto") {
+    if (has512) return avx512_kernels();
+    if (has2) return avx2_kernels();
+  }
+#else
+  if (forced.empty() || forced == "auto" || forced == "generic") return generic_kernels();
+#endif
+  if (!forced.empty() && forced != "auto")
+    detail::fail(ErrorCode::invalid_argument, "MOEX_CPU_ISA={} is not supported by this CPU (valid: auto, avx512, avx2, generic)",
+                 forced);
+  return generic_kernels();
+}
+
+}  // namespace
+
+const KernelTable& generic_kernels() {
+  static const KernelTable table = impl::make_table<Generic>("generic");
+  return table;
+}
+
+const KernelTable& kernels() {
+  static const KernelTable& table = choose();
+  return table;
+}
+
+}  // namespace moex::cpu

@@ -1,0 +1,217 @@
+// backends/cuda/cuda_common.cuh — what every CUDA experts kernel and launcher shares: error
+// checks that become moex::Error, a device guard, element types (f32/f16/bf16) with their f32
+// conversions, the activations (same formulas as backends/cpu/expert_math.hpp) and the launch
+// parameter structs of the kernels in this folder.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/check.hpp"
+#include "moex/backend.hpp"
+
+namespace moex::cuda {
+
+// ---- errors -------------------------------------------------------------------------------
+[[noreturn]] inline void throw_cuda(cudaError_t e, const char* what) {
+  cudaGetLastError();  // clear a non-sticky error so that the next call starts clean
+  if (e == cudaErrorMemoryAllocation)
+    detail::fail(ErrorCode::out_of_memory, "out of GPU memory in {}: {}", what, cudaGetErrorString(e));
+  detail::fail(ErrorCode::internal, "CUDA error in {}: {} ({})", what, cudaGetErrorString(e), cudaGetErrorName(e));
+}
+inline void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw_cuda(e, what);
+}
+// After a kernel launch: launch-configuration errors surface here (asynchronous faults surface
+// at the next synchronising call, as everywhere in CUDA).
+inline void check_launch(const char* kernel) { check(cudaGetLastError(), kernel); }
+
+// Makes `device` current for the scope and restores the previous one.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    check(cudaGetDevice(&prev_), "cudaGetDevice");
+    if (prev_ != device) check(cudaSetDevice(device), "cudaSetDevice");
+  }
+  ~DeviceGuard() {
+    int cur = prev_;
+    cudaGetDevice(&cur);
+    if (cur != prev_) cudaSetDevice(prev_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int prev_ = 0;
+};
+
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// ---- element types ------------------------------------------------------------------------
+__device__ __forceinline__ float to_f32(float v) { return v; }
+__device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <class T>
+__device__ __forceinline__ T from_f32(float v);
+template <>
+__device__ __forceinline__ float from_f32<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half_rn(v); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+// An f32 value of a buffer whose dtype is only known at run time (f32, f16 or bf16).
+__device__ __forceinline__ float load_any(const void* p, int dtype_code, int64_t i) {
+  if (dtype_code == 0) return static_cast<const float*>(p)[i];
+  if (dtype_code == 1) return __half2float(static_cast<const __half*>(p)[i]);
+  return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+}
+// 0 = f32, 1 = f16, 2 = bf16 (for load_any)
+inline int dtype_code(DType dt) { return dt == DType::f32 ? 0 : dt == DType::f16 ? 1 : 2; }
+
+__device__ __forceinline__ int64_t load_index(const void* idx, bool idx64, int64_t p) {
+  return idx64 ? static_cast<const int64_t*>(idx)[p] : int64_t(static_cast<const int32_t*>(idx)[p]);
+}
+
+// ---- activations (f32; the formulas of SPEC §1 and backends/cpu/expert_math.hpp) ------------
+struct ActParams {
+  int kind;  // moex::Activation as int
+  float alpha, limit;
+};
+inline ActParams act_params(const ActivationSpec& a) { return {int(a.kind), a.alpha, a.limit}; }
+
+__device__ __forceinline__ float gated_act(const ActParams& a, float g, float u) {
+  switch (a.kind) {
+    case int(Activation::silu): return g / (1.0f + expf(-g)) * u;
+    case int(Activation::gelu): return 0.5f * g * (1.0f + erff(g * 0.70710678118654752f)) * u;
+    case int(Activation::gelu_tanh): {
+      const float c = 0.79788456080286536f;
+      return 0.5f * g * (1.0f + tanhf(c * (g + 0.044715f * g * g * g))) * u;
+    }
+    case int(Activation::relu): return (g > 0.0f ? g : (g == g ? 0.0f : g)) * u;
+    default: {  // swiglu_clamped
+      g = fminf(g, a.limit);
+      u = fmaxf(fminf(u, a.limit), -a.limit);
+      return (u + 1.0f) * (g / (1.0f + expf(-a.alpha * g)));
+    }
+  }
+}
+__device__ __forceinline__ float plain_act(const ActParams& a, float x) {
+  switch (a.kind) {
+    case int(Activation::silu): return x / (1.0f + expf(-x));
+    case int(Activation::gelu): return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+    case int(Activation::gelu_tanh): return 0.5f * x * (1.0f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x)));
+    case int(Activation::relu): return x > 0.0f ? x : (x == x ? 0.0f : x);
+    default: return x;
+  }
+}
+
+// ---- the device routing plan (routing_plan.cu) ----------------------------------------------
+// Pairs p = t*K + j sorted by expert; dropped slots (index < 0 or >= E) left out. All arrays
+// live in the workspace; sizes are static bounds from T, K, E so that no host decision depends
+// on the routing data.
+struct DevicePlan {
+  int* counts;        // [E]   pairs per expert
+  int* offsets;       // [E+1] expert e owns sorted rows [offsets[e], offsets[e+1])
+  int* cursor;        // [E]   scatter cursors
+  int* sorted_pairs;  // [S]   pair id of each sorted row (first offsets[E] valid)
+  int* pair_to_row;   // [S]   sorted row of each pair, -1 when dropped
+  int4* tiles;        // [max_tiles] (expert, row_begin, row_end, 0) of each M tile; expert -1 = none
+  int max_tiles;      // static bound on the number of M tiles
+  int tile_m;         // rows per M tile
+};
+// Static bound on the number of M tiles of `tile_m` rows over all experts' row blocks.
+inline int64_t max_m_tiles(int64_t S, int64_t E, int64_t tile_m) { return ceil_div(S, tile_m) + (S < E ? S : E); }
+size_t plan_workspace_bytes(int64_t S, int64_t E, int64_t tile_m);
+DevicePlan carve_plan(WorkspaceCarver& ws, int64_t S, int64_t E, int64_t tile_m);
+// Builds the plan on `stream` (histogram, scan, scatter, tile table). No host synchronisation.
+void build_plan(const DevicePlan& plan, const void* top_k_index, bool idx64, int64_t S, int64_t E, cudaStream_t stream);
+
+// ---- grouped GEMM over per-expert row blocks (sm80_grouped_gemm.cu, f32_grouped_gemm.cu) -----
+// C[r, n] = Σ_k A[arow(r), k] · W_e[n, k] for every sorted row r of expert e, followed by an
+// epilogue. How tile columns map to weight rows ("outputs") and what the epilogue does:
+enum class Epi : int {
+  down = 0,          // y[r, n] = acc + bias[n]  (f32 out, [rows, N])
+  up_plain = 1,      // h[r, n] = act(acc + bias[n])  (has_gate = false; act dtype out, [rows, I])
+  up_interleaved = 2,// outputs 2i (gate), 2i+1 (up); h[r, i] = act(g, u)
+  up_concat = 3,     // outputs i (gate), I+i (up); h[r, i] = act(g, u)
+};
+struct GroupedGemmArgs {
+  const void* A;           // [*, Kdim] activation dtype (hidden or h)
+  const int* a_gather;     // nullptr: A row = sorted row; else A row = a_gather[r] / a_div
+  int a_div;
+  const void* W;           // expert weights base [E, N, Kdim] (nt) or [E, Kdim, N] (transposed)
+  bool w_transposed;
+  int64_t w_expert_stride; // elements per expert
+  const void* bias;        // [E, N] or nullptr
+  int Kdim;                // reduction size
+  int N;                   // weight outputs (R or H)
+  int I;                   // intermediate size (gated epilogues)
+  Epi epi;
+  ActParams act;
+  void* out;               // [rows, ldo] f32 (down) or activation dtype (up)
+  int ldo;
+  DevicePlan plan;
+};
+// bf16 / f16 on tensor cores (mma.sync m16n8k16, f32 accumulate). dtype: DType::bf16 or f16.
+void launch_grouped_gemm_tc(const GroupedGemmArgs& a, DType dtype, bool vec16, cudaStream_t stream);
+constexpr int kTcTileM = 128;
+// f32 on FFMA (no TF32: SPEC §8 wants f32 rel err <= 1e-5).
+void launch_grouped_gemm_f32(const GroupedGemmArgs& a, cudaStream_t stream);
+constexpr int kF32TileM = 64;
+
+// ---- batched_mm GEMVs (batched_gemv.cu) -------------------------------------------------------
+struct BatchedArgs {
+  const void* hidden;       // [T, H]
+  const void* idx;          // [T, K]
+  bool idx64;
+  const void* topw;         // [T, K]
+  int topw_code;            // load_any code of top_k_weights
+  const void* gate_up;      // [E, R, H] or [E, H, R]
+  const void* down;         // [E, H, I] or [E, I, H]
+  const void* gate_up_bias; // [E, R] or nullptr
+  const void* down_bias;    // [E, H] or nullptr
+  bool transposed, has_gate, interleaved;
+  ActParams act;
+  int64_t T, K, E, H, I;
+  void* h;                  // [S, I] activation dtype (workspace)
+  void* out;                // [T, H]
+};
+void launch_batched(const BatchedArgs& a, DType dtype, bool vec16, cudaStream_t stream);
+
+// ---- shared small kernels (combine.cu) --------------------------------------------------------
+// out[t] = round(Σ_j w[t,j] · (y[pair_to_row[t*K+j]] (+ down_bias[e]))) in slot order, f32.
+struct CombineArgs {
+  const float* y;           // [rows, H]
+  const int* pair_to_row;   // [S]
+  const void* idx;          // [T, K] (only for the bias' expert)
+  bool idx64;
+  const void* topw;
+  int topw_code;
+  const void* down_bias;    // [E, H] or nullptr (eager adds the bias here; grouped in the GEMM)
+  int64_t T, K, H;
+  void* out;
+};
+void launch_combine(const CombineArgs& a, DType dtype, cudaStream_t stream);
+// xs[r] = hidden[sorted_pairs[r] / K] for r < rows_bound where the row is valid (eager's gather).
+void launch_gather_rows(const void* hidden, const DevicePlan& plan, int64_t rows_bound, int64_t K, int64_t H, DType dtype,
+                        void* xs, cudaStream_t stream);
+// h[r, i] = round(act(gu[r, .] + bias)) for the first offsets[E] rows (eager, after cuBLAS).
+struct ActRowsArgs {
+  const float* gu;          // [rows, R]
+  const void* gate_up_bias; // [E, R] or nullptr
+  const int* sorted_pairs;
+  const void* idx;
+  bool idx64;
+  int64_t rows_bound, E, I, R;
+  bool has_gate, interleaved;
+  ActParams act;
+  void* h;
+  const int* offsets;       // [E+1] (offsets[E] = valid rows)
+};
+void launch_act_rows(const ActRowsArgs& a, DType dtype, cudaStream_t stream);
+
+}  // namespace moex::cuda

@@ -1,0 +1,125 @@
+// bench/bench_support.cpp — CPU probes and the timer.
+#include "bench/bench_support.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <vector>
+
+#include "backends/cpu/kernels.hpp"
+#include "core/check.hpp"
+#include "core/memory.hpp"
+
+namespace moex::bench {
+
+namespace {
+
+double cpu_copy_bandwidth(int threads) {
+  // 512 MiB source, far beyond any cache; each thread copies its own slice
+  const size_t bytes = size_t(512) << 20;
+  char* src = static_cast<char*>(detail::device_alloc(Device::cpu(), bytes));
+  char* dst = static_cast<char*>(detail::device_alloc(Device::cpu(), bytes));
+  auto copy = [&] {
+#pragma omp parallel num_threads(threads)
+    {
+      const int n = omp_get_num_threads(), t = omp_get_thread_num();
+      const size_t chunk = (bytes / size_t(n) + 4095) & ~size_t(4095);
+      const size_t b0 = std::min(bytes, chunk * size_t(t)), b1 = std::min(bytes, b0 + chunk);
+      std::memcpy(dst + b0, src + b0, b1 - b0);
+    }
+  };
+#pragma omp parallel for num_threads(threads)
+  for (int64_t i = 0; i < int64_t(bytes / 4096); ++i) {  // touch pages (first-touch placement)
+    std::memset(src + i * 4096, 1, 4096);
+    std::memset(dst + i * 4096, 0, 4096);
+  }
+  copy();
+  std::vector<double> secs;
+  for (int rep = 0; rep < 5; ++rep) {
+    auto t0 = std::chrono::steady_clock::now();
+    copy();
+    secs.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  detail::device_free(Device::cpu(), src);
+  detail::device_free(Device::cpu(), dst);
+  std::sort(secs.begin(), secs.end());
+  return 2.0 * double(bytes) / secs[secs.size() / 2];  // read + written
+}
+
+double cpu_peak_flops(int threads) {
+  const auto& kt = cpu::kernels();
+  const int64_t iters = 20'000'000;
+  kt.fma_probe(iters / 10);
+  double flops = 0;
+  auto t0 = std::chrono::steady_clock::now();
+#pragma omp parallel num_threads(threads) reduction(+ : flops)
+  flops += kt.fma_probe(iters);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return flops / s;
+}
+
+}  // namespace
+
+double copy_bandwidth(Device dev, int threads) {
+  return dev.is_cpu() ? cpu_copy_bandwidth(threads) : cuda_copy_bandwidth(dev.index);
+}
+
+double peak_flops(Device dev, DType dtype, int threads) {
+  return dev.is_cpu() ? cpu_peak_flops(threads) : cuda_peak_flops(dev.index, dtype);
+}
+
+void synchronize(Device dev) {
+  if (dev.is_cuda()) cuda_synchronize(dev.index);
+}
+
+struct Timer::Impl {
+  std::chrono::steady_clock::time_point t0;
+  void* ev0 = nullptr;
+  void* ev1 = nullptr;
+};
+
+Timer::Timer(Device dev) : dev_(dev), impl_(std::make_unique<Impl>()) {
+  if (dev.is_cuda()) {
+    impl_->ev0 = cuda_event_create();
+    impl_->ev1 = cuda_event_create();
+  }
+}
+
+Timer::~Timer() {
+  if (dev_.is_cuda()) {
+    cuda_event_destroy(impl_->ev0);
+    cuda_event_destroy(impl_->ev1);
+  }
+}
+
+void Timer::start() {
+  if (dev_.is_cuda())
+    cuda_event_record(impl_->ev0);
+  else
+    impl_->t0 = std::chrono::steady_clock::now();
+}
+
+double Timer::stop_ms() {
+  if (dev_.is_cuda()) {
+    cuda_event_record(impl_->ev1);
+    return cuda_event_elapsed_ms(impl_->ev0, impl_->ev1);
+  }
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - impl_->t0).count();
+}
+
+#ifndef MOEX_WITH_CUDA
+namespace {
+[[noreturn]] void no_cuda() { detail::fail(ErrorCode::unsupported, "CUDA benchmark requested but moex was built without CUDA"); }
+}  // namespace
+double cuda_copy_bandwidth(int) { no_cuda(); }
+double cuda_peak_flops(int, DType) { no_cuda(); }
+void cuda_synchronize(int) { no_cuda(); }
+void* cuda_event_create() { no_cuda(); }
+void cuda_event_destroy(void*) {}
+void cuda_event_record(void*) { no_cuda(); }
+float cuda_event_elapsed_ms(void*, void*) { no_cuda(); }
+#endif
+
+}  // namespace moex::bench

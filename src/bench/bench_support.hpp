@@ -1,0 +1,43 @@
+// bench/bench_support.hpp — what the benchmark needs from the machine: the copy bandwidth and
+// the peak arithmetic rate (the two ceilings of a floor), and a device timer.
+#pragma once
+#include <memory>
+
+#include "moex/device.hpp"
+#include "moex/dtype.hpp"
+
+namespace moex::bench {
+
+// Bytes moved per second (read + written) by a large copy with `threads` CPU threads, or by a
+// device-to-device copy on a CUDA device.
+double copy_bandwidth(Device dev, int threads);
+// Peak rate in flop/s: on the CPU the FMA rate of this CPU's kernel ISA in f32 with `threads`
+// threads; on CUDA a large dense GEMM of `dtype` through cuBLAS (bf16/f16 tensor cores, f32 no TF32).
+double peak_flops(Device dev, DType dtype, int threads);
+
+void synchronize(Device dev);
+
+// Times a region: CUDA events on the default stream of a CUDA device, a steady clock on the CPU.
+class Timer {
+ public:
+  explicit Timer(Device dev);
+  ~Timer();
+  void start();
+  double stop_ms();  // waits for the region to finish
+
+ private:
+  struct Impl;
+  Device dev_;
+  std::unique_ptr<Impl> impl_;
+};
+
+// CUDA halves (bench_cuda.cu, or stand-ins without CUDA).
+double cuda_copy_bandwidth(int device);
+double cuda_peak_flops(int device, DType dtype);
+void cuda_synchronize(int device);
+void* cuda_event_create();
+void cuda_event_destroy(void* e);
+void cuda_event_record(void* e);
+float cuda_event_elapsed_ms(void* start, void* stop);  // synchronises on stop
+
+}  // namespace moex::bench

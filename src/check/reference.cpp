@@ -1,0 +1,99 @@
+// check/reference.cpp — the f64 oracle: a plain loop over tokens and slots, no intermediate
+// rounding, every layout flag read by index. It is written to be obviously right, not fast.
+#include <cmath>
+
+#include "core/check.hpp"
+#include "moex/check.hpp"
+
+namespace moex::check {
+
+namespace {
+
+double at(const TensorView& t, int64_t i) {
+  switch (t.dtype) {
+    case DType::f32: return t.ptr<float>()[i];
+    case DType::f64: return t.ptr<double>()[i];
+    case DType::bf16: return bf16_to_float(t.ptr<uint16_t>()[i]);
+    case DType::f16: return f16_to_float(t.ptr<uint16_t>()[i]);
+    case DType::i32: return t.ptr<int32_t>()[i];
+    case DType::i64: return double(t.ptr<int64_t>()[i]);
+    default: detail::fail(ErrorCode::invalid_argument, "reference: unsupported dtype {}", dtype_name(t.dtype));
+  }
+}
+
+double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+
+double act_gated(const ActivationSpec& a, double g, double u) {
+  switch (a.kind) {
+    case Activation::silu: return g * sigmoid(g) * u;
+    case Activation::gelu: return 0.5 * g * (1.0 + std::erf(g / std::sqrt(2.0))) * u;
+    case Activation::gelu_tanh: return 0.5 * g * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (g + 0.044715 * g * g * g))) * u;
+    case Activation::relu: return (g > 0 ? g : 0.0) * u;
+    case Activation::swiglu_clamped: {
+      g = std::min(g, double(a.limit));
+      u = std::max(std::min(u, double(a.limit)), -double(a.limit));
+      return (u + 1.0) * g * sigmoid(double(a.alpha) * g);
+    }
+  }
+  return 0.0;
+}
+
+double act_plain(const ActivationSpec& a, double x) {
+  switch (a.kind) {
+    case Activation::silu: return x * sigmoid(x);
+    case Activation::gelu: return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0)));
+    case Activation::gelu_tanh: return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+    case Activation::relu: return x > 0 ? x : 0.0;
+    case Activation::swiglu_clamped: return x;
+  }
+  return 0.0;
+}
+
+}  // namespace
+
+std::vector<double> reference_forward(const Experts& ex, const ExpertsCall& call) {
+  const ExpertsSpec& s = ex.spec;
+  MOEX_CHECK(!s.quant.quantized(), "reference: quantized experts are not supported by this reference");
+  MOEX_CHECK(call.hidden.device.is_cpu(), "reference: tensors must be on the CPU");
+  const int64_t T = call.hidden.shape[0], K = call.top_k_index.shape[1];
+  const int64_t E = s.num_experts, H = s.hidden, I = s.intermediate, R = s.gate_up_rows();
+  std::vector<double> out(size_t(T * H), 0.0);
+  std::vector<double> up(static_cast<size_t>(R)), hmid(static_cast<size_t>(I));
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t j = 0; j < K; ++j) {
+      const double ed = at(call.top_k_index, t * K + j);
+      if (ed < 0 || ed >= double(E)) continue;  // dropped slot
+      const int64_t e = int64_t(ed);
+      // up[r] = Σ_h x[t, h] · gate_up[e][r, h]   (transposed: gate_up[e][h, r])
+      for (int64_t r = 0; r < R; ++r) {
+        double acc = s.has_bias ? at(ex.gate_up_bias, e * R + r) : 0.0;
+        for (int64_t h = 0; h < H; ++h) {
+          const int64_t wi = s.transposed ? (e * H + h) * R + r : (e * R + r) * H + h;
+          acc += at(call.hidden, t * H + h) * at(ex.gate_up, wi);
+        }
+        up[size_t(r)] = acc;
+      }
+      for (int64_t i = 0; i < I; ++i) {
+        if (!s.has_gate) {
+          hmid[size_t(i)] = act_plain(s.activation, up[size_t(i)]);
+        } else if (s.interleaved) {
+          hmid[size_t(i)] = act_gated(s.activation, up[size_t(2 * i)], up[size_t(2 * i + 1)]);
+        } else {
+          hmid[size_t(i)] = act_gated(s.activation, up[size_t(i)], up[size_t(I + i)]);
+        }
+      }
+      const double w = at(call.top_k_weights, t * K + j);
+      for (int64_t h = 0; h < H; ++h) {
+        double acc = s.has_bias ? at(ex.down_bias, e * H + h) : 0.0;
+        for (int64_t i = 0; i < I; ++i) {
+          const int64_t wi = s.transposed ? (e * I + i) * H + h : (e * H + h) * I + i;
+          acc += hmid[size_t(i)] * at(ex.down, wi);
+        }
+        out[size_t(t * H + h)] += w * acc;
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace moex::check
