@@ -1,0 +1,102 @@
+// The CPU micro-kernels of every instruction set this CPU has, against a plain loop.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "backends/cpu/kernels.hpp"
+#include "moex/moex.hpp"
+
+using namespace moex;
+using namespace moex::cpu;
+
+namespace {
+
+std::vector<const KernelTable*> tables() {
+  std::vector<const KernelTable*> t{&generic_kernels()};
+#if defined(MOEX_X86)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) t.push_back(&avx2_kernels());
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+      __builtin_cpu_supports("avx512dq"))
+    t.push_back(&avx512_kernels());
+#endif
+  return t;
+}
+
+}  // namespace
+
+TEST(CpuKernels, MatmulAllIsasLayoutsDtypes) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd;
+  for (const KernelTable* kt : tables()) {
+    for (DType wd : {DType::f32, DType::bf16, DType::f16}) {
+      for (WeightLayout layout : {WeightLayout::nt, WeightLayout::nn}) {
+        for (int iter = 0; iter < 12; ++iter) {
+          const int64_t m = 1 + rng() % 13, n = 1 + rng() % 70, k = 1 + rng() % 90;
+          std::vector<float> x(size_t(m * k)), wf(size_t(n * k));
+          for (auto& v : x) v = nd(rng);
+          for (auto& v : wf) v = round_to(wd, nd(rng));
+          std::vector<uint8_t> w(size_t(n * k) * dtype_size(wd));
+          for (int64_t i = 0; i < n * k; ++i) {
+            if (wd == DType::f32) reinterpret_cast<float*>(w.data())[i] = wf[size_t(i)];
+            else if (wd == DType::bf16) reinterpret_cast<uint16_t*>(w.data())[i] = float_to_bf16(wf[size_t(i)]);
+            else reinterpret_cast<uint16_t*>(w.data())[i] = float_to_f16(wf[size_t(i)]);
+          }
+          const int64_t n0 = rng() % n, n1 = n0 + 1 + rng() % (n - n0);
+          std::vector<float> y(size_t(m * n), -777.0f);
+          MatmulArgs a;
+          a.x = x.data();
+          a.ldx = k;
+          a.m = m;
+          a.k = k;
+          a.w = w.data();
+          a.wdtype = wd;
+          a.layout = layout;
+          a.ldw = layout == WeightLayout::nt ? k : n;  // nt: W [n, k]; nn: W [k, n]
+          a.y = y.data();
+          a.ldy = n;
+          a.n0 = n0;
+          a.n1 = n1;
+          kt->matmul(a);
+          for (int64_t i = 0; i < m; ++i)
+            for (int64_t c = 0; c < n; ++c) {
+              const float got = y[size_t(i * n + c)];
+              if (c < n0 || c >= n1) {
+                ASSERT_EQ(got, -777.0f) << "column outside [n0, n1) was written";
+                continue;
+              }
+              double ref = 0;
+              for (int64_t kk = 0; kk < k; ++kk)
+                ref += double(x[size_t(i * k + kk)]) *
+                       double(layout == WeightLayout::nt ? wf[size_t(c * k + kk)] : wf[size_t(kk * n + c)]);
+              ASSERT_NEAR(got, ref, 1e-4 * (1 + std::fabs(ref))) << kt->isa << " " << dtype_name(wd) << " m" << m << " n" << n << " k" << k;
+            }
+        }
+      }
+    }
+  }
+}
+
+TEST(CpuKernels, ConversionsMatchScalar) {
+  std::mt19937 rng(9);
+  std::normal_distribution<float> nd(0, 100);
+  for (const KernelTable* kt : tables()) {
+    for (DType dt : {DType::bf16, DType::f16}) {
+      const int64_t n = 1000 + rng() % 37;
+      std::vector<float> src(static_cast<size_t>(n));
+      for (auto& v : src) v = nd(rng);
+      src[3] = NAN;
+      std::vector<uint16_t> h(static_cast<size_t>(n));
+      kt->from_f32(src.data(), dt, h.data(), n);
+      std::vector<float> back(static_cast<size_t>(n));
+      kt->to_f32(h.data(), dt, back.data(), n);
+      for (int64_t i = 0; i < n; ++i) {
+        if (i == 3) {
+          EXPECT_TRUE(std::isnan(back[size_t(i)]));
+          continue;
+        }
+        ASSERT_EQ(back[size_t(i)], round_to(dt, src[size_t(i)])) << kt->isa << " " << dtype_name(dt) << " at " << i;
+      }
+    }
+  }
+}
