@@ -196,9 +196,9 @@ struct CombineArgs {
   void* out;
 };
 void launch_combine(const CombineArgs& a, DType dtype, cudaStream_t stream);
-// xs[r] = hidden[sorted_pairs[r] / K] for r < rows_bound where the row is valid (eager's gather).
-void launch_gather_rows(const void* hidden, const DevicePlan& plan, int64_t rows_bound, int64_t K, int64_t H, DType dtype,
-                        void* xs, cudaStream_t stream);
+// xs[r] = hidden[sorted_pairs[r] / K] for the valid sorted rows r < offsets[E] (eager's gather).
+void launch_gather_rows(const void* hidden, const int* sorted_pairs, const int* offsets, int64_t E, int64_t rows_bound,
+                        int64_t K, int64_t H, DType dtype, void* xs, cudaStream_t stream);
 // h[r, i] = round(act(gu[r, .] + bias)) for the first offsets[E] rows (eager, after cuBLAS).
 struct ActRowsArgs {
   const float* gu;          // [rows, R]

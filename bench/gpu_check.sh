@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# bench/gpu_check.sh — the GPU suite in one call, run from the repository root on a machine with
+# a CUDA GPU (the device machine: `run` with command `bash bench/gpu_check.sh`).
+#
+#   1. builds moex with CUDA in Release (cmake -G Ninja) into build-gpu/
+#   2. moex info; SASS check of the tensor-core kernels (HMMA / HGMMA counts)
+#   3. the GPU tests: moex_tests --gtest_filter='*Cuda*'
+#   4. compute-sanitizer memcheck and racecheck on a small subset of the CUDA tests
+#   5. timings: the CUDA-graph timings of tests/test_cuda_backends.cpp (CudaPerf.Shapes), then
+#      `moex bench --device cuda` over the SPEC §9 shapes and the reference library's backends
+#      (bench/hf_experts_bench.py) on the same shapes, and a side-by-side table
+#
+# Everything lands under $OUT (default ./out): build.log, tests.log, sanitizer.log, perf.log,
+# bench.json, hf.json, side_by_side.md (at most 8 files come back from the device machine).
+# PARTS selects steps (default: all): PARTS="build tests sanitize perf bench hf table".
+# TOKENS, SHAPES and PERF_TOKENS narrow the timed cases. Keep the whole run under ~9 minutes.
+set -u
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT"
+PARTS=${PARTS:-"build tests sanitize perf bench hf table"}
+SHAPES=${SHAPES:-qwen3_30b_a3b,qwen15_moe_a2_7b,mixtral_8x7b,deepseek_v3}
+TOKENS=${TOKENS:-1,8,64,512,4096,16384}
+BUILD=${BUILD:-build-gpu}
+has() { [[ " $PARTS " == *" $1 "* ]]; }
+t0=$(date +%s)
+stamp() { echo "== $1 ($(( $(date +%s) - t0 )) s)"; }
+status=0
+
+if has build; then
+  stamp build
+  set -o pipefail
+  { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv || true
+    cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOEX_CUDA=ON &&
+    cmake --build "$BUILD" -j "$(nproc)"; } 2>&1 | tee "$OUT/build.log" | grep -E "error|FAILED|warning|moex:" | head -50
+  rc=$?
+  set +o pipefail
+  if [ ! -x "$BUILD/moex_tests" ]; then echo "build failed"; tail -40 "$OUT/build.log"; exit 1; fi
+  {
+    "$BUILD/moex" info
+    for o in "$BUILD"/CMakeFiles/moex_lib.dir/src/backends/cuda/*.o; do
+      printf '%s: HMMA %s HGMMA %s LDSM %s\n' "$(basename "$o")" \
+        "$(cuobjdump --dump-sass "$o" 2>/dev/null | grep -c HMMA)" \
+        "$(cuobjdump --dump-sass "$o" 2>/dev/null | grep -c HGMMA)" \
+        "$(cuobjdump --dump-sass "$o" 2>/dev/null | grep -c LDSM)"
+    done
+  } 2>&1 | tee -a "$OUT/build.log"
+fi
+
+if has tests; then
+  stamp tests
+  set -o pipefail
+  "$BUILD/moex_tests" --gtest_filter='*Cuda*' 2>&1 | tee "$OUT/tests.log" | grep -E "^\[  (FAILED|PASSED|SKIPPED) |passed of|Failure|error" | head -60
+  rc=$?; [ $rc -ne 0 ] && status=1
+  set +o pipefail
+  echo "gpu tests exit status $rc"
+fi
+
+if has sanitize; then
+  stamp sanitize
+  {
+    echo "### memcheck"
+    MOEX_CUDA_TEST_CASES=24 compute-sanitizer --tool memcheck --error-exitcode 9 \
+      "$BUILD/moex_tests" --gtest_filter='Dtypes/CudaEquivalence.*/bf16:Dtypes/CudaEquivalence.*/f32:Capturable/CudaGraph.*' 2>&1 | tail -25
+    echo "memcheck exit status ${PIPESTATUS[0]}"
+    echo "### racecheck"
+    MOEX_CUDA_TEST_CASES=10 compute-sanitizer --tool racecheck --error-exitcode 9 \
+      "$BUILD/moex_tests" --gtest_filter='Dtypes/CudaEquivalence.*/f16:Capturable/CudaGraph.*grouped_mm_f32' 2>&1 | tail -25
+    echo "racecheck exit status ${PIPESTATUS[0]}"
+  } 2>&1 | tee "$OUT/sanitizer.log" | grep -E "exit status|ERROR SUMMARY|RACECHECK SUMMARY|Invalid|Race" | head -30
+fi
+
+if has perf; then
+  stamp perf
+  MOEX_CUDA_PERF=1 MOEX_CUDA_PERF_TOKENS=${PERF_TOKENS:-$TOKENS} timeout 240 "$BUILD/moex_tests" --gtest_filter='CudaPerf.*' 2>&1 |
+    tee "$OUT/perf.log" | grep -E "^PERF" | column -t
+fi
+
+if has bench; then
+  stamp bench
+  : > "$OUT/bench.json"
+  # batched_mm is the decode backend: time it at T <= 512 only (at 16384 tokens it re-reads each
+  # expert's weights once per pair, by design)
+  small=$(echo "$TOKENS" | tr ',' '\n' | awk '$1 <= 512' | paste -sd,)
+  [ -n "$small" ] && timeout 200 "$BUILD/moex" bench --device cuda --backends batched_mm --shapes "$SHAPES" --tokens "$small" \
+    --dtype bf16 --format json --min-time-ms 50 --max-iters 20 >> "$OUT/bench.json" 2>>"$OUT/perf.log"
+  timeout 300 "$BUILD/moex" bench --device cuda --backends grouped_mm,eager --shapes "$SHAPES" --tokens "$TOKENS" \
+    --dtype bf16 --format json --min-time-ms 50 --max-iters 20 >> "$OUT/bench.json" 2>>"$OUT/perf.log"
+  grep -c '"ms"' "$OUT/bench.json"
+fi
+
+if has hf; then
+  stamp hf
+  PYTHONUNBUFFERED=1 SHAPES="$SHAPES" TOKENS="$TOKENS" OUT="$OUT" timeout 300 python3 bench/hf_experts_bench.py > "$OUT/hf.json" 2>&1
+  grep -c '"ms"' "$OUT/hf.json"
+fi
+
+if has table; then
+  stamp table
+  python3 - "$OUT" <<'EOF' | tee "$OUT/side_by_side.md"
+import json, sys, os, re
+out = sys.argv[1]
+def rows(path):
+    if not os.path.exists(path): return []
+    r = []
+    for line in open(path):
+        line = line.strip()
+        if line.startswith("{"):
+            try: r.append(json.loads(line))
+            except Exception: pass
+    return r
+perf = {}
+for line in open(os.path.join(out, "perf.log")) if os.path.exists(os.path.join(out, "perf.log")) else []:
+    f = line.split()
+    if len(f) == 8 and f[0] == "PERF" and f[1] != "shape":
+        perf[(f[1], int(f[2]), f[3])] = float(f[4])
+moex = {}
+for r in rows(os.path.join(out, "bench.json")):
+    if "ms" in r and "shape" in r: moex[(r["shape"], r["T"], r["backend"])] = r
+hf = {}
+for r in rows(os.path.join(out, "hf.json")):
+    if "ms" in r: hf[(r["shape"], r["T"], r["backend"])] = r
+keys = sorted({(k[0], k[1]) for k in list(moex) + list(hf) + list(perf)}, key=lambda k: (k[0], k[1]))
+print("| shape | T | floor ms | moex batched_mm | moex grouped_mm | moex eager | moex graph (best) | HF best | speed-up | moex %floor |")
+print("|---|---|---|---|---|---|---|---|---|---|")
+for s, T in keys:
+    m = {b: moex.get((s, T, b)) for b in ("batched_mm", "grouped_mm", "eager")}
+    g = {b: perf.get((s, T, b)) for b in ("batched_mm", "grouped_mm")}
+    floor = next((v["floor_ms"] for v in m.values() if v), None)
+    h = [(v["ms"], k[2]) for k, v in hf.items() if k[0] == s and k[1] == T]
+    hb = min(h) if h else None
+    cands = [v["ms"] for v in m.values() if v] + [v for v in g.values() if v]
+    best = min(cands) if cands else None
+    fmt = lambda v: f"{v['ms']:.3f} ({v['tflops']:.0f} TF)" if v else "—"
+    gb = min([v for v in g.values() if v], default=None)
+    print(f"| {s} | {T} | {floor if floor is not None else '—'} | {fmt(m['batched_mm'])} | {fmt(m['grouped_mm'])} | {fmt(m['eager'])} | "
+          f"{f'{gb:.3f}' if gb else '—'} | {f'{hb[0]:.3f} {hb[1]}' if hb else '—'} | "
+          f"{f'{hb[0]/best:.2f}x' if hb and best else '—'} | {f'{100*floor/best:.0f}%' if floor and best else '—'} |")
+EOF
+fi
+stamp done
+exit $status

@@ -1,0 +1,280 @@
+// backends/cuda/batched_gemv.cu — batched_mm on CUDA: every token–expert pair multiplies its
+// token by its own expert's matrices, read in place (no per-pair weight copies; the reference
+// library copies them and runs out of memory at a few hundred tokens). Built for decode (small T):
+// GEMV-style kernels streaming the weights with 16-byte loads.
+//
+//   up:   h[p, i] = round(act(x_t · Wgᵉ[i] + b, x_t · Wuᵉ[i] + b))          h: [S, I] workspace
+//   down: out[t, n] = round(Σ_j w[t,j] · (h[t*K+j] · Wdᵉʲ[n] + bᵈ[n]))   (slot order, f32)
+//
+// The down kernel fuses the weighted reduction over the K slots, so the extra memory is h only
+// (S·I elements). No routing plan, no host synchronisation: capturable in a CUDA graph.
+// Weights stored [E, out, in] (default) use one warp per output row; transposed weights
+// [E, in, out] use 64 output columns × 4 k-slices per block (coalesced along the output dim).
+#include "backends/cuda/cuda_common.cuh"
+
+namespace moex::cuda {
+
+namespace {
+
+constexpr int THREADS = 256;
+
+template <class T>
+__device__ __forceinline__ float dot_vec(const uint4& xa, const uint4& wa, float acc);
+template <>
+__device__ __forceinline__ float dot_vec<__nv_bfloat16>(const uint4& xa, const uint4& wa, float acc) {
+  const __nv_bfloat162* x2 = reinterpret_cast<const __nv_bfloat162*>(&xa);
+  const __nv_bfloat162* w2 = reinterpret_cast<const __nv_bfloat162*>(&wa);
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const float2 xf = __bfloat1622float2(x2[q]), wf = __bfloat1622float2(w2[q]);
+    acc = fmaf(xf.x, wf.x, acc);
+    acc = fmaf(xf.y, wf.y, acc);
+  }
+  return acc;
+}
+template <>
+__device__ __forceinline__ float dot_vec<__half>(const uint4& xa, const uint4& wa, float acc) {
+  const __half2* x2 = reinterpret_cast<const __half2*>(&xa);
+  const __half2* w2 = reinterpret_cast<const __half2*>(&wa);
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const float2 xf = __half22float2(x2[q]), wf = __half22float2(w2[q]);
+    acc = fmaf(xf.x, wf.x, acc);
+    acc = fmaf(xf.y, wf.y, acc);
+  }
+  return acc;
+}
+template <>
+__device__ __forceinline__ float dot_vec<float>(const uint4& xa, const uint4& wa, float acc) {
+  const float* x = reinterpret_cast<const float*>(&xa);
+  const float* w = reinterpret_cast<const float*>(&wa);
+#pragma unroll
+  for (int q = 0; q < 4; ++q) acc = fmaf(x[q], w[q], acc);
+  return acc;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Σ_k x[k]·w[k] over n elements, by one warp (all lanes get the sum).
+template <class T, bool VEC>
+__device__ __forceinline__ float warp_dot(const T* x, const T* w, int64_t n, int lane) {
+  float acc = 0.0f;
+  if constexpr (VEC) {
+    constexpr int V = 16 / sizeof(T);
+    const uint4* xv = reinterpret_cast<const uint4*>(x);
+    const uint4* wv = reinterpret_cast<const uint4*>(w);
+    const int64_t nv = n / V;
+#pragma unroll 4
+    for (int64_t c = lane; c < nv; c += 32) acc = dot_vec<T>(__ldg(xv + c), __ldg(wv + c), acc);
+  } else {
+    for (int64_t k = lane; k < n; k += 32) acc = fmaf(to_f32(x[k]), to_f32(w[k]), acc);
+  }
+  return warp_sum(acc);
+}
+
+// Two dot products sharing x (gate and up rows), by one warp.
+template <class T, bool VEC>
+__device__ __forceinline__ float2 warp_dot2(const T* x, const T* wg, const T* wu, int64_t n, int lane) {
+  float g = 0.0f, u = 0.0f;
+  if constexpr (VEC) {
+    constexpr int V = 16 / sizeof(T);
+    const uint4* xv = reinterpret_cast<const uint4*>(x);
+    const uint4* gv = reinterpret_cast<const uint4*>(wg);
+    const uint4* uv = reinterpret_cast<const uint4*>(wu);
+    const int64_t nv = n / V;
+#pragma unroll 4
+    for (int64_t c = lane; c < nv; c += 32) {
+      const uint4 xa = __ldg(xv + c);
+      g = dot_vec<T>(xa, __ldg(gv + c), g);
+      u = dot_vec<T>(xa, __ldg(uv + c), u);
+    }
+  } else {
+    for (int64_t k = lane; k < n; k += 32) {
+      const float xf = to_f32(x[k]);
+      g = fmaf(xf, to_f32(wg[k]), g);
+      u = fmaf(xf, to_f32(wu[k]), u);
+    }
+  }
+  return make_float2(warp_sum(g), warp_sum(u));
+}
+
+// ---- up projection, weights [E, R, H]: one warp per (pair, i) ----
+template <class T, bool VEC>
+__global__ void __launch_bounds__(THREADS) batched_up_nt(BatchedArgs a) {
+  const int64_t p = blockIdx.x;
+  const int64_t e = load_index(a.idx, a.idx64, p);
+  if (e < 0 || e >= a.E) return;  // dropped slot: h row never read
+  const int lane = threadIdx.x & 31;
+  const int64_t i = int64_t(blockIdx.y) * (THREADS / 32) + (threadIdx.x >> 5);
+  if (i >= a.I) return;
+  const int64_t H = a.H, I = a.I, R = a.has_gate ? 2 * I : I;
+  const T* x = static_cast<const T*>(a.hidden) + (p / a.K) * H;
+  const T* W = static_cast<const T*>(a.gate_up) + e * R * H;
+  const T* bias = a.gate_up_bias ? static_cast<const T*>(a.gate_up_bias) + e * R : nullptr;
+  float h;
+  if (a.has_gate) {
+    const int64_t wg = a.interleaved ? 2 * i : i, wu = a.interleaved ? 2 * i + 1 : I + i;
+    float2 gu = warp_dot2<T, VEC>(x, W + wg * H, W + wu * H, H, lane);
+    if (bias) {
+      gu.x += to_f32(bias[wg]);
+      gu.y += to_f32(bias[wu]);
+    }
+    h = gated_act(a.act, gu.x, gu.y);
+  } else {
+    float v = warp_dot<T, VEC>(x, W + i * H, H, lane);
+    if (bias) v += to_f32(bias[i]);
+    h = plain_act(a.act, v);
+  }
+  if (lane == 0) static_cast<T*>(a.h)[p * I + i] = from_f32<T>(h);
+}
+
+// ---- down projection + weighted slot sum, weights [E, H, I]: one warp per (token, n) ----
+template <class T, bool VEC>
+__global__ void __launch_bounds__(THREADS) batched_down_nt(BatchedArgs a) {
+  const int64_t t = blockIdx.x;
+  const int64_t n = int64_t(blockIdx.y) * (THREADS / 32) + (threadIdx.x >> 5);
+  if (n >= a.H) return;
+  const int lane = threadIdx.x & 31;
+  const int64_t H = a.H, I = a.I;
+  float acc = 0.0f;
+  for (int64_t j = 0; j < a.K; ++j) {
+    const int64_t p = t * a.K + j;
+    const int64_t e = load_index(a.idx, a.idx64, p);
+    if (e < 0 || e >= a.E) continue;
+    const T* hp = static_cast<const T*>(a.h) + p * I;
+    const T* W = static_cast<const T*>(a.down) + (e * H + n) * I;
+    float y = warp_dot<T, VEC>(hp, W, I, lane);
+    if (a.down_bias) y += to_f32(static_cast<const T*>(a.down_bias)[e * H + n]);
+    acc += load_any(a.topw, a.topw_code, p) * y;
+  }
+  if (lane == 0) static_cast<T*>(a.out)[t * H + n] = from_f32<T>(acc);
+}
+
+// ---- transposed weights: 64 output columns × 4 k-slices per block ----
+constexpr int TN_COLS = 64, TN_SLICES = THREADS / TN_COLS;
+
+// up, weights [E, H, R]. Gated: the block's 64 columns are 32 gate and 32 up columns of 32 i's.
+template <class T>
+__global__ void __launch_bounds__(THREADS) batched_up_tn(BatchedArgs a) {
+  __shared__ float part[TN_SLICES][TN_COLS];
+  const int64_t p = blockIdx.x;
+  const int64_t e = load_index(a.idx, a.idx64, p);
+  if (e < 0 || e >= a.E) return;
+  const int cx = threadIdx.x % TN_COLS, ks = threadIdx.x / TN_COLS;
+  const int64_t H = a.H, I = a.I, R = a.has_gate ? 2 * I : I;
+  const int per = a.has_gate ? TN_COLS / 2 : TN_COLS;
+  const int64_t i0 = int64_t(blockIdx.y) * per;
+  int64_t i, w;
+  if (a.has_gate) {
+    const bool up = cx >= per;
+    i = i0 + (up ? cx - per : cx);
+    w = a.interleaved ? 2 * i + (up ? 1 : 0) : (up ? I + i : i);
+  } else {
+    i = i0 + cx;
+    w = i;
+  }
+  const T* x = static_cast<const T*>(a.hidden) + (p / a.K) * H;
+  const T* W = static_cast<const T*>(a.gate_up) + e * H * R;
+  float acc = 0.0f;
+  if (i < I)
+    for (int64_t k = ks; k < H; k += TN_SLICES) acc = fmaf(to_f32(x[k]), to_f32(W[k * R + w]), acc);
+  part[ks][cx] = acc;
+  __syncthreads();
+  if (ks == 0) {
+    float v = part[0][cx];
+#pragma unroll
+    for (int s = 1; s < TN_SLICES; ++s) v += part[s][cx];
+    if (i < I && a.gate_up_bias) v += to_f32(static_cast<const T*>(a.gate_up_bias)[e * R + w]);
+    part[0][cx] = v;
+  }
+  __syncthreads();
+  if (threadIdx.x < per) {
+    const int64_t io = i0 + threadIdx.x;
+    if (io < I) {
+      const float hv = a.has_gate ? gated_act(a.act, part[0][threadIdx.x], part[0][threadIdx.x + per])
+                                  : plain_act(a.act, part[0][threadIdx.x]);
+      static_cast<T*>(a.h)[p * I + io] = from_f32<T>(hv);
+    }
+  }
+}
+
+// down + weighted slot sum, weights [E, I, H].
+template <class T>
+__global__ void __launch_bounds__(THREADS) batched_down_tn(BatchedArgs a) {
+  __shared__ float part[TN_SLICES][TN_COLS];
+  const int64_t t = blockIdx.x;
+  const int cx = threadIdx.x % TN_COLS, ks = threadIdx.x / TN_COLS;
+  const int64_t H = a.H, I = a.I;
+  const int64_t n = int64_t(blockIdx.y) * TN_COLS + cx;
+  float acc = 0.0f;
+  for (int64_t j = 0; j < a.K; ++j) {
+    const int64_t p = t * a.K + j;
+    const int64_t e = load_index(a.idx, a.idx64, p);
+    if (e < 0 || e >= a.E) continue;  // uniform over the block
+    const T* hp = static_cast<const T*>(a.h) + p * I;
+    const T* W = static_cast<const T*>(a.down) + e * I * H;
+    float s = 0.0f;
+    if (n < H)
+      for (int64_t k = ks; k < I; k += TN_SLICES) s = fmaf(to_f32(hp[k]), to_f32(W[k * H + n]), s);
+    part[ks][cx] = s;
+    __syncthreads();
+    if (ks == 0 && n < H) {
+      float y = part[0][cx];
+#pragma unroll
+      for (int q = 1; q < TN_SLICES; ++q) y += part[q][cx];
+      if (a.down_bias) y += to_f32(static_cast<const T*>(a.down_bias)[e * H + n]);
+      acc += load_any(a.topw, a.topw_code, p) * y;
+    }
+    __syncthreads();
+  }
+  if (ks == 0 && n < H) static_cast<T*>(a.out)[t * H + n] = from_f32<T>(acc);
+}
+
+template <class T>
+void launch_typed(const BatchedArgs& a, bool vec16, cudaStream_t stream) {
+  const int64_t S = a.T * a.K;
+  MOEX_CHECK(S < (int64_t(1) << 31) && a.T < (int64_t(1) << 31), "batched_mm on CUDA: T*K = {} pairs is too many", S);
+  const int warps = THREADS / 32;
+  if (!a.transposed) {
+    dim3 g_up(unsigned(S), unsigned(ceil_div(a.I, warps)));
+    dim3 g_down(unsigned(a.T), unsigned(ceil_div(a.H, warps)));
+    MOEX_CHECK(g_up.y <= 65535 && g_down.y <= 65535, "batched_mm on CUDA: sizes H={} I={} too large", a.H, a.I);
+    if (vec16) {
+      batched_up_nt<T, true><<<g_up, THREADS, 0, stream>>>(a);
+      check_launch("batched_up_nt");
+      batched_down_nt<T, true><<<g_down, THREADS, 0, stream>>>(a);
+      check_launch("batched_down_nt");
+    } else {
+      batched_up_nt<T, false><<<g_up, THREADS, 0, stream>>>(a);
+      check_launch("batched_up_nt");
+      batched_down_nt<T, false><<<g_down, THREADS, 0, stream>>>(a);
+      check_launch("batched_down_nt");
+    }
+  } else {
+    const int per = a.has_gate ? TN_COLS / 2 : TN_COLS;
+    dim3 g_up(unsigned(S), unsigned(ceil_div(a.I, per)));
+    dim3 g_down(unsigned(a.T), unsigned(ceil_div(a.H, TN_COLS)));
+    MOEX_CHECK(g_up.y <= 65535 && g_down.y <= 65535, "batched_mm on CUDA: sizes H={} I={} too large", a.H, a.I);
+    batched_up_tn<T><<<g_up, THREADS, 0, stream>>>(a);
+    check_launch("batched_up_tn");
+    batched_down_tn<T><<<g_down, THREADS, 0, stream>>>(a);
+    check_launch("batched_down_tn");
+  }
+}
+
+}  // namespace
+
+void launch_batched(const BatchedArgs& a, DType dtype, bool vec16, cudaStream_t stream) {
+  switch (dtype) {
+    case DType::f32: launch_typed<float>(a, vec16, stream); break;
+    case DType::f16: launch_typed<__half>(a, vec16, stream); break;
+    case DType::bf16: launch_typed<__nv_bfloat16>(a, vec16, stream); break;
+    default: detail::fail(ErrorCode::internal, "batched_mm on CUDA: unexpected dtype {}", dtype_name(dtype));
+  }
+}
+
+}  // namespace moex::cuda

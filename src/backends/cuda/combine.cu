@@ -1,0 +1,124 @@
+// backends/cuda/combine.cu — the small kernels around the GEMMs:
+//   combine:     out[t] = round(Σ_j w[t,j] · y[pair_to_row[t*K+j]]) in slot order, in f32
+//                (un-permute + weighted sum over K in one kernel; dropped slots add nothing;
+//                each output element is written by one thread: no atomics, deterministic)
+//   gather_rows: xs[r] = hidden[token of sorted row r]            (eager, before cuBLAS)
+//   act_rows:    h[r, i] = round(act(gu[r, gate] + b, gu[r, up] + b))  (eager, after cuBLAS)
+#include "backends/cuda/cuda_common.cuh"
+
+namespace moex::cuda {
+
+namespace {
+
+constexpr int THREADS = 256, COLS = 4;
+
+template <class T>
+__global__ void __launch_bounds__(THREADS) combine_kernel(CombineArgs a) {
+  const int64_t t = blockIdx.x;
+  const int64_t n0 = (int64_t(blockIdx.y) * THREADS + threadIdx.x) * COLS;
+  if (n0 >= a.H) return;
+  const bool full = n0 + COLS <= a.H && (a.H % COLS) == 0;
+  float acc[COLS] = {};
+  for (int64_t j = 0; j < a.K; ++j) {
+    const int64_t p = t * a.K + j;
+    const int row = a.pair_to_row[p];
+    if (row < 0) continue;
+    const float w = load_any(a.topw, a.topw_code, p);
+    const float* y = a.y + int64_t(row) * a.H + n0;
+    float v[COLS];
+    if (full) {
+      const float4 q = *reinterpret_cast<const float4*>(y);
+      v[0] = q.x; v[1] = q.y; v[2] = q.z; v[3] = q.w;
+    } else {
+#pragma unroll
+      for (int c = 0; c < COLS; ++c) v[c] = n0 + c < a.H ? y[c] : 0.0f;
+    }
+    if (a.down_bias) {
+      const int64_t e = load_index(a.idx, a.idx64, p);
+      const T* b = static_cast<const T*>(a.down_bias) + e * a.H + n0;
+#pragma unroll
+      for (int c = 0; c < COLS; ++c)
+        if (n0 + c < a.H) v[c] += to_f32(b[c]);
+    }
+#pragma unroll
+    for (int c = 0; c < COLS; ++c) acc[c] += w * v[c];
+  }
+  T* out = static_cast<T*>(a.out) + t * a.H + n0;
+#pragma unroll
+  for (int c = 0; c < COLS; ++c)
+    if (n0 + c < a.H) out[c] = from_f32<T>(acc[c]);
+}
+
+template <class T>
+__global__ void gather_rows_kernel(const T* hidden, const int* sorted_pairs, const int* offsets, int E, int64_t K, int64_t H,
+                                   T* xs) {
+  const int64_t r = blockIdx.x;
+  if (r >= offsets[E]) return;
+  const T* src = hidden + int64_t(sorted_pairs[r] / K) * H;
+  T* dst = xs + r * H;
+  for (int64_t k = threadIdx.x; k < H; k += blockDim.x) dst[k] = src[k];
+}
+
+template <class T>
+__global__ void act_rows_kernel(ActRowsArgs a) {
+  const int64_t r = blockIdx.x;
+  if (r >= a.offsets[a.E]) return;
+  const int64_t i = int64_t(blockIdx.y) * blockDim.x + threadIdx.x;
+  if (i >= a.I) return;
+  const float* g = a.gu + r * a.R;
+  const T* bias = nullptr;
+  if (a.gate_up_bias) {
+    const int64_t e = load_index(a.idx, a.idx64, a.sorted_pairs[r]);
+    bias = static_cast<const T*>(a.gate_up_bias) + e * a.R;
+  }
+  float h;
+  if (!a.has_gate) {
+    h = plain_act(a.act, g[i] + (bias ? to_f32(bias[i]) : 0.0f));
+  } else {
+    const int64_t wg = a.interleaved ? 2 * i : i, wu = a.interleaved ? 2 * i + 1 : a.I + i;
+    h = gated_act(a.act, g[wg] + (bias ? to_f32(bias[wg]) : 0.0f), g[wu] + (bias ? to_f32(bias[wu]) : 0.0f));
+  }
+  static_cast<T*>(a.h)[r * a.I + i] = from_f32<T>(h);
+}
+
+template <class F>
+void by_dtype(DType dt, F&& f) {
+  switch (dt) {
+    case DType::f32: f(float{}); break;
+    case DType::f16: f(__half{}); break;
+    case DType::bf16: f(__nv_bfloat16{}); break;
+    default: detail::fail(ErrorCode::internal, "CUDA experts: unexpected dtype {}", dtype_name(dt));
+  }
+}
+
+}  // namespace
+
+void launch_combine(const CombineArgs& a, DType dtype, cudaStream_t stream) {
+  dim3 grid(unsigned(a.T), unsigned(ceil_div(a.H, THREADS * COLS)));
+  by_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    combine_kernel<T><<<grid, THREADS, 0, stream>>>(a);
+  });
+  check_launch("combine");
+}
+
+void launch_gather_rows(const void* hidden, const int* sorted_pairs, const int* offsets, int64_t E, int64_t rows_bound,
+                        int64_t K, int64_t H, DType dtype, void* xs, cudaStream_t stream) {
+  by_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    gather_rows_kernel<T><<<unsigned(rows_bound), THREADS, 0, stream>>>(static_cast<const T*>(hidden), sorted_pairs, offsets,
+                                                                        int(E), K, H, static_cast<T*>(xs));
+  });
+  check_launch("gather_rows");
+}
+
+void launch_act_rows(const ActRowsArgs& a, DType dtype, cudaStream_t stream) {
+  dim3 grid(unsigned(a.rows_bound), unsigned(ceil_div(a.I, THREADS)));
+  by_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    act_rows_kernel<T><<<grid, THREADS, 0, stream>>>(a);
+  });
+  check_launch("act_rows");
+}
+
+}  // namespace moex::cuda

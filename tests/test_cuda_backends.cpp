@@ -1,0 +1,421 @@
+// The CUDA backends (eager, batched_mm, grouped_mm) on the GPU: the equivalence harness against
+// the f64 reference for f32/f16/bf16 with the edge cases, plus larger cases that cross every
+// tile and pipeline boundary; CUDA graph capture and replay with new routing data (bit for bit
+// against a direct call); no allocation in a forward after warm-up; requirement messages.
+// Without a CUDA device every test is skipped with the reason.
+//
+// MOEX_CUDA_PERF=1 also runs CudaPerf.Shapes: the SPEC §9 shapes timed with CUDA events.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "moex/check.hpp"
+#include "moex/moex.hpp"
+
+#ifdef MOEX_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
+
+using namespace moex;
+
+namespace {
+
+#define SKIP_WITHOUT_CUDA()                                                                      \
+  do {                                                                                           \
+    if (moex::cuda_devices().empty()) GTEST_SKIP() << "no CUDA device: " << moex::cuda_unavailable_reason(); \
+  } while (0)
+
+const std::vector<std::string> kCudaBackends = {"eager", "batched_mm", "grouped_mm"};
+
+uint64_t seed_from_env() {
+  const char* s = std::getenv("MOEX_TEST_SEED");
+  return s ? std::strtoull(s, nullptr, 10) : 20261129;
+}
+int count_from_env(int dflt) {
+  const char* s = std::getenv("MOEX_CUDA_TEST_CASES");
+  return s ? std::atoi(s) : dflt;
+}
+
+check::Case make_case(uint64_t seed, DType dt, int64_t E, int64_t H, int64_t I, int64_t T, int64_t K) {
+  check::Case c;
+  c.seed = seed;
+  c.spec.num_experts = E;
+  c.spec.hidden = H;
+  c.spec.intermediate = I;
+  c.spec.dtype = dt;
+  c.tokens = T;
+  c.top_k = K;
+  return c;
+}
+
+// Cases larger than the generator's: several M/N/K tiles, pipeline depth, 16-byte and
+// element-wise load paths, every layout variant.
+std::vector<check::Case> large_cases(uint64_t seed, DType dt) {
+  std::vector<check::Case> out;
+  auto add = [&](check::Case c) { out.push_back(c); };
+  add(make_case(seed + 1, dt, 8, 256, 384, 300, 2));                       // several tiles everywhere
+  { auto c = make_case(seed + 2, dt, 16, 512, 192, 257, 4); c.routing = check::Routing::skewed; add(c); }
+  { auto c = make_case(seed + 3, dt, 8, 384, 256, 200, 2); c.spec.transposed = true; add(c); }
+  { auto c = make_case(seed + 4, dt, 8, 256, 200, 150, 2); c.spec.transposed = true; c.spec.interleaved = true;
+    c.spec.has_bias = true; c.spec.activation = ActivationSpec::gpt_oss(); add(c); }
+  { auto c = make_case(seed + 5, dt, 8, 264, 136, 190, 3); c.spec.interleaved = true; c.spec.has_bias = true; add(c); }
+  { auto c = make_case(seed + 6, dt, 6, 320, 160, 160, 2); c.spec.has_gate = false; c.spec.activation.kind = Activation::gelu;
+    c.spec.has_bias = true; add(c); }
+  { auto c = make_case(seed + 7, dt, 6, 320, 160, 160, 2); c.spec.has_gate = false; c.spec.transposed = true; add(c); }
+  { auto c = make_case(seed + 8, dt, 12, 200, 100, 333, 3); c.routing = check::Routing::dropped; c.index_dtype = DType::i64; add(c); }
+  { auto c = make_case(seed + 9, dt, 4, 130, 66, 140, 2); c.routing = check::Routing::one_expert; add(c); }   // odd sizes
+  { auto c = make_case(seed + 10, dt, 4, 136, 72, 129, 4); c.routing = check::Routing::one_expert; c.spec.transposed = true;
+    add(c); }
+  { auto c = make_case(seed + 11, dt, 8, 256, 128, 260, 2); c.integer_valued = true; c.spec.activation.kind = Activation::relu;
+    add(c); }
+  { auto c = make_case(seed + 12, dt, 8, 256, 128, 260, 2); c.integer_valued = true; c.spec.activation.kind = Activation::relu;
+    c.spec.transposed = true; c.spec.has_bias = true; add(c); }
+  return out;
+}
+
+class CudaEquivalence : public ::testing::TestWithParam<DType> {};
+
+TEST_P(CudaEquivalence, EveryCudaBackendMatchesTheReference) {
+  SKIP_WITHOUT_CUDA();
+  const DType dt = GetParam();
+  const uint64_t seed = seed_from_env();
+  std::printf("seed %llu (set MOEX_TEST_SEED to change)\n", (unsigned long long)seed);
+  auto cases = check::generate_cases(seed + uint64_t(dt), count_from_env(120), dt);
+  for (const auto& c : large_cases(seed, dt)) cases.push_back(c);
+  int passed = 0;
+  double worst[3] = {0, 0, 0};
+  for (const auto& c : cases) {
+    const auto results = check::run_case(kCudaBackends, c, Device::cuda());
+    for (size_t b = 0; b < kCudaBackends.size(); ++b) {
+      const auto& r = results[b];
+      EXPECT_EQ(r.status, check::Result::Status::passed)
+          << kCudaBackends[b] << " " << c.describe() << ": " << check::status_name(r.status) << ": " << r.message;
+      if (r.status == check::Result::Status::passed) ++passed;
+      worst[b] = std::max(worst[b], r.rel_l2);
+    }
+  }
+  std::printf("%d passed of %d; worst rel L2: eager %.2e, batched_mm %.2e, grouped_mm %.2e\n", passed,
+              int(cases.size() * kCudaBackends.size()), worst[0], worst[1], worst[2]);
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, CudaEquivalence, ::testing::Values(DType::f32, DType::f16, DType::bf16),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+TEST(CudaBackends, RequirementMessages) {
+  SKIP_WITHOUT_CUDA();
+  Problem p;
+  p.spec.num_experts = 4;
+  p.spec.hidden = 64;
+  p.spec.intermediate = 32;
+  p.tokens = 3;
+  p.top_k = 2;
+  p.device = Device::cuda();
+  for (const auto& name : kCudaBackends) {
+    EXPECT_TRUE(ExpertsInterface::global().supports(name, p).ok) << name;
+    Problem old = p;
+    old.compute_capability = 75;
+    Support s = ExpertsInterface::global().supports(name, old);
+    EXPECT_FALSE(s.ok);
+    EXPECT_NE(s.reason.find("8.0"), std::string::npos) << s.reason;
+    Problem q = p;
+    q.spec.quant = QuantSpec::fp8_block();
+    s = ExpertsInterface::global().supports(name, q);
+    EXPECT_FALSE(s.ok);
+    EXPECT_NE(s.reason.find("FP8"), std::string::npos) << s.reason;
+    EXPECT_NE(s.reason.find("dequantize"), std::string::npos) << s.reason;
+  }
+}
+
+#ifdef MOEX_WITH_CUDA
+
+void cuda_ok(cudaError_t e) { ASSERT_EQ(e, cudaSuccess) << cudaGetErrorString(e); }
+
+// New routing for the same shapes: distinct experts per token, some dropped slots.
+void random_routing(const check::Case& c, uint64_t seed, std::vector<char>& idx_bytes, std::vector<char>& w_bytes) {
+  std::mt19937_64 rng(seed);
+  const int64_t T = c.tokens, K = c.top_k, E = c.spec.num_experts;
+  idx_bytes.assign(size_t(T * K) * dtype_size(c.index_dtype), 0);
+  w_bytes.assign(size_t(T * K) * dtype_size(c.weights_dtype), 0);
+  std::vector<int64_t> perm(static_cast<size_t>(E));
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t e = 0; e < E; ++e) perm[size_t(e)] = e;
+    std::shuffle(perm.begin(), perm.end(), rng);
+    for (int64_t j = 0; j < K; ++j) {
+      int64_t e = perm[size_t(j)];
+      if (rng() % 10 == 0) e = (rng() & 1) ? -1 : E + 3;  // dropped slot
+      const int64_t p = t * K + j;
+      if (c.index_dtype == DType::i32) reinterpret_cast<int32_t*>(idx_bytes.data())[p] = int32_t(e);
+      else reinterpret_cast<int64_t*>(idx_bytes.data())[p] = e;
+      const float w = float(rng() % 1000) / 1000.0f;
+      if (c.weights_dtype == DType::f32) reinterpret_cast<float*>(w_bytes.data())[p] = w;
+      else if (c.weights_dtype == DType::bf16) reinterpret_cast<uint16_t*>(w_bytes.data())[p] = float_to_bf16(w);
+      else reinterpret_cast<uint16_t*>(w_bytes.data())[p] = float_to_f16(w);
+    }
+  }
+}
+
+std::vector<char> to_host(const Tensor& t) {
+  std::vector<char> h(t.nbytes());
+  copy_bytes(h.data(), Device::cpu(), t.data(), t.view().device, h.size());
+  return h;
+}
+
+class CudaGraph : public ::testing::TestWithParam<std::tuple<std::string, DType>> {};
+
+TEST_P(CudaGraph, ReplayWithNewRoutingEqualsDirectCall) {
+  SKIP_WITHOUT_CUDA();
+  const auto [name, dt] = GetParam();
+  auto backend = ExpertsInterface::global().get(name);
+  ASSERT_TRUE(backend->graph_capturable());
+  check::Case c = make_case(77, dt, 8, 256, 128, 96, 2);
+  c.spec.has_bias = true;
+  const check::Instance host = check::make_instance(c);
+  const check::Instance dev = host.to(Device::cuda());
+  const int64_t T = c.tokens, H = c.spec.hidden;
+  Tensor out_graph = Tensor::empty(dt, {T, H}, Device::cuda());
+  Tensor out_direct = Tensor::empty(dt, {T, H}, Device::cuda());
+
+  cudaStream_t stream = nullptr;
+  cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  Workspace ws(Device::cuda());
+  const Problem p = Problem::from(dev.experts(), dev.call(out_graph));
+  ws.reserve(backend->workspace_bytes(p));
+  ws.set_frozen(true);
+  RunOptions opts;
+  opts.stream = stream;
+  opts.workspace = &ws;
+  // warm-up outside the capture (module loading, kernel attributes)
+  experts_forward(name, dev.experts(), dev.call(out_graph), opts);
+  cuda_ok(cudaStreamSynchronize(stream));
+
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  try {
+    experts_forward(name, dev.experts(), dev.call(out_graph), opts);
+  } catch (const std::exception& e) {
+    cudaStreamEndCapture(stream, &graph);
+    FAIL() << "forward threw during capture: " << e.what();
+  }
+  cuda_ok(cudaStreamEndCapture(stream, &graph));
+  cuda_ok(cudaGraphInstantiate(&exec, graph, 0));
+
+  for (uint64_t round = 0; round < 3; ++round) {
+    std::vector<char> idx, w;
+    random_routing(c, 1000 + round, idx, w);
+    copy_bytes(dev.top_k_index.data(), Device::cuda(), idx.data(), Device::cpu(), idx.size());
+    copy_bytes(dev.top_k_weights.data(), Device::cuda(), w.data(), Device::cpu(), w.size());
+    cuda_ok(cudaMemset(out_graph.data(), 0xff, out_graph.nbytes()));
+    cuda_ok(cudaMemset(out_direct.data(), 0x7f, out_direct.nbytes()));
+    cuda_ok(cudaGraphLaunch(exec, stream));
+    cuda_ok(cudaStreamSynchronize(stream));
+    experts_forward(name, dev.experts(), dev.call(out_direct), opts);
+    cuda_ok(cudaStreamSynchronize(stream));
+    const auto a = to_host(out_graph), b = to_host(out_direct);
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size()), 0) << name << " round " << round << ": graph replay differs";
+    // and both are right: the harness' reference on the same routing
+    check::Instance h2 = host;
+    std::memcpy(h2.top_k_index.data(), idx.data(), idx.size());
+    std::memcpy(h2.top_k_weights.data(), w.data(), w.size());
+    const std::vector<double> ref = check::reference_forward(h2.experts(), h2.call(TensorView(nullptr, dt, {T, H})));
+    double err2 = 0, ref2 = 0;
+    for (int64_t i = 0; i < T * H; ++i) {
+      const double v = dt == DType::f32 ? double(reinterpret_cast<const float*>(a.data())[i])
+                       : dt == DType::bf16 ? double(bf16_to_float(reinterpret_cast<const uint16_t*>(a.data())[i]))
+                                           : double(f16_to_float(reinterpret_cast<const uint16_t*>(a.data())[i]));
+      err2 += (v - ref[size_t(i)]) * (v - ref[size_t(i)]);
+      ref2 += ref[size_t(i)] * ref[size_t(i)];
+    }
+    EXPECT_LE(std::sqrt(err2 / std::max(ref2, 1e-300)), check::tolerance_for(c).rel_l2) << name << " round " << round;
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+INSTANTIATE_TEST_SUITE_P(Capturable, CudaGraph,
+                         ::testing::Combine(::testing::Values(std::string("batched_mm"), std::string("grouped_mm")),
+                                            ::testing::Values(DType::f32, DType::bf16)),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_" + std::string(dtype_name(std::get<1>(info.param)));
+                         });
+
+TEST(CudaBackends, NoAllocationAfterWarmUp) {
+  SKIP_WITHOUT_CUDA();
+  check::Case c = make_case(91, DType::bf16, 16, 512, 256, 200, 4);
+  const check::Instance dev = check::make_instance(c).to(Device::cuda());
+  Tensor out = Tensor::empty(DType::bf16, {c.tokens, c.spec.hidden}, Device::cuda());
+  for (const std::string name : {"batched_mm", "grouped_mm", "eager"}) {
+    auto backend = ExpertsInterface::global().get(name);
+    Workspace ws(Device::cuda());
+    ws.reserve(backend->workspace_bytes(Problem::from(dev.experts(), dev.call(out))));
+    ws.set_frozen(true);  // growing it would throw
+    RunOptions opts;
+    opts.workspace = &ws;
+    experts_forward(name, dev.experts(), dev.call(out), opts);  // warm-up
+    cuda_ok(cudaDeviceSynchronize());
+    size_t free0 = 0, free1 = 0, total = 0;
+    cuda_ok(cudaMemGetInfo(&free0, &total));
+    for (int i = 0; i < 5; ++i) EXPECT_NO_THROW(experts_forward(name, dev.experts(), dev.call(out), opts)) << name;
+    cuda_ok(cudaDeviceSynchronize());
+    cuda_ok(cudaMemGetInfo(&free1, &total));
+    EXPECT_EQ(free0, free1) << name << " allocated device memory in a forward after warm-up";
+  }
+}
+
+TEST(CudaBackends, OutOfMemoryIsAClearError) {
+  SKIP_WITHOUT_CUDA();
+  Workspace ws(Device::cuda());
+  try {
+    ws.reserve(size_t(1) << 50);  // 1 PiB
+    FAIL() << "reserving 1 PiB succeeded";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::out_of_memory) << e.what();
+  }
+  // the device is still usable afterwards
+  check::Case c = make_case(5, DType::bf16, 4, 64, 32, 8, 2);
+  EXPECT_EQ(check::run_case("grouped_mm", c, Device::cuda()).status, check::Result::Status::passed);
+}
+
+// ---- timings (MOEX_CUDA_PERF=1) ----------------------------------------------------------------
+
+struct Shape {
+  const char* name;
+  int64_t H, I, E, K;
+};
+
+__attribute__((unused)) void fill_random_bf16(void* dst, size_t n, std::mt19937_64& rng, float scale) {
+  // 32 MiB of random bf16 uploaded once, then tiled over the buffer with device copies
+  const size_t chunk = std::min<size_t>(n, size_t(16) << 20);
+  std::vector<uint16_t> h(chunk);
+  std::normal_distribution<float> nd(0.0f, scale);
+  for (auto& v : h) v = float_to_bf16(nd(rng));
+  char* d = static_cast<char*>(dst);
+  cudaMemcpy(d, h.data(), chunk * 2, cudaMemcpyHostToDevice);
+  for (size_t done = chunk; done < n;) {
+    const size_t m = std::min(done, n - done);
+    cudaMemcpy(d + done * 2, d, m * 2, cudaMemcpyDeviceToDevice);
+    done += m;
+  }
+}
+
+TEST(CudaPerf, Shapes) {
+  SKIP_WITHOUT_CUDA();
+  if (!std::getenv("MOEX_CUDA_PERF")) GTEST_SKIP() << "set MOEX_CUDA_PERF=1 to time the SPEC §9 shapes";
+  const Shape shapes[] = {{"qwen3_30b_a3b", 2048, 768, 128, 8},
+                          {"qwen15_moe_a2_7b", 2048, 1408, 60, 4},
+                          {"mixtral_8x7b", 4096, 14336, 8, 2},
+                          {"deepseek_v3", 7168, 2048, 256, 8}};
+  std::vector<int64_t> tokens = {1, 8, 64, 512, 4096, 16384};
+  if (const char* s = std::getenv("MOEX_CUDA_PERF_TOKENS")) {
+    tokens.clear();
+    for (const char* q = s; *q;) {
+      tokens.push_back(std::strtoll(q, const_cast<char**>(&q), 10));
+      if (*q == ',') ++q;
+    }
+  }
+  std::mt19937_64 rng(123);
+  cudaStream_t stream;
+  cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  std::printf("PERF shape T backend ms TFLOPs GBps floor_ms\n");
+  for (const Shape& sh : shapes) {
+    ExpertsSpec spec;
+    spec.num_experts = sh.E;
+    spec.hidden = sh.H;
+    spec.intermediate = sh.I;
+    spec.dtype = DType::bf16;
+    Tensor gu = Tensor::empty(DType::bf16, {sh.E, 2 * sh.I, sh.H}, Device::cuda());
+    Tensor dn = Tensor::empty(DType::bf16, {sh.E, sh.H, sh.I}, Device::cuda());
+    fill_random_bf16(gu.data(), size_t(gu.numel()), rng, 0.02f);
+    fill_random_bf16(dn.data(), size_t(dn.numel()), rng, 0.02f);
+    Experts ex{spec, gu, dn, {}, {}, {}, {}};
+    for (int64_t T : tokens) {
+      Tensor x = Tensor::empty(DType::bf16, {T, sh.H}, Device::cuda());
+      fill_random_bf16(x.data(), size_t(x.numel()), rng, 1.0f);
+      std::vector<int32_t> idx(size_t(T * sh.K));
+      std::vector<float> w(size_t(T * sh.K));
+      std::vector<int64_t> perm(size_t(sh.E));
+      std::vector<char> hit(size_t(sh.E), 0);
+      for (int64_t t = 0; t < T; ++t) {
+        for (int64_t e = 0; e < sh.E; ++e) perm[size_t(e)] = e;
+        for (int64_t j = 0; j < sh.K; ++j) {
+          std::swap(perm[size_t(j)], perm[size_t(j + int64_t(rng() % uint64_t(sh.E - j)))]);
+          idx[size_t(t * sh.K + j)] = int32_t(perm[size_t(j)]);
+          w[size_t(t * sh.K + j)] = 1.0f / float(sh.K);
+          hit[size_t(perm[size_t(j)])] = 1;
+        }
+      }
+      int64_t distinct = 0;
+      for (char hh : hit) distinct += hh;
+      Tensor ti = Tensor::empty(DType::i32, {T, sh.K}, Device::cuda());
+      Tensor tw = Tensor::empty(DType::f32, {T, sh.K}, Device::cuda());
+      copy_bytes(ti.data(), Device::cuda(), idx.data(), Device::cpu(), ti.nbytes());
+      copy_bytes(tw.data(), Device::cuda(), w.data(), Device::cpu(), tw.nbytes());
+      Tensor out = Tensor::empty(DType::bf16, {T, sh.H}, Device::cuda());
+      ExpertsCall call{x, ti, tw, out};
+      const double flops = 2.0 * double(T * sh.K) * double(sh.H) * double(3 * sh.I);
+      const double bytes = double(distinct) * 3.0 * double(sh.H * sh.I) * 2.0 + 2.0 * double(T * sh.H) * 2.0;
+      const double floor_ms = std::max(bytes / 4.3e12, flops / 790e12) * 1e3;
+      for (const std::string name : {"batched_mm", "grouped_mm", "eager"}) {
+        if (name == "batched_mm" && T > 512) continue;
+        if (name == "eager" && T < 4096 && sh.E > 8) continue;
+        auto backend = ExpertsInterface::global().get(name);
+        Workspace ws(Device::cuda());
+        ws.reserve(backend->workspace_bytes(Problem::from(ex, call)));
+        RunOptions opts;
+        opts.stream = stream;
+        opts.workspace = &ws;
+        double ms = -1;
+        try {
+          for (int i = 0; i < 3; ++i) experts_forward(name, ex, call, opts);
+          const int reps = T >= 4096 ? 10 : 30;
+          std::vector<float> times;
+          // graph replay for the capturable backends (launch overhead out of the decode numbers)
+          cudaGraphExec_t exec = nullptr;
+          if (backend->graph_capturable()) {
+            cudaGraph_t g;
+            cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal);
+            experts_forward(name, ex, call, opts);
+            cudaStreamEndCapture(stream, &g);
+            cudaGraphInstantiate(&exec, g, 0);
+            cudaGraphDestroy(g);
+          }
+          for (int i = 0; i < reps; ++i) {
+            cudaEventRecord(e0, stream);
+            if (exec) cudaGraphLaunch(exec, stream);
+            else experts_forward(name, ex, call, opts);
+            cudaEventRecord(e1, stream);
+            cudaEventSynchronize(e1);
+            float t = 0;
+            cudaEventElapsedTime(&t, e0, e1);
+            times.push_back(t);
+          }
+          if (exec) cudaGraphExecDestroy(exec);
+          std::sort(times.begin(), times.end());
+          ms = times[times.size() / 2];
+        } catch (const std::exception& e) {
+          std::printf("PERF %s %lld %s error: %s\n", sh.name, (long long)T, name.c_str(), e.what());
+          continue;
+        }
+        cuda_ok(cudaGetLastError());
+        std::printf("PERF %s %lld %s %.4f %.1f %.0f %.4f\n", sh.name, (long long)T, name.c_str(), ms, flops / ms / 1e9,
+                    bytes / ms / 1e6, floor_ms);
+        std::fflush(stdout);
+      }
+    }
+  }
+  cudaStreamDestroy(stream);
+}
+
+#endif  // MOEX_WITH_CUDA
+
+}  // namespace
