@@ -1,0 +1,377 @@
+// Safetensors reader/writer and sharded checkpoints: round trips, every kind of corruption gives a
+// clear moex::Error naming the file and the tensor, sharded index lookups, missing / mis-shaped tensors.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <unistd.h>
+#include <vector>
+
+#include "moex/error.hpp"
+#include "moex/safetensors.hpp"
+
+using namespace moex;
+namespace fs = std::filesystem;
+
+#ifndef MOEX_TEST_SOURCE_DIR_FALLBACK
+#define MOEX_TEST_SOURCE_DIR_FALLBACK "."
+#endif
+
+
+namespace {
+
+// A fresh temporary directory per test, removed at the end.
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    std::string tmpl = (fs::temp_directory_path() / "moex_st_XXXXXX").string();
+    path = ::mkdtemp(tmpl.data());
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  std::string operator/(const std::string& name) const { return (path / name).string(); }
+};
+
+void write_bytes(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary).write(bytes.data(), std::streamsize(bytes.size()));
+}
+
+// A raw safetensors image: 8-byte length + header + data.
+std::string raw_file(const std::string& header, const std::string& data, int64_t len_override = -1) {
+  const uint64_t n = len_override >= 0 ? uint64_t(len_override) : header.size();
+  std::string s(8, '\0');
+  for (int i = 0; i < 8; ++i) s[size_t(i)] = char((n >> (8 * i)) & 0xff);
+  return s + header + data;
+}
+
+// Expects open() to throw a moex::Error of `code` whose message contains every fragment.
+void expect_error(const std::string& path, ErrorCode code, std::vector<std::string> fragments) {
+  try {
+    SafetensorsFile::open(path);
+    FAIL() << "expected an error for " << path;
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_EQ(e.code(), code) << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << "multi-line message: " << msg;
+    for (const auto& f : fragments) EXPECT_NE(msg.find(f), std::string::npos) << "'" << f << "' not in: " << msg;
+  }
+}
+
+std::string source_dir() {
+  const char* s = std::getenv("MOEX_SOURCE_DIR");
+  return s ? s : MOEX_TEST_SOURCE_DIR_FALLBACK;
+}
+
+}  // namespace
+
+TEST(Safetensors, RoundTripAllDTypes) {
+  TempDir tmp;
+  std::vector<float> f32 = {1.5f, -2.f, 3.25f, 0.f, 1e-3f, 7.f};
+  std::vector<uint16_t> bf16 = {0x3f80, 0xc000, 0x4049, 0x0000};
+  std::vector<uint16_t> f16 = {0x3c00, 0xc000};
+  std::vector<int32_t> i32 = {1, -2, 3};
+  std::vector<int64_t> i64 = {int64_t(1) << 40, -5};
+  std::vector<uint8_t> u8 = {0, 1, 255, 7, 9};
+  std::vector<uint8_t> fp8 = {0x38, 0x40, 0xb8, 0x7e};
+  std::vector<double> f64 = {3.141592653589793};
+  std::vector<std::pair<std::string, TensorView>> ts = {
+      {"w.f32", TensorView(f32.data(), DType::f32, {2, 3})},
+      {"a.bf16", TensorView(bf16.data(), DType::bf16, {2, 1, 2})},
+      {"f16", TensorView(f16.data(), DType::f16, {2})},
+      {"idx", TensorView(i32.data(), DType::i32, {3})},
+      {"big", TensorView(i64.data(), DType::i64, {1, 2})},
+      {"bytes", TensorView(u8.data(), DType::u8, {5})},
+      {"fp8", TensorView(fp8.data(), DType::fp8_e4m3, {2, 2})},
+      {"empty", TensorView(f32.data(), DType::f32, {0, 4})},
+      {"dbl", TensorView(f64.data(), DType::f64, {1, 1, 1, 1})},
+  };
+  const std::string path = tmp / "rt.safetensors";
+  write_safetensors(path, ts, {{"format", "pt"}});
+  auto f = SafetensorsFile::open(path);
+  EXPECT_EQ(f.size(), ts.size());
+  EXPECT_EQ(f.metadata().at("format"), "pt");
+  for (const auto& [name, v] : ts) {
+    ASSERT_TRUE(f.has(name)) << name;
+    TensorView r = f.get(name);
+    EXPECT_EQ(r.dtype, v.dtype) << name;
+    EXPECT_EQ(r.rank, v.rank) << name;
+    for (int d = 0; d < v.rank; ++d) EXPECT_EQ(r.shape[size_t(d)], v.shape[size_t(d)]) << name;
+    EXPECT_TRUE(r.is_contiguous());
+    EXPECT_TRUE(r.device.is_cpu());
+    ASSERT_EQ(r.nbytes(), v.nbytes()) << name;
+    if (v.nbytes()) EXPECT_EQ(std::memcmp(r.data, v.data, v.nbytes()), 0) << name;
+  }
+  EXPECT_EQ(f.info("fp8").st_dtype, "F8_E4M3");
+  EXPECT_EQ(f.info("a.bf16").st_dtype, "BF16");
+  // names() follows the data order, which is the order written.
+  auto names = f.names();
+  ASSERT_EQ(names.size(), ts.size());
+  EXPECT_EQ(names[0], "w.f32");
+  // The map overload writes sorted by name.
+  write_safetensors_map(tmp / "m.safetensors", std::map<std::string, TensorView>{{"b", ts[0].second}, {"a", ts[3].second}});
+  auto m = SafetensorsFile::open(tmp / "m.safetensors");
+  EXPECT_EQ(m.names(), (std::vector<std::string>{"a", "b"}));
+}
+
+TEST(Safetensors, ViewsOutliveTheOpenCall) {
+  TempDir tmp;
+  std::vector<float> x(1000);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = float(i) * 0.5f;
+  write_safetensors(tmp / "x.safetensors", {{"x", TensorView(x.data(), DType::f32, {10, 100})}});
+  TensorView v;
+  {
+    SafetensorsFile copy;
+    {
+      auto f = SafetensorsFile::open(tmp / "x.safetensors");
+      copy = f;
+    }
+    v = copy.get("x");
+    EXPECT_EQ(v.ptr<float>()[999], 499.5f);
+  }
+}
+
+TEST(Safetensors, ReadsFilesWrittenByOtherWriters) {
+  // Hand-made: scalar tensor, BOOL, a dtype moex has no type for (U16), and extra header padding.
+  TempDir tmp;
+  std::string data;
+  const float one = 1.f;
+  data.append(reinterpret_cast<const char*>(&one), 4);     // scalar [0, 4)
+  data += std::string("\x01\x00", 2);                       // bool  [4, 6)
+  data += std::string("\x05\x00\x06\x00", 4);               // u16   [6, 10)
+  const std::string header =
+      R"({"__metadata__":{"k":"v","n":3},"s":{"dtype":"F32","shape":[],"data_offsets":[0,4]},)"
+      R"("flags":{"dtype":"BOOL","shape":[2],"data_offsets":[4,6]},"u":{"dtype":"U16","shape":[2],"data_offsets":[6,10]}}   )";
+  write_bytes(tmp / "h.safetensors", raw_file(header, data));
+  auto f = SafetensorsFile::open(tmp / "h.safetensors");
+  EXPECT_EQ(f.metadata().size(), 1u);  // non-string metadata values are ignored
+  TensorView s = f.get("s");
+  EXPECT_EQ(s.rank, 1);
+  EXPECT_EQ(s.numel(), 1);
+  EXPECT_EQ(*s.ptr<float>(), 1.f);
+  EXPECT_EQ(f.get("flags").dtype, DType::u8);
+  EXPECT_EQ(f.info("u").st_dtype, "U16");
+  EXPECT_EQ(f.bytes("u").second, 4u);
+  try {
+    f.get("u");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::unsupported);
+    EXPECT_NE(std::string(e.what()).find("U16"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("'u'"), std::string::npos);
+  }
+  try {
+    f.get("nope");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::not_found);
+    EXPECT_NE(std::string(e.what()).find("'nope'"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("h.safetensors"), std::string::npos);
+  }
+}
+
+TEST(Safetensors, CorruptFilesGiveClearErrors) {
+  TempDir tmp;
+  const std::string data(32, '\0');
+  auto make = [&](const std::string& name, const std::string& bytes) {
+    write_bytes(tmp / name, bytes);
+    return tmp / name;
+  };
+  const std::string good = R"({"t":{"dtype":"F32","shape":[2,4],"data_offsets":[0,32]}})";
+  ASSERT_NO_THROW(SafetensorsFile::open(make("good.safetensors", raw_file(good, data))));
+
+  expect_error(make("empty.safetensors", ""), ErrorCode::parse, {"empty.safetensors", "shorter than the 8-byte"});
+  expect_error(make("short.safetensors", "abc"), ErrorCode::parse, {"short.safetensors", "3 bytes"});
+  expect_error(make("hlen.safetensors", raw_file(good, data, 1000)), ErrorCode::parse,
+               {"hlen.safetensors", "header length 1000 is past the end"});
+  expect_error(make("hlen_huge.safetensors", raw_file(good, data, int64_t(1) << 62)), ErrorCode::parse,
+               {"past the end"});
+  expect_error(make("truncated.safetensors", raw_file(good, data.substr(0, 20))), ErrorCode::parse,
+               {"truncated.safetensors", "'t'", "outside the data region"});
+  expect_error(make("json.safetensors", raw_file(R"({"t":{"dtype":"F32",)", data)), ErrorCode::parse,
+               {"json.safetensors", "malformed JSON"});
+  expect_error(make("notobj.safetensors", raw_file("[1,2,3]", data)), ErrorCode::parse, {"not a JSON object"});
+  expect_error(make("deep.safetensors", raw_file("{\"a\":" + std::string(5000, '[') + std::string(5000, ']') + "}", data)),
+               ErrorCode::parse, {"nested deeper"});
+  expect_error(make("range.safetensors", raw_file(R"({"t":{"dtype":"F32","shape":[2,4],"data_offsets":[8,40]}})", data)),
+               ErrorCode::parse, {"range.safetensors", "'t'", "outside the data region"});
+  expect_error(make("order.safetensors", raw_file(R"({"t":{"dtype":"F32","shape":[0],"data_offsets":[16,8]}})", data)),
+               ErrorCode::parse, {"'t'", "begin > end"});
+  expect_error(make("size.safetensors", raw_file(R"({"t":{"dtype":"F32","shape":[2,3],"data_offsets":[0,32]}})", data)),
+               ErrorCode::parse, {"size.safetensors", "'t'", "does not match shape [2, 3]"});
+  expect_error(make("overlap.safetensors",
+                    raw_file(R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},"b":{"dtype":"F32","shape":[4],"data_offsets":[12,28]}})",
+                             data)),
+               ErrorCode::parse, {"overlap.safetensors", "'a'", "'b'", "overlap"});
+  expect_error(make("dtype.safetensors", raw_file(R"({"t":{"dtype":"F33","shape":[8],"data_offsets":[0,32]}})", data)),
+               ErrorCode::parse, {"dtype.safetensors", "'t'", "unknown dtype 'F33'"});
+  expect_error(make("negshape.safetensors", raw_file(R"({"t":{"dtype":"U8","shape":[-1],"data_offsets":[0,0]}})", data)),
+               ErrorCode::parse, {"'t'", "non-negative"});
+  expect_error(make("bigshape.safetensors",
+                    raw_file(R"({"t":{"dtype":"F64","shape":[4294967296,4294967296,16],"data_offsets":[0,32]}})", data)),
+               ErrorCode::parse, {"'t'", "too large"});
+  expect_error(make("noofs.safetensors", raw_file(R"({"t":{"dtype":"F32","shape":[8]}})", data)), ErrorCode::parse,
+               {"'t'", "data_offsets"});
+  expect_error(make("floatofs.safetensors", raw_file(R"({"t":{"dtype":"F32","shape":[8],"data_offsets":[0.0,32]}})", data)),
+               ErrorCode::parse, {"'t'", "data_offsets"});
+  expect_error(make("entry.safetensors", raw_file(R"({"t":5})", data)), ErrorCode::parse, {"'t'", "not an object"});
+  expect_error(make("nodtype.safetensors", raw_file(R"({"t":{"shape":[8],"data_offsets":[0,32]}})", data)),
+               ErrorCode::parse, {"'t'", "dtype"});
+  expect_error(make("shapetype.safetensors", raw_file(R"({"t":{"dtype":"F32","shape":"8","data_offsets":[0,32]}})", data)),
+               ErrorCode::parse, {"'t'", "shape"});
+  expect_error(tmp / "does_not_exist.safetensors", ErrorCode::io, {"does_not_exist.safetensors"});
+  expect_error(tmp.path.string(), ErrorCode::io, {"not a regular file"});
+}
+
+TEST(Safetensors, RandomCorruptionNeverCrashes) {
+  // Flip, truncate and splice bytes of a valid file; every outcome is success or a moex::Error.
+  std::vector<float> x(64, 1.f);
+  std::vector<uint16_t> y(16, 0x3f80);
+  TempDir tmp;
+  write_safetensors(tmp / "v.safetensors",
+                    {{"x", TensorView(x.data(), DType::f32, {8, 8})}, {"y", TensorView(y.data(), DType::bf16, {4, 4})}});
+  std::ifstream in(tmp / "v.safetensors", std::ios::binary);
+  const std::string valid((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::mt19937 rng(1234);
+  int errors = 0;
+  for (int it = 0; it < 3000; ++it) {
+    std::string s = valid;
+    const int kind = int(rng() % 3);
+    if (kind == 0) {
+      for (int k = 0, n = 1 + int(rng() % 4); k < n; ++k) s[rng() % s.size()] = char(rng());
+    } else if (kind == 1) {
+      s.resize(rng() % s.size());
+    } else {
+      const size_t pos = 8 + rng() % 120;
+      s[pos] = "{}[]\":,0123456789-"[rng() % 18];
+    }
+    try {
+      auto f = SafetensorsFile::from_bytes(s.data(), s.size(), "fuzz");
+      for (const auto& n : f.names()) {
+        auto [p, nb] = f.bytes(n);
+        volatile uint8_t sum = 0;
+        for (size_t i = 0; i < nb; ++i) sum = uint8_t(sum + p[i]);
+        (void)sum;
+      }
+    } catch (const Error& e) {
+      ++errors;
+    }
+  }
+  EXPECT_GT(errors, 100);
+}
+
+TEST(Safetensors, WriterRejectsBadInput) {
+  TempDir tmp;
+  std::vector<float> x(4);
+  TensorView v(x.data(), DType::f32, {2, 2});
+  TensorView nc = v;
+  nc.strides = {1, 2};
+  EXPECT_THROW(write_safetensors(tmp / "a.safetensors", {{"a", v}, {"a", v}}), Error);
+  EXPECT_THROW(write_safetensors(tmp / "a.safetensors", {{"a", nc}}), Error);
+  EXPECT_THROW(write_safetensors(tmp / "a.safetensors", {{"a", TensorView()}}), Error);
+  EXPECT_THROW(write_safetensors(tmp / "a.safetensors", {{"a", TensorView(x.data(), DType::fp4_e2m1x2, {4})}}), Error);
+  EXPECT_FALSE(fs::exists(tmp / "a.safetensors"));
+  try {
+    write_safetensors(tmp / "no_such_dir/a.safetensors", {{"a", v}});
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::io);
+    EXPECT_NE(std::string(e.what()).find("no_such_dir"), std::string::npos);
+  }
+}
+
+TEST(Checkpoint, SingleFileAndMissingTensor) {
+  TempDir tmp;
+  std::vector<float> w(6, 2.f);
+  write_safetensors(tmp / "model.safetensors", {{"model.embed_tokens.weight", TensorView(w.data(), DType::f32, {3, 2})}});
+  auto c = Checkpoint::open(tmp.path.string());
+  EXPECT_TRUE(c.has("model.embed_tokens.weight"));
+  EXPECT_FALSE(c.has("lm_head.weight"));
+  EXPECT_EQ(c.get("model.embed_tokens.weight", {3, 2}).ptr<float>()[5], 2.f);
+  try {
+    c.get("lm_head.weight");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::not_found);
+    EXPECT_NE(std::string(e.what()).find("'lm_head.weight'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(tmp.path.string()), std::string::npos) << e.what();
+  }
+  try {
+    c.get("model.embed_tokens.weight", {128, 2});
+    FAIL();
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("has shape [3, 2] but the config implies [128, 2]"), std::string::npos) << m;
+    EXPECT_NE(m.find("model.embed_tokens.weight"), std::string::npos) << m;
+  }
+  // A single file path works too.
+  EXPECT_TRUE(Checkpoint::open(tmp / "model.safetensors").has("model.embed_tokens.weight"));
+  // An empty directory is an io error naming both file names.
+  TempDir empty;
+  try {
+    Checkpoint::open(empty.path.string());
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::io);
+    EXPECT_NE(std::string(e.what()).find("model.safetensors.index.json"), std::string::npos);
+  }
+}
+
+TEST(Checkpoint, ShardedIndex) {
+  TempDir tmp;
+  std::vector<float> a(4, 1.f), b(8, 2.f), c(2, 3.f);
+  write_safetensors(tmp / "model-00001-of-00002.safetensors",
+                    {{"a", TensorView(a.data(), DType::f32, {4})}, {"b", TensorView(b.data(), DType::f32, {2, 4})}});
+  write_safetensors(tmp / "model-00002-of-00002.safetensors",
+                    {{"c", TensorView(c.data(), DType::f32, {2})}, {"unlisted", TensorView(c.data(), DType::f32, {2})}});
+  write_bytes(tmp / "model.safetensors.index.json",
+              R"({"metadata":{"total_size":56},"weight_map":{"a":"model-00001-of-00002.safetensors",)"
+              R"("b":"model-00001-of-00002.safetensors","c":"model-00002-of-00002.safetensors"}})");
+  auto ck = Checkpoint::open(tmp.path.string());
+  EXPECT_EQ(ck.size(), 3u);
+  EXPECT_EQ(ck.files().size(), 2u);
+  EXPECT_EQ(ck.names(), (std::vector<std::string>{"a", "b", "c"}));
+  EXPECT_EQ(ck.get("b").ptr<float>()[7], 2.f);
+  EXPECT_EQ(ck.get("c").ptr<float>()[1], 3.f);
+  EXPECT_FALSE(ck.has("unlisted"));
+  EXPECT_NE(ck.file_of("c").path().find("00002"), std::string::npos);
+
+  // Index errors: a tensor the shard lacks, a missing shard, a shard outside the directory, bad JSON.
+  auto index_error = [&](const std::string& text, const std::vector<std::string>& frags) {
+    write_bytes(tmp / "model.safetensors.index.json", text);
+    try {
+      Checkpoint::open(tmp.path.string());
+      FAIL() << text;
+    } catch (const Error& e) {
+      for (const auto& f : frags) EXPECT_NE(std::string(e.what()).find(f), std::string::npos) << e.what();
+    }
+  };
+  index_error(R"({"weight_map":{"z":"model-00001-of-00002.safetensors"}})", {"'z'", "does not contain it"});
+  index_error(R"({"weight_map":{"a":"model-00009.safetensors"}})", {"model-00009.safetensors"});
+  index_error(R"({"weight_map":{"a":"../x.safetensors"}})", {"'a'", "not a file inside"});
+  index_error(R"({"weight_map":{"a":"/etc/passwd"}})", {"not a file inside"});
+  index_error(R"({"weight_map":{"a":3}})", {"'a'"});
+  index_error(R"({"weight_map":)", {"malformed JSON"});
+  index_error(R"({"metadata":{}})", {"weight_map"});
+}
+
+TEST(Checkpoint, FixturesOpenIfPresent) {
+  // Every committed fixture checkpoint opens and every tensor is readable.
+  const fs::path dir = fs::path(source_dir()) / "tests" / "fixtures";
+  if (!fs::exists(dir)) GTEST_SKIP() << "no fixtures under " << dir;
+  int n = 0;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (!e.is_directory()) continue;
+    if (!fs::exists(e.path() / "model.safetensors") && !fs::exists(e.path() / "model.safetensors.index.json")) continue;
+    auto ck = Checkpoint::open(e.path().string());
+    EXPECT_GT(ck.size(), 0u) << e.path();
+    for (const auto& name : ck.names()) EXPECT_NO_THROW(ck.file_of(name).bytes(name)) << name;
+    ++n;
+  }
+  if (n == 0) GTEST_SKIP() << "no fixture checkpoints yet";
+}
