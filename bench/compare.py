@@ -1,0 +1,69 @@
+#!/usr/bin/env python3
+"""Merges `moex bench --format json` lines with the reference library's JSON lines (the anchors'
+hf_experts_bench*.py) into one markdown table: per case each side's backends, each side's best,
+the speed-up of moex's best over the reference's best, and moex's % of the floor.
+
+    python3 bench/compare.py --moex moex.jsonl --ref hf.jsonl [--threads 2]
+"""
+import argparse, json, collections
+
+def load(path):
+    rows = []
+    for line in open(path):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                pass
+    return rows
+
+def norm_dtype(d):
+    return {"torch.bfloat16": "bf16", "torch.float32": "f32", "torch.float16": "f16"}.get(d, d)
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--moex", required=True)
+ap.add_argument("--ref", required=True)
+ap.add_argument("--threads", type=int, default=None)
+ap.add_argument("--dtype", default=None, help="dtype of the reference rows when they do not say (GPU anchor: bf16)")
+a = ap.parse_args()
+
+moex = collections.defaultdict(dict)
+machine = {}
+for r in load(a.moex):
+    if "machine" in r:
+        machine = r
+        continue
+    if "ms" not in r:
+        continue
+    moex[(r["shape"], norm_dtype(r["dtype"]), int(r["T"]))][r["backend"]] = r
+ref = collections.defaultdict(dict)
+for r in load(a.ref):
+    if "ms" not in r:
+        continue
+    if a.threads is not None and "threads" in r and int(r["threads"]) != a.threads:
+        continue
+    dt = norm_dtype(r.get("dtype", a.dtype or "bf16"))
+    ref[(r["shape"], dt, int(r["T"]))][r["backend"]] = r["ms"]
+
+if machine:
+    print(f"machine: {machine.get('machine')}, copy {machine.get('copy_gbps', 0):.1f} GB/s, "
+          f"peak {machine.get('peak_gflops', 0):.1f} GFLOP/s ({machine.get('peak_what')})\n")
+print("| shape | dtype | T | floor ms | moex: " + " / ".join(["eager", "batched_mm", "grouped_mm"]) +
+      " ms | reference: eager / batched_mm / grouped_mm ms | moex best | ref best | speed-up | moex % of floor |")
+print("|---|---|---|---|---|---|---|---|---|---|")
+for key in sorted(moex, key=lambda k: (k[0], k[1], k[2])):
+    m = moex[key]
+    r = ref.get(key, {})
+    def fmt(d, b):
+        v = d.get(b)
+        if v is None:
+            return "—"
+        return f"{(v['ms'] if isinstance(v, dict) else v):.3f}"
+    mb = min(m.items(), key=lambda kv: kv[1]["ms"])
+    floor = mb[1].get("floor_ms", 0)
+    rb = min(r.items(), key=lambda kv: kv[1]) if r else None
+    speed = f"{rb[1] / mb[1]['ms']:.2f}×" if rb else "—"
+    print(f"| {key[0]} | {key[1]} | {key[2]} | {floor:.3f} | {fmt(m,'eager')} / {fmt(m,'batched_mm')} / {fmt(m,'grouped_mm')} | "
+          f"{fmt(r,'eager')} / {fmt(r,'batched_mm')} / {fmt(r,'grouped_mm')} | {mb[0]} {mb[1]['ms']:.3f} | "
+          f"{(rb[0] + ' ' + format(rb[1], '.3f')) if rb else '—'} | {speed} | {floor / mb[1]['ms'] * 100:.0f}% |")
