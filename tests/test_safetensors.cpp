@@ -2,6 +2,7 @@
 // clear moex::Error naming the file and the tensor, sharded index lookups, missing / mis-shaped tensors.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -371,6 +372,22 @@ TEST(Checkpoint, FixturesOpenIfPresent) {
     auto ck = Checkpoint::open(e.path().string());
     EXPECT_GT(ck.size(), 0u) << e.path();
     for (const auto& name : ck.names()) EXPECT_NO_THROW(ck.file_of(name).bytes(name)) << name;
+    // The reference logits: logits.<i> [1, L_i, V] F32 and input_ids.<i> [1, L_i] I64, finite.
+    for (const char* lf : {"logits_f32.safetensors", "logits_bf16.safetensors"}) {
+      if (!fs::exists(e.path() / lf)) continue;
+      auto f = SafetensorsFile::open((e.path() / lf).string());
+      for (int i = 0; f.has("logits." + std::to_string(i)); ++i) {
+        TensorView l = f.get("logits." + std::to_string(i));
+        TensorView ids = f.get("input_ids." + std::to_string(i));
+        ASSERT_EQ(l.dtype, DType::f32);
+        ASSERT_EQ(ids.dtype, DType::i64);
+        ASSERT_EQ(l.rank, 3);
+        ASSERT_EQ(ids.rank, 2);
+        EXPECT_EQ(l.size(1), ids.size(1));
+        for (int64_t k = 0; k < l.numel(); ++k) ASSERT_TRUE(std::isfinite(l.ptr<float>()[k])) << lf;
+        for (int64_t k = 0; k < ids.numel(); ++k) ASSERT_LT(ids.ptr<int64_t>()[k], l.size(2));
+      }
+    }
     ++n;
   }
   if (n == 0) GTEST_SKIP() << "no fixture checkpoints yet";
