@@ -361,6 +361,68 @@ TEST(Checkpoint, ShardedIndex) {
   index_error(R"({"metadata":{}})", {"weight_map"});
 }
 
+TEST(Checkpoint, LoadConvertAndStackExperts) {
+  TempDir tmp;
+  const int E = 3, I = 2, H = 4;
+  std::vector<std::vector<float>> gate(E, std::vector<float>(I * H));
+  for (int e = 0; e < E; ++e)
+    for (int k = 0; k < I * H; ++k) gate[size_t(e)][size_t(k)] = 1.f + float(e) + float(k) / 1024.f + 1.f / 65536.f;
+  std::vector<uint16_t> bf(H);
+  for (int k = 0; k < H; ++k) bf[size_t(k)] = float_to_bf16(0.5f * float(k));
+  std::vector<int32_t> idx = {1, 2};
+  std::vector<std::pair<std::string, TensorView>> ts;
+  std::vector<std::string> names;
+  for (int e = 0; e < E; ++e) {
+    names.push_back("layers.0.mlp.experts." + std::to_string(e) + ".gate_proj.weight");
+    ts.push_back({names.back(), TensorView(gate[size_t(e)].data(), DType::f32, {I, H})});
+  }
+  ts.push_back({"norm", TensorView(bf.data(), DType::bf16, {H})});
+  ts.push_back({"idx", TensorView(idx.data(), DType::i32, {2})});
+  ts.push_back({"bad_shape", TensorView(gate[0].data(), DType::f32, {H, I})});
+  write_safetensors(tmp / "model.safetensors", ts);
+  auto ck = Checkpoint::open(tmp.path.string());
+
+  Tensor st = ck.load_stacked(names, DType::f32, {I, H});
+  ASSERT_EQ(st.view().rank, 3);
+  EXPECT_EQ(st.size(0), E);
+  EXPECT_EQ(st.size(1), I);
+  EXPECT_EQ(st.size(2), H);
+  for (int e = 0; e < E; ++e)
+    for (int k = 0; k < I * H; ++k) ASSERT_EQ(st.ptr<float>()[e * I * H + k], gate[size_t(e)][size_t(k)]);
+  Tensor sb = ck.load_stacked(names, DType::bf16, {I, H});
+  for (int e = 0; e < E; ++e)
+    for (int k = 0; k < I * H; ++k)
+      ASSERT_EQ(sb.ptr<uint16_t>()[e * I * H + k], float_to_bf16(gate[size_t(e)][size_t(k)]));
+  Tensor n32 = ck.load("norm", DType::f32, std::vector<int64_t>{H});
+  for (int k = 0; k < H; ++k) EXPECT_EQ(n32.ptr<float>()[k], 0.5f * float(k));
+  Tensor n16 = ck.load("norm", DType::f16);
+  EXPECT_EQ(f16_to_float(n16.ptr<uint16_t>()[3]), 1.5f);
+  EXPECT_EQ(ck.load("idx", DType::i32).ptr<int32_t>()[1], 2);
+  try {
+    ck.load("idx", DType::bf16);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'idx'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("i32"), std::string::npos) << e.what();
+  }
+  names[1] = "bad_shape";
+  try {
+    ck.load_stacked(names, DType::f32, {I, H});
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'bad_shape'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("[4, 2] but the config implies [2, 4]"), std::string::npos) << e.what();
+  }
+  names[1] = "layers.0.mlp.experts.7.gate_proj.weight";
+  try {
+    ck.load_stacked(names, DType::f32, {I, H});
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::not_found);
+    EXPECT_NE(std::string(e.what()).find("experts.7.gate_proj"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Checkpoint, FixturesOpenIfPresent) {
   // Every committed fixture checkpoint opens and every tensor is readable.
   const fs::path dir = fs::path(source_dir()) / "tests" / "fixtures";

@@ -79,6 +79,11 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
 void write_safetensors_map(const std::string& path, const std::map<std::string, TensorView>& tensors,
                            const std::map<std::string, std::string>& metadata = {});
 
+// Converts a contiguous CPU tensor into a new owning CPU tensor of dtype `dt`. Float types (f32, f16,
+// bf16, f64 → f32, f16, bf16) are converted with round-to-nearest-even; any dtype copies to itself;
+// anything else is an error.
+Tensor convert_tensor(const TensorView& src, DType dt);
+
 // The weights of a checkpoint directory: `model.safetensors`, or the shards listed in
 // `model.safetensors.index.json` (its `weight_map`: name -> shard file) opened as one lookup.
 // `open` also accepts the path of a single `.safetensors` file or of an index file.
@@ -97,6 +102,12 @@ class Checkpoint {
   // get() plus a shape check: "tensor 'X' in DIR has shape [..] but the config implies [..]".
   TensorView get(std::string_view name, const std::vector<int64_t>& expected_shape) const;
   void check_shape(std::string_view name, const std::vector<int64_t>& expected_shape) const;
+  // Loads a tensor into an owning CPU tensor of dtype `dt` (converted as convert_tensor does), after
+  // checking its shape when `expected_shape` is given.
+  Tensor load(std::string_view name, DType dt, const std::optional<std::vector<int64_t>>& expected_shape = {}) const;
+  // Stacks per-expert tensors (e.g. `...experts.{e}.gate_proj.weight` for e = 0..E-1), each of shape
+  // `per_expert_shape`, into one owning [E, per_expert_shape...] tensor of dtype `dt`.
+  Tensor load_stacked(const std::vector<std::string>& names, DType dt, const std::vector<int64_t>& per_expert_shape) const;
   // The shard holding a tensor.
   const SafetensorsFile& file_of(std::string_view name) const;
   const std::vector<SafetensorsFile>& files() const { return files_; }

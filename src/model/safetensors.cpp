@@ -377,6 +377,64 @@ void write_safetensors_map(const std::string& path, const std::map<std::string, 
   write_safetensors(path, std::vector<std::pair<std::string, TensorView>>(tensors.begin(), tensors.end()), metadata);
 }
 
+// ---- conversion -------------------------------------------------------------------------------
+
+namespace {
+
+bool is_float(DType dt) { return dt == DType::f32 || dt == DType::f16 || dt == DType::bf16 || dt == DType::f64; }
+
+float load_float(const void* p, DType dt, int64_t i) {
+  switch (dt) {
+    case DType::f32: return static_cast<const float*>(p)[i];
+    case DType::f16: return f16_to_float(static_cast<const uint16_t*>(p)[i]);
+    case DType::bf16: return bf16_to_float(static_cast<const uint16_t*>(p)[i]);
+    case DType::f64: return float(static_cast<const double*>(p)[i]);
+    default: break;
+  }
+  return 0.f;
+}
+
+// Converts n elements from src (dtype s) into dst (dtype d).
+void convert_into(void* dst, DType d, const void* src, DType s, int64_t n) {
+  if (n <= 0) return;
+  if (d == s) {
+    std::memcpy(dst, src, size_t(n) * dtype_size(d));
+    return;
+  }
+  if (d == DType::f32) {
+    float* o = static_cast<float*>(dst);
+    for (int64_t i = 0; i < n; ++i) o[i] = load_float(src, s, i);
+  } else if (d == DType::bf16) {
+    uint16_t* o = static_cast<uint16_t*>(dst);
+    // (f64 goes through f32 first: a double rounding, irrelevant for checkpoint weights)
+    for (int64_t i = 0; i < n; ++i) o[i] = float_to_bf16(load_float(src, s, i));
+  } else if (d == DType::f16) {
+    uint16_t* o = static_cast<uint16_t*>(dst);
+    for (int64_t i = 0; i < n; ++i) o[i] = float_to_f16(load_float(src, s, i));
+  } else {
+    MOEX_ASSERT(false);
+  }
+}
+
+void check_convertible(DType s, DType d, std::string_view what) {
+  if (s == d) return;
+  if (is_float(s) && (d == DType::f32 || d == DType::f16 || d == DType::bf16)) return;
+  detail::fail(ErrorCode::unsupported, "{}: cannot convert {} to {} (float tensors convert to f32, f16 or bf16)", what,
+               dtype_name(s), dtype_name(d));
+}
+
+}  // namespace
+
+Tensor convert_tensor(const TensorView& src, DType dt) {
+  MOEX_CHECK(src.defined(), "convert_tensor: undefined tensor");
+  MOEX_CHECK(src.device.is_cpu(), "convert_tensor: tensor {} is not on the CPU", src.describe());
+  MOEX_CHECK(src.is_contiguous(), "convert_tensor: tensor {} is not contiguous", src.describe());
+  check_convertible(src.dtype, dt, "convert_tensor");
+  Tensor t = Tensor::empty(dt, src.shape.data(), src.rank);
+  convert_into(t.data(), dt, src.data, src.dtype, src.numel());
+  return t;
+}
+
 // ---- Checkpoint -------------------------------------------------------------------------------
 
 namespace {
@@ -488,6 +546,33 @@ void Checkpoint::check_shape(std::string_view name, const std::vector<int64_t>& 
   if (t.shape != expected)
     detail::fail(ErrorCode::invalid_argument, "tensor '{}' in checkpoint {} has shape {} but the config implies {}", name,
                  dir_, shape_to_string(t.shape), shape_to_string(expected));
+}
+
+Tensor Checkpoint::load(std::string_view name, DType dt, const std::optional<std::vector<int64_t>>& expected) const {
+  if (expected) check_shape(name, *expected);
+  const TensorView v = get(name);
+  check_convertible(v.dtype, dt, fmt::format("tensor '{}' in checkpoint {}", name, dir_));
+  return convert_tensor(v, dt);
+}
+
+Tensor Checkpoint::load_stacked(const std::vector<std::string>& names, DType dt,
+                                const std::vector<int64_t>& per_expert) const {
+  MOEX_CHECK(!names.empty(), "load_stacked: no tensors given (checkpoint {})", dir_);
+  MOEX_CHECK(per_expert.size() + 1 <= size_t(kMaxRank), "load_stacked: per-expert shape {} has too many dimensions",
+             shape_to_string(per_expert));
+  std::vector<int64_t> shape{int64_t(names.size())};
+  shape.insert(shape.end(), per_expert.begin(), per_expert.end());
+  Tensor t = Tensor::empty(dt, shape.data(), int(shape.size()));
+  int64_t per = 1;
+  for (int64_t d : per_expert) per *= d;
+  uint8_t* out = static_cast<uint8_t*>(t.data());
+  for (size_t e = 0; e < names.size(); ++e) {
+    check_shape(names[e], per_expert);
+    const TensorView v = get(names[e]);
+    check_convertible(v.dtype, dt, fmt::format("tensor '{}' in checkpoint {}", names[e], dir_));
+    convert_into(out + size_t(e) * size_t(per) * dtype_size(dt), dt, v.data, v.dtype, per);
+  }
+  return t;
 }
 
 TensorView Checkpoint::get(std::string_view name, const std::vector<int64_t>& expected) const {
