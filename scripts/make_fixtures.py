@@ -7,6 +7,7 @@ intermediate 24 so that no two of H, I, 2I coincide and fused layouts are unambi
 saves it with `save_pretrained` (safetensors, f32, the reference library's on-disk format), and
 writes beside it:
 
+  (qwen3_vl_moe is saved in shards with model.safetensors.index.json)
   logits_f32.safetensors   F32 tensors `logits.<i>` [1, L_i, V] of the f32 model for prompt i,
                            and I64 `input_ids.<i>` [1, L_i] (each prompt run alone, no padding)
   logits_bf16.safetensors  the same from the reference's bf16 model (the same weights rounded to
@@ -157,7 +158,11 @@ def build(name, out_root):
     d = os.path.join(out_root, name)
     if os.path.exists(d):
         shutil.rmtree(d)
-    model.save_pretrained(d, safe_serialization=True)
+    # The composite is saved sharded (model-0000x-of-0000y.safetensors + model.safetensors.index.json),
+    # as real multimodal checkpoints are, so the index reader is tested on the reference's own output.
+    shard = dict(max_shard_size="300KB") if name == "qwen3_vl_moe" else {}
+    model.save_pretrained(d, safe_serialization=True, **shard)
+    assert getattr(model.config, "_experts_implementation", "eager") == "eager", model.config._experts_implementation
 
     logits32, logits16, seqs = {}, {}, []
     errs = []

@@ -434,6 +434,13 @@ TEST(Checkpoint, FixturesOpenIfPresent) {
     auto ck = Checkpoint::open(e.path().string());
     EXPECT_GT(ck.size(), 0u) << e.path();
     for (const auto& name : ck.names()) EXPECT_NO_THROW(ck.file_of(name).bytes(name)) << name;
+    if (e.path().filename() == "qwen3_vl_moe") {
+      // Saved in shards by the reference: the index joins them into one lookup.
+      EXPECT_EQ(ck.files().size(), 3u);
+      EXPECT_EQ(ck.info("model.language_model.layers.0.mlp.experts.gate_up_proj").shape, (std::vector<int64_t>{8, 48, 64}));
+      EXPECT_TRUE(ck.has("model.visual.patch_embed.proj.weight"));
+      EXPECT_TRUE(ck.has("lm_head.weight"));
+    }
     // The reference logits: logits.<i> [1, L_i, V] F32 and input_ids.<i> [1, L_i] I64, finite.
     for (const char* lf : {"logits_f32.safetensors", "logits_bf16.safetensors"}) {
       if (!fs::exists(e.path() / lf)) continue;
