@@ -17,7 +17,7 @@
 set -u
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
-PARTS=${PARTS:-"build tests sanitize perf bench hf table"}
+PARTS=${PARTS:-"build tests n256 sanitize perf perf256 bench hf table"}
 SHAPES=${SHAPES:-qwen3_30b_a3b,qwen15_moe_a2_7b,mixtral_8x7b,deepseek_v3}
 TOKENS=${TOKENS:-1,8,64,512,4096,16384}
 BUILD=${BUILD:-build-gpu}
@@ -55,16 +55,26 @@ if has tests; then
   echo "gpu tests exit status $rc"
 fi
 
+if has n256; then
+  # the m64n256 wgmma variant (MOEX_CUDA_WGMMA_N=256): correctness on the GPU suite's bf16/f16 cases
+  stamp n256
+  set -o pipefail
+  MOEX_CUDA_WGMMA_N=256 "$BUILD/moex_tests" --gtest_filter='Dtypes/CudaEquivalence.*/bf16:Dtypes/CudaEquivalence.*/f16:Capturable/*' 2>&1 |
+    sed 's/^/[n256] /' | tee -a "$OUT/tests.log" | grep -E "^\[n256\] \[  (FAILED|PASSED) |passed of|Failure" | head -20
+  echo "n256 tests exit status $?"
+  set +o pipefail
+fi
+
 if has sanitize; then
   stamp sanitize
   {
     echo "### memcheck"
-    MOEX_CUDA_TEST_CASES=24 compute-sanitizer --tool memcheck --error-exitcode 9 \
-      "$BUILD/moex_tests" --gtest_filter='Dtypes/CudaEquivalence.*/bf16:Dtypes/CudaEquivalence.*/f32:Capturable/CudaGraph.*' 2>&1 | tail -25
+    MOEX_CUDA_TEST_CASES=${SAN_CASES:-24} compute-sanitizer --tool memcheck --error-exitcode 9 \
+      "$BUILD/moex_tests" --gtest_filter="${SAN_MEMCHECK:-Dtypes/CudaEquivalence.*/bf16:Dtypes/CudaEquivalence.*/f32:Capturable/CudaGraph.*}" 2>&1 | tail -25
     echo "memcheck exit status ${PIPESTATUS[0]}"
     echo "### racecheck"
-    MOEX_CUDA_TEST_CASES=10 compute-sanitizer --tool racecheck --error-exitcode 9 \
-      "$BUILD/moex_tests" --gtest_filter='Dtypes/CudaEquivalence.*/f16:Capturable/CudaGraph.*grouped_mm_f32' 2>&1 | tail -25
+    MOEX_CUDA_TEST_CASES=${SAN_RACE_CASES:-10} compute-sanitizer --tool racecheck --error-exitcode 9 \
+      "$BUILD/moex_tests" --gtest_filter="${SAN_RACECHECK:-Dtypes/CudaEquivalence.*/f16:Capturable/CudaGraph.*grouped_mm_f32}" 2>&1 | tail -25
     echo "racecheck exit status ${PIPESTATUS[0]}"
   } 2>&1 | tee "$OUT/sanitizer.log" | grep -E "exit status|ERROR SUMMARY|RACECHECK SUMMARY|Invalid|Race" | head -30
 fi
@@ -72,7 +82,13 @@ fi
 if has perf; then
   stamp perf
   MOEX_CUDA_PERF=1 MOEX_CUDA_PERF_TOKENS=${PERF_TOKENS:-$TOKENS} timeout 240 "$BUILD/moex_tests" --gtest_filter='CudaPerf.*' 2>&1 |
-    tee "$OUT/perf.log" | grep -E "^PERF" | column -t
+    tee "$OUT/perf.log" | grep -E "^PERF"
+fi
+
+if has perf256; then
+  stamp perf256
+  MOEX_CUDA_WGMMA_N=256 MOEX_CUDA_PERF=1 MOEX_CUDA_PERF_TOKENS=${PERF256_TOKENS:-4096,16384} timeout 120 "$BUILD/moex_tests" \
+    --gtest_filter='CudaPerf.*' 2>&1 | grep -E "^PERF" | grep -v eager | sed 's/^PERF/PERF256/' | tee -a "$OUT/perf.log"
 fi
 
 if has bench; then
@@ -81,16 +97,16 @@ if has bench; then
   # batched_mm is the decode backend: time it at T <= 512 only (at 16384 tokens it re-reads each
   # expert's weights once per pair, by design)
   small=$(echo "$TOKENS" | tr ',' '\n' | awk '$1 <= 512' | paste -sd,)
-  [ -n "$small" ] && timeout 200 "$BUILD/moex" bench --device cuda --backends batched_mm --shapes "$SHAPES" --tokens "$small" \
-    --dtype bf16 --format json --min-time-ms 50 --max-iters 20 >> "$OUT/bench.json" 2>>"$OUT/perf.log"
-  timeout 300 "$BUILD/moex" bench --device cuda --backends grouped_mm,eager --shapes "$SHAPES" --tokens "$TOKENS" \
-    --dtype bf16 --format json --min-time-ms 50 --max-iters 20 >> "$OUT/bench.json" 2>>"$OUT/perf.log"
+  [ -n "$small" ] && timeout ${BENCH_TIMEOUT:-150} "$BUILD/moex" bench --device cuda --backends batched_mm --shapes "$SHAPES" --tokens "$small" \
+    --dtype bf16 --format json --min-time-ms 30 --max-iters 15 --warmup 2 >> "$OUT/bench.json" 2>>"$OUT/perf.log"
+  timeout ${BENCH_TIMEOUT:-150} "$BUILD/moex" bench --device cuda --backends grouped_mm,eager --shapes "$SHAPES" --tokens "$TOKENS" \
+    --dtype bf16 --format json --min-time-ms 30 --max-iters 15 --warmup 2 >> "$OUT/bench.json" 2>>"$OUT/perf.log"
   grep -c '"ms"' "$OUT/bench.json"
 fi
 
 if has hf; then
   stamp hf
-  PYTHONUNBUFFERED=1 SHAPES="$SHAPES" TOKENS="$TOKENS" OUT="$OUT" timeout 300 python3 bench/hf_experts_bench.py > "$OUT/hf.json" 2>&1
+  PYTHONUNBUFFERED=1 SHAPES="$SHAPES" TOKENS="$TOKENS" OUT="$OUT" timeout ${HF_TIMEOUT:-200} python3 bench/hf_experts_bench.py > "$OUT/hf.json" 2>&1
   grep -c '"ms"' "$OUT/hf.json"
 fi
 

@@ -263,8 +263,10 @@ void cuda_grouped(const Experts& ex, const ExpertsCall& call, const RunContext& 
     launch_grouped_gemm_f32(down, stream);
   } else {
     const bool vec = vec16_ok(ex, call);
-    launch_grouped_gemm_tc(up, s.dtype, vec, stream);
-    launch_grouped_gemm_tc(down, s.dtype, vec, stream);
+    for (const GroupedGemmArgs* g : {&up, &down}) {
+      if (wgmma_usable(*g, vec)) launch_grouped_gemm_wgmma(*g, s.dtype, stream);
+      else launch_grouped_gemm_tc(*g, s.dtype, vec, stream);
+    }
   }
 
   CombineArgs c{};

@@ -8,6 +8,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <type_traits>
 
 #include "core/check.hpp"
 #include "moex/backend.hpp"
@@ -46,6 +48,21 @@ class DeviceGuard {
  private:
   int prev_ = 0;
 };
+
+// Compute capability (major*10+minor) of the current device, cached per device.
+inline int current_device_cc() {
+  static int cache[64] = {};
+  int dev = 0;
+  check(cudaGetDevice(&dev), "cudaGetDevice");
+  if (dev < 0 || dev >= 64) dev = 63;
+  if (cache[dev] == 0) {
+    int major = 0, minor = 0;
+    check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "cudaDeviceGetAttribute");
+    check(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev), "cudaDeviceGetAttribute");
+    cache[dev] = major * 10 + minor;
+  }
+  return cache[dev];
+}
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -159,6 +176,10 @@ struct GroupedGemmArgs {
 // bf16 / f16 on tensor cores (mma.sync m16n8k16, f32 accumulate). dtype: DType::bf16 or f16.
 void launch_grouped_gemm_tc(const GroupedGemmArgs& a, DType dtype, bool vec16, cudaStream_t stream);
 constexpr int kTcTileM = 128;
+// Hopper (sm_90a, compute capability 9.0 exactly): the same GEMM on wgmma, for K-major weights
+// with 16-byte aligned rows (sm90_bf16_grouped_gemm.cu). MOEX_CUDA_NO_WGMMA=1 turns it off.
+bool wgmma_usable(const GroupedGemmArgs& a, bool vec16);
+void launch_grouped_gemm_wgmma(const GroupedGemmArgs& a, DType dtype, cudaStream_t stream);
 // f32 on FFMA (no TF32: SPEC §8 wants f32 rel err <= 1e-5).
 void launch_grouped_gemm_f32(const GroupedGemmArgs& a, cudaStream_t stream);
 constexpr int kF32TileM = 64;
