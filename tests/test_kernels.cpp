@@ -19,6 +19,10 @@ std::vector<const KernelTable*> tables() {
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
       __builtin_cpu_supports("avx512dq"))
     t.push_back(&avx512_kernels());
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bf16"))
+    t.push_back(&avx512_bf16_kernels());
+  if (__builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("amx-bf16") && amx_available()) t.push_back(&avx512_amx_kernels());
 #endif
   return t;
 }
@@ -73,6 +77,48 @@ TEST(CpuKernels, MatmulAllIsasLayoutsDtypes) {
             }
         }
       }
+    }
+  }
+}
+
+TEST(CpuKernels, Bf16DotMatchesWidenedProducts) {
+  // bf16 activations × bf16 weights (nt) on tables with vdpbf16ps: same sums as f32 FMA of the
+  // widened values, up to f32 summation order; k off every multiple of 32.
+  std::mt19937 rng(17);
+  std::normal_distribution<float> nd;
+  for (const KernelTable* kt : tables()) {
+    if (!kt->bf16_dot) continue;
+    for (int iter = 0; iter < 40; ++iter) {
+      const int64_t m = 1 + rng() % 40, n = 1 + rng() % 70, k = 1 + rng() % 200;
+      std::vector<uint16_t> xb(static_cast<size_t>(m * k)), wb(static_cast<size_t>(n * k));
+      for (auto& v : xb) v = float_to_bf16(nd(rng));
+      for (auto& v : wb) v = float_to_bf16(nd(rng));
+      std::vector<float> y(static_cast<size_t>(m * n), -777.0f);
+      MatmulArgs a;
+      a.x = xb.data();
+      a.xdtype = DType::bf16;
+      a.ldx = k;
+      a.m = m;
+      a.k = k;
+      a.w = wb.data();
+      a.wdtype = DType::bf16;
+      a.layout = WeightLayout::nt;
+      a.ldw = k;
+      a.y = y.data();
+      a.ldy = n;
+      a.n0 = 0;
+      a.n1 = n;
+      kt->matmul(a);
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t c = 0; c < n; ++c) {
+          double ref = 0, mag = 0;
+          for (int64_t kk = 0; kk < k; ++kk) {
+            const double p = double(bf16_to_float(xb[size_t(i * k + kk)])) * bf16_to_float(wb[size_t(c * k + kk)]);
+            ref += p;
+            mag += std::fabs(p);
+          }
+          ASSERT_NEAR(y[size_t(i * n + c)], ref, 1e-5 * (1 + mag)) << kt->isa << " m" << m << " n" << n << " k" << k;
+        }
     }
   }
 }

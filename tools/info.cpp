@@ -25,7 +25,7 @@ int run_info() {
   const CpuInfo cpu = cpu_info();
   fmt::print("moex {}\n", "0.1.0");
   fmt::print("build: C++20, CUDA {}\n", built_with_cuda() ? "yes" : "no");
-  fmt::print("cpu: {} hardware threads, kernels {}{}\n", cpu.hardware_threads, cpu.isa, cpu.avx512_bf16 ? ", avx512_bf16" : "");
+  fmt::print("cpu: {} hardware threads, kernels {} (AVX512_BF16 {})\n", cpu.hardware_threads, cpu.isa, cpu.avx512_bf16 ? "yes" : "no");
   std::vector<Device> devices{Device::cpu()};
   const auto gpus = cuda_devices();
   if (gpus.empty()) {

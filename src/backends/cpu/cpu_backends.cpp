@@ -7,6 +7,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "backends/backend_impls.hpp"
@@ -26,15 +27,33 @@ int threads_of(const Problem& p) { return p.cpu_threads > 0 ? p.cpu_threads : om
 
 size_t floats(int64_t n) { return WorkspaceCarver::round_up(size_t(n) * sizeof(float)); }
 
-// Gathers rows of hidden (any activation dtype) into f32 rows: dst[r] = hidden[token_of(r)].
+// Gathers rows of hidden into rows of the GEMM operand dtype `xdt` (f32, or bf16 as stored):
+// dst[r] = hidden[token_of(r)].
 template <class TokenOf>
-void gather_rows_f32(const KernelTable& kt, const ExpertsCall& call, int64_t rows, TokenOf token_of, float* dst, int threads) {
+void gather_rows(const KernelTable& kt, const ExpertsCall& call, int64_t rows, TokenOf token_of, void* dst, DType xdt,
+                 int threads) {
   const int64_t H = call.hidden.shape[1];
   const size_t esz = dtype_size(call.hidden.dtype);
   const char* x = static_cast<const char*>(call.hidden.data);
+  char* d = static_cast<char*>(dst);
+  const size_t row_bytes = size_t(H) * dtype_size(xdt);
 #pragma omp parallel for num_threads(threads) schedule(static)
-  for (int64_t r = 0; r < rows; ++r) kt.to_f32(x + token_of(r) * H * int64_t(esz), call.hidden.dtype, dst + r * H, H);
+  for (int64_t r = 0; r < rows; ++r) {
+    const char* src = x + token_of(r) * H * int64_t(esz);
+    if (xdt == call.hidden.dtype)
+      std::memcpy(d + size_t(r) * row_bytes, src, row_bytes);
+    else
+      kt.to_f32(src, call.hidden.dtype, reinterpret_cast<float*>(d + size_t(r) * row_bytes), H);
+  }
 }
+
+// A row-major [rows, width] buffer of the operand dtype.
+struct OperandRows {
+  char* base;
+  DType dt;
+  int64_t width;
+  void* row(int64_t r) const { return base + size_t(r * width) * dtype_size(dt); }
+};
 
 struct Tile {
   int64_t e, n0, n1;
@@ -70,9 +89,10 @@ void cpu_eager(const Experts& ex, const ExpertsCall& call, const RunContext& ctx
   const int64_t E = s.num_experts, H = s.hidden, I = s.intermediate, R = s.gate_up_rows();
   const int nt = ctx.num_threads;
   WorkspaceCarver ws(ctx.workspace.data(), ctx.workspace.capacity());
-  float* x = ws.take<float>(size_t(S * H));     // [m, H] the expert's tokens
-  float* gu = ws.take<float>(size_t(S * R));    // [m, R]
-  float* h = ws.take<float>(size_t(S * I));     // [m, I]
+  const DType xdt = operand_dtype(kt, s);
+  const OperandRows x{ws.take<char>(size_t(S * H) * 4), xdt, H};  // [m, H] the expert's tokens
+  float* gu = ws.take<float>(size_t(S * R));                      // [m, R]
+  const OperandRows h{ws.take<char>(size_t(S * I) * 4), xdt, I};  // [m, I]
   float* ye = ws.take<float>(size_t(S * H));    // [m, H] the expert's outputs
   float* y = ws.take<float>(size_t(S * H));     // [S, H] per-pair outputs, indexed by pair id
   float* scratch = ws.take<float>(size_t(nt) * size_t(H));
@@ -84,16 +104,16 @@ void cpu_eager(const Experts& ex, const ExpertsCall& call, const RunContext& ctx
       if (expert_of(call, p, E) == e) pairs[m++] = int32_t(p);
     if (m == 0) continue;
     const ExpertView ev = expert_view(ex, e);
-    gather_rows_f32(kt, call, m, [&](int64_t r) { return int64_t(pairs[r]) / K; }, x, nt);
+    gather_rows(kt, call, m, [&](int64_t r) { return int64_t(pairs[r]) / K; }, x.base, xdt, nt);
     const int64_t up_tiles = (R + kTile - 1) / kTile, down_tiles = (H + kTile - 1) / kTile;
 #pragma omp parallel num_threads(nt)
     {
 #pragma omp for schedule(static)
-      for (int64_t t = 0; t < up_tiles; ++t) up_projection(kt, ev, x, m, gu, t * kTile, std::min(R, (t + 1) * kTile));
+      for (int64_t t = 0; t < up_tiles; ++t) up_projection(kt, ev, x.base, xdt, m, gu, t * kTile, std::min(R, (t + 1) * kTile));
 #pragma omp for schedule(static)
-      for (int64_t r = 0; r < m; ++r) activation_rows(s, gu + r * R, 1, h + r * I);
+      for (int64_t r = 0; r < m; ++r) activation_rows(s, gu + r * R, 1, h.row(r), xdt);
 #pragma omp for schedule(static)
-      for (int64_t t = 0; t < down_tiles; ++t) down_projection(kt, ev, h, m, ye, t * kTile, std::min(H, (t + 1) * kTile));
+      for (int64_t t = 0; t < down_tiles; ++t) down_projection(kt, ev, h.base, xdt, m, ye, t * kTile, std::min(H, (t + 1) * kTile));
 #pragma omp for schedule(static)
       for (int64_t r = 0; r < m; ++r) std::copy(ye + r * H, ye + (r + 1) * H, y + int64_t(pairs[r]) * H);
     }
@@ -115,13 +135,14 @@ void cpu_batched(const Experts& ex, const ExpertsCall& call, const RunContext& c
   const int64_t E = s.num_experts, H = s.hidden, I = s.intermediate, R = s.gate_up_rows();
   const int nt = ctx.num_threads;
   WorkspaceCarver ws(ctx.workspace.data(), ctx.workspace.capacity());
-  float* xt = ws.take<float>(size_t(T * H));  // [T, H] tokens in f32
-  float* gu = ws.take<float>(size_t(S * R));  // [S, R]
-  float* h = ws.take<float>(size_t(S * I));   // [S, I]
+  const DType xdt = operand_dtype(kt, s);
+  const OperandRows xt{ws.take<char>(size_t(T * H) * 4), xdt, H};  // [T, H] tokens
+  float* gu = ws.take<float>(size_t(S * R));                       // [S, R]
+  const OperandRows h{ws.take<char>(size_t(S * I) * 4), xdt, I};   // [S, I]
   float* y = ws.take<float>(size_t(S * H));   // [S, H]
   float* scratch = ws.take<float>(size_t(nt) * size_t(H));
 
-  gather_rows_f32(kt, call, T, [](int64_t r) { return r; }, xt, nt);
+  gather_rows(kt, call, T, [](int64_t r) { return r; }, xt.base, xdt, nt);
   const int64_t up_tiles = (R + kTile - 1) / kTile, down_tiles = (H + kTile - 1) / kTile;
 #pragma omp parallel num_threads(nt)
   {
@@ -131,17 +152,17 @@ void cpu_batched(const Experts& ex, const ExpertsCall& call, const RunContext& c
       for (int64_t t = 0; t < up_tiles; ++t) {
         const int64_t e = expert_of(call, p, E);
         if (e < 0) continue;
-        up_projection(kt, expert_view(ex, e), xt + (p / K) * H, 1, gu + p * R, t * kTile, std::min(R, (t + 1) * kTile));
+        up_projection(kt, expert_view(ex, e), xt.row(p / K), xdt, 1, gu + p * R, t * kTile, std::min(R, (t + 1) * kTile));
       }
 #pragma omp for schedule(static)
     for (int64_t p = 0; p < S; ++p)
-      if (expert_of(call, p, E) >= 0) activation_rows(s, gu + p * R, 1, h + p * I);
+      if (expert_of(call, p, E) >= 0) activation_rows(s, gu + p * R, 1, h.row(p), xdt);
 #pragma omp for schedule(dynamic, 4) collapse(2)
     for (int64_t p = 0; p < S; ++p)
       for (int64_t t = 0; t < down_tiles; ++t) {
         const int64_t e = expert_of(call, p, E);
         if (e < 0) continue;
-        down_projection(kt, expert_view(ex, e), h + p * I, 1, y + p * H, t * kTile, std::min(H, (t + 1) * kTile));
+        down_projection(kt, expert_view(ex, e), h.row(p), xdt, 1, y + p * H, t * kTile, std::min(H, (t + 1) * kTile));
       }
   }
   reduce_slots(kt, call, H, y, [&](int64_t p) { return expert_of(call, p, E) < 0 ? int64_t(-1) : p; }, nt, scratch);
@@ -163,12 +184,15 @@ void cpu_grouped(const Experts& ex, const ExpertsCall& call, const RunContext& c
   const RoutingPlan plan = build_routing_plan(call.top_k_index, E);
   const int64_t rows = plan.num_valid();
   WorkspaceCarver ws(ctx.workspace.data(), ctx.workspace.capacity());
-  float* xy = ws.take<float>(size_t(std::max<int64_t>(rows, 1) * H));  // [rows, H] sorted inputs, later the outputs
-  float* gu = ws.take<float>(size_t(std::max<int64_t>(rows, 1) * R));  // [rows, R]
-  float* h = ws.take<float>(size_t(std::max<int64_t>(rows, 1) * I));   // [rows, I]
+  const DType xdt = operand_dtype(kt, s);
+  const int64_t rows1 = std::max<int64_t>(rows, 1);
+  float* y = ws.take<float>(size_t(rows1 * H));                         // [rows, H] outputs
+  const OperandRows x{reinterpret_cast<char*>(y), xdt, H};             // [rows, H] sorted inputs (y overwrites them later)
+  float* gu = ws.take<float>(size_t(rows1 * R));                        // [rows, R]
+  const OperandRows h{ws.take<char>(size_t(rows1 * I) * 4), xdt, I};   // [rows, I]
   float* scratch = ws.take<float>(size_t(nt) * size_t(H));
 
-  gather_rows_f32(kt, call, rows, [&](int64_t r) { return int64_t(plan.sorted_pairs[size_t(r)]) / K; }, xy, nt);
+  gather_rows(kt, call, rows, [&](int64_t r) { return int64_t(plan.sorted_pairs[size_t(r)]) / K; }, x.base, xdt, nt);
   std::vector<Tile> up, down;
   for (int64_t e = 0; e < E; ++e) {
     if (plan.count(e) == 0) continue;
@@ -182,17 +206,17 @@ void cpu_grouped(const Experts& ex, const ExpertsCall& call, const RunContext& c
 #pragma omp for schedule(dynamic, 1)
     for (size_t i = 0; i < up.size(); ++i) {
       const Tile& t = up[i];
-      up_projection(kt, expert_view(ex, t.e), xy + off(t.e) * H, plan.count(t.e), gu + off(t.e) * R, t.n0, t.n1);
+      up_projection(kt, expert_view(ex, t.e), x.row(off(t.e)), xdt, plan.count(t.e), gu + off(t.e) * R, t.n0, t.n1);
     }
 #pragma omp for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) activation_rows(s, gu + r * R, 1, h + r * I);
+    for (int64_t r = 0; r < rows; ++r) activation_rows(s, gu + r * R, 1, h.row(r), xdt);
 #pragma omp for schedule(dynamic, 1)
     for (size_t i = 0; i < down.size(); ++i) {
       const Tile& t = down[i];
-      down_projection(kt, expert_view(ex, t.e), h + off(t.e) * I, plan.count(t.e), xy + off(t.e) * H, t.n0, t.n1);
+      down_projection(kt, expert_view(ex, t.e), h.row(off(t.e)), xdt, plan.count(t.e), y + off(t.e) * H, t.n0, t.n1);
     }
   }
-  reduce_slots(kt, call, H, xy, [&](int64_t p) { return int64_t(plan.pair_to_row[size_t(p)]); }, nt, scratch);
+  reduce_slots(kt, call, H, y, [&](int64_t p) { return int64_t(plan.pair_to_row[size_t(p)]); }, nt, scratch);
 }
 
 }  // namespace moex::detail

@@ -27,11 +27,17 @@ void add_bias(const void* bias, DType dt, float* y, int64_t ldy, int64_t m, int6
 
 }  // namespace
 
-void up_projection(const KernelTable& kt, const ExpertView& ev, const float* x, int64_t m, float* gu, int64_t n0, int64_t n1) {
+DType operand_dtype(const KernelTable& kt, const ExpertsSpec& s) {
+  return kt.bf16_dot && s.dtype == DType::bf16 && !s.transposed && !s.quant.quantized() ? DType::bf16 : DType::f32;
+}
+
+void up_projection(const KernelTable& kt, const ExpertView& ev, const void* x, DType xdt, int64_t m, float* gu, int64_t n0,
+                   int64_t n1) {
   const ExpertsSpec& s = *ev.spec;
   const int64_t R = s.gate_up_rows(), H = s.hidden;
   MatmulArgs a;
   a.x = x;
+  a.xdtype = xdt;
   a.ldx = H;
   a.m = m;
   a.k = H;
@@ -47,26 +53,40 @@ void up_projection(const KernelTable& kt, const ExpertView& ev, const float* x, 
   add_bias(ev.gate_up_bias, s.dtype, gu, R, m, n0, n1);
 }
 
-void activation_rows(const ExpertsSpec& s, const float* gu, int64_t m, float* h) {
+namespace {
+template <class Store>
+void activation_rows_as(const ExpertsSpec& s, const float* gu, int64_t m, Store store) {
   const int64_t I = s.intermediate, R = s.gate_up_rows();
   for (int64_t i = 0; i < m; ++i) {
     const float* g = gu + i * R;
-    float* hr = h + i * I;
     if (!s.has_gate) {
-      for (int64_t c = 0; c < I; ++c) hr[c] = round_to(s.dtype, plain_act(s.activation, g[c]));
+      for (int64_t c = 0; c < I; ++c) store(i * I + c, plain_act(s.activation, g[c]));
     } else if (s.interleaved) {  // rows g0, u0, g1, u1, ...
-      for (int64_t c = 0; c < I; ++c) hr[c] = round_to(s.dtype, gated_act(s.activation, g[2 * c], g[2 * c + 1]));
+      for (int64_t c = 0; c < I; ++c) store(i * I + c, gated_act(s.activation, g[2 * c], g[2 * c + 1]));
     } else {  // [gate; up]
-      for (int64_t c = 0; c < I; ++c) hr[c] = round_to(s.dtype, gated_act(s.activation, g[c], g[I + c]));
+      for (int64_t c = 0; c < I; ++c) store(i * I + c, gated_act(s.activation, g[c], g[I + c]));
     }
   }
 }
+}  // namespace
 
-void down_projection(const KernelTable& kt, const ExpertView& ev, const float* h, int64_t m, float* y, int64_t n0, int64_t n1) {
+void activation_rows(const ExpertsSpec& s, const float* gu, int64_t m, void* h, DType hdt) {
+  if (hdt == DType::bf16) {  // only for bf16 experts: rounding to bf16 is rounding to the activation dtype
+    uint16_t* hb = static_cast<uint16_t*>(h);
+    activation_rows_as(s, gu, m, [&](int64_t i, float v) { hb[i] = float_to_bf16(v); });
+  } else {
+    float* hf = static_cast<float*>(h);
+    activation_rows_as(s, gu, m, [&](int64_t i, float v) { hf[i] = round_to(s.dtype, v); });
+  }
+}
+
+void down_projection(const KernelTable& kt, const ExpertView& ev, const void* h, DType hdt, int64_t m, float* y, int64_t n0,
+                     int64_t n1) {
   const ExpertsSpec& s = *ev.spec;
   const int64_t H = s.hidden, I = s.intermediate;
   MatmulArgs a;
   a.x = h;
+  a.xdtype = hdt;
   a.ldx = I;
   a.m = m;
   a.k = I;

@@ -61,12 +61,20 @@ struct ExpertView {
 };
 ExpertView expert_view(const Experts& ex, int64_t e);
 
+// The dtype the GEMM operands x and h are kept in: bf16 where the kernels multiply bf16 directly
+// (bf16 experts, default layout, a CPU with AVX512_BF16), f32 otherwise. Either way h holds values
+// already rounded to the activation dtype, so both choices compute the same products.
+DType operand_dtype(const KernelTable& kt, const ExpertsSpec& s);
+
 // gu[m, n0:n1] = x[m, H] · gate_upᵀ (+ bias), f32. n ranges over the R = gate_up_rows() outputs.
-void up_projection(const KernelTable& kt, const ExpertView& ev, const float* x, int64_t m, float* gu, int64_t n0, int64_t n1);
-// h[m, I] = act(gu[m, R]), rounded to the activation dtype (the down GEMM reads act-dtype operands).
-void activation_rows(const ExpertsSpec& s, const float* gu, int64_t m, float* h);
-// y[m, n0:n1] = h[m, I] · downᵀ (+ bias), f32.
-void down_projection(const KernelTable& kt, const ExpertView& ev, const float* h, int64_t m, float* y, int64_t n0, int64_t n1);
+// x is [m, H] of dtype xdt (see operand_dtype).
+void up_projection(const KernelTable& kt, const ExpertView& ev, const void* x, DType xdt, int64_t m, float* gu, int64_t n0,
+                   int64_t n1);
+// h[m, I] = act(gu[m, R]), rounded to the activation dtype, stored as hdt (f32 or bf16).
+void activation_rows(const ExpertsSpec& s, const float* gu, int64_t m, void* h, DType hdt);
+// y[m, n0:n1] = h[m, I] · downᵀ (+ bias), f32; h of dtype hdt.
+void down_projection(const KernelTable& kt, const ExpertView& ev, const void* h, DType hdt, int64_t m, float* y, int64_t n0,
+                     int64_t n1);
 
 // out[t] = Σ_j w[t, j] · y[row(t, j)] in slot order, dropped slots skipped, rounded once to the
 // activation dtype. row_of(p) gives the row of pair p = t*K + j in y [rows, H], or -1.

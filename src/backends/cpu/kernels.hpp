@@ -13,10 +13,12 @@ namespace moex::cpu {
 //   nn: W is [K, N] row-major (in × out, "transposed" experts): y[i, n] = Σ_k x[i, k] · W[k, n]
 enum class WeightLayout { nt, nn };
 
-// Y[0:m, n0:n1] = X[0:m, 0:k] · op(W)[:, n0:n1]; X and Y are f32, W is f32/f16/bf16.
+// Y[0:m, n0:n1] = X[0:m, 0:k] · op(W)[:, n0:n1]; Y is f32, W is f32/f16/bf16, X is f32 — or bf16
+// when W is bf16, the layout nt and the table has `bf16_dot` (vdpbf16ps: bf16 products, f32 sums).
 // Columns outside [n0, n1) of Y are not touched, so threads can split the n range.
 struct MatmulArgs {
-  const float* x = nullptr;  // [m, k], row stride ldx
+  const void* x = nullptr;  // [m, k], row stride ldx
+  DType xdtype = DType::f32;
   int64_t ldx = 0;
   int64_t m = 0, k = 0;
   const void* w = nullptr;  // see WeightLayout; row stride ldw (elements)
@@ -29,7 +31,8 @@ struct MatmulArgs {
 };
 
 struct KernelTable {
-  const char* isa;  // "avx512", "avx2", "generic"
+  const char* isa;  // "avx512_amx", "avx512_bf16", "avx512", "avx2", "generic"
+  bool bf16_dot;    // matmul takes bf16 X with bf16 nt weights
   void (*matmul)(const MatmulArgs& a);
   // n elements of dtype dt (f32/f16/bf16) → f32, and back (round to nearest even).
   void (*to_f32)(const void* src, DType dt, float* dst, int64_t n);
@@ -45,6 +48,10 @@ const KernelTable& generic_kernels();
 #if defined(MOEX_X86)
 const KernelTable& avx2_kernels();
 const KernelTable& avx512_kernels();
+const KernelTable& avx512_bf16_kernels();
+const KernelTable& avx512_amx_kernels();
+// True when the CPU has AMX-BF16 and the OS granted this process the tile state.
+bool amx_available();
 #endif
 
 }  // namespace moex::cpu

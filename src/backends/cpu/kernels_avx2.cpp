@@ -8,6 +8,8 @@ namespace {
 
 struct Avx2 {
   static constexpr int W = 8;
+  static constexpr bool kBf16Dot = false;
+  static void matmul_nt_bf16_dot(const MatmulArgs&) {}
   using V = __m256;
   static V zero() { return _mm256_setzero_ps(); }
   static V set1(float v) { return _mm256_set1_ps(v); }

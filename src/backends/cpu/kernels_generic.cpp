@@ -11,6 +11,8 @@ namespace {
 
 struct Generic {
   static constexpr int W = 8;
+  static constexpr bool kBf16Dot = false;
+  static void matmul_nt_bf16_dot(const MatmulArgs&) {}
   struct V {
     float v[W];
   };
@@ -57,10 +59,16 @@ const KernelTable& choose() {
   const bool has512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
   const bool has2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  const bool has_bf16 = has512 && __builtin_cpu_supports("avx512bf16");
+  const bool has_amx = has_bf16 && __builtin_cpu_supports("amx-bf16") && __builtin_cpu_supports("amx-tile") && amx_available();
+  if (forced == "avx512_amx" && has_amx) return avx512_amx_kernels();
+  if (forced == "avx512_bf16" && has_bf16) return avx512_bf16_kernels();
   if (forced == "avx512" && has512) return avx512_kernels();
   if (forced == "avx2" && has2) return avx2_kernels();
   if (forced == "generic") return generic_kernels();
   if (forced.empty() || forced == "auto") {
+    if (has_amx) return avx512_amx_kernels();
+    if (has_bf16) return avx512_bf16_kernels();
     if (has512) return avx512_kernels();
     if (has2) return avx2_kernels();
   }
@@ -68,7 +76,7 @@ const KernelTable& choose() {
   if (forced.empty() || forced == "auto" || forced == "generic") return generic_kernels();
 #endif
   if (!forced.empty() && forced != "auto")
-    detail::fail(ErrorCode::invalid_argument, "MOEX_CPU_ISA={} is not supported by this CPU (valid: auto, avx512, avx2, generic)",
+    detail::fail(ErrorCode::invalid_argument, "MOEX_CPU_ISA={} is not supported by this CPU (valid: auto, avx512_amx, avx512_bf16, avx512, avx2, generic)",
                  forced);
   return generic_kernels();
 }

@@ -1,0 +1,49 @@
+// backends/cpu/simd_avx512.hpp — the AVX-512 (F/BW/VL/DQ) SIMD traits, 16 f32 lanes. Included only
+// by translation units compiled with the AVX-512 flags.
+#pragma once
+#include <immintrin.h>
+
+#include "backends/cpu/kernels_impl.hpp"
+
+namespace moex::cpu {
+
+struct Avx512 {
+  static constexpr int W = 16;
+  static constexpr bool kBf16Dot = false;
+  static void matmul_nt_bf16_dot(const MatmulArgs&) {}
+  using V = __m512;
+  static V zero() { return _mm512_setzero_ps(); }
+  static V set1(float v) { return _mm512_set1_ps(v); }
+  static V load(const float* p) { return _mm512_loadu_ps(p); }
+  static V load_bf16(const uint16_t* p) {
+    __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+  }
+  static V load_f16(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+  static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static float reduce(V v) { return _mm512_reduce_add_ps(v); }
+  static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
+  static void store_as_bf16(const float* src, uint16_t* dst, int64_t n) {
+    int64_t i = 0;
+    const __m512i bias = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
+    for (; i + W <= n; i += W) {
+      __m512 v = _mm512_loadu_ps(src + i);
+      __m512i u = _mm512_castps_si512(v);
+      // round to nearest even; NaN keeps a quiet-NaN payload
+      __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(bias, _mm512_and_si512(_mm512_srli_epi32(u, 16), one)));
+      __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+      r = _mm512_mask_or_epi32(r, nan, u, _mm512_set1_epi32(0x00400000));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16)));
+    }
+    impl::store_as_bf16_scalar(src + i, dst + i, n - i);
+  }
+  static void store_as_f16(const float* src, uint16_t* dst, int64_t n) {
+    int64_t i = 0;
+    for (; i + W <= n; i += W)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i),
+                          _mm512_cvtps_ph(_mm512_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    impl::store_as_f16_scalar(src + i, dst + i, n - i);
+  }
+};
+
+}  // namespace moex::cpu
