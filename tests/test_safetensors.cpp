@@ -1,17 +1,21 @@
 // Safetensors reader/writer and sharded checkpoints: round trips, every kind of corruption gives a
-// clear moex::Error naming the file and the tensor, sharded index lookups, missing / mis-shaped tensors.
+// clear moex::Error naming the file and the tensor, sharded index lookups, missing / mis-shaped tensors;
+// loading the model weights of the fixtures (stacking, layouts, dtype conversion, errors).
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <random>
 #include <string>
 #include <unistd.h>
 #include <vector>
 
+#include "model/weights.hpp"
+#include "moex/config.hpp"
 #include "moex/error.hpp"
 #include "moex/safetensors.hpp"
 
@@ -460,4 +464,197 @@ TEST(Checkpoint, FixturesOpenIfPresent) {
     ++n;
   }
   if (n == 0) GTEST_SKIP() << "no fixture checkpoints yet";
+}
+
+// ---- model weights (src/model/weights.hpp) ------------------------------------------------------
+
+namespace {
+
+fs::path fixture(const std::string& name) { return fs::path(source_dir()) / "tests" / "fixtures" / name; }
+
+// Copies the checkpoint's tensors (rank <= 4) into DIR/model.safetensors, letting `edit` drop
+// (return false) or replace tensors, and copies config.json.
+void copy_checkpoint(const fs::path& from, const fs::path& to,
+                     const std::function<bool(const std::string&, TensorView&, std::vector<std::vector<uint8_t>>&)>& edit) {
+  auto ck = Checkpoint::open(from.string());
+  std::vector<std::pair<std::string, TensorView>> ts;
+  std::vector<std::vector<uint8_t>> keep;
+  keep.reserve(64);
+  for (const auto& n : ck.names()) {
+    if (ck.info(n).shape.size() > size_t(kMaxRank)) continue;
+    TensorView v = ck.get(n);
+    if (edit(n, v, keep)) ts.push_back({n, v});
+  }
+  write_safetensors((to / "model.safetensors").string(), ts);
+  fs::copy_file(from / "config.json", to / "config.json");
+}
+
+}  // namespace
+
+TEST(ModelWeights, AllFixturesLoad) {
+  if (!fs::exists(fixture("qwen3_moe"))) GTEST_SKIP() << "no fixtures";
+  for (const char* name : {"qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "deepseek_v3", "gpt_oss", "qwen3_vl_moe"}) {
+    SCOPED_TRACE(name);
+    const auto cfg = load_model_config(fixture(name).string());
+    const auto ck = Checkpoint::open(fixture(name).string());
+    for (DType dt : {DType::f32, DType::bf16}) {
+      size_t calls = 0, last = 0;
+      auto w = model::load_weights(ck, cfg, dt, [&](size_t done, size_t total) {
+        EXPECT_GE(done, last);
+        EXPECT_LE(done, total);
+        last = done;
+        ++calls;
+      });
+      EXPECT_GT(calls, 10u);
+      const auto& t = cfg.text;
+      ASSERT_EQ(w.layers.size(), size_t(t.num_hidden_layers));
+      EXPECT_EQ(w.embed.size(0), 128);
+      EXPECT_EQ(w.embed.dtype(), dt);
+      EXPECT_FALSE(w.tied);
+      EXPECT_NE(w.lm_head.data(), w.embed.data());
+      int moe = 0;
+      for (int64_t l = 0; l < t.num_hidden_layers; ++l) {
+        const auto& lw = w.layers[size_t(l)];
+        EXPECT_EQ(lw.is_moe, t.is_moe_layer(l));
+        if (!lw.is_moe) {
+          EXPECT_TRUE(lw.mlp.defined());
+          continue;
+        }
+        ++moe;
+        const Experts& ex = lw.moe.experts;
+        EXPECT_EQ(ex.spec.num_experts, 8);
+        EXPECT_EQ(ex.spec.hidden, 64);
+        EXPECT_EQ(ex.spec.intermediate, 24);
+        EXPECT_EQ(ex.spec.dtype, dt);
+        EXPECT_EQ(ex.gate_up.dtype, dt);
+        const bool gpt = t.family == ModelFamily::gpt_oss;
+        EXPECT_EQ(ex.spec.transposed, gpt);
+        EXPECT_EQ(ex.spec.interleaved, gpt);
+        EXPECT_EQ(ex.spec.has_bias, gpt);
+        EXPECT_EQ(shape_to_string(ex.gate_up), gpt ? "[8, 64, 48]" : "[8, 48, 64]");
+        EXPECT_EQ(shape_to_string(ex.down), gpt ? "[8, 24, 64]" : "[8, 64, 24]");
+        EXPECT_EQ(lw.moe.router.weight.size(0), 8);
+        EXPECT_EQ(lw.moe.router.has_bias(), gpt);
+        EXPECT_EQ(lw.moe.e_score_correction_bias.numel() > 0, t.family == ModelFamily::deepseek_v3);
+        EXPECT_EQ(lw.moe.shared.defined(), t.family == ModelFamily::qwen2_moe || t.family == ModelFamily::deepseek_v3);
+        EXPECT_EQ(lw.moe.shared_gate.defined(), t.family == ModelFamily::qwen2_moe);
+      }
+      EXPECT_EQ(moe, t.num_moe_layers());
+      const auto& a = w.layers[0].attn;
+      if (t.family == ModelFamily::deepseek_v3) {
+        EXPECT_TRUE(a.q_a.defined());
+        EXPECT_TRUE(a.kv_b.defined());
+        EXPECT_EQ(a.kv_a.weight.size(0), 16 + 8);
+      } else {
+        EXPECT_EQ(a.q.has_bias(), t.qkv_bias);
+        EXPECT_EQ(a.o.has_bias(), t.o_bias);
+        EXPECT_EQ(a.q_norm.numel() > 0, t.qk_norm);
+        EXPECT_EQ(a.sinks.numel() > 0, t.family == ModelFamily::gpt_oss);
+      }
+    }
+  }
+}
+
+TEST(ModelWeights, ExpertsAreStackedGateThenUp) {
+  if (!fs::exists(fixture("mixtral"))) GTEST_SKIP() << "no fixtures";
+  for (const char* name : {"qwen3_moe", "mixtral"}) {
+    SCOPED_TRACE(name);
+    const auto cfg = load_model_config(fixture(name).string());
+    const auto ck = Checkpoint::open(fixture(name).string());
+    const auto w = model::load_weights(ck, cfg, DType::f32);
+    const bool mix = std::string(name) == "mixtral";
+    const std::string base = mix ? "model.layers.1.block_sparse_moe.experts.5." : "model.layers.1.mlp.experts.5.";
+    const float* gu = w.layers[1].moe.gate_up.ptr<float>() + 5 * 48 * 64;
+    const float* dn = w.layers[1].moe.down.ptr<float>() + 5 * 64 * 24;
+    const float* g = ck.get(base + (mix ? "w1.weight" : "gate_proj.weight")).ptr<float>();
+    const float* u = ck.get(base + (mix ? "w3.weight" : "up_proj.weight")).ptr<float>();
+    const float* d = ck.get(base + (mix ? "w2.weight" : "down_proj.weight")).ptr<float>();
+    for (int k = 0; k < 24 * 64; ++k) {
+      ASSERT_EQ(gu[k], g[k]);
+      ASSERT_EQ(gu[24 * 64 + k], u[k]);
+      ASSERT_EQ(dn[k], d[k]);
+    }
+    // bf16 loading rounds each element to nearest even.
+    const auto wb = model::load_weights(ck, cfg, DType::bf16);
+    const uint16_t* gub = wb.layers[1].moe.gate_up.ptr<uint16_t>() + 5 * 48 * 64;
+    for (int k = 0; k < 24 * 64; ++k) ASSERT_EQ(gub[24 * 64 + k], float_to_bf16(u[k]));
+  }
+}
+
+TEST(ModelWeights, HubTransposedFusedExpertsAreNormalised) {
+  // Qwen3-VL-MoE hub checkpoints store gate_up_proj [E, H, 2I] and down_proj [E, I, H].
+  if (!fs::exists(fixture("qwen3_vl_moe"))) GTEST_SKIP() << "no fixtures";
+  TempDir tmp;
+  std::vector<Tensor> owned;
+  copy_checkpoint(fixture("qwen3_vl_moe"), tmp.path, [&](const std::string& n, TensorView& v, auto&) {
+    if (n.find("experts.gate_up_proj") != std::string::npos || n.find("experts.down_proj") != std::string::npos) {
+      const int64_t E = v.size(0), A = v.size(1), B = v.size(2);
+      Tensor t = Tensor::empty(DType::f32, {E, B, A});
+      for (int64_t e = 0; e < E; ++e)
+        for (int64_t a = 0; a < A; ++a)
+          for (int64_t b = 0; b < B; ++b) t.ptr<float>()[(e * B + b) * A + a] = v.ptr<float>()[(e * A + a) * B + b];
+      owned.push_back(t);
+      v = t.view();
+    }
+    return true;
+  });
+  const auto cfg = load_model_config(fixture("qwen3_vl_moe").string());
+  const auto ref = model::load_weights(Checkpoint::open(fixture("qwen3_vl_moe").string()), cfg, DType::f32);
+  const auto hub = model::load_weights(Checkpoint::open(tmp.path.string()), cfg, DType::f32);
+  EXPECT_EQ(hub.prefix, "model.language_model.");
+  for (size_t l = 0; l < ref.layers.size(); ++l) {
+    const auto& a = ref.layers[l].moe;
+    const auto& b = hub.layers[l].moe;
+    ASSERT_EQ(shape_to_string(b.experts.gate_up), "[8, 48, 64]");
+    ASSERT_EQ(shape_to_string(b.experts.down), "[8, 64, 24]");
+    EXPECT_EQ(std::memcmp(a.gate_up.data(), b.gate_up.data(), a.gate_up.nbytes()), 0);
+    EXPECT_EQ(std::memcmp(a.down.data(), b.down.data(), a.down.nbytes()), 0);
+  }
+}
+
+TEST(ModelWeights, MissingAndMisshapedTensorsAreClearErrors) {
+  if (!fs::exists(fixture("qwen3_moe"))) GTEST_SKIP() << "no fixtures";
+  const auto cfg = load_model_config(fixture("qwen3_moe").string());
+  {
+    TempDir tmp;
+    copy_checkpoint(fixture("qwen3_moe"), tmp.path, [](const std::string& n, TensorView&, auto&) {
+      return n != "model.layers.1.mlp.experts.5.up_proj.weight";
+    });
+    try {
+      model::load_weights(Checkpoint::open(tmp.path.string()), cfg, DType::bf16);
+      FAIL();
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::not_found);
+      EXPECT_NE(std::string(e.what()).find("'model.layers.1.mlp.experts.5.up_proj.weight'"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(tmp.path.string()), std::string::npos) << e.what();
+    }
+  }
+  {
+    TempDir tmp;
+    std::vector<float> small(32 * 64, 0.f);
+    copy_checkpoint(fixture("qwen3_moe"), tmp.path, [&](const std::string& n, TensorView& v, auto&) {
+      if (n == "model.layers.2.self_attn.q_proj.weight") v = TensorView(small.data(), DType::f32, {32, 64});
+      return true;
+    });
+    try {
+      model::load_weights(Checkpoint::open(tmp.path.string()), cfg, DType::f32);
+      FAIL();
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("'model.layers.2.self_attn.q_proj.weight'"), std::string::npos) << m;
+      EXPECT_NE(m.find("has shape [32, 64] but the config implies [64, 64]"), std::string::npos) << m;
+    }
+  }
+  {
+    // Tied embeddings: no lm_head needed, and it shares the embedding's storage.
+    TempDir tmp;
+    copy_checkpoint(fixture("qwen3_moe"), tmp.path, [](const std::string& n, TensorView&, auto&) { return n != "lm_head.weight"; });
+    EXPECT_THROW(model::load_weights(Checkpoint::open(tmp.path.string()), cfg, DType::f32), Error);
+    auto tied = cfg;
+    tied.text.tie_word_embeddings = true;
+    auto w = model::load_weights(Checkpoint::open(tmp.path.string()), tied, DType::f32);
+    EXPECT_TRUE(w.tied);
+    EXPECT_EQ(w.lm_head.data(), w.embed.data());
+  }
+  EXPECT_THROW(model::load_weights(Checkpoint::open(fixture("qwen3_moe").string()), cfg, DType::i32), Error);
 }

@@ -83,6 +83,8 @@ void write_safetensors_map(const std::string& path, const std::map<std::string, 
 // bf16, f64 → f32, f16, bf16) are converted with round-to-nearest-even; any dtype copies to itself;
 // anything else is an error.
 Tensor convert_tensor(const TensorView& src, DType dt);
+// The same for `n` contiguous elements into caller memory (dst dtype `d`, src dtype `s`).
+void convert_elements(void* dst, DType d, const void* src, DType s, int64_t n);
 
 // The weights of a checkpoint directory: `model.safetensors`, or the shards listed in
 // `model.safetensors.index.json` (its `weight_map`: name -> shard file) opened as one lookup.

@@ -425,6 +425,11 @@ void check_convertible(DType s, DType d, std::string_view what) {
 
 }  // namespace
 
+void convert_elements(void* dst, DType d, const void* src, DType s, int64_t n) {
+  check_convertible(s, d, "convert_elements");
+  convert_into(dst, d, src, s, n);
+}
+
 Tensor convert_tensor(const TensorView& src, DType dt) {
   MOEX_CHECK(src.defined(), "convert_tensor: undefined tensor");
   MOEX_CHECK(src.device.is_cpu(), "convert_tensor: tensor {} is not on the CPU", src.describe());

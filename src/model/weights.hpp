@@ -1,0 +1,88 @@
+// model/weights.hpp — the weights of a decoder model, loaded from a checkpoint for a parsed config:
+// every tensor the config implies is looked up under the reference library's names, shape-checked
+// ("tensor X in checkpoint D has shape [..] but the config implies [..]"), converted to the model
+// dtype and, for per-expert keys, stacked into the experts layout of SPEC §1:
+//   gate_up [E, 2I, H] (gate rows, then up rows), down [E, H, I].
+// GPT-OSS fused experts are used as stored (transposed, interleaved gate/up, biases); Qwen3-VL-MoE
+// fused experts are accepted in both the hub layout ([E, H, 2I] / [E, I, H]) and the layout
+// transformers 5 writes ([E, 2I, H] / [E, H, I]) and normalised to the latter.
+//
+// Private to the library (the model runtime builds on it); tests include it through src/.
+#pragma once
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "moex/config.hpp"
+#include "moex/experts.hpp"
+#include "moex/safetensors.hpp"
+#include "moex/tensor.hpp"
+
+namespace moex::model {
+
+// y = x · weightᵀ + bias; weight [out, in]. bias undefined when absent.
+struct Linear {
+  Tensor weight;
+  Tensor bias;
+  bool defined() const { return weight.numel() > 0; }
+  bool has_bias() const { return bias.numel() > 0; }
+};
+
+// A dense gated MLP: down(act(gate(x)) * up(x)).
+struct DenseMlp {
+  Linear gate, up, down;
+  bool defined() const { return gate.defined(); }
+};
+
+struct AttentionWeights {
+  // GQA attention (all families except deepseek_v3)
+  Linear q, k, v, o;
+  Tensor q_norm, k_norm;  // qwen3_moe: [head_dim]; olmoe: [heads * head_dim] / [kv_heads * head_dim]
+  Tensor sinks;           // gpt_oss: [heads]
+  // DeepSeek-V3 multi-head latent attention (o is shared with the above)
+  Linear q_a, q_b;        // q_lora_rank > 0; otherwise `q` is the plain projection [heads * qk_head, H]
+  Tensor q_a_norm;        // [q_lora_rank]
+  Linear kv_a;            // kv_a_proj_with_mqa [kv_lora_rank + qk_rope_head_dim, H]
+  Tensor kv_a_norm;       // [kv_lora_rank]
+  Linear kv_b;            // [heads * (qk_nope_head_dim + v_head_dim), kv_lora_rank]
+};
+
+struct MoeWeights {
+  Linear router;                    // [E, H] (+ bias [E] for gpt_oss)
+  Tensor e_score_correction_bias;   // deepseek_v3: [E]
+  Tensor gate_up, down, gate_up_bias, down_bias;  // owning storage of `experts`
+  Experts experts;                  // descriptor + views of the above (spec.dtype = model dtype)
+  DenseMlp shared;                  // qwen2_moe shared_expert / deepseek_v3 shared_experts
+  Linear shared_gate;               // qwen2_moe: [1, H], output scaled by sigmoid
+};
+
+struct LayerWeights {
+  Tensor input_norm, post_attention_norm;  // [H]
+  AttentionWeights attn;
+  bool is_moe = false;
+  DenseMlp mlp;    // dense layers
+  MoeWeights moe;  // MoE layers
+};
+
+struct ModelWeights {
+  DType dtype = DType::f32;
+  std::string prefix;  // "model." or "model.language_model." (composite)
+  Tensor embed;        // [V, H]
+  Tensor final_norm;   // [H]
+  Tensor lm_head;      // [V, H]; shares embed's storage when tied
+  bool tied = false;
+  std::vector<LayerWeights> layers;
+};
+
+// Called after each tensor: (tensors loaded so far, total).
+using LoadProgress = std::function<void(size_t done, size_t total)>;
+
+// Loads every weight of `cfg.text` from `ck` as `dtype` (f32, f16 or bf16). Errors: a missing tensor
+// (ErrorCode::not_found, naming it and the checkpoint), a tensor of the wrong shape (naming both
+// shapes), a dtype that cannot be converted.
+ModelWeights load_weights(const Checkpoint& ck, const ModelConfig& cfg, DType dtype, const LoadProgress& progress = {});
+
+// The experts descriptor a family's checkpoints imply (without buffers): layout flags, activation.
+ExpertsSpec experts_spec(const TextConfig& t, DType dtype);
+
+}  // namespace moex::model
