@@ -14,7 +14,9 @@
 #include <unistd.h>
 #include <vector>
 
+#include "model/reference_forward.hpp"
 #include "model/weights.hpp"
+#include <nlohmann/json.hpp>
 #include "moex/config.hpp"
 #include "moex/error.hpp"
 #include "moex/safetensors.hpp"
@@ -658,3 +660,49 @@ TEST(ModelWeights, MissingAndMisshapedTensorsAreClearErrors) {
   }
   EXPECT_THROW(model::load_weights(Checkpoint::open(fixture("qwen3_moe").string()), cfg, DType::i32), Error);
 }
+
+// ---- end-to-end parity of the f32 reference forward with the reference library's fixtures ----------
+
+namespace {
+
+double rel_l2(const float* a, const float* b, int64_t n) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    num += (double(a[i]) - double(b[i])) * (double(a[i]) - double(b[i]));
+    den += double(b[i]) * double(b[i]);
+  }
+  return std::sqrt(num / den);
+}
+
+}  // namespace
+
+class ReferenceParity : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ReferenceParity, F32LogitsAndGreedy) {
+  const std::string name = GetParam();
+  if (!fs::exists(fixture(name))) GTEST_SKIP() << "no fixture " << name;
+  const auto cfg = load_model_config(fixture(name).string());
+  const auto w = model::load_weights(Checkpoint::open(fixture(name).string()), cfg, DType::f32);
+  const auto ref = SafetensorsFile::open((fixture(name) / "logits_f32.safetensors").string());
+  std::ifstream gin(fixture(name) / "greedy.json");
+  const nlohmann::json greedy = nlohmann::json::parse(gin);
+  const auto prompts = greedy["prompts"].get<std::vector<std::vector<int64_t>>>();
+  const auto sequences = greedy["sequences"].get<std::vector<std::vector<int64_t>>>();
+  for (size_t p = 0; p < prompts.size(); ++p) {
+    const TensorView r = ref.get("logits." + std::to_string(p));
+    for (const char* backend : {"grouped_mm", "eager", "batched_mm"}) {
+      const auto logits = model::reference_logits(w, cfg.text, prompts[p], backend);
+      ASSERT_EQ(int64_t(logits.size()), r.numel());
+      const double err = rel_l2(logits.data(), r.ptr<float>(), r.numel());
+      EXPECT_LE(err, 1e-4) << name << " prompt " << p << " backend " << backend;
+      if (std::string(backend) == "grouped_mm") std::printf("  %s prompt %zu: f32 logits rel L2 %.2e\n", name.c_str(), p, err);
+    }
+    const auto seq = model::reference_greedy(w, cfg.text, prompts[p], greedy["max_new_tokens"].get<int64_t>(),
+                                             cfg.generation.eos_token_id);
+    EXPECT_EQ(seq, sequences[p]) << name << " prompt " << p;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, ReferenceParity,
+                         ::testing::Values("qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "deepseek_v3", "gpt_oss",
+                                           "qwen3_vl_moe"));

@@ -1,0 +1,328 @@
+// model/reference_forward.cpp — see reference_forward.hpp.
+#include "model/reference_forward.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "core/check.hpp"
+#include "moex/backend.hpp"
+#include "moex/routing.hpp"
+
+namespace moex::model {
+
+namespace {
+
+using Mat = std::vector<float>;  // row-major [rows, cols]
+
+const float* f32(const Tensor& t) {
+  MOEX_ASSERT(t.dtype() == DType::f32);
+  return t.ptr<float>();
+}
+
+// y [T, out] = x [T, in] · Wᵀ (+ b)
+Mat linear(const Mat& x, int64_t T, const Linear& l) {
+  const int64_t out = l.weight.size(0), in = l.weight.size(1);
+  MOEX_ASSERT(int64_t(x.size()) == T * in);
+  const float* W = f32(l.weight);
+  const float* b = l.has_bias() ? f32(l.bias) : nullptr;
+  Mat y(size_t(T * out));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t o = 0; o < out; ++o) {
+      const float* w = W + o * in;
+      const float* xr = x.data() + t * in;
+      double acc = 0;
+      for (int64_t i = 0; i < in; ++i) acc += double(xr[i]) * double(w[i]);
+      y[size_t(t * out + o)] = float(acc + (b ? double(b[o]) : 0.0));
+    }
+  return y;
+}
+
+// RMSNorm over each row of n values (rows = x.size() / n), as the reference: x / sqrt(mean(x²) + eps) * w.
+void rmsnorm_inplace(Mat& x, int64_t n, const Tensor& weight, double eps) {
+  const float* w = f32(weight);
+  MOEX_ASSERT(weight.numel() == n);
+  for (size_t r = 0; r < x.size() / size_t(n); ++r) {
+    float* v = x.data() + r * size_t(n);
+    double ss = 0;
+    for (int64_t i = 0; i < n; ++i) ss += double(v[i]) * double(v[i]);
+    const double inv = 1.0 / std::sqrt(ss / double(n) + eps);
+    for (int64_t i = 0; i < n; ++i) v[i] = float(double(w[i]) * (double(v[i]) * inv));
+  }
+}
+
+float act(const std::string& a, float g) {
+  if (a == "silu") return g / (1.f + std::exp(-g));
+  if (a == "relu") return g > 0 ? g : 0.f;
+  if (a == "gelu") return float(0.5 * g * (1.0 + std::erf(g / std::sqrt(2.0))));
+  // gelu_pytorch_tanh
+  const double k = std::sqrt(2.0 / M_PI);
+  return float(0.5 * g * (1.0 + std::tanh(k * (g + 0.044715 * double(g) * g * g))));
+}
+
+Mat dense_mlp(const Mat& x, int64_t T, const DenseMlp& m, const std::string& a) {
+  Mat g = linear(x, T, m.gate), u = linear(x, T, m.up);
+  for (size_t i = 0; i < g.size(); ++i) g[i] = act(a, g[i]) * u[i];
+  return linear(g, T, m.down);
+}
+
+struct Rope {
+  int64_t dim = 0;
+  std::vector<double> inv_freq;
+  double factor = 1.0;
+  // Rotates v (dim values) at position pos; interleaved pairs (DeepSeek) or halves (rotate_half).
+  void apply(float* v, int64_t pos, bool interleave) const {
+    const int64_t h = dim / 2;
+    std::vector<float> out(static_cast<size_t>(dim));
+    for (int64_t i = 0; i < h; ++i) {
+      const double ang = double(pos) * inv_freq[size_t(i)];
+      const double c = std::cos(ang) * factor, s = std::sin(ang) * factor;
+      const double x1 = interleave ? v[2 * i] : v[i];
+      const double x2 = interleave ? v[2 * i + 1] : v[i + h];
+      out[size_t(i)] = float(x1 * c - x2 * s);
+      out[size_t(i + h)] = float(x2 * c + x1 * s);
+    }
+    std::copy(out.begin(), out.end(), v);
+  }
+};
+
+// Causal attention of nh query heads over nkv key/value heads (GQA), optional sliding window and sinks.
+// q [T, nh, dq], k [T, nkv, dq], v [T, nkv, dv] → [T, nh * dv].
+Mat attend(const Mat& q, const Mat& k, const Mat& v, int64_t T, int64_t nh, int64_t nkv, int64_t dq, int64_t dv,
+           double scaling, int64_t window, const float* sinks) {
+  Mat o(size_t(T * nh * dv), 0.f);
+  const int64_t group = nh / nkv;
+  std::vector<double> s(static_cast<size_t>(T));
+  for (int64_t h = 0; h < nh; ++h) {
+    const int64_t kh = h / group;
+    for (int64_t i = 0; i < T; ++i) {
+      const int64_t j0 = window > 0 ? std::max<int64_t>(0, i - window + 1) : 0;
+      double mx = -std::numeric_limits<double>::infinity();
+      for (int64_t j = j0; j <= i; ++j) {
+        double acc = 0;
+        const float* qi = q.data() + (i * nh + h) * dq;
+        const float* kj = k.data() + (j * nkv + kh) * dq;
+        for (int64_t d = 0; d < dq; ++d) acc += double(qi[d]) * double(kj[d]);
+        s[size_t(j)] = acc * scaling;
+        mx = std::max(mx, s[size_t(j)]);
+      }
+      if (sinks) mx = std::max(mx, double(sinks[h]));
+      double den = sinks ? std::exp(double(sinks[h]) - mx) : 0.0;
+      for (int64_t j = j0; j <= i; ++j) den += (s[size_t(j)] = std::exp(s[size_t(j)] - mx));
+      float* oi = o.data() + (i * nh + h) * dv;
+      for (int64_t d = 0; d < dv; ++d) {
+        double acc = 0;
+        for (int64_t j = j0; j <= i; ++j) acc += s[size_t(j)] * double(v[size_t((j * nkv + kh) * dv + d)]);
+        oi[d] = float(acc / den);
+      }
+    }
+  }
+  return o;
+}
+
+Mat attention(const Mat& x, int64_t T, const AttentionWeights& a, const TextConfig& t, int64_t layer, const Rope& rope) {
+  const int64_t nh = t.num_attention_heads, nkv = t.num_key_value_heads;
+  if (t.family == ModelFamily::deepseek_v3) {
+    const int64_t nope = t.qk_nope_head_dim, rd = t.qk_rope_head_dim, vd = t.v_head_dim, qk = nope + rd;
+    Mat q;
+    if (a.q_a.defined()) {
+      Mat qa = linear(x, T, a.q_a);
+      rmsnorm_inplace(qa, t.q_lora_rank, a.q_a_norm, t.rms_norm_eps);
+      q = linear(qa, T, a.q_b);
+    } else {
+      q = linear(x, T, a.q);
+    }
+    Mat ckv = linear(x, T, a.kv_a);  // [T, kv_lora + rd]
+    const int64_t cw = t.kv_lora_rank + rd;
+    Mat kv_nope(size_t(T * t.kv_lora_rank)), k_rot(size_t(T * rd));
+    for (int64_t i = 0; i < T; ++i) {
+      std::copy_n(ckv.data() + i * cw, t.kv_lora_rank, kv_nope.data() + i * t.kv_lora_rank);
+      std::copy_n(ckv.data() + i * cw + t.kv_lora_rank, rd, k_rot.data() + i * rd);
+    }
+    rmsnorm_inplace(kv_nope, t.kv_lora_rank, a.kv_a_norm, t.rms_norm_eps);
+    Mat kvb = linear(kv_nope, T, a.kv_b);  // [T, nh * (nope + vd)]
+    Mat K(size_t(T * nh * qk)), V(size_t(T * nh * vd));
+    for (int64_t i = 0; i < T; ++i) {
+      rope.apply(k_rot.data() + i * rd, i, t.rope_interleave);
+      for (int64_t h = 0; h < nh; ++h) {
+        float* qh = q.data() + (i * nh + h) * qk;
+        rope.apply(qh + nope, i, t.rope_interleave);
+        const float* src = kvb.data() + (i * nh + h) * (nope + vd);
+        std::copy_n(src, nope, K.data() + (i * nh + h) * qk);
+        std::copy_n(k_rot.data() + i * rd, rd, K.data() + (i * nh + h) * qk + nope);
+        std::copy_n(src + nope, vd, V.data() + (i * nh + h) * vd);
+      }
+    }
+    double scaling = 1.0 / std::sqrt(double(qk));
+    if (t.rope.type != "default" && t.rope.mscale_all_dim && *t.rope.mscale_all_dim != 0.0 && t.rope.factor > 1) {
+      const double m = 0.1 * *t.rope.mscale_all_dim * std::log(t.rope.factor) + 1.0;
+      scaling *= m * m;
+    }
+    Mat o = attend(q, K, V, T, nh, nh, qk, vd, scaling, 0, nullptr);
+    return linear(o, T, a.o);
+  }
+  const int64_t hd = t.head_dim;
+  Mat q = linear(x, T, a.q), k = linear(x, T, a.k), v = linear(x, T, a.v);
+  if (t.qk_norm) {
+    const bool per_head = t.family == ModelFamily::qwen3_moe;
+    rmsnorm_inplace(q, per_head ? hd : nh * hd, a.q_norm, t.rms_norm_eps);
+    rmsnorm_inplace(k, per_head ? hd : nkv * hd, a.k_norm, t.rms_norm_eps);
+  }
+  if (t.clip_qkv) {
+    const float c = float(*t.clip_qkv);
+    for (Mat* m : {&q, &k, &v})
+      for (float& e : *m) e = std::min(std::max(e, -c), c);
+  }
+  for (int64_t i = 0; i < T; ++i) {
+    for (int64_t h = 0; h < nh; ++h) rope.apply(q.data() + (i * nh + h) * hd, i, false);
+    for (int64_t h = 0; h < nkv; ++h) rope.apply(k.data() + (i * nkv + h) * hd, i, false);
+  }
+  Mat o = attend(q, k, v, T, nh, nkv, hd, hd, 1.0 / std::sqrt(double(hd)), t.attention_window(layer),
+                 a.sinks.numel() ? f32(a.sinks) : nullptr);
+  return linear(o, T, a.o);
+}
+
+RouterConfig router_config(const TextConfig& t, const MoeWeights& m) {
+  RouterConfig r;
+  switch (t.family) {
+    case ModelFamily::qwen2_moe: r.kind = RouterKind::qwen2_moe; break;
+    case ModelFamily::qwen3_moe: r.kind = RouterKind::qwen3_moe; break;
+    case ModelFamily::olmoe: r.kind = RouterKind::olmoe; break;
+    case ModelFamily::mixtral: r.kind = RouterKind::mixtral; break;
+    case ModelFamily::deepseek_v3: r.kind = RouterKind::deepseek_v3; break;
+    case ModelFamily::gpt_oss: r.kind = RouterKind::gpt_oss; break;
+  }
+  r.num_experts = t.num_experts;
+  r.top_k = t.num_experts_per_tok;
+  r.norm_topk_prob = t.norm_topk_prob;
+  r.n_group = t.n_group;
+  r.topk_group = t.topk_group;
+  r.routed_scaling_factor = float(t.routed_scaling_factor);
+  if (m.e_score_correction_bias.numel()) r.e_score_correction_bias = f32(m.e_score_correction_bias);
+  return r;
+}
+
+Mat moe(const Mat& x, int64_t T, const MoeWeights& m, const TextConfig& t, std::string_view backend) {
+  const int64_t H = t.hidden_size, K = t.num_experts_per_tok;
+  Mat logits = linear(x, T, m.router);  // f32 router logits (GPT-OSS: with the router bias)
+  std::vector<int32_t> idx(size_t(T * K));
+  std::vector<float> wts(size_t(T * K));
+  route(router_config(t, m), logits.data(), T, idx.data(), wts.data());
+  Mat out(size_t(T * H));
+  ExpertsCall call;
+  call.hidden = TensorView(x.data(), DType::f32, {T, H});
+  call.top_k_index = TensorView(idx.data(), DType::i32, {T, K});
+  call.top_k_weights = TensorView(wts.data(), DType::f32, {T, K});
+  call.out = TensorView(out.data(), DType::f32, {T, H});
+  experts_forward(backend, m.experts, call);
+  if (m.shared.defined()) {
+    Mat s = dense_mlp(x, T, m.shared, t.hidden_act);
+    if (m.shared_gate.defined()) {
+      Mat g = linear(x, T, m.shared_gate);  // [T, 1]
+      for (int64_t i = 0; i < T; ++i) {
+        const float sg = 1.f / (1.f + std::exp(-g[size_t(i)]));
+        for (int64_t d = 0; d < H; ++d) s[size_t(i * H + d)] *= sg;
+      }
+    }
+    for (size_t i = 0; i < out.size(); ++i) out[i] += s[i];
+  }
+  return out;
+}
+
+}  // namespace
+
+void rope_inv_freq(const RopeConfig& r, int64_t dim, int64_t max_pos, std::vector<double>& inv_freq, double& af) {
+  const int64_t h = dim / 2;
+  inv_freq.assign(size_t(h), 0.0);
+  af = 1.0;
+  for (int64_t i = 0; i < h; ++i) inv_freq[size_t(i)] = 1.0 / std::pow(r.theta, double(2 * i) / double(dim));
+  if (r.type == "default" || r.type == "dynamic") {
+    // dynamic NTK equals default for sequences within max_position_embeddings
+  } else if (r.type == "linear") {
+    for (auto& f : inv_freq) f /= r.factor;
+  } else if (r.type == "yarn") {
+    auto get_mscale = [](double scale, double m) { return scale <= 1 ? 1.0 : 0.1 * m * std::log(scale) + 1.0; };
+    if (r.attention_factor) af = *r.attention_factor;
+    else if (r.mscale && *r.mscale != 0 && r.mscale_all_dim && *r.mscale_all_dim != 0)
+      af = get_mscale(r.factor, *r.mscale) / get_mscale(r.factor, *r.mscale_all_dim);
+    else af = get_mscale(r.factor, 1.0);
+    const double base = r.theta, omax = double(r.original_max_position_embeddings);
+    auto corr = [&](double rot) { return (double(dim) * std::log(omax / (rot * 2 * M_PI))) / (2 * std::log(base)); };
+    double lo = corr(r.beta_fast), hi = corr(r.beta_slow);
+    if (r.truncate) {
+      lo = std::floor(lo);
+      hi = std::ceil(hi);
+    }
+    lo = std::max(lo, 0.0);
+    hi = std::min(hi, double(dim - 1));
+    if (lo == hi) hi += 0.001;
+    for (int64_t i = 0; i < h; ++i) {
+      const double ramp = std::clamp((double(i) - lo) / (hi - lo), 0.0, 1.0);
+      const double extra = 1.0 - ramp;  // inv_freq_extrapolation_factor
+      const double e = inv_freq[size_t(i)], in = e / r.factor;
+      inv_freq[size_t(i)] = in * (1 - extra) + e * extra;
+    }
+  } else if (r.type == "llama3") {
+    const double lf = r.low_freq_factor, hf = r.high_freq_factor, omax = double(r.original_max_position_embeddings);
+    const double low_wl = omax / lf, high_wl = omax / hf;
+    for (auto& f : inv_freq) {
+      const double wl = 2 * M_PI / f;
+      if (wl > low_wl) {
+        f /= r.factor;
+      } else if (wl >= high_wl) {
+        const double smooth = (omax / wl - lf) / (hf - lf);
+        f = (1 - smooth) * f / r.factor + smooth * f;
+      }
+    }
+  } else {
+    detail::fail(ErrorCode::unsupported, "RoPE type '{}' is not supported", r.type);
+  }
+  (void)max_pos;
+}
+
+std::vector<float> reference_logits(const ModelWeights& w, const TextConfig& t, const std::vector<int64_t>& ids,
+                                    std::string_view backend) {
+  MOEX_CHECK(w.dtype == DType::f32, "reference_logits needs f32 weights, got {}", dtype_name(w.dtype));
+  const int64_t T = int64_t(ids.size()), H = t.hidden_size, V = t.vocab_size;
+  MOEX_CHECK(T > 0, "reference_logits: empty sequence");
+  Rope rope;
+  rope.dim = t.family == ModelFamily::deepseek_v3 ? t.qk_rope_head_dim : t.head_dim;
+  rope_inv_freq(t.rope, rope.dim, t.max_position_embeddings, rope.inv_freq, rope.factor);
+
+  Mat x(size_t(T * H));
+  const float* emb = f32(w.embed);
+  for (int64_t i = 0; i < T; ++i) {
+    MOEX_CHECK(ids[size_t(i)] >= 0 && ids[size_t(i)] < V, "token id {} is outside the vocabulary [0, {})", ids[size_t(i)], V);
+    std::copy_n(emb + ids[size_t(i)] * H, H, x.data() + i * H);
+  }
+  for (int64_t l = 0; l < t.num_hidden_layers; ++l) {
+    const LayerWeights& lw = w.layers[size_t(l)];
+    Mat h = x;
+    rmsnorm_inplace(h, H, lw.input_norm, t.rms_norm_eps);
+    Mat a = attention(h, T, lw.attn, t, l, rope);
+    for (size_t i = 0; i < x.size(); ++i) x[i] += a[i];
+    h = x;
+    rmsnorm_inplace(h, H, lw.post_attention_norm, t.rms_norm_eps);
+    Mat m = lw.is_moe ? moe(h, T, lw.moe, t, backend) : dense_mlp(h, T, lw.mlp, t.hidden_act);
+    for (size_t i = 0; i < x.size(); ++i) x[i] += m[i];
+  }
+  rmsnorm_inplace(x, H, w.final_norm, t.rms_norm_eps);
+  Linear head;
+  head.weight = w.lm_head;
+  return linear(x, T, head);
+}
+
+std::vector<int64_t> reference_greedy(const ModelWeights& w, const TextConfig& t, std::vector<int64_t> ids,
+                                      int64_t max_new_tokens, const std::vector<int64_t>& eos, std::string_view backend) {
+  const int64_t V = t.vocab_size;
+  for (int64_t n = 0; n < max_new_tokens; ++n) {
+    const std::vector<float> logits = reference_logits(w, t, ids, backend);
+    const float* last = logits.data() + (int64_t(ids.size()) - 1) * V;
+    const int64_t next = std::max_element(last, last + V) - last;  // ties → lowest id
+    ids.push_back(next);
+    if (std::find(eos.begin(), eos.end(), next) != eos.end()) break;
+  }
+  return ids;
+}
+
+}  // namespace moex::model

@@ -1,0 +1,30 @@
+// model/reference_forward.hpp — a plain, unoptimised f32 forward pass of the six families on the
+// CPU: one sequence, full causal prefill, no KV cache. It follows the reference library's eager
+// code path operation by operation and exists to prove the checkpoint loading, the configs and
+// the fixtures end to end (parity tests) and to serve as the oracle of the optimised runtime.
+// The routed experts run through any registered experts backend.
+#pragma once
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "model/weights.hpp"
+
+namespace moex::model {
+
+// Logits [L, V] (row-major f32) for the token ids of one sequence. `w` must be loaded as f32.
+std::vector<float> reference_logits(const ModelWeights& w, const TextConfig& t, const std::vector<int64_t>& ids,
+                                    std::string_view experts_backend = "grouped_mm");
+
+// Greedy continuation by repeated full forwards (O(n^2); for tests): at most `max_new_tokens` new
+// ids, stopping after an id in `eos`. Returns prompt + new ids.
+std::vector<int64_t> reference_greedy(const ModelWeights& w, const TextConfig& t, std::vector<int64_t> ids,
+                                      int64_t max_new_tokens, const std::vector<int64_t>& eos,
+                                      std::string_view experts_backend = "grouped_mm");
+
+// RoPE inverse frequencies (dim/2 values) and the attention factor that scales cos/sin, for the
+// rotary dimension `dim` (head_dim; DeepSeek-V3: qk_rope_head_dim).
+void rope_inv_freq(const RopeConfig& r, int64_t dim, int64_t max_position_embeddings, std::vector<double>& inv_freq,
+                   double& attention_factor);
+
+}  // namespace moex::model
