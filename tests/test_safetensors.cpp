@@ -706,3 +706,29 @@ TEST_P(ReferenceParity, F32LogitsAndGreedy) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, ReferenceParity,
                          ::testing::Values("qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "deepseek_v3", "gpt_oss",
                                            "qwen3_vl_moe"));
+
+TEST_P(ReferenceParity, Bf16WeightsWithinTheSpecBound) {
+  // SPEC §8: bf16 logits against the reference's f32 logits within max(3e-2, 1.5 × the reference's
+  // own bf16 error).
+  const std::string name = GetParam();
+  if (!fs::exists(fixture(name))) GTEST_SKIP() << "no fixture " << name;
+  const auto cfg = load_model_config(fixture(name).string());
+  const auto w = model::load_weights(Checkpoint::open(fixture(name).string()), cfg, DType::bf16);
+  const auto ref = SafetensorsFile::open((fixture(name) / "logits_f32.safetensors").string());
+  std::ifstream gin(fixture(name) / "greedy.json");
+  const nlohmann::json greedy = nlohmann::json::parse(gin);
+  const auto prompts = greedy["prompts"].get<std::vector<std::vector<int64_t>>>();
+  const auto ref_err = greedy["reference"]["bf16_vs_f32_rel_l2"].get<std::vector<double>>();
+  for (size_t p = 0; p < prompts.size(); ++p) {
+    const TensorView r = ref.get("logits." + std::to_string(p));
+    const double bound = std::max(3e-2, 1.5 * ref_err[p]);
+    for (const char* backend : {"grouped_mm", "eager", "batched_mm"}) {
+      const auto logits = model::reference_logits(w, cfg.text, prompts[p], backend);
+      const double err = rel_l2(logits.data(), r.ptr<float>(), r.numel());
+      EXPECT_LE(err, bound) << name << " prompt " << p << " backend " << backend;
+      if (std::string(backend) == "grouped_mm")
+        std::printf("  %s prompt %zu: bf16 rel L2 %.2e (reference's own %.2e, bound %.2e)\n", name.c_str(), p, err,
+                    ref_err[p], bound);
+    }
+  }
+}

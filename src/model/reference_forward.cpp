@@ -15,17 +15,16 @@ namespace {
 
 using Mat = std::vector<float>;  // row-major [rows, cols]
 
-const float* f32(const Tensor& t) {
-  MOEX_ASSERT(t.dtype() == DType::f32);
-  return t.ptr<float>();
-}
+// The tensor as f32 (itself, or an exact widening of bf16/f16 weights).
+Tensor as_f32(const Tensor& t) { return t.dtype() == DType::f32 ? t : convert_tensor(t.view(), DType::f32); }
 
 // y [T, out] = x [T, in] · Wᵀ (+ b)
 Mat linear(const Mat& x, int64_t T, const Linear& l) {
   const int64_t out = l.weight.size(0), in = l.weight.size(1);
   MOEX_ASSERT(int64_t(x.size()) == T * in);
-  const float* W = f32(l.weight);
-  const float* b = l.has_bias() ? f32(l.bias) : nullptr;
+  const Tensor Wt = as_f32(l.weight), bt = l.has_bias() ? as_f32(l.bias) : Tensor();
+  const float* W = Wt.ptr<float>();
+  const float* b = l.has_bias() ? bt.ptr<float>() : nullptr;
   Mat y(size_t(T * out));
   for (int64_t t = 0; t < T; ++t)
     for (int64_t o = 0; o < out; ++o) {
@@ -40,7 +39,8 @@ Mat linear(const Mat& x, int64_t T, const Linear& l) {
 
 // RMSNorm over each row of n values (rows = x.size() / n), as the reference: x / sqrt(mean(x²) + eps) * w.
 void rmsnorm_inplace(Mat& x, int64_t n, const Tensor& weight, double eps) {
-  const float* w = f32(weight);
+  const Tensor wt = as_f32(weight);
+  const float* w = wt.ptr<float>();
   MOEX_ASSERT(weight.numel() == n);
   for (size_t r = 0; r < x.size() / size_t(n); ++r) {
     float* v = x.data() + r * size_t(n);
@@ -177,12 +177,13 @@ Mat attention(const Mat& x, int64_t T, const AttentionWeights& a, const TextConf
     for (int64_t h = 0; h < nh; ++h) rope.apply(q.data() + (i * nh + h) * hd, i, false);
     for (int64_t h = 0; h < nkv; ++h) rope.apply(k.data() + (i * nkv + h) * hd, i, false);
   }
+  const Tensor sinks = a.sinks.numel() ? as_f32(a.sinks) : Tensor();
   Mat o = attend(q, k, v, T, nh, nkv, hd, hd, 1.0 / std::sqrt(double(hd)), t.attention_window(layer),
-                 a.sinks.numel() ? f32(a.sinks) : nullptr);
+                 a.sinks.numel() ? sinks.ptr<float>() : nullptr);
   return linear(o, T, a.o);
 }
 
-RouterConfig router_config(const TextConfig& t, const MoeWeights& m) {
+RouterConfig router_config(const TextConfig& t, const Tensor& e_score_correction_bias) {
   RouterConfig r;
   switch (t.family) {
     case ModelFamily::qwen2_moe: r.kind = RouterKind::qwen2_moe; break;
@@ -198,7 +199,7 @@ RouterConfig router_config(const TextConfig& t, const MoeWeights& m) {
   r.n_group = t.n_group;
   r.topk_group = t.topk_group;
   r.routed_scaling_factor = float(t.routed_scaling_factor);
-  if (m.e_score_correction_bias.numel()) r.e_score_correction_bias = f32(m.e_score_correction_bias);
+  if (e_score_correction_bias.numel()) r.e_score_correction_bias = e_score_correction_bias.ptr<float>();
   return r;
 }
 
@@ -207,14 +208,20 @@ Mat moe(const Mat& x, int64_t T, const MoeWeights& m, const TextConfig& t, std::
   Mat logits = linear(x, T, m.router);  // f32 router logits (GPT-OSS: with the router bias)
   std::vector<int32_t> idx(size_t(T * K));
   std::vector<float> wts(size_t(T * K));
-  route(router_config(t, m), logits.data(), T, idx.data(), wts.data());
+  const Tensor bias = m.e_score_correction_bias.numel() ? as_f32(m.e_score_correction_bias) : Tensor();
+  route(router_config(t, bias), logits.data(), T, idx.data(), wts.data());
   Mat out(size_t(T * H));
+  // The experts run in the weights' dtype: f32, or bf16/f16 activations (rounded once) and output.
+  const DType dt = m.experts.spec.dtype;
+  Tensor xin = convert_tensor(TensorView(x.data(), DType::f32, {T, H}), dt);
+  Tensor xout = Tensor::empty(dt, {T, H});
   ExpertsCall call;
-  call.hidden = TensorView(x.data(), DType::f32, {T, H});
+  call.hidden = xin.view();
   call.top_k_index = TensorView(idx.data(), DType::i32, {T, K});
   call.top_k_weights = TensorView(wts.data(), DType::f32, {T, K});
-  call.out = TensorView(out.data(), DType::f32, {T, H});
+  call.out = xout.view();
   experts_forward(backend, m.experts, call);
+  convert_elements(out.data(), DType::f32, xout.data(), dt, T * H);
   if (m.shared.defined()) {
     Mat s = dense_mlp(x, T, m.shared, t.hidden_act);
     if (m.shared_gate.defined()) {
@@ -282,7 +289,6 @@ void rope_inv_freq(const RopeConfig& r, int64_t dim, int64_t max_pos, std::vecto
 
 std::vector<float> reference_logits(const ModelWeights& w, const TextConfig& t, const std::vector<int64_t>& ids,
                                     std::string_view backend) {
-  MOEX_CHECK(w.dtype == DType::f32, "reference_logits needs f32 weights, got {}", dtype_name(w.dtype));
   const int64_t T = int64_t(ids.size()), H = t.hidden_size, V = t.vocab_size;
   MOEX_CHECK(T > 0, "reference_logits: empty sequence");
   Rope rope;
@@ -290,7 +296,8 @@ std::vector<float> reference_logits(const ModelWeights& w, const TextConfig& t, 
   rope_inv_freq(t.rope, rope.dim, t.max_position_embeddings, rope.inv_freq, rope.factor);
 
   Mat x(size_t(T * H));
-  const float* emb = f32(w.embed);
+  const Tensor embt = as_f32(w.embed);
+  const float* emb = embt.ptr<float>();
   for (int64_t i = 0; i < T; ++i) {
     MOEX_CHECK(ids[size_t(i)] >= 0 && ids[size_t(i)] < V, "token id {} is outside the vocabulary [0, {})", ids[size_t(i)], V);
     std::copy_n(emb + ids[size_t(i)] * H, H, x.data() + i * H);

@@ -1,6 +1,6 @@
 // model/reference_forward.hpp — a plain, unoptimised f32 forward pass of the six families on the
 // CPU: one sequence, full causal prefill, no KV cache. It follows the reference library's eager
-// code path operation by operation and exists to prove the checkpoint loading, the configs and
+// code path operation by operation (math in f32/f64) and exists to prove the checkpoint loading, the configs and
 // the fixtures end to end (parity tests) and to serve as the oracle of the optimised runtime.
 // The routed experts run through any registered experts backend.
 #pragma once
@@ -12,7 +12,10 @@
 
 namespace moex::model {
 
-// Logits [L, V] (row-major f32) for the token ids of one sequence. `w` must be loaded as f32.
+// Logits [L, V] (row-major f32) for the token ids of one sequence. With f32 weights everything is f32
+// (accumulations in f64). With bf16/f16 weights the weights are widened exactly to f32 for the dense
+// parts and the routed experts run in the weights' dtype (hidden rounded once, output in that dtype):
+// a mixed-precision oracle, more accurate than the reference's all-bf16 path.
 std::vector<float> reference_logits(const ModelWeights& w, const TextConfig& t, const std::vector<int64_t>& ids,
                                     std::string_view experts_backend = "grouped_mm");
 
