@@ -13,7 +13,7 @@
 # Everything lands under $OUT (default ./out): build.log, tests.log, sanitizer.log, perf.log,
 # bench.json, hf.json, side_by_side.md (at most 8 files come back from the device machine).
 # PARTS selects steps (default: all): PARTS="build tests sanitize perf bench hf table".
-# TOKENS, SHAPES and PERF_TOKENS narrow the timed cases. Keep the whole run under ~9 minutes.
+# TOKENS, SHAPES and PERF_TOKENS narrow the timed cases; DEADLINE (seconds) ends the reference run in time. Keep the whole run under ~9 minutes.
 set -u
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
@@ -106,7 +106,9 @@ fi
 
 if has hf; then
   stamp hf
-  PYTHONUNBUFFERED=1 SHAPES="$SHAPES" TOKENS="$TOKENS" OUT="$OUT" timeout ${HF_TIMEOUT:-200} python3 bench/hf_experts_bench.py > "$OUT/hf.json" 2>&1
+  hf_t=${HF_TIMEOUT:-200}
+  if [ -n "${DEADLINE:-}" ]; then left=$(( DEADLINE - ($(date +%s) - t0) - 8 )); [ $left -lt $hf_t ] && hf_t=$left; fi
+  PYTHONUNBUFFERED=1 SHAPES="$SHAPES" TOKENS="$TOKENS" OUT="$OUT" timeout $hf_t python3 bench/hf_experts_bench.py > "$OUT/hf.json" 2>&1
   grep -c '"ms"' "$OUT/hf.json"
 fi
 
