@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 #include "moex/config.hpp"
 #include "moex/error.hpp"
+#include "moex/model.hpp"
 #include "moex/safetensors.hpp"
 
 using namespace moex;
@@ -731,4 +732,135 @@ TEST_P(ReferenceParity, Bf16WeightsWithinTheSpecBound) {
                     ref_err[p], bound);
     }
   }
+}
+
+// ---- moex::Model (include/moex/model.hpp) -------------------------------------------------------
+
+namespace {
+
+nlohmann::json read_greedy(const std::string& name) {
+  std::ifstream gin(fixture(name) / "greedy.json");
+  return nlohmann::json::parse(gin);
+}
+
+}  // namespace
+
+TEST_P(ReferenceParity, ModelForwardAndKvCacheGeneration) {
+  const std::string name = GetParam();
+  if (!fs::exists(fixture(name))) GTEST_SKIP() << "no fixture " << name;
+  const Model m = Model::from_pretrained(fixture(name).string());
+  const auto greedy = read_greedy(name);
+  const auto prompts = greedy["prompts"].get<std::vector<std::vector<int64_t>>>();
+  const auto sequences = greedy["sequences"].get<std::vector<std::vector<int64_t>>>();
+  const auto ref = SafetensorsFile::open((fixture(name) / "logits_f32.safetensors").string());
+  // forward: [1, L, V]
+  const Tensor logits = m.forward({prompts[0]});
+  ASSERT_EQ(logits.size(0), 1);
+  ASSERT_EQ(logits.size(1), int64_t(prompts[0].size()));
+  const TensorView r = ref.get("logits.0");
+  EXPECT_LE(rel_l2(logits.ptr<float>(), r.ptr<float>(), r.numel()), 1e-4);
+  // generate: a batch of prompts of different lengths, greedy with the KV cache, EOS from the
+  // generation config; identical to the reference's continuations.
+  const auto out = m.generate(prompts, {.max_new_tokens = greedy["max_new_tokens"].get<int64_t>()});
+  EXPECT_EQ(out, sequences);
+}
+
+TEST(Model, ExpertsImplementationMap) {
+  if (!fs::exists(fixture("qwen3_vl_moe"))) GTEST_SKIP() << "no fixtures";
+  // Plain model: one entry.
+  Model q = Model::from_pretrained(fixture("qwen3_moe").string());
+  EXPECT_EQ(q.get_experts_implementation(), (std::map<std::string, std::string>{{"", "grouped_mm"}}));
+  q.set_experts_implementation("eager");
+  EXPECT_EQ(q.decoder_experts_backend(), "eager");
+  try {
+    q.set_experts_implementation("no_such_backend");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::not_found);
+    EXPECT_NE(std::string(e.what()).find("grouped_mm"), std::string::npos) << e.what();  // lists the valid names
+  }
+  EXPECT_EQ(q.decoder_experts_backend(), "eager");  // unchanged after the error
+  try {
+    q.set_experts_implementation({{"text_config", "eager"}});
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown sub-config 'text_config'"), std::string::npos) << e.what();
+  }
+  // deepgemm_megamoe is a load-time choice.
+  try {
+    q.set_experts_implementation("deepgemm_megamoe");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::unsupported);
+    EXPECT_NE(std::string(e.what()).find("load-time"), std::string::npos) << e.what();
+  }
+
+  // Composite: one entry per sub-config; "" applies to every sub-config not named.
+  Model c = Model::from_pretrained(fixture("qwen3_vl_moe").string(),
+                                   {.experts_implementation = ExpertsImplementation{{"", "batched_mm"}, {"text_config", "eager"}}});
+  EXPECT_EQ(c.get_experts_implementation(),
+            (std::map<std::string, std::string>{{"", "batched_mm"}, {"text_config", "eager"}, {"vision_config", "batched_mm"}}));
+  EXPECT_EQ(c.decoder_experts_backend(), "eager");
+  c.set_experts_implementation({{"text_config", "grouped_mm"}});
+  EXPECT_EQ(c.get_experts_implementation().at("text_config"), "grouped_mm");
+  EXPECT_EQ(c.get_experts_implementation().at("vision_config"), "batched_mm");
+  c.set_experts_implementation("eager");
+  for (const auto& [k, v] : c.get_experts_implementation()) EXPECT_EQ(v, "eager") << k;
+  // Unknown keys and names fail at load, before the weights are read.
+  EXPECT_THROW(Model::from_pretrained(fixture("qwen3_vl_moe").string(), {.experts_implementation = ExpertsImplementation{{"audio_config", "eager"}}}),
+               Error);
+  EXPECT_THROW(Model::from_pretrained(fixture("qwen3_moe").string(), {.experts_implementation = "nope"}), Error);
+  // A backend whose requirements are unmet fails on the first forward, with its reason.
+  Model mm = Model::from_pretrained(fixture("qwen3_moe").string(), {.experts_implementation = "deepgemm_megamoe"});
+  try {
+    mm.forward({{1, 2, 3}});
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::unsupported) << e.what();
+    EXPECT_NE(std::string(e.what()).find("deepgemm_megamoe"), std::string::npos) << e.what();
+  }
+  // Every CPU backend gives the same greedy continuation.
+  const auto base = q.generate({{1, 5, 9}}, {.max_new_tokens = 6});
+  for (const char* b : {"eager", "batched_mm", "grouped_mm"}) {
+    q.set_experts_implementation(b);
+    EXPECT_EQ(q.generate({{1, 5, 9}}, {.max_new_tokens = 6}), base) << b;
+  }
+}
+
+TEST(Model, SamplingAndOptions) {
+  if (!fs::exists(fixture("mixtral"))) GTEST_SKIP() << "no fixtures";
+  const Model m = Model::from_pretrained(fixture("mixtral").string(), {.dtype = DType::bf16});
+  EXPECT_EQ(m.dtype(), DType::bf16);
+  const std::vector<std::vector<int64_t>> p = {{1, 5, 9, 13}, {3, 4}};
+  const auto greedy = m.generate(p, {.max_new_tokens = 8, .eos_token_id = std::vector<int64_t>{}});
+  ASSERT_EQ(greedy.size(), 2u);
+  EXPECT_EQ(greedy[0].size(), 12u);
+  EXPECT_EQ(greedy[1].size(), 10u);
+  // top_k = 1 and temperature 0 are greedy.
+  EXPECT_EQ(m.generate(p, {.max_new_tokens = 8, .do_sample = true, .top_k = 1, .eos_token_id = std::vector<int64_t>{}}), greedy);
+  EXPECT_EQ(m.generate(p, {.max_new_tokens = 8, .do_sample = true, .temperature = 0.0, .eos_token_id = std::vector<int64_t>{}}),
+            greedy);
+  // Same seed, same samples; another seed differs (with high probability at temperature 2).
+  GenerateOptions s{.max_new_tokens = 8, .do_sample = true, .temperature = 2.0, .top_k = 0, .top_p = 0.95, .seed = 7,
+                    .eos_token_id = std::vector<int64_t>{}};
+  const auto a = m.generate(p, s);
+  EXPECT_EQ(m.generate(p, s), a);
+  s.seed = 8;
+  EXPECT_NE(m.generate(p, s), a);
+  for (const auto& seq : a)
+    for (int64_t id : seq) EXPECT_TRUE(id >= 0 && id < 128);
+  // EOS stops a sequence right after it.
+  const int64_t first = greedy[0][4];
+  const auto stopped = m.generate(p, {.max_new_tokens = 8, .eos_token_id = std::vector<int64_t>{first}});
+  EXPECT_EQ(stopped[0].size(), 5u);
+  // max_new_tokens 0 returns the prompts.
+  EXPECT_EQ(m.generate(p, {.max_new_tokens = 0}), p);
+  // Bad input.
+  EXPECT_THROW(m.forward({{1, 2}, {3}}), Error);
+  EXPECT_THROW(m.forward({{1, 500}}), Error);
+  EXPECT_THROW(m.generate({{}}), Error);
+  EXPECT_THROW(m.generate(p, {.top_p = 0.0}), Error);
+  EXPECT_THROW(Model::from_pretrained(fixture("mixtral").string(), {.dtype = DType::i32}), Error);
+  EXPECT_THROW(Model::from_pretrained(fixture("mixtral").string(), {.device = Device::cuda(0)}), Error);
+  EXPECT_THROW(Model::from_pretrained((fixture("mixtral") / "nope").string()), Error);
 }

@@ -86,19 +86,22 @@ struct Rope {
   }
 };
 
-// Causal attention of nh query heads over nkv key/value heads (GQA), optional sliding window and sinks.
-// q [T, nh, dq], k [T, nkv, dq], v [T, nkv, dv] → [T, nh * dv].
-Mat attend(const Mat& q, const Mat& k, const Mat& v, int64_t T, int64_t nh, int64_t nkv, int64_t dq, int64_t dv,
-           double scaling, int64_t window, const float* sinks) {
-  Mat o(size_t(T * nh * dv), 0.f);
+// Causal attention of n new query tokens (absolute positions pos0 .. pos0+n-1) over Tk cached keys
+// (positions 0 .. Tk-1), nh query heads over nkv key/value heads (GQA), optional sliding window and sinks.
+// q [n, nh, dq], k [Tk, nkv, dq], v [Tk, nkv, dv] → [n, nh * dv].
+Mat attend(const Mat& q, const Mat& k, const Mat& v, int64_t n, int64_t Tk, int64_t pos0, int64_t nh, int64_t nkv,
+           int64_t dq, int64_t dv, double scaling, int64_t window, const float* sinks) {
+  Mat o(size_t(n * nh * dv), 0.f);
   const int64_t group = nh / nkv;
-  std::vector<double> s(static_cast<size_t>(T));
+  std::vector<double> s(static_cast<size_t>(Tk));
   for (int64_t h = 0; h < nh; ++h) {
     const int64_t kh = h / group;
-    for (int64_t i = 0; i < T; ++i) {
-      const int64_t j0 = window > 0 ? std::max<int64_t>(0, i - window + 1) : 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t p = pos0 + i;
+      const int64_t j0 = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0;
+      const int64_t j1 = std::min(p, Tk - 1);
       double mx = -std::numeric_limits<double>::infinity();
-      for (int64_t j = j0; j <= i; ++j) {
+      for (int64_t j = j0; j <= j1; ++j) {
         double acc = 0;
         const float* qi = q.data() + (i * nh + h) * dq;
         const float* kj = k.data() + (j * nkv + kh) * dq;
@@ -108,11 +111,11 @@ Mat attend(const Mat& q, const Mat& k, const Mat& v, int64_t T, int64_t nh, int6
       }
       if (sinks) mx = std::max(mx, double(sinks[h]));
       double den = sinks ? std::exp(double(sinks[h]) - mx) : 0.0;
-      for (int64_t j = j0; j <= i; ++j) den += (s[size_t(j)] = std::exp(s[size_t(j)] - mx));
+      for (int64_t j = j0; j <= j1; ++j) den += (s[size_t(j)] = std::exp(s[size_t(j)] - mx));
       float* oi = o.data() + (i * nh + h) * dv;
       for (int64_t d = 0; d < dv; ++d) {
         double acc = 0;
-        for (int64_t j = j0; j <= i; ++j) acc += s[size_t(j)] * double(v[size_t((j * nkv + kh) * dv + d)]);
+        for (int64_t j = j0; j <= j1; ++j) acc += s[size_t(j)] * double(v[size_t((j * nkv + kh) * dv + d)]);
         oi[d] = float(acc / den);
       }
     }
@@ -120,7 +123,9 @@ Mat attend(const Mat& q, const Mat& k, const Mat& v, int64_t T, int64_t nh, int6
   return o;
 }
 
-Mat attention(const Mat& x, int64_t T, const AttentionWeights& a, const TextConfig& t, int64_t layer, const Rope& rope) {
+// Attention of T new tokens at positions cache.len .. cache.len+T-1; appends their K/V to the layer cache.
+Mat attention(const Mat& x, int64_t T, const AttentionWeights& a, const TextConfig& t, int64_t layer, const Rope& rope,
+              Mat& kc, Mat& vc, int64_t pos0) {
   const int64_t nh = t.num_attention_heads, nkv = t.num_key_value_heads;
   if (t.family == ModelFamily::deepseek_v3) {
     const int64_t nope = t.qk_nope_head_dim, rd = t.qk_rope_head_dim, vd = t.v_head_dim, qk = nope + rd;
@@ -143,10 +148,10 @@ Mat attention(const Mat& x, int64_t T, const AttentionWeights& a, const TextConf
     Mat kvb = linear(kv_nope, T, a.kv_b);  // [T, nh * (nope + vd)]
     Mat K(size_t(T * nh * qk)), V(size_t(T * nh * vd));
     for (int64_t i = 0; i < T; ++i) {
-      rope.apply(k_rot.data() + i * rd, i, t.rope_interleave);
+      rope.apply(k_rot.data() + i * rd, pos0 + i, t.rope_interleave);
       for (int64_t h = 0; h < nh; ++h) {
         float* qh = q.data() + (i * nh + h) * qk;
-        rope.apply(qh + nope, i, t.rope_interleave);
+        rope.apply(qh + nope, pos0 + i, t.rope_interleave);
         const float* src = kvb.data() + (i * nh + h) * (nope + vd);
         std::copy_n(src, nope, K.data() + (i * nh + h) * qk);
         std::copy_n(k_rot.data() + i * rd, rd, K.data() + (i * nh + h) * qk + nope);
@@ -158,7 +163,10 @@ Mat attention(const Mat& x, int64_t T, const AttentionWeights& a, const TextConf
       const double m = 0.1 * *t.rope.mscale_all_dim * std::log(t.rope.factor) + 1.0;
       scaling *= m * m;
     }
-    Mat o = attend(q, K, V, T, nh, nh, qk, vd, scaling, 0, nullptr);
+    kc.insert(kc.end(), K.begin(), K.end());
+    vc.insert(vc.end(), V.begin(), V.end());
+    const int64_t Tk = int64_t(kc.size()) / (nh * qk);
+    Mat o = attend(q, kc, vc, T, Tk, pos0, nh, nh, qk, vd, scaling, 0, nullptr);
     return linear(o, T, a.o);
   }
   const int64_t hd = t.head_dim;
@@ -174,11 +182,14 @@ Mat attention(const Mat& x, int64_t T, const AttentionWeights& a, const TextConf
       for (float& e : *m) e = std::min(std::max(e, -c), c);
   }
   for (int64_t i = 0; i < T; ++i) {
-    for (int64_t h = 0; h < nh; ++h) rope.apply(q.data() + (i * nh + h) * hd, i, false);
-    for (int64_t h = 0; h < nkv; ++h) rope.apply(k.data() + (i * nkv + h) * hd, i, false);
+    for (int64_t h = 0; h < nh; ++h) rope.apply(q.data() + (i * nh + h) * hd, pos0 + i, false);
+    for (int64_t h = 0; h < nkv; ++h) rope.apply(k.data() + (i * nkv + h) * hd, pos0 + i, false);
   }
+  kc.insert(kc.end(), k.begin(), k.end());
+  vc.insert(vc.end(), v.begin(), v.end());
+  const int64_t Tk = int64_t(kc.size()) / (nkv * hd);
   const Tensor sinks = a.sinks.numel() ? as_f32(a.sinks) : Tensor();
-  Mat o = attend(q, k, v, T, nh, nkv, hd, hd, 1.0 / std::sqrt(double(hd)), t.attention_window(layer),
+  Mat o = attend(q, kc, vc, T, Tk, pos0, nh, nkv, hd, hd, 1.0 / std::sqrt(double(hd)), t.attention_window(layer),
                  a.sinks.numel() ? sinks.ptr<float>() : nullptr);
   return linear(o, T, a.o);
 }
@@ -287,10 +298,17 @@ void rope_inv_freq(const RopeConfig& r, int64_t dim, int64_t max_pos, std::vecto
   (void)max_pos;
 }
 
-std::vector<float> reference_logits(const ModelWeights& w, const TextConfig& t, const std::vector<int64_t>& ids,
-                                    std::string_view backend) {
-  const int64_t T = int64_t(ids.size()), H = t.hidden_size, V = t.vocab_size;
-  MOEX_CHECK(T > 0, "reference_logits: empty sequence");
+std::vector<float> forward_tokens(const ModelWeights& w, const TextConfig& t, const int64_t* ids, int64_t T,
+                                  KvCache& cache, std::string_view backend) {
+  const int64_t H = t.hidden_size, V = t.vocab_size;
+  MOEX_CHECK(T > 0, "forward: no tokens");
+  if (cache.k.empty()) {
+    cache.k.resize(size_t(t.num_hidden_layers));
+    cache.v.resize(size_t(t.num_hidden_layers));
+  }
+  MOEX_CHECK(int64_t(cache.k.size()) == t.num_hidden_layers, "forward: KV cache has {} layers, the model {}",
+             cache.k.size(), t.num_hidden_layers);
+  const int64_t pos0 = cache.length;
   Rope rope;
   rope.dim = t.family == ModelFamily::deepseek_v3 ? t.qk_rope_head_dim : t.head_dim;
   rope_inv_freq(t.rope, rope.dim, t.max_position_embeddings, rope.inv_freq, rope.factor);
@@ -299,24 +317,31 @@ std::vector<float> reference_logits(const ModelWeights& w, const TextConfig& t, 
   const Tensor embt = as_f32(w.embed);
   const float* emb = embt.ptr<float>();
   for (int64_t i = 0; i < T; ++i) {
-    MOEX_CHECK(ids[size_t(i)] >= 0 && ids[size_t(i)] < V, "token id {} is outside the vocabulary [0, {})", ids[size_t(i)], V);
-    std::copy_n(emb + ids[size_t(i)] * H, H, x.data() + i * H);
+    MOEX_CHECK(ids[i] >= 0 && ids[i] < V, "token id {} is outside the vocabulary [0, {})", ids[i], V);
+    std::copy_n(emb + ids[i] * H, H, x.data() + i * H);
   }
   for (int64_t l = 0; l < t.num_hidden_layers; ++l) {
     const LayerWeights& lw = w.layers[size_t(l)];
     Mat h = x;
     rmsnorm_inplace(h, H, lw.input_norm, t.rms_norm_eps);
-    Mat a = attention(h, T, lw.attn, t, l, rope);
+    Mat a = attention(h, T, lw.attn, t, l, rope, cache.k[size_t(l)], cache.v[size_t(l)], pos0);
     for (size_t i = 0; i < x.size(); ++i) x[i] += a[i];
     h = x;
     rmsnorm_inplace(h, H, lw.post_attention_norm, t.rms_norm_eps);
     Mat m = lw.is_moe ? moe(h, T, lw.moe, t, backend) : dense_mlp(h, T, lw.mlp, t.hidden_act);
     for (size_t i = 0; i < x.size(); ++i) x[i] += m[i];
   }
+  cache.length += T;
   rmsnorm_inplace(x, H, w.final_norm, t.rms_norm_eps);
   Linear head;
   head.weight = w.lm_head;
   return linear(x, T, head);
+}
+
+std::vector<float> reference_logits(const ModelWeights& w, const TextConfig& t, const std::vector<int64_t>& ids,
+                                    std::string_view backend) {
+  KvCache cache;
+  return forward_tokens(w, t, ids.data(), int64_t(ids.size()), cache, backend);
 }
 
 std::vector<int64_t> reference_greedy(const ModelWeights& w, const TextConfig& t, std::vector<int64_t> ids,

@@ -1,5 +1,5 @@
 // model/reference_forward.hpp — a plain, unoptimised f32 forward pass of the six families on the
-// CPU: one sequence, full causal prefill, no KV cache. It follows the reference library's eager
+// CPU: one sequence at a time, with a simple KV cache. It follows the reference library's eager
 // code path operation by operation (math in f32/f64) and exists to prove the checkpoint loading, the configs and
 // the fixtures end to end (parity tests) and to serve as the oracle of the optimised runtime.
 // The routed experts run through any registered experts backend.
@@ -11,6 +11,18 @@
 #include "model/weights.hpp"
 
 namespace moex::model {
+
+// The keys and values of one sequence, per layer: [len, kv_heads, k_dim] and [len, kv_heads, v_dim]
+// (DeepSeek-V3 MLA: expanded per head).
+struct KvCache {
+  std::vector<std::vector<float>> k, v;
+  int64_t length = 0;  // tokens cached = position of the next token
+};
+
+// Runs T new tokens of one sequence at positions cache.length .. cache.length+T-1, appending their
+// keys/values to `cache`; returns their logits [T, V] (row-major f32).
+std::vector<float> forward_tokens(const ModelWeights& w, const TextConfig& t, const int64_t* ids, int64_t T,
+                                  KvCache& cache, std::string_view experts_backend = "grouped_mm");
 
 // Logits [L, V] (row-major f32) for the token ids of one sequence. With f32 weights everything is f32
 // (accumulations in f64). With bf16/f16 weights the weights are widened exactly to f32 for the dense
