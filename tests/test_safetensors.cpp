@@ -864,3 +864,31 @@ TEST(Model, SamplingAndOptions) {
   EXPECT_THROW(Model::from_pretrained(fixture("mixtral").string(), {.device = Device::cuda(0)}), Error);
   EXPECT_THROW(Model::from_pretrained((fixture("mixtral") / "nope").string()), Error);
 }
+
+TEST(Model, CliHelpers) {
+  EXPECT_EQ(parse_token_ids("1,2,3;4,5,6"), (std::vector<std::vector<int64_t>>{{1, 2, 3}, {4, 5, 6}}));
+  EXPECT_EQ(parse_token_ids(" 7 , 8 ; 9"), (std::vector<std::vector<int64_t>>{{7, 8}, {9}}));
+  EXPECT_EQ(parse_token_ids("5"), (std::vector<std::vector<int64_t>>{{5}}));
+  for (const char* bad : {"", ";", "1,,2", "1;", "a,b", "-1", "1.5", "1;2;;3", "99999999999999999999"}) {
+    try {
+      parse_token_ids(bad);
+      FAIL() << bad;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::invalid_argument) << bad;
+      EXPECT_NE(std::string(e.what()).find("--ids"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(sequences_to_json({{1, 2}, {3}}), "[[1, 2], [3]]");
+  EXPECT_EQ(sequences_to_json({}), "[]");
+  if (!fs::exists(fixture("olmoe"))) GTEST_SKIP() << "no fixtures";
+  TempDir tmp;
+  const Model m = Model::from_pretrained(fixture("olmoe").string());
+  const Tensor l = m.forward(parse_token_ids("1,5,9,13,2,7;1,5,9,13,2,7"));
+  write_logits(tmp / "out.safetensors", l);
+  const auto f = SafetensorsFile::open(tmp / "out.safetensors");
+  const TensorView v = f.get("logits");
+  EXPECT_EQ(shape_to_string(v), "[2, 6, 128]");
+  const auto ref = SafetensorsFile::open((fixture("olmoe") / "logits_f32.safetensors").string());
+  EXPECT_LE(rel_l2(v.ptr<float>(), ref.get("logits.0").ptr<float>(), 6 * 128), 1e-4);
+  EXPECT_LE(rel_l2(v.ptr<float>() + 6 * 128, ref.get("logits.0").ptr<float>(), 6 * 128), 1e-4);
+}

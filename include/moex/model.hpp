@@ -17,6 +17,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "moex/config.hpp"
@@ -88,5 +89,14 @@ class Model {
   struct Impl;
   std::shared_ptr<Impl> impl_;
 };
+
+// ---- helpers of the `moex forward` / `moex generate` commands (SPEC §5) ------------------------
+
+// "1,2,3;4,5,6" → {{1,2,3},{4,5,6}} (spaces allowed). Throws Error(invalid_argument) naming the bad part.
+std::vector<std::vector<int64_t>> parse_token_ids(std::string_view text);
+// Writes F32 tensor `logits` [B, L, V] to a safetensors file.
+void write_logits(const std::string& path, const Tensor& logits);
+// [[1,2,3],[4,5]] as one line of JSON.
+std::string sequences_to_json(const std::vector<std::vector<int64_t>>& seqs);
 
 }  // namespace moex

@@ -244,4 +244,53 @@ std::vector<std::vector<int64_t>> Model::generate(const std::vector<std::vector<
   return out;
 }
 
+std::vector<std::vector<int64_t>> parse_token_ids(std::string_view text) {
+  std::vector<std::vector<int64_t>> out;
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t end = std::min(text.find(';', start), text.size());
+    const std::string_view seq = text.substr(start, end - start);
+    std::vector<int64_t> ids;
+    size_t p = 0;
+    while (p <= seq.size()) {
+      const size_t q = std::min(seq.find(',', p), seq.size());
+      std::string_view tok = seq.substr(p, q - p);
+      while (!tok.empty() && tok.front() == ' ') tok.remove_prefix(1);
+      while (!tok.empty() && tok.back() == ' ') tok.remove_suffix(1);
+      if (tok.empty()) {
+        if (!(seq.find_first_not_of(' ') == std::string_view::npos && ids.empty()))
+          detail::fail(ErrorCode::invalid_argument, "--ids: empty token id in sequence {} ('{}')", out.size(), seq);
+      } else {
+        int64_t v = 0;
+        bool ok = tok.size() <= 18;
+        for (char c : tok) ok = ok && c >= '0' && c <= '9';
+        if (!ok) detail::fail(ErrorCode::invalid_argument, "--ids: '{}' is not a token id (a non-negative integer)", tok);
+        for (char c : tok) v = v * 10 + (c - '0');
+        ids.push_back(v);
+      }
+      p = q + 1;
+    }
+    if (ids.empty()) detail::fail(ErrorCode::invalid_argument, "--ids: sequence {} is empty (format: \"1,2,3;4,5,6\")", out.size());
+    out.push_back(std::move(ids));
+    start = end + 1;
+  }
+  return out;
+}
+
+void write_logits(const std::string& path, const Tensor& logits) {
+  MOEX_CHECK(logits.dtype() == DType::f32 && logits.view().rank == 3, "write_logits: expected f32 [B, L, V], got {}",
+             logits.view().describe());
+  write_safetensors(path, {{"logits", logits.view()}}, {{"format", "pt"}});
+}
+
+std::string sequences_to_json(const std::vector<std::vector<int64_t>>& seqs) {
+  std::string s = "[";
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    s += i ? ", [" : "[";
+    for (size_t j = 0; j < seqs[i].size(); ++j) s += (j ? ", " : "") + std::to_string(seqs[i][j]);
+    s += "]";
+  }
+  return s + "]";
+}
+
 }  // namespace moex
