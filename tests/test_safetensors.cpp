@@ -799,11 +799,14 @@ TEST(Model, ExpertsImplementationMap) {
   Model c = Model::from_pretrained(fixture("qwen3_vl_moe").string(),
                                    {.experts_implementation = ExpertsImplementation{{"", "batched_mm"}, {"text_config", "eager"}}});
   EXPECT_EQ(c.get_experts_implementation(),
-            (std::map<std::string, std::string>{{"", "batched_mm"}, {"text_config", "eager"}, {"vision_config", "batched_mm"}}));
+            (std::map<std::string, std::string>{{"", "batched_mm"}, {"text_config", "eager"}, {"vision_config", "eager"}}));
   EXPECT_EQ(c.decoder_experts_backend(), "eager");
   c.set_experts_implementation({{"text_config", "grouped_mm"}});
   EXPECT_EQ(c.get_experts_implementation().at("text_config"), "grouped_mm");
-  EXPECT_EQ(c.get_experts_implementation().at("vision_config"), "batched_mm");
+  EXPECT_EQ(c.get_experts_implementation().at(""), "batched_mm");
+  EXPECT_EQ(c.get_experts_implementation().at("vision_config"), "eager");  // no MoE layers
+  EXPECT_EQ(Model::from_pretrained(fixture("qwen3_vl_moe").string()).get_experts_implementation(),
+            (std::map<std::string, std::string>{{"", "grouped_mm"}, {"text_config", "grouped_mm"}, {"vision_config", "eager"}}));
   c.set_experts_implementation("eager");
   for (const auto& [k, v] : c.get_experts_implementation()) EXPECT_EQ(v, "eager") << k;
   // Unknown keys and names fail at load, before the weights are read.

@@ -74,7 +74,8 @@ class Model {
   // Switches backends without reloading (same rules as at load; names are validated). Switching
   // into or out of deepgemm_megamoe is refused (a load-time choice).
   void set_experts_implementation(const ExpertsImplementation& impl);
-  // {"": top, "text_config": ..., ...}: one entry per sub-config that exists.
+  // {"": top, "text_config": ..., ...}: one entry per sub-config that exists; a sub-config without
+  // MoE layers (e.g. vision_config) reports `eager` whatever was asked for it.
   std::map<std::string, std::string> get_experts_implementation() const;
   // The backend the decoder's MoE layers use now.
   std::string decoder_experts_backend() const;

@@ -51,13 +51,13 @@ struct Model::Impl {
     std::map<std::string, std::string> out;
     if (e.empty()) {
       for (const auto& k : valid) out[k] = kDefaultBackend;
-      return out;
+      return without_moe_eager(out);
     }
     if (e.name) {
       MOEX_CHECK(e.map.empty(), "experts_implementation: give a name or a map, not both");
       check_name(*e.name);
       for (const auto& k : valid) out[k] = *e.name;
-      return out;
+      return without_moe_eager(out);
     }
     for (const auto& [k, n] : e.map) {
       if (std::find(valid.begin(), valid.end(), k) == valid.end())
@@ -73,7 +73,14 @@ struct Model::Impl {
     for (const auto& [k, n] : e.map) out[k] = n;
     for (const auto& k : valid)
       if (!out.count(k)) out[k] = out.count("") ? out[""] : kDefaultBackend;
-    return out;
+    return without_moe_eager(out);
+  }
+
+  // A sub-config without MoE layers (e.g. a vision tower) reports `eager` (as the reference does).
+  std::map<std::string, std::string> without_moe_eager(std::map<std::string, std::string> m) const {
+    for (const auto& s : cfg.sub_configs)
+      if (!s.has_moe) m[s.key] = "eager";
+    return m;
   }
 
   std::string decoder_backend() const {
