@@ -123,13 +123,22 @@ TEST(Registry, HopperBackendsStateTheirRequirements) {
   EXPECT_TRUE(has(reason("sonicmoe", cuda_problem(90, DType::f16)), "bf16"));
 }
 
-TEST(Registry, CpuBackendsRefuseQuantizedExpertsWithAReason) {
+TEST(Registry, CpuBackendsRunDynamicFp8AndRefuseWhatTheyCannotHonour) {
   Problem p = cuda_problem(0);
   p.device = Device::cpu();
-  p.spec.quant = QuantSpec::fp8_block();
   for (const char* b : {"eager", "batched_mm", "grouped_mm"}) {
-    const auto s = ExpertsInterface::global().supports(b, p);
+    p.spec.quant = QuantSpec::fp8_block();
+    EXPECT_TRUE(ExpertsInterface::global().supports(b, p).ok) << b;
+    p.spec.quant = QuantSpec::fp4_group(32);
+    EXPECT_TRUE(ExpertsInterface::global().supports(b, p).ok) << b;
+    p.spec.quant = QuantSpec::fp8_block();
+    p.spec.quant.activation_scheme = ActivationScheme::static_;
+    auto s = ExpertsInterface::global().supports(b, p);
     EXPECT_FALSE(s.ok);
-    EXPECT_TRUE(has(s.reason, "dequantize")) << s.reason;
+    EXPECT_TRUE(has(s.reason, "static")) << s.reason;
+    p.spec.quant = QuantSpec::fp8_block(64, 64);
+    s = ExpertsInterface::global().supports(b, p);
+    EXPECT_FALSE(s.ok);
+    EXPECT_TRUE(has(s.reason, "64x64")) << s.reason;
   }
 }

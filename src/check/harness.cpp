@@ -10,6 +10,7 @@
 
 #include "core/check.hpp"
 #include "moex/check.hpp"
+#include "moex/quant.hpp"
 
 namespace moex::check {
 
@@ -130,6 +131,46 @@ std::vector<char> poisoned_host(DType dt, int64_t n) {
   return host;
 }
 
+// Replaces the plain weights of a quantized case by their FP8 / FP4 codes and scales, keeping the
+// plain ones in gate_up_plain / down_plain.
+void quantize_instance(Instance& in) {
+  const ExpertsSpec& s = in.c.spec;
+  const QuantSpec& q = s.quant;
+  const int64_t E = s.num_experts, H = s.hidden, I = s.intermediate, R = s.gate_up_rows();
+  in.gate_up_plain = in.gate_up;
+  in.down_plain = in.down;
+  auto quantize = [&](const Tensor& plain, int64_t out, int64_t inn, Tensor& codes, Tensor& scales) {
+    std::vector<float> logical(static_cast<size_t>(out * inn));
+    auto bc = [](int64_t n, int64_t b) { return (n + b - 1) / b; };
+    if (q.kind == QuantKind::fp8_block) {
+      codes = s.transposed ? Tensor::empty(DType::fp8_e4m3, {E, inn, out}) : Tensor::empty(DType::fp8_e4m3, {E, out, inn});
+      const int64_t br = bc(out, q.block_n), bk = bc(inn, q.block_k);
+      scales = Tensor::empty(q.scale_format == ScaleFormat::ue8m0 ? DType::u8 : DType::f32, {E, br, bk});
+      std::vector<uint8_t> qc(logical.size());
+      for (int64_t e = 0; e < E; ++e) {
+        for (int64_t o = 0; o < out; ++o)
+          for (int64_t i = 0; i < inn; ++i)
+            logical[size_t(o * inn + i)] = float(load_value(plain.dtype(), plain.data(), s.transposed ? (e * inn + i) * out + o : (e * out + o) * inn + i));
+        void* sc = static_cast<char*>(scales.data()) + size_t(e * br * bk) * dtype_size(scales.dtype());
+        quantize_fp8_blocks(logical.data(), out, inn, q.block_n, q.block_k, q.scale_format, qc.data(), sc);
+        for (int64_t o = 0; o < out; ++o)
+          for (int64_t i = 0; i < inn; ++i)
+            codes.ptr<uint8_t>()[s.transposed ? (e * inn + i) * out + o : (e * out + o) * inn + i] = qc[size_t(o * inn + i)];
+      }
+    } else {
+      const int64_t rb = (inn + 1) / 2, groups = bc(inn, q.block_k);
+      codes = Tensor::empty(DType::u8, {E, out, rb});
+      scales = Tensor::empty(DType::u8, {E, out, groups});
+      for (int64_t e = 0; e < E; ++e) {
+        for (int64_t k = 0; k < out * inn; ++k) logical[size_t(k)] = float(load_value(plain.dtype(), plain.data(), e * out * inn + k));
+        quantize_fp4_groups(logical.data(), out, inn, q.block_k, codes.ptr<uint8_t>() + e * out * rb, scales.ptr<uint8_t>() + e * out * groups);
+      }
+    }
+  };
+  quantize(in.gate_up_plain, R, H, in.gate_up, in.gate_up_scale);
+  quantize(in.down_plain, H, I, in.down, in.down_scale);
+}
+
 }  // namespace
 
 const char* routing_name(Routing r) {
@@ -159,6 +200,10 @@ std::string Case::describe() const {
 
 Tolerance tolerance_for(const Case& c) {
   if (c.integer_valued) return {0.0, "integer-valued inputs: every intermediate is exactly representable, so exact"};
+  if (c.spec.quant.quantized())
+    return {c.spec.dtype == DType::bf16 ? 4e-3 : 2e-3,
+            "quantized experts vs the reference with the same quantization (SPEC §8: 2e-3; bf16 output rounding alone is ~1.1e-3, "
+            "so 4e-3 for bf16 activations)"};
   switch (c.spec.dtype) {
     case DType::f32: return {1e-5, "f32 accumulation of f32 products (SPEC §8), no TF32"};
     case DType::f16: return {2e-3, "f16 inputs/intermediate/output rounding (SPEC §8)"};
@@ -184,6 +229,7 @@ Instance make_instance(const Case& c) {
   const bool integer = c.integer_valued;
   fill_weights(rng, in.gate_up, E, R, H, s.transposed, integer, 1.0 / std::sqrt(double(H)));
   fill_weights(rng, in.down, E, H, I, s.transposed, integer, 1.0 / std::sqrt(double(I)));
+  if (s.quant.quantized()) quantize_instance(in);
   std::normal_distribution<double> normal(0.0, 1.0);
   std::uniform_int_distribution<int> small(-1, 1);
   auto fill = [&](const Tensor& t, double scale) {
@@ -203,11 +249,26 @@ Instance make_instance(const Case& c) {
   return in;
 }
 
+Experts Instance::plain_experts() const {
+  if (!c.spec.quant.quantized()) return experts();
+  Experts ex = experts();
+  ex.spec.quant = QuantSpec::none();
+  ex.gate_up = gate_up_plain;
+  ex.down = down_plain;
+  ex.gate_up_scale = TensorView();
+  ex.down_scale = TensorView();
+  return ex;
+}
+
 Experts Instance::experts() const {
   Experts ex;
   ex.spec = c.spec;
   ex.gate_up = gate_up;
   ex.down = down;
+  if (c.spec.quant.quantized()) {
+    ex.gate_up_scale = gate_up_scale;
+    ex.down_scale = down_scale;
+  }
   if (c.spec.has_bias) {
     ex.gate_up_bias = gate_up_bias;
     ex.down_bias = down_bias;
@@ -228,6 +289,10 @@ Instance Instance::to(Device dev) const {
   r.hidden = mv(hidden);
   r.top_k_index = mv(top_k_index);
   r.top_k_weights = mv(top_k_weights);
+  r.gate_up_scale = mv(gate_up_scale);
+  r.down_scale = mv(down_scale);
+  r.gate_up_plain = mv(gate_up_plain);
+  r.down_plain = mv(down_plain);
   return r;
 }
 
@@ -240,6 +305,10 @@ std::vector<Result> run_case(const std::vector<std::string>& backends, const Cas
   const Tolerance tol = tolerance_for(c);
   double ref_norm2 = 0.0;
   for (double v : ref) ref_norm2 += v * v;
+  // FP8 experts must also stay close to the unquantized experts they came from (SPEC §8: 8e-2)
+  std::vector<double> plain_ref;
+  if (c.spec.quant.kind == QuantKind::fp8_block)
+    plain_ref = reference_forward(host.plain_experts(), host.call(TensorView(nullptr, dt, {T, H})));
 
   std::vector<Result> results;
   for (const std::string& name : backends) {
@@ -295,6 +364,16 @@ std::vector<Result> run_case(const std::vector<std::string>& backends, const Cas
       err2 += (v - ref[size_t(i)]) * (v - ref[size_t(i)]);
     }
     res.rel_l2 = ref_norm2 > 0 ? std::sqrt(err2 / ref_norm2) : std::sqrt(err2);
+    if (problem.empty() && !plain_ref.empty()) {
+      double e2 = 0, n2 = 0;
+      for (int64_t i = 0; i < T * H; ++i) {
+        const double d = load_value(dt, body, i) - plain_ref[size_t(i)];
+        e2 += d * d;
+        n2 += plain_ref[size_t(i)] * plain_ref[size_t(i)];
+      }
+      const double rel = n2 > 0 ? std::sqrt(e2 / n2) : std::sqrt(e2);
+      if (rel > 8e-2) problem = fmt::format("FP8 output is {:.3e} away from the unquantized reference (bar 8e-2)", rel);
+    }
     if (problem.empty() && res.rel_l2 > tol.rel_l2)
       problem = fmt::format("relative L2 error {:.3e} exceeds {:.0e} ({})", res.rel_l2, tol.rel_l2, tol.reason);
     res.status = problem.empty() ? Result::Status::passed : Result::Status::failed;
@@ -350,6 +429,12 @@ std::vector<Case> generate_cases(uint64_t seed, int count, DType dtype) {
   { Case c = base(8, 64, 32, 31, 3); c.routing = Routing::dropped; exact(c); }
   { Case c = base(5, 70, 33, 21, 2); c.spec.transposed = true; c.spec.interleaved = true; c.spec.has_bias = true; exact(c); }
   { Case c = base(6, 50, 30, 7, 4); c.spec.has_gate = false; c.routing = Routing::skewed; exact(c); }
+  // quantized experts (SPEC §6): FP8 128x128 blocks with f32 and UE8M0 scales, H and I off 128
+  // (partial blocks), transposed, 1x128 blocks, FP4 with 1x32 UE8M0 groups
+  { Case c = base(6, 300, 200, 21, 2); c.spec.quant = QuantSpec::fp8_block(128, 128, ScaleFormat::f32); add(c); }
+  { Case c = base(6, 256, 136, 17, 3); c.spec.quant = QuantSpec::fp8_block(128, 128, ScaleFormat::ue8m0); c.routing = Routing::dropped; add(c); }
+  { Case c = base(4, 130, 70, 9, 2); c.spec.quant = QuantSpec::fp8_block(1, 128); c.spec.transposed = true; c.spec.has_bias = true; add(c); }
+  { Case c = base(5, 192, 96, 13, 2); c.spec.quant = QuantSpec::fp4_group(32); c.routing = Routing::skewed; add(c); }
   // ---- random shapes ----
   std::uniform_int_distribution<int> coin(0, 1), pick5(0, 4), pick4(0, 3);
   while (int(cases.size()) < count) {

@@ -4,6 +4,7 @@
 
 #include "core/check.hpp"
 #include "moex/check.hpp"
+#include "moex/quant.hpp"
 
 namespace moex::check {
 
@@ -22,6 +23,32 @@ double at(const TensorView& t, int64_t i) {
 }
 
 double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+
+// Element (o, i) of expert e's logical [out, in] weight matrix, dequantized when quantized.
+double weight_at(const ExpertsSpec& s, const TensorView& w, const TensorView& scale, int64_t e, int64_t out, int64_t in,
+                 int64_t o, int64_t i) {
+  const QuantSpec& q = s.quant;
+  if (q.kind == QuantKind::fp4_group) {
+    const int64_t row_bytes = (in + 1) / 2, groups = (in + q.block_k - 1) / q.block_k;
+    const uint8_t code = fp4_nibble(w.ptr<uint8_t>() + (e * out + o) * row_bytes, i);
+    return double(e2m1_to_float(code)) * ue8m0_to_float(scale.ptr<uint8_t>()[(e * out + o) * groups + i / q.block_k]);
+  }
+  const int64_t idx = s.transposed ? (e * in + i) * out + o : (e * out + o) * in + i;
+  if (q.kind == QuantKind::none) return at(w, idx);
+  const int64_t br = (out + q.block_n - 1) / q.block_n, bc = (in + q.block_k - 1) / q.block_k;
+  const int64_t si = (e * br + o / q.block_n) * bc + i / q.block_k;
+  const double sc = q.scale_format == ScaleFormat::ue8m0 ? double(ue8m0_to_float(scale.ptr<uint8_t>()[si])) : double(scale.ptr<float>()[si]);
+  return double(e4m3_to_float(w.ptr<uint8_t>()[idx])) * sc;
+}
+
+// Quantized experts quantize their GEMM inputs dynamically: e4m3 per 128 channels (SPEC §6).
+void fake_quantize(std::vector<double>& v) {
+  std::vector<float> f(v.begin(), v.end());
+  std::vector<uint8_t> q(f.size());
+  std::vector<float> sc((f.size() + 127) / 128);
+  quantize_activation_row(f.data(), int64_t(f.size()), 128, q.data(), sc.data());
+  for (size_t i = 0; i < v.size(); ++i) v[i] = double(e4m3_to_float(q[i])) * sc[i / 128];
+}
 
 double act_gated(const ActivationSpec& a, double g, double u) {
   switch (a.kind) {
@@ -53,24 +80,23 @@ double act_plain(const ActivationSpec& a, double x) {
 
 std::vector<double> reference_forward(const Experts& ex, const ExpertsCall& call) {
   const ExpertsSpec& s = ex.spec;
-  MOEX_CHECK(!s.quant.quantized(), "reference: quantized experts are not supported by this reference");
   MOEX_CHECK(call.hidden.device.is_cpu(), "reference: tensors must be on the CPU");
   const int64_t T = call.hidden.shape[0], K = call.top_k_index.shape[1];
   const int64_t E = s.num_experts, H = s.hidden, I = s.intermediate, R = s.gate_up_rows();
   std::vector<double> out(size_t(T * H), 0.0);
-  std::vector<double> up(static_cast<size_t>(R)), hmid(static_cast<size_t>(I));
+  std::vector<double> up(static_cast<size_t>(R)), hmid(static_cast<size_t>(I)), x(static_cast<size_t>(H));
+  const bool quant = s.quant.quantized();
   for (int64_t t = 0; t < T; ++t) {
     for (int64_t j = 0; j < K; ++j) {
       const double ed = at(call.top_k_index, t * K + j);
       if (ed < 0 || ed >= double(E)) continue;  // dropped slot
       const int64_t e = int64_t(ed);
+      for (int64_t h = 0; h < H; ++h) x[size_t(h)] = at(call.hidden, t * H + h);
+      if (quant) fake_quantize(x);
       // up[r] = Σ_h x[t, h] · gate_up[e][r, h]   (transposed: gate_up[e][h, r])
       for (int64_t r = 0; r < R; ++r) {
         double acc = s.has_bias ? at(ex.gate_up_bias, e * R + r) : 0.0;
-        for (int64_t h = 0; h < H; ++h) {
-          const int64_t wi = s.transposed ? (e * H + h) * R + r : (e * R + r) * H + h;
-          acc += at(call.hidden, t * H + h) * at(ex.gate_up, wi);
-        }
+        for (int64_t h = 0; h < H; ++h) acc += x[size_t(h)] * weight_at(s, ex.gate_up, ex.gate_up_scale, e, R, H, r, h);
         up[size_t(r)] = acc;
       }
       for (int64_t i = 0; i < I; ++i) {
@@ -82,13 +108,14 @@ std::vector<double> reference_forward(const Experts& ex, const ExpertsCall& call
           hmid[size_t(i)] = act_gated(s.activation, up[size_t(i)], up[size_t(I + i)]);
         }
       }
+      if (quant) {  // the backends' down GEMM reads h rounded to the activation dtype, then quantized
+        for (auto& v : hmid) v = double(round_to(s.dtype, float(v)));
+        fake_quantize(hmid);
+      }
       const double w = at(call.top_k_weights, t * K + j);
       for (int64_t h = 0; h < H; ++h) {
         double acc = s.has_bias ? at(ex.down_bias, e * H + h) : 0.0;
-        for (int64_t i = 0; i < I; ++i) {
-          const int64_t wi = s.transposed ? (e * I + i) * H + h : (e * H + h) * I + i;
-          acc += hmid[size_t(i)] * at(ex.down, wi);
-        }
+        for (int64_t i = 0; i < I; ++i) acc += hmid[size_t(i)] * weight_at(s, ex.down, ex.down_scale, e, H, I, h, i);
         out[size_t(t * H + h)] += w * acc;
       }
     }

@@ -82,16 +82,41 @@ void validate_call(const Experts& ex, const ExpertsCall& call) {
   MOEX_CHECK(call.out.dtype == s.dtype, "out is {} but the experts' activation dtype is {}", dtype_name(call.out.dtype),
              dtype_name(s.dtype));
 
-  if (s.transposed) {
+  const QuantSpec& q = s.quant;
+  if (q.kind == QuantKind::fp4_group) {
+    // FP4: e2m1 pairs packed in bytes along the input dimension, default layout only
+    MOEX_CHECK(!s.transposed, "FP4 experts must use the default [E, out, in] layout (transposed FP4 is not supported)");
+    check_matrix("gate_up weights (FP4 packed)", ex.gate_up, 3, {E, R, (H + 1) / 2}, dev);
+    check_matrix("down weights (FP4 packed)", ex.down, 3, {E, H, (I + 1) / 2}, dev);
+  } else if (s.transposed) {
     check_matrix("gate_up weights (transposed)", ex.gate_up, 3, {E, H, R}, dev);
     check_matrix("down weights (transposed)", ex.down, 3, {E, I, H}, dev);
   } else {
     check_matrix("gate_up weights", ex.gate_up, 3, {E, R, H}, dev);
     check_matrix("down weights", ex.down, 3, {E, H, I}, dev);
   }
-  if (!s.quant.quantized()) {
+  if (!q.quantized()) {
     MOEX_CHECK(ex.gate_up.dtype == s.dtype && ex.down.dtype == s.dtype, "expert weights are {}/{} but the activation dtype is {}",
                dtype_name(ex.gate_up.dtype), dtype_name(ex.down.dtype), dtype_name(s.dtype));
+  } else {
+    MOEX_CHECK(q.block_n >= 1 && q.block_k >= 1, "quantization block {}x{} must be positive", q.block_n, q.block_k);
+    const DType wdt = q.kind == QuantKind::fp8_block ? DType::fp8_e4m3 : DType::u8;
+    MOEX_CHECK(ex.gate_up.dtype == wdt && ex.down.dtype == wdt, "{} experts need {} weights (got {}/{})",
+               q.kind == QuantKind::fp8_block ? "FP8" : "FP4", dtype_name(wdt), dtype_name(ex.gate_up.dtype), dtype_name(ex.down.dtype));
+    const DType sdt = q.scale_format == ScaleFormat::ue8m0 ? DType::u8 : DType::f32;
+    auto blocks = [](int64_t n, int64_t b) { return (n + b - 1) / b; };
+    if (q.kind == QuantKind::fp8_block) {  // [E, ceil(out / bn), ceil(in / bk)], logical (out, in) whatever the storage
+      check_matrix("gate_up_scale", ex.gate_up_scale, 3, {E, blocks(R, q.block_n), blocks(H, q.block_k)}, dev);
+      check_matrix("down_scale", ex.down_scale, 3, {E, blocks(H, q.block_n), blocks(I, q.block_k)}, dev);
+    } else {  // one UE8M0 scale per row and group
+      MOEX_CHECK(q.scale_format == ScaleFormat::ue8m0, "FP4 experts need UE8M0 scales");
+      check_matrix("gate_up_scale", ex.gate_up_scale, 3, {E, R, blocks(H, q.block_k)}, dev);
+      check_matrix("down_scale", ex.down_scale, 3, {E, H, blocks(I, q.block_k)}, dev);
+    }
+    MOEX_CHECK((ex.gate_up_scale.dtype == sdt || (sdt == DType::u8 && ex.gate_up_scale.dtype == DType::ue8m0)) &&
+                   (ex.down_scale.dtype == sdt || (sdt == DType::u8 && ex.down_scale.dtype == DType::ue8m0)),
+               "weight scales must be {} for scale format {} (got {}/{})", dtype_name(sdt),
+               q.scale_format == ScaleFormat::ue8m0 ? "ue8m0" : "float", dtype_name(ex.gate_up_scale.dtype), dtype_name(ex.down_scale.dtype));
   }
   if (s.has_bias) {
     check_matrix("gate_up_bias", ex.gate_up_bias, 2, {E, R}, dev);

@@ -55,6 +55,46 @@ struct OperandRows {
   void* row(int64_t r) const { return base + size_t(r * width) * dtype_size(dt); }
 };
 
+// Scales and per-thread scratch of quantized experts (empty otherwise). x rows and h rows are
+// replaced in place by their e4m3 codes (quantize_rows), their scales kept here.
+struct QuantBuffers {
+  bool on = false;
+  int64_t gh = 0, gi = 0;  // scale groups per x row (H) and per h row (I)
+  float* xs = nullptr;     // [x rows, gh]
+  float* hs = nullptr;     // [h rows, gi]
+  float* scratch = nullptr;  // [threads, kQuantScratch]
+  QuantOperand x_at(int64_t row) const { return on ? QuantOperand{xs + row * gh, thread_scratch()} : QuantOperand{}; }
+  QuantOperand h_at(int64_t row) const { return on ? QuantOperand{hs + row * gi, thread_scratch()} : QuantOperand{}; }
+  float* thread_scratch() const { return scratch + int64_t(omp_get_thread_num()) * kQuantScratch; }
+  // Quantizes rows [0, n) of an f32 operand in place (x: width H; h: width I), in parallel.
+  void quantize_x(const OperandRows& x, int64_t n, int threads) const { quantize(x, n, xs, gh, threads); }
+  void quantize_h(const OperandRows& h, int64_t n, int threads) const { quantize(h, n, hs, gi, threads); }
+
+  static size_t bytes(const ExpertsSpec& s, int64_t x_rows, int64_t h_rows, int threads) {
+    if (!s.quant.quantized()) return 0;
+    return floats(x_rows * groups(s.hidden)) + floats(h_rows * groups(s.intermediate)) + floats(int64_t(threads) * kQuantScratch);
+  }
+  static QuantBuffers take(WorkspaceCarver& ws, const ExpertsSpec& s, int64_t x_rows, int64_t h_rows, int threads) {
+    QuantBuffers q;
+    if (!s.quant.quantized()) return q;
+    q.on = true;
+    q.gh = groups(s.hidden);
+    q.gi = groups(s.intermediate);
+    q.xs = ws.take<float>(size_t(std::max<int64_t>(x_rows, 1) * q.gh));
+    q.hs = ws.take<float>(size_t(std::max<int64_t>(h_rows, 1) * q.gi));
+    q.scratch = ws.take<float>(size_t(threads) * size_t(kQuantScratch));
+    return q;
+  }
+
+ private:
+  static int64_t groups(int64_t width) { return (width + kActGroup - 1) / kActGroup; }
+  void quantize(const OperandRows& rows, int64_t n, float* scales, int64_t g, int threads) const {
+    if (!on) return;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t r = 0; r < n; ++r) quantize_rows(static_cast<float*>(rows.row(r)), 1, rows.width, scales + r * g);
+  }
+};
+
 struct Tile {
   int64_t e, n0, n1;
 };
@@ -68,10 +108,22 @@ void add_tiles(std::vector<Tile>& tiles, int64_t e, int64_t N) {
 Support cpu_supports(const Problem& p, std::string_view backend) {
   if (!is_float_activation(p.spec.dtype))
     return Support::no(fmt::format("{} on the CPU needs f32, f16 or bf16 activations (got {})", backend, dtype_name(p.spec.dtype)));
-  if (p.spec.quant.quantized())
-    return Support::no(fmt::format(
-        "{} on the CPU does not run FP8/FP4 quantized experts in this version of moex; load the checkpoint with dequantize",
-        backend));
+  const QuantSpec& q = p.spec.quant;
+  if (q.quantized()) {
+    if (q.activation_scheme == ActivationScheme::static_)
+      return Support::no(fmt::format("{} runs FP8/FP4 experts with dynamic per-token activation scales (1x128) only; a static "
+                                     "activation scheme (one scale per tensor) is rejected: requantize with activation_scheme "
+                                     "\"dynamic\" or load with dequantize",
+                                     backend));
+    if (q.kind == QuantKind::fp8_block && q.block_k != kActGroup)
+      return Support::no(fmt::format("{} needs FP8 weight blocks 128 wide along the input (got {}x{}), aligned with the 1x128 "
+                                     "activation scales; load with dequantize",
+                                     backend, q.block_n, q.block_k));
+    if (q.kind == QuantKind::fp4_group && (kActGroup % q.block_k != 0 || p.spec.transposed))
+      return Support::no(fmt::format("{} needs FP4 groups that divide 128 (got {}) and the default [E, out, in] layout; load "
+                                     "with dequantize",
+                                     backend, q.block_k));
+  }
   return Support::yes();
 }
 
@@ -79,7 +131,8 @@ Support cpu_supports(const Problem& p, std::string_view backend) {
 
 size_t cpu_eager_workspace(const Problem& p) {
   const int64_t S = p.tokens * p.top_k, H = p.spec.hidden, I = p.spec.intermediate, R = p.spec.gate_up_rows();
-  return floats(S * H) * 3 + floats(S * R) + floats(S * I) + floats(int64_t(threads_of(p)) * H) + floats(S);
+  return floats(S * H) * 3 + floats(S * R) + floats(S * I) + floats(int64_t(threads_of(p)) * H) + floats(S) +
+         QuantBuffers::bytes(p.spec, S, S, threads_of(p));
 }
 
 void cpu_eager(const Experts& ex, const ExpertsCall& call, const RunContext& ctx) {
@@ -97,6 +150,7 @@ void cpu_eager(const Experts& ex, const ExpertsCall& call, const RunContext& ctx
   float* y = ws.take<float>(size_t(S * H));     // [S, H] per-pair outputs, indexed by pair id
   float* scratch = ws.take<float>(size_t(nt) * size_t(H));
   int32_t* pairs = reinterpret_cast<int32_t*>(ws.take<float>(size_t(S)));
+  const QuantBuffers q = QuantBuffers::take(ws, s, S, S, nt);
 
   for (int64_t e = 0; e < E; ++e) {
     int64_t m = 0;  // this expert's pairs, in pair order (host-side scan: the "data-dependent loop")
@@ -105,15 +159,22 @@ void cpu_eager(const Experts& ex, const ExpertsCall& call, const RunContext& ctx
     if (m == 0) continue;
     const ExpertView ev = expert_view(ex, e);
     gather_rows(kt, call, m, [&](int64_t r) { return int64_t(pairs[r]) / K; }, x.base, xdt, nt);
+    q.quantize_x(x, m, nt);
     const int64_t up_tiles = (R + kTile - 1) / kTile, down_tiles = (H + kTile - 1) / kTile;
 #pragma omp parallel num_threads(nt)
     {
 #pragma omp for schedule(static)
-      for (int64_t t = 0; t < up_tiles; ++t) up_projection(kt, ev, x.base, xdt, m, gu, t * kTile, std::min(R, (t + 1) * kTile));
+      for (int64_t t = 0; t < up_tiles; ++t)
+        up_projection(kt, ev, x.base, xdt, m, gu, t * kTile, std::min(R, (t + 1) * kTile), q.x_at(0));
 #pragma omp for schedule(static)
       for (int64_t r = 0; r < m; ++r) activation_rows(s, gu + r * R, 1, h.row(r), xdt);
+    }
+    q.quantize_h(h, m, nt);
+#pragma omp parallel num_threads(nt)
+    {
 #pragma omp for schedule(static)
-      for (int64_t t = 0; t < down_tiles; ++t) down_projection(kt, ev, h.base, xdt, m, ye, t * kTile, std::min(H, (t + 1) * kTile));
+      for (int64_t t = 0; t < down_tiles; ++t)
+        down_projection(kt, ev, h.base, xdt, m, ye, t * kTile, std::min(H, (t + 1) * kTile), q.h_at(0));
 #pragma omp for schedule(static)
       for (int64_t r = 0; r < m; ++r) std::copy(ye + r * H, ye + (r + 1) * H, y + int64_t(pairs[r]) * H);
     }
@@ -125,7 +186,8 @@ void cpu_eager(const Experts& ex, const ExpertsCall& call, const RunContext& ctx
 
 size_t cpu_batched_workspace(const Problem& p) {
   const int64_t T = p.tokens, S = T * p.top_k, H = p.spec.hidden, I = p.spec.intermediate, R = p.spec.gate_up_rows();
-  return floats(T * H) + floats(S * R) + floats(S * I) + floats(S * H) + floats(int64_t(threads_of(p)) * H);
+  return floats(T * H) + floats(S * R) + floats(S * I) + floats(S * H) + floats(int64_t(threads_of(p)) * H) +
+         QuantBuffers::bytes(p.spec, T, S, threads_of(p));
 }
 
 void cpu_batched(const Experts& ex, const ExpertsCall& call, const RunContext& ctx) {
@@ -142,7 +204,9 @@ void cpu_batched(const Experts& ex, const ExpertsCall& call, const RunContext& c
   float* y = ws.take<float>(size_t(S * H));   // [S, H]
   float* scratch = ws.take<float>(size_t(nt) * size_t(H));
 
+  const QuantBuffers q = QuantBuffers::take(ws, s, T, S, nt);
   gather_rows(kt, call, T, [](int64_t r) { return r; }, xt.base, xdt, nt);
+  q.quantize_x(xt, T, nt);
   const int64_t up_tiles = (R + kTile - 1) / kTile, down_tiles = (H + kTile - 1) / kTile;
 #pragma omp parallel num_threads(nt)
   {
@@ -152,17 +216,21 @@ void cpu_batched(const Experts& ex, const ExpertsCall& call, const RunContext& c
       for (int64_t t = 0; t < up_tiles; ++t) {
         const int64_t e = expert_of(call, p, E);
         if (e < 0) continue;
-        up_projection(kt, expert_view(ex, e), xt.row(p / K), xdt, 1, gu + p * R, t * kTile, std::min(R, (t + 1) * kTile));
+        up_projection(kt, expert_view(ex, e), xt.row(p / K), xdt, 1, gu + p * R, t * kTile, std::min(R, (t + 1) * kTile),
+                      q.x_at(p / K));
       }
 #pragma omp for schedule(static)
     for (int64_t p = 0; p < S; ++p)
-      if (expert_of(call, p, E) >= 0) activation_rows(s, gu + p * R, 1, h.row(p), xdt);
+      if (expert_of(call, p, E) >= 0) {
+        activation_rows(s, gu + p * R, 1, h.row(p), xdt);
+        if (q.on) quantize_rows(static_cast<float*>(h.row(p)), 1, I, q.hs + p * q.gi);
+      }
 #pragma omp for schedule(dynamic, 4) collapse(2)
     for (int64_t p = 0; p < S; ++p)
       for (int64_t t = 0; t < down_tiles; ++t) {
         const int64_t e = expert_of(call, p, E);
         if (e < 0) continue;
-        down_projection(kt, expert_view(ex, e), h.row(p), xdt, 1, y + p * H, t * kTile, std::min(H, (t + 1) * kTile));
+        down_projection(kt, expert_view(ex, e), h.row(p), xdt, 1, y + p * H, t * kTile, std::min(H, (t + 1) * kTile), q.h_at(p));
       }
   }
   reduce_slots(kt, call, H, y, [&](int64_t p) { return expert_of(call, p, E) < 0 ? int64_t(-1) : p; }, nt, scratch);
@@ -172,7 +240,8 @@ void cpu_batched(const Experts& ex, const ExpertsCall& call, const RunContext& c
 
 size_t cpu_grouped_workspace(const Problem& p) {
   const int64_t S = p.tokens * p.top_k, H = p.spec.hidden, I = p.spec.intermediate, R = p.spec.gate_up_rows();
-  return floats(S * H) + floats(S * R) + floats(S * I) + floats(int64_t(threads_of(p)) * H);
+  return floats(S * H) + floats(S * R) + floats(S * I) + floats(int64_t(threads_of(p)) * H) +
+         QuantBuffers::bytes(p.spec, S, S, threads_of(p));
 }
 
 void cpu_grouped(const Experts& ex, const ExpertsCall& call, const RunContext& ctx) {
@@ -192,7 +261,9 @@ void cpu_grouped(const Experts& ex, const ExpertsCall& call, const RunContext& c
   const OperandRows h{ws.take<char>(size_t(rows1 * I) * 4), xdt, I};   // [rows, I]
   float* scratch = ws.take<float>(size_t(nt) * size_t(H));
 
+  const QuantBuffers q = QuantBuffers::take(ws, s, rows, rows, nt);
   gather_rows(kt, call, rows, [&](int64_t r) { return int64_t(plan.sorted_pairs[size_t(r)]) / K; }, x.base, xdt, nt);
+  q.quantize_x(x, rows, nt);
   std::vector<Tile> up, down;
   for (int64_t e = 0; e < E; ++e) {
     if (plan.count(e) == 0) continue;
@@ -206,14 +277,19 @@ void cpu_grouped(const Experts& ex, const ExpertsCall& call, const RunContext& c
 #pragma omp for schedule(dynamic, 1)
     for (size_t i = 0; i < up.size(); ++i) {
       const Tile& t = up[i];
-      up_projection(kt, expert_view(ex, t.e), x.row(off(t.e)), xdt, plan.count(t.e), gu + off(t.e) * R, t.n0, t.n1);
+      up_projection(kt, expert_view(ex, t.e), x.row(off(t.e)), xdt, plan.count(t.e), gu + off(t.e) * R, t.n0, t.n1,
+                    q.x_at(off(t.e)));
     }
 #pragma omp for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) activation_rows(s, gu + r * R, 1, h.row(r), xdt);
+    for (int64_t r = 0; r < rows; ++r) {
+      activation_rows(s, gu + r * R, 1, h.row(r), xdt);
+      if (q.on) quantize_rows(static_cast<float*>(h.row(r)), 1, I, q.hs + r * q.gi);
+    }
 #pragma omp for schedule(dynamic, 1)
     for (size_t i = 0; i < down.size(); ++i) {
       const Tile& t = down[i];
-      down_projection(kt, expert_view(ex, t.e), h.row(off(t.e)), xdt, plan.count(t.e), y + off(t.e) * H, t.n0, t.n1);
+      down_projection(kt, expert_view(ex, t.e), h.row(off(t.e)), xdt, plan.count(t.e), y + off(t.e) * H, t.n0, t.n1,
+                      q.h_at(off(t.e)));
     }
   }
   reduce_slots(kt, call, H, y, [&](int64_t p) { return int64_t(plan.pair_to_row[size_t(p)]); }, nt, scratch);

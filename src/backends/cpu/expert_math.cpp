@@ -8,8 +8,16 @@ ExpertView expert_view(const Experts& ex, int64_t e) {
   const int64_t R = s.gate_up_rows(), H = s.hidden, I = s.intermediate;
   const size_t esz = dtype_size(ex.gate_up.dtype);
   ExpertView v{&s, nullptr, nullptr, nullptr, nullptr};
-  v.gate_up = static_cast<const char*>(ex.gate_up.data) + size_t(e * R * H) * esz;
-  v.down = static_cast<const char*>(ex.down.data) + size_t(e * H * I) * esz;
+  // per-expert strides come from the tensors themselves (packed FP4 rows are half as long)
+  v.gate_up = static_cast<const char*>(ex.gate_up.data) + size_t(e * ex.gate_up.strides[0]) * esz;
+  v.down = static_cast<const char*>(ex.down.data) + size_t(e * ex.down.strides[0]) * esz;
+  if (s.quant.quantized()) {
+    auto scale_ptr = [&](const TensorView& t) {
+      return static_cast<const void*>(static_cast<const char*>(t.data) + size_t(e * t.strides[0]) * dtype_size(t.dtype));
+    };
+    v.gate_up_q = QuantMatrix{s.quant, static_cast<const uint8_t*>(v.gate_up), scale_ptr(ex.gate_up_scale), R, H, s.transposed};
+    v.down_q = QuantMatrix{s.quant, static_cast<const uint8_t*>(v.down), scale_ptr(ex.down_scale), H, I, s.transposed};
+  }
   if (s.has_bias) {
     v.gate_up_bias = static_cast<const char*>(ex.gate_up_bias.data) + size_t(e * R) * dtype_size(ex.gate_up_bias.dtype);
     v.down_bias = static_cast<const char*>(ex.down_bias.data) + size_t(e * H) * dtype_size(ex.down_bias.dtype);
@@ -32,9 +40,14 @@ DType operand_dtype(const KernelTable& kt, const ExpertsSpec& s) {
 }
 
 void up_projection(const KernelTable& kt, const ExpertView& ev, const void* x, DType xdt, int64_t m, float* gu, int64_t n0,
-                   int64_t n1) {
+                   int64_t n1, QuantOperand q) {
   const ExpertsSpec& s = *ev.spec;
   const int64_t R = s.gate_up_rows(), H = s.hidden;
+  if (s.quant.quantized()) {
+    quant_matmul(kt, ev.gate_up_q, static_cast<const float*>(x), q.scales, m, gu, R, n0, n1, q.scratch);
+    add_bias(ev.gate_up_bias, s.dtype, gu, R, m, n0, n1);
+    return;
+  }
   MatmulArgs a;
   a.x = x;
   a.xdtype = xdt;
@@ -81,9 +94,14 @@ void activation_rows(const ExpertsSpec& s, const float* gu, int64_t m, void* h, 
 }
 
 void down_projection(const KernelTable& kt, const ExpertView& ev, const void* h, DType hdt, int64_t m, float* y, int64_t n0,
-                     int64_t n1) {
+                     int64_t n1, QuantOperand q) {
   const ExpertsSpec& s = *ev.spec;
   const int64_t H = s.hidden, I = s.intermediate;
+  if (s.quant.quantized()) {
+    quant_matmul(kt, ev.down_q, static_cast<const float*>(h), q.scales, m, y, H, n0, n1, q.scratch);
+    add_bias(ev.down_bias, s.dtype, y, H, m, n0, n1);
+    return;
+  }
   MatmulArgs a;
   a.x = h;
   a.xdtype = hdt;

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "backends/cpu/kernels.hpp"
+#include "backends/cpu/quant_math.hpp"
 #include "moex/experts.hpp"
 
 namespace moex::cpu {
@@ -58,6 +59,7 @@ struct ExpertView {
   const void* down;          // [H, I] (nt) or [I, H] (nn)
   const void* gate_up_bias;  // [R] or nullptr
   const void* down_bias;     // [H] or nullptr
+  QuantMatrix gate_up_q{}, down_q{};  // quantized experts only
 };
 ExpertView expert_view(const Experts& ex, int64_t e);
 
@@ -66,15 +68,22 @@ ExpertView expert_view(const Experts& ex, int64_t e);
 // already rounded to the activation dtype, so both choices compute the same products.
 DType operand_dtype(const KernelTable& kt, const ExpertsSpec& s);
 
+// Quantized experts (spec.quant): x and h are the e4m3 codes of quantize_rows (f32) with their
+// scales `xs`, and each call needs `scratch` (kQuantScratch floats, one per thread).
+struct QuantOperand {
+  const float* scales = nullptr;
+  float* scratch = nullptr;
+};
+
 // gu[m, n0:n1] = x[m, H] · gate_upᵀ (+ bias), f32. n ranges over the R = gate_up_rows() outputs.
 // x is [m, H] of dtype xdt (see operand_dtype).
 void up_projection(const KernelTable& kt, const ExpertView& ev, const void* x, DType xdt, int64_t m, float* gu, int64_t n0,
-                   int64_t n1);
+                   int64_t n1, QuantOperand q = {});
 // h[m, I] = act(gu[m, R]), rounded to the activation dtype, stored as hdt (f32 or bf16).
 void activation_rows(const ExpertsSpec& s, const float* gu, int64_t m, void* h, DType hdt);
 // y[m, n0:n1] = h[m, I] · downᵀ (+ bias), f32; h of dtype hdt.
 void down_projection(const KernelTable& kt, const ExpertView& ev, const void* h, DType hdt, int64_t m, float* y, int64_t n0,
-                     int64_t n1);
+                     int64_t n1, QuantOperand q = {});
 
 // out[t] = Σ_j w[t, j] · y[row(t, j)] in slot order, dropped slots skipped, rounded once to the
 // activation dtype. row_of(p) gives the row of pair p = t*K + j in y [rows, H], or -1.

@@ -1,0 +1,111 @@
+// backends/cpu/quant_math.cpp — see quant_math.hpp.
+#include "backends/cpu/quant_math.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+
+#include "moex/quant.hpp"
+
+namespace moex::cpu {
+
+namespace {
+
+const std::array<float, 256>& e4m3_table() {
+  static const std::array<float, 256> table = [] {
+    std::array<float, 256> t{};
+    for (int c = 0; c < 256; ++c) t[size_t(c)] = e4m3_to_float(uint8_t(c));
+    return t;
+  }();
+  return table;
+}
+
+float weight_block_scale(const QuantMatrix& w, int64_t n, int64_t kb) {
+  const int64_t bc = (w.K + w.quant.block_k - 1) / w.quant.block_k;
+  const int64_t idx = (n / w.quant.block_n) * bc + kb;
+  return w.quant.scale_format == ScaleFormat::ue8m0 ? ue8m0_to_float(static_cast<const uint8_t*>(w.scales)[idx])
+                                                    : static_cast<const float*>(w.scales)[idx];
+}
+
+// dst[r, 0:kc] = weight values of rows n..n+nc, columns k0..k0+kc: e4m3 codes (fp8, the block
+// scale is applied later) or e2m1 · group scale (fp4).
+void dequant_block(const QuantMatrix& w, int64_t n, int64_t nc, int64_t k0, int64_t kc, float* dst /* [nc, 128] */) {
+  const auto& lut = e4m3_table();
+  if (w.quant.kind == QuantKind::fp8_block) {
+    for (int64_t r = 0; r < nc; ++r) {
+      float* d = dst + r * 128;
+      if (!w.transposed) {
+        const uint8_t* src = w.data + (n + r) * w.K + k0;
+        for (int64_t c = 0; c < kc; ++c) d[c] = lut[src[c]];
+      } else {  // stored [K, N]
+        for (int64_t c = 0; c < kc; ++c) d[c] = lut[w.data[(k0 + c) * w.N + n + r]];
+      }
+    }
+  } else {
+    const int64_t row_bytes = (w.K + 1) / 2, groups = (w.K + w.quant.block_k - 1) / w.quant.block_k;
+    const uint8_t* sc = static_cast<const uint8_t*>(w.scales);
+    for (int64_t r = 0; r < nc; ++r) {
+      const uint8_t* src = w.data + (n + r) * row_bytes;
+      float* d = dst + r * 128;
+      for (int64_t c = 0; c < kc; ++c) {
+        const int64_t k = k0 + c;
+        d[c] = e2m1_to_float(fp4_nibble(src, k)) * ue8m0_to_float(sc[(n + r) * groups + k / w.quant.block_k]);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void quantize_rows(float* x, int64_t m, int64_t k, float* scales) {
+  const int64_t groups = (k + kActGroup - 1) / kActGroup;
+  const auto& lut = e4m3_table();
+  std::array<uint8_t, kActGroup> q{};
+  for (int64_t i = 0; i < m; ++i) {
+    float* row = x + i * k;
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t c0 = g * kActGroup, n = std::min(kActGroup, k - c0);
+      quantize_activation_row(row + c0, n, int(kActGroup), q.data(), scales + i * groups + g);
+      for (int64_t c = 0; c < n; ++c) row[c0 + c] = lut[q[size_t(c)]];
+    }
+  }
+}
+
+void quant_matmul(const KernelTable& kt, const QuantMatrix& w, const float* codes, const float* xs, int64_t m, float* y,
+                  int64_t ldy, int64_t n0, int64_t n1, float* scratch) {
+  const int64_t K = w.K, blocks = (K + kActGroup - 1) / kActGroup;
+  float* wbuf = scratch;                 // [64, 128]
+  float* partial = scratch + 64 * 128;   // [64, 64]
+  for (int64_t i = 0; i < m; ++i) std::fill(y + i * ldy + n0, y + i * ldy + n1, 0.0f);
+  for (int64_t n = n0; n < n1; n += 64) {
+    const int64_t nc = std::min<int64_t>(64, n1 - n);
+    for (int64_t kb = 0; kb < blocks; ++kb) {
+      const int64_t k0 = kb * kActGroup, kc = std::min(kActGroup, K - k0);
+      dequant_block(w, n, nc, k0, kc, wbuf);
+      for (int64_t m0 = 0; m0 < m; m0 += 64) {
+        const int64_t mc = std::min<int64_t>(64, m - m0);
+        MatmulArgs a;
+        a.x = codes + m0 * K + k0;
+        a.ldx = K;
+        a.m = mc;
+        a.k = kc;
+        a.w = wbuf;
+        a.wdtype = DType::f32;
+        a.layout = WeightLayout::nt;
+        a.ldw = 128;
+        a.y = partial;
+        a.ldy = 64;
+        a.n0 = 0;
+        a.n1 = nc;
+        kt.matmul(a);
+        // the two-level accumulation: block partial sums × activation scale × weight block scale
+        for (int64_t j = 0; j < nc; ++j) {
+          const float ws = w.quant.kind == QuantKind::fp8_block ? weight_block_scale(w, n + j, kb) : 1.0f;
+          for (int64_t i = 0; i < mc; ++i) y[(m0 + i) * ldy + n + j] += partial[i * 64 + j] * (xs[(m0 + i) * blocks + kb] * ws);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace moex::cpu
