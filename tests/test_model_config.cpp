@@ -345,6 +345,8 @@ TEST(ModelConfig, Errors) {
                       {"'shared_expert_intermediate_size'", "missing"});
   expect_config_error(edit(kQwen2, R"("decoder_sparse_step": 2)", R"("decoder_sparse_step": 0)"), ErrorCode::parse,
                       {"decoder_sparse_step"});
+  expect_config_error(edit(kQwen3, R"("num_hidden_layers": 4)", R"("num_hidden_layers": 1099511627776)"), ErrorCode::parse,
+                      {"num_hidden_layers", "implausibly large"});
 }
 
 TEST(ModelConfig, RopeVariants) {

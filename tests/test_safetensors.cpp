@@ -895,3 +895,44 @@ TEST(Model, CliHelpers) {
   EXPECT_LE(rel_l2(v.ptr<float>(), ref.get("logits.0").ptr<float>(), 6 * 128), 1e-4);
   EXPECT_LE(rel_l2(v.ptr<float>() + 6 * 128, ref.get("logits.0").ptr<float>(), 6 * 128), 1e-4);
 }
+
+TEST(Model, ConfigMutationsGiveErrorsNotCrashes) {
+  // Every integer field of the fixtures' configs set to other values: loading and a forward either
+  // work or throw moex::Error (never a crash or an out-of-bounds read).
+  if (!fs::exists(fixture("qwen3_moe"))) GTEST_SKIP() << "no fixtures";
+  int runs = 0, errors = 0;
+  for (const char* name : {"qwen2_moe", "deepseek_v3", "gpt_oss", "qwen3_vl_moe"}) {
+    std::ifstream in(fixture(name) / "config.json");
+    const nlohmann::json base = nlohmann::json::parse(in);
+    std::vector<std::vector<std::string>> paths;
+    for (auto it = base.begin(); it != base.end(); ++it) {
+      if (it.value().is_number_integer()) paths.push_back({it.key()});
+      if (it.key() == "text_config")
+        for (auto jt = it.value().begin(); jt != it.value().end(); ++jt)
+          if (jt.value().is_number_integer()) paths.push_back({it.key(), jt.key()});
+    }
+    for (const auto& path : paths) {
+      for (int64_t delta : {int64_t(-1), int64_t(1), int64_t(1) << 40}) {
+        nlohmann::json cfg = base;
+        nlohmann::json* v = &cfg;
+        for (const auto& k : path) v = &(*v)[k];
+        *v = delta == (int64_t(1) << 40) ? delta : v->get<int64_t>() + delta;
+        TempDir tmp;
+        std::ofstream(tmp / "config.json") << cfg.dump();
+        for (const auto& e : fs::directory_iterator(fixture(name)))
+          if (e.path().filename().string().rfind("model", 0) == 0) fs::create_symlink(e.path(), tmp.path / e.path().filename());
+        ++runs;
+        try {
+          const Model m = Model::from_pretrained(tmp.path.string());
+          m.forward({{1, 5, 9}});
+          m.generate({{3, 4}}, {.max_new_tokens = 2});
+        } catch (const Error&) {
+          ++errors;
+        }
+      }
+    }
+  }
+  EXPECT_GT(runs, 100);
+  EXPECT_GT(errors, 50);
+  std::printf("  %d mutated configs, %d clean errors\n", runs, errors);
+}

@@ -48,6 +48,7 @@ const TextType kTextTypes[] = {
 const std::pair<const char*, const char*> kCompositeText[] = {{"qwen3_vl_moe", "qwen3_vl_moe_text"}};
 
 constexpr int kMaxJsonDepth = 64;
+constexpr int64_t kMaxLayers = 1 << 16;
 
 std::string type_name(const json& v) {
   if (v.is_boolean()) return "boolean " + v.dump();
@@ -292,6 +293,9 @@ TextConfig parse_text(const Obj& o, const std::string& model_type) {
   c.vocab_size = o.pos_int("vocab_size", o.req_int("vocab_size"));
   c.hidden_size = o.pos_int("hidden_size", o.req_int("hidden_size"));
   c.num_hidden_layers = o.pos_int("num_hidden_layers", o.req_int("num_hidden_layers"));
+  if (c.num_hidden_layers > kMaxLayers)
+    detail::fail(ErrorCode::parse, "{}: num_hidden_layers {} is implausibly large (limit {})", o.where(), c.num_hidden_layers,
+                 kMaxLayers);
   c.num_attention_heads = o.pos_int("num_attention_heads", o.req_int("num_attention_heads"));
   const bool kv_defaults_to_heads = f == ModelFamily::olmoe || f == ModelFamily::deepseek_v3;
   c.num_key_value_heads = kv_defaults_to_heads ? o.opt_int("num_key_value_heads", c.num_attention_heads)

@@ -53,6 +53,13 @@ class Loader {
   // Per-expert gate/up/down → gate_up [E, 2I, H] (gate rows then up rows), down [E, H, I].
   void stack_experts(MoeWeights& w, const std::string& base, int64_t E, int64_t H, int64_t I, const char* g,
                      const char* u, const char* d) {
+    // Every shape is checked before anything is allocated (a config can claim huge sizes).
+    for (int64_t e = 0; e < E; ++e) {
+      const std::string pe = base + std::to_string(e) + ".";
+      ck_.check_shape(pe + g + ".weight", {I, H});
+      ck_.check_shape(pe + u + ".weight", {I, H});
+      ck_.check_shape(pe + d + ".weight", {H, I});
+    }
     w.gate_up = Tensor::empty(dt_, {E, 2 * I, H});
     uint8_t* gu = static_cast<uint8_t*>(w.gate_up.data());
     const size_t block = size_t(I * H) * dtype_size(dt_);
