@@ -33,6 +33,31 @@ void add_bias(const void* bias, DType dt, float* y, int64_t ldy, int64_t m, int6
     for (int64_t n = n0; n < n1; ++n) y[i * ldy + n] += load_scalar(bias, dt, n);
 }
 
+// y[m, n0:n1] = x[m, K] · Wᵀ (+ bias) for one expert matrix W of logical shape [N, K] (out × in).
+void project(const KernelTable& kt, const ExpertsSpec& s, const void* w, const QuantMatrix& wq, const void* bias, const void* x,
+             DType xdt, int64_t m, int64_t N, int64_t K, float* y, int64_t n0, int64_t n1, QuantOperand q) {
+  if (s.quant.quantized()) {
+    quant_matmul(kt, wq, static_cast<const float*>(x), q.scales, m, y, N, n0, n1, q.scratch);
+  } else {
+    MatmulArgs a;
+    a.x = x;
+    a.xdtype = xdt;
+    a.ldx = K;
+    a.m = m;
+    a.k = K;
+    a.w = w;
+    a.wdtype = s.dtype;
+    a.layout = s.transposed ? WeightLayout::nn : WeightLayout::nt;
+    a.ldw = s.transposed ? N : K;
+    a.y = y;
+    a.ldy = N;
+    a.n0 = n0;
+    a.n1 = n1;
+    kt.matmul(a);
+  }
+  add_bias(bias, s.dtype, y, N, m, n0, n1);
+}
+
 }  // namespace
 
 DType operand_dtype(const KernelTable& kt, const ExpertsSpec& s) {
@@ -42,28 +67,7 @@ DType operand_dtype(const KernelTable& kt, const ExpertsSpec& s) {
 void up_projection(const KernelTable& kt, const ExpertView& ev, const void* x, DType xdt, int64_t m, float* gu, int64_t n0,
                    int64_t n1, QuantOperand q) {
   const ExpertsSpec& s = *ev.spec;
-  const int64_t R = s.gate_up_rows(), H = s.hidden;
-  if (s.quant.quantized()) {
-    quant_matmul(kt, ev.gate_up_q, static_cast<const float*>(x), q.scales, m, gu, R, n0, n1, q.scratch);
-    add_bias(ev.gate_up_bias, s.dtype, gu, R, m, n0, n1);
-    return;
-  }
-  MatmulArgs a;
-  a.x = x;
-  a.xdtype = xdt;
-  a.ldx = H;
-  a.m = m;
-  a.k = H;
-  a.w = ev.gate_up;
-  a.wdtype = s.dtype;
-  a.layout = s.transposed ? WeightLayout::nn : WeightLayout::nt;
-  a.ldw = s.transposed ? R : H;
-  a.y = gu;
-  a.ldy = R;
-  a.n0 = n0;
-  a.n1 = n1;
-  kt.matmul(a);
-  add_bias(ev.gate_up_bias, s.dtype, gu, R, m, n0, n1);
+  project(kt, s, ev.gate_up, ev.gate_up_q, ev.gate_up_bias, x, xdt, m, s.gate_up_rows(), s.hidden, gu, n0, n1, q);
 }
 
 namespace {
@@ -96,28 +100,7 @@ void activation_rows(const ExpertsSpec& s, const float* gu, int64_t m, void* h, 
 void down_projection(const KernelTable& kt, const ExpertView& ev, const void* h, DType hdt, int64_t m, float* y, int64_t n0,
                      int64_t n1, QuantOperand q) {
   const ExpertsSpec& s = *ev.spec;
-  const int64_t H = s.hidden, I = s.intermediate;
-  if (s.quant.quantized()) {
-    quant_matmul(kt, ev.down_q, static_cast<const float*>(h), q.scales, m, y, H, n0, n1, q.scratch);
-    add_bias(ev.down_bias, s.dtype, y, H, m, n0, n1);
-    return;
-  }
-  MatmulArgs a;
-  a.x = h;
-  a.xdtype = hdt;
-  a.ldx = I;
-  a.m = m;
-  a.k = I;
-  a.w = ev.down;
-  a.wdtype = s.dtype;
-  a.layout = s.transposed ? WeightLayout::nn : WeightLayout::nt;
-  a.ldw = s.transposed ? H : I;
-  a.y = y;
-  a.ldy = H;
-  a.n0 = n0;
-  a.n1 = n1;
-  kt.matmul(a);
-  add_bias(ev.down_bias, s.dtype, y, H, m, n0, n1);
+  project(kt, s, ev.down, ev.down_q, ev.down_bias, h, hdt, m, s.hidden, s.intermediate, y, n0, n1, q);
 }
 
 }  // namespace moex::cpu
