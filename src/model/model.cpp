@@ -159,11 +159,11 @@ Tensor Model::forward(const std::vector<std::vector<int64_t>>& ids) const {
     MOEX_CHECK(int64_t(ids[b].size()) == L, "forward: sequence {} has {} tokens but sequence 0 has {} (forward needs equal lengths)",
                b, ids[b].size(), L);
   Tensor out = Tensor::empty(DType::f32, {B, L, V});
-  const std::string backend = impl_->decoder_backend();
-  for (int64_t b = 0; b < B; ++b) {
-    const auto logits = model::reference_logits(impl_->weights, impl_->cfg.text, ids[size_t(b)], backend);
-    std::copy(logits.begin(), logits.end(), out.ptr<float>() + b * L * V);
-  }
+  std::vector<model::KvCache> caches(static_cast<size_t>(B));
+  std::vector<model::SequenceChunk> chunks;
+  for (int64_t b = 0; b < B; ++b) chunks.push_back({ids[size_t(b)].data(), L, &caches[size_t(b)]});
+  const auto logits = model::forward_batch(impl_->weights, impl_->cfg.text, chunks, impl_->decoder_backend());
+  std::copy(logits.begin(), logits.end(), out.ptr<float>());
   return out;
 }
 
@@ -229,24 +229,37 @@ std::vector<std::vector<int64_t>> Model::generate(const std::vector<std::vector<
   const std::string decode_backend = switch_decode ? "batched_mm" : prefill_backend;
 
   std::mt19937_64 rng(opts.seed);
-  std::vector<std::vector<int64_t>> out;
-  for (const auto& prompt : prompts) {
-    MOEX_CHECK(!prompt.empty(), "generate: empty prompt");
-    std::vector<int64_t> seq = prompt;
-    if (max_new > 0) {
-      model::KvCache cache;
-      std::vector<float> logits = model::forward_tokens(impl_->weights, impl_->cfg.text, seq.data(), int64_t(seq.size()),
-                                                        cache, prefill_backend);
-      const float* last = logits.data() + (int64_t(seq.size()) - 1) * V;
-      for (int64_t n = 0; n < max_new; ++n) {
-        const int64_t tok = next_token(last, V, sample, temperature, top_k, top_p, rng);
-        seq.push_back(tok);
-        if (std::find(eos.begin(), eos.end(), tok) != eos.end() || n + 1 == max_new) break;
-        logits = model::forward_tokens(impl_->weights, impl_->cfg.text, &seq.back(), 1, cache, decode_backend);
-        last = logits.data();
-      }
+  for (const auto& prompt : prompts) MOEX_CHECK(!prompt.empty(), "generate: empty prompt");
+  std::vector<std::vector<int64_t>> out(prompts.begin(), prompts.end());
+  if (max_new <= 0 || prompts.empty()) return out;
+  // Prefill every prompt in one packed batch, then decode all unfinished sequences together.
+  const size_t B = prompts.size();
+  std::vector<model::KvCache> caches(B);
+  std::vector<size_t> active(B);
+  std::iota(active.begin(), active.end(), size_t(0));
+  std::vector<model::SequenceChunk> chunks;
+  for (size_t b = 0; b < B; ++b) chunks.push_back({out[b].data(), int64_t(out[b].size()), &caches[b]});
+  std::vector<float> logits = model::forward_batch(impl_->weights, impl_->cfg.text, chunks, prefill_backend);
+  std::vector<int64_t> last_row(B);
+  {
+    int64_t r = 0;
+    for (size_t b = 0; b < B; ++b) last_row[b] = (r += int64_t(out[b].size())) - 1;
+  }
+  for (int64_t n = 0; n < max_new && !active.empty(); ++n) {
+    std::vector<size_t> still;
+    for (size_t i = 0; i < active.size(); ++i) {
+      const size_t b = active[i];
+      const int64_t tok = next_token(logits.data() + last_row[i] * V, V, sample, temperature, top_k, top_p, rng);
+      out[b].push_back(tok);
+      if (std::find(eos.begin(), eos.end(), tok) == eos.end()) still.push_back(b);
     }
-    out.push_back(std::move(seq));
+    active = std::move(still);
+    if (n + 1 == max_new || active.empty()) break;
+    chunks.clear();
+    for (size_t b : active) chunks.push_back({&out[b].back(), 1, &caches[b]});
+    logits = model::forward_batch(impl_->weights, impl_->cfg.text, chunks, decode_backend);
+    last_row.resize(active.size());
+    std::iota(last_row.begin(), last_row.end(), int64_t(0));
   }
   return out;
 }

@@ -110,7 +110,7 @@ struct Rope {
 // Causal attention of n new query tokens (absolute positions pos0 .. pos0+n-1) over Tk cached keys
 // (positions 0 .. Tk-1), nh query heads over nkv key/value heads (GQA), optional sliding window and sinks.
 // q [n, nh, dq], k [Tk, nkv, dq], v [Tk, nkv, dv] → [n, nh * dv].
-Mat attend(const Mat& q, const Mat& k, const Mat& v, int64_t n, int64_t Tk, int64_t pos0, int64_t nh, int64_t nkv,
+Mat attend(const float* q, const Mat& k, const Mat& v, int64_t n, int64_t Tk, int64_t pos0, int64_t nh, int64_t nkv,
            int64_t dq, int64_t dv, double scaling, int64_t window, const float* sinks) {
   Mat o(size_t(n * nh * dv), 0.f);
   const int64_t group = nh / nkv;
@@ -124,7 +124,7 @@ Mat attend(const Mat& q, const Mat& k, const Mat& v, int64_t n, int64_t Tk, int6
       double mx = -std::numeric_limits<double>::infinity();
       for (int64_t j = j0; j <= j1; ++j) {
         double acc = 0;
-        const float* qi = q.data() + (i * nh + h) * dq;
+        const float* qi = q + (i * nh + h) * dq;
         const float* kj = k.data() + (j * nkv + kh) * dq;
         for (int64_t d = 0; d < dq; ++d) acc += double(qi[d]) * double(kj[d]);
         s[size_t(j)] = acc * scaling;
@@ -144,10 +144,35 @@ Mat attend(const Mat& q, const Mat& k, const Mat& v, int64_t n, int64_t Tk, int6
   return o;
 }
 
-// Attention of T new tokens at positions cache.len .. cache.len+T-1; appends their K/V to the layer cache.
+// The tokens of one sequence inside a packed batch: rows [row0, row0 + n) at positions pos0 .. pos0+n-1.
+struct Segment {
+  int64_t row0 = 0, n = 0, pos0 = 0;
+  KvCache* cache = nullptr;
+};
+
+// Attention of the packed rows of several sequences: each segment's new keys/values are appended to
+// its own cache and its queries attend over that cache only.
 Mat attention(const Mat& x, int64_t T, const AttentionWeights& a, const TextConfig& t, int64_t layer, const Rope& rope,
-              Mat& kc, Mat& vc, int64_t pos0) {
+              const std::vector<Segment>& segs) {
   const int64_t nh = t.num_attention_heads, nkv = t.num_key_value_heads;
+  std::vector<int64_t> pos(static_cast<size_t>(T));
+  for (const auto& sg : segs)
+    for (int64_t i = 0; i < sg.n; ++i) pos[size_t(sg.row0 + i)] = sg.pos0 + i;
+  // Appends rows of K/V to each segment's cache and attends; returns [T, nh * dv].
+  auto attend_all = [&](const Mat& q, const Mat& K, const Mat& V, int64_t kh, int64_t dq, int64_t dv, double scaling,
+                        int64_t window, const float* sinks) {
+    Mat o(size_t(T * nh * dv));
+    for (const auto& sg : segs) {
+      Mat& kc = sg.cache->k[size_t(layer)];
+      Mat& vc = sg.cache->v[size_t(layer)];
+      kc.insert(kc.end(), K.begin() + sg.row0 * kh * dq, K.begin() + (sg.row0 + sg.n) * kh * dq);
+      vc.insert(vc.end(), V.begin() + sg.row0 * kh * dv, V.begin() + (sg.row0 + sg.n) * kh * dv);
+      const int64_t Tk = int64_t(kc.size()) / (kh * dq);
+      Mat os = attend(q.data() + sg.row0 * nh * dq, kc, vc, sg.n, Tk, sg.pos0, nh, kh, dq, dv, scaling, window, sinks);
+      std::copy(os.begin(), os.end(), o.begin() + sg.row0 * nh * dv);
+    }
+    return o;
+  };
   if (t.family == ModelFamily::deepseek_v3) {
     const int64_t nope = t.qk_nope_head_dim, rd = t.qk_rope_head_dim, vd = t.v_head_dim, qk = nope + rd;
     Mat q;
@@ -169,10 +194,10 @@ Mat attention(const Mat& x, int64_t T, const AttentionWeights& a, const TextConf
     Mat kvb = linear(kv_nope, T, a.kv_b);  // [T, nh * (nope + vd)]
     Mat K(size_t(T * nh * qk)), V(size_t(T * nh * vd));
     for (int64_t i = 0; i < T; ++i) {
-      rope.apply(k_rot.data() + i * rd, pos0 + i, t.rope_interleave);
+      rope.apply(k_rot.data() + i * rd, pos[size_t(i)], t.rope_interleave);
       for (int64_t h = 0; h < nh; ++h) {
         float* qh = q.data() + (i * nh + h) * qk;
-        rope.apply(qh + nope, pos0 + i, t.rope_interleave);
+        rope.apply(qh + nope, pos[size_t(i)], t.rope_interleave);
         const float* src = kvb.data() + (i * nh + h) * (nope + vd);
         std::copy_n(src, nope, K.data() + (i * nh + h) * qk);
         std::copy_n(k_rot.data() + i * rd, rd, K.data() + (i * nh + h) * qk + nope);
@@ -184,10 +209,7 @@ Mat attention(const Mat& x, int64_t T, const AttentionWeights& a, const TextConf
       const double m = 0.1 * *t.rope.mscale_all_dim * std::log(t.rope.factor) + 1.0;
       scaling *= m * m;
     }
-    kc.insert(kc.end(), K.begin(), K.end());
-    vc.insert(vc.end(), V.begin(), V.end());
-    const int64_t Tk = int64_t(kc.size()) / (nh * qk);
-    Mat o = attend(q, kc, vc, T, Tk, pos0, nh, nh, qk, vd, scaling, 0, nullptr);
+    Mat o = attend_all(q, K, V, nh, qk, vd, scaling, 0, nullptr);
     return linear(o, T, a.o);
   }
   const int64_t hd = t.head_dim;
@@ -203,15 +225,12 @@ Mat attention(const Mat& x, int64_t T, const AttentionWeights& a, const TextConf
       for (float& e : *m) e = std::min(std::max(e, -c), c);
   }
   for (int64_t i = 0; i < T; ++i) {
-    for (int64_t h = 0; h < nh; ++h) rope.apply(q.data() + (i * nh + h) * hd, pos0 + i, false);
-    for (int64_t h = 0; h < nkv; ++h) rope.apply(k.data() + (i * nkv + h) * hd, pos0 + i, false);
+    for (int64_t h = 0; h < nh; ++h) rope.apply(q.data() + (i * nh + h) * hd, pos[size_t(i)], false);
+    for (int64_t h = 0; h < nkv; ++h) rope.apply(k.data() + (i * nkv + h) * hd, pos[size_t(i)], false);
   }
-  kc.insert(kc.end(), k.begin(), k.end());
-  vc.insert(vc.end(), v.begin(), v.end());
-  const int64_t Tk = int64_t(kc.size()) / (nkv * hd);
   const Tensor sinks = a.sinks.numel() ? as_f32(a.sinks) : Tensor();
-  Mat o = attend(q, kc, vc, T, Tk, pos0, nh, nkv, hd, hd, 1.0 / std::sqrt(double(hd)), t.attention_window(layer),
-                 a.sinks.numel() ? sinks.ptr<float>() : nullptr);
+  Mat o = attend_all(q, k, v, nkv, hd, hd, 1.0 / std::sqrt(double(hd)), t.attention_window(layer),
+                     a.sinks.numel() ? sinks.ptr<float>() : nullptr);
   return linear(o, T, a.o);
 }
 
@@ -319,17 +338,25 @@ void rope_inv_freq(const RopeConfig& r, int64_t dim, int64_t max_pos, std::vecto
   (void)max_pos;
 }
 
-std::vector<float> forward_tokens(const ModelWeights& w, const TextConfig& t, const int64_t* ids, int64_t T,
-                                  KvCache& cache, std::string_view backend) {
+std::vector<float> forward_batch(const ModelWeights& w, const TextConfig& t, const std::vector<SequenceChunk>& chunks,
+                                 std::string_view backend) {
   const int64_t H = t.hidden_size, V = t.vocab_size;
-  MOEX_CHECK(T > 0, "forward: no tokens");
-  if (cache.k.empty()) {
-    cache.k.resize(size_t(t.num_hidden_layers));
-    cache.v.resize(size_t(t.num_hidden_layers));
+  MOEX_CHECK(!chunks.empty(), "forward: no sequences");
+  std::vector<Segment> segs;
+  int64_t T = 0;
+  for (const auto& c : chunks) {
+    MOEX_CHECK(c.n > 0 && c.ids != nullptr && c.cache != nullptr, "forward: a sequence chunk without tokens or cache");
+    KvCache& cache = *c.cache;
+    if (cache.k.empty()) {
+      cache.k.resize(size_t(t.num_hidden_layers));
+      cache.v.resize(size_t(t.num_hidden_layers));
+    }
+    MOEX_CHECK(int64_t(cache.k.size()) == t.num_hidden_layers, "forward: KV cache has {} layers, the model {}",
+               cache.k.size(), t.num_hidden_layers);
+    for (const auto& s : segs) MOEX_CHECK(s.cache != c.cache, "forward: two chunks share one KV cache");
+    segs.push_back({T, c.n, cache.length, c.cache});
+    T += c.n;
   }
-  MOEX_CHECK(int64_t(cache.k.size()) == t.num_hidden_layers, "forward: KV cache has {} layers, the model {}",
-             cache.k.size(), t.num_hidden_layers);
-  const int64_t pos0 = cache.length;
   Rope rope;
   rope.dim = t.family == ModelFamily::deepseek_v3 ? t.qk_rope_head_dim : t.head_dim;
   rope_inv_freq(t.rope, rope.dim, t.max_position_embeddings, rope.inv_freq, rope.factor);
@@ -337,26 +364,35 @@ std::vector<float> forward_tokens(const ModelWeights& w, const TextConfig& t, co
   Mat x(size_t(T * H));
   const Tensor embt = as_f32(w.embed);
   const float* emb = embt.ptr<float>();
-  for (int64_t i = 0; i < T; ++i) {
-    MOEX_CHECK(ids[i] >= 0 && ids[i] < V, "token id {} is outside the vocabulary [0, {})", ids[i], V);
-    std::copy_n(emb + ids[i] * H, H, x.data() + i * H);
+  for (const auto& c : chunks)
+    for (int64_t i = 0; i < c.n; ++i)
+      MOEX_CHECK(c.ids[i] >= 0 && c.ids[i] < V, "token id {} is outside the vocabulary [0, {})", c.ids[i], V);
+  {
+    int64_t r = 0;
+    for (const auto& c : chunks)
+      for (int64_t i = 0; i < c.n; ++i, ++r) std::copy_n(emb + c.ids[i] * H, H, x.data() + r * H);
   }
   for (int64_t l = 0; l < t.num_hidden_layers; ++l) {
     const LayerWeights& lw = w.layers[size_t(l)];
     Mat h = x;
     rmsnorm_inplace(h, H, lw.input_norm, t.rms_norm_eps);
-    Mat a = attention(h, T, lw.attn, t, l, rope, cache.k[size_t(l)], cache.v[size_t(l)], pos0);
+    Mat a = attention(h, T, lw.attn, t, l, rope, segs);
     for (size_t i = 0; i < x.size(); ++i) x[i] += a[i];
     h = x;
     rmsnorm_inplace(h, H, lw.post_attention_norm, t.rms_norm_eps);
     Mat m = lw.is_moe ? moe(h, T, lw.moe, t, backend) : dense_mlp(h, T, lw.mlp, t.hidden_act);
     for (size_t i = 0; i < x.size(); ++i) x[i] += m[i];
   }
-  cache.length += T;
+  for (const auto& sg : segs) sg.cache->length += sg.n;
   rmsnorm_inplace(x, H, w.final_norm, t.rms_norm_eps);
   Linear head;
   head.weight = w.lm_head;
   return linear(x, T, head);
+}
+
+std::vector<float> forward_tokens(const ModelWeights& w, const TextConfig& t, const int64_t* ids, int64_t T,
+                                  KvCache& cache, std::string_view backend) {
+  return forward_batch(w, t, {SequenceChunk{ids, T, &cache}}, backend);
 }
 
 std::vector<float> reference_logits(const ModelWeights& w, const TextConfig& t, const std::vector<int64_t>& ids,

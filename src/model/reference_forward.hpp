@@ -1,5 +1,5 @@
 // model/reference_forward.hpp — a plain, unoptimised f32 forward pass of the six families on the
-// CPU: one sequence at a time, with a simple KV cache. It follows the reference library's eager
+// CPU: packed batches of sequences, with a simple KV cache per sequence. It follows the reference library's eager
 // code path operation by operation (math in f32/f64) and exists to prove the checkpoint loading, the configs and
 // the fixtures end to end (parity tests) and to serve as the oracle of the optimised runtime.
 // The routed experts run through any registered experts backend.
@@ -23,6 +23,19 @@ struct KvCache {
 // keys/values to `cache`; returns their logits [T, V] (row-major f32).
 std::vector<float> forward_tokens(const ModelWeights& w, const TextConfig& t, const int64_t* ids, int64_t T,
                                   KvCache& cache, std::string_view experts_backend = "grouped_mm");
+
+// New tokens of one sequence for forward_batch.
+struct SequenceChunk {
+  const int64_t* ids = nullptr;
+  int64_t n = 0;
+  KvCache* cache = nullptr;  // distinct per chunk
+};
+
+// Runs several sequences' new tokens packed into one batch (row-wise work — norms, projections,
+// routing, the experts call — over all rows at once; attention per sequence over its own cache).
+// Returns the logits of all rows [sum n, V] in chunk order.
+std::vector<float> forward_batch(const ModelWeights& w, const TextConfig& t, const std::vector<SequenceChunk>& chunks,
+                                 std::string_view experts_backend = "grouped_mm");
 
 // Logits [L, V] (row-major f32) for the token ids of one sequence. With f32 weights everything is f32
 // (accumulations in f64). With bf16/f16 weights the weights are widened exactly to f32 for the dense
