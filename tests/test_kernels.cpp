@@ -5,6 +5,7 @@
 
 #include "backends/cpu/kernels.hpp"
 #include "moex/moex.hpp"
+#include "moex/quant.hpp"
 
 using namespace moex;
 using namespace moex::cpu;
@@ -119,6 +120,24 @@ TEST(CpuKernels, Bf16DotMatchesWidenedProducts) {
           }
           ASSERT_NEAR(y[size_t(i * n + c)], ref, 1e-5 * (1 + mag)) << kt->isa << " m" << m << " n" << n << " k" << k;
         }
+    }
+  }
+}
+
+TEST(CpuKernels, E4m3ToF32AllCodes) {
+  std::vector<uint8_t> codes(256 + 7);
+  for (size_t i = 0; i < codes.size(); ++i) codes[i] = uint8_t(i);
+  for (const KernelTable* kt : tables()) {
+    std::vector<float> out(codes.size());
+    kt->e4m3_to_f32(codes.data(), out.data(), int64_t(codes.size()));
+    for (size_t i = 0; i < codes.size(); ++i) {
+      const float want = e4m3_to_float(codes[i]);
+      if (std::isnan(want)) {
+        EXPECT_TRUE(std::isnan(out[i])) << kt->isa << " code " << i;
+      } else {
+        EXPECT_EQ(out[i], want) << kt->isa << " code " << i;
+        EXPECT_EQ(std::signbit(out[i]), std::signbit(want)) << kt->isa << " code " << i;
+      }
     }
   }
 }

@@ -40,6 +40,8 @@ struct KernelTable {
   // Runs `iters` rounds of independent FMA chains on one thread; returns the flops done
   // (the benchmark's peak-rate probe).
   double (*fma_probe)(int64_t iters);
+  // n FP8 e4m3 codes → f32 (exact; NaN codes give NaN).
+  void (*e4m3_to_f32)(const uint8_t* src, float* dst, int64_t n);
 };
 
 // The table for this CPU. MOEX_CPU_ISA=avx512|avx2|generic forces a (supported) variant.

@@ -11,6 +11,8 @@ struct Avx2 {
   static constexpr bool kBf16Dot = false;
   static void matmul_nt_bf16_dot(const MatmulArgs&) {}
   using V = __m256;
+  static constexpr bool kVectorE4m3 = false;
+  static V load_e4m3(const uint8_t*) { return V{}; }
   static V zero() { return _mm256_setzero_ps(); }
   static V set1(float v) { return _mm256_set1_ps(v); }
   static V load(const float* p) { return _mm256_loadu_ps(p); }

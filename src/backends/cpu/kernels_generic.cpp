@@ -16,6 +16,8 @@ struct Generic {
   struct V {
     float v[W];
   };
+  static constexpr bool kVectorE4m3 = false;
+  static V load_e4m3(const uint8_t*) { return V{}; }
   static V zero() { return V{}; }
   static V set1(float x) {
     V r;

@@ -232,9 +232,36 @@ double fma_probe(int64_t iters) {
   return 2.0 * double(iters) * kChains * Isa::W;
 }
 
+// e4m3 code → f32 by table (the ISA traits may do it with vector bit arithmetic instead).
+inline float e4m3_scalar(uint8_t v) {
+  const uint32_t sign = uint32_t(v & 0x80) << 24, exp = (v >> 3) & 0xf, man = v & 7;
+  uint32_t bits;
+  if (exp == 15 && man == 7) {
+    bits = sign | 0x7fc00000u;
+  } else if (exp == 0) {  // subnormal: man · 2^-9
+    float f = float(man) * (1.0f / 512.0f);
+    std::memcpy(&bits, &f, 4);
+    bits |= sign;
+  } else {
+    bits = sign | ((exp + 120) << 23) | (man << 20);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+template <class Isa>
+void e4m3_to_f32(const uint8_t* src, float* dst, int64_t n) {
+  int64_t i = 0;
+  if constexpr (Isa::kVectorE4m3) {
+    for (; i + Isa::W <= n; i += Isa::W) Isa::store(dst + i, Isa::load_e4m3(src + i));
+  }
+  for (; i < n; ++i) dst[i] = e4m3_scalar(src[i]);
+}
+
 template <class Isa>
 KernelTable make_table(const char* name) {
-  return KernelTable{name, Isa::kBf16Dot, &matmul<Isa>, &to_f32<Isa>, &from_f32<Isa>, &fma_probe<Isa>};
+  return KernelTable{name, Isa::kBf16Dot, &matmul<Isa>, &to_f32<Isa>, &from_f32<Isa>, &fma_probe<Isa>, &e4m3_to_f32<Isa>};
 }
 
 // Scalar rounding loops shared by the traits (the compiler vectorises the bf16 one).

@@ -29,14 +29,14 @@ float weight_block_scale(const QuantMatrix& w, int64_t n, int64_t kb) {
 
 // dst[r, 0:kc] = weight values of rows n..n+nc, columns k0..k0+kc: e4m3 codes (fp8, the block
 // scale is applied later) or e2m1 · group scale (fp4).
-void dequant_block(const QuantMatrix& w, int64_t n, int64_t nc, int64_t k0, int64_t kc, float* dst /* [nc, 128] */) {
+void dequant_block(const KernelTable& kt, const QuantMatrix& w, int64_t n, int64_t nc, int64_t k0, int64_t kc,
+                   float* dst /* [nc, 128] */) {
   const auto& lut = e4m3_table();
   if (w.quant.kind == QuantKind::fp8_block) {
     for (int64_t r = 0; r < nc; ++r) {
       float* d = dst + r * 128;
       if (!w.transposed) {
-        const uint8_t* src = w.data + (n + r) * w.K + k0;
-        for (int64_t c = 0; c < kc; ++c) d[c] = lut[src[c]];
+        kt.e4m3_to_f32(w.data + (n + r) * w.K + k0, d, kc);
       } else {  // stored [K, N]
         for (int64_t c = 0; c < kc; ++c) d[c] = lut[w.data[(k0 + c) * w.N + n + r]];
       }
@@ -81,7 +81,7 @@ void quant_matmul(const KernelTable& kt, const QuantMatrix& w, const float* code
     const int64_t nc = std::min<int64_t>(64, n1 - n);
     for (int64_t kb = 0; kb < blocks; ++kb) {
       const int64_t k0 = kb * kActGroup, kc = std::min(kActGroup, K - k0);
-      dequant_block(w, n, nc, k0, kc, wbuf);
+      dequant_block(kt, w, n, nc, k0, kc, wbuf);
       for (int64_t m0 = 0; m0 < m; m0 += 64) {
         const int64_t mc = std::min<int64_t>(64, m - m0);
         MatmulArgs a;

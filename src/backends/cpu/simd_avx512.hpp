@@ -12,6 +12,21 @@ struct Avx512 {
   static constexpr bool kBf16Dot = false;
   static void matmul_nt_bf16_dot(const MatmulArgs&) {}
   using V = __m512;
+  static constexpr bool kVectorE4m3 = true;
+  // 16 e4m3 codes → f32: normals by moving the exponent/mantissa bits into place (+120 to the
+  // exponent bias), subnormals as man · 2^-9, the NaN codes as NaN.
+  static V load_e4m3(const uint8_t* p) {
+    const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(v, _mm512_set1_epi32(0x80)), 24);
+    const __m512i em = _mm512_and_si512(v, _mm512_set1_epi32(0x7f));
+    const __m512i normal = _mm512_add_epi32(_mm512_slli_epi32(em, 20), _mm512_set1_epi32(120 << 23));
+    const __mmask16 sub = _mm512_cmplt_epi32_mask(em, _mm512_set1_epi32(8));
+    const __mmask16 nan = _mm512_cmpeq_epi32_mask(em, _mm512_set1_epi32(0x7f));
+    const __m512 subv = _mm512_mul_ps(_mm512_cvtepi32_ps(em), _mm512_set1_ps(1.0f / 512.0f));
+    __m512i mag = _mm512_mask_blend_epi32(sub, normal, _mm512_castps_si512(subv));
+    mag = _mm512_mask_blend_epi32(nan, mag, _mm512_set1_epi32(0x7fc00000));
+    return _mm512_castsi512_ps(_mm512_or_si512(mag, sign));
+  }
   static V zero() { return _mm512_setzero_ps(); }
   static V set1(float v) { return _mm512_set1_ps(v); }
   static V load(const float* p) { return _mm512_loadu_ps(p); }
