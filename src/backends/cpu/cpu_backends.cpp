@@ -23,6 +23,14 @@ namespace {
 
 constexpr int64_t kTile = 64;  // output columns per work item (a multiple of every micro-kernel's width)
 
+// Output columns per work item when `blocks` row blocks (experts) of one projection of width N are
+// shared by `threads`: about 8 items per thread, in multiples of kTile. Wide tiles matter to the
+// AMX kernel, which repacks its activation rows once per call.
+int64_t tile_width(int64_t N, int64_t blocks, int threads) {
+  const int64_t want = N * std::max<int64_t>(blocks, 1) / (8 * int64_t(threads));
+  return std::clamp<int64_t>((want + kTile - 1) / kTile * kTile, kTile, (N + kTile - 1) / kTile * kTile);
+}
+
 int threads_of(const Problem& p) { return p.cpu_threads > 0 ? p.cpu_threads : omp_get_max_threads(); }
 
 size_t floats(int64_t n) { return WorkspaceCarver::round_up(size_t(n) * sizeof(float)); }
@@ -99,8 +107,8 @@ struct Tile {
   int64_t e, n0, n1;
 };
 
-void add_tiles(std::vector<Tile>& tiles, int64_t e, int64_t N) {
-  for (int64_t n = 0; n < N; n += kTile) tiles.push_back({e, n, std::min(N, n + kTile)});
+void add_tiles(std::vector<Tile>& tiles, int64_t e, int64_t N, int64_t width) {
+  for (int64_t n = 0; n < N; n += width) tiles.push_back({e, n, std::min(N, n + width)});
 }
 
 }  // namespace
@@ -160,12 +168,12 @@ void cpu_eager(const Experts& ex, const ExpertsCall& call, const RunContext& ctx
     const ExpertView ev = expert_view(ex, e);
     gather_rows(kt, call, m, [&](int64_t r) { return int64_t(pairs[r]) / K; }, x.base, xdt, nt);
     q.quantize_x(x, m, nt);
-    const int64_t up_tiles = (R + kTile - 1) / kTile, down_tiles = (H + kTile - 1) / kTile;
+    const int64_t up_w = tile_width(R, 1, nt), down_w = tile_width(H, 1, nt);
+    const int64_t up_tiles = (R + up_w - 1) / up_w, down_tiles = (H + down_w - 1) / down_w;
 #pragma omp parallel num_threads(nt)
     {
 #pragma omp for schedule(static)
-      for (int64_t t = 0; t < up_tiles; ++t)
-        up_projection(kt, ev, x.base, xdt, m, gu, t * kTile, std::min(R, (t + 1) * kTile), q.x_at(0));
+      for (int64_t t = 0; t < up_tiles; ++t) up_projection(kt, ev, x.base, xdt, m, gu, t * up_w, std::min(R, (t + 1) * up_w), q.x_at(0));
 #pragma omp for schedule(static)
       for (int64_t r = 0; r < m; ++r) activation_rows(s, gu + r * R, 1, h.row(r), xdt);
     }
@@ -174,7 +182,7 @@ void cpu_eager(const Experts& ex, const ExpertsCall& call, const RunContext& ctx
     {
 #pragma omp for schedule(static)
       for (int64_t t = 0; t < down_tiles; ++t)
-        down_projection(kt, ev, h.base, xdt, m, ye, t * kTile, std::min(H, (t + 1) * kTile), q.h_at(0));
+        down_projection(kt, ev, h.base, xdt, m, ye, t * down_w, std::min(H, (t + 1) * down_w), q.h_at(0));
 #pragma omp for schedule(static)
       for (int64_t r = 0; r < m; ++r) std::copy(ye + r * H, ye + (r + 1) * H, y + int64_t(pairs[r]) * H);
     }
@@ -265,10 +273,13 @@ void cpu_grouped(const Experts& ex, const ExpertsCall& call, const RunContext& c
   gather_rows(kt, call, rows, [&](int64_t r) { return int64_t(plan.sorted_pairs[size_t(r)]) / K; }, x.base, xdt, nt);
   q.quantize_x(x, rows, nt);
   std::vector<Tile> up, down;
+  int64_t active = 0;
+  for (int64_t e = 0; e < E; ++e) active += plan.count(e) > 0;
+  const int64_t up_w = tile_width(R, active, nt), down_w = tile_width(H, active, nt);
   for (int64_t e = 0; e < E; ++e) {
     if (plan.count(e) == 0) continue;
-    add_tiles(up, e, R);
-    add_tiles(down, e, H);
+    add_tiles(up, e, R, up_w);
+    add_tiles(down, e, H, down_w);
   }
   const auto off = [&](int64_t e) { return plan.expert_offsets[size_t(e)]; };
 #pragma omp parallel num_threads(nt)
