@@ -8,7 +8,8 @@
 //   batched_mm  GEMV kernels reading every pair's expert weights in place (batched_gemv.cu).
 //               No plan, no host sync: capturable.
 //   grouped_mm  device routing plan (routing_plan.cu), grouped GEMM with the gated activation in
-//               its epilogue (sm80_grouped_gemm.cu for bf16/f16 on tensor cores,
+//               its epilogue (sm90_tma_grouped_gemm.cu on Hopper: TMA + wgmma, warp-specialised,
+//               persistent; else sm90_bf16_grouped_gemm.cu / sm80_grouped_gemm.cu for bf16/f16,
 //               f32_grouped_gemm.cu for f32), grouped down GEMM, combine (combine.cu).
 //               Grids sized by static bounds, offsets read on the device: capturable.
 //
@@ -25,6 +26,7 @@
 
 #include "backends/backend_impls.hpp"
 #include "backends/cuda/cuda_common.cuh"
+#include "backends/cuda/sm90_tma_grouped_gemm.cuh"
 
 namespace moex::detail {
 
@@ -264,7 +266,10 @@ void cuda_grouped(const Experts& ex, const ExpertsCall& call, const RunContext& 
   } else {
     const bool vec = vec16_ok(ex, call);
     for (const GroupedGemmArgs* g : {&up, &down}) {
-      if (wgmma_usable(*g, vec)) launch_grouped_gemm_wgmma(*g, s.dtype, stream);
+      // sm_90a: the warp-specialised TMA kernel first (MOEX_CUDA_NO_TMA=1 turns it off), then
+      // the cp.async wgmma kernel, then mma.sync.
+      if (tma_usable(*g, vec)) launch_grouped_gemm_tma(*g, s.dtype, S, E, stream);
+      else if (wgmma_usable(*g, vec)) launch_grouped_gemm_wgmma(*g, s.dtype, stream);
       else launch_grouped_gemm_tc(*g, s.dtype, vec, stream);
     }
   }

@@ -1,0 +1,470 @@
+// backends/cuda/sm90_tma_grouped_gemm.cu — the grouped GEMM on Hopper with a warp-specialised,
+// persistent, mbarrier-pipelined schedule (sm_90a):
+//
+//   * weights (B, K-major [E, N, K]) arrive by TMA (cp.async.bulk.tensor.3d, tensor map built
+//     with cuTensorMapEncodeTiled through cudaGetDriverEntryPointByVersion, 128B swizzle, passed
+//     as a __grid_constant__ parameter); out-of-range rows / k are zero-filled by the TMA unit;
+//   * A: the down projection's contiguous h rows by TMA (2-D map over [S, I]; rows past the
+//     expert's block are computed and discarded); the up projection's gathered token rows by
+//     cp.async from the producer warpgroup (16-byte chunks written into the same 128B-swizzled
+//     layout), which signal the stage's full barrier with cp.async.mbarrier.arrive.noinc;
+//   * STAGES-deep ring (4 stages at BN = 256, 6 at BN = 128) with full/empty mbarriers: no
+//     block-wide barrier in the main loop;
+//   * 3 warpgroups: WG0 producer (setmaxnreg 56), WG1/WG2 consumers (setmaxnreg 224), each
+//     consumer owns 64 rows × BN columns of the 128 × BN tile (wgmma m64nBNk16, one group kept in
+//     flight, the stage released to the producer as soon as its MMAs retired);
+//   * persistent grid (one block per SM) walking (m tile, n tile) work items of the device tile
+//     table in groups of 8 m tiles (n-major inside a group) so that concurrently running blocks
+//     share weight tiles in L2; the number of valid m tiles is found on the device (the table
+//     holds valid tiles first, then expert -1), so the host knows nothing of the routing;
+//   * epilogues from registers: f32 rows for the down projection (bias added), the gated
+//     activation for the up projection writing h in the activation dtype.
+//
+// Gated up projection in the concatenated layout: the B tile is loaded as two TMA boxes, gate
+// rows [n*BN/2, +BN/2) into tile columns [0, BN/2) and up rows [I + n*BN/2, +BN/2) into
+// [BN/2, BN); gate column c and up column c + BN/2 then live in the same thread (accumulator
+// fragment nf and nf + NF/2). Interleaved: columns (2i, 2i+1) are adjacent as in the weights.
+//
+// Measured (H200, 2026-11-29, one run, CUDA-graph replay of the whole grouped_mm forward in
+// CudaPerf.Shapes, bf16, median of 10; old = sm90_bf16_grouped_gemm.cu via MOEX_CUDA_NO_TMA=1):
+//   shape          T      old ms (TFLOP/s)   TMA ms (TFLOP/s)
+//   qwen3_30b_a3b  4096   1.136 (272)        1.073 (288)
+//   qwen3_30b_a3b  16384  3.774 (328)        4.030 (307)
+//   mixtral_8x7b   4096   6.844 (422)        6.476 (446)
+//   mixtral_8x7b   16384  29.64 (390)        25.41 (454)
+//   deepseek_v3    4096   10.91 (265)        9.185 (314)
+//   deepseek_v3    16384  33.07 (349)        25.80 (448)
+// SASS: HGMMA (4 per kernel: the k16 steps of one 64-wide stage), UTMALDG, USETMAXREG, LDGSTS in
+// the gather variants; 168 registers at entry, no local memory. The 600 / 450 TFLOP/s targets are
+// not met. Reading of the numbers (no profile taken yet): a 128×256 tile loads 48 KB per 64-deep
+// stage for 4.2 MFLOP (85 FLOP/B), i.e. ~9.4 TB/s from L2 into the 132 SMs at 800 TFLOP/s, more
+// than L2 delivers; dense libraries pair CTAs in a cluster and multicast the shared operand
+// (B here: two m tiles of one expert), halving that traffic. Second: the epilogue is not
+// overlapped with MMAs (one tile in flight per SM), which costs most where K is short
+// (qwen3's down projection, K = 768: 12 stages per tile, then 128 KB of f32 stores).
+#include <cudaTypedefs.h>
+
+#include <mutex>
+
+#include "backends/cuda/mma_ptx.cuh"
+#include "backends/cuda/sm90_tma_grouped_gemm.cuh"
+#include "backends/cuda/wgmma_ptx.cuh"
+
+namespace moex::cuda {
+
+namespace {
+
+constexpr int BM = 128, BK = 64, THREADS = 384, GROUP_M = 8;
+constexpr int A_BYTES = BM * BK * 2;
+
+template <int BN>
+struct TmaCfg {
+  static constexpr int STAGES = BN == 256 ? 4 : 6;
+  static constexpr int B_BYTES = BN * BK * 2;
+  static constexpr int SMEM_BYTES = STAGES * (A_BYTES + B_BYTES) + 1024 + 256;  // align slack + barriers
+};
+
+// ---- PTX helpers --------------------------------------------------------------------------
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_fence_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+__device__ __forceinline__ void cp_async_mbar_arrive_noinc(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n" ::"r"(
+          dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1)
+      : "memory");
+}
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1, int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];\n" ::
+          "r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+__device__ __forceinline__ void prefetch_tmap(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
+template <class T, int BN>
+__device__ __forceinline__ void mma_k16(float (&d)[BN / 8][4], uint64_t da, uint64_t db) {
+  if constexpr (BN == 128) {
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) wgmma::wgmma_m64n128k16_bf16(d, da, db);
+    else wgmma::wgmma_m64n128k16_f16(d, da, db);
+  } else {
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) wgmma::wgmma_m64n256k16_bf16(d, da, db);
+    else wgmma::wgmma_m64n256k16_f16(d, da, db);
+  }
+}
+
+// Work item w -> (m tile, n tile): groups of GROUP_M m tiles, n-major inside a group.
+__device__ __forceinline__ void decode_work(int w, int num_m, int n_tiles, int& m, int& n) {
+  const int per_group = GROUP_M * n_tiles;
+  const int g = w / per_group, r = w - g * per_group;
+  const int gs = min(GROUP_M, num_m - g * GROUP_M);
+  n = r / gs;
+  m = g * GROUP_M + (r - n * gs);
+}
+
+template <class T>
+__device__ __forceinline__ void store2(T* p, float a, float b) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(a, b);
+  else *reinterpret_cast<__half2*>(p) = __floats2half2_rn(a, b);
+}
+
+template <class T, int BN, bool GATHER>
+__global__ void __launch_bounds__(THREADS, 1)
+    grouped_gemm_tma(const __grid_constant__ CUtensorMap tm_b, const __grid_constant__ CUtensorMap tm_a,
+                     const __grid_constant__ GroupedGemmArgs a, int n_tiles) {
+  constexpr int STAGES = TmaCfg<BN>::STAGES, B_BYTES = TmaCfg<BN>::B_BYTES, NF = BN / 8;
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t raw = ptx::smem_u32(smem_raw);
+  const uint32_t base = (raw + 1023u) & ~1023u;
+  const uint32_t sA = base, sB = base + STAGES * A_BYTES;
+  const uint32_t bars = sB + STAGES * B_BYTES;  // full[STAGES], empty[STAGES]
+  int* s_num_m = reinterpret_cast<int*>(smem_raw + (bars - raw) + 16 * STAGES);
+  auto full_bar = [&](int s) { return bars + 8u * uint32_t(s); };
+  auto empty_bar = [&](int s) { return bars + 8u * uint32_t(STAGES + s); };
+
+  const int tid = threadIdx.x, wg = tid >> 7;
+  if (tid == 0) {
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(full_bar(s), GATHER ? 129u : 1u);  // thread 0's expect_tx (+ 128 cp.async arrivals)
+      mbar_init(empty_bar(s), 8u);                 // one arrival per consumer warp
+    }
+    mbar_fence_init();
+    // valid m tiles come first in the table, then expert -1: find the first invalid one
+    int lo = 0, hi = a.plan.max_tiles;
+    while (lo < hi) {
+      const int mid = (lo + hi) >> 1;
+      if (a.plan.tiles[mid].x >= 0) lo = mid + 1;
+      else hi = mid;
+    }
+    *s_num_m = lo;
+  }
+  __syncthreads();
+  const int num_m = *s_num_m;
+  const int total = num_m * n_tiles;
+  const int Kdim = a.Kdim;
+  const int ktiles = (Kdim + BK - 1) / BK;
+  const bool concat = a.epi == Epi::up_concat;
+
+  if (wg == 0) {
+    // ================================ producer ================================
+    setmaxnreg_dec<56>();
+    if (!GATHER && tid != 0) return;
+    if (tid == 0) {
+      prefetch_tmap(&tm_b);
+      if (!GATHER) prefetch_tmap(&tm_a);
+    }
+    const T* A = static_cast<const T*>(a.A);
+    const uint32_t tx_bytes = B_BYTES + (GATHER ? 0 : A_BYTES);
+    int stage = 0;
+    uint32_t phase = 0;
+    for (int w = blockIdx.x; w < total; w += gridDim.x) {
+      int m, n;
+      decode_work(w, num_m, n_tiles, m, n);
+      const int4 tile = a.plan.tiles[m];
+      const int e = tile.x, rb = tile.y, re = tile.z;
+      int src[GATHER ? 8 : 1];
+      if constexpr (GATHER) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const int sr = rb + (tid >> 3) + 16 * j;
+          src[j] = sr < re ? a.a_gather[sr] / a.a_div : -1;
+        }
+      }
+      for (int kt = 0; kt < ktiles; ++kt) {
+        mbar_wait(empty_bar(stage), phase ^ 1u);
+        const int k0 = kt * BK;
+        if (tid == 0) {
+          const uint32_t fb = full_bar(stage);
+          mbar_arrive_expect_tx(fb, tx_bytes);
+          const uint32_t dB = sB + uint32_t(stage) * B_BYTES;
+          if (concat) {
+            tma_load_3d(dB, &tm_b, fb, k0, n * (BN / 2), e);
+            tma_load_3d(dB + (BN / 2) * 128, &tm_b, fb, k0, a.I + n * (BN / 2), e);
+          } else {
+            tma_load_3d(dB, &tm_b, fb, k0, n * BN, e);
+          }
+          if constexpr (!GATHER) tma_load_2d(sA + uint32_t(stage) * A_BYTES, &tm_a, fb, k0, rb);
+        }
+        if constexpr (GATHER) {
+          const int c = tid & 7, k = k0 + c * 8;
+          const uint32_t dA = sA + uint32_t(stage) * A_BYTES;
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            const int r = (tid >> 3) + 16 * j;
+            const bool ok = src[j] >= 0 && k < Kdim;
+            ptx::cp_async16(dA + uint32_t(r * 128 + ((c ^ (r & 7)) << 4)), ok ? A + int64_t(src[j]) * Kdim + k : A, ok);
+          }
+          cp_async_mbar_arrive_noinc(full_bar(stage));
+        }
+        if (++stage == STAGES) {
+          stage = 0;
+          phase ^= 1u;
+        }
+      }
+    }
+    if constexpr (GATHER) ptx::cp_async_wait<0>();
+  } else {
+    // ================================ consumers ================================
+    setmaxnreg_inc<224>();
+    const int cw = wg - 1;                       // rows [cw*64, cw*64+64) of the tile
+    const int warp_in_wg = (tid >> 5) & 3, lane = tid & 31;
+    int stage = 0;
+    uint32_t phase = 0;
+    float acc[NF][4];
+    for (int w = blockIdx.x; w < total; w += gridDim.x) {
+      int m, n;
+      decode_work(w, num_m, n_tiles, m, n);
+#pragma unroll
+      for (int j = 0; j < NF; ++j)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) acc[j][q] = 0.0f;
+      int prev = -1;
+      for (int kt = 0; kt < ktiles; ++kt) {
+        mbar_wait(full_bar(stage), phase);
+        if constexpr (GATHER) wgmma::fence_proxy_async();  // cp.async (generic proxy) -> wgmma (async proxy)
+        const uint32_t a_tile = sA + uint32_t(stage) * A_BYTES + uint32_t(cw) * (64 * 128);
+        const uint32_t b_tile = sB + uint32_t(stage) * B_BYTES;
+        wgmma::fence_acc(acc);
+        wgmma::fence();
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; ++kk)
+          mma_k16<T, BN>(acc, wgmma::desc_sw128(a_tile + kk * 32), wgmma::desc_sw128(b_tile + kk * 32));
+        wgmma::commit();
+        wgmma::wait<1>();
+        wgmma::fence_acc(acc);
+        if (prev >= 0) {
+          __syncwarp();
+          if (lane == 0) mbar_arrive(empty_bar(prev));
+        }
+        prev = stage;
+        if (++stage == STAGES) {
+          stage = 0;
+          phase ^= 1u;
+        }
+      }
+      wgmma::wait<0>();
+      wgmma::fence_acc(acc);
+      if (prev >= 0) {
+        __syncwarp();
+        if (lane == 0) mbar_arrive(empty_bar(prev));
+      }
+
+      // ---- epilogue (accumulator layout: mma.sync's m16n8 layout per warp and n8 block)
+      const int4 tile = a.plan.tiles[m];
+      const int e = tile.x, rb = tile.y, re = tile.z;
+      const T* bias = a.bias ? static_cast<const T*>(a.bias) + int64_t(e) * a.N : nullptr;
+      const int I = a.I, N = a.N;
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int row = rb + cw * 64 + warp_in_wg * 16 + (lane >> 2) + hh * 8;
+        if (row >= re) continue;
+        if (a.epi == Epi::down) {
+          float* out = static_cast<float*>(a.out) + int64_t(row) * a.ldo;
+#pragma unroll
+          for (int nf = 0; nf < NF; ++nf) {
+            const int wcol = n * BN + nf * 8 + 2 * (lane & 3);
+            if (wcol < N) {
+              float2 v = make_float2(acc[nf][2 * hh], acc[nf][2 * hh + 1]);
+              if (bias) {
+                v.x += to_f32(bias[wcol]);
+                v.y += to_f32(bias[wcol + 1]);
+              }
+              *reinterpret_cast<float2*>(out + wcol) = v;
+            }
+          }
+        } else if (a.epi == Epi::up_plain) {
+          T* out = static_cast<T*>(a.out) + int64_t(row) * a.ldo;
+#pragma unroll
+          for (int nf = 0; nf < NF; ++nf) {
+            const int wcol = n * BN + nf * 8 + 2 * (lane & 3);
+            if (wcol < N) {
+              float x0 = acc[nf][2 * hh], x1 = acc[nf][2 * hh + 1];
+              if (bias) {
+                x0 += to_f32(bias[wcol]);
+                x1 += to_f32(bias[wcol + 1]);
+              }
+              store2<T>(out + wcol, plain_act(a.act, x0), plain_act(a.act, x1));
+            }
+          }
+        } else if (a.epi == Epi::up_interleaved) {
+          T* out = static_cast<T*>(a.out) + int64_t(row) * a.ldo;
+#pragma unroll
+          for (int nf = 0; nf < NF; ++nf) {
+            const int i = (n * BN + nf * 8 + 2 * (lane & 3)) >> 1;
+            if (i < I) {
+              float g = acc[nf][2 * hh], u = acc[nf][2 * hh + 1];
+              if (bias) {
+                g += to_f32(bias[2 * i]);
+                u += to_f32(bias[2 * i + 1]);
+              }
+              out[i] = from_f32<T>(gated_act(a.act, g, u));
+            }
+          }
+        } else {  // up_concat
+          T* out = static_cast<T*>(a.out) + int64_t(row) * a.ldo;
+#pragma unroll
+          for (int nf = 0; nf < NF / 2; ++nf) {
+            const int i = n * (BN / 2) + nf * 8 + 2 * (lane & 3);
+            if (i < I) {
+              float g0 = acc[nf][2 * hh], g1 = acc[nf][2 * hh + 1];
+              float u0 = acc[nf + NF / 2][2 * hh], u1 = acc[nf + NF / 2][2 * hh + 1];
+              if (bias) {
+                g0 += to_f32(bias[i]);
+                g1 += to_f32(bias[i + 1]);
+                u0 += to_f32(bias[I + i]);
+                u1 += to_f32(bias[I + i + 1]);
+              }
+              store2<T>(out + i, gated_act(a.act, g0, u0), gated_act(a.act, g1, u1));
+            }
+          }
+        }
+      }
+    }
+  }
+#else
+  __trap();  // built without sm_90a: the launcher never selects this kernel then
+#endif
+}
+
+// ---- host side ------------------------------------------------------------------------------
+
+using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                   const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                   CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+EncodeTiledFn encode_fn() {
+  static const EncodeTiledFn fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      return EncodeTiledFn(nullptr);
+    }
+    return reinterpret_cast<EncodeTiledFn>(p);
+  }();
+  return fn;
+}
+
+CUtensorMap make_map(DType dtype, const void* base, int rank, const cuuint64_t* dims, const cuuint64_t* strides_bytes,
+                     const cuuint32_t* box) {
+  CUtensorMap map;
+  const cuuint32_t elem_strides[3] = {1, 1, 1};
+  const CUresult r = encode_fn()(&map, dtype == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                                 cuuint32_t(rank), const_cast<void*>(base), dims, strides_bytes, box, elem_strides,
+                                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    detail::fail(ErrorCode::internal, "cuTensorMapEncodeTiled failed ({}) for the grouped GEMM's TMA descriptor", int(r));
+  return map;
+}
+
+int sm_count() {
+  static int cache[64] = {};
+  int dev = 0;
+  check(cudaGetDevice(&dev), "cudaGetDevice");
+  if (dev < 0 || dev >= 64) dev = 63;
+  if (cache[dev] == 0) check(cudaDeviceGetAttribute(&cache[dev], cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
+  return cache[dev];
+}
+
+template <class T, int BN, bool GATHER>
+void launch_typed(const GroupedGemmArgs& a, DType dtype, int64_t a_rows, int64_t E, cudaStream_t stream) {
+  auto kernel = grouped_gemm_tma<T, BN, GATHER>;
+  constexpr int SMEM = TmaCfg<BN>::SMEM_BYTES;
+  static thread_local int configured_device = -1;
+  int dev = 0;
+  check(cudaGetDevice(&dev), "cudaGetDevice");
+  if (configured_device != dev) {
+    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM), "cudaFuncSetAttribute");
+    configured_device = dev;
+  }
+  const int n_tiles = a.epi == Epi::up_concat ? int(ceil_div(a.I, BN / 2)) : int(ceil_div(a.N, BN));
+  // B: [E, N, K] as a 3-D map (K, N, E); box 64 × rows × 1
+  const cuuint64_t bdims[3] = {cuuint64_t(a.Kdim), cuuint64_t(a.N), cuuint64_t(E)};
+  const cuuint64_t bstrides[2] = {cuuint64_t(a.Kdim) * 2, cuuint64_t(a.w_expert_stride) * 2};
+  const cuuint32_t bbox[3] = {cuuint32_t(BK), cuuint32_t(a.epi == Epi::up_concat ? BN / 2 : BN), 1};
+  const CUtensorMap tm_b = make_map(dtype, a.W, 3, bdims, bstrides, bbox);
+  CUtensorMap tm_a = tm_b;
+  if (!GATHER) {
+    const cuuint64_t adims[2] = {cuuint64_t(a.Kdim), cuuint64_t(a_rows)};
+    const cuuint64_t astrides[1] = {cuuint64_t(a.Kdim) * 2};
+    const cuuint32_t abox[2] = {cuuint32_t(BK), cuuint32_t(BM)};
+    tm_a = make_map(dtype, a.A, 2, adims, astrides, abox);
+  }
+  const int64_t work_bound = int64_t(a.plan.max_tiles) * n_tiles;
+  const unsigned grid = unsigned(std::max<int64_t>(1, std::min<int64_t>(sm_count(), work_bound)));
+  kernel<<<grid, THREADS, SMEM, stream>>>(tm_b, tm_a, a, n_tiles);
+  check_launch("grouped_gemm_tma");
+}
+
+template <class T, int BN>
+void launch_bn(const GroupedGemmArgs& a, DType dtype, int64_t a_rows, int64_t E, cudaStream_t stream) {
+  if (a.a_gather) launch_typed<T, BN, true>(a, dtype, a_rows, E, stream);
+  else launch_typed<T, BN, false>(a, dtype, a_rows, E, stream);
+}
+
+}  // namespace
+
+bool tma_usable(const GroupedGemmArgs& a, bool vec16) {
+  static const bool disabled = [] {
+    const char* s = std::getenv("MOEX_CUDA_NO_TMA");
+    return s && *s && *s != '0';
+  }();
+  if (disabled || !vec16 || a.w_transposed || a.plan.tile_m != BM || a.plan.max_tiles <= 0) return false;
+  if (a.Kdim <= 0 || a.Kdim % 8 != 0 || a.N % 8 != 0 || a.I % 8 != 0 || a.ldo % 8 != 0) return false;
+  if (!aligned16(a.A) || !aligned16(a.W) || !aligned16(a.out)) return false;
+  if (a.w_expert_stride != int64_t(a.N) * a.Kdim) return false;
+  if (current_device_cc() != 90) return false;
+  return encode_fn() != nullptr;
+}
+
+void launch_grouped_gemm_tma(const GroupedGemmArgs& a, DType dtype, int64_t a_rows, int64_t E, cudaStream_t stream) {
+  MOEX_ASSERT(a.plan.tile_m == BM);
+  static const int bn = [] {
+    const char* s = std::getenv("MOEX_CUDA_TMA_N");
+    return s && std::atoi(s) == 128 ? 128 : 256;
+  }();
+  if (bn == 128) {
+    if (dtype == DType::bf16) launch_bn<__nv_bfloat16, 128>(a, dtype, a_rows, E, stream);
+    else launch_bn<__half, 128>(a, dtype, a_rows, E, stream);
+  } else {
+    if (dtype == DType::bf16) launch_bn<__nv_bfloat16, 256>(a, dtype, a_rows, E, stream);
+    else launch_bn<__half, 256>(a, dtype, a_rows, E, stream);
+  }
+}
+
+}  // namespace moex::cuda
