@@ -359,6 +359,286 @@ __global__ void __launch_bounds__(THREADS, 1)
 #endif
 }
 
+// The epilogue of grouped_gemm_tma as a function (same code), for the cluster variant.
+template <class T, int BN>
+__device__ __forceinline__ void epilogue(const GroupedGemmArgs& a, float (&acc)[BN / 8][4], int4 tile, int n, int cw,
+                                         int warp_in_wg, int lane) {
+  constexpr int NF = BN / 8;
+  const int e = tile.x, rb = tile.y, re = tile.z;
+  const T* bias = a.bias ? static_cast<const T*>(a.bias) + int64_t(e) * a.N : nullptr;
+  const int I = a.I, N = a.N;
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int row = rb + cw * 64 + warp_in_wg * 16 + (lane >> 2) + hh * 8;
+    if (row >= re) continue;
+    if (a.epi == Epi::down) {
+      float* out = static_cast<float*>(a.out) + int64_t(row) * a.ldo;
+#pragma unroll
+      for (int nf = 0; nf < NF; ++nf) {
+        const int wcol = n * BN + nf * 8 + 2 * (lane & 3);
+        if (wcol < N) {
+          float2 v = make_float2(acc[nf][2 * hh], acc[nf][2 * hh + 1]);
+          if (bias) {
+            v.x += to_f32(bias[wcol]);
+            v.y += to_f32(bias[wcol + 1]);
+          }
+          *reinterpret_cast<float2*>(out + wcol) = v;
+        }
+      }
+    } else if (a.epi == Epi::up_plain) {
+      T* out = static_cast<T*>(a.out) + int64_t(row) * a.ldo;
+#pragma unroll
+      for (int nf = 0; nf < NF; ++nf) {
+        const int wcol = n * BN + nf * 8 + 2 * (lane & 3);
+        if (wcol < N) {
+          float x0 = acc[nf][2 * hh], x1 = acc[nf][2 * hh + 1];
+          if (bias) {
+            x0 += to_f32(bias[wcol]);
+            x1 += to_f32(bias[wcol + 1]);
+          }
+          store2<T>(out + wcol, plain_act(a.act, x0), plain_act(a.act, x1));
+        }
+      }
+    } else if (a.epi == Epi::up_interleaved) {
+      T* out = static_cast<T*>(a.out) + int64_t(row) * a.ldo;
+#pragma unroll
+      for (int nf = 0; nf < NF; ++nf) {
+        const int i = (n * BN + nf * 8 + 2 * (lane & 3)) >> 1;
+        if (i < I) {
+          float g = acc[nf][2 * hh], u = acc[nf][2 * hh + 1];
+          if (bias) {
+            g += to_f32(bias[2 * i]);
+            u += to_f32(bias[2 * i + 1]);
+          }
+          out[i] = from_f32<T>(gated_act(a.act, g, u));
+        }
+      }
+    } else {  // up_concat
+      T* out = static_cast<T*>(a.out) + int64_t(row) * a.ldo;
+#pragma unroll
+      for (int nf = 0; nf < NF / 2; ++nf) {
+        const int i = n * (BN / 2) + nf * 8 + 2 * (lane & 3);
+        if (i < I) {
+          float g0 = acc[nf][2 * hh], g1 = acc[nf][2 * hh + 1];
+          float u0 = acc[nf + NF / 2][2 * hh], u1 = acc[nf + NF / 2][2 * hh + 1];
+          if (bias) {
+            g0 += to_f32(bias[i]);
+            g1 += to_f32(bias[i + 1]);
+            u0 += to_f32(bias[I + i]);
+            u1 += to_f32(bias[I + i + 1]);
+          }
+          store2<T>(out + i, gated_act(a.act, g0, u0), gated_act(a.act, g1, u1));
+        }
+      }
+    }
+  }
+}
+
+// ---- opt-in variant: 2-CTA clusters with the weight tile multicast (MOEX_CUDA_TMA_CLUSTER=1) ----
+// NOT YET RUN ON A GPU (written after the only measurement run of this session): kept behind the
+// switch until the GPU suite and a timing run have passed with it.
+//
+// The two CTAs of a cluster take the m tiles 2p and 2p+1 of one work unit (pair p, n tile). When
+// both tiles are valid and belong to the same expert they need the same B tile: each CTA loads
+// one half of it (gate/up box, or rows [n*BN + r*BN/2, +BN/2)) and multicasts it into both CTAs'
+// stage, so each CTA moves 32 KB instead of 48 KB per stage from L2. Otherwise each CTA loads its
+// whole B tile itself. The protocol does not depend on that choice: every full barrier expects
+// A_BYTES + B_BYTES, and every empty barrier counts the 8 consumer warps of BOTH CTAs (a stage is
+// refilled only when neither CTA still reads it, since the peer's multicast writes into it).
+__device__ __forceinline__ uint32_t cluster_ctarank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ void cluster_sync_all() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void mbar_arrive_remote(uint32_t local_bar, uint32_t cta) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local_bar), "r"(cta));
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
+}
+__device__ __forceinline__ void tma_load_3d_mc(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1, int c2,
+                                               uint16_t mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%3, "
+      "%4, %5}], [%2], %6;\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "h"(mask)
+      : "memory");
+}
+
+template <class T, bool GATHER>
+__global__ void __launch_bounds__(THREADS, 1)
+    grouped_gemm_tma_cluster(const __grid_constant__ CUtensorMap tm_b, const __grid_constant__ CUtensorMap tm_a,
+                             const __grid_constant__ GroupedGemmArgs a, int n_tiles) {
+  constexpr int BN = 256, STAGES = TmaCfg<BN>::STAGES, B_BYTES = TmaCfg<BN>::B_BYTES, NF = BN / 8;
+  constexpr uint32_t HALF_B = (BN / 2) * 128;
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t raw = ptx::smem_u32(smem_raw);
+  const uint32_t base = (raw + 1023u) & ~1023u;  // same offset in both CTAs (same kernel, same layout)
+  const uint32_t sA = base, sB = base + STAGES * A_BYTES;
+  const uint32_t bars = sB + STAGES * B_BYTES;
+  int* s_num_m = reinterpret_cast<int*>(smem_raw + (bars - raw) + 16 * STAGES);
+  auto full_bar = [&](int s) { return bars + 8u * uint32_t(s); };
+  auto empty_bar = [&](int s) { return bars + 8u * uint32_t(STAGES + s); };
+
+  const int tid = threadIdx.x, wg = tid >> 7;
+  const uint32_t rank = cluster_ctarank(), peer = rank ^ 1u;
+  const int cluster_id = int(blockIdx.x >> 1), num_clusters = int(gridDim.x >> 1);
+  if (tid == 0) {
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(full_bar(s), GATHER ? 129u : 1u);
+      mbar_init(empty_bar(s), 16u);  // 8 consumer warps of each CTA
+    }
+    mbar_fence_init();
+    int lo = 0, hi = a.plan.max_tiles;
+    while (lo < hi) {
+      const int mid = (lo + hi) >> 1;
+      if (a.plan.tiles[mid].x >= 0) lo = mid + 1;
+      else hi = mid;
+    }
+    *s_num_m = lo;
+  }
+  __syncthreads();
+  cluster_sync_all();  // the peer's barriers are initialised before any remote arrive / multicast
+  const int num_m = *s_num_m;
+  const int num_pairs = (num_m + 1) >> 1;
+  const int total = num_pairs * n_tiles;
+  const int Kdim = a.Kdim;
+  const int ktiles = (Kdim + BK - 1) / BK;
+  const bool concat = a.epi == Epi::up_concat;
+
+  // this CTA's m tile of unit u, and whether the B tile is shared with the peer
+  auto unit = [&](int u, int& n, int4& tile, int& eb, bool& shared) {
+    int p;
+    decode_work(u, num_pairs, n_tiles, p, n);
+    const int m = 2 * p + int(rank), mp = 2 * p + int(peer);
+    const int4 none = make_int4(-1, 0, 0, 0);
+    tile = m < num_m ? a.plan.tiles[m] : none;
+    const int4 other = mp < num_m ? a.plan.tiles[mp] : none;
+    shared = tile.x >= 0 && other.x >= 0 && tile.x == other.x;
+    eb = tile.x >= 0 ? tile.x : other.x;  // a CTA without a tile still loads an in-range B tile
+  };
+
+  if (wg == 0) {
+    setmaxnreg_dec<56>();
+    if (GATHER || tid == 0) {
+      if (tid == 0) {
+        prefetch_tmap(&tm_b);
+        if (!GATHER) prefetch_tmap(&tm_a);
+      }
+      const T* A = static_cast<const T*>(a.A);
+      int stage = 0;
+      uint32_t phase = 0;
+      for (int u = cluster_id; u < total; u += num_clusters) {
+        int n, eb;
+        int4 tile;
+        bool shared;
+        unit(u, n, tile, eb, shared);
+        const int rb = tile.y, re = tile.z;
+        int src[GATHER ? 8 : 1];
+        if constexpr (GATHER) {
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            const int sr = rb + (tid >> 3) + 16 * j;
+            src[j] = sr < re ? a.a_gather[sr] / a.a_div : -1;
+          }
+        }
+        // B box rows of half h of the tile
+        const int row_h0 = concat ? n * (BN / 2) : n * BN;
+        const int row_h1 = concat ? a.I + n * (BN / 2) : n * BN + BN / 2;
+        for (int kt = 0; kt < ktiles; ++kt) {
+          mbar_wait(empty_bar(stage), phase ^ 1u);
+          const int k0 = kt * BK;
+          if (tid == 0) {
+            const uint32_t fb = full_bar(stage);
+            mbar_arrive_expect_tx(fb, B_BYTES + A_BYTES);
+            const uint32_t dB = sB + uint32_t(stage) * B_BYTES;
+            if (shared) {
+              tma_load_3d_mc(dB + rank * HALF_B, &tm_b, fb, k0, rank ? row_h1 : row_h0, eb, uint16_t(3));
+            } else {
+              tma_load_3d(dB, &tm_b, fb, k0, row_h0, eb);
+              tma_load_3d(dB + HALF_B, &tm_b, fb, k0, row_h1, eb);
+            }
+            if constexpr (!GATHER) tma_load_2d(sA + uint32_t(stage) * A_BYTES, &tm_a, fb, k0, rb);
+          }
+          if constexpr (GATHER) {
+            const int c = tid & 7, k = k0 + c * 8;
+            const uint32_t dA = sA + uint32_t(stage) * A_BYTES;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+              const int r = (tid >> 3) + 16 * j;
+              const bool ok = src[j] >= 0 && k < Kdim;
+              ptx::cp_async16(dA + uint32_t(r * 128 + ((c ^ (r & 7)) << 4)), ok ? A + int64_t(src[j]) * Kdim + k : A, ok);
+            }
+            cp_async_mbar_arrive_noinc(full_bar(stage));
+          }
+          if (++stage == STAGES) {
+            stage = 0;
+            phase ^= 1u;
+          }
+        }
+      }
+      if constexpr (GATHER) ptx::cp_async_wait<0>();
+    }
+    __syncwarp();
+  } else {
+    setmaxnreg_inc<224>();
+    const int cw = wg - 1;
+    const int warp_in_wg = (tid >> 5) & 3, lane = tid & 31;
+    int stage = 0;
+    uint32_t phase = 0;
+    float acc[NF][4];
+    auto release = [&](int s) {
+      __syncwarp();
+      if (lane == 0) {
+        mbar_arrive(empty_bar(s));
+        mbar_arrive_remote(empty_bar(s), peer);
+      }
+    };
+    for (int u = cluster_id; u < total; u += num_clusters) {
+      int n, eb;
+      int4 tile;
+      bool shared;
+      unit(u, n, tile, eb, shared);
+#pragma unroll
+      for (int j = 0; j < NF; ++j)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) acc[j][q] = 0.0f;
+      int prev = -1;
+      for (int kt = 0; kt < ktiles; ++kt) {
+        mbar_wait(full_bar(stage), phase);
+        if constexpr (GATHER) wgmma::fence_proxy_async();
+        const uint32_t a_tile = sA + uint32_t(stage) * A_BYTES + uint32_t(cw) * (64 * 128);
+        const uint32_t b_tile = sB + uint32_t(stage) * B_BYTES;
+        wgmma::fence_acc(acc);
+        wgmma::fence();
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; ++kk)
+          mma_k16<T, BN>(acc, wgmma::desc_sw128(a_tile + kk * 32), wgmma::desc_sw128(b_tile + kk * 32));
+        wgmma::commit();
+        wgmma::wait<1>();
+        wgmma::fence_acc(acc);
+        if (prev >= 0) release(prev);
+        prev = stage;
+        if (++stage == STAGES) {
+          stage = 0;
+          phase ^= 1u;
+        }
+      }
+      wgmma::wait<0>();
+      wgmma::fence_acc(acc);
+      if (prev >= 0) release(prev);
+      if (tile.x >= 0) epilogue<T, BN>(a, acc, tile, n, cw, warp_in_wg, lane);
+    }
+  }
+  cluster_sync_all();  // no CTA leaves while its peer may still arrive on its barriers
+#else
+  __trap();
+#endif
+}
+
 // ---- host side ------------------------------------------------------------------------------
 
 using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
@@ -431,6 +711,53 @@ void launch_typed(const GroupedGemmArgs& a, DType dtype, int64_t a_rows, int64_t
   check_launch("grouped_gemm_tma");
 }
 
+template <class T, bool GATHER>
+void launch_cluster(const GroupedGemmArgs& a, DType dtype, int64_t a_rows, int64_t E, cudaStream_t stream) {
+  auto kernel = grouped_gemm_tma_cluster<T, GATHER>;
+  constexpr int SMEM = TmaCfg<256>::SMEM_BYTES;
+  static thread_local int configured_device = -1, max_clusters = 0;
+  int dev = 0;
+  check(cudaGetDevice(&dev), "cudaGetDevice");
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 2;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.blockDim = dim3(THREADS);
+  cfg.dynamicSmemBytes = SMEM;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  if (configured_device != dev) {
+    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM), "cudaFuncSetAttribute");
+    cfg.gridDim = dim3(unsigned(sm_count() & ~1));
+    if (cudaOccupancyMaxActiveClusters(&max_clusters, kernel, &cfg) != cudaSuccess) {
+      cudaGetLastError();
+      max_clusters = 0;
+    }
+    if (max_clusters <= 0) max_clusters = sm_count() / 2;
+    configured_device = dev;
+  }
+  const int n_tiles = a.epi == Epi::up_concat ? int(ceil_div(a.I, 128)) : int(ceil_div(a.N, 256));
+  const cuuint64_t bdims[3] = {cuuint64_t(a.Kdim), cuuint64_t(a.N), cuuint64_t(E)};
+  const cuuint64_t bstrides[2] = {cuuint64_t(a.Kdim) * 2, cuuint64_t(a.w_expert_stride) * 2};
+  const cuuint32_t bbox[3] = {cuuint32_t(BK), 128, 1};  // half a 256-row B tile
+  const CUtensorMap tm_b = make_map(dtype, a.W, 3, bdims, bstrides, bbox);
+  CUtensorMap tm_a = tm_b;
+  if (!GATHER) {
+    const cuuint64_t adims[2] = {cuuint64_t(a.Kdim), cuuint64_t(a_rows)};
+    const cuuint64_t astrides[1] = {cuuint64_t(a.Kdim) * 2};
+    const cuuint32_t abox[2] = {cuuint32_t(BK), cuuint32_t(BM)};
+    tm_a = make_map(dtype, a.A, 2, adims, astrides, abox);
+  }
+  const int64_t units = ceil_div(a.plan.max_tiles, 2) * n_tiles;
+  const int clusters = int(std::max<int64_t>(1, std::min<int64_t>(max_clusters, units)));
+  cfg.gridDim = dim3(unsigned(2 * clusters));
+  check(cudaLaunchKernelEx(&cfg, kernel, tm_b, tm_a, a, n_tiles), "cudaLaunchKernelEx (grouped_gemm_tma_cluster)");
+  check_launch("grouped_gemm_tma_cluster");
+}
+
 template <class T, int BN>
 void launch_bn(const GroupedGemmArgs& a, DType dtype, int64_t a_rows, int64_t E, cudaStream_t stream) {
   if (a.a_gather) launch_typed<T, BN, true>(a, dtype, a_rows, E, stream);
@@ -458,6 +785,20 @@ void launch_grouped_gemm_tma(const GroupedGemmArgs& a, DType dtype, int64_t a_ro
     const char* s = std::getenv("MOEX_CUDA_TMA_N");
     return s && std::atoi(s) == 128 ? 128 : 256;
   }();
+  static const bool cluster = [] {
+    const char* s = std::getenv("MOEX_CUDA_TMA_CLUSTER");
+    return s && *s && *s != '0';
+  }();
+  if (cluster) {
+    if (dtype == DType::bf16) {
+      if (a.a_gather) launch_cluster<__nv_bfloat16, true>(a, dtype, a_rows, E, stream);
+      else launch_cluster<__nv_bfloat16, false>(a, dtype, a_rows, E, stream);
+    } else {
+      if (a.a_gather) launch_cluster<__half, true>(a, dtype, a_rows, E, stream);
+      else launch_cluster<__half, false>(a, dtype, a_rows, E, stream);
+    }
+    return;
+  }
   if (bn == 128) {
     if (dtype == DType::bf16) launch_bn<__nv_bfloat16, 128>(a, dtype, a_rows, E, stream);
     else launch_bn<__half, 128>(a, dtype, a_rows, E, stream);

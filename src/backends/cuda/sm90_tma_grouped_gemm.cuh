@@ -12,7 +12,9 @@ namespace moex::cuda {
 bool tma_usable(const GroupedGemmArgs& a, bool vec16);
 // a_rows: rows of the A buffer when it is read without a gather (the down projection's h [S, I]);
 // E: experts in the weights [E, N, K].
-// MOEX_CUDA_TMA_N=128 selects 128-wide N tiles (default 256).
+// MOEX_CUDA_TMA_N=128 selects 128-wide N tiles (default 256). MOEX_CUDA_TMA_CLUSTER=1 selects the
+// 2-CTA cluster variant that multicasts the weight tile (opt-in, NOT yet run on a GPU: check it with
+// `MOEX_CUDA_TMA_CLUSTER=1 moex_tests --gtest_filter='*Cuda*:-CudaPerf*'` before timing it).
 void launch_grouped_gemm_tma(const GroupedGemmArgs& a, DType dtype, int64_t a_rows, int64_t E, cudaStream_t stream);
 
 }  // namespace moex::cuda
