@@ -12,6 +12,12 @@
 
 namespace moex::cpu::impl {
 
+// Bytes per weight element, known at compile time (dtype_size is a function call).
+template <DType WD>
+constexpr int64_t wsize() {
+  return WD == DType::f32 ? 4 : 2;
+}
+
 // Loads W lanes of weights of dtype WD starting at p, widened to f32.
 template <class Isa, DType WD>
 inline typename Isa::V load_w(const void* p, int64_t i) {
@@ -44,14 +50,14 @@ inline void nt_block(const MatmulArgs& a, int64_t i0, int64_t n0, const char* pr
   for (int r = 0; r < MR; ++r) xr[r] = static_cast<const float*>(a.x) + (i0 + r) * a.ldx;
   const char* wbase = static_cast<const char*>(a.w);
   const void* wr[NR];
-  for (int c = 0; c < NR; ++c) wr[c] = wbase + (n0 + c) * a.ldw * int64_t(dtype_size(WD));
-  const int64_t row_bytes = a.ldw * int64_t(dtype_size(WD));
+  for (int c = 0; c < NR; ++c) wr[c] = wbase + (n0 + c) * a.ldw * wsize<WD>();
+  const int64_t row_bytes = a.ldw * wsize<WD>();
   for (int64_t kk = k0; kk < kv; kk += W) {
     if (prefetch) {
       // W lanes of this block cover W·size bytes per row: prefetch as many of the next block
-      const int64_t off = kk * int64_t(dtype_size(WD));
+      const int64_t off = kk * wsize<WD>();
       for (int c = 0; c < NR; ++c)
-        for (int64_t b = 0; b < W * int64_t(dtype_size(WD)); b += 64) __builtin_prefetch(prefetch + c * row_bytes + off + b, 0, 3);
+        for (int64_t b = 0; b < W * wsize<WD>(); b += 64) __builtin_prefetch(prefetch + c * row_bytes + off + b, 0, 3);
     }
     V xv[MR];
     for (int r = 0; r < MR; ++r) xv[r] = Isa::load(xr[r] + kk);
@@ -84,10 +90,10 @@ inline void nt_row_block(const MatmulArgs& a, int64_t i0, int64_t n0, int nr, co
 // one block. The first row block of each weight block prefetches the next weight block (full
 // blocks only, inside [n0, n1)).
 template <int MR, int NR, class Block>
-inline void walk_nt(const MatmulArgs& a, int64_t wsize, Block block) {
+inline void walk_nt(const MatmulArgs& a, int64_t elem_bytes, Block block) {
   for (int64_t n = a.n0; n < a.n1; n += NR) {
     const int nr = int(std::min<int64_t>(NR, a.n1 - n));
-    const char* next = n + 2 * NR <= a.n1 ? static_cast<const char*>(a.w) + (n + NR) * a.ldw * wsize : nullptr;
+    const char* next = n + 2 * NR <= a.n1 ? static_cast<const char*>(a.w) + (n + NR) * a.ldw * elem_bytes : nullptr;
     for (int64_t i = 0; i < a.m; i += MR) block(i, n, nr, int(std::min<int64_t>(MR, a.m - i)), i == 0 ? next : nullptr);
   }
 }
@@ -102,7 +108,7 @@ void matmul_nt(const MatmulArgs& a) {
   const int64_t step = a.m > 4 ? kChunk : a.k;
   for (int64_t k0 = 0; k0 < a.k; k0 += step) {
     const int64_t k1 = std::min(a.k, k0 + step);
-    walk_nt<4, 4>(a, int64_t(dtype_size(WD)), [&](int64_t i, int64_t n, int nr, int mr, const char* pf) {
+    walk_nt<4, 4>(a, wsize<WD>(), [&](int64_t i, int64_t n, int nr, int mr, const char* pf) {
       switch (mr) {
         case 4: nt_row_block<Isa, WD, 4>(a, i, n, nr, pf, k0, k1, k0 > 0); break;
         case 3: nt_row_block<Isa, WD, 3>(a, i, n, nr, pf, k0, k1, k0 > 0); break;
@@ -122,7 +128,7 @@ inline void nn_block(const MatmulArgs& a, int64_t i0, int64_t n) {
   for (int r = 0; r < MR; ++r)
     for (int c = 0; c < NV; ++c) acc[r][c] = Isa::zero();
   const char* wbase = static_cast<const char*>(a.w);
-  const int64_t esz = int64_t(dtype_size(WD));
+  const int64_t esz = wsize<WD>();
   for (int64_t kk = 0; kk < a.k; ++kk) {
     const void* wrow = wbase + (kk * a.ldw) * esz;
     V wv[NV];
@@ -154,7 +160,7 @@ void matmul_nn(const MatmulArgs& a) {
   if (n < a.n1) {  // fewer than W columns left: accumulate row by row over k, vectorisable by the compiler
     const int64_t nc = a.n1 - n;
     const char* wbase = static_cast<const char*>(a.w);
-    const int64_t esz = int64_t(dtype_size(WD));
+    const int64_t esz = wsize<WD>();
     for (int64_t i = 0; i < a.m; ++i) {
       float acc[64] = {};
       for (int64_t kk = 0; kk < a.k; ++kk) {
