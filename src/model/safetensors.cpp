@@ -123,6 +123,7 @@ struct SafetensorsFile::Impl {
   void* map = nullptr;
   size_t map_size = 0;
   std::vector<uint64_t> owned;  // 8-byte aligned storage
+  std::vector<uint64_t> relocated;  // the tensors, re-laid out aligned (files with misaligned data only)
   const uint8_t* base = nullptr;
   size_t size = 0;
   const uint8_t* data = nullptr;  // start of the data region
@@ -227,6 +228,35 @@ void SafetensorsFile::Impl::parse() {
                    a.name, a.begin, a.end, b.name, b.begin, b.end);
   }
   for (size_t i = 0; i < tensors.size(); ++i) index.emplace(tensors[i].name, i);
+
+  // Views must be aligned to their element size. Files written by the reference pad the header to a
+  // multiple of 8 bytes so this always holds; for other files (unpadded header, odd offsets) the
+  // tensors are copied once into an aligned buffer.
+  auto align_of = [](const SafetensorsTensorInfo& t) -> uintptr_t {
+    const DTypeEntry* de = find_dtype(t.st_dtype);
+    return uintptr_t(std::clamp(de->bits / 8, 1, 8));
+  };
+  bool misaligned = false;
+  for (const auto& t : tensors) misaligned = misaligned || (reinterpret_cast<uintptr_t>(data + t.begin) % align_of(t)) != 0;
+  if (misaligned) {
+    uint64_t total = 0;
+    std::vector<uint64_t> nb(tensors.size());
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      nb[i] = total;
+      total += (tensors[i].nbytes() + 7) / 8 * 8;
+    }
+    relocated.assign(total / 8 + 1, 0);
+    uint8_t* dst = reinterpret_cast<uint8_t*>(relocated.data());
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      auto& t = tensors[i];
+      const uint64_t n = t.nbytes();
+      if (n) std::memcpy(dst + nb[i], data + t.begin, n);
+      t.begin = nb[i];
+      t.end = nb[i] + n;
+    }
+    data = dst;
+    data_size = total;
+  }
 }
 
 SafetensorsFile SafetensorsFile::open(const std::string& path) {
