@@ -19,6 +19,7 @@
 #include "bench/bench_support.hpp"
 #include "moex/check.hpp"
 #include "moex/moex.hpp"
+#include "moex/quant.hpp"
 #include "tools/commands.hpp"
 
 namespace moex::cli {
@@ -50,7 +51,9 @@ struct BenchOptions {
   int warmup = 2;
   uint64_t seed = 0;
   bool check = false;
+  std::string quant = "none";  // none | fp8 | fp8-ue8m0 | fp4
 };
+
 
 Shape parse_custom_shape(const std::string& s) {
   auto parts = split_list(s);
@@ -97,6 +100,40 @@ Tensor random_tensor(DType dt, std::initializer_list<int64_t> shape, double stdd
   return dev.is_cpu() ? host : host.to(dev);
 }
 
+QuantSpec parse_quant(const std::string& q) {
+  if (q == "none") return QuantSpec::none();
+  if (q == "fp8") return QuantSpec::fp8_block(128, 128, ScaleFormat::f32);
+  if (q == "fp8-ue8m0") return QuantSpec::fp8_block(128, 128, ScaleFormat::ue8m0);
+  if (q == "fp4") return QuantSpec::fp4_group(32);
+  throw Error(ErrorCode::invalid_argument, "--quant must be none, fp8, fp8-ue8m0 or fp4 (got '" + q + "')");
+}
+
+// Random experts quantized one expert at a time (no full f32 copy): codes [E, out, in] (fp8) or
+// [E, out, ceil(in/2)] (fp4) and their scales, on `dev`.
+void random_quantized(const QuantSpec& q, int64_t E, int64_t out, int64_t in, uint64_t seed, Device dev, Tensor& codes,
+                      Tensor& scales) {
+  const bool fp8 = q.kind == QuantKind::fp8_block;
+  const int64_t row_bytes = fp8 ? in : (in + 1) / 2;
+  const int64_t sr = fp8 ? (out + q.block_n - 1) / q.block_n : out, sc = (in + q.block_k - 1) / q.block_k;
+  Tensor hc = Tensor::empty(fp8 ? DType::fp8_e4m3 : DType::u8, {E, out, row_bytes});
+  Tensor hs = Tensor::empty(fp8 && q.scale_format == ScaleFormat::f32 ? DType::f32 : DType::u8, {E, sr, sc});
+  const float a = float(0.02 * std::sqrt(3.0));
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t e = 0; e < E; ++e) {
+    std::vector<float> w(static_cast<size_t>(out * in));
+    for (int64_t i = 0; i < out * in; ++i)
+      w[size_t(i)] = a * (float(mix((seed + uint64_t(e)) * 0x100000001b3ull + uint64_t(i)) >> 40) / float(1 << 24) * 2.0f - 1.0f);
+    uint8_t* c = hc.ptr<uint8_t>() + e * out * row_bytes;
+    char* s = static_cast<char*>(hs.data()) + size_t(e * sr * sc) * dtype_size(hs.dtype());
+    if (fp8)
+      quantize_fp8_blocks(w.data(), out, in, q.block_n, q.block_k, q.scale_format, c, s);
+    else
+      quantize_fp4_groups(w.data(), out, in, q.block_k, c, reinterpret_cast<uint8_t*>(s));
+  }
+  codes = dev.is_cpu() ? hc : hc.to(dev);
+  scales = dev.is_cpu() ? hs : hs.to(dev);
+}
+
 struct InputSet {
   Tensor hidden, idx, weights;
   int64_t distinct = 0;  // experts that received tokens
@@ -129,7 +166,7 @@ size_t available_host_bytes() {
 }
 
 struct Row {
-  std::string backend, shape, dtype, device, skipped;
+  std::string backend, shape, dtype, device, skipped, quant = "none";
   int64_t T = 0, distinct = 0;
   int threads = 0;
   double ms = 0, tflops = 0, gbps = 0, extra_mb = 0, floor_ms = 0, pct_floor = 0, rel_err = -1;
@@ -137,7 +174,7 @@ struct Row {
 
 nlohmann::json to_json(const Row& r) {
   nlohmann::json j{{"backend", r.backend}, {"shape", r.shape}, {"T", r.T}, {"dtype", r.dtype}, {"device", r.device},
-                   {"threads", r.threads}};
+                   {"threads", r.threads}, {"quant", r.quant}};
   if (!r.skipped.empty()) {
     j["skipped"] = r.skipped;
     return j;
@@ -199,6 +236,9 @@ int run_bench(BenchOptions o) {
                "floor ms", "%floor", "extra MB");
 
   const size_t esz = dtype_size(dt);
+  const QuantSpec quant = parse_quant(o.quant);
+  // bytes per weight element as stored (the floor counts what must be read)
+  const double wbytes = quant.kind == QuantKind::fp8_block ? 1.0 : quant.kind == QuantKind::fp4_group ? 0.5 : double(esz);
   int failures = 0;
   Workspace ws(dev);
   RunOptions ro;
@@ -206,7 +246,7 @@ int run_bench(BenchOptions o) {
   ro.workspace = &ws;
   for (const Shape& sh : shapes) {
     const int64_t R = 2 * sh.I;
-    const size_t weight_bytes = size_t(sh.E) * size_t(R * sh.H + sh.H * sh.I) * esz;
+    const size_t weight_bytes = size_t(double(sh.E) * double(R * sh.H + sh.H * sh.I) * wbytes);
     if (dev.is_cpu() && weight_bytes + (size_t(1) << 30) > available_host_bytes()) {
       for (int64_t T : tokens)
         for (const auto& b : backends) {
@@ -226,8 +266,17 @@ int run_bench(BenchOptions o) {
     ex.spec.hidden = sh.H;
     ex.spec.intermediate = sh.I;
     ex.spec.dtype = dt;
-    Tensor gate_up = random_tensor(dt, {sh.E, R, sh.H}, 0.02, o.seed * 31 + 1, dev);
-    Tensor down = random_tensor(dt, {sh.E, sh.H, sh.I}, 0.02, o.seed * 31 + 2, dev);
+    ex.spec.quant = quant;
+    Tensor gate_up, down, gate_up_scale, down_scale;
+    if (quant.quantized()) {
+      random_quantized(quant, sh.E, R, sh.H, o.seed * 31 + 1, dev, gate_up, gate_up_scale);
+      random_quantized(quant, sh.E, sh.H, sh.I, o.seed * 31 + 2, dev, down, down_scale);
+      ex.gate_up_scale = gate_up_scale;
+      ex.down_scale = down_scale;
+    } else {
+      gate_up = random_tensor(dt, {sh.E, R, sh.H}, 0.02, o.seed * 31 + 1, dev);
+      down = random_tensor(dt, {sh.E, sh.H, sh.I}, 0.02, o.seed * 31 + 2, dev);
+    }
     ex.gate_up = gate_up;
     ex.down = down;
     for (int64_t T : tokens) {
@@ -237,11 +286,12 @@ int run_bench(BenchOptions o) {
       for (int s = 0; s < sets; ++s) inputs.push_back(make_inputs(sh, T, dt, o.seed * 1000 + uint64_t(T) * 10 + uint64_t(s), dev));
       Tensor out = Tensor::empty(dt, {T, sh.H}, dev);
       const double flops = 2.0 * double(inputs[0].valid_pairs) * double(R * sh.H + sh.I * sh.H);
-      const double bytes = double(inputs[0].distinct) * double(R * sh.H + sh.H * sh.I) * double(esz) + 2.0 * double(T * sh.H) * double(esz);
+      const double bytes = double(inputs[0].distinct) * double(R * sh.H + sh.H * sh.I) * wbytes + 2.0 * double(T * sh.H) * double(esz);
       const double floor_ms = std::max(bytes / bw, flops / peak) * 1e3;
       std::vector<double> ref;
       for (const auto& b : backends) {
         Row r{b, sh.name, std::string(dtype_name(dt)), to_string(dev), ""};
+        r.quant = o.quant;
         r.T = T;
         r.threads = threads;
         r.distinct = inputs[0].distinct;
@@ -280,6 +330,13 @@ int run_bench(BenchOptions o) {
               Tensor hgu = gate_up.to(Device::cpu()), hdown = down.to(Device::cpu());
               hex.gate_up = hgu;
               hex.down = hdown;
+              Tensor hgs, hds;
+              if (quant.quantized()) {
+                hgs = gate_up_scale.to(Device::cpu());
+                hds = down_scale.to(Device::cpu());
+                hex.gate_up_scale = hgs;
+                hex.down_scale = hds;
+              }
               Tensor hx = inputs[size_t(s)].hidden.to(Device::cpu()), hi = inputs[size_t(s)].idx.to(Device::cpu()),
                      hw = inputs[size_t(s)].weights.to(Device::cpu()), ho = out.to(Device::cpu());
               ref = check::reference_forward(hex, ExpertsCall{hx, hi, hw, ho});
@@ -292,7 +349,7 @@ int run_bench(BenchOptions o) {
                 r2 += ref[size_t(i)] * ref[size_t(i)];
               }
               r.rel_err = r2 > 0 ? std::sqrt(e2 / r2) : std::sqrt(e2);
-              const double tol = dt == DType::f32 ? 1e-5 : dt == DType::f16 ? 2e-3 : 1e-2;
+              const double tol = quant.quantized() ? 1e-2 : dt == DType::f32 ? 1e-5 : dt == DType::f16 ? 2e-3 : 1e-2;
               if (!(r.rel_err <= tol)) {
                 ++failures;
                 fmt::print(stderr, "bench --check: {} {} T={} rel_err {:.3e} > {:.0e}\n", b, sh.name, T, r.rel_err, tol);
@@ -341,6 +398,8 @@ void add_bench(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--max-iters", o->max_iters, "at most this many timed calls per case")->capture_default_str();
   cmd->add_option("--warmup", o->warmup, "untimed calls first")->capture_default_str();
   cmd->add_option("--seed", o->seed, "seed of the random weights and inputs")->capture_default_str();
+  cmd->add_option("--quant", o->quant, "expert weights: none, fp8 (128x128 blocks, f32 scales), fp8-ue8m0, fp4 (1x32 UE8M0 groups)")
+      ->capture_default_str();
   cmd->add_flag("--check", o->check, "quick self-test on tiny sizes: every backend runs and matches the f64 reference");
   cmd->callback([&run, o] { run = [o] { return run_bench(*o); }; });
 }

@@ -38,10 +38,20 @@ float e4m3_to_float(uint8_t v) {
 }
 
 uint8_t float_to_e4m3(float f) {
-  const uint8_t sign = (bits_of(f) >> 24) & 0x80;
+  const uint32_t u = bits_of(f);
+  const uint8_t sign = (u >> 24) & 0x80;
+  const uint32_t a = u & 0x7fffffffu;
+  // fast path, the normal range [2^-6, 448]: round the 23-bit mantissa to 3 bits (nearest even) in
+  // integer arithmetic; a carry moves into the exponent by itself
+  if (a >= 0x3c800000u && a <= 0x43e00000u) {
+    const uint32_t r = a + 0x7ffffu + ((a >> 20) & 1u);
+    const uint32_t e = (r >> 23) - 120, man = (r >> 20) & 7;
+    if (e > 15 || (e == 15 && man == 7)) return uint8_t(sign | 0x7f);
+    return uint8_t(sign | (e << 3) | man);
+  }
   if (std::isnan(f)) return uint8_t(sign | 0x7f);
-  const float a = std::fabs(f);
-  const float r = std::isinf(a) ? INFINITY : round_format(a, 3, -6);
+  const float af = std::fabs(f);
+  const float r = std::isinf(af) ? INFINITY : round_format(af, 3, -6);
   if (r > kE4m3Max) return uint8_t(sign | 0x7f);  // no infinity in e4m3: NaN
   if (r == 0.0f) return sign;
   int e;
