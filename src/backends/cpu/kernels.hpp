@@ -30,6 +30,26 @@ struct MatmulArgs {
   int64_t n0 = 0, n1 = 0;
 };
 
+// FP8 block-scaled nt matmul (SPEC §6): W is e4m3 [N, K] (row stride ldw bytes) with one scale per
+// block_n × 128 block; X holds the e4m3 codes of the activations as f32 with one scale per row and
+// 128 columns. For each 128-wide k block the code products are summed in f32, scaled by
+// x scale × weight block scale and added:
+//   y[i, n] = Σ_kb xs[i, kb] · ws[n / block_n, kb] · Σ_{k in kb} x[i, k] · e4m3(w[n, k])
+struct Fp8MatmulArgs {
+  const float* x = nullptr;  // [m, K] codes, row stride ldx
+  int64_t ldx = 0;
+  const float* xs = nullptr;  // [m, ceil(K / 128)]
+  int64_t m = 0, k = 0;
+  const uint8_t* w = nullptr;  // [N, K] e4m3
+  int64_t ldw = 0;
+  const void* ws = nullptr;  // [ceil(N / block_n), ceil(K / 128)] f32 or UE8M0 bytes
+  bool ws_ue8m0 = false;
+  int64_t block_n = 128;
+  float* y = nullptr;  // [m, N], row stride ldy; columns [n0, n1) written
+  int64_t ldy = 0;
+  int64_t n0 = 0, n1 = 0;
+};
+
 struct KernelTable {
   const char* isa;  // "avx512_amx", "avx512_bf16", "avx512", "avx2", "generic"
   bool bf16_dot;    // matmul takes bf16 X with bf16 nt weights
@@ -42,6 +62,7 @@ struct KernelTable {
   double (*fma_probe)(int64_t iters);
   // n FP8 e4m3 codes → f32 (exact; NaN codes give NaN).
   void (*e4m3_to_f32)(const uint8_t* src, float* dst, int64_t n);
+  void (*fp8_matmul)(const Fp8MatmulArgs& a);
 };
 
 // The table for this CPU. MOEX_CPU_ISA=avx512|avx2|generic forces a (supported) variant.

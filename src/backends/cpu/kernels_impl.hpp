@@ -7,6 +7,7 @@
 #pragma once
 #include <algorithm>
 #include <cstring>
+#include <limits>
 
 #include "backends/cpu/kernels.hpp"
 
@@ -265,9 +266,104 @@ void e4m3_to_f32(const uint8_t* src, float* dst, int64_t n) {
   for (; i < n; ++i) dst[i] = e4m3_scalar(src[i]);
 }
 
+// ---- FP8 block-scaled nt matmul (see Fp8MatmulArgs) -----------------------------------------
+template <class Isa>
+inline typename Isa::V load_e4m3_any(const uint8_t* p) {
+  if constexpr (Isa::kVectorE4m3) {
+    return Isa::load_e4m3(p);
+  } else {
+    float tmp[Isa::W];
+    for (int i = 0; i < Isa::W; ++i) tmp[i] = e4m3_scalar(p[i]);
+    return Isa::load(tmp);
+  }
+}
+
+inline float fp8_weight_scale(const Fp8MatmulArgs& a, int64_t n, int64_t kb, int64_t blocks) {
+  const int64_t i = (n / a.block_n) * blocks + kb;
+  if (a.ws_ue8m0) {
+    const uint32_t b = static_cast<const uint8_t*>(a.ws)[i];
+    if (b == 0 || b == 255) return b == 0 ? 5.877471754111438e-39f : std::numeric_limits<float>::quiet_NaN();
+    const uint32_t bits = b << 23;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+  }
+  return static_cast<const float*>(a.ws)[i];
+}
+
+// An MR × NR block of outputs: per 128-wide k block the vector sums of code products are folded
+// into vector totals with the block's combined scale, reduced once at the end.
+template <class Isa, int MR, int NR>
+inline void fp8_block(const Fp8MatmulArgs& a, int64_t i0, int64_t n0, const uint8_t* prefetch) {
+  using V = typename Isa::V;
+  constexpr int W = Isa::W;
+  const int64_t blocks = (a.k + 127) / 128;
+  V total[MR][NR];
+  float tail[MR][NR] = {};
+  for (int r = 0; r < MR; ++r)
+    for (int c = 0; c < NR; ++c) total[r][c] = Isa::zero();
+  for (int64_t kb = 0; kb < blocks; ++kb) {
+    const int64_t k0 = kb * 128, k1 = std::min<int64_t>(a.k, k0 + 128), kv = k0 + (k1 - k0) / W * W;
+    V acc[MR][NR];
+    for (int r = 0; r < MR; ++r)
+      for (int c = 0; c < NR; ++c) acc[r][c] = Isa::zero();
+    if (prefetch)
+      for (int c = 0; c < NR; ++c) __builtin_prefetch(prefetch + c * a.ldw + k0, 0, 3), __builtin_prefetch(prefetch + c * a.ldw + k0 + 64, 0, 3);
+    for (int64_t kk = k0; kk < kv; kk += W) {
+      V xv[MR];
+      for (int r = 0; r < MR; ++r) xv[r] = Isa::load(a.x + (i0 + r) * a.ldx + kk);
+      for (int c = 0; c < NR; ++c) {
+        const V wv = load_e4m3_any<Isa>(a.w + (n0 + c) * a.ldw + kk);
+        for (int r = 0; r < MR; ++r) acc[r][c] = Isa::fma(xv[r], wv, acc[r][c]);
+      }
+    }
+    for (int c = 0; c < NR; ++c) {
+      const float wsc = fp8_weight_scale(a, n0 + c, kb, blocks);
+      for (int r = 0; r < MR; ++r) {
+        const float scale = a.xs[(i0 + r) * blocks + kb] * wsc;
+        float t = 0;
+        for (int64_t kk = kv; kk < k1; ++kk) t += a.x[(i0 + r) * a.ldx + kk] * e4m3_scalar(a.w[(n0 + c) * a.ldw + kk]);
+        tail[r][c] += t * scale;
+        total[r][c] = Isa::fma(acc[r][c], Isa::set1(scale), total[r][c]);
+      }
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int c = 0; c < NR; ++c) a.y[(i0 + r) * a.ldy + n0 + c] = Isa::reduce(total[r][c]) + tail[r][c];
+}
+
+template <class Isa, int MR>
+inline void fp8_rows(const Fp8MatmulArgs& a, int64_t i0, int64_t n0, int nr, const uint8_t* pf) {
+  switch (nr) {
+    case 4: fp8_block<Isa, MR, 4>(a, i0, n0, pf); break;
+    case 3: fp8_block<Isa, MR, 3>(a, i0, n0, pf); break;
+    case 2: fp8_block<Isa, MR, 2>(a, i0, n0, pf); break;
+    default: fp8_block<Isa, MR, 1>(a, i0, n0, pf); break;
+  }
+}
+
+template <class Isa>
+void fp8_matmul(const Fp8MatmulArgs& a) {
+  constexpr int64_t MR = 4, NR = 4;
+  for (int64_t n = a.n0; n < a.n1; n += NR) {
+    const int nr = int(std::min<int64_t>(NR, a.n1 - n));
+    const uint8_t* next = n + 2 * NR <= a.n1 ? a.w + (n + NR) * a.ldw : nullptr;  // the next rows, fetched ahead
+    for (int64_t i = 0; i < a.m; i += MR) {
+      const uint8_t* pf = i == 0 ? next : nullptr;
+      switch (std::min<int64_t>(MR, a.m - i)) {
+        case 4: fp8_rows<Isa, 4>(a, i, n, nr, pf); break;
+        case 3: fp8_rows<Isa, 3>(a, i, n, nr, pf); break;
+        case 2: fp8_rows<Isa, 2>(a, i, n, nr, pf); break;
+        default: fp8_rows<Isa, 1>(a, i, n, nr, pf); break;
+      }
+    }
+  }
+}
+
 template <class Isa>
 KernelTable make_table(const char* name) {
-  return KernelTable{name, Isa::kBf16Dot, &matmul<Isa>, &to_f32<Isa>, &from_f32<Isa>, &fma_probe<Isa>, &e4m3_to_f32<Isa>};
+  return KernelTable{name,           Isa::kBf16Dot,        &matmul<Isa>,         &to_f32<Isa>, &from_f32<Isa>,
+                     &fma_probe<Isa>, &e4m3_to_f32<Isa>, &fp8_matmul<Isa>};
 }
 
 // Scalar rounding loops shared by the traits (the compiler vectorises the bf16 one).

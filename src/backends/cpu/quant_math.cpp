@@ -74,6 +74,26 @@ void quantize_rows(float* x, int64_t m, int64_t k, float* scales) {
 void quant_matmul(const KernelTable& kt, const QuantMatrix& w, const float* codes, const float* xs, int64_t m, float* y,
                   int64_t ldy, int64_t n0, int64_t n1, float* scratch) {
   const int64_t K = w.K, blocks = (K + kActGroup - 1) / kActGroup;
+  if (w.quant.kind == QuantKind::fp8_block && !w.transposed) {
+    // the common case: e4m3 rows read as stored, converted in registers by the kernel
+    Fp8MatmulArgs a;
+    a.x = codes;
+    a.ldx = K;
+    a.xs = xs;
+    a.m = m;
+    a.k = K;
+    a.w = w.data;
+    a.ldw = K;
+    a.ws = w.scales;
+    a.ws_ue8m0 = w.quant.scale_format == ScaleFormat::ue8m0;
+    a.block_n = w.quant.block_n;
+    a.y = y;
+    a.ldy = ldy;
+    a.n0 = n0;
+    a.n1 = n1;
+    kt.fp8_matmul(a);
+    return;
+  }
   float* wbuf = scratch;                 // [64, 128]
   float* partial = scratch + 64 * 128;   // [64, 64]
   for (int64_t i = 0; i < m; ++i) std::fill(y + i * ldy + n0, y + i * ldy + n1, 0.0f);
