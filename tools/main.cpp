@@ -1,4 +1,4 @@
-// tools/main.cpp — the `moex` command line: info, check, bench.
+// tools/main.cpp — the `moex` command line: info, check, bench, forward, generate.
 #include <cstdio>
 #include <cstdlib>
 #include <unistd.h>
@@ -34,6 +34,7 @@ int main(int argc, char** argv) {
   moex::cli::add_info(app, run);
   moex::cli::add_check(app, run);
   moex::cli::add_bench(app, run);
+  moex::cli::add_model_commands(app, run);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
