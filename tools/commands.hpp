@@ -12,6 +12,7 @@ void add_info(CLI::App& app, std::function<int()>& run);
 void add_check(CLI::App& app, std::function<int()>& run);
 void add_bench(CLI::App& app, std::function<int()>& run);
 void add_model_commands(CLI::App& app, std::function<int()>& run);  // forward, generate
+void add_bench_model(CLI::App& app, std::function<int()>& run);
 
 // "a,b,c" → {"a","b","c"} (empty items dropped)
 std::vector<std::string> split_list(const std::string& s, char sep = ',');

@@ -35,6 +35,7 @@ int main(int argc, char** argv) {
   moex::cli::add_check(app, run);
   moex::cli::add_bench(app, run);
   moex::cli::add_model_commands(app, run);
+  moex::cli::add_bench_model(app, run);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -5,6 +5,8 @@
 //                 --top-p P --seed S] [--no-decode-switching]   → prints [[ids…], …]
 #include <fmt/format.h>
 
+#include <chrono>
+
 #include "moex/model.hpp"
 #include "moex/moex.hpp"
 #include "tools/commands.hpp"
@@ -105,6 +107,74 @@ void add_model_commands(CLI::App& app, std::function<int()>& run) {
       return 0;
     };
   });
+}
+
+}  // namespace moex::cli
+
+namespace moex::cli {
+
+namespace {
+
+// `moex bench-model`: prefill and decode tokens/s of a checkpoint with each CPU experts backend.
+//   prefill: forward() of B random prompts of L tokens;
+//   decode:  generate(N new tokens) − the prefill time of the same prompts, per new token.
+int run_bench_model(const ModelOptions& o, int64_t batch, int64_t len, int64_t new_tokens, const std::string& backends,
+                    const std::string& format) {
+  Model m = load(o);
+  const int64_t vocab = m.config().text.vocab_size;
+  std::vector<std::vector<int64_t>> prompts(static_cast<size_t>(batch), std::vector<int64_t>(static_cast<size_t>(len)));
+  uint64_t state = 12345;
+  for (auto& p : prompts)
+    for (auto& t : p) {
+      state = state * 6364136223846793005ull + 1442695040888963407ull;
+      t = int64_t((state >> 33) % uint64_t(vocab));
+    }
+  GenerateOptions g;
+  g.max_new_tokens = new_tokens;
+  g.do_sample = false;
+  g.eos_token_id = std::vector<int64_t>{-1};  // never stop early: every step is timed
+  if (format == "table")
+    fmt::print("# {} ({}), batch {} × {} prompt tokens, {} new tokens\n{:<12} {:>14} {:>14}\n", o.model, o.dtype, batch, len,
+               new_tokens, "backend", "prefill tok/s", "decode tok/s");
+  for (const auto& b : split_list(backends)) {
+    m.set_experts_implementation(b);
+    m.forward(prompts);  // warm-up
+    auto t0 = std::chrono::steady_clock::now();
+    m.forward(prompts);
+    const double prefill_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    t0 = std::chrono::steady_clock::now();
+    m.generate(prompts, g);
+    const double gen_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double prefill_tps = double(batch * len) / prefill_s;
+    const double decode_tps = double(batch * new_tokens) / std::max(gen_s - prefill_s, 1e-9);
+    if (format == "json")
+      fmt::print("{{\"model\": \"{}\", \"dtype\": \"{}\", \"backend\": \"{}\", \"batch\": {}, \"prompt\": {}, \"new_tokens\": {}, "
+                 "\"prefill_tok_s\": {:.1f}, \"decode_tok_s\": {:.1f}}}\n",
+                 o.model, o.dtype, b, batch, len, new_tokens, prefill_tps, decode_tps);
+    else
+      fmt::print("{:<12} {:>14.1f} {:>14.1f}\n", b, prefill_tps, decode_tps);
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_bench_model(CLI::App& app, std::function<int()>& run) {
+  struct Opts {
+    ModelOptions m;
+    int64_t batch = 1, len = 128, new_tokens = 32;
+    std::string backends = "grouped_mm,batched_mm,eager", format = "table";
+  };
+  auto o = std::make_shared<Opts>();
+  auto* cmd = app.add_subcommand("bench-model", "Prefill and decode tokens/s of a checkpoint, per experts backend");
+  cmd->add_option("--model", o->m.model, "checkpoint directory")->required();
+  cmd->add_option("--dtype", o->m.dtype, "f32, bf16 or f16")->capture_default_str();
+  cmd->add_option("--batch", o->batch, "prompts")->capture_default_str()->check(CLI::Range(1, 4096));
+  cmd->add_option("--prompt-len", o->len, "tokens per prompt")->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--new-tokens", o->new_tokens, "decode steps")->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--backends", o->backends, "comma-separated experts backends")->capture_default_str();
+  cmd->add_option("--format", o->format, "table or json")->capture_default_str();
+  cmd->callback([&run, o] { run = [o] { return run_bench_model(o->m, o->batch, o->len, o->new_tokens, o->backends, o->format); }; });
 }
 
 }  // namespace moex::cli
