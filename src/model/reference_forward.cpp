@@ -32,10 +32,44 @@ Mat linear(const Mat& x, int64_t T, const Linear& l) {
   Mat y(size_t(T * out));
   if (T == 0) return y;
   const cpu::KernelTable& kt = cpu::kernels();
-  // NOTE: the inputs stay f32 (bf16 weights are widened in the kernel). Rounding them to bf16 to use
-  // vdpbf16ps/AMX, as the reference's bf16 layers do, was measured 1.1–1.5× faster in prefill on a
-  // random 1024-wide model but flipped a near-tie routing decision of the deepseek_v3 fixture
-  // (bf16 logits 0.43 away from the f32 reference): accuracy first.
+  if (dt == DType::bf16 && kt.bf16_dot && T >= 8) {
+    // NOTE: bf16 weights with many rows run on vdpbf16ps/AMX with the f32 inputs split in two bf16
+    // terms, x = hi + lo (hi = bf16(x), lo = bf16(x − hi)): two passes keep ~16 mantissa bits of x
+    // (rounding x to bf16 alone flipped a near-tie routing decision of the deepseek_v3 fixture)
+    // and still run several times faster than widening the weights (prefill 463 → see PERF.md).
+    std::vector<uint16_t> hi(x.size()), lo(x.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+      hi[i] = float_to_bf16(x[i]);
+      lo[i] = float_to_bf16(x[i] - bf16_to_float(hi[i]));
+    }
+    Mat y2(y.size());
+    const int64_t cols = std::max<int64_t>(64, (out / 8 + 63) / 64 * 64);  // wide tiles: AMX packs rows once per call
+    const int64_t ntiles = (out + cols - 1) / cols;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t t = 0; t < ntiles; ++t) {
+      cpu::MatmulArgs a;
+      a.xdtype = DType::bf16;
+      a.ldx = in;
+      a.m = T;
+      a.k = in;
+      a.w = l.weight.data();
+      a.wdtype = dt;
+      a.layout = cpu::WeightLayout::nt;
+      a.ldw = in;
+      a.ldy = out;
+      a.n0 = t * cols;
+      a.n1 = std::min(out, a.n0 + cols);
+      a.x = hi.data();
+      a.y = y.data();
+      kt.matmul(a);
+      a.x = lo.data();
+      a.y = y2.data();
+      kt.matmul(a);
+      for (int64_t r = 0; r < T; ++r)
+        for (int64_t o = a.n0; o < a.n1; ++o) y[size_t(r * out + o)] += y2[size_t(r * out + o)] + (b ? b[o] : 0.0f);
+    }
+    return y;
+  }
   constexpr int64_t kCols = 64;
   const int64_t tiles = (out + kCols - 1) / kCols;
 #pragma omp parallel for schedule(dynamic, 1) if (T * out * in > (1 << 16))
@@ -118,30 +152,42 @@ Mat attend(const float* q, const Mat& k, const Mat& v, int64_t n, int64_t Tk, in
            int64_t dq, int64_t dv, double scaling, int64_t window, const float* sinks) {
   Mat o(size_t(n * nh * dv), 0.f);
   const int64_t group = nh / nkv;
-  std::vector<double> s(static_cast<size_t>(Tk));
-  for (int64_t h = 0; h < nh; ++h) {
-    const int64_t kh = h / group;
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t p = pos0 + i;
-      const int64_t j0 = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0;
-      const int64_t j1 = std::min(p, Tk - 1);
-      double mx = -std::numeric_limits<double>::infinity();
-      for (int64_t j = j0; j <= j1; ++j) {
-        double acc = 0;
+  // (head, query) pairs in parallel, each computed by one thread in a fixed order (f32 dot products
+  // in 8 fixed lanes, softmax in f64, the value sum in f32 over contiguous value rows)
+#pragma omp parallel if (n * nh * Tk * (dq + dv) > (1 << 16))
+  {
+    std::vector<double> s(static_cast<size_t>(Tk));
+    std::vector<float> acc(static_cast<size_t>(dv));
+#pragma omp for schedule(dynamic, 4) collapse(2)
+    for (int64_t h = 0; h < nh; ++h) {
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t kh = h / group;
+        const int64_t p = pos0 + i;
+        const int64_t j0 = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0;
+        const int64_t j1 = std::min(p, Tk - 1);
         const float* qi = q + (i * nh + h) * dq;
-        const float* kj = k.data() + (j * nkv + kh) * dq;
-        for (int64_t d = 0; d < dq; ++d) acc += double(qi[d]) * double(kj[d]);
-        s[size_t(j)] = acc * scaling;
-        mx = std::max(mx, s[size_t(j)]);
-      }
-      if (sinks) mx = std::max(mx, double(sinks[h]));
-      double den = sinks ? std::exp(double(sinks[h]) - mx) : 0.0;
-      for (int64_t j = j0; j <= j1; ++j) den += (s[size_t(j)] = std::exp(s[size_t(j)] - mx));
-      float* oi = o.data() + (i * nh + h) * dv;
-      for (int64_t d = 0; d < dv; ++d) {
-        double acc = 0;
-        for (int64_t j = j0; j <= j1; ++j) acc += s[size_t(j)] * double(v[size_t((j * nkv + kh) * dv + d)]);
-        oi[d] = float(acc / den);
+        double mx = -std::numeric_limits<double>::infinity();
+        for (int64_t j = j0; j <= j1; ++j) {
+          const float* kj = k.data() + (j * nkv + kh) * dq;
+          float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+          int64_t d = 0;
+          for (; d + 8 <= dq; d += 8)
+            for (int u = 0; u < 8; ++u) lane[u] += qi[d + u] * kj[d + u];
+          float dot = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+          for (; d < dq; ++d) dot += qi[d] * kj[d];
+          s[size_t(j)] = double(dot) * scaling;
+          mx = std::max(mx, s[size_t(j)]);
+        }
+        if (sinks) mx = std::max(mx, double(sinks[h]));
+        double den = sinks ? std::exp(double(sinks[h]) - mx) : 0.0;
+        for (int64_t j = j0; j <= j1; ++j) den += (s[size_t(j)] = std::exp(s[size_t(j)] - mx));
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        for (int64_t j = j0; j <= j1; ++j) {
+          const float w = float(s[size_t(j)] / den);
+          const float* vj = v.data() + (j * nkv + kh) * dv;
+          for (int64_t d = 0; d < dv; ++d) acc[size_t(d)] += w * vj[d];
+        }
+        std::copy(acc.begin(), acc.end(), o.data() + (i * nh + h) * dv);
       }
     }
   }

@@ -107,10 +107,14 @@ void amx_matmul(const MatmulArgs& a) {
   // X in VNNI: [mblock][chunk][16 k-pairs][16 rows][2], zero-padded past m and k. Small: m × k.
   thread_local std::vector<uint16_t> packed;
   packed.assign(size_t(mblocks * chunks * 512), 0);
+  // as 32-bit (k, k+1) pairs: pair kp of row r lands at [r / 16][kp][r % 16], i.e. 16·kp past its row
+  uint32_t* pairs = reinterpret_cast<uint32_t*>(packed.data());
+  const int64_t kp_full = k / 2;
   for (int64_t r = 0; r < m; ++r) {
     const uint16_t* xr = x + r * a.ldx;
-    uint16_t* dst = packed.data() + (r / 16) * chunks * 512 + (r % 16) * 2;
-    for (int64_t kk = 0; kk < k; ++kk) dst[(kk / 32) * 512 + ((kk % 32) / 2) * 32 + (kk % 2)] = xr[kk];
+    uint32_t* dst = pairs + (r / 16) * chunks * 256 + (r % 16);
+    for (int64_t kp = 0; kp < kp_full; ++kp) dst[16 * kp] = uint32_t(xr[2 * kp]) | (uint32_t(xr[2 * kp + 1]) << 16);
+    if (k % 2) dst[16 * kp_full] = xr[k - 1];  // the last k alone, its pair partner zero
   }
   alignas(64) float ct[2][256];
   alignas(64) uint16_t wpad[2][512];
@@ -141,8 +145,10 @@ void amx_matmul(const MatmulArgs& a) {
       _tile_stored(0, ct[0], 64);
       _tile_stored(1, ct[1], 64);
       const int64_t rows = std::min<int64_t>(16, m - mb * 16);
-      for (int64_t j = 0; j < nb; ++j)
-        for (int64_t r = 0; r < rows; ++r) a.y[(mb * 16 + r) * a.ldy + n + j] = ct[j / 16][(j % 16) * 16 + r];
+      for (int64_t r = 0; r < rows; ++r) {  // C^T tiles → rows of y (contiguous writes)
+        float* yr = a.y + (mb * 16 + r) * a.ldy + n;
+        for (int64_t j = 0; j < nb; ++j) yr[j] = ct[j >> 4][(j & 15) * 16 + r];
+      }
     }
   }
 }
