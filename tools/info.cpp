@@ -1,6 +1,7 @@
 // tools/info.cpp — `moex info`: the build, the devices, and every backend: available or why not.
 #include <fmt/format.h>
 
+#include "moex/model.hpp"
 #include "moex/moex.hpp"
 #include "tools/commands.hpp"
 
@@ -21,7 +22,7 @@ Problem probe_problem(Device dev) {
   return p;
 }
 
-int run_info() {
+int run_info(const std::string& model_dir, const std::string& experts) {
   const CpuInfo cpu = cpu_info();
   fmt::print("moex {}\n", "0.1.0");
   fmt::print("build: C++20, CUDA {}\n", built_with_cuda() ? "yes" : "no");
@@ -48,6 +49,14 @@ int run_info() {
       fmt::print("      {:<7} {}\n", to_string(d), s.ok ? "available" : "no: " + s.reason);
     }
   }
+  if (!model_dir.empty()) {  // the experts backend of every sub-config of a checkpoint
+    LoadOptions lo;
+    if (!experts.empty()) lo.experts_implementation = ExpertsImplementation(experts);
+    const Model m = Model::from_pretrained(model_dir, lo);
+    fmt::print("\nmodel {} ({}, {} layers):\n", model_dir, m.config().model_type, m.config().text.num_hidden_layers);
+    for (const auto& [key, backend] : m.get_experts_implementation())
+      fmt::print("  {:<14} {}\n", key.empty() ? "\"\" (top)" : key, backend);
+  }
   return 0;
 }
 
@@ -55,7 +64,10 @@ int run_info() {
 
 void add_info(CLI::App& app, std::function<int()>& run) {
   auto* cmd = app.add_subcommand("info", "Show the build, the devices and which backends run on them (and why not)");
-  cmd->callback([&run] { run = run_info; });
+  auto model = std::make_shared<std::string>(), experts = std::make_shared<std::string>();
+  cmd->add_option("--model", *model, "also load this checkpoint and show the experts backend of each sub-config");
+  cmd->add_option("--experts-implementation", *experts, "the backend to load it with (default grouped_mm)");
+  cmd->callback([&run, model, experts] { run = [model, experts] { return run_info(*model, *experts); }; });
 }
 
 }  // namespace moex::cli
