@@ -134,3 +134,30 @@ TEST(Equivalence, DroppedSlotsContributeZeroInEveryBackend) {
 }
 
 }  // namespace
+
+TEST(Equivalence, ManyRowsPerExpertAcrossChunksAndTiles) {
+  // hundreds of rows on one expert (past the 64-row chunks of the fused up projection and the AMX
+  // row blocks), sizes off every tile, every layout
+  for (DType dt : {DType::f32, DType::bf16}) {
+    for (int variant = 0; variant < 4; ++variant) {
+      check::Case c;
+      c.seed = 1000 + uint64_t(variant);
+      c.spec.num_experts = 3;
+      c.spec.hidden = 136;
+      c.spec.intermediate = 200;
+      c.spec.dtype = dt;
+      c.spec.transposed = variant == 1;
+      c.spec.interleaved = variant == 2;
+      c.spec.has_bias = variant == 2;
+      c.spec.has_gate = variant != 3;
+      if (variant == 2) c.spec.activation = ActivationSpec::gpt_oss();
+      c.tokens = 300;
+      c.top_k = 2;
+      c.routing = check::Routing::one_expert;
+      for (const char* b : {"eager", "batched_mm", "grouped_mm"}) {
+        const auto r = check::run_case(b, c);
+        EXPECT_EQ(r.status, check::Result::Status::passed) << b << " " << c.describe() << ": " << r.message;
+      }
+    }
+  }
+}

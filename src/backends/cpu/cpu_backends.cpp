@@ -246,10 +246,14 @@ void cpu_batched(const Experts& ex, const ExpertsCall& call, const RunContext& c
 
 // ---- grouped_mm: sort pairs by expert, one grouped GEMM per projection -----------------------
 
+// Per-thread scratch of the fused up projection + activation: [kFusedRows, 2 · widest h tile].
+int64_t fused_scratch_floats(int64_t I) { return kFusedRows * 2 * ((I + kTile - 1) / kTile * kTile); }
+
 size_t cpu_grouped_workspace(const Problem& p) {
   const int64_t S = p.tokens * p.top_k, H = p.spec.hidden, I = p.spec.intermediate, R = p.spec.gate_up_rows();
-  return floats(S * H) + floats(S * R) + floats(S * I) + floats(int64_t(threads_of(p)) * H) +
-         QuantBuffers::bytes(p.spec, S, S, threads_of(p));
+  // quantized experts keep the [S, R] up-projection buffer; the others fuse the activation
+  const size_t up = p.spec.quant.quantized() ? floats(S * R) : floats(int64_t(threads_of(p)) * fused_scratch_floats(I));
+  return floats(S * H) + up + floats(S * I) + floats(int64_t(threads_of(p)) * H) + QuantBuffers::bytes(p.spec, S, S, threads_of(p));
 }
 
 void cpu_grouped(const Experts& ex, const ExpertsCall& call, const RunContext& ctx) {
@@ -265,8 +269,10 @@ void cpu_grouped(const Experts& ex, const ExpertsCall& call, const RunContext& c
   const int64_t rows1 = std::max<int64_t>(rows, 1);
   float* y = ws.take<float>(size_t(rows1 * H));                         // [rows, H] outputs
   const OperandRows x{reinterpret_cast<char*>(y), xdt, H};             // [rows, H] sorted inputs (y overwrites them later)
-  float* gu = ws.take<float>(size_t(rows1 * R));                        // [rows, R]
-  const OperandRows h{ws.take<char>(size_t(rows1 * I) * 4), xdt, I};   // [rows, I]
+  const bool fused = !s.quant.quantized();
+  // quantized: [rows, R] up-projection results; otherwise per-thread scratch of the fused activation
+  float* gu = fused ? ws.take<float>(size_t(nt) * size_t(fused_scratch_floats(I))) : ws.take<float>(size_t(rows1 * R));
+  const OperandRows h{ws.take<char>(size_t(rows1 * I) * 4), xdt, I};  // [rows, I]
   float* scratch = ws.take<float>(size_t(nt) * size_t(H));
 
   const QuantBuffers q = QuantBuffers::take(ws, s, rows, rows, nt);
@@ -275,10 +281,11 @@ void cpu_grouped(const Experts& ex, const ExpertsCall& call, const RunContext& c
   std::vector<Tile> up, down;
   int64_t active = 0;
   for (int64_t e = 0; e < E; ++e) active += plan.count(e) > 0;
-  const int64_t up_w = tile_width(R, active, nt), down_w = tile_width(H, active, nt);
+  // fused: work items are columns of h (each computes its gate and up columns); else columns of gu
+  const int64_t up_n = fused ? I : R, up_w = tile_width(up_n, active, nt), down_w = tile_width(H, active, nt);
   for (int64_t e = 0; e < E; ++e) {
     if (plan.count(e) == 0) continue;
-    add_tiles(up, e, R, up_w);
+    add_tiles(up, e, up_n, up_w);
     add_tiles(down, e, H, down_w);
   }
   const auto off = [&](int64_t e) { return plan.expert_offsets[size_t(e)]; };
@@ -288,13 +295,19 @@ void cpu_grouped(const Experts& ex, const ExpertsCall& call, const RunContext& c
 #pragma omp for schedule(dynamic, 1)
     for (size_t i = 0; i < up.size(); ++i) {
       const Tile& t = up[i];
-      up_projection(kt, expert_view(ex, t.e), x.row(off(t.e)), xdt, plan.count(t.e), gu + off(t.e) * R, t.n0, t.n1,
-                    q.x_at(off(t.e)));
+      if (fused)
+        up_activation(kt, expert_view(ex, t.e), x.row(off(t.e)), xdt, plan.count(t.e), h.row(off(t.e)), xdt, t.n0, t.n1,
+                      gu + int64_t(omp_get_thread_num()) * fused_scratch_floats(I));
+      else
+        up_projection(kt, expert_view(ex, t.e), x.row(off(t.e)), xdt, plan.count(t.e), gu + off(t.e) * R, t.n0, t.n1,
+                      q.x_at(off(t.e)));
     }
+    if (!fused) {
 #pragma omp for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
-      activation_rows(s, gu + r * R, 1, h.row(r), xdt);
-      if (q.on) quantize_rows(static_cast<float*>(h.row(r)), 1, I, q.hs + r * q.gi);
+      for (int64_t r = 0; r < rows; ++r) {
+        activation_rows(s, gu + r * R, 1, h.row(r), xdt);
+        quantize_rows(static_cast<float*>(h.row(r)), 1, I, q.hs + r * q.gi);
+      }
     }
 #pragma omp for schedule(dynamic, 1)
     for (size_t i = 0; i < down.size(); ++i) {

@@ -60,6 +60,67 @@ void project(const KernelTable& kt, const ExpertsSpec& s, const void* w, const Q
 
 }  // namespace
 
+namespace {
+
+// y[0:m, 0:w] (row stride ldy) = x[m, K] · W[r0 : r0 + w, :]ᵀ (+ bias[r0 : r0 + w]): the weight rows
+// r0.. of the logical [N, K] matrix, written to columns 0.. of a compact buffer.
+void project_rows(const KernelTable& kt, const ExpertsSpec& s, const void* w, const void* bias, const void* x, DType xdt,
+                  int64_t m, int64_t N, int64_t K, int64_t r0, int64_t width, float* y, int64_t ldy) {
+  const size_t esz = dtype_size(s.dtype);
+  MatmulArgs a;
+  a.x = x;
+  a.xdtype = xdt;
+  a.ldx = K;
+  a.m = m;
+  a.k = K;
+  // nt: W [N, K] → rows r0.. start r0·K elements in; nn (transposed): W [K, N] → columns r0.. start r0 in
+  a.w = static_cast<const char*>(w) + (s.transposed ? r0 : r0 * K) * int64_t(esz);
+  a.wdtype = s.dtype;
+  a.layout = s.transposed ? WeightLayout::nn : WeightLayout::nt;
+  a.ldw = s.transposed ? N : K;
+  a.y = y;
+  a.ldy = ldy;
+  a.n0 = 0;
+  a.n1 = width;
+  kt.matmul(a);
+  if (bias) add_bias(static_cast<const char*>(bias) + r0 * int64_t(esz), s.dtype, y, ldy, m, 0, width);
+}
+
+}  // namespace
+
+void up_activation(const KernelTable& kt, const ExpertView& ev, const void* x, DType xdt, int64_t m, void* h, DType hdt,
+                   int64_t c0, int64_t c1, float* scratch) {
+  const ExpertsSpec& s = *ev.spec;
+  const int64_t H = s.hidden, I = s.intermediate, R = s.gate_up_rows(), w = c1 - c0;
+  const size_t xrow = size_t(H) * dtype_size(xdt), hsz = dtype_size(hdt);
+  for (int64_t i0 = 0; i0 < m; i0 += kFusedRows) {
+    const int64_t mc = std::min(kFusedRows, m - i0);
+    const void* xc = static_cast<const char*>(x) + size_t(i0) * xrow;
+    // scratch [mc, 2w]: gate values in columns [0, w), up values in [w, 2w) (interleaved: pairs)
+    if (!s.has_gate) {
+      project_rows(kt, s, ev.gate_up, ev.gate_up_bias, xc, xdt, mc, R, H, c0, w, scratch, 2 * w);
+    } else if (s.interleaved) {
+      project_rows(kt, s, ev.gate_up, ev.gate_up_bias, xc, xdt, mc, R, H, 2 * c0, 2 * w, scratch, 2 * w);
+    } else {
+      project_rows(kt, s, ev.gate_up, ev.gate_up_bias, xc, xdt, mc, R, H, c0, w, scratch, 2 * w);
+      project_rows(kt, s, ev.gate_up, ev.gate_up_bias, xc, xdt, mc, R, H, I + c0, w, scratch + w, 2 * w);
+    }
+    for (int64_t i = 0; i < mc; ++i) {
+      const float* g = scratch + i * 2 * w;
+      char* hr = static_cast<char*>(h) + (size_t(i0 + i) * size_t(I) + size_t(c0)) * hsz;
+      for (int64_t c = 0; c < w; ++c) {
+        const float v = !s.has_gate ? plain_act(s.activation, g[c])
+                        : s.interleaved ? gated_act(s.activation, g[2 * c], g[2 * c + 1])
+                                        : gated_act(s.activation, g[c], g[w + c]);
+        if (hdt == DType::bf16)
+          reinterpret_cast<uint16_t*>(hr)[c] = float_to_bf16(v);
+        else
+          reinterpret_cast<float*>(hr)[c] = round_to(s.dtype, v);
+      }
+    }
+  }
+}
+
 DType operand_dtype(const KernelTable& kt, const ExpertsSpec& s) {
   return kt.bf16_dot && s.dtype == DType::bf16 && !s.transposed && !s.quant.quantized() ? DType::bf16 : DType::f32;
 }

@@ -79,6 +79,14 @@ struct QuantOperand {
 // x is [m, H] of dtype xdt (see operand_dtype).
 void up_projection(const KernelTable& kt, const ExpertView& ev, const void* x, DType xdt, int64_t m, float* gu, int64_t n0,
                    int64_t n1, QuantOperand q = {});
+// The up projection with the gated activation fused in: h[0:m, c0:c1] = act(x · gate_upᵀ)[:, c0:c1]
+// for one expert, computing only the gate and up columns those h columns need, in chunks of 64
+// rows through `scratch` ([64, 2·(c1−c0)] floats), so no [m, 2I] intermediate is written.
+// h rows have width I (row stride I) and dtype hdt. Not for quantized experts.
+void up_activation(const KernelTable& kt, const ExpertView& ev, const void* x, DType xdt, int64_t m, void* h, DType hdt,
+                   int64_t c0, int64_t c1, float* scratch);
+constexpr int64_t kFusedRows = 64;  // rows per chunk of up_activation
+
 // h[m, I] = act(gu[m, R]), rounded to the activation dtype, stored as hdt (f32 or bf16).
 void activation_rows(const ExpertsSpec& s, const float* gu, int64_t m, void* h, DType hdt);
 // y[m, n0:n1] = h[m, I] · downᵀ (+ bias), f32; h of dtype hdt.
