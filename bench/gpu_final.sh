@@ -2,8 +2,7 @@
 # bench/gpu_final.sh — one device-machine call for a session's closing measurements (< 10 min):
 #   1. the GPU suite of bench/gpu_check.sh: build, GPU tests, sanitizers, CUDA-graph timings,
 #      `moex bench --device cuda` beside the reference library, side-by-side table
-#   2. the opt-in 2-CTA cluster variant of the TMA grouped GEMM: GPU tests + timings (perf.log)
-#   3. the CPU side by side on the device machine's CPU (16 and 2 threads): `moex bench --device cpu`
+#   2. the CPU side by side on the device machine's CPU (16 and 2 threads): `moex bench --device cpu`
 #      and the reference library's CPU backends (bench/hf_experts_bench_cpu.py), merged into cpu.md
 # Everything lands under $OUT (8 files at most come back from the device machine).
 set -u
@@ -16,15 +15,6 @@ PARTS=${PARTS:-"build tests sanitize perf bench hf table"} PERF_TOKENS=${PERF_TO
   OUT="$OUT" bash bench/gpu_check.sh
 gpu_status=$?
 BUILD=${BUILD:-build-gpu}
-if [ "${CLUSTER:-1}" = 1 ] && [ "$(left)" -gt 230 ]; then
-  echo "== cluster variant ($(( $(date +%s) - t0 )) s)"
-  { echo "### MOEX_CUDA_TMA_CLUSTER=1 tests"
-    MOEX_CUDA_TMA_CLUSTER=1 MOEX_CUDA_TEST_CASES=40 timeout 60 "$BUILD/moex_tests" --gtest_filter='Dtypes/CudaEquivalence.*/bf16:Capturable/*' 2>&1 | grep -E "passed of|FAILED|PASSED|Failure" | head -12
-    echo "### MOEX_CUDA_TMA_CLUSTER=1 timings"
-    MOEX_CUDA_TMA_CLUSTER=1 MOEX_CUDA_PERF=1 MOEX_CUDA_PERF_TOKENS=4096,16384 MOEX_CUDA_PERF_BACKENDS=grouped_mm timeout 60 \
-      "$BUILD/moex_tests" --gtest_filter='CudaPerf.*' 2>&1 | grep -E "^PERF" | sed 's/^PERF/PERFCLUSTER/'
-  } 2>&1 | tee -a "$OUT/perf.log" | tail -16
-fi
 echo "== cpu side by side ($(( $(date +%s) - t0 )) s, $(left) s left)"
 tmp=$(mktemp -d)
 {
