@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/check.hpp"
+#include "core/files.hpp"
 
 namespace moex {
 
@@ -190,19 +191,6 @@ json parse_json(std::string_view text, std::string_view source) {
   } catch (const json::exception& e) {
     detail::fail(ErrorCode::parse, "{}: malformed JSON: {}", source, e.what());
   }
-}
-
-std::string read_file(const std::string& path) {
-  std::FILE* fp = std::fopen(path.c_str(), "rb");
-  if (!fp) detail::fail(ErrorCode::io, "cannot open {}: {}", path, std::strerror(errno));
-  std::string s;
-  char buf[65536];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, fp)) > 0) s.append(buf, n);
-  const bool err = std::ferror(fp);
-  std::fclose(fp);
-  if (err) detail::fail(ErrorCode::io, "cannot read {}", path);
-  return s;
 }
 
 const TextType* find_text_type(const std::string& t) {
@@ -655,10 +643,10 @@ ModelConfig load_model_config(const std::string& dir) {
   const fs::path cfg = d / "config.json";
   std::error_code ec;
   if (!fs::exists(cfg, ec)) detail::fail(ErrorCode::io, "no config.json in checkpoint directory {}", dir);
-  ModelConfig m = parse_model_config(read_file(cfg.string()), cfg.string());
+  ModelConfig m = parse_model_config(detail::read_text_file(cfg.string()), cfg.string());
   const fs::path gen = d / "generation_config.json";
   if (fs::exists(gen, ec)) {
-    m.generation = parse_generation_config(read_file(gen.string()), gen.string(), m.generation);
+    m.generation = parse_generation_config(detail::read_text_file(gen.string()), gen.string(), m.generation);
     m.has_generation_config = true;
   }
   return m;

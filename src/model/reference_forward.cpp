@@ -32,51 +32,28 @@ Mat linear(const Mat& x, int64_t T, const Linear& l) {
   Mat y(size_t(T * out));
   if (T == 0) return y;
   const cpu::KernelTable& kt = cpu::kernels();
-  if (dt == DType::bf16 && kt.bf16_dot && T >= 8) {
-    // NOTE: bf16 weights with many rows run on vdpbf16ps/AMX with the f32 inputs split in two bf16
-    // terms, x = hi + lo (hi = bf16(x), lo = bf16(x − hi)): two passes keep ~16 mantissa bits of x
-    // (rounding x to bf16 alone flipped a near-tie routing decision of the deepseek_v3 fixture)
-    // and still run several times faster than widening the weights (prefill 463 → see PERF.md).
-    std::vector<uint16_t> hi(x.size()), lo(x.size());
+  // NOTE: bf16 weights with many rows run on vdpbf16ps/AMX with the f32 inputs split in two bf16
+  // terms, x = hi + lo (hi = bf16(x), lo = bf16(x − hi)): two passes keep ~16 mantissa bits of x
+  // (rounding x to bf16 alone flipped a near-tie routing decision of the deepseek_v3 fixture) and
+  // still run several times faster than widening the weights. Otherwise x stays f32.
+  const bool split = dt == DType::bf16 && kt.bf16_dot && T >= 8;
+  std::vector<uint16_t> hi, lo;
+  Mat y2;
+  if (split) {
+    hi.resize(x.size());
+    lo.resize(x.size());
     for (size_t i = 0; i < x.size(); ++i) {
       hi[i] = float_to_bf16(x[i]);
       lo[i] = float_to_bf16(x[i] - bf16_to_float(hi[i]));
     }
-    Mat y2(y.size());
-    const int64_t cols = std::max<int64_t>(64, (out / 8 + 63) / 64 * 64);  // wide tiles: AMX packs rows once per call
-    const int64_t ntiles = (out + cols - 1) / cols;
-#pragma omp parallel for schedule(dynamic, 1)
-    for (int64_t t = 0; t < ntiles; ++t) {
-      cpu::MatmulArgs a;
-      a.xdtype = DType::bf16;
-      a.ldx = in;
-      a.m = T;
-      a.k = in;
-      a.w = l.weight.data();
-      a.wdtype = dt;
-      a.layout = cpu::WeightLayout::nt;
-      a.ldw = in;
-      a.ldy = out;
-      a.n0 = t * cols;
-      a.n1 = std::min(out, a.n0 + cols);
-      a.x = hi.data();
-      a.y = y.data();
-      kt.matmul(a);
-      a.x = lo.data();
-      a.y = y2.data();
-      kt.matmul(a);
-      for (int64_t r = 0; r < T; ++r)
-        for (int64_t o = a.n0; o < a.n1; ++o) y[size_t(r * out + o)] += y2[size_t(r * out + o)] + (b ? b[o] : 0.0f);
-    }
-    return y;
+    y2.resize(y.size());
   }
-  constexpr int64_t kCols = 64;
-  const int64_t tiles = (out + kCols - 1) / kCols;
-#pragma omp parallel for schedule(dynamic, 1) if (T * out * in > (1 << 16))
+  // wide tiles on the split path: the AMX kernel packs its rows once per call
+  const int64_t cols = split ? std::max<int64_t>(64, (out / 8 + 63) / 64 * 64) : 64;
+  const int64_t tiles = (out + cols - 1) / cols;
+#pragma omp parallel for schedule(dynamic, 1) if (split || T * out * in > (1 << 16))
   for (int64_t t = 0; t < tiles; ++t) {
     cpu::MatmulArgs a;
-    a.x = x.data();
-    a.xdtype = DType::f32;
     a.ldx = in;
     a.m = T;
     a.k = in;
@@ -84,14 +61,25 @@ Mat linear(const Mat& x, int64_t T, const Linear& l) {
     a.wdtype = dt;
     a.layout = cpu::WeightLayout::nt;
     a.ldw = in;
-    a.y = y.data();
     a.ldy = out;
-    a.n0 = t * kCols;
-    a.n1 = std::min(out, a.n0 + kCols);
+    a.n0 = t * cols;
+    a.n1 = std::min(out, a.n0 + cols);
+    if (split) {
+      a.xdtype = DType::bf16;
+      a.x = lo.data();
+      a.y = y2.data();
+      kt.matmul(a);
+      a.x = hi.data();
+    } else {
+      a.xdtype = DType::f32;
+      a.x = x.data();
+    }
+    a.y = y.data();
     kt.matmul(a);
-    if (b)
+    if (split || b)
       for (int64_t r = 0; r < T; ++r)
-        for (int64_t o = a.n0; o < a.n1; ++o) y[size_t(r * out + o)] += b[o];
+        for (int64_t o = a.n0; o < a.n1; ++o)
+          y[size_t(r * out + o)] += (split ? y2[size_t(r * out + o)] : 0.0f) + (b ? b[o] : 0.0f);
   }
   return y;
 }

@@ -19,6 +19,7 @@
 #include <set>
 
 #include "core/check.hpp"
+#include "core/files.hpp"
 
 namespace moex {
 
@@ -474,19 +475,6 @@ Tensor convert_tensor(const TensorView& src, DType dt) {
 
 namespace {
 
-std::string read_text_file(const std::string& path) {
-  std::FILE* fp = std::fopen(path.c_str(), "rb");
-  if (!fp) detail::fail(ErrorCode::io, "cannot open {}: {}", path, errno_text());
-  std::string s;
-  char buf[65536];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, fp)) > 0) s.append(buf, n);
-  const bool err = std::ferror(fp);
-  std::fclose(fp);
-  if (err) detail::fail(ErrorCode::io, "cannot read {}", path);
-  return s;
-}
-
 // A shard name from an index must stay inside the checkpoint directory.
 bool safe_relative_name(const std::string& s) {
   if (s.empty() || s.front() == '/' || s.find('\0') != std::string::npos) return false;
@@ -527,7 +515,7 @@ Checkpoint Checkpoint::open(const std::string& dir_or_file) {
   const std::string ip = index_path.string();
   json j;
   {
-    const std::string text = read_text_file(ip);
+    const std::string text = detail::read_text_file(ip);
     if (!json_depth_ok(text.data(), text.size()))
       detail::fail(ErrorCode::parse, "{}: malformed index: JSON nested deeper than {}", ip, kMaxJsonDepth);
     try {

@@ -33,34 +33,6 @@ void add_bias(const void* bias, DType dt, float* y, int64_t ldy, int64_t m, int6
     for (int64_t n = n0; n < n1; ++n) y[i * ldy + n] += load_scalar(bias, dt, n);
 }
 
-// y[m, n0:n1] = x[m, K] · Wᵀ (+ bias) for one expert matrix W of logical shape [N, K] (out × in).
-void project(const KernelTable& kt, const ExpertsSpec& s, const void* w, const QuantMatrix& wq, const void* bias, const void* x,
-             DType xdt, int64_t m, int64_t N, int64_t K, float* y, int64_t n0, int64_t n1, QuantOperand q) {
-  if (s.quant.quantized()) {
-    quant_matmul(kt, wq, static_cast<const float*>(x), q.scales, m, y, N, n0, n1, q.scratch);
-  } else {
-    MatmulArgs a;
-    a.x = x;
-    a.xdtype = xdt;
-    a.ldx = K;
-    a.m = m;
-    a.k = K;
-    a.w = w;
-    a.wdtype = s.dtype;
-    a.layout = s.transposed ? WeightLayout::nn : WeightLayout::nt;
-    a.ldw = s.transposed ? N : K;
-    a.y = y;
-    a.ldy = N;
-    a.n0 = n0;
-    a.n1 = n1;
-    kt.matmul(a);
-  }
-  add_bias(bias, s.dtype, y, N, m, n0, n1);
-}
-
-}  // namespace
-
-namespace {
 
 // y[0:m, 0:w] (row stride ldy) = x[m, K] · W[r0 : r0 + w, :]ᵀ (+ bias[r0 : r0 + w]): the weight rows
 // r0.. of the logical [N, K] matrix, written to columns 0.. of a compact buffer.
@@ -84,6 +56,17 @@ void project_rows(const KernelTable& kt, const ExpertsSpec& s, const void* w, co
   a.n1 = width;
   kt.matmul(a);
   if (bias) add_bias(static_cast<const char*>(bias) + r0 * int64_t(esz), s.dtype, y, ldy, m, 0, width);
+}
+
+// y[m, n0:n1] = x[m, K] · Wᵀ (+ bias) for one expert matrix W of logical shape [N, K] (out × in).
+void project(const KernelTable& kt, const ExpertsSpec& s, const void* w, const QuantMatrix& wq, const void* bias, const void* x,
+             DType xdt, int64_t m, int64_t N, int64_t K, float* y, int64_t n0, int64_t n1, QuantOperand q) {
+  if (s.quant.quantized()) {
+    quant_matmul(kt, wq, static_cast<const float*>(x), q.scales, m, y, N, n0, n1, q.scratch);
+    add_bias(bias, s.dtype, y, N, m, n0, n1);
+  } else {
+    project_rows(kt, s, w, bias, x, xdt, m, N, K, n0, n1 - n0, y + n0, N);
+  }
 }
 
 }  // namespace
