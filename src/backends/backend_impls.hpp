@@ -24,5 +24,10 @@ size_t cuda_grouped_workspace(const Problem& p);
 void cuda_eager(const Experts& ex, const ExpertsCall& call, const RunContext& ctx);
 void cuda_batched(const Experts& ex, const ExpertsCall& call, const RunContext& ctx);
 void cuda_grouped(const Experts& ex, const ExpertsCall& call, const RunContext& ctx);
+// deepgemm (backends/cuda/deepgemm.cu): the limits of this build's kernels, checked after the
+// SPEC §2 requirements in builtin_backends.cpp.
+Support cuda_deepgemm_supports(const Problem& p);
+size_t cuda_deepgemm_workspace(const Problem& p);
+void cuda_deepgemm(const Experts& ex, const ExpertsCall& call, const RunContext& ctx);
 
 }  // namespace moex::detail

@@ -59,7 +59,8 @@ Support needs_cuda(const Problem& p, std::string_view name, int min_cc) {
   return Support::yes();
 }
 
-// deepgemm: Hopper+ TMA/wgmma grouped GEMM, bf16 or FP8 block-quantized experts (SPEC §2).
+// deepgemm: Hopper+ TMA/wgmma grouped GEMM, bf16 or FP8 block-quantized experts (SPEC §2); the
+// kernels and layouts are in backends/cuda/deepgemm.cu.
 class DeepGemmBackend final : public ExpertsBackend {
  public:
   std::string name() const override { return "deepgemm"; }
@@ -85,11 +86,10 @@ class DeepGemmBackend final : public ExpertsBackend {
     if (!q.quantized() && p.spec.dtype != DType::bf16)
       return Support::no(fmt::format("deepgemm needs bf16 or FP8 block-quantized experts (got {}); use grouped_mm",
                                      dtype_name(p.spec.dtype)));
-    return Support::no("the deepgemm kernels are not part of this build of moex yet; use grouped_mm");
+    return cuda_deepgemm_supports(p);  // the kernels' own limits (sm_90a build, layout, alignment)
   }
-  void run(const Experts&, const ExpertsCall&, const RunContext&) const override {
-    fail(ErrorCode::unsupported, "deepgemm is not available in this build of moex; use grouped_mm");
-  }
+  size_t workspace_bytes(const Problem& p) const override { return cuda_deepgemm_workspace(p); }
+  void run(const Experts& ex, const ExpertsCall& call, const RunContext& ctx) const override { cuda_deepgemm(ex, call, ctx); }
 };
 
 // deepgemm_megamoe: fused EP dispatch + gated MLP + EP combine (Blackwell, FP4, expert parallel).

@@ -28,6 +28,11 @@ size_t cuda_grouped_workspace(const Problem&) { return 0; }
 void cuda_eager(const Experts&, const ExpertsCall&, const RunContext&) { no_cuda(); }
 void cuda_batched(const Experts&, const ExpertsCall&, const RunContext&) { no_cuda(); }
 void cuda_grouped(const Experts&, const ExpertsCall&, const RunContext&) { no_cuda(); }
+Support cuda_deepgemm_supports(const Problem&) {
+  return Support::no("deepgemm needs a build of moex with CUDA (this one has none); use grouped_mm");
+}
+size_t cuda_deepgemm_workspace(const Problem&) { return 0; }
+void cuda_deepgemm(const Experts&, const ExpertsCall&, const RunContext&) { no_cuda(); }
 
 }  // namespace detail
 }  // namespace moex

@@ -58,11 +58,15 @@ namespace {
 constexpr int BM = 128, BK = 64, THREADS = 384, GROUP_M = 8;
 constexpr int A_BYTES = BM * BK * 2;
 
-template <int BN>
+// One pipeline stage holds 128 bytes of every row: 64 bf16/f16 or 128 e4m3 elements of K. FP8 adds
+// the stage's 128 activation scales (f32, one per A row; one 128-wide K block = one stage).
+constexpr int SA_BYTES = BM * 4;
+template <int BN, bool FP8 = false>
 struct TmaCfg {
   static constexpr int STAGES = BN == 256 ? 4 : 6;
   static constexpr int B_BYTES = BN * BK * 2;
-  static constexpr int SMEM_BYTES = STAGES * (A_BYTES + B_BYTES) + 1024 + 256;  // align slack + barriers
+  static constexpr int STAGE_BYTES = A_BYTES + B_BYTES + (FP8 ? SA_BYTES : 0);
+  static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + 1024 + 256;  // align slack + barriers
 };
 
 // ---- PTX helpers --------------------------------------------------------------------------
@@ -85,6 +89,10 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
         : "r"(bar), "r"(parity)
         : "memory");
   } while (!done);
+}
+// 4-byte cp.async (one activation scale); valid = false writes zero.
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0) : "memory");
 }
 __device__ __forceinline__ void cp_async_mbar_arrive_noinc(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
@@ -138,20 +146,35 @@ __device__ __forceinline__ void decode_work(int w, int num_m, int n_tiles, int& 
 template <class T>
 __device__ __forceinline__ void store2(T* p, float a, float b) {
   if constexpr (std::is_same_v<T, __nv_bfloat16>) *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(a, b);
-  else *reinterpret_cast<__half2*>(p) = __floats2half2_rn(a, b);
+  else if constexpr (std::is_same_v<T, __half>) *reinterpret_cast<__half2*>(p) = __floats2half2_rn(a, b);
+  else *reinterpret_cast<float2*>(p) = make_float2(a, b);
 }
 
-template <class T, int BN, bool GATHER>
+__device__ __forceinline__ float weight_scale(const TmaFp8Extra& x, int64_t idx) {
+  return x.w_ue8m0 ? __uint_as_float(uint32_t(static_cast<const uint8_t*>(x.w_scales)[idx]) << 23)
+                   : static_cast<const float*>(x.w_scales)[idx];
+}
+
+// T: the activation dtype (bias, the h output of bf16/f16 GEMMs). FP8: A and B are e4m3 codes with
+// the two-level accumulation (see the header); the up epilogue then writes h as f32.
+template <class T, int BN, bool GATHER, bool FP8>
 __global__ void __launch_bounds__(THREADS, 1)
     grouped_gemm_tma(const __grid_constant__ CUtensorMap tm_b, const __grid_constant__ CUtensorMap tm_a,
-                     const __grid_constant__ GroupedGemmArgs a, int n_tiles) {
-  constexpr int STAGES = TmaCfg<BN>::STAGES, B_BYTES = TmaCfg<BN>::B_BYTES, NF = BN / 8;
+                     const __grid_constant__ CUtensorMap tm_sa, const __grid_constant__ GroupedGemmArgs a,
+                     const __grid_constant__ TmaFp8Extra x, int n_tiles) {
+  using Cfg = TmaCfg<BN, FP8>;
+  using Elem = std::conditional_t<FP8, uint8_t, T>;
+  constexpr int STAGES = Cfg::STAGES, B_BYTES = Cfg::B_BYTES, NF = BN / 8;
+  constexpr int BKE = FP8 ? 128 : BK;          // K elements per stage (128 bytes per row either way)
+  constexpr int CHUNK = 16 / int(sizeof(Elem));  // K elements per 16-byte cp.async chunk
+  static_assert(!FP8 || BN == 128, "FP8 keeps two accumulator sets: 128-wide N tiles only");
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw = ptx::smem_u32(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;
   const uint32_t sA = base, sB = base + STAGES * A_BYTES;
-  const uint32_t bars = sB + STAGES * B_BYTES;  // full[STAGES], empty[STAGES]
+  const uint32_t sSA = sB + STAGES * B_BYTES;                   // FP8: [STAGES][128] f32
+  const uint32_t bars = sSA + (FP8 ? STAGES * SA_BYTES : 0);   // full[STAGES], empty[STAGES]
   int* s_num_m = reinterpret_cast<int*>(smem_raw + (bars - raw) + 16 * STAGES);
   auto full_bar = [&](int s) { return bars + 8u * uint32_t(s); };
   auto empty_bar = [&](int s) { return bars + 8u * uint32_t(STAGES + s); };
@@ -176,7 +199,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   const int num_m = *s_num_m;
   const int total = num_m * n_tiles;
   const int Kdim = a.Kdim;
-  const int ktiles = (Kdim + BK - 1) / BK;
+  const int ktiles = (Kdim + BKE - 1) / BKE;
   const bool concat = a.epi == Epi::up_concat;
 
   if (wg == 0) {
@@ -186,9 +209,10 @@ __global__ void __launch_bounds__(THREADS, 1)
     if (tid == 0) {
       prefetch_tmap(&tm_b);
       if (!GATHER) prefetch_tmap(&tm_a);
+      if (!GATHER && FP8) prefetch_tmap(&tm_sa);
     }
-    const T* A = static_cast<const T*>(a.A);
-    const uint32_t tx_bytes = B_BYTES + (GATHER ? 0 : A_BYTES);
+    const Elem* A = static_cast<const Elem*>(a.A);
+    const uint32_t tx_bytes = B_BYTES + (GATHER ? 0 : A_BYTES + (FP8 ? SA_BYTES : 0));
     int stage = 0;
     uint32_t phase = 0;
     for (int w = blockIdx.x; w < total; w += gridDim.x) {
@@ -197,16 +221,18 @@ __global__ void __launch_bounds__(THREADS, 1)
       const int4 tile = a.plan.tiles[m];
       const int e = tile.x, rb = tile.y, re = tile.z;
       int src[GATHER ? 8 : 1];
+      int scale_src = -1;  // FP8 gather: source row of this thread's row (tid) of the tile
       if constexpr (GATHER) {
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
           const int sr = rb + (tid >> 3) + 16 * j;
           src[j] = sr < re ? a.a_gather[sr] / a.a_div : -1;
         }
+        if constexpr (FP8) scale_src = rb + tid < re ? a.a_gather[rb + tid] / a.a_div : -1;
       }
       for (int kt = 0; kt < ktiles; ++kt) {
         mbar_wait(empty_bar(stage), phase ^ 1u);
-        const int k0 = kt * BK;
+        const int k0 = kt * BKE;
         if (tid == 0) {
           const uint32_t fb = full_bar(stage);
           mbar_arrive_expect_tx(fb, tx_bytes);
@@ -217,10 +243,13 @@ __global__ void __launch_bounds__(THREADS, 1)
           } else {
             tma_load_3d(dB, &tm_b, fb, k0, n * BN, e);
           }
-          if constexpr (!GATHER) tma_load_2d(sA + uint32_t(stage) * A_BYTES, &tm_a, fb, k0, rb);
+          if constexpr (!GATHER) {
+            tma_load_2d(sA + uint32_t(stage) * A_BYTES, &tm_a, fb, k0, rb);
+            if constexpr (FP8) tma_load_2d(sSA + uint32_t(stage) * SA_BYTES, &tm_sa, fb, rb, kt);
+          }
         }
         if constexpr (GATHER) {
-          const int c = tid & 7, k = k0 + c * 8;
+          const int c = tid & 7, k = k0 + c * CHUNK;
           const uint32_t dA = sA + uint32_t(stage) * A_BYTES;
 #pragma unroll
           for (int j = 0; j < 8; ++j) {
@@ -228,6 +257,9 @@ __global__ void __launch_bounds__(THREADS, 1)
             const bool ok = src[j] >= 0 && k < Kdim;
             ptx::cp_async16(dA + uint32_t(r * 128 + ((c ^ (r & 7)) << 4)), ok ? A + int64_t(src[j]) * Kdim + k : A, ok);
           }
+          if constexpr (FP8)
+            cp_async4(sSA + uint32_t(stage) * SA_BYTES + 4u * uint32_t(tid),
+                      scale_src >= 0 ? x.a_scales + int64_t(kt) * x.a_scales_ld + scale_src : x.a_scales, scale_src >= 0);
           cp_async_mbar_arrive_noinc(full_bar(stage));
         }
         if (++stage == STAGES) {
@@ -245,6 +277,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     int stage = 0;
     uint32_t phase = 0;
     float acc[NF][4];
+    float part[FP8 ? NF : 1][4];  // FP8: the partial sums of one 128-K block
     for (int w = blockIdx.x; w < total; w += gridDim.x) {
       int m, n;
       decode_work(w, num_m, n_tiles, m, n);
@@ -252,6 +285,50 @@ __global__ void __launch_bounds__(THREADS, 1)
       for (int j = 0; j < NF; ++j)
 #pragma unroll
         for (int q = 0; q < 4; ++q) acc[j][q] = 0.0f;
+      if constexpr (FP8) {
+        // ---- two-level accumulation: per 128-K block, part = A·B on the e4m3 codes (QGMMA), then
+        // acc += part × activation scale (per row) × weight block scale (per 128 outputs)
+        const int e = a.plan.tiles[m].x;
+        const int kb_count = (Kdim + 127) / 128;
+        const int64_t nb_count = (a.N + 127) / 128;
+        // weight scale rows of the tile's two column halves (gate / up in the concatenated layout)
+        const int64_t blk_lo = concat ? (int64_t(n) * (BN / 2)) / 128 : n;
+        const int64_t blk_hi = concat ? (int64_t(a.I) + int64_t(n) * (BN / 2)) / 128 : n;
+        const int64_t ws_lo = (int64_t(e) * nb_count + blk_lo) * kb_count, ws_hi = (int64_t(e) * nb_count + blk_hi) * kb_count;
+        const int srow = cw * 64 + warp_in_wg * 16 + (lane >> 2);
+        for (int kt = 0; kt < ktiles; ++kt) {
+          const float w_lo = weight_scale(x, ws_lo + kt), w_hi = weight_scale(x, ws_hi + kt);
+          mbar_wait(full_bar(stage), phase);
+          if constexpr (GATHER) wgmma::fence_proxy_async();
+          const uint32_t a_tile = sA + uint32_t(stage) * A_BYTES + uint32_t(cw) * (64 * 128);
+          const uint32_t b_tile = sB + uint32_t(stage) * B_BYTES;
+          wgmma::fence_acc(part);
+          wgmma::fence();
+#pragma unroll
+          for (int kk = 0; kk < 4; ++kk)
+            wgmma::wgmma_m64n128k32_e4m3(part, wgmma::desc_sw128(a_tile + kk * 32), wgmma::desc_sw128(b_tile + kk * 32), kk);
+          wgmma::commit();
+          wgmma::wait<0>();
+          wgmma::fence_acc(part);
+          const float* sa = reinterpret_cast<const float*>(smem_raw + (sSA - raw) + stage * SA_BYTES);
+          const float sa0 = sa[srow], sa1 = sa[srow + 8];
+          __syncwarp();
+          if (lane == 0) mbar_arrive(empty_bar(stage));
+          if (++stage == STAGES) {
+            stage = 0;
+            phase ^= 1u;
+          }
+#pragma unroll
+          for (int nf = 0; nf < NF; ++nf) {
+            const float ws = nf < NF / 2 ? w_lo : w_hi;
+            const float s0 = sa0 * ws, s1 = sa1 * ws;
+            acc[nf][0] += part[nf][0] * s0;
+            acc[nf][1] += part[nf][1] * s0;
+            acc[nf][2] += part[nf][2] * s1;
+            acc[nf][3] += part[nf][3] * s1;
+          }
+        }
+      } else {
       int prev = -1;
       for (int kt = 0; kt < ktiles; ++kt) {
         mbar_wait(full_bar(stage), phase);
@@ -282,16 +359,20 @@ __global__ void __launch_bounds__(THREADS, 1)
         __syncwarp();
         if (lane == 0) mbar_arrive(empty_bar(prev));
       }
+      }
 
       // ---- epilogue (accumulator layout: mma.sync's m16n8 layout per warp and n8 block)
       const int4 tile = a.plan.tiles[m];
       const int e = tile.x, rb = tile.y, re = tile.z;
       const T* bias = a.bias ? static_cast<const T*>(a.bias) + int64_t(e) * a.N : nullptr;
+      using HOut = std::conditional_t<FP8, float, T>;  // h: f32 for FP8 (quantized next), else T
       const int I = a.I, N = a.N;
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
-        const int row = rb + cw * 64 + warp_in_wg * 16 + (lane >> 2) + hh * 8;
-        if (row >= re) continue;
+        const int arow = rb + cw * 64 + warp_in_wg * 16 + (lane >> 2) + hh * 8;
+        if (arow >= re) continue;
+        const int row = x.out_rows ? x.out_rows[arow] : arow;  // the output row of this A row
+        if (row < 0) continue;
         if (a.epi == Epi::down) {
           float* out = static_cast<float*>(a.out) + int64_t(row) * a.ldo;
 #pragma unroll
@@ -307,7 +388,7 @@ __global__ void __launch_bounds__(THREADS, 1)
             }
           }
         } else if (a.epi == Epi::up_plain) {
-          T* out = static_cast<T*>(a.out) + int64_t(row) * a.ldo;
+          HOut* out = static_cast<HOut*>(a.out) + int64_t(row) * a.ldo;
 #pragma unroll
           for (int nf = 0; nf < NF; ++nf) {
             const int wcol = n * BN + nf * 8 + 2 * (lane & 3);
@@ -317,11 +398,11 @@ __global__ void __launch_bounds__(THREADS, 1)
                 x0 += to_f32(bias[wcol]);
                 x1 += to_f32(bias[wcol + 1]);
               }
-              store2<T>(out + wcol, plain_act(a.act, x0), plain_act(a.act, x1));
+              store2<HOut>(out + wcol, plain_act(a.act, x0), plain_act(a.act, x1));
             }
           }
         } else if (a.epi == Epi::up_interleaved) {
-          T* out = static_cast<T*>(a.out) + int64_t(row) * a.ldo;
+          HOut* out = static_cast<HOut*>(a.out) + int64_t(row) * a.ldo;
 #pragma unroll
           for (int nf = 0; nf < NF; ++nf) {
             const int i = (n * BN + nf * 8 + 2 * (lane & 3)) >> 1;
@@ -331,11 +412,11 @@ __global__ void __launch_bounds__(THREADS, 1)
                 g += to_f32(bias[2 * i]);
                 u += to_f32(bias[2 * i + 1]);
               }
-              out[i] = from_f32<T>(gated_act(a.act, g, u));
+              out[i] = from_f32<HOut>(gated_act(a.act, g, u));
             }
           }
         } else {  // up_concat
-          T* out = static_cast<T*>(a.out) + int64_t(row) * a.ldo;
+          HOut* out = static_cast<HOut*>(a.out) + int64_t(row) * a.ldo;
 #pragma unroll
           for (int nf = 0; nf < NF / 2; ++nf) {
             const int i = n * (BN / 2) + nf * 8 + 2 * (lane & 3);
@@ -348,7 +429,7 @@ __global__ void __launch_bounds__(THREADS, 1)
                 u0 += to_f32(bias[I + i]);
                 u1 += to_f32(bias[I + i + 1]);
               }
-              store2<T>(out + i, gated_act(a.act, g0, u0), gated_act(a.act, g1, u1));
+              store2<HOut>(out + i, gated_act(a.act, g0, u0), gated_act(a.act, g1, u1));
             }
           }
         }
@@ -380,14 +461,13 @@ EncodeTiledFn encode_fn() {
   return fn;
 }
 
-CUtensorMap make_map(DType dtype, const void* base, int rank, const cuuint64_t* dims, const cuuint64_t* strides_bytes,
-                     const cuuint32_t* box) {
+CUtensorMap make_map(CUtensorMapDataType type, const void* base, int rank, const cuuint64_t* dims,
+                     const cuuint64_t* strides_bytes, const cuuint32_t* box, CUtensorMapSwizzle swizzle) {
   CUtensorMap map;
   const cuuint32_t elem_strides[3] = {1, 1, 1};
-  const CUresult r = encode_fn()(&map, dtype == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-                                 cuuint32_t(rank), const_cast<void*>(base), dims, strides_bytes, box, elem_strides,
-                                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUresult r = encode_fn()(&map, type, cuuint32_t(rank), const_cast<void*>(base), dims, strides_bytes, box, elem_strides,
+                                 CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS)
     detail::fail(ErrorCode::internal, "cuTensorMapEncodeTiled failed ({}) for the grouped GEMM's TMA descriptor", int(r));
   return map;
@@ -402,10 +482,12 @@ int sm_count() {
   return cache[dev];
 }
 
-template <class T, int BN, bool GATHER>
-void launch_typed(const GroupedGemmArgs& a, DType dtype, int64_t a_rows, int64_t E, cudaStream_t stream) {
-  auto kernel = grouped_gemm_tma<T, BN, GATHER>;
-  constexpr int SMEM = TmaCfg<BN>::SMEM_BYTES;
+template <class T, int BN, bool GATHER, bool FP8>
+void launch_typed(const GroupedGemmArgs& a, DType dtype, const TmaFp8Extra& x, int64_t a_rows, int64_t E, cudaStream_t stream) {
+  auto kernel = grouped_gemm_tma<T, BN, GATHER, FP8>;
+  constexpr int SMEM = TmaCfg<BN, FP8>::SMEM_BYTES;
+  constexpr int BKE = FP8 ? 128 : BK;
+  constexpr int ESZ = FP8 ? 1 : 2;
   static thread_local int configured_device = -1;
   int dev = 0;
   check(cudaGetDevice(&dev), "cudaGetDevice");
@@ -413,39 +495,52 @@ void launch_typed(const GroupedGemmArgs& a, DType dtype, int64_t a_rows, int64_t
     check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM), "cudaFuncSetAttribute");
     configured_device = dev;
   }
+  const CUtensorMapDataType etype = FP8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+                                        : dtype == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   const int n_tiles = a.epi == Epi::up_concat ? int(ceil_div(a.I, BN / 2)) : int(ceil_div(a.N, BN));
-  // B: [E, N, K] as a 3-D map (K, N, E); box 64 × rows × 1
+  // B: [E, N, K] as a 3-D map (K, N, E); box 128 bytes of K × rows × 1
   const cuuint64_t bdims[3] = {cuuint64_t(a.Kdim), cuuint64_t(a.N), cuuint64_t(E)};
-  const cuuint64_t bstrides[2] = {cuuint64_t(a.Kdim) * 2, cuuint64_t(a.w_expert_stride) * 2};
-  const cuuint32_t bbox[3] = {cuuint32_t(BK), cuuint32_t(a.epi == Epi::up_concat ? BN / 2 : BN), 1};
-  const CUtensorMap tm_b = make_map(dtype, a.W, 3, bdims, bstrides, bbox);
-  CUtensorMap tm_a = tm_b;
+  const cuuint64_t bstrides[2] = {cuuint64_t(a.Kdim) * ESZ, cuuint64_t(a.w_expert_stride) * ESZ};
+  const cuuint32_t bbox[3] = {cuuint32_t(BKE), cuuint32_t(a.epi == Epi::up_concat ? BN / 2 : BN), 1};
+  const CUtensorMap tm_b = make_map(etype, a.W, 3, bdims, bstrides, bbox, CU_TENSOR_MAP_SWIZZLE_128B);
+  CUtensorMap tm_a = tm_b, tm_sa = tm_b;
   if (!GATHER) {
     const cuuint64_t adims[2] = {cuuint64_t(a.Kdim), cuuint64_t(a_rows)};
-    const cuuint64_t astrides[1] = {cuuint64_t(a.Kdim) * 2};
-    const cuuint32_t abox[2] = {cuuint32_t(BK), cuuint32_t(BM)};
-    tm_a = make_map(dtype, a.A, 2, adims, astrides, abox);
+    const cuuint64_t astrides[1] = {cuuint64_t(a.Kdim) * ESZ};
+    const cuuint32_t abox[2] = {cuuint32_t(BKE), cuuint32_t(BM)};
+    tm_a = make_map(etype, a.A, 2, adims, astrides, abox, CU_TENSOR_MAP_SWIZZLE_128B);
+    if (FP8) {
+      // activation scales [kb, ld] f32: box of 128 rows of one K block
+      const cuuint64_t sdims[2] = {cuuint64_t(x.a_scales_ld), cuuint64_t(ceil_div(a.Kdim, 128))};
+      const cuuint64_t sstrides[1] = {cuuint64_t(x.a_scales_ld) * 4};
+      const cuuint32_t sbox[2] = {cuuint32_t(BM), 1};
+      tm_sa = make_map(CU_TENSOR_MAP_DATA_TYPE_FLOAT32, x.a_scales, 2, sdims, sstrides, sbox, CU_TENSOR_MAP_SWIZZLE_NONE);
+    }
   }
   const int64_t work_bound = int64_t(a.plan.max_tiles) * n_tiles;
   const unsigned grid = unsigned(std::max<int64_t>(1, std::min<int64_t>(sm_count(), work_bound)));
-  kernel<<<grid, THREADS, SMEM, stream>>>(tm_b, tm_a, a, n_tiles);
+  kernel<<<grid, THREADS, SMEM, stream>>>(tm_b, tm_a, tm_sa, a, x, n_tiles);
   check_launch("grouped_gemm_tma");
 }
 
-template <class T, int BN>
-void launch_bn(const GroupedGemmArgs& a, DType dtype, int64_t a_rows, int64_t E, cudaStream_t stream) {
-  if (a.a_gather) launch_typed<T, BN, true>(a, dtype, a_rows, E, stream);
-  else launch_typed<T, BN, false>(a, dtype, a_rows, E, stream);
+template <class T, int BN, bool FP8>
+void launch_bn(const GroupedGemmArgs& a, DType dtype, const TmaFp8Extra& x, int64_t a_rows, int64_t E, cudaStream_t stream) {
+  if (a.a_gather) launch_typed<T, BN, true, FP8>(a, dtype, x, a_rows, E, stream);
+  else launch_typed<T, BN, false, FP8>(a, dtype, x, a_rows, E, stream);
+}
+
+bool tma_disabled() {
+  static const bool disabled = [] {
+    const char* s = std::getenv("MOEX_CUDA_NO_TMA");
+    return s && *s && *s != '0';
+  }();
+  return disabled;
 }
 
 }  // namespace
 
 bool tma_usable(const GroupedGemmArgs& a, bool vec16) {
-  static const bool disabled = [] {
-    const char* s = std::getenv("MOEX_CUDA_NO_TMA");
-    return s && *s && *s != '0';
-  }();
-  if (disabled || !vec16 || a.w_transposed || a.plan.tile_m != BM || a.plan.max_tiles <= 0) return false;
+  if (tma_disabled() || !vec16 || a.w_transposed || a.plan.tile_m != BM || a.plan.max_tiles <= 0) return false;
   if (a.Kdim <= 0 || a.Kdim % 8 != 0 || a.N % 8 != 0 || a.I % 8 != 0 || a.ldo % 8 != 0) return false;
   if (!aligned16(a.A) || !aligned16(a.W) || !aligned16(a.out)) return false;
   if (a.w_expert_stride != int64_t(a.N) * a.Kdim) return false;
@@ -453,18 +548,40 @@ bool tma_usable(const GroupedGemmArgs& a, bool vec16) {
   return encode_fn() != nullptr;
 }
 
+bool tma_fp8_usable(const GroupedGemmArgs& a) {
+  if (a.w_transposed || a.plan.tile_m != BM || a.plan.max_tiles <= 0) return false;
+  if (a.Kdim <= 0 || a.Kdim % 16 != 0 || a.N % 8 != 0 || a.ldo % 8 != 0) return false;
+  if (a.epi == Epi::up_concat && a.I % 64 != 0) return false;
+  if (!aligned16(a.A) || !aligned16(a.W) || !aligned16(a.out)) return false;
+  if (a.w_expert_stride != int64_t(a.N) * a.Kdim) return false;
+  if (current_device_cc() != 90) return false;
+  return encode_fn() != nullptr;
+}
+
 void launch_grouped_gemm_tma(const GroupedGemmArgs& a, DType dtype, int64_t a_rows, int64_t E, cudaStream_t stream) {
+  launch_grouped_gemm_tma_ex(a, dtype, false, TmaFp8Extra{}, a_rows, E, stream);
+}
+
+void launch_grouped_gemm_tma_ex(const GroupedGemmArgs& a, DType act_dtype, bool fp8, const TmaFp8Extra& x, int64_t a_rows,
+                                int64_t E, cudaStream_t stream) {
   MOEX_ASSERT(a.plan.tile_m == BM);
+  if (fp8) {
+    MOEX_ASSERT(x.a_scales && x.w_scales && x.a_scales_ld % 4 == 0);
+    if (act_dtype == DType::bf16) launch_bn<__nv_bfloat16, 128, true>(a, act_dtype, x, a_rows, E, stream);
+    else if (act_dtype == DType::f16) launch_bn<__half, 128, true>(a, act_dtype, x, a_rows, E, stream);
+    else launch_bn<float, 128, true>(a, act_dtype, x, a_rows, E, stream);
+    return;
+  }
   static const int bn = [] {
     const char* s = std::getenv("MOEX_CUDA_TMA_N");
     return s && std::atoi(s) == 128 ? 128 : 256;
   }();
   if (bn == 128) {
-    if (dtype == DType::bf16) launch_bn<__nv_bfloat16, 128>(a, dtype, a_rows, E, stream);
-    else launch_bn<__half, 128>(a, dtype, a_rows, E, stream);
+    if (act_dtype == DType::bf16) launch_bn<__nv_bfloat16, 128, false>(a, act_dtype, x, a_rows, E, stream);
+    else launch_bn<__half, 128, false>(a, act_dtype, x, a_rows, E, stream);
   } else {
-    if (dtype == DType::bf16) launch_bn<__nv_bfloat16, 256>(a, dtype, a_rows, E, stream);
-    else launch_bn<__half, 256>(a, dtype, a_rows, E, stream);
+    if (act_dtype == DType::bf16) launch_bn<__nv_bfloat16, 256, false>(a, act_dtype, x, a_rows, E, stream);
+    else launch_bn<__half, 256, false>(a, act_dtype, x, a_rows, E, stream);
   }
 }
 

@@ -10,11 +10,37 @@ namespace moex::cuda {
 // aligned rows (vec16), sizes multiples of 8 elements, tiles of 128 rows, the driver's tensor-map
 // encoder available, and MOEX_CUDA_NO_TMA unset (or 0).
 bool tma_usable(const GroupedGemmArgs& a, bool vec16);
+
+// What the FP8 variant and the deepgemm layouts add to GroupedGemmArgs.
+//   out_rows   nullptr: the output row of A row r is r; else out_rows[r] (< 0: not written). The
+//              deepgemm layouts compute on padded / masked A rows and write compact pair rows.
+// FP8 (e4m3 A and B; a.A holds codes, a.W the e4m3 weights [E, N, Kdim]):
+//   a_scales   [ceil(Kdim/128), a_scales_ld] f32, "MN-major" (transposed) so that the 128 scales
+//              of one tile and K block are one 512-byte TMA box; the scale of A row r (for the
+//              gathered up projection: of source row a_gather[r] / a_div) and K block kb is
+//              a_scales[kb * a_scales_ld + r]. a_scales_ld: a multiple of 4.
+//   w_scales   [E, ceil(N/128), ceil(Kdim/128)] f32 or UE8M0 bytes (w_ue8m0): 128x128 blocks.
+// The two-level accumulation: per 128-K block the wgmma (QGMMA) partial sums of the codes are
+// multiplied by activation scale x weight block scale and added to f32 registers. Up epilogues
+// write h as f32 (it is quantized again before the down projection).
+struct TmaFp8Extra {
+  const int* out_rows = nullptr;
+  const float* a_scales = nullptr;
+  int a_scales_ld = 0;
+  const void* w_scales = nullptr;
+  bool w_ue8m0 = false;
+};
+// True when the FP8 variant can run this GEMM: compute capability 9.0, K-major weights, Kdim a
+// multiple of 16, N a multiple of 8, the gated concatenated layout with I a multiple of 64 (a
+// 64-row half of a tile never straddles two 128-row scale blocks), 16-byte aligned bases.
+bool tma_fp8_usable(const GroupedGemmArgs& a);
+// act_dtype: the activation dtype of the bias (bf16 / f16 / f32 allowed for FP8). FP8 runs 128-wide
+// N tiles. x.out_rows may be set for bf16/f16 (fp8 = false) too.
+void launch_grouped_gemm_tma_ex(const GroupedGemmArgs& a, DType act_dtype, bool fp8, const TmaFp8Extra& x, int64_t a_rows,
+                                int64_t E, cudaStream_t stream);
 // a_rows: rows of the A buffer when it is read without a gather (the down projection's h [S, I]);
 // E: experts in the weights [E, N, K].
-// MOEX_CUDA_TMA_N=128 selects 128-wide N tiles (default 256). MOEX_CUDA_TMA_CLUSTER=1 selects the
-// 2-CTA cluster variant that multicasts the weight tile (opt-in, NOT yet run on a GPU: check it with
-// `MOEX_CUDA_TMA_CLUSTER=1 moex_tests --gtest_filter='*Cuda*:-CudaPerf*'` before timing it).
+// MOEX_CUDA_TMA_N=128 selects 128-wide N tiles (default 256).
 void launch_grouped_gemm_tma(const GroupedGemmArgs& a, DType dtype, int64_t a_rows, int64_t E, cudaStream_t stream);
 
 }  // namespace moex::cuda

@@ -1,0 +1,408 @@
+// backends/cuda/deepgemm.cu — the `deepgemm` experts backend (SPEC §2) on Hopper: bf16 or FP8
+// block-quantized experts through the warp-specialised TMA + wgmma grouped GEMM of
+// sm90_tma_grouped_gemm.cu (HGMMA for bf16, QGMMA with the two-level accumulation for FP8).
+//
+// Layouts of the A rows (one row per token-expert pair; both built on the device, no host sync):
+//   contiguous (prefill)  pairs sorted by expert, every expert's block padded to a multiple of
+//                         128 rows: expert e owns layout rows [128·tile_off[e], +cnt[e]), the
+//                         rest of its last 128-row tile is padding (row_pair = −1, never read,
+//                         never written). Bound: S + min(S, E)·127 rows.
+//   masked (decode)       [E, max_rows] with max_rows = T (a token reaches an expert at most
+//                         once): expert e owns rows [e·T, e·T + cnt[e]); the per-expert counts
+//                         stay on the device and only ceil(cnt/128) tiles per expert are listed.
+// Default: masked for T <= 64, contiguous above; MOEX_DEEPGEMM_LAYOUT=contiguous|masked forces one.
+//
+// One forward (S = T·K pairs, M = layout rows):
+//   plan       routing_plan.cu's counting sort, then the layout: tile table (expert, row begin,
+//              row end) over 128-row tiles, row_pair [M] (layout row -> pair), pair_lrow [S]
+//              (pair -> layout row or -1), pair_rows [S] (p or -1: the combine's y row)
+//   FP8        x -> e4m3 codes xq [T, H] + scales [ceil(H/128), T4] (per token per 128 channels)
+//   up         grouped GEMM, A rows gathered from x (bf16) or xq (FP8) through row_pair; gated
+//              activation in the epilogue -> h: bf16 at the layout row, or f32 at the pair row
+//   FP8        h (f32 [S, I]) -> hq [M, I] codes at the layout rows + scales [ceil(I/128), M4]
+//   down       grouped GEMM, A = h / hq rows by TMA, y[pair] = f32 (+ bias)
+//   combine    out[t] = Σ_j w[t, j] · y[t·K + j] in slot order (combine.cu)
+// Workspace (all static bounds from T, K, E): plan + layout arrays (~16·M + 16·S bytes) + y [S, H]
+// f32 + bf16: h [M, I]; FP8: xq [T, H] + h f32 [S, I] + hq [M, I] + scales.
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+
+#include <cuda_fp8.h>
+
+#include "backends/backend_impls.hpp"
+#include "backends/cuda/cuda_common.cuh"
+#include "backends/cuda/sm90_tma_grouped_gemm.cuh"
+
+namespace moex::detail {
+
+using namespace moex::cuda;
+
+namespace {
+
+template <class... Args>
+std::string format(std::string_view f, const Args&... args) {
+  std::ostringstream os;
+  format_into(os, f, args...);
+  return os.str();
+}
+
+constexpr int kTile = 128;  // rows per M tile = the padding granule of the contiguous layout
+constexpr int kKBlock = 128;
+
+enum class Layout { contiguous, masked };
+
+Layout layout_for(int64_t T) {
+  if (const char* s = std::getenv("MOEX_DEEPGEMM_LAYOUT")) {
+    if (std::strcmp(s, "masked") == 0) return Layout::masked;
+    if (std::strcmp(s, "contiguous") == 0) return Layout::contiguous;
+  }
+  return T <= 64 ? Layout::masked : Layout::contiguous;
+}
+
+int64_t round4(int64_t v) { return (v + 3) / 4 * 4; }
+int64_t layout_rows(Layout l, int64_t T, int64_t S, int64_t E) {
+  return l == Layout::masked ? E * T : S + std::min(S, E) * (kTile - 1);
+}
+size_t bytes_of(int64_t n, size_t esz) { return WorkspaceCarver::round_up(size_t(n) * esz); }
+
+// ---- layout kernels -----------------------------------------------------------------------------
+
+// tile_off[e] = Σ_{e' < e} ceil(cnt[e'] / 128); row_base[e] = the layout row of expert e's first row.
+// One block: E is at most a few thousand; a block-wide scan in chunks of blockDim.
+__global__ void layout_scan_kernel(const int* counts, int E, int T, bool masked, int* tile_off, int* row_base) {
+  __shared__ int carry;
+  __shared__ int warp_sums[32];
+  if (threadIdx.x == 0) carry = 0;
+  __syncthreads();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  for (int c0 = 0; c0 < E; c0 += blockDim.x) {
+    const int e = c0 + threadIdx.x;
+    const int v = e < E ? (counts[e] + kTile - 1) / kTile : 0;
+    int incl = v;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+      const int o = __shfl_up_sync(0xffffffffu, incl, d);
+      if (lane >= d) incl += o;
+    }
+    if (lane == 31) warp_sums[warp] = incl;
+    __syncthreads();
+    if (warp == 0) {
+      int w = lane < nwarps ? warp_sums[lane] : 0;
+#pragma unroll
+      for (int d = 1; d < 32; d <<= 1) {
+        const int o = __shfl_up_sync(0xffffffffu, w, d);
+        if (lane >= d) w += o;
+      }
+      if (lane < nwarps) warp_sums[lane] = w;  // inclusive prefix of the warp totals
+    }
+    __syncthreads();
+    const int excl = carry + (warp > 0 ? warp_sums[warp - 1] : 0) + incl - v;
+    if (e < E) {
+      tile_off[e] = excl;
+      row_base[e] = masked ? e * T : excl * kTile;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) carry += warp_sums[nwarps - 1];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) tile_off[E] = carry;
+}
+
+// The tile table (valid tiles first, then expert -1 up to max_tiles) and the row maps.
+__global__ void layout_fill_kernel(const int* counts, const int* offsets, const int* sorted_pairs, const int* pair_to_row,
+                                   const int* tile_off, const int* row_base, int E, int S, int max_tiles, int4* tiles,
+                                   int* row_pair, int* pair_lrow, int* pair_rows) {
+  const int total_tiles = tile_off[E];
+  const int n_rows = offsets[E];
+  const int stride = gridDim.x * blockDim.x;
+  for (int t = blockIdx.x * blockDim.x + threadIdx.x; t < max_tiles; t += stride) {
+    if (t >= total_tiles) {
+      tiles[t] = make_int4(-1, 0, 0, 0);
+      continue;
+    }
+    int lo = 0, hi = E - 1;  // the expert e with tile_off[e] <= t < tile_off[e + 1]
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) >> 1;
+      if (tile_off[mid] <= t) lo = mid;
+      else hi = mid - 1;
+    }
+    const int e = lo, j = t - tile_off[e];
+    tiles[t] = make_int4(e, row_base[e] + j * kTile, row_base[e] + counts[e], 0);
+  }
+  for (int r = blockIdx.x * blockDim.x + threadIdx.x; r < S; r += stride) {
+    // sorted row r -> layout row
+    if (r < n_rows) {
+      int lo = 0, hi = E - 1;  // expert of sorted row r: offsets[e] <= r < offsets[e + 1]
+      while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (offsets[mid] <= r) lo = mid;
+        else hi = mid - 1;
+      }
+      const int p = sorted_pairs[r];
+      const int lrow = row_base[lo] + (r - offsets[lo]);
+      row_pair[lrow] = p;
+      pair_lrow[p] = lrow;
+    }
+    // pair r: its y row is r itself when it is not dropped
+    const bool valid = pair_to_row[r] >= 0;
+    pair_rows[r] = valid ? r : -1;
+    if (!valid) pair_lrow[r] = -1;
+  }
+}
+
+// ---- dynamic FP8 activation quantization (SPEC §6; the CPU's quantize_activation_row) ------------
+// One warp per (row, 128-channel block): scale = amax / 448 (1 when amax is 0 or not finite),
+// code = e4m3(x / scale) saturated. src row s of `in` [rows, K] goes to dst row (row_map ? row_map[s]
+// : s) of codes [*, K] and scales [ceil(K/128), ld] (MN-major); row_map[s] < 0 skips the row.
+template <class T>
+__global__ void quantize_rows_kernel(const T* in, int64_t rows, int K, const int* row_map, uint8_t* codes, float* scales,
+                                     int ld) {
+  const int kb_count = (K + kKBlock - 1) / kKBlock;
+  const int64_t warp_id = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  const int lane = threadIdx.x & 31;
+  if (warp_id >= rows * kb_count) return;
+  const int64_t s = warp_id / kb_count;
+  const int kb = int(warp_id - s * kb_count);
+  const int dst = row_map ? row_map[s] : int(s);
+  if (dst < 0) return;
+  const T* x = in + s * K;
+  float v[4];
+  float amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int c = kb * kKBlock + lane * 4 + i;
+    v[i] = c < K ? to_f32(x[c]) : 0.0f;
+    amax = fmaxf(amax, fabsf(v[i]));  // fmaxf ignores NaN, as std::max on the CPU does
+  }
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, d));
+  const float scale = amax > 0.0f && isfinite(amax) ? amax / 448.0f : 1.0f;
+  uint8_t* q = codes + int64_t(dst) * K;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int c = kb * kKBlock + lane * 4 + i;
+    if (c < K) q[c] = uint8_t(__nv_cvt_float_to_fp8(v[i] / scale, __NV_SATFINITE, __NV_E4M3));
+  }
+  if (lane == 0) scales[int64_t(kb) * ld + dst] = scale;
+}
+
+template <class T>
+void launch_quantize_rows(const void* in, int64_t rows, int K, const int* row_map, uint8_t* codes, float* scales, int ld,
+                          cudaStream_t stream) {
+  const int64_t warps = rows * ((K + kKBlock - 1) / kKBlock);
+  if (warps == 0) return;
+  const int threads = 256;
+  const int64_t blocks = (warps * 32 + threads - 1) / threads;
+  quantize_rows_kernel<T><<<unsigned(blocks), threads, 0, stream>>>(static_cast<const T*>(in), rows, K, row_map, codes, scales, ld);
+  check_launch("deepgemm quantize_rows");
+}
+
+void quantize_rows(DType dt, const void* in, int64_t rows, int K, const int* row_map, uint8_t* codes, float* scales, int ld,
+                   cudaStream_t stream) {
+  if (dt == DType::bf16) launch_quantize_rows<__nv_bfloat16>(in, rows, K, row_map, codes, scales, ld, stream);
+  else if (dt == DType::f16) launch_quantize_rows<__half>(in, rows, K, row_map, codes, scales, ld, stream);
+  else launch_quantize_rows<float>(in, rows, K, row_map, codes, scales, ld, stream);
+}
+
+// ---- workspace ---------------------------------------------------------------------------------
+
+struct Sizes {
+  int64_t T, K, S, E, H, I, R, M, M4, T4, max_tiles;
+  Layout layout;
+  bool fp8;
+};
+
+Sizes sizes_of(const ExpertsSpec& s, int64_t T, int64_t K) {
+  Sizes z{};
+  z.T = T;
+  z.K = K;
+  z.S = T * K;
+  z.E = s.num_experts;
+  z.H = s.hidden;
+  z.I = s.intermediate;
+  z.R = s.gate_up_rows();
+  z.layout = layout_for(T);
+  z.M = layout_rows(z.layout, T, z.S, z.E);
+  z.M4 = round4(z.M);
+  z.T4 = round4(T);
+  z.fp8 = s.quant.kind == QuantKind::fp8_block;
+  // tiles: contiguous Σ ceil(cnt/128) <= ceil(S/128) + min(S, E); masked the same sum
+  z.max_tiles = max_m_tiles(z.S, z.E, kTile);
+  return z;
+}
+
+size_t workspace_of(const Sizes& z, DType act) {
+  size_t b = plan_workspace_bytes(z.S, z.E, kTile);
+  b += bytes_of(z.E + 1, 4) + bytes_of(z.E, 4) + bytes_of(z.max_tiles, 16) + bytes_of(z.M, 4) + 2 * bytes_of(z.S, 4);
+  b += bytes_of(z.S * z.H, 4);  // y
+  if (z.fp8) {
+    b += bytes_of(z.T * z.H, 1) + bytes_of(ceil_div(z.H, kKBlock) * z.T4, 4);
+    b += bytes_of(z.S * z.I, 4) + bytes_of(z.M * z.I, 1) + bytes_of(ceil_div(z.I, kKBlock) * z.M4, 4);
+  } else {
+    b += bytes_of(z.M * z.I, dtype_size(act));
+  }
+  return b;
+}
+
+Epi up_epi_of(const ExpertsSpec& s) {
+  if (!s.has_gate) return Epi::up_plain;
+  return s.interleaved ? Epi::up_interleaved : Epi::up_concat;
+}
+
+}  // namespace
+
+// ---- requirements beyond the SPEC §2 ones (builtin_backends.cpp checks those first) -------------
+
+Support cuda_deepgemm_supports(const Problem& p) {
+  const ExpertsSpec& s = p.spec;
+  const bool fp8 = s.quant.kind == QuantKind::fp8_block;
+  const int cc = p.effective_compute_capability();
+  if (cc != 90)
+    return Support::no(format("the deepgemm kernels of this build are compiled for sm_90a (Hopper, compute capability 9.0); "
+                              "{} has {}.{}; use grouped_mm",
+                              to_string(p.device), cc / 10, cc % 10));
+  if (s.transposed)
+    return Support::no("deepgemm reads K-major weights ([E, out, in]); FP8 wgmma has no transposed operand and this build "
+                       "does not transpose [E, in, out] weights; use grouped_mm");
+  if (fp8 && s.quant.block_n != 128)
+    return Support::no(format("deepgemm on Hopper runs 128x128 FP8 weight blocks (got {}x{}); use grouped_mm", s.quant.block_n,
+                              s.quant.block_k));
+  const int64_t align = fp8 ? 16 : 8;
+  if (s.hidden % align != 0 || s.intermediate % align != 0)
+    return Support::no(format("deepgemm needs H and I multiples of {} (TMA rows of 16 bytes); got H={} I={}; use grouped_mm",
+                              align, s.hidden, s.intermediate));
+  if (fp8 && s.has_gate && !s.interleaved && s.intermediate % 64 != 0)
+    return Support::no(format("deepgemm FP8 with concatenated gate/up needs I a multiple of 64 (got {}): a 64-row half tile "
+                              "must not straddle two 128-row scale blocks; use grouped_mm",
+                              s.intermediate));
+  const int64_t S = p.tokens * p.top_k;
+  const Sizes z = sizes_of(s, p.tokens, p.top_k);
+  if (z.M >= (int64_t(1) << 31) - 256 || S >= (int64_t(1) << 31) - 1024 || z.max_tiles > (int64_t(1) << 30))
+    return Support::no(format("deepgemm: {} layout rows exceed 2^31; split the call into fewer tokens", z.M));
+  return Support::yes();
+}
+
+size_t cuda_deepgemm_workspace(const Problem& p) { return workspace_of(sizes_of(p.spec, p.tokens, p.top_k), p.spec.dtype); }
+
+void cuda_deepgemm(const Experts& ex, const ExpertsCall& call, const RunContext& ctx) {
+  const ExpertsSpec& s = ex.spec;
+  DeviceGuard guard(call.hidden.device.index);
+  cudaStream_t stream = static_cast<cudaStream_t>(ctx.options.stream);
+  const int64_t T = call.hidden.shape[0], K = call.top_k_index.shape[1];
+  const Sizes z = sizes_of(s, T, K);
+  const bool idx64 = call.top_k_index.dtype == DType::i64;
+
+  WorkspaceCarver ws(ctx.workspace.data(), ctx.workspace.capacity());
+  const DevicePlan plan = carve_plan(ws, z.S, z.E, kTile);
+  int* tile_off = ws.take<int>(size_t(z.E + 1));
+  int* row_base = ws.take<int>(size_t(z.E));
+  int4* tiles = ws.take<int4>(size_t(z.max_tiles));
+  int* row_pair = ws.take<int>(size_t(z.M));
+  int* pair_lrow = ws.take<int>(size_t(z.S));
+  int* pair_rows = ws.take<int>(size_t(z.S));
+  float* y = ws.take<float>(size_t(z.S * z.H));
+
+  build_plan(plan, call.top_k_index.data, idx64, z.S, z.E, stream);
+  if (z.S > 0) {
+    layout_scan_kernel<<<1, 1024, 0, stream>>>(plan.counts, int(z.E), int(T), z.layout == Layout::masked, tile_off, row_base);
+    check_launch("deepgemm layout_scan");
+    const int64_t work = std::max<int64_t>(z.max_tiles, z.S);
+    const unsigned blocks = unsigned(std::min<int64_t>(1024, ceil_div(work, 256)));
+    layout_fill_kernel<<<blocks, 256, 0, stream>>>(plan.counts, plan.offsets, plan.sorted_pairs, plan.pair_to_row, tile_off,
+                                                   row_base, int(z.E), int(z.S), int(z.max_tiles), tiles, row_pair, pair_lrow,
+                                                   pair_rows);
+    check_launch("deepgemm layout_fill");
+  }
+  DevicePlan lplan = plan;
+  lplan.tiles = tiles;
+  lplan.max_tiles = int(z.max_tiles);
+  lplan.tile_m = kTile;
+
+  GroupedGemmArgs up{};
+  up.a_gather = row_pair;  // layout row -> pair; / K -> token
+  up.a_div = int(K);
+  up.W = ex.gate_up.data;
+  up.w_transposed = false;
+  up.w_expert_stride = z.R * z.H;
+  up.bias = s.has_bias ? ex.gate_up_bias.data : nullptr;
+  up.Kdim = int(z.H);
+  up.N = int(z.R);
+  up.I = int(z.I);
+  up.epi = up_epi_of(s);
+  up.act = act_params(s.activation);
+  up.ldo = int(z.I);
+  up.plan = lplan;
+
+  GroupedGemmArgs down = up;
+  down.a_gather = nullptr;
+  down.a_div = 1;
+  down.W = ex.down.data;
+  down.w_expert_stride = z.H * z.I;
+  down.bias = s.has_bias ? ex.down_bias.data : nullptr;
+  down.Kdim = int(z.I);
+  down.N = int(z.H);
+  down.epi = Epi::down;
+  down.out = y;
+  down.ldo = int(z.H);
+
+  TmaFp8Extra xu{}, xd{};
+  xd.out_rows = row_pair;  // y rows are pair ids
+  if (z.fp8) {
+    uint8_t* xq = ws.take<uint8_t>(size_t(z.T * z.H));
+    float* xs = ws.take<float>(size_t(ceil_div(z.H, kKBlock) * z.T4));
+    float* hf = ws.take<float>(size_t(z.S * z.I));
+    uint8_t* hq = ws.take<uint8_t>(size_t(z.M * z.I));
+    float* hs = ws.take<float>(size_t(ceil_div(z.I, kKBlock) * z.M4));
+    const bool ue8m0 = s.quant.scale_format == ScaleFormat::ue8m0;
+    quantize_rows(s.dtype, call.hidden.data, T, int(z.H), nullptr, xq, xs, int(z.T4), stream);
+    up.A = xq;
+    up.out = hf;
+    xu.out_rows = row_pair;  // f32 h at the pair row
+    xu.a_scales = xs;
+    xu.a_scales_ld = int(z.T4);
+    xu.w_scales = ex.gate_up_scale.data;
+    xu.w_ue8m0 = ue8m0;
+    down.A = hq;
+    xd.a_scales = hs;
+    xd.a_scales_ld = int(z.M4);
+    xd.w_scales = ex.down_scale.data;
+    xd.w_ue8m0 = ue8m0;
+    if (!tma_fp8_usable(up) || !tma_fp8_usable(down))
+      fail(ErrorCode::unsupported, "deepgemm: the FP8 TMA kernel cannot run this call (device {} / alignment of the buffers); "
+                                   "use grouped_mm",
+           to_string(call.hidden.device));
+    launch_grouped_gemm_tma_ex(up, s.dtype, true, xu, z.T, z.E, stream);
+    quantize_rows(DType::f32, hf, z.S, int(z.I), pair_lrow, hq, hs, int(z.M4), stream);
+    launch_grouped_gemm_tma_ex(down, s.dtype, true, xd, z.M, z.E, stream);
+  } else {
+    void* h = ws.take_bytes(size_t(z.M * z.I) * dtype_size(s.dtype));
+    up.A = call.hidden.data;
+    up.out = h;  // at the layout row (the down GEMM reads it by TMA)
+    down.A = h;
+    const bool vec = aligned16(call.hidden.data) && aligned16(ex.gate_up.data) && aligned16(ex.down.data);
+    if (!tma_usable(up, vec) || !tma_usable(down, vec))
+      fail(ErrorCode::unsupported, "deepgemm: the TMA kernel cannot run this call (device {}, MOEX_CUDA_NO_TMA, or 16-byte "
+                                   "alignment of the buffers); use grouped_mm",
+           to_string(call.hidden.device));
+    launch_grouped_gemm_tma_ex(up, s.dtype, false, xu, T, z.E, stream);
+    launch_grouped_gemm_tma_ex(down, s.dtype, false, xd, z.M, z.E, stream);
+  }
+
+  CombineArgs c{};
+  c.y = y;
+  c.pair_to_row = pair_rows;
+  c.idx = call.top_k_index.data;
+  c.idx64 = idx64;
+  c.topw = call.top_k_weights.data;
+  c.topw_code = dtype_code(call.top_k_weights.dtype);
+  c.down_bias = nullptr;  // added in the down GEMM's epilogue
+  c.T = T;
+  c.K = K;
+  c.H = z.H;
+  c.out = call.out.data;
+  launch_combine(c, s.dtype, stream);
+}
+
+}  // namespace moex::detail
