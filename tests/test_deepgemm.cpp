@@ -71,7 +71,7 @@ std::vector<check::Case> must_run_cases(uint64_t seed, QuantSpec q) {
     c.spec.activation = ActivationSpec::gpt_oss(); add(c); }
   { auto c = make_case(seed + 5, 6, 320, 192, 160, 2, q); c.spec.has_gate = false; c.spec.activation.kind = Activation::gelu;
     c.spec.has_bias = true; add(c); }
-  { auto c = make_case(seed + 6, 4, 1024, 704, 700, 2, q); c.routing = check::Routing::one_expert; add(c); }
+  { auto c = make_case(seed + 6, 4, 512, 320, 300, 2, q); c.routing = check::Routing::one_expert; add(c); }
   add(make_case(seed + 7, 64, 512, 256, 1, 8, q));   // decode: one token, top-8 of 64
   add(make_case(seed + 8, 64, 512, 256, 8, 8, q));
   { auto c = make_case(seed + 9, 32, 256, 128, 64, 4, q); c.routing = check::Routing::empty_experts; add(c); }
@@ -114,7 +114,7 @@ TEST_P(DeepGemmEquivalence, Bf16AndFp8MatchTheReference) {
   }
   // the harness' generated cases (edge cases first): each passes or is skipped with a reason
   Tally g;
-  run_all(check::generate_cases(seed, 150, DType::bf16), false, g);
+  run_all(check::generate_cases(seed, 60, DType::bf16), false, g);
   std::printf("[%s] generated bf16 cases: %d passed, %d skipped (reasons checked), worst rel L2 %.2e\n", GetParam(), g.passed,
               g.skipped, g.worst);
   EXPECT_GT(g.passed, 20);

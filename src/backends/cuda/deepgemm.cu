@@ -18,12 +18,14 @@
 //              (pair -> layout row or -1), pair_rows [S] (p or -1: the combine's y row)
 //   FP8        x -> e4m3 codes xq [T, H] + scales [ceil(H/128), T4] (per token per 128 channels)
 //   up         grouped GEMM, A rows gathered from x (bf16) or xq (FP8) through row_pair; gated
-//              activation in the epilogue -> h: bf16 at the layout row, or f32 at the pair row
-//   FP8        h (f32 [S, I]) -> hq [M, I] codes at the layout rows + scales [ceil(I/128), M4]
+//              activation in the epilogue -> h in the activation dtype: at the layout row (bf16)
+//              or at the pair row (FP8)
+//   FP8        h ([S, I], rounded to the activation dtype as SPEC §6 / the reference do) -> hq [M, I]
+//              codes at the layout rows + scales [ceil(I/128), M4]
 //   down       grouped GEMM, A = h / hq rows by TMA, y[pair] = f32 (+ bias)
 //   combine    out[t] = Σ_j w[t, j] · y[t·K + j] in slot order (combine.cu)
 // Workspace (all static bounds from T, K, E): plan + layout arrays (~16·M + 16·S bytes) + y [S, H]
-// f32 + bf16: h [M, I]; FP8: xq [T, H] + h f32 [S, I] + hq [M, I] + scales.
+// f32 + bf16: h [M, I]; FP8: xq [T, H] + h [S, I] (act dtype) + hq [M, I] + scales.
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -239,7 +241,7 @@ size_t workspace_of(const Sizes& z, DType act) {
   b += bytes_of(z.S * z.H, 4);  // y
   if (z.fp8) {
     b += bytes_of(z.T * z.H, 1) + bytes_of(ceil_div(z.H, kKBlock) * z.T4, 4);
-    b += bytes_of(z.S * z.I, 4) + bytes_of(z.M * z.I, 1) + bytes_of(ceil_div(z.I, kKBlock) * z.M4, 4);
+    b += bytes_of(z.S * z.I, dtype_size(act)) + bytes_of(z.M * z.I, 1) + bytes_of(ceil_div(z.I, kKBlock) * z.M4, 4);
   } else {
     b += bytes_of(z.M * z.I, dtype_size(act));
   }
@@ -352,14 +354,14 @@ void cuda_deepgemm(const Experts& ex, const ExpertsCall& call, const RunContext&
   if (z.fp8) {
     uint8_t* xq = ws.take<uint8_t>(size_t(z.T * z.H));
     float* xs = ws.take<float>(size_t(ceil_div(z.H, kKBlock) * z.T4));
-    float* hf = ws.take<float>(size_t(z.S * z.I));
+    void* hp = ws.take_bytes(size_t(z.S * z.I) * dtype_size(s.dtype));  // h at the pair rows
     uint8_t* hq = ws.take<uint8_t>(size_t(z.M * z.I));
     float* hs = ws.take<float>(size_t(ceil_div(z.I, kKBlock) * z.M4));
     const bool ue8m0 = s.quant.scale_format == ScaleFormat::ue8m0;
     quantize_rows(s.dtype, call.hidden.data, T, int(z.H), nullptr, xq, xs, int(z.T4), stream);
     up.A = xq;
-    up.out = hf;
-    xu.out_rows = row_pair;  // f32 h at the pair row
+    up.out = hp;
+    xu.out_rows = row_pair;  // h at the pair row
     xu.a_scales = xs;
     xu.a_scales_ld = int(z.T4);
     xu.w_scales = ex.gate_up_scale.data;
@@ -374,7 +376,7 @@ void cuda_deepgemm(const Experts& ex, const ExpertsCall& call, const RunContext&
                                    "use grouped_mm",
            to_string(call.hidden.device));
     launch_grouped_gemm_tma_ex(up, s.dtype, true, xu, z.T, z.E, stream);
-    quantize_rows(DType::f32, hf, z.S, int(z.I), pair_lrow, hq, hs, int(z.M4), stream);
+    quantize_rows(s.dtype, hp, z.S, int(z.I), pair_lrow, hq, hs, int(z.M4), stream);
     launch_grouped_gemm_tma_ex(down, s.dtype, true, xd, z.M, z.E, stream);
   } else {
     void* h = ws.take_bytes(size_t(z.M * z.I) * dtype_size(s.dtype));

@@ -156,7 +156,7 @@ __device__ __forceinline__ float weight_scale(const TmaFp8Extra& x, int64_t idx)
 }
 
 // T: the activation dtype (bias, the h output of bf16/f16 GEMMs). FP8: A and B are e4m3 codes with
-// the two-level accumulation (see the header); the up epilogue then writes h as f32.
+// the two-level accumulation (see the header).
 template <class T, int BN, bool GATHER, bool FP8>
 __global__ void __launch_bounds__(THREADS, 1)
     grouped_gemm_tma(const __grid_constant__ CUtensorMap tm_b, const __grid_constant__ CUtensorMap tm_a,
@@ -365,7 +365,9 @@ __global__ void __launch_bounds__(THREADS, 1)
       const int4 tile = a.plan.tiles[m];
       const int e = tile.x, rb = tile.y, re = tile.z;
       const T* bias = a.bias ? static_cast<const T*>(a.bias) + int64_t(e) * a.N : nullptr;
-      using HOut = std::conditional_t<FP8, float, T>;  // h: f32 for FP8 (quantized next), else T
+      // h in the activation dtype, also for FP8: SPEC §6 quantizes the rounded h (as the CPU and the
+      // reference do), so the deepgemm quantizer reads it back from T.
+      using HOut = T;
       const int I = a.I, N = a.N;
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {

@@ -22,7 +22,7 @@ bool tma_usable(const GroupedGemmArgs& a, bool vec16);
 //   w_scales   [E, ceil(N/128), ceil(Kdim/128)] f32 or UE8M0 bytes (w_ue8m0): 128x128 blocks.
 // The two-level accumulation: per 128-K block the wgmma (QGMMA) partial sums of the codes are
 // multiplied by activation scale x weight block scale and added to f32 registers. Up epilogues
-// write h as f32 (it is quantized again before the down projection).
+// write h in the activation dtype (rounded, then quantized again before the down projection).
 struct TmaFp8Extra {
   const int* out_rows = nullptr;
   const float* a_scales = nullptr;
