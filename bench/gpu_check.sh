@@ -12,12 +12,15 @@
 #
 # Everything lands under $OUT (default ./out): build.log, tests.log, sanitizer.log, perf.log,
 # bench.json, hf.json, side_by_side.md (at most 8 files come back from the device machine).
-# PARTS selects steps (default: all): PARTS="build tests sanitize perf bench hf table".
+#   6. quant: bf16 vs FP8 experts (QUANT_KINDS, default fp8; fp4 too with QUANT_KINDS="fp8 fp4")
+#      on the same shapes, T in QUANT_TOKENS (default 1,8,64,512,4096): batched_mm (T <= 512) and
+#      grouped_mm, and the table of bf16/quantized time ratios (quant.json, quant.md)
+# PARTS selects steps (default: all): PARTS="build tests sanitize perf bench quant hf table".
 # TOKENS, SHAPES and PERF_TOKENS narrow the timed cases; DEADLINE (seconds) ends the reference run in time. Keep the whole run under ~9 minutes.
 set -u
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
-PARTS=${PARTS:-"build tests n256 sanitize perf perf256 bench hf table"}
+PARTS=${PARTS:-"build tests n256 sanitize perf perf256 bench quant hf table"}
 SHAPES=${SHAPES:-qwen3_30b_a3b,qwen15_moe_a2_7b,mixtral_8x7b,deepseek_v3}
 TOKENS=${TOKENS:-1,8,64,512,4096,16384}
 BUILD=${BUILD:-build-gpu}
@@ -102,6 +105,42 @@ if has bench; then
   timeout ${BENCH_TIMEOUT:-150} "$BUILD/moex" bench --device cuda --backends grouped_mm,eager --shapes "$SHAPES" --tokens "$TOKENS" \
     --dtype bf16 --format json --min-time-ms 30 --max-iters 15 --warmup 2 >> "$OUT/bench.json" 2>>"$OUT/perf.log"
   grep -c '"ms"' "$OUT/bench.json"
+fi
+
+if has quant; then
+  stamp quant
+  : > "$OUT/quant.json"
+  # bf16 and quantized experts timed back to back, shape by shape (same seed: same routing); one
+  # call per (shape, kind) so that the weights are generated once
+  for shape in $(echo "$SHAPES" | tr ',' ' '); do
+    for q in none ${QUANT_KINDS:-fp8}; do
+      timeout ${QUANT_TIMEOUT:-150} "$BUILD/moex" bench --device cuda --backends batched_mm,grouped_mm --shapes "$shape" \
+        --tokens "${QUANT_TOKENS:-1,8,64,512,4096}" --dtype bf16 --quant $q --format json --min-time-ms 20 --max-iters 10 \
+        --warmup 2 >> "$OUT/quant.json" 2>>"$OUT/perf.log"
+    done
+  done
+  python3 - "$OUT" <<'EOF' | tee "$OUT/quant.md"
+import json, sys, os
+rows = {}
+for line in open(os.path.join(sys.argv[1], "quant.json")):
+    line = line.strip()
+    if not line.startswith("{"): continue
+    try: r = json.loads(line)
+    except Exception: continue
+    if "ms" in r and "shape" in r and not r.get("skipped"):
+        rows[(r["shape"], r["T"], r["backend"], r.get("quant", "none"))] = r
+kinds = sorted({k[3] for k in rows if k[3] != "none"})
+print("| shape | T | backend | bf16 ms | " + " | ".join(f"{q} ms | bf16/{q}" for q in kinds) + " |")
+print("|---|---|---|---|" + "---|---|" * len(kinds))
+for s, T, b in sorted({(k[0], k[1], k[2]) for k in rows}, key=lambda k: (k[0], k[2], k[1])):
+    base = rows.get((s, T, b, "none"))
+    cells = []
+    for q in kinds:
+        v = rows.get((s, T, b, q))
+        cells += [f"{v['ms']:.3f}" if v else "—", f"{base['ms'] / v['ms']:.2f}x" if v and base else "—"]
+    print(f"| {s} | {T} | {b} | " + (f"{base['ms']:.3f}" if base else "—") + " | " + " | ".join(cells) + " |")
+EOF
+  grep -c '"ms"' "$OUT/quant.json"
 fi
 
 if has hf; then

@@ -13,12 +13,24 @@
 //               f32_grouped_gemm.cu for f32), grouped down GEMM, combine (combine.cu).
 //               Grids sized by static bounds, offsets read on the device: capturable.
 //
+// FP8 block-scaled / FP4 experts (SPEC §6; quant_common.cuh): the tokens and h are quantized on
+// the device per token and 128 channels; batched_mm runs quant_gemv.cu, grouped_mm the tensor-
+// core kernel of quant_grouped_gemm.cu (its own plan, 64-row tiles); eager dequantizes one
+// expert at a time to f32 [N, K] and runs cuBLAS in f32 (pedantic) on the dequantized activations
+// codes·scale: Σ_k (cx·sx)(cw·sw) equals the CPU's Σ_kb sx·sw·Σ cx·cw up to f32 rounding
+// (~1e-6 relative), far inside the 2e-3 bar of the harness's quantized cases.
+//
 // Workspace (all sized from T, K, E, H, I before the call; nothing is allocated in a forward):
 //   batched_mm  h [S, I] activation dtype
+//               (+ quantized: xq [T, H] u8 + xs [T, H/128] f32 + hq [S, I] u8 + hs [S, I/128] f32)
 //   grouped_mm  plan (~8·S + 16·(S/128 + E) bytes) + h [S, I] act dtype + y [S, H] f32
+//               (+ quantized: the batched_mm codes and scales)
 //   eager       plan + xs [S, H] act + gu [S, R] f32 + h [S, I] act + y [S, H] f32
+//               (+ quantized: the codes and scales of S rows, their values xf [S, H] and
+//                hf [S, I] f32, one dequantized expert max(R·H, H·I) f32)
 #include <cublas_v2.h>
 
+#include <algorithm>
 #include <map>
 #include <sstream>
 #include <mutex>
@@ -26,6 +38,7 @@
 
 #include "backends/backend_impls.hpp"
 #include "backends/cuda/cuda_common.cuh"
+#include "backends/cuda/quant_common.cuh"
 #include "backends/cuda/sm90_tma_grouped_gemm.cuh"
 
 namespace moex::detail {
@@ -70,7 +83,11 @@ int device_cc(int index) {
 
 size_t bytes_of(int64_t n, size_t esz) { return WorkspaceCarver::round_up(size_t(n) * esz); }
 int64_t pairs_of(const Problem& p) { return p.tokens * p.top_k; }
-int64_t tile_m_of(DType dt) { return dt == DType::f32 ? kF32TileM : kTcTileM; }
+// Rows per M tile of grouped_mm's GEMM (the routing plan's tile table is built for it).
+int64_t tile_m_of(const ExpertsSpec& s) {
+  if (s.quant.quantized()) return kQuantTileM;
+  return s.dtype == DType::f32 ? kF32TileM : kTcTileM;
+}
 
 cudaStream_t stream_of(const RunContext& ctx) { return static_cast<cudaStream_t>(ctx.options.stream); }
 
@@ -82,6 +99,52 @@ bool vec16_ok(const Experts& ex, const ExpertsCall& call) {
 }
 
 const void* bias_ptr(const Experts& ex, const TensorView& b) { return ex.spec.has_bias ? b.data : nullptr; }
+
+// ---- quantized experts --------------------------------------------------------------------
+int64_t groups_of(int64_t width) { return ceil_div(width, kQuantGroup); }
+
+// One projection's codes and scales: w [E, N, K] e4m3 (or [E, K, N]) / [E, N, ceil(K/2)] FP4;
+// per-expert strides from the tensors themselves.
+QuantWeights quant_weights(const ExpertsSpec& s, const TensorView& w, const TensorView& scales, int64_t N, int64_t K) {
+  QuantWeights q{};
+  q.data = static_cast<const uint8_t*>(w.data);
+  q.scales = scales.data;
+  q.data_stride = w.strides[0] * int64_t(dtype_size(w.dtype));
+  q.scale_stride = scales.strides[0];
+  q.fp4 = s.quant.kind == QuantKind::fp4_group;
+  q.ue8m0 = q.fp4 || s.quant.scale_format == ScaleFormat::ue8m0;
+  q.transposed = s.transposed;
+  q.block_n = s.quant.block_n;
+  q.group = s.quant.block_k;
+  q.N = N;
+  q.K = K;
+  return q;
+}
+QuantWeights up_weights(const Experts& ex) {
+  return quant_weights(ex.spec, ex.gate_up, ex.gate_up_scale, ex.spec.gate_up_rows(), ex.spec.hidden);
+}
+QuantWeights down_weights(const Experts& ex) {
+  return quant_weights(ex.spec, ex.down, ex.down_scale, ex.spec.hidden, ex.spec.intermediate);
+}
+
+// The codes and scales of `rows` quantized x rows and S quantized h rows.
+struct QuantActs {
+  uint8_t* xq;
+  float* xs;
+  uint8_t* hq;
+  float* hs;
+  static size_t bytes(int64_t x_rows, int64_t S, int64_t H, int64_t I) {
+    return bytes_of(x_rows * H, 1) + bytes_of(x_rows * groups_of(H), 4) + bytes_of(S * I, 1) + bytes_of(S * groups_of(I), 4);
+  }
+  static QuantActs take(WorkspaceCarver& ws, int64_t x_rows, int64_t S, int64_t H, int64_t I) {
+    QuantActs q;
+    q.xq = static_cast<uint8_t*>(ws.take_bytes(size_t(x_rows * H)));
+    q.xs = ws.take<float>(size_t(x_rows * groups_of(H)));
+    q.hq = static_cast<uint8_t*>(ws.take_bytes(size_t(S * I)));
+    q.hs = ws.take<float>(size_t(S * groups_of(I)));
+    return q;
+  }
+};
 
 Epi up_epi(const ExpertsSpec& s) {
   if (!s.has_gate) return Epi::up_plain;
@@ -145,10 +208,22 @@ Support cuda_supports(const Problem& p, std::string_view backend) {
     return Support::no(format("{} on CUDA needs compute capability >= 8.0 (tensor-core mma.sync, cp.async) but {} has {}; "
                                    "use device cpu",
                                    backend, to_string(p.device), cc_str(cc)));
-  if (p.spec.quant.quantized())
-    return Support::no(format("{} on CUDA: FP8/FP4 experts are not yet on CUDA in this build of moex; dequantize at load "
-                                   "(bf16 experts run here)",
-                                   backend));
+  const QuantSpec& q = p.spec.quant;
+  if (q.quantized()) {
+    if (q.activation_scheme == ActivationScheme::static_)
+      return Support::no(format("{} on CUDA runs FP8/FP4 experts with dynamic per-token activation scales (1x128) only; a "
+                                "static activation scheme (one scale per tensor) is rejected: requantize with "
+                                "activation_scheme \"dynamic\" or load with dequantize",
+                                backend));
+    if (q.kind == QuantKind::fp8_block && (q.block_k != kQuantGroup || q.block_n < 1))
+      return Support::no(format("{} on CUDA needs FP8 weight blocks 128 wide along the input (got {}x{}), aligned with the "
+                                "1x128 activation scales; load with dequantize",
+                                backend, q.block_n, q.block_k));
+    if (q.kind == QuantKind::fp4_group && (q.block_k < 1 || kQuantGroup % q.block_k != 0 || p.spec.transposed))
+      return Support::no(format("{} on CUDA needs FP4 groups that divide 128 (got {}) and the default [E, out, in] layout; "
+                                "load with dequantize",
+                                backend, q.block_k));
+  }
   if (!is_float_activation(p.spec.dtype))
     return Support::no(format("{} on CUDA needs f32, f16 or bf16 activations (got {})", backend, dtype_name(p.spec.dtype)));
   const int64_t S = pairs_of(p);
@@ -156,7 +231,7 @@ Support cuda_supports(const Problem& p, std::string_view backend) {
   if (S >= limit - 1024 || p.spec.hidden >= limit || p.spec.gate_up_rows() >= limit)
     return Support::no(format("{} on CUDA: T*K = {} pairs or the sizes H={} I={} exceed 2^31; split the call", backend, S,
                                    p.spec.hidden, p.spec.intermediate));
-  if (backend == "grouped_mm" && max_m_tiles(S, p.spec.num_experts, tile_m_of(p.spec.dtype)) > 65535)
+  if (backend == "grouped_mm" && max_m_tiles(S, p.spec.num_experts, tile_m_of(p.spec)) > 65535)
     return Support::no(format("grouped_mm on CUDA: T*K = {} pairs need more than 65535 row tiles; split the call into "
                                    "fewer tokens",
                                    S));
@@ -166,20 +241,27 @@ Support cuda_supports(const Problem& p, std::string_view backend) {
 // ---- workspace -------------------------------------------------------------------------------
 
 size_t cuda_batched_workspace(const Problem& p) {
-  return bytes_of(pairs_of(p) * p.spec.intermediate, dtype_size(p.spec.dtype));
+  const int64_t S = pairs_of(p), H = p.spec.hidden, I = p.spec.intermediate;
+  const size_t quant = p.spec.quant.quantized() ? QuantActs::bytes(p.tokens, S, H, I) : 0;
+  return bytes_of(S * I, dtype_size(p.spec.dtype)) + quant;
 }
 
 size_t cuda_grouped_workspace(const Problem& p) {
   const int64_t S = pairs_of(p), E = p.spec.num_experts, H = p.spec.hidden, I = p.spec.intermediate;
-  return plan_workspace_bytes(S, E, tile_m_of(p.spec.dtype)) + bytes_of(S * I, dtype_size(p.spec.dtype)) + bytes_of(S * H, 4);
+  const size_t quant = p.spec.quant.quantized() ? QuantActs::bytes(p.tokens, S, H, I) : 0;
+  return plan_workspace_bytes(S, E, tile_m_of(p.spec)) + bytes_of(S * I, dtype_size(p.spec.dtype)) + bytes_of(S * H, 4) +
+         quant;
 }
 
 size_t cuda_eager_workspace(const Problem& p) {
   const int64_t S = pairs_of(p), E = p.spec.num_experts, H = p.spec.hidden, I = p.spec.intermediate;
   const int64_t R = p.spec.gate_up_rows();
   const size_t esz = dtype_size(p.spec.dtype);
+  size_t quant = 0;
+  if (p.spec.quant.quantized())
+    quant = QuantActs::bytes(S, S, H, I) + bytes_of(S * H, 4) + bytes_of(S * I, 4) + bytes_of(std::max(R * H, H * I), 4);
   return plan_workspace_bytes(S, E, kTcTileM) + bytes_of(S * H, esz) + bytes_of(S * R, 4) + bytes_of(S * I, esz) +
-         bytes_of(S * H, 4);
+         bytes_of(S * H, 4) + quant;
 }
 
 // ---- batched_mm ------------------------------------------------------------------------------
@@ -210,6 +292,19 @@ void cuda_batched(const Experts& ex, const ExpertsCall& call, const RunContext& 
   a.I = s.intermediate;
   a.h = ws.take_bytes(size_t(S * s.intermediate) * dtype_size(s.dtype));
   a.out = call.out.data;
+  if (s.quant.quantized()) {
+    QuantBatchedArgs q{};
+    q.b = a;
+    q.up = up_weights(ex);
+    q.down = down_weights(ex);
+    const QuantActs acts = QuantActs::take(ws, T, S, s.hidden, s.intermediate);
+    q.xq = acts.xq;
+    q.xs = acts.xs;
+    q.hq = acts.hq;
+    q.hs = acts.hs;
+    launch_quant_batched(q, s.dtype, stream_of(ctx));
+    return;
+  }
   launch_batched(a, s.dtype, vec16_ok(ex, call), stream_of(ctx));
 }
 
@@ -223,7 +318,7 @@ void cuda_grouped(const Experts& ex, const ExpertsCall& call, const RunContext& 
   const int64_t E = s.num_experts, H = s.hidden, I = s.intermediate, R = s.gate_up_rows();
   const size_t esz = dtype_size(s.dtype);
   WorkspaceCarver ws(ctx.workspace.data(), ctx.workspace.capacity());
-  const DevicePlan plan = carve_plan(ws, S, E, tile_m_of(s.dtype));
+  const DevicePlan plan = carve_plan(ws, S, E, tile_m_of(s));
   void* h = ws.take_bytes(size_t(S * I) * esz);
   float* y = ws.take<float>(size_t(S * H));
   const bool idx64 = call.top_k_index.dtype == DType::i64;
@@ -260,7 +355,16 @@ void cuda_grouped(const Experts& ex, const ExpertsCall& call, const RunContext& 
   down.out = y;
   down.ldo = int(H);
 
-  if (s.dtype == DType::f32) {
+  if (s.quant.quantized()) {
+    // tokens quantized once ([T, H], gathered by the GEMM through the plan), h after the up GEMM
+    const QuantActs acts = QuantActs::take(ws, T, S, H, I);
+    launch_quantize_activations(call.hidden.data, s.dtype, T, H, nullptr, acts.xq, acts.xs, nullptr, stream);
+    QuantGemmArgs qup{up, up_weights(ex), acts.xq, acts.xs};
+    launch_quant_grouped_gemm(qup, s.dtype, stream);
+    launch_quantize_activations(h, s.dtype, S, I, plan.offsets + E, acts.hq, acts.hs, nullptr, stream);
+    QuantGemmArgs qdown{down, down_weights(ex), acts.hq, acts.hs};
+    launch_quant_grouped_gemm(qdown, s.dtype, stream);
+  } else if (s.dtype == DType::f32) {
     launch_grouped_gemm_f32(up, stream);
     launch_grouped_gemm_f32(down, stream);
   } else {
@@ -306,6 +410,17 @@ void cuda_eager(const Experts& ex, const ExpertsCall& call, const RunContext& ct
   char* h = static_cast<char*>(ws.take_bytes(size_t(S * I) * esz));
   float* y = ws.take<float>(size_t(S * H));
   const bool idx64 = call.top_k_index.dtype == DType::i64;
+  // quantized experts: codes/scales, the dequantized operands xf [S, H] / hf [S, I] and one
+  // dequantized expert matrix [N, K] (f32)
+  const bool quant = s.quant.quantized();
+  QuantActs acts{};
+  float *xf = nullptr, *hf = nullptr, *wf = nullptr;
+  if (quant) {
+    acts = QuantActs::take(ws, S, S, H, I);
+    xf = ws.take<float>(size_t(S * H));
+    hf = ws.take<float>(size_t(S * I));
+    wf = ws.take<float>(size_t(std::max(R * H, H * I)));
+  }
 
   build_plan(plan, call.top_k_index.data, idx64, S, E, stream);
   // The data-dependent part: learn on the host which experts received tokens.
@@ -320,14 +435,21 @@ void cuda_eager(const Experts& ex, const ExpertsCall& call, const RunContext& ct
     cublasHandle_t handle = cublas_handle(device);
     cublas_check(cublasSetStream(handle, stream), "cublasSetStream");
     // f32: pedantic math so that nothing (TF32, reduced-precision reductions) replaces true f32.
-    cublas_check(cublasSetMathMode(handle, s.dtype == DType::f32 ? CUBLAS_PEDANTIC_MATH : CUBLAS_DEFAULT_MATH),
+    cublas_check(cublasSetMathMode(handle, s.dtype == DType::f32 || quant ? CUBLAS_PEDANTIC_MATH : CUBLAS_DEFAULT_MATH),
                  "cublasSetMathMode");
     const char* gw = static_cast<const char*>(ex.gate_up.data);
     const char* dw = static_cast<const char*>(ex.down.data);
+    if (quant) launch_quantize_activations(xs, s.dtype, rows, H, nullptr, acts.xq, acts.xs, xf, stream);
+    const QuantWeights up_q = quant ? up_weights(ex) : QuantWeights{}, down_q = quant ? down_weights(ex) : QuantWeights{};
     for (int64_t e = 0; e < E; ++e) {
       const int64_t off = offsets[size_t(e)], m = offsets[size_t(e + 1)] - off;
       if (m == 0) continue;
-      gemm_rows(handle, s.dtype, s.transposed, m, R, H, xs + size_t(off * H) * esz, gw + size_t(e * R * H) * esz, gu + off * R);
+      if (quant) {  // stream order keeps wf alive until this GEMM has read it
+        launch_dequantize_expert(up_q, e, wf, stream);
+        gemm_rows(handle, DType::f32, false, m, R, H, xf + off * H, wf, gu + off * R);
+      } else {
+        gemm_rows(handle, s.dtype, s.transposed, m, R, H, xs + size_t(off * H) * esz, gw + size_t(e * R * H) * esz, gu + off * R);
+      }
     }
     ActRowsArgs ar{};
     ar.gu = gu;
@@ -345,10 +467,16 @@ void cuda_eager(const Experts& ex, const ExpertsCall& call, const RunContext& ct
     ar.h = h;
     ar.offsets = plan.offsets;
     launch_act_rows(ar, s.dtype, stream);
+    if (quant) launch_quantize_activations(h, s.dtype, rows, I, nullptr, acts.hq, acts.hs, hf, stream);
     for (int64_t e = 0; e < E; ++e) {
       const int64_t off = offsets[size_t(e)], m = offsets[size_t(e + 1)] - off;
       if (m == 0) continue;
-      gemm_rows(handle, s.dtype, s.transposed, m, H, I, h + size_t(off * I) * esz, dw + size_t(e * H * I) * esz, y + off * H);
+      if (quant) {
+        launch_dequantize_expert(down_q, e, wf, stream);
+        gemm_rows(handle, DType::f32, false, m, H, I, hf + off * I, wf, y + off * H);
+      } else {
+        gemm_rows(handle, s.dtype, s.transposed, m, H, I, h + size_t(off * I) * esz, dw + size_t(e * H * I) * esz, y + off * H);
+      }
     }
   }
 
