@@ -29,5 +29,10 @@ void cuda_grouped(const Experts& ex, const ExpertsCall& call, const RunContext& 
 Support cuda_deepgemm_supports(const Problem& p);
 size_t cuda_deepgemm_workspace(const Problem& p);
 void cuda_deepgemm(const Experts& ex, const ExpertsCall& call, const RunContext& ctx);
+// grouped_mm's FP8 (128x128 blocks) route on Hopper: deepgemm's QGMMA kernel, contiguous layout.
+// p.compute_capability must hold the device's (no device query here).
+bool cuda_fp8_tma_route(const Problem& p);
+size_t cuda_fp8_tma_workspace(const Problem& p);
+void cuda_fp8_tma_grouped(const Experts& ex, const ExpertsCall& call, const RunContext& ctx);
 
 }  // namespace moex::detail

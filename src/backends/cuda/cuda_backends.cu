@@ -15,7 +15,8 @@
 //
 // FP8 block-scaled / FP4 experts (SPEC §6; quant_common.cuh): the tokens and h are quantized on
 // the device per token and 128 channels; batched_mm runs quant_gemv.cu, grouped_mm the tensor-
-// core kernel of quant_grouped_gemm.cu (its own plan, 64-row tiles); eager dequantizes one
+// core kernel of quant_grouped_gemm.cu (its own plan, 64-row tiles) — except FP8 128x128 experts
+// on Hopper, which run deepgemm.cu's TMA + QGMMA kernel in the contiguous layout; eager dequantizes one
 // expert at a time to f32 [N, K] and runs cuBLAS in f32 (pedantic) on the dequantized activations
 // codes·scale: Σ_k (cx·sx)(cw·sw) equals the CPU's Σ_kb sx·sw·Σ cx·cw up to f32 rounding
 // (~1e-6 relative), far inside the 2e-3 bar of the harness's quantized cases.
@@ -240,6 +241,13 @@ Support cuda_supports(const Problem& p, std::string_view backend) {
 
 // ---- workspace -------------------------------------------------------------------------------
 
+// grouped_mm with FP8 128x128 experts on Hopper runs deepgemm.cu's QGMMA kernel.
+static bool fp8_on_tma(const Problem& p) {
+  Problem q = p;
+  if (q.compute_capability < 0) q.compute_capability = device_cc(p.device.index);
+  return cuda_fp8_tma_route(q);
+}
+
 size_t cuda_batched_workspace(const Problem& p) {
   const int64_t S = pairs_of(p), H = p.spec.hidden, I = p.spec.intermediate;
   const size_t quant = p.spec.quant.quantized() ? QuantActs::bytes(p.tokens, S, H, I) : 0;
@@ -249,8 +257,11 @@ size_t cuda_batched_workspace(const Problem& p) {
 size_t cuda_grouped_workspace(const Problem& p) {
   const int64_t S = pairs_of(p), E = p.spec.num_experts, H = p.spec.hidden, I = p.spec.intermediate;
   const size_t quant = p.spec.quant.quantized() ? QuantActs::bytes(p.tokens, S, H, I) : 0;
-  return plan_workspace_bytes(S, E, tile_m_of(p.spec)) + bytes_of(S * I, dtype_size(p.spec.dtype)) + bytes_of(S * H, 4) +
-         quant;
+  const size_t own = plan_workspace_bytes(S, E, tile_m_of(p.spec)) + bytes_of(S * I, dtype_size(p.spec.dtype)) +
+                     bytes_of(S * H, 4) + quant;
+  // FP8 on Hopper runs deepgemm.cu's QGMMA kernel (or this file's path when the buffers' alignment
+  // rules it out at run time): room for either
+  return fp8_on_tma(p) ? std::max(own, cuda_fp8_tma_workspace(p)) : own;
 }
 
 size_t cuda_eager_workspace(const Problem& p) {
@@ -312,6 +323,10 @@ void cuda_batched(const Experts& ex, const ExpertsCall& call, const RunContext& 
 
 void cuda_grouped(const Experts& ex, const ExpertsCall& call, const RunContext& ctx) {
   const ExpertsSpec& s = ex.spec;
+  if (s.quant.quantized() && aligned16(ex.gate_up.data) && aligned16(ex.down.data) && fp8_on_tma(Problem::from(ex, call))) {
+    cuda_fp8_tma_grouped(ex, call, ctx);  // TMA + QGMMA, contiguous layout (deepgemm.cu)
+    return;
+  }
   DeviceGuard guard(call.hidden.device.index);
   cudaStream_t stream = stream_of(ctx);
   const int64_t T = call.hidden.shape[0], K = call.top_k_index.shape[1], S = T * K;

@@ -55,7 +55,10 @@ constexpr int kKBlock = 128;
 
 enum class Layout { contiguous, masked };
 
-Layout layout_for(int64_t T) {
+enum class LayoutChoice { by_size, contiguous };
+
+Layout layout_for(int64_t T, LayoutChoice choice = LayoutChoice::by_size) {
+  if (choice == LayoutChoice::contiguous) return Layout::contiguous;
   if (const char* s = std::getenv("MOEX_DEEPGEMM_LAYOUT")) {
     if (std::strcmp(s, "masked") == 0) return Layout::masked;
     if (std::strcmp(s, "contiguous") == 0) return Layout::contiguous;
@@ -216,7 +219,7 @@ struct Sizes {
   bool fp8;
 };
 
-Sizes sizes_of(const ExpertsSpec& s, int64_t T, int64_t K) {
+Sizes sizes_of(const ExpertsSpec& s, int64_t T, int64_t K, LayoutChoice choice = LayoutChoice::by_size) {
   Sizes z{};
   z.T = T;
   z.K = K;
@@ -225,7 +228,7 @@ Sizes sizes_of(const ExpertsSpec& s, int64_t T, int64_t K) {
   z.H = s.hidden;
   z.I = s.intermediate;
   z.R = s.gate_up_rows();
-  z.layout = layout_for(T);
+  z.layout = layout_for(T, choice);
   z.M = layout_rows(z.layout, T, z.S, z.E);
   z.M4 = round4(z.M);
   z.T4 = round4(T);
@@ -288,12 +291,14 @@ Support cuda_deepgemm_supports(const Problem& p) {
 
 size_t cuda_deepgemm_workspace(const Problem& p) { return workspace_of(sizes_of(p.spec, p.tokens, p.top_k), p.spec.dtype); }
 
-void cuda_deepgemm(const Experts& ex, const ExpertsCall& call, const RunContext& ctx) {
+namespace {
+
+void run_deepgemm(const Experts& ex, const ExpertsCall& call, const RunContext& ctx, LayoutChoice choice) {
   const ExpertsSpec& s = ex.spec;
   DeviceGuard guard(call.hidden.device.index);
   cudaStream_t stream = static_cast<cudaStream_t>(ctx.options.stream);
   const int64_t T = call.hidden.shape[0], K = call.top_k_index.shape[1];
-  const Sizes z = sizes_of(s, T, K);
+  const Sizes z = sizes_of(s, T, K, choice);
   const bool idx64 = call.top_k_index.dtype == DType::i64;
 
   WorkspaceCarver ws(ctx.workspace.data(), ctx.workspace.capacity());
@@ -405,6 +410,28 @@ void cuda_deepgemm(const Experts& ex, const ExpertsCall& call, const RunContext&
   c.H = z.H;
   c.out = call.out.data;
   launch_combine(c, s.dtype, stream);
+}
+
+}  // namespace
+
+void cuda_deepgemm(const Experts& ex, const ExpertsCall& call, const RunContext& ctx) {
+  run_deepgemm(ex, call, ctx, LayoutChoice::by_size);
+}
+
+// grouped_mm's FP8 path on Hopper: the same QGMMA kernel in the contiguous layout.
+bool cuda_fp8_tma_route(const Problem& p) {
+  const QuantSpec& q = p.spec.quant;
+  if (q.kind != QuantKind::fp8_block || q.block_n != 128 || q.block_k != 128 || q.activation_scheme != ActivationScheme::dynamic)
+    return false;
+  if (const char* e = std::getenv("MOEX_CUDA_NO_TMA"); e && *e && *e != '0') return false;
+  if (!p.device.is_cuda() || p.compute_capability < 0) return false;  // the caller fills in the device's
+  return cuda_deepgemm_supports(p).ok;
+}
+size_t cuda_fp8_tma_workspace(const Problem& p) {
+  return workspace_of(sizes_of(p.spec, p.tokens, p.top_k, LayoutChoice::contiguous), p.spec.dtype);
+}
+void cuda_fp8_tma_grouped(const Experts& ex, const ExpertsCall& call, const RunContext& ctx) {
+  run_deepgemm(ex, call, ctx, LayoutChoice::contiguous);
 }
 
 }  // namespace moex::detail
