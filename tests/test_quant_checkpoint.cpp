@@ -243,6 +243,55 @@ TEST(QuantCheckpoint, FusedRoundTrip) {
   EXPECT_EQ(ck.info("model.visual.patch_embed.proj.weight").st_dtype, "F32");  // vision tower as stored (rank 5)
 }
 
+// What the reference's save_pretrained writes for MoE experts: per-expert e4m3 weights beside the
+// fused scales `experts.gate_up_proj_scale_inv` [E, 2·ceil(I/bn) or ceil(2I/bn), ·] and
+// `experts.down_proj_scale_inv` [E, ceil(H/bn), ·]. Made here from a per-expert checkpoint.
+TEST(QuantCheckpoint, PerExpertWeightsWithFusedScales) {
+  if (!fs::exists(fixture("qwen3_moe"))) GTEST_SKIP() << "no fixtures";
+  for (int64_t bn : {128, 8}) {
+    SCOPED_TRACE(bn);
+    TempDir tmp;
+    const fs::path dir = tmp.path / "q";
+    QuantizeOptions q;
+    q.block_n = bn;
+    quantize_checkpoint(fixture("qwen3_moe").string(), dir.string(), q);
+    const Tensor before = forward(dir, "grouped_mm");
+    const ModelConfig cfg = load_model_config(dir.string());
+    const int64_t E = cfg.text.num_experts;
+    std::vector<std::vector<uint8_t>> fused;  // per (layer, proj): [E, rows, cols] f32 bytes
+    fused.reserve(size_t(2 * cfg.text.num_hidden_layers));
+    const Checkpoint ck = Checkpoint::open(dir.string());
+    std::vector<SafetensorsRawTensor> out;
+    for (const auto& name : ck.names()) {
+      if (name.find(".experts.") != std::string::npos && name.find("_scale_inv") != std::string::npos) continue;
+      const auto [data, nbytes] = ck.file_of(name).bytes(name);
+      out.push_back({name, ck.info(name).st_dtype, ck.info(name).shape, data, nbytes});
+    }
+    for (int64_t l = 0; l < cfg.text.num_hidden_layers; ++l) {
+      const std::string base = "model.layers." + std::to_string(l) + ".mlp.experts.";
+      for (const char* proj : {"gate_up_proj", "down_proj"}) {
+        const bool gu = std::string(proj) == "gate_up_proj";
+        std::vector<uint8_t> bytes;
+        int64_t rows = 0, cols = 0;
+        for (int64_t e = 0; e < E; ++e)
+          for (const char* part : gu ? std::vector<const char*>{"gate_proj", "up_proj"} : std::vector<const char*>{"down_proj"}) {
+            const std::string sn = base + std::to_string(e) + "." + part + ".weight_scale_inv";
+            const auto [data, nbytes] = ck.file_of(sn).bytes(sn);
+            bytes.insert(bytes.end(), data, data + nbytes);
+            if (e == 0) rows += ck.info(sn).shape[0];
+            cols = ck.info(sn).shape[1];
+          }
+        fused.push_back(std::move(bytes));
+        out.push_back({base + proj + "_scale_inv", "F32", {E, rows, cols}, fused.back().data(), fused.back().size()});
+      }
+    }
+    write_safetensors_raw((tmp.path / "model.safetensors.new").string(), out);
+    fs::rename(tmp.path / "model.safetensors.new", dir / "model.safetensors");
+    EXPECT_FALSE(Checkpoint::open(dir.string()).has("model.layers.0.mlp.experts.0.gate_proj.weight_scale_inv"));
+    EXPECT_EQ(rel_l2(forward(dir, "grouped_mm"), before), 0.0);
+  }
+}
+
 // Blocks narrower than 128 along the input: loads (dequantize) with several blocks in both
 // directions; the CPU backends refuse to run them quantized, with the reason.
 TEST(QuantCheckpoint, MultipleBlocksBothDirections) {

@@ -286,22 +286,35 @@ void load_fp8_experts(Loader& L, MoeWeights& w, const std::string& base, int64_t
     L.tick();
     L.tick();
   } else {
-    gu_s.rows = 2 * half_rows;
-    gu_s.cols = kh;
-    gu_s.values.resize(size_t(E * gu_s.rows * kh));
-    dn_s.rows = ceil_div(H, bn);
-    dn_s.cols = ki;
-    dn_s.values.resize(size_t(E * dn_s.rows * ki));
+    // Per-expert e4m3 weights with per-expert scales (the hub's DeepSeek-V3 layout), or with the fused
+    // scales `gate_up_proj_scale_inv` / `down_proj_scale_inv` [E, ·, ·] (what the reference's
+    // save_pretrained writes: it splits the weights back per expert but not their scales).
+    const bool fused_scales = !L.has(scale_name_of(first)) && L.has(base + "gate_up_proj_scale_inv");
+    if (fused_scales) {
+      gu_s = L.read_scales(base + "gate_up_proj_scale_inv", {E}, {{ceil_div(2 * I, bn), kh}, {2 * half_rows, kh}},
+                           base + "{e}." + names[0] + ".weight");
+      per_half = gu_s.which == 1;
+      dn_s = L.read_scales(base + "down_proj_scale_inv", {E}, {{ceil_div(H, bn), ki}}, base + "{e}." + names[2] + ".weight");
+    } else {
+      gu_s.rows = 2 * half_rows;
+      gu_s.cols = kh;
+      gu_s.values.resize(size_t(E * gu_s.rows * kh));
+      dn_s.rows = ceil_div(H, bn);
+      dn_s.cols = ki;
+      dn_s.values.resize(size_t(E * dn_s.rows * ki));
+    }
     for (int64_t e = 0; e < E; ++e) {
       const std::string pe = base + std::to_string(e) + ".";
       for (int half = 0; half < 2; ++half) {
         const std::string name = pe + names[size_t(half)] + ".weight";
         copy_fp8(L, name, I, H, gu + (2 * e + half) * I * H);
+        if (fused_scales) continue;
         const ScaleGrid s = L.read_scales(scale_name_of(name), {}, {{half_rows, kh}}, name);
         std::copy(s.values.begin(), s.values.end(), gu_s.values.begin() + (e * gu_s.rows + half * half_rows) * kh);
       }
       const std::string name = pe + names[2] + ".weight";
       copy_fp8(L, name, H, I, dn + e * H * I);
+      if (fused_scales) continue;
       const ScaleGrid s = L.read_scales(scale_name_of(name), {}, {{dn_s.rows, ki}}, name);
       std::copy(s.values.begin(), s.values.end(), dn_s.values.begin() + e * dn_s.rows * ki);
     }
