@@ -45,7 +45,7 @@ struct ScaleGrid {
   int which = 0;  // index of the candidate grid that matched
 };
 
-// A source scale-block row for each matrix row, and the layer's uniform block height after stacking.
+// The source scale-block row of a matrix row.
 using RowMap = std::function<int64_t(int64_t row)>;
 
 // FP8 block scales stored over a matrix, re-laid out as [E, ceil(rows / block_n), cols_blocks] in the
@@ -81,7 +81,6 @@ class Loader {
   }
 
   bool is_fp8(const std::string& name) const { return ck_.has(name) && ck_.info(name).dtype == DType::fp8_e4m3; }
-  const std::optional<Fp8QuantConfig>& fp8() const { return fp8_; }
 
   // An e4m3 tensor is only meaningful with its quantization config.
   const Fp8QuantConfig& require_fp8(const std::string& name) const {
