@@ -13,6 +13,7 @@ void add_check(CLI::App& app, std::function<int()>& run);
 void add_bench(CLI::App& app, std::function<int()>& run);
 void add_model_commands(CLI::App& app, std::function<int()>& run);  // forward, generate
 void add_bench_model(CLI::App& app, std::function<int()>& run);
+void add_quantize(CLI::App& app, std::function<int()>& run);
 
 // "a,b,c" → {"a","b","c"} (empty items dropped)
 std::vector<std::string> split_list(const std::string& s, char sep = ',');

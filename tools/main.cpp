@@ -1,4 +1,4 @@
-// tools/main.cpp — the `moex` command line: info, check, bench, forward, generate.
+// tools/main.cpp — the `moex` command line: info, check, bench, forward, generate, bench-model, quantize.
 #include <cstdio>
 #include <cstdlib>
 #include <unistd.h>
@@ -36,6 +36,7 @@ int main(int argc, char** argv) {
   moex::cli::add_bench(app, run);
   moex::cli::add_model_commands(app, run);
   moex::cli::add_bench_model(app, run);
+  moex::cli::add_quantize(app, run);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

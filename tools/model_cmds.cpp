@@ -1,6 +1,6 @@
 // tools/model_cmds.cpp — `moex forward` and `moex generate` (SPEC §5):
 //   moex forward  --model DIR --ids "1,2,3;4,5,6" --out FILE [--dtype f32|bf16|f16] [--device cpu|cuda]
-//                 [--experts-implementation NAME | "text_config=eager,=grouped_mm"]
+//                 [--experts-implementation NAME | "text_config=eager,=grouped_mm"] [--dequantize]
 //   moex generate --model DIR --ids "…" --max-new-tokens N [--do-sample --temperature T --top-k K
 //                 --top-p P --seed S] [--no-decode-switching]   → prints [[ids…], …]
 #include <fmt/format.h>
@@ -17,6 +17,7 @@ namespace {
 
 struct ModelOptions {
   std::string model, ids, out, dtype = "f32", device = "cpu", experts;
+  bool dequantize = false;  // FP8 checkpoints: experts back to the model dtype at load
 };
 
 // "NAME", or "key=name,key=name" with "" (written "=name") for the top level.
@@ -39,6 +40,7 @@ Model load(const ModelOptions& o) {
   lo.dtype = parse_dtype(o.dtype);
   lo.device = parse_device(o.device);
   lo.experts_implementation = parse_experts(o.experts);
+  lo.dequantize = o.dequantize;
   if (progress_enabled())
     lo.progress = [](size_t done, size_t total) {
       fmt::print(stderr, "\rloading weights {}/{}", done, total);
@@ -53,6 +55,7 @@ void add_common(CLI::App* cmd, ModelOptions& o) {
   cmd->add_option("--dtype", o.dtype, "f32, bf16 or f16 (weights converted at load)")->capture_default_str();
   cmd->add_option("--device", o.device, "cpu or cuda")->capture_default_str();
   cmd->add_option("--experts-implementation", o.experts, "a backend name, or key=name pairs per sub-config (=name: top level)");
+  cmd->add_flag("--dequantize", o.dequantize, "FP8 checkpoints: turn the quantized experts into the model dtype at load");
 }
 
 }  // namespace
@@ -174,6 +177,7 @@ void add_bench_model(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--new-tokens", o->new_tokens, "decode steps")->capture_default_str()->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--backends", o->backends, "comma-separated experts backends")->capture_default_str();
   cmd->add_option("--format", o->format, "table or json")->capture_default_str();
+  cmd->add_flag("--dequantize", o->m.dequantize, "FP8 checkpoints: turn the quantized experts into the model dtype at load");
   cmd->callback([&run, o] { run = [o] { return run_bench_model(o->m, o->batch, o->len, o->new_tokens, o->backends, o->format); }; });
 }
 

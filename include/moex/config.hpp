@@ -123,6 +123,24 @@ struct GenerationConfig {
   std::optional<int64_t> max_new_tokens;
 };
 
+// `quantization_config` of an FP8 checkpoint in the reference library's format (SPEC §6,
+// FineGrainedFP8Config): {"quant_method": "fp8", "weight_block_size": [bn, bk], "activation_scheme":
+// "dynamic" | "static", "scale_fmt": "float" | "ue8m0" (absent = float), "modules_to_not_convert": [...]}.
+// Weights of quantized linears are e4m3 `X.weight` with `X.weight_scale_inv` [ceil(out/bn), ceil(in/bk)];
+// fused experts `gate_up_proj` / `down_proj` with `gate_up_proj_scale_inv` / `down_proj_scale_inv`.
+// Any other quant_method, a block size that is not two positive integers, an unknown scale format or
+// activation scheme, or `expert_dtype` other than "fp8" is an error.
+struct Fp8QuantConfig {
+  int64_t block_n = 128, block_k = 128;  // weight_block_size: [out, in] of one scale block
+  bool ue8m0_scales = false;             // scale_fmt "ue8m0": power-of-two scales
+  bool static_activations = false;       // activation_scheme "static" (one scale per tensor)
+  std::vector<std::string> modules_to_not_convert;  // as written (e.g. "lm_head", "mlp.gate")
+};
+// Parses the text of a `quantization_config` object; `source` names it in messages.
+Fp8QuantConfig parse_fp8_quant_config(std::string_view json_text, std::string_view source = "quantization_config");
+// The JSON object the reference library writes for `c` (keys sorted as json.dumps(sort_keys) does).
+std::string fp8_quant_config_json(const Fp8QuantConfig& c);
+
 struct ModelConfig {
   std::string source;      // the config.json path (or label) used in messages
   std::string model_type;  // top-level model_type
@@ -132,6 +150,7 @@ struct ModelConfig {
   std::vector<SubConfigInfo> sub_configs;  // every sub-config present (empty for plain models)
   std::string dtype;       // "dtype" / "torch_dtype" as written ("float32", "bfloat16", ...), may be empty
   std::string quantization_config;  // raw JSON text of `quantization_config`, empty if none
+  std::optional<Fp8QuantConfig> fp8; // parsed `quantization_config` (the only kind supported: fp8)
   GenerationConfig generation;      // from generation_config.json, else from config.json's token ids
   bool has_generation_config = false;
 

@@ -45,6 +45,9 @@ struct LoadOptions {
   Device device = Device::cpu();    // CPU only in this version
   ExpertsImplementation experts_implementation;  // default grouped_mm
   std::function<void(size_t done, size_t total)> progress;  // called per tensor while loading
+  // FP8 checkpoints (SPEC §6): turn the quantized experts back into `dtype` at load (other FP8
+  // linears are always dequantized; only the experts run quantized).
+  bool dequantize = false;
 };
 
 struct GenerateOptions {
@@ -90,6 +93,25 @@ class Model {
   struct Impl;
   std::shared_ptr<Impl> impl_;
 };
+
+// ---- FP8 quantizer (`moex quantize`, SPEC §6) ---------------------------------------------------
+
+struct QuantizeOptions {
+  int64_t block_n = 128, block_k = 128;  // weight block [out, in] of one scale
+  bool ue8m0_scales = false;             // power-of-two scales (scale_fmt "ue8m0") instead of f32
+  std::function<void(size_t done, size_t total)> progress;  // called per tensor
+};
+
+// Writes an FP8 block-scaled copy of the bf16/f16/f32 checkpoint `in_dir` to `out_dir` in the
+// reference library's format (FineGrainedFP8Config): the routed experts and the decoder's linear
+// layers the reference quantizes (attention projections, dense and shared-expert MLPs) become e4m3
+// `X.weight` + `X.weight_scale_inv` [ceil(out/bn), ceil(in/bk)] (fused experts: `gate_up_proj` /
+// `down_proj` + `*_scale_inv` [E, ·, ·]); embeddings, norms, routers, `lm_head`, vision towers and
+// GPT-OSS experts (biased; the reference's FP8 experts have none) stay as stored and are listed in
+// `modules_to_not_convert`. config.json gains `quantization_config`; generation/tokenizer files are
+// copied; shards keep their names. Everything is written to a temporary directory beside `out_dir`
+// and renamed at the end; an existing non-empty `out_dir` is an error (nothing is overwritten).
+void quantize_checkpoint(const std::string& in_dir, const std::string& out_dir, const QuantizeOptions& opts = {});
 
 // ---- helpers of the `moex forward` / `moex generate` commands (SPEC §5) ------------------------
 

@@ -75,6 +75,17 @@ class SafetensorsFile {
 // file beside `path` and renames it, so a failure never leaves a half-written file under `path`.
 void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, TensorView>>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
+// One tensor as raw bytes (any stored dtype string, any rank): for copying tensors moex has no type for.
+struct SafetensorsRawTensor {
+  std::string name;
+  std::string st_dtype;  // "F32", "F8_E4M3", ...
+  std::vector<int64_t> shape;
+  const void* data = nullptr;
+  size_t nbytes = 0;
+};
+// The same as write_safetensors for raw tensors (the caller vouches that nbytes matches shape and dtype).
+void write_safetensors_raw(const std::string& path, const std::vector<SafetensorsRawTensor>& tensors,
+                           const std::map<std::string, std::string>& metadata = {});
 // The same, tensors in name order.
 void write_safetensors_map(const std::string& path, const std::map<std::string, TensorView>& tensors,
                            const std::map<std::string, std::string>& metadata = {});

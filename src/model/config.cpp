@@ -577,6 +577,52 @@ GenerationConfig parse_generation_config(std::string_view text, std::string_view
   return g;
 }
 
+Fp8QuantConfig parse_fp8_quant_config(std::string_view text, std::string_view source) {
+  const json j = parse_json(text, source);
+  if (!j.is_object()) detail::fail(ErrorCode::parse, "{}: not a JSON object", source);
+  const Obj o(j, std::string(source));
+  if (!o.has("quant_method")) o.missing("quant_method");
+  const std::string method = o.opt_str("quant_method", "");
+  if (method != "fp8")
+    detail::fail(ErrorCode::unsupported, "{}: quant_method '{}' is not supported (only \"fp8\", fine-grained FP8)", source, method);
+  Fp8QuantConfig c;
+  if (!o.has("weight_block_size"))
+    detail::fail(ErrorCode::unsupported, "{}: weight_block_size is missing or null; per-tensor FP8 scales are not supported "
+                 "(give a block size such as [128, 128])", source);
+  const std::vector<int64_t> block = o.opt_int_list("weight_block_size");
+  if (block.size() != 2 || block[0] < 1 || block[1] < 1)
+    o.bad_value("weight_block_size", "must be two positive integers [out, in]");
+  c.block_n = block[0];
+  c.block_k = block[1];
+  const std::string scheme = o.opt_str("activation_scheme", "dynamic");
+  if (scheme != "dynamic" && scheme != "static") o.bad_value("activation_scheme", "must be \"dynamic\" or \"static\"");
+  c.static_activations = scheme == "static";
+  const std::string fmt = o.opt_str("scale_fmt", "float");
+  if (fmt != "float" && fmt != "ue8m0") o.bad_value("scale_fmt", "must be \"float\" or \"ue8m0\"");
+  c.ue8m0_scales = fmt == "ue8m0";
+  const std::string expert_dtype = o.opt_str("expert_dtype", "fp8");
+  if (expert_dtype != "fp8")
+    detail::fail(ErrorCode::unsupported, "{}: expert_dtype '{}' is not supported by the checkpoint loader (only \"fp8\")", source,
+                 expert_dtype);
+  c.modules_to_not_convert = o.opt_str_list("modules_to_not_convert");
+  if (o.has("modules_to_convert"))
+    detail::fail(ErrorCode::unsupported, "{}: modules_to_convert (FP8 embeddings) is not supported", source);
+  return c;
+}
+
+std::string fp8_quant_config_json(const Fp8QuantConfig& c) {
+  json j = json::object();
+  j["activation_scheme"] = c.static_activations ? "static" : "dynamic";
+  j["dequantize"] = false;
+  j["expert_dtype"] = "fp8";
+  j["modules_to_convert"] = nullptr;
+  j["modules_to_not_convert"] = c.modules_to_not_convert.empty() ? json(nullptr) : json(c.modules_to_not_convert);
+  j["quant_method"] = "fp8";
+  j["scale_fmt"] = c.ue8m0_scales ? "ue8m0" : "float";
+  j["weight_block_size"] = {c.block_n, c.block_k};
+  return j.dump();
+}
+
 ModelConfig parse_model_config(std::string_view text, std::string_view source) {
   const json j = parse_json(text, source);
   if (!j.is_object()) detail::fail(ErrorCode::parse, "{}: not a JSON object", source);
@@ -590,6 +636,7 @@ ModelConfig parse_model_config(std::string_view text, std::string_view source) {
   if (top.has("quantization_config")) {
     if (!top.at("quantization_config").is_object()) top.type_error("quantization_config", "an object");
     m.quantization_config = top.at("quantization_config").dump();
+    m.fp8 = parse_fp8_quant_config(m.quantization_config, std::string(source) + ": quantization_config");
   }
 
   // Sub-configs: every object-valued "*_config" field except quantization_config.

@@ -101,11 +101,8 @@ Model Model::from_pretrained(const std::string& dir, const LoadOptions& opts) {
   impl->device = opts.device;
   // Names and keys are validated before the (possibly long) weight loading.
   impl->impl = impl->resolve(opts.experts_implementation, {});
-  if (!impl->cfg.quantization_config.empty())
-    detail::fail(ErrorCode::unsupported, "{}: quantized checkpoints (quantization_config {}) are not supported by the model runtime yet",
-                 impl->cfg.source, impl->cfg.quantization_config);
   const Checkpoint ck = Checkpoint::open(dir);
-  impl->weights = model::load_weights(ck, impl->cfg, opts.dtype, opts.progress);
+  impl->weights = model::load_weights(ck, impl->cfg, opts.dtype, opts.progress, opts.dequantize);
   Model m;
   m.impl_ = std::move(impl);
   return m;

@@ -357,22 +357,31 @@ const std::map<std::string, std::string>& SafetensorsFile::metadata() const {
 
 void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, TensorView>>& tensors,
                        const std::map<std::string, std::string>& metadata) {
-  json header = json::object();
-  std::set<std::string> seen;
-  uint64_t offset = 0;
+  std::vector<SafetensorsRawTensor> raw;
+  raw.reserve(tensors.size());
   for (const auto& [name, v] : tensors) {
-    MOEX_CHECK(!name.empty() && name != "__metadata__", "write_safetensors {}: invalid tensor name '{}'", path, name);
-    MOEX_CHECK(seen.insert(name).second, "write_safetensors {}: tensor '{}' given twice", path, name);
     MOEX_CHECK(v.defined(), "write_safetensors {}: tensor '{}' is undefined", path, name);
     MOEX_CHECK(v.device.is_cpu(), "write_safetensors {}: tensor '{}' is on {}; copy it to the CPU first", path, name,
                to_string(v.device));
     MOEX_CHECK(v.is_contiguous(), "write_safetensors {}: tensor '{}' ({}) is not contiguous", path, name, v.describe());
     MOEX_CHECK(v.data != nullptr || v.numel() == 0, "write_safetensors {}: tensor '{}' has no data", path, name);
-    const std::string_view dt = safetensors_dtype_name(v.dtype);
-    std::vector<int64_t> shape(v.shape.begin(), v.shape.begin() + v.rank);
-    const uint64_t nb = v.nbytes();
-    header[name] = {{"dtype", dt}, {"shape", shape}, {"data_offsets", {offset, offset + nb}}};
-    offset += nb;
+    raw.push_back({name, std::string(safetensors_dtype_name(v.dtype)), std::vector<int64_t>(v.shape.begin(), v.shape.begin() + v.rank),
+                   v.data, v.nbytes()});
+  }
+  write_safetensors_raw(path, raw, metadata);
+}
+
+void write_safetensors_raw(const std::string& path, const std::vector<SafetensorsRawTensor>& tensors,
+                           const std::map<std::string, std::string>& metadata) {
+  json header = json::object();
+  std::set<std::string> seen;
+  uint64_t offset = 0;
+  for (const auto& t : tensors) {
+    MOEX_CHECK(!t.name.empty() && t.name != "__metadata__", "write_safetensors {}: invalid tensor name '{}'", path, t.name);
+    MOEX_CHECK(seen.insert(t.name).second, "write_safetensors {}: tensor '{}' given twice", path, t.name);
+    MOEX_CHECK(t.data != nullptr || t.nbytes == 0, "write_safetensors {}: tensor '{}' has no data", path, t.name);
+    header[t.name] = {{"dtype", t.st_dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.nbytes}}};
+    offset += t.nbytes;
   }
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::string h = header.dump();
@@ -386,10 +395,8 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
   for (int i = 0; i < 8; ++i) len[i] = uint8_t(uint64_t(h.size()) >> (8 * i));
   ok = ok && std::fwrite(len, 1, 8, fp) == 8;
   ok = ok && std::fwrite(h.data(), 1, h.size(), fp) == h.size();
-  for (const auto& [name, v] : tensors) {
-    const size_t nb = v.nbytes();
-    if (nb) ok = ok && std::fwrite(v.data, 1, nb, fp) == nb;
-  }
+  for (const auto& t : tensors)
+    if (t.nbytes) ok = ok && std::fwrite(t.data, 1, t.nbytes, fp) == t.nbytes;
   const std::string werr = ok ? "" : errno_text();
   if (std::fclose(fp) != 0 && ok) ok = false;
   if (!ok) {

@@ -1,9 +1,12 @@
 // model/weights.cpp — checkpoint tensors → ModelWeights for the six families (see weights.hpp).
 #include "model/weights.hpp"
 
+#include <cmath>
 #include <cstring>
+#include <numeric>
 
 #include "core/check.hpp"
+#include "moex/quant.hpp"
 
 namespace moex::model {
 
@@ -25,13 +28,145 @@ Tensor transpose_last2(const Tensor& t) {
   return o;
 }
 
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t numel_of(const std::vector<int64_t>& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
+
+// The scale of an FP8 weight: "X.weight" → "X.weight_scale_inv"; "X.gate_up_proj" → "X.gate_up_proj_scale_inv".
+std::string scale_name_of(const std::string& weight) { return weight + "_scale_inv"; }
+
+// Block scales [lead..., rows, cols] as f32 plus the matching block grid.
+struct ScaleGrid {
+  std::vector<float> values;
+  int64_t rows = 0, cols = 0;
+  int which = 0;  // index of the candidate grid that matched
+};
+
+// The source scale-block row of a matrix row.
+using RowMap = std::function<int64_t(int64_t row)>;
+
+// FP8 block scales stored over a matrix, re-laid out as [E, ceil(rows / block_n), cols_blocks] in the
+// descriptor's format: out[e, j, c] = src[e, row_map(j · block_n), c].
+Tensor reblock_scales(const ScaleGrid& src, int64_t E, int64_t rows, int64_t block_n, const RowMap& row_map, bool ue8m0,
+                      const std::string& what) {
+  const int64_t nr = ceil_div(rows, block_n), nc = src.cols;
+  Tensor out = Tensor::empty(ue8m0 ? DType::ue8m0 : DType::f32, {E, nr, nc});
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t j = 0; j < nr; ++j) {
+      const int64_t sr = row_map(j * block_n);
+      for (int64_t c = 0; c < nc; ++c) {
+        const float v = src.values[size_t((e * src.rows + sr) * nc + c)];
+        const int64_t o = (e * nr + j) * nc + c;
+        if (ue8m0) {
+          const uint8_t b = v > 0 ? float_to_ue8m0_ceil(v) : uint8_t(0);
+          if (!(v > 0) || ue8m0_to_float(b) != v)
+            detail::fail(ErrorCode::parse, "{}: scale {} is not a power of two but scale_fmt is \"ue8m0\"", what, v);
+          out.ptr<uint8_t>()[o] = b;
+        } else {
+          out.ptr<float>()[o] = v;
+        }
+      }
+    }
+  return out;
+}
+
 class Loader {
  public:
-  Loader(const Checkpoint& ck, DType dt, const LoadProgress& progress) : ck_(ck), dt_(dt), progress_(progress) {
+  Loader(const Checkpoint& ck, DType dt, const LoadProgress& progress, const std::optional<Fp8QuantConfig>& fp8)
+      : ck_(ck), dt_(dt), progress_(progress), fp8_(fp8) {
     total_ = ck.size();
   }
 
+  bool is_fp8(const std::string& name) const { return ck_.has(name) && ck_.info(name).dtype == DType::fp8_e4m3; }
+
+  // An e4m3 tensor is only meaningful with its quantization config.
+  const Fp8QuantConfig& require_fp8(const std::string& name) const {
+    if (!fp8_)
+      detail::fail(ErrorCode::parse, "tensor '{}' in checkpoint {} is F8_E4M3 but config.json has no quantization_config",
+                   name, ck_.dir());
+    return *fp8_;
+  }
+
+  // Reads the scale tensor `name` of [lead..., rows, cols] matrices whose scale grid is one of
+  // `grids` ({rows, cols} each). Accepts the grid's exact shape, or the grid flattened to one
+  // dimension (the reference saves a single-row grid that way) when exactly one candidate has that
+  // element count. Values are converted to f32 (float scales) or decoded (UE8M0 scales).
+  ScaleGrid read_scales(const std::string& name, const std::vector<int64_t>& lead,
+                        const std::vector<std::pair<int64_t, int64_t>>& grids, const std::string& weight) {
+    const Fp8QuantConfig& q = require_fp8(weight);
+    if (!ck_.has(name))
+      detail::fail(ErrorCode::not_found, "FP8 weight '{}' in checkpoint {} has no scale tensor '{}'", weight, ck_.dir(), name);
+    const SafetensorsTensorInfo& info = ck_.info(name);
+    std::string expected;
+    int match = -1;
+    for (size_t i = 0; i < grids.size(); ++i) {
+      std::vector<int64_t> full = lead, flat = lead;
+      full.push_back(grids[i].first);
+      full.push_back(grids[i].second);
+      flat.push_back(grids[i].first * grids[i].second);
+      expected += (expected.empty() ? "" : " or ") + shape_to_string(full);
+      if (info.shape == full) {
+        match = int(i);
+        break;
+      }
+      if (info.shape == flat && match < 0) {
+        bool unique = true;
+        for (size_t k = 0; k < grids.size(); ++k)
+          if (k != i && grids[k].first * grids[k].second == grids[i].first * grids[i].second) unique = false;
+        if (unique) match = int(i);
+      }
+    }
+    if (match < 0)
+      detail::fail(ErrorCode::parse, "scale tensor '{}' in checkpoint {} has shape {} but weight '{}' with block {}x{} implies {}",
+                   name, ck_.dir(), shape_to_string(info.shape), weight, q.block_n, q.block_k, expected);
+    ScaleGrid g;
+    g.rows = grids[size_t(match)].first;
+    g.cols = grids[size_t(match)].second;
+    g.which = match;
+    const int64_t n = numel_of(info.shape);
+    g.values.resize(size_t(n));
+    const TensorView v = ck_.get(name);
+    if (info.dtype == DType::ue8m0 || info.dtype == DType::u8) {
+      if (!q.ue8m0_scales)
+        detail::fail(ErrorCode::parse, "scale tensor '{}' in checkpoint {} is {} (UE8M0) but quantization_config's scale_fmt is \"float\"",
+                     name, ck_.dir(), info.st_dtype);
+      const uint8_t* b = static_cast<const uint8_t*>(v.data);
+      for (int64_t i = 0; i < n; ++i) g.values[size_t(i)] = ue8m0_to_float(b[i]);
+    } else if (info.dtype && (is_float_activation(*info.dtype) || *info.dtype == DType::f64)) {
+      convert_elements(g.values.data(), DType::f32, v.data, v.dtype, n);
+    } else {
+      detail::fail(ErrorCode::parse, "scale tensor '{}' in checkpoint {} has dtype {} (expected F32, BF16, F16 or F8_E8M0)", name,
+                   ck_.dir(), info.st_dtype);
+    }
+    for (float x : g.values)
+      if (!std::isfinite(x) || x < 0)
+        detail::fail(ErrorCode::parse, "scale tensor '{}' in checkpoint {} holds {} (scales must be finite and >= 0)", name,
+                     ck_.dir(), x);
+    tick();
+    return g;
+  }
+
+  // One FP8 [rows, cols] linear weight dequantized to the model dtype (only experts run quantized).
+  Tensor load_fp8_dequantized(const std::string& name, const std::vector<int64_t>& shape) {
+    const Fp8QuantConfig& q = require_fp8(name);
+    ck_.check_shape(name, shape);
+    MOEX_CHECK(shape.size() == 2, "FP8 tensor '{}' in checkpoint {} must be a matrix, the config implies {}", name, ck_.dir(),
+               shape_to_string(shape));
+    const int64_t rows = shape[0], cols = shape[1];
+    const ScaleGrid g = read_scales(scale_name_of(name), {}, {{ceil_div(rows, q.block_n), ceil_div(cols, q.block_k)}}, name);
+    std::vector<float> w(static_cast<size_t>(rows * cols));
+    dequantize_fp8_blocks(static_cast<const uint8_t*>(ck_.get(name).data), g.values.data(), ScaleFormat::f32, rows, cols,
+                          int(q.block_n), int(q.block_k), w.data());
+    Tensor t = convert_tensor(TensorView(w.data(), DType::f32, {rows, cols}), dt_);
+    tick();
+    return t;
+  }
+
   Tensor load(const std::string& name, const std::vector<int64_t>& shape) {
+    if (is_fp8(name)) return load_fp8_dequantized(name, shape);
     Tensor t = ck_.load(name, dt_, shape);
     tick();
     return t;
@@ -85,16 +220,138 @@ class Loader {
   const Checkpoint& ck() const { return ck_; }
   DType dtype() const { return dt_; }
 
- private:
   void tick() {
     ++done_;
     if (progress_) progress_(std::min(done_, total_), total_);
   }
+
+ private:
   const Checkpoint& ck_;
   DType dt_;
   const LoadProgress& progress_;
+  const std::optional<Fp8QuantConfig>& fp8_;
   size_t done_ = 0, total_ = 0;
 };
+
+// Copies the e4m3 bytes of `name` (checked to be [rows, cols] F8_E4M3) to `dst`.
+void copy_fp8(Loader& L, const std::string& name, int64_t rows, int64_t cols, uint8_t* dst) {
+  L.ck().check_shape(name, {rows, cols});
+  if (!L.is_fp8(name))
+    detail::fail(ErrorCode::parse, "tensor '{}' in checkpoint {} is {} but the other experts of its layer are F8_E4M3", name,
+                 L.ck().dir(), L.ck().info(name).st_dtype);
+  std::memcpy(dst, L.ck().get(name).data, size_t(rows * cols));
+  L.tick();
+}
+
+// FP8 routed experts of one layer → the descriptor layout (see load_weights in weights.hpp):
+//   gate_up [E, 2I, H] e4m3 (gate rows, then up rows), down [E, H, I] e4m3,
+//   gate_up_scale [E, ceil(2I / bn'), ceil(H / bk)], down_scale [E, ceil(H / bn'), ceil(I / bk)].
+// `names` gives per-expert keys {gate, up, down} (prefix + e + "." + name + ".weight"), or is empty
+// for the fused keys `gate_up_proj` / `down_proj` [E, 2I, H] / [E, H, I].
+void load_fp8_experts(Loader& L, MoeWeights& w, const std::string& base, int64_t E, int64_t H, int64_t I,
+                      const std::vector<std::string>& names, bool dequantize) {
+  const std::string first = names.empty() ? base + "gate_up_proj" : base + "0." + names[0] + ".weight";
+  const Fp8QuantConfig& q = L.require_fp8(first);
+  const int64_t bn = q.block_n, bk = q.block_k;
+  const int64_t kh = ceil_div(H, bk), ki = ceil_div(I, bk), half_rows = ceil_div(I, bn);
+  // Every shape is checked before anything is allocated (a config can claim huge sizes).
+  const std::string what = "FP8 experts under '" + base + "' in checkpoint " + L.ck().dir();
+  for (int64_t e = 0; e < E && !names.empty(); ++e) {
+    const std::string pe = base + std::to_string(e) + ".";
+    L.ck().check_shape(pe + names[0] + ".weight", {I, H});
+    L.ck().check_shape(pe + names[1] + ".weight", {I, H});
+    L.ck().check_shape(pe + names[2] + ".weight", {H, I});
+  }
+  w.gate_up = Tensor::empty(DType::fp8_e4m3, {E, 2 * I, H});
+  w.down = Tensor::empty(DType::fp8_e4m3, {E, H, I});
+  uint8_t* gu = w.gate_up.ptr<uint8_t>();
+  uint8_t* dn = w.down.ptr<uint8_t>();
+  ScaleGrid gu_s, dn_s;
+  bool per_half = true;  // gate and up have their own scale grids
+  if (names.empty()) {
+    const std::string g = base + "gate_up_proj", d = base + "down_proj";
+    if (L.ck().info(g).shape == std::vector<int64_t>{E, H, 2 * I} && H != 2 * I)
+      detail::fail(ErrorCode::unsupported, "{}: FP8 fused experts must be stored [E, 2I, H] / [E, H, I] (found '{}' {})", what, g,
+                   shape_to_string(L.ck().info(g).shape));
+    L.ck().check_shape(g, {E, 2 * I, H});
+    L.ck().check_shape(d, {E, H, I});
+    if (!L.is_fp8(d)) detail::fail(ErrorCode::parse, "{}: '{}' is F8_E4M3 but '{}' is not", what, g, d);
+    // The fused grid (blocks over all 2I rows) or one grid per half (the reference allocates at least 2 rows).
+    gu_s = L.read_scales(scale_name_of(g), {E}, {{ceil_div(2 * I, bn), kh}, {2 * half_rows, kh}}, g);
+    per_half = gu_s.which == 1;
+    dn_s = L.read_scales(scale_name_of(d), {E}, {{ceil_div(H, bn), ki}}, d);
+    std::memcpy(gu, L.ck().get(g).data, size_t(E * 2 * I * H));
+    std::memcpy(dn, L.ck().get(d).data, size_t(E * H * I));
+    L.tick();
+    L.tick();
+  } else {
+    // Per-expert e4m3 weights with per-expert scales (the hub's DeepSeek-V3 layout), or with the fused
+    // scales `gate_up_proj_scale_inv` / `down_proj_scale_inv` [E, ·, ·] (what the reference's
+    // save_pretrained writes: it splits the weights back per expert but not their scales).
+    const bool fused_scales = !L.has(scale_name_of(first)) && L.has(base + "gate_up_proj_scale_inv");
+    if (fused_scales) {
+      gu_s = L.read_scales(base + "gate_up_proj_scale_inv", {E}, {{ceil_div(2 * I, bn), kh}, {2 * half_rows, kh}},
+                           base + "{e}." + names[0] + ".weight");
+      per_half = gu_s.which == 1;
+      dn_s = L.read_scales(base + "down_proj_scale_inv", {E}, {{ceil_div(H, bn), ki}}, base + "{e}." + names[2] + ".weight");
+    } else {
+      gu_s.rows = 2 * half_rows;
+      gu_s.cols = kh;
+      gu_s.values.resize(size_t(E * gu_s.rows * kh));
+      dn_s.rows = ceil_div(H, bn);
+      dn_s.cols = ki;
+      dn_s.values.resize(size_t(E * dn_s.rows * ki));
+    }
+    for (int64_t e = 0; e < E; ++e) {
+      const std::string pe = base + std::to_string(e) + ".";
+      for (int half = 0; half < 2; ++half) {
+        const std::string name = pe + names[size_t(half)] + ".weight";
+        copy_fp8(L, name, I, H, gu + (2 * e + half) * I * H);
+        if (fused_scales) continue;
+        const ScaleGrid s = L.read_scales(scale_name_of(name), {}, {{half_rows, kh}}, name);
+        std::copy(s.values.begin(), s.values.end(), gu_s.values.begin() + (e * gu_s.rows + half * half_rows) * kh);
+      }
+      const std::string name = pe + names[2] + ".weight";
+      copy_fp8(L, name, H, I, dn + e * H * I);
+      if (fused_scales) continue;
+      const ScaleGrid s = L.read_scales(scale_name_of(name), {}, {{dn_s.rows, ki}}, name);
+      std::copy(s.values.begin(), s.values.end(), dn_s.values.begin() + e * dn_s.rows * ki);
+    }
+  }
+  // Separate gate/up grids with I % bn != 0: re-block to gcd(I, bn) rows so that no block straddles the halves.
+  const int64_t block_n = per_half && I % bn != 0 ? std::gcd(I, bn) : bn;
+  const RowMap gu_rows = per_half ? RowMap([=](int64_t r) { return r < I ? r / bn : half_rows + (r - I) / bn; })
+                                  : RowMap([=](int64_t r) { return r / bn; });
+  const bool ue8m0 = q.ue8m0_scales;
+  w.gate_up_scale = reblock_scales(gu_s, E, 2 * I, block_n, gu_rows, ue8m0, what);
+  w.down_scale = reblock_scales(dn_s, E, H, block_n, [=](int64_t r) { return r / bn; }, ue8m0, what);
+  QuantSpec spec = QuantSpec::fp8_block(int(block_n), int(bk), ue8m0 ? ScaleFormat::ue8m0 : ScaleFormat::f32);
+  if (q.static_activations) spec.activation_scheme = ActivationScheme::static_;
+  if (!dequantize) {
+    w.experts.spec.quant = spec;
+    return;
+  }
+  // "dequantize": bf16 (the model dtype) experts, one expert matrix at a time through f32.
+  const DType dt = L.dtype();
+  const ScaleFormat fmt = spec.scale_format;
+  const size_t ss = ue8m0 ? 1 : 4;
+  auto dequant = [&](const Tensor& qw, const Tensor& sc, int64_t rows, int64_t cols) {
+    Tensor out = Tensor::empty(dt, {E, rows, cols});
+    std::vector<float> buf(static_cast<size_t>(rows * cols));
+    const int64_t srows = sc.size(1) * sc.size(2);
+    for (int64_t e = 0; e < E; ++e) {
+      dequantize_fp8_blocks(qw.ptr<uint8_t>() + e * rows * cols, static_cast<const uint8_t*>(sc.data()) + size_t(e * srows) * ss, fmt,
+                            rows, cols, int(block_n), int(bk), buf.data());
+      convert_elements(static_cast<uint8_t*>(out.data()) + size_t(e * rows * cols) * dtype_size(dt), dt, buf.data(), DType::f32,
+                       rows * cols);
+    }
+    return out;
+  };
+  w.gate_up = dequant(w.gate_up, w.gate_up_scale, 2 * I, H);
+  w.down = dequant(w.down, w.down_scale, H, I);
+  w.gate_up_scale = Tensor();
+  w.down_scale = Tensor();
+}
 
 AttentionWeights load_attention(Loader& L, const TextConfig& t, const std::string& p) {
   AttentionWeights a;
@@ -128,7 +385,7 @@ AttentionWeights load_attention(Loader& L, const TextConfig& t, const std::strin
   return a;
 }
 
-MoeWeights load_moe(Loader& L, const TextConfig& t, const std::string& p) {
+MoeWeights load_moe(Loader& L, const TextConfig& t, const std::string& p, bool dequantize) {
   MoeWeights w;
   const int64_t H = t.hidden_size, E = t.num_experts, I = t.moe_intermediate_size;
   const DType dt = L.dtype();
@@ -137,6 +394,11 @@ MoeWeights load_moe(Loader& L, const TextConfig& t, const std::string& p) {
   if (t.family == ModelFamily::gpt_oss) {
     const std::string m = p + "mlp.";
     w.router = L.linear(m + "router", E, H, true);
+    if (L.is_fp8(m + "experts.gate_up_proj") || L.is_fp8(m + "experts.down_proj"))
+      detail::fail(ErrorCode::unsupported,
+                   "checkpoint {}: FP8 gpt_oss experts (with biases) are not supported (the reference's FP8 experts have no "
+                   "biases either); keep them unquantized (modules_to_not_convert)",
+                   L.ck().dir());
     w.gate_up = L.load(m + "experts.gate_up_proj", {E, H, 2 * I});
     w.gate_up_bias = L.load(m + "experts.gate_up_proj_bias", {E, 2 * I});
     w.down = L.load(m + "experts.down_proj", {E, I, H});
@@ -147,7 +409,13 @@ MoeWeights load_moe(Loader& L, const TextConfig& t, const std::string& p) {
     const std::string m = p + (mixtral_names ? "block_sparse_moe." : "mlp.");
     w.router = L.linear(m + "gate", E, H, false);
     if (t.family == ModelFamily::deepseek_v3) w.e_score_correction_bias = L.load(m + "gate.e_score_correction_bias", {E});
-    if (L.has(m + "experts.gate_up_proj")) {
+    const std::vector<std::string> per_expert =
+        mixtral_names ? std::vector<std::string>{"w1", "w3", "w2"} : std::vector<std::string>{"gate_proj", "up_proj", "down_proj"};
+    if (L.is_fp8(m + "experts.gate_up_proj")) {
+      load_fp8_experts(L, w, m + "experts.", E, H, I, {}, dequantize);
+    } else if (L.is_fp8(m + "experts.0." + per_expert[0] + ".weight")) {
+      load_fp8_experts(L, w, m + "experts.", E, H, I, per_expert, dequantize);
+    } else if (L.has(m + "experts.gate_up_proj")) {
       // Fused experts: [E, 2I, H] / [E, H, I] (transformers 5) or [E, H, 2I] / [E, I, H] (hub, transposed).
       const auto& gi = L.ck().info(m + "experts.gate_up_proj");
       const auto& di = L.ck().info(m + "experts.down_proj");
@@ -176,6 +444,10 @@ MoeWeights load_moe(Loader& L, const TextConfig& t, const std::string& p) {
   }
   w.experts.gate_up = w.gate_up.view();
   w.experts.down = w.down.view();
+  if (w.experts.spec.quant.quantized()) {
+    w.experts.gate_up_scale = w.gate_up_scale.view();
+    w.experts.down_scale = w.down_scale.view();
+  }
   if (w.experts.spec.has_bias) {
     w.experts.gate_up_bias = w.gate_up_bias.view();
     w.experts.down_bias = w.down_bias.view();
@@ -202,7 +474,8 @@ ExpertsSpec experts_spec(const TextConfig& t, DType dtype) {
   return s;
 }
 
-ModelWeights load_weights(const Checkpoint& ck, const ModelConfig& cfg, DType dtype, const LoadProgress& progress) {
+ModelWeights load_weights(const Checkpoint& ck, const ModelConfig& cfg, DType dtype, const LoadProgress& progress,
+                          bool dequantize_experts) {
   MOEX_CHECK(dtype == DType::f32 || dtype == DType::f16 || dtype == DType::bf16,
              "model dtype must be f32, f16 or bf16, got {}", dtype_name(dtype));
   const TextConfig& t = cfg.text;
@@ -230,7 +503,7 @@ ModelWeights load_weights(const Checkpoint& ck, const ModelConfig& cfg, DType dt
   } else {
     w.prefix = "model.";
   }
-  Loader L(ck, dtype, progress);
+  Loader L(ck, dtype, progress, cfg.fp8);
   const int64_t H = t.hidden_size, V = t.vocab_size;
   w.embed = L.load(w.prefix + "embed_tokens.weight", {V, H});
   w.final_norm = L.load(w.prefix + "norm.weight", {H});
@@ -245,7 +518,7 @@ ModelWeights load_weights(const Checkpoint& ck, const ModelConfig& cfg, DType dt
     lw.post_attention_norm = L.load(p + "post_attention_layernorm.weight", {H});
     lw.attn = load_attention(L, t, p);
     lw.is_moe = t.is_moe_layer(l);
-    if (lw.is_moe) lw.moe = load_moe(L, t, p);
+    if (lw.is_moe) lw.moe = load_moe(L, t, p, dequantize_experts);
     else lw.mlp = L.mlp(p + "mlp", H, t.intermediate_size);
   }
   return w;

@@ -51,6 +51,7 @@ struct MoeWeights {
   Linear router;                    // [E, H] (+ bias [E] for gpt_oss)
   Tensor e_score_correction_bias;   // deepseek_v3: [E]
   Tensor gate_up, down, gate_up_bias, down_bias;  // owning storage of `experts`
+  Tensor gate_up_scale, down_scale;                // FP8 experts: block scales (f32 or UE8M0), see load_weights
   Experts experts;                  // descriptor + views of the above (spec.dtype = model dtype)
   DenseMlp shared;                  // qwen2_moe shared_expert / deepseek_v3 shared_experts
   Linear shared_gate;               // qwen2_moe: [1, H], output scaled by sigmoid
@@ -80,7 +81,16 @@ using LoadProgress = std::function<void(size_t done, size_t total)>;
 // Loads every weight of `cfg.text` from `ck` as `dtype` (f32, f16 or bf16). Errors: a missing tensor
 // (ErrorCode::not_found, naming it and the checkpoint), a tensor of the wrong shape (naming both
 // shapes), a dtype that cannot be converted.
-ModelWeights load_weights(const Checkpoint& ck, const ModelConfig& cfg, DType dtype, const LoadProgress& progress = {});
+//
+// FP8 checkpoints (`cfg.fp8`, SPEC §6): e4m3 routed experts stay quantized (QuantSpec fp8_block with
+// the checkpoint's scale format and activation scheme), unless `dequantize_experts` turns them into
+// `dtype`. Every other e4m3 linear (attention, dense and shared MLPs, ...) is dequantized to `dtype`
+// at load: the runtime runs only the experts quantized. Gate and up projections that carry their own
+// scale grids (per-expert keys, or a fused scale with 2·ceil(I/bn) rows) are stacked into one
+// [2I, H] matrix; when I is not a multiple of the block height bn the scales are re-blocked exactly
+// to block height gcd(I, bn) (every such block lies inside one source block of one half), for down too.
+ModelWeights load_weights(const Checkpoint& ck, const ModelConfig& cfg, DType dtype, const LoadProgress& progress = {},
+                          bool dequantize_experts = false);
 
 // The experts descriptor a family's checkpoints imply (without buffers): layout flags, activation.
 ExpertsSpec experts_spec(const TextConfig& t, DType dtype);
