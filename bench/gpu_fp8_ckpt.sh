@@ -23,8 +23,11 @@ mkdir -p "$OUT"
 BUILD=${BUILD:-build-fp8}
 fails=0
 PYFLAGS=${EMULATE:+--emulate-on-cpu}
-{ cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOEX_CUDA=OFF &&
-  cmake --build "$BUILD" -j "$(nproc)" --target moex moex_tests; } > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+# SKIP_BUILD=1 BUILD=<dir> reuses an existing build (e.g. the CUDA one of bench/gpu_check.sh)
+if [ -z "${SKIP_BUILD:-}" ]; then
+  { cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOEX_CUDA=OFF &&
+    cmake --build "$BUILD" -j "$(nproc)" --target moex moex_tests; } > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+fi
 python3 -c "import torch, transformers; print('# torch', torch.__version__, 'transformers', transformers.__version__, 'cuda', torch.cuda.is_available())"
 
 Q=$(mktemp -d)
