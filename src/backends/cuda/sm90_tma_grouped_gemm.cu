@@ -26,8 +26,11 @@
 // each 128-K block's partial sums (a second register set, wgmma scale-d = 0 on its first step)
 // are multiplied by the rows' activation scales (loaded with the stage: a 512-byte TMA box of the
 // MN-major scale array, or 4-byte cp.async in the gather variant) and the block's weight scale,
-// and added to the f32 accumulators. Two partial sets ping-pong so that block kt+1's MMAs run
-// while block kt is promoted (acc + 2 partial sets = 192 registers: producer 40 / consumers 232).
+// and added to the f32 accumulators — every 1, 2 or 4 k32 steps (MOEX_CUDA_FP8_PROMOTE; SPEC §6
+// asks for at least once per 128-K block; Hopper's FP8 MMA adds into its accumulator with reduced
+// precision, so shorter runs are more accurate). Two partial sets ping-pong so that the next
+// unit's MMAs run while the last one is promoted (acc + 2 partial sets = 192 registers: producer
+// 40 / consumers 232).
 //
 // Gated up projection in the concatenated layout: the B tile is loaded as two TMA boxes, gate
 // rows [n*BN/2, +BN/2) into tile columns [0, BN/2) and up rows [I + n*BN/2, +BN/2) into
