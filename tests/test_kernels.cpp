@@ -301,6 +301,12 @@ TEST(CpuKernels, PackedWeightsFollowNewWeightsAtTheSameAddress) {
   const std::vector<float> fresh = forward(gate_up_fresh, down_fresh);
   EXPECT_NE(first, second);
   EXPECT_EQ(second, fresh);
+  // the f32 experts really ran packed (unless MOEX_CPU_PACK=0): two experts objects, 4 experts each
+  // per expert: gate and up padded to 96 rows (I = 80) of H, down to 96 rows (H = 96) of I
+  const size_t per_object = size_t(E) * size_t(2 * 96 * H + 96 * I) * sizeof(float);
+  if (PackedWeights::of(Experts{s, TensorView(gate_up.data(), DType::f32, {E, 2 * I, H}), TensorView(down.data(), DType::f32, {E, H, I}), {}, {}, {}, {}}))
+    EXPECT_EQ(PackedWeights::total_bytes(), 2 * per_object);
   release_packed_weights();
+  EXPECT_EQ(PackedWeights::total_bytes(), 0u);
   EXPECT_EQ(forward(gate_up, down), fresh);
 }

@@ -103,8 +103,17 @@ struct PackedCache {
       return false;
     }
   };
+  struct Entry {
+    Key key;
+    std::shared_ptr<PackedWeights> packed;
+    uint64_t last_use;
+  };
+  // A bound on the experts objects kept (the least recently used go first): weights freed without
+  // their memory being reused by other experts would otherwise keep their packed copies forever.
+  static constexpr size_t kMaxEntries = 512;
   std::mutex mutex;
-  std::vector<std::pair<Key, std::shared_ptr<PackedWeights>>> entries;
+  std::vector<Entry> entries;
+  uint64_t clock = 0;
 
   static PackedCache& get() {
     static PackedCache cache;
@@ -119,14 +128,21 @@ std::shared_ptr<PackedWeights> PackedWeights::of(const Experts& ex) {
     return nullptr;
   PackedCache& cache = PackedCache::get();
   std::lock_guard<std::mutex> lock(cache.mutex);
-  for (auto& [key, entry] : cache.entries)
-    if (key.same(ex)) return entry;
+  ++cache.clock;
+  for (auto& entry : cache.entries)
+    if (entry.key.same(ex)) {
+      entry.last_use = cache.clock;
+      return entry.packed;
+    }
   // new weights: drop the entries of weights that lived in the same memory before (freed since)
-  std::erase_if(cache.entries, [&](const auto& kv) { return kv.first.overlaps(ex); });
+  std::erase_if(cache.entries, [&](const PackedCache::Entry& entry) { return entry.key.overlaps(ex); });
+  if (cache.entries.size() >= PackedCache::kMaxEntries)
+    cache.entries.erase(std::min_element(cache.entries.begin(), cache.entries.end(),
+                                         [](const auto& a, const auto& b) { return a.last_use < b.last_use; }));
   PackedCache::Key key{ex.gate_up.data, ex.down.data, ex.gate_up.strides[0], ex.down.strides[0], s};
-  auto entry = std::make_shared<PackedWeights>(ex);
-  cache.entries.emplace_back(key, entry);
-  return entry;
+  auto packed = std::make_shared<PackedWeights>(ex);
+  cache.entries.push_back({key, packed, cache.clock});
+  return packed;
 }
 
 PackedWeights::PackedWeights(const Experts& ex) : experts_(size_t(ex.spec.num_experts)) {}
@@ -205,9 +221,9 @@ size_t PackedWeights::total_bytes() {
   PackedCache& cache = PackedCache::get();
   std::lock_guard<std::mutex> lock(cache.mutex);
   size_t total = 0;
-  for (auto& [key, entry] : cache.entries) {
-    std::lock_guard<std::mutex> inner(entry->mutex_);
-    for (const Slot& slot : entry->experts_) total += slot.ready ? slot.bytes : 0;
+  for (auto& entry : cache.entries) {
+    std::lock_guard<std::mutex> inner(entry.packed->mutex_);
+    for (const Slot& slot : entry.packed->experts_) total += slot.ready ? slot.bytes : 0;
   }
   return total;
 }

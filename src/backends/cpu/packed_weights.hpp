@@ -7,7 +7,8 @@
 // (in parallel: about 2.4 GB written for qwen3_30b_a3b in f32); later calls reuse the copies.
 //
 // Memory: one f32 copy of the weights (+ padding of each matrix to a multiple of 32 rows), held
-// until the weights' address range is reused by other experts or release_packed_weights() is called. MOEX_CPU_PACK=0 turns packing off
+// until the weights' address range is reused by other experts, the copies of 512 experts objects
+// used more recently exist, or release_packed_weights() is called. MOEX_CPU_PACK=0 turns packing off
 // (the kernels then read the weights in place).
 //
 // The cache is keyed by the weight pointers, shapes and strides; a sampled fingerprint of each
