@@ -24,6 +24,14 @@ inline void prefetch_line(const void* p) {
   __builtin_prefetch(p, 0, 3);
 #endif
 }
+// The same into L2 only (data needed after what L1 holds now).
+inline void prefetch_line_l2(const void* p) {
+#if defined(__x86_64__)
+  asm volatile("prefetcht1 %0" : : "m"(*static_cast<const char*>(p)));
+#else
+  __builtin_prefetch(p, 0, 2);
+#endif
+}
 
 // Bytes per weight element, known at compile time (dtype_size is a function call).
 template <DType WD>
@@ -383,10 +391,12 @@ void fp8_matmul(const Fp8MatmulArgs& a) {
 // FMAs per NV loads + MR broadcasts (AVX-512: up to 12 rows × 2 vectors = 24 accumulators).
 // NOTE: panel-outer order with k in chunks of kPackedKChunk: the [chunk, 32] block of the panel
 // (32 KiB) stays in L1 while every row block of x passes over it, so the weights come from DRAM
-// once per call and from L1 for the other row blocks.
+// once per call and from L1 for the other row blocks. Meanwhile the next chunk of the stream
+// (contiguous: the same panel further along k, or the next panel) is prefetched into L2, spread
+// over all row blocks of this chunk so that DRAM stays busy the whole time, not only during the
+// first row block (with 16 rows = 2 blocks that halved the streaming rate).
 constexpr int64_t kPackedKChunk = 256;
-constexpr int64_t kPackedPrefetch = 32;  // k steps ahead (4 KiB) that the weight stream is fetched
-constexpr int64_t kPackedGroup = 8;      // k steps between prefetches (1 KiB of the stream)
+constexpr int64_t kPackedGroup = 8;  // k steps between prefetches (1 KiB of the stream)
 
 template <class Isa>
 constexpr int packed_max_rows() {
@@ -396,8 +406,9 @@ constexpr int packed_max_rows() {
 // Rows [i0, i0 + MR) × columns [c0, c0 + ncols) of a panel (c0 relative to the panel, ncols ≤ NV·W), k in
 // [k0, k1); `first`: start from zero, else continue the sums stored in y (the same f32 sum in k order).
 template <class Isa, int MR, int NV>
+// pf: pf_lines cache lines (64 bytes each) to prefetch into L2, spread over the k groups (pf_lines may be 0).
 inline void packed_block(const PackedMatmulArgs& a, int64_t i0, const float* panel, int c0, int ncols, float* y, int64_t k0,
-                         int64_t k1, bool first, bool prefetch) {
+                         int64_t k1, bool first, const float* pf, int64_t pf_lines) {
   using V = typename Isa::V;
   constexpr int W = Isa::W, NC = NV * W;
   V acc[MR][NV];
@@ -422,11 +433,10 @@ inline void packed_block(const PackedMatmulArgs& a, int64_t i0, const float* pan
   const float* pp = panel + k0 * kPanelCols + c0;
   // k in groups of kPackedGroup steps with the prefetches between groups: a prefetch inside the
   // innermost loop keeps GCC from holding acc in registers across it (see prefetch_line)
+  const int64_t groups = (k1 - k0 + kPackedGroup - 1) / kPackedGroup, per_group = (pf_lines + groups - 1) / groups;
+  int64_t pf_next = 0;
   for (int64_t kg = k0; kg < k1; kg += kPackedGroup) {
-    if (prefetch) {  // the lines kPackedPrefetch steps ahead of this group (a k step is 128 bytes: two lines)
-      const float* ahead = pp - c0 + kPackedPrefetch * kPanelCols;
-      for (int64_t l = 0; l < kPackedGroup * kPanelCols; l += 16) prefetch_line(ahead + l);
-    }
+    for (const int64_t end = std::min(pf_lines, pf_next + per_group); pf_next < end; ++pf_next) prefetch_line_l2(pf + pf_next * 16);
     const int64_t kend = std::min(k1, kg + kPackedGroup);
     for (int64_t kk = kg; kk < kend; ++kk, pp += kPanelCols) {
       V wv[NV];
@@ -450,14 +460,14 @@ inline void packed_block(const PackedMatmulArgs& a, int64_t i0, const float* pan
 
 template <class Isa, int NV, int MR = packed_max_rows<Isa>()>
 inline void packed_rows(int mr, const PackedMatmulArgs& a, int64_t i0, const float* panel, int c0, int ncols, float* y,
-                        int64_t k0, int64_t k1, bool first, bool prefetch) {
+                        int64_t k0, int64_t k1, bool first, const float* pf, int64_t pf_lines) {
   if constexpr (MR > 1) {
     if (mr < MR) {
-      packed_rows<Isa, NV, MR - 1>(mr, a, i0, panel, c0, ncols, y, k0, k1, first, prefetch);
+      packed_rows<Isa, NV, MR - 1>(mr, a, i0, panel, c0, ncols, y, k0, k1, first, pf, pf_lines);
       return;
     }
   }
-  packed_block<Isa, MR, NV>(a, i0, panel, c0, ncols, y, k0, k1, first, prefetch);
+  packed_block<Isa, MR, NV>(a, i0, panel, c0, ncols, y, k0, k1, first, pf, pf_lines);
 }
 
 template <class Isa>
@@ -478,11 +488,16 @@ void packed_matmul(const PackedMatmulArgs& a) {
     float* yp = a.y + (n - a.n0);
     for (int64_t k0 = 0; k0 < a.k; k0 += kPackedKChunk) {
       const int64_t k1 = std::min(a.k, k0 + kPackedKChunk);
+      // the next chunk of the stream starts right after this one; its lines are shared out over
+      // the row blocks (and the column groups of the first one)
+      const float* next = panel + k1 * kPanelCols;
+      const int64_t next_lines = kPackedKChunk * kPanelCols / 16;
       for (int64_t b = 0; b < blocks; ++b) {
         const int64_t i0 = b * a.m / blocks, i1 = (b + 1) * a.m / blocks;
+        const int64_t l0 = b * next_lines / blocks, l1 = (b + 1) * next_lines / blocks;
         for (int c0 = 0; c0 < width; c0 += NC)
           packed_rows<Isa, NV>(int(i1 - i0), a, i0, panel, c0, int(std::min<int64_t>(NC, width - c0)), yp + c0, k0, k1, k0 == 0,
-                               b == 0 && c0 == 0);
+                               next + l0 * 16, c0 == 0 ? l1 - l0 : 0);
       }
     }
   }
