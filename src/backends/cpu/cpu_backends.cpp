@@ -111,6 +111,22 @@ void add_tiles(std::vector<Tile>& tiles, int64_t e, int64_t N, int64_t width) {
   for (int64_t n = 0; n < N; n += width) tiles.push_back({e, n, std::min(N, n + width)});
 }
 
+// The packed copies of f32 experts (packed_weights.hpp), prepared for the experts this call routes
+// to; nullptr when packing does not apply.
+std::shared_ptr<PackedWeights> packed_for_call(const Experts& ex, const ExpertsCall& call, int threads) {
+  std::shared_ptr<PackedWeights> pw = PackedWeights::of(ex);
+  if (!pw) return pw;
+  const int64_t E = ex.spec.num_experts, S = call.top_k_index.numel();
+  std::vector<char> used(static_cast<size_t>(E), 0);
+  for (int64_t p = 0; p < S; ++p)
+    if (const int64_t e = expert_of(call, p, E); e >= 0) used[size_t(e)] = 1;
+  std::vector<int64_t> experts;
+  for (int64_t e = 0; e < E; ++e)
+    if (used[size_t(e)]) experts.push_back(e);
+  pw->prepare(ex, experts, threads);
+  return pw;
+}
+
 }  // namespace
 
 Support cpu_supports(const Problem& p, std::string_view backend) {
@@ -159,13 +175,14 @@ void cpu_eager(const Experts& ex, const ExpertsCall& call, const RunContext& ctx
   float* scratch = ws.take<float>(size_t(nt) * size_t(H));
   int32_t* pairs = reinterpret_cast<int32_t*>(ws.take<float>(size_t(S)));
   const QuantBuffers q = QuantBuffers::take(ws, s, S, S, nt);
+  const std::shared_ptr<PackedWeights> packed = packed_for_call(ex, call, nt);
 
   for (int64_t e = 0; e < E; ++e) {
     int64_t m = 0;  // this expert's pairs, in pair order (host-side scan: the "data-dependent loop")
     for (int64_t p = 0; p < S; ++p)
       if (expert_of(call, p, E) == e) pairs[m++] = int32_t(p);
     if (m == 0) continue;
-    const ExpertView ev = expert_view(ex, e);
+    const ExpertView ev = expert_view(ex, e, packed.get());
     gather_rows(kt, call, m, [&](int64_t r) { return int64_t(pairs[r]) / K; }, x.base, xdt, nt);
     q.quantize_x(x, m, nt);
     const int64_t up_w = tile_width(R, 1, nt), down_w = tile_width(H, 1, nt);
@@ -213,6 +230,7 @@ void cpu_batched(const Experts& ex, const ExpertsCall& call, const RunContext& c
   float* scratch = ws.take<float>(size_t(nt) * size_t(H));
 
   const QuantBuffers q = QuantBuffers::take(ws, s, T, S, nt);
+  const std::shared_ptr<PackedWeights> packed = packed_for_call(ex, call, nt);
   gather_rows(kt, call, T, [](int64_t r) { return r; }, xt.base, xdt, nt);
   q.quantize_x(xt, T, nt);
   const int64_t up_tiles = (R + kTile - 1) / kTile, down_tiles = (H + kTile - 1) / kTile;
@@ -224,7 +242,7 @@ void cpu_batched(const Experts& ex, const ExpertsCall& call, const RunContext& c
       for (int64_t t = 0; t < up_tiles; ++t) {
         const int64_t e = expert_of(call, p, E);
         if (e < 0) continue;
-        up_projection(kt, expert_view(ex, e), xt.row(p / K), xdt, 1, gu + p * R, t * kTile, std::min(R, (t + 1) * kTile),
+        up_projection(kt, expert_view(ex, e, packed.get()), xt.row(p / K), xdt, 1, gu + p * R, t * kTile, std::min(R, (t + 1) * kTile),
                       q.x_at(p / K));
       }
 #pragma omp for schedule(static)
@@ -238,7 +256,7 @@ void cpu_batched(const Experts& ex, const ExpertsCall& call, const RunContext& c
       for (int64_t t = 0; t < down_tiles; ++t) {
         const int64_t e = expert_of(call, p, E);
         if (e < 0) continue;
-        down_projection(kt, expert_view(ex, e), h.row(p), xdt, 1, y + p * H, t * kTile, std::min(H, (t + 1) * kTile), q.h_at(p));
+        down_projection(kt, expert_view(ex, e, packed.get()), h.row(p), xdt, 1, y + p * H, t * kTile, std::min(H, (t + 1) * kTile), q.h_at(p));
       }
   }
   reduce_slots(kt, call, H, y, [&](int64_t p) { return expert_of(call, p, E) < 0 ? int64_t(-1) : p; }, nt, scratch);
@@ -276,6 +294,7 @@ void cpu_grouped(const Experts& ex, const ExpertsCall& call, const RunContext& c
   float* scratch = ws.take<float>(size_t(nt) * size_t(H));
 
   const QuantBuffers q = QuantBuffers::take(ws, s, rows, rows, nt);
+  const std::shared_ptr<PackedWeights> packed = packed_for_call(ex, call, nt);
   gather_rows(kt, call, rows, [&](int64_t r) { return int64_t(plan.sorted_pairs[size_t(r)]) / K; }, x.base, xdt, nt);
   q.quantize_x(x, rows, nt);
   std::vector<Tile> up, down;
@@ -296,10 +315,10 @@ void cpu_grouped(const Experts& ex, const ExpertsCall& call, const RunContext& c
     for (size_t i = 0; i < up.size(); ++i) {
       const Tile& t = up[i];
       if (fused)
-        up_activation(kt, expert_view(ex, t.e), x.row(off(t.e)), xdt, plan.count(t.e), h.row(off(t.e)), xdt, t.n0, t.n1,
+        up_activation(kt, expert_view(ex, t.e, packed.get()), x.row(off(t.e)), xdt, plan.count(t.e), h.row(off(t.e)), xdt, t.n0, t.n1,
                       gu + int64_t(omp_get_thread_num()) * fused_scratch_floats(I));
       else
-        up_projection(kt, expert_view(ex, t.e), x.row(off(t.e)), xdt, plan.count(t.e), gu + off(t.e) * R, t.n0, t.n1,
+        up_projection(kt, expert_view(ex, t.e, packed.get()), x.row(off(t.e)), xdt, plan.count(t.e), gu + off(t.e) * R, t.n0, t.n1,
                       q.x_at(off(t.e)));
     }
     if (!fused) {
@@ -312,7 +331,7 @@ void cpu_grouped(const Experts& ex, const ExpertsCall& call, const RunContext& c
 #pragma omp for schedule(dynamic, 1)
     for (size_t i = 0; i < down.size(); ++i) {
       const Tile& t = down[i];
-      down_projection(kt, expert_view(ex, t.e), h.row(off(t.e)), xdt, plan.count(t.e), y + off(t.e) * H, t.n0, t.n1,
+      down_projection(kt, expert_view(ex, t.e, packed.get()), h.row(off(t.e)), xdt, plan.count(t.e), y + off(t.e) * H, t.n0, t.n1,
                       q.h_at(off(t.e)));
     }
   }

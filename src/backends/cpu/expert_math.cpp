@@ -3,11 +3,12 @@
 
 namespace moex::cpu {
 
-ExpertView expert_view(const Experts& ex, int64_t e) {
+ExpertView expert_view(const Experts& ex, int64_t e, const PackedWeights* packed) {
   const ExpertsSpec& s = ex.spec;
   const int64_t R = s.gate_up_rows(), H = s.hidden, I = s.intermediate;
   const size_t esz = dtype_size(ex.gate_up.dtype);
   ExpertView v{&s, nullptr, nullptr, nullptr, nullptr};
+  if (packed) v.packed = &packed->expert(e);
   // per-expert strides come from the tensors themselves (packed FP4 rows are half as long)
   v.gate_up = static_cast<const char*>(ex.gate_up.data) + size_t(e * ex.gate_up.strides[0]) * esz;
   v.down = static_cast<const char*>(ex.down.data) + size_t(e * ex.down.strides[0]) * esz;
@@ -34,10 +35,50 @@ void add_bias(const void* bias, DType dt, float* y, int64_t ldy, int64_t m, int6
 }
 
 
+// The packed form of the rows [r0, r0 + width) of one matrix: pieces of up to two packed parts
+// (PackedExpert). False when a piece would not start on a panel of its part (then the caller reads
+// the weights in place); the backends' column tiles are multiples of 64, so that does not happen.
+struct PackedParts {
+  const PackedMatrix* parts = nullptr;
+  int count = 0;
+};
+
+bool project_packed(const KernelTable& kt, PackedParts pk, const float* x, int64_t m, int64_t K, int64_t r0, int64_t width, float* y,
+                    int64_t ldy) {
+  for (int i = 0; i < pk.count; ++i) {
+    const PackedMatrix& p = pk.parts[i];
+    const int64_t lo = std::max(r0, p.row0), hi = std::min(r0 + width, p.row0 + p.n);
+    if (lo < hi && (lo - p.row0) % kPanelCols != 0) return false;
+  }
+  for (int i = 0; i < pk.count; ++i) {
+    const PackedMatrix& p = pk.parts[i];
+    const int64_t lo = std::max(r0, p.row0), hi = std::min(r0 + width, p.row0 + p.n);
+    if (lo >= hi) continue;
+    PackedMatmulArgs a;
+    a.x = x;
+    a.ldx = K;
+    a.m = m;
+    a.k = K;
+    a.panels = p.panels;
+    a.y = y + (lo - r0);
+    a.ldy = ldy;
+    a.n0 = lo - p.row0;
+    a.n1 = hi - p.row0;
+    kt.packed_matmul(a);
+  }
+  return true;
+}
+
 // y[0:m, 0:w] (row stride ldy) = x[m, K] · W[r0 : r0 + w, :]ᵀ (+ bias[r0 : r0 + w]): the weight rows
-// r0.. of the logical [N, K] matrix, written to columns 0.. of a compact buffer.
+// r0.. of the logical [N, K] matrix, written to columns 0.. of a compact buffer. With `packed` (f32
+// experts) the packed copy of W is read instead of W.
 void project_rows(const KernelTable& kt, const ExpertsSpec& s, const void* w, const void* bias, const void* x, DType xdt,
-                  int64_t m, int64_t N, int64_t K, int64_t r0, int64_t width, float* y, int64_t ldy) {
+                  int64_t m, int64_t N, int64_t K, int64_t r0, int64_t width, float* y, int64_t ldy, PackedParts packed = {}) {
+  if (packed.count > 0 && xdt == DType::f32 &&
+      project_packed(kt, packed, static_cast<const float*>(x), m, K, r0, width, y, ldy)) {
+    if (bias) add_bias(static_cast<const char*>(bias) + r0 * int64_t(dtype_size(s.dtype)), s.dtype, y, ldy, m, 0, width);
+    return;
+  }
   const size_t esz = dtype_size(s.dtype);
   MatmulArgs a;
   a.x = x;
@@ -60,14 +101,19 @@ void project_rows(const KernelTable& kt, const ExpertsSpec& s, const void* w, co
 
 // y[m, n0:n1] = x[m, K] · Wᵀ (+ bias) for one expert matrix W of logical shape [N, K] (out × in).
 void project(const KernelTable& kt, const ExpertsSpec& s, const void* w, const QuantMatrix& wq, const void* bias, const void* x,
-             DType xdt, int64_t m, int64_t N, int64_t K, float* y, int64_t n0, int64_t n1, QuantOperand q) {
+             DType xdt, int64_t m, int64_t N, int64_t K, float* y, int64_t n0, int64_t n1, QuantOperand q, PackedParts packed) {
   if (s.quant.quantized()) {
     quant_matmul(kt, wq, static_cast<const float*>(x), q.scales, m, y, N, n0, n1, q.scratch);
     add_bias(bias, s.dtype, y, N, m, n0, n1);
   } else {
-    project_rows(kt, s, w, bias, x, xdt, m, N, K, n0, n1 - n0, y + n0, N);
+    project_rows(kt, s, w, bias, x, xdt, m, N, K, n0, n1 - n0, y + n0, N, packed);
   }
 }
+
+PackedParts gate_up_parts(const ExpertView& ev) {
+  return ev.packed ? PackedParts{ev.packed->gate_up, ev.packed->gate_up_parts} : PackedParts{};
+}
+PackedParts down_parts(const ExpertView& ev) { return ev.packed ? PackedParts{&ev.packed->down, 1} : PackedParts{}; }
 
 }  // namespace
 
@@ -80,13 +126,14 @@ void up_activation(const KernelTable& kt, const ExpertView& ev, const void* x, D
     const int64_t mc = std::min(kFusedRows, m - i0);
     const void* xc = static_cast<const char*>(x) + size_t(i0) * xrow;
     // scratch [mc, 2w]: gate values in columns [0, w), up values in [w, 2w) (interleaved: pairs)
+    const PackedParts pk = gate_up_parts(ev);
     if (!s.has_gate) {
-      project_rows(kt, s, ev.gate_up, ev.gate_up_bias, xc, xdt, mc, R, H, c0, w, scratch, 2 * w);
+      project_rows(kt, s, ev.gate_up, ev.gate_up_bias, xc, xdt, mc, R, H, c0, w, scratch, 2 * w, pk);
     } else if (s.interleaved) {
-      project_rows(kt, s, ev.gate_up, ev.gate_up_bias, xc, xdt, mc, R, H, 2 * c0, 2 * w, scratch, 2 * w);
+      project_rows(kt, s, ev.gate_up, ev.gate_up_bias, xc, xdt, mc, R, H, 2 * c0, 2 * w, scratch, 2 * w, pk);
     } else {
-      project_rows(kt, s, ev.gate_up, ev.gate_up_bias, xc, xdt, mc, R, H, c0, w, scratch, 2 * w);
-      project_rows(kt, s, ev.gate_up, ev.gate_up_bias, xc, xdt, mc, R, H, I + c0, w, scratch + w, 2 * w);
+      project_rows(kt, s, ev.gate_up, ev.gate_up_bias, xc, xdt, mc, R, H, c0, w, scratch, 2 * w, pk);
+      project_rows(kt, s, ev.gate_up, ev.gate_up_bias, xc, xdt, mc, R, H, I + c0, w, scratch + w, 2 * w, pk);
     }
     for (int64_t i = 0; i < mc; ++i) {
       const float* g = scratch + i * 2 * w;
@@ -111,7 +158,7 @@ DType operand_dtype(const KernelTable& kt, const ExpertsSpec& s) {
 void up_projection(const KernelTable& kt, const ExpertView& ev, const void* x, DType xdt, int64_t m, float* gu, int64_t n0,
                    int64_t n1, QuantOperand q) {
   const ExpertsSpec& s = *ev.spec;
-  project(kt, s, ev.gate_up, ev.gate_up_q, ev.gate_up_bias, x, xdt, m, s.gate_up_rows(), s.hidden, gu, n0, n1, q);
+  project(kt, s, ev.gate_up, ev.gate_up_q, ev.gate_up_bias, x, xdt, m, s.gate_up_rows(), s.hidden, gu, n0, n1, q, gate_up_parts(ev));
 }
 
 namespace {
@@ -144,7 +191,7 @@ void activation_rows(const ExpertsSpec& s, const float* gu, int64_t m, void* h, 
 void down_projection(const KernelTable& kt, const ExpertView& ev, const void* h, DType hdt, int64_t m, float* y, int64_t n0,
                      int64_t n1, QuantOperand q) {
   const ExpertsSpec& s = *ev.spec;
-  project(kt, s, ev.down, ev.down_q, ev.down_bias, h, hdt, m, s.hidden, s.intermediate, y, n0, n1, q);
+  project(kt, s, ev.down, ev.down_q, ev.down_bias, h, hdt, m, s.hidden, s.intermediate, y, n0, n1, q, down_parts(ev));
 }
 
 }  // namespace moex::cpu

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "backends/cpu/kernels.hpp"
+#include "backends/cpu/packed_weights.hpp"
 #include "backends/cpu/quant_math.hpp"
 #include "moex/experts.hpp"
 
@@ -60,8 +61,10 @@ struct ExpertView {
   const void* gate_up_bias;  // [R] or nullptr
   const void* down_bias;     // [H] or nullptr
   QuantMatrix gate_up_q{}, down_q{};  // quantized experts only
+  const PackedExpert* packed = nullptr;  // f32 experts with packed copies (prepared for this call)
 };
-ExpertView expert_view(const Experts& ex, int64_t e);
+// `packed`: the packed weights of ex (PackedWeights::of), already prepared for expert e, or nullptr.
+ExpertView expert_view(const Experts& ex, int64_t e, const PackedWeights* packed = nullptr);
 
 // The dtype the GEMM operands x and h are kept in: bf16 where the kernels multiply bf16 directly
 // (bf16 experts, default layout, a CPU with AVX512_BF16), f32 otherwise. Either way h holds values

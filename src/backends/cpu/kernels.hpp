@@ -50,6 +50,25 @@ struct Fp8MatmulArgs {
   int64_t n0 = 0, n1 = 0;
 };
 
+// Output columns per panel of a packed f32 weight matrix (see PackedMatmulArgs).
+constexpr int64_t kPanelCols = 32;
+
+// Y[0:m, 0:n1−n0] = X[0:m, 0:k] · P[:, n0:n1] for f32 X and a packed f32 weight matrix P of logical
+// shape [k, N] (the transposed [N, k] out × in weights): panel p holds output columns
+// [32p, 32p + 32) as a row-major [k, 32] block, so one k step reads 128 contiguous bytes; panels are
+// stored one after the other, the last one zero-padded. n0 must be a multiple of kPanelCols.
+// Each output is one f32 sum in k order 0, 1, …, k−1, whatever m, the column range or the ISA
+// (so results do not depend on how callers split the work).
+struct PackedMatmulArgs {
+  const float* x = nullptr;  // [m, k], row stride ldx
+  int64_t ldx = 0;
+  int64_t m = 0, k = 0;
+  const float* panels = nullptr;  // [ceil(N / 32), k, 32]
+  float* y = nullptr;             // [m, n1 − n0], row stride ldy: column 0 is output column n0
+  int64_t ldy = 0;
+  int64_t n0 = 0, n1 = 0;
+};
+
 struct KernelTable {
   const char* isa;  // "avx512_amx", "avx512_bf16", "avx512", "avx2", "generic"
   bool bf16_dot;    // matmul takes bf16 X with bf16 nt weights
@@ -63,6 +82,7 @@ struct KernelTable {
   // n FP8 e4m3 codes → f32 (exact; NaN codes give NaN).
   void (*e4m3_to_f32)(const uint8_t* src, float* dst, int64_t n);
   void (*fp8_matmul)(const Fp8MatmulArgs& a);
+  void (*packed_matmul)(const PackedMatmulArgs& a);
 };
 
 // The table for this CPU. MOEX_CPU_ISA=avx512|avx2|generic forces a (supported) variant.

@@ -24,14 +24,19 @@ inline void dot_block(const MatmulArgs& a, int64_t i0, int64_t n0, const char* p
   for (int r = 0; r < MR; ++r) xr[r] = static_cast<const uint16_t*>(a.x) + (i0 + r) * a.ldx;
   for (int c = 0; c < NR; ++c) wr[c] = static_cast<const uint16_t*>(a.w) + (n0 + c) * a.ldw;
   const int64_t kv = a.k / 32 * 32;
-  for (int64_t kk = 0; kk < kv; kk += 32) {
-    if (prefetch)  // the next weight block, one 64-byte line per row per step (see nt_block)
-      for (int c = 0; c < NR; ++c) __builtin_prefetch(prefetch + (c * a.ldw + kk) * 2, 0, 3);
-    __m512i xv[MR];
-    for (int r = 0; r < MR; ++r) xv[r] = _mm512_loadu_si512(xr[r] + kk);
-    for (int c = 0; c < NR; ++c) {
-      const __m512i wv = _mm512_loadu_si512(wr[c] + kk);
-      for (int r = 0; r < MR; ++r) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], (__m512bh)xv[r], (__m512bh)wv);
+  // groups of 8 steps with the prefetches between them (see impl::prefetch_line)
+  for (int64_t kg = 0; kg < kv; kg += 8 * 32) {
+    const int64_t kend = std::min(kv, kg + 8 * 32);
+    if (prefetch)  // the next weight block over the same k range, one 64-byte line per row per step (see nt_block)
+      for (int c = 0; c < NR; ++c)
+        for (int64_t kk = kg; kk < kend; kk += 32) impl::prefetch_line(prefetch + (c * a.ldw + kk) * 2);
+    for (int64_t kk = kg; kk < kend; kk += 32) {
+      __m512i xv[MR];
+      for (int r = 0; r < MR; ++r) xv[r] = _mm512_loadu_si512(xr[r] + kk);
+      for (int c = 0; c < NR; ++c) {
+        const __m512i wv = _mm512_loadu_si512(wr[c] + kk);
+        for (int r = 0; r < MR; ++r) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], (__m512bh)xv[r], (__m512bh)wv);
+      }
     }
   }
   if (kv < a.k) {  // the last k % 32 elements: masked loads fill the rest with zeros
@@ -126,7 +131,7 @@ void amx_matmul(const MatmulArgs& a) {
       for (int64_t c = 0; c < chunks; ++c) {
         const int64_t k0 = c * 32;
         if (mb == 0 && k0 + kAmxPrefetch < k)  // weight rows are separate pages: fetch ahead by hand
-          for (int64_t rr = 0; rr < nb; ++rr) __builtin_prefetch(w + (n + rr) * a.ldw + k0 + kAmxPrefetch, 0, 3);
+          for (int64_t rr = 0; rr < nb; ++rr) impl::prefetch_line(w + (n + rr) * a.ldw + k0 + kAmxPrefetch);
         if (nb == 32 && k0 + 32 <= k) {
           _tile_loadd(2, w + n * a.ldw + k0, a.ldw * 2);
           _tile_loadd(3, w + (n + 16) * a.ldw + k0, a.ldw * 2);

@@ -13,6 +13,26 @@
 
 namespace moex::cpu::impl {
 
+// Fetches the cache line at p into L1 ahead of its use. NOTE: GCC treats __builtin_prefetch as a
+// call that may touch any memory, so a loop that prefetches keeps storing its accumulator array to
+// the stack every iteration (measured: 2 stores per FMA pair in the packed kernel); the asm form
+// tells it that only the byte at p is read.
+inline void prefetch_line(const void* p) {
+#if defined(__x86_64__)
+  asm volatile("prefetcht0 %0" : : "m"(*static_cast<const char*>(p)));
+#else
+  __builtin_prefetch(p, 0, 3);
+#endif
+}
+// The same into L2 only (data needed after what L1 holds now).
+inline void prefetch_line_l2(const void* p) {
+#if defined(__x86_64__)
+  asm volatile("prefetcht1 %0" : : "m"(*static_cast<const char*>(p)));
+#else
+  __builtin_prefetch(p, 0, 2);
+#endif
+}
+
 // Bytes per weight element, known at compile time (dtype_size is a function call).
 template <DType WD>
 constexpr int64_t wsize() {
@@ -53,18 +73,23 @@ inline void nt_block(const MatmulArgs& a, int64_t i0, int64_t n0, const char* pr
   const void* wr[NR];
   for (int c = 0; c < NR; ++c) wr[c] = wbase + (n0 + c) * a.ldw * wsize<WD>();
   const int64_t row_bytes = a.ldw * wsize<WD>();
-  for (int64_t kk = k0; kk < kv; kk += W) {
-    if (prefetch) {
-      // W lanes of this block cover W·size bytes per row: prefetch as many of the next block
-      const int64_t off = kk * wsize<WD>();
+  // groups of kGroup vector steps with the prefetches between them (a prefetch inside the innermost
+  // loop keeps GCC from holding acc in registers, see prefetch_line)
+  constexpr int64_t kGroup = 8;
+  for (int64_t kg = k0; kg < kv; kg += kGroup * W) {
+    const int64_t kend = std::min(kv, kg + kGroup * W);
+    if (prefetch) {  // the same k range of the next block's rows
+      const int64_t off = kg * wsize<WD>(), len = (kend - kg) * wsize<WD>();
       for (int c = 0; c < NR; ++c)
-        for (int64_t b = 0; b < W * wsize<WD>(); b += 64) __builtin_prefetch(prefetch + c * row_bytes + off + b, 0, 3);
+        for (int64_t b = 0; b < len; b += 64) prefetch_line(prefetch + c * row_bytes + off + b);
     }
-    V xv[MR];
-    for (int r = 0; r < MR; ++r) xv[r] = Isa::load(xr[r] + kk);
-    for (int c = 0; c < NR; ++c) {
-      V wv = load_w<Isa, WD>(wr[c], kk);
-      for (int r = 0; r < MR; ++r) acc[r][c] = Isa::fma(xv[r], wv, acc[r][c]);
+    for (int64_t kk = kg; kk < kend; kk += W) {
+      V xv[MR];
+      for (int r = 0; r < MR; ++r) xv[r] = Isa::load(xr[r] + kk);
+      for (int c = 0; c < NR; ++c) {
+        V wv = load_w<Isa, WD>(wr[c], kk);
+        for (int r = 0; r < MR; ++r) acc[r][c] = Isa::fma(xv[r], wv, acc[r][c]);
+      }
     }
   }
   for (int r = 0; r < MR; ++r) {
@@ -308,7 +333,7 @@ inline void fp8_block(const Fp8MatmulArgs& a, int64_t i0, int64_t n0, const uint
     for (int r = 0; r < MR; ++r)
       for (int c = 0; c < NR; ++c) acc[r][c] = Isa::zero();
     if (prefetch)
-      for (int c = 0; c < NR; ++c) __builtin_prefetch(prefetch + c * a.ldw + k0, 0, 3), __builtin_prefetch(prefetch + c * a.ldw + k0 + 64, 0, 3);
+      for (int c = 0; c < NR; ++c) prefetch_line(prefetch + c * a.ldw + k0), prefetch_line(prefetch + c * a.ldw + k0 + 64);
     for (int64_t kk = k0; kk < kv; kk += W) {
       V xv[MR];
       for (int r = 0; r < MR; ++r) xv[r] = Isa::load(a.x + (i0 + r) * a.ldx + kk);
@@ -360,10 +385,128 @@ void fp8_matmul(const Fp8MatmulArgs& a) {
   }
 }
 
+// ---- packed f32: Y = X · P on panels of 32 output columns (see PackedMatmulArgs) -------------
+// The register-blocked micro-kernel keeps MR rows × NV vectors of outputs in registers, loads NV
+// weight vectors per k step from the contiguous panel and broadcasts one x value per row: MR·NV
+// FMAs per NV loads + MR broadcasts (AVX-512: up to 12 rows × 2 vectors = 24 accumulators).
+// NOTE: panel-outer order with k in chunks of kPackedKChunk: the [chunk, 32] block of the panel
+// (32 KiB) stays in L1 while every row block of x passes over it, so the weights come from DRAM
+// once per call and from L1 for the other row blocks. Meanwhile the next chunk of the stream
+// (contiguous: the same panel further along k, or the next panel) is prefetched into L2, spread
+// over all row blocks of this chunk so that DRAM stays busy the whole time, not only during the
+// first row block (with 16 rows = 2 blocks that halved the streaming rate).
+constexpr int64_t kPackedKChunk = 256;
+constexpr int64_t kPackedGroup = 8;  // k steps between prefetches (1 KiB of the stream)
+
+template <class Isa>
+constexpr int packed_max_rows() {
+  return Isa::W >= 16 ? 12 : 6;  // accumulators + NV weights + 1 broadcast within 32 (AVX-512) or 16 registers
+}
+
+// Rows [i0, i0 + MR) × columns [c0, c0 + ncols) of a panel (c0 relative to the panel, ncols ≤ NV·W), k in
+// [k0, k1); `first`: start from zero, else continue the sums stored in y (the same f32 sum in k order).
+template <class Isa, int MR, int NV>
+// pf: pf_lines cache lines (64 bytes each) to prefetch into L2, spread over the k groups (pf_lines may be 0).
+inline void packed_block(const PackedMatmulArgs& a, int64_t i0, const float* panel, int c0, int ncols, float* y, int64_t k0,
+                         int64_t k1, bool first, const float* pf, int64_t pf_lines) {
+  using V = typename Isa::V;
+  constexpr int W = Isa::W, NC = NV * W;
+  V acc[MR][NV];
+  alignas(64) float tmp[MR][NC];  // partial panels: y goes through here (never touched past ncols)
+  const bool full = ncols == NC;
+  if (first) {
+    for (int r = 0; r < MR; ++r)
+      for (int c = 0; c < NV; ++c) acc[r][c] = Isa::zero();
+  } else {
+    for (int r = 0; r < MR; ++r) {
+      const float* yr = y + (i0 + r) * a.ldy;
+      if (!full) {
+        std::fill(tmp[r], tmp[r] + NC, 0.0f);
+        std::memcpy(tmp[r], yr, size_t(ncols) * sizeof(float));
+        yr = tmp[r];
+      }
+      for (int c = 0; c < NV; ++c) acc[r][c] = Isa::load(yr + c * W);
+    }
+  }
+  const float* xr[MR];
+  for (int r = 0; r < MR; ++r) xr[r] = a.x + (i0 + r) * a.ldx;
+  const float* pp = panel + k0 * kPanelCols + c0;
+  // k in groups of kPackedGroup steps with the prefetches between groups: a prefetch inside the
+  // innermost loop keeps GCC from holding acc in registers across it (see prefetch_line)
+  const int64_t groups = (k1 - k0 + kPackedGroup - 1) / kPackedGroup, per_group = (pf_lines + groups - 1) / groups;
+  int64_t pf_next = 0;
+  for (int64_t kg = k0; kg < k1; kg += kPackedGroup) {
+    for (const int64_t end = std::min(pf_lines, pf_next + per_group); pf_next < end; ++pf_next) prefetch_line_l2(pf + pf_next * 16);
+    const int64_t kend = std::min(k1, kg + kPackedGroup);
+    for (int64_t kk = kg; kk < kend; ++kk, pp += kPanelCols) {
+      V wv[NV];
+      for (int c = 0; c < NV; ++c) wv[c] = Isa::load(pp + c * W);
+      for (int r = 0; r < MR; ++r) {
+        const V xb = Isa::set1(xr[r][kk]);
+        for (int c = 0; c < NV; ++c) acc[r][c] = Isa::fma(xb, wv[c], acc[r][c]);
+      }
+    }
+  }
+  for (int r = 0; r < MR; ++r) {
+    float* yr = y + (i0 + r) * a.ldy;
+    if (full) {
+      for (int c = 0; c < NV; ++c) Isa::store(yr + c * W, acc[r][c]);
+    } else {
+      for (int c = 0; c < NV; ++c) Isa::store(tmp[r] + c * W, acc[r][c]);
+      std::memcpy(yr, tmp[r], size_t(ncols) * sizeof(float));
+    }
+  }
+}
+
+template <class Isa, int NV, int MR = packed_max_rows<Isa>()>
+inline void packed_rows(int mr, const PackedMatmulArgs& a, int64_t i0, const float* panel, int c0, int ncols, float* y,
+                        int64_t k0, int64_t k1, bool first, const float* pf, int64_t pf_lines) {
+  if constexpr (MR > 1) {
+    if (mr < MR) {
+      packed_rows<Isa, NV, MR - 1>(mr, a, i0, panel, c0, ncols, y, k0, k1, first, pf, pf_lines);
+      return;
+    }
+  }
+  packed_block<Isa, MR, NV>(a, i0, panel, c0, ncols, y, k0, k1, first, pf, pf_lines);
+}
+
+template <class Isa>
+void packed_matmul(const PackedMatmulArgs& a) {
+  if (a.m <= 0 || a.n1 <= a.n0) return;
+  if (a.k == 0) {
+    for (int64_t i = 0; i < a.m; ++i) std::fill(a.y + i * a.ldy, a.y + i * a.ldy + (a.n1 - a.n0), 0.0f);
+    return;
+  }
+  constexpr int NV = 2, NC = NV * Isa::W;  // columns per micro-kernel call; a panel is kPanelCols / NC calls
+  static_assert(kPanelCols % NC == 0, "a panel is a whole number of micro-kernel column groups");
+  constexpr int64_t MRmax = packed_max_rows<Isa>();
+  // rows in blocks of near-equal size (16 rows: 8 + 8 rather than 12 + 4)
+  const int64_t blocks = (a.m + MRmax - 1) / MRmax;
+  for (int64_t n = a.n0; n < a.n1; n += kPanelCols) {
+    const float* panel = a.panels + (n / kPanelCols) * a.k * kPanelCols;
+    const int64_t width = std::min<int64_t>(kPanelCols, a.n1 - n);
+    float* yp = a.y + (n - a.n0);
+    for (int64_t k0 = 0; k0 < a.k; k0 += kPackedKChunk) {
+      const int64_t k1 = std::min(a.k, k0 + kPackedKChunk);
+      // the next chunk of the stream starts right after this one; its lines are shared out over
+      // the row blocks (and the column groups of the first one)
+      const float* next = panel + k1 * kPanelCols;
+      const int64_t next_lines = kPackedKChunk * kPanelCols / 16;
+      for (int64_t b = 0; b < blocks; ++b) {
+        const int64_t i0 = b * a.m / blocks, i1 = (b + 1) * a.m / blocks;
+        const int64_t l0 = b * next_lines / blocks, l1 = (b + 1) * next_lines / blocks;
+        for (int c0 = 0; c0 < width; c0 += NC)
+          packed_rows<Isa, NV>(int(i1 - i0), a, i0, panel, c0, int(std::min<int64_t>(NC, width - c0)), yp + c0, k0, k1, k0 == 0,
+                               next + l0 * 16, c0 == 0 ? l1 - l0 : 0);
+      }
+    }
+  }
+}
+
 template <class Isa>
 KernelTable make_table(const char* name) {
   return KernelTable{name,           Isa::kBf16Dot,        &matmul<Isa>,         &to_f32<Isa>, &from_f32<Isa>,
-                     &fma_probe<Isa>, &e4m3_to_f32<Isa>, &fp8_matmul<Isa>};
+                     &fma_probe<Isa>, &e4m3_to_f32<Isa>, &fp8_matmul<Isa>, &packed_matmul<Isa>};
 }
 
 // Scalar rounding loops shared by the traits (the compiler vectorises the bf16 one).

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# bench/cpu_h200.sh — the CPU side of issue 8 on the device machine's 16-core CPU, in one call (< 10 min):
+#   1. a CPU-only build (MOEX_CUDA=OFF) and the CPU kernel + equivalence tests
+#   2. `moex bench --device cpu` (eager, batched_mm, grouped_mm; qwen3_30b_a3b and small_moe; T = 1, 16, 256;
+#      bf16 and f32) at 16 and 2 threads, then the reference library's CPU backends
+#      (bench/hf_experts_bench_cpu.py), same shapes, same run, merged by bench/compare.py
+# Writes $OUT/cpu.md (tables + raw JSON) and $OUT/tests.txt; prints the two tables.
+#   OUT=/some/dir bash bench/cpu_h200.sh
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT"
+t0=$(date +%s)
+left() { echo $(( ${TOTAL:-570} - ($(date +%s) - t0) )); }
+BUILD=${BUILD:-build-cpu}
+echo "== build ($(nproc) cores)"
+{ cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOEX_CUDA=OFF -DMOEX_BUILD_TESTS=ON >/dev/null &&
+  cmake --build "$BUILD" -j "$(nproc)" --target moex moex_tests >/dev/null; } || { echo "build failed"; exit 1; }
+echo "== tests ($(( $(date +%s) - t0 )) s)"
+OMP_WAIT_POLICY=passive "$BUILD/moex_tests" --gtest_filter='CpuKernels*:Dtypes/Equivalence*' --gtest_brief=1 > "$OUT/tests.txt" 2>&1
+tests_status=$?
+tail -3 "$OUT/tests.txt"
+echo "== cpu side by side ($(( $(date +%s) - t0 )) s, $(left) s left)"
+tmp=$(mktemp -d)
+{
+  echo "# CPU side by side on the device machine: $(lscpu | grep -m1 'Model name' | sed 's/ \+/ /g'), $(nproc) cores, commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+  for th in ${CPU_THREADS:-16 2}; do
+    for dt in bf16 f32; do
+      OMP_WAIT_POLICY=passive timeout 60 "$BUILD/moex" bench --device cpu --backends eager,batched_mm,grouped_mm --shapes qwen3_30b_a3b,small_moe \
+        --tokens 1,16,256 --dtype $dt --threads $th --format json --min-time-ms 100 --max-iters 10 --warmup 2 >> "$tmp/moex_$th.jsonl"
+    done
+  done
+  hf_left=$(( $(left) - 15 )); [ $hf_left -gt 200 ] && hf_left=200
+  THREADS=$(echo ${CPU_THREADS:-16 2} | tr ' ' ,) PYTHONUNBUFFERED=1 timeout $hf_left python3 bench/hf_experts_bench_cpu.py > "$tmp/hf.jsonl" 2>&1
+  for th in ${CPU_THREADS:-16 2}; do
+    echo; echo "## $th threads"; echo
+    python3 bench/compare.py --moex "$tmp/moex_$th.jsonl" --ref "$tmp/hf.jsonl" --threads "$th"
+  done
+  echo; echo "## raw moex JSON"; cat "$tmp"/moex_*.jsonl
+  echo; echo "## raw reference JSON"; cat "$tmp/hf.jsonl"
+} > "$OUT/cpu.md" 2>&1
+sed -n '/^## 16 threads/,/^## 2 threads/p' "$OUT/cpu.md" | head -18
+sed -n '/^## 2 threads/,/^## raw/p' "$OUT/cpu.md" | head -18
+echo "== done ($(( $(date +%s) - t0 )) s)"
+exit $tests_status

@@ -1,0 +1,81 @@
+// backends/cpu/packed_weights.hpp — f32 expert weights repacked once into the panels of the packed
+// micro-kernel (kernels.hpp, PackedMatmulArgs), cached per experts object.
+//
+// The CPU backends read expert weights where they are; for f32 weights that means a dot-product
+// kernel over [out, in] rows. Packed, each projection streams contiguous [in, 32] panels through a
+// register-blocked FMA kernel instead. The first call on an experts object packs all its experts
+// (in parallel: about 2.4 GB written for qwen3_30b_a3b in f32); later calls reuse the copies.
+//
+// Memory: one f32 copy of the weights (+ padding of each matrix to a multiple of 32 rows), held
+// until the weights' address range is reused by other experts, the copies of 512 experts objects
+// used more recently exist, or release_packed_weights() is called. MOEX_CPU_PACK=0 turns packing off
+// (the kernels then read the weights in place).
+//
+// The cache is keyed by the weight pointers, shapes and strides; a sampled fingerprint of each
+// expert's weights is checked on every call, so new weights loaded at the same address are
+// repacked. Weights changed in place in only a few elements are not noticed: release first.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "backends/cpu/kernels.hpp"
+#include "moex/experts.hpp"
+
+namespace moex::cpu {
+
+// Rows [row0, row0 + n) of one logical [N, k] weight matrix (out × in), packed as ceil(n / 32)
+// panels [k, 32] (zero-padded).
+struct PackedMatrix {
+  const float* panels = nullptr;
+  int64_t row0 = 0, n = 0, k = 0;
+};
+
+// One expert's packed projections. gate_up is split at I into its gate and up halves when they are
+// concatenated ([gate; up]), so a range of h columns starts on a panel in both halves.
+struct PackedExpert {
+  PackedMatrix gate_up[2];
+  int gate_up_parts = 0;
+  PackedMatrix down;
+};
+
+class PackedWeights {
+ public:
+  // The packed weights of `ex` (an empty cache entry the first time), or nullptr when packing does
+  // not apply: weights not f32, quantized, or MOEX_CPU_PACK=0.
+  static std::shared_ptr<PackedWeights> of(const Experts& ex);
+
+  // The first time: packs every expert. Later: repacks the experts in `experts` whose weights
+  // changed (fingerprint). `threads` threads. Call before reading expert(e) for those experts.
+  void prepare(const Experts& ex, const std::vector<int64_t>& experts, int threads);
+  const PackedExpert& expert(int64_t e) const { return experts_[size_t(e)].packed; }
+
+  // Bytes of packed weights held by all experts objects together.
+  static size_t total_bytes();
+
+  explicit PackedWeights(const Experts& ex);
+  ~PackedWeights();
+
+ private:
+  struct Slot {
+    PackedExpert packed;
+    std::unique_ptr<float[], void (*)(void*)> storage{nullptr, nullptr};
+    size_t bytes = 0;
+    uint64_t fingerprint = 0;
+    bool ready = false;
+  };
+  static size_t expert_bytes(const ExpertsSpec& s);
+  void pack_expert(const Experts& ex, int64_t e);  // into its slot's storage, allocated by prepare
+
+  std::mutex mutex_;
+  std::vector<Slot> experts_;
+  bool primed_ = false;  // every expert packed once
+  friend struct PackedCache;
+};
+
+// Frees every packed copy (they are rebuilt on the next call that needs them). Not to be called
+// while an experts call runs.
+void release_packed_weights();
+
+}  // namespace moex::cpu
