@@ -305,3 +305,28 @@ TEST(CudaModelAttention, GemmPrefillPathMatchesTheKernel) {
     EXPECT_EQ(m.generate(ids, g)[1].size(), 83u);
   }
 }
+
+// The skinny-linear kernel of decode steps (<= 8 rows, exact f32 inputs) against the cuBLAS path
+// (inputs as two bf16 terms): biases (qwen2_moe q/k/v, gpt_oss router), the shared-expert gate.
+TEST(CudaModelLinear, GemvMatchesCublasOnFewRows) {
+  SKIP_WITHOUT_CUDA();
+  if (!fs::exists(fixture("qwen3_moe"))) GTEST_SKIP() << "no fixtures";
+  struct EnvRestore {
+    ~EnvRestore() { unsetenv("MOEX_CUDA_GEMV"); }
+  } restore;
+  for (const char* name : {"qwen3_moe", "qwen2_moe", "gpt_oss", "deepseek_v3"}) {
+    setenv("MOEX_CUDA_GEMV", "0", 1);
+    Model blas = Model::from_pretrained(fixture(name).string(), {.dtype = DType::bf16, .device = Device::cuda()});
+    setenv("MOEX_CUDA_GEMV", "1", 1);
+    Model gemv = Model::from_pretrained(fixture(name).string(), {.dtype = DType::bf16, .device = Device::cuda()});
+    const std::vector<std::vector<int64_t>> ids = {{1, 5, 9, 13, 2, 7}};
+    const Tensor a = blas.forward(ids), b = gemv.forward(ids);
+    const double err = rel_l2(b.ptr<float>(), a.ptr<float>(), a.numel());
+    std::printf("  %s: gemv vs cuBLAS rel L2 %.2e\n", name, err);
+    EXPECT_LE(err, 2e-3) << name;
+    GenerateOptions g;
+    g.max_new_tokens = 6;
+    g.eos_token_id = std::vector<int64_t>{-1};
+    EXPECT_EQ(gemv.generate(ids, g)[0].size(), 12u) << name;
+  }
+}

@@ -120,6 +120,8 @@ struct CudaModel::Impl {
   std::set<std::pair<int64_t, std::string>> warmed;
   void* graphs_ws = nullptr;  // the experts workspace the graphs were captured with
   CudaGenerateStats stats;
+  // the skinny-linear kernel for steps of at most kGemvMaxRows rows (MOEX_CUDA_GEMV=0: cuBLAS always)
+  bool gemv_enabled = true;
 
   ~Impl() {
     drop_graphs();
@@ -408,6 +410,11 @@ struct CudaModel::Impl {
       kern::launch_finish_linear(gbuf, false, l.bias, gate, T, l.out, y, ypitch, acc, stream);
       return;
     }
+    if (T <= kern::kGemvMaxRows && gemv_enabled && kern::gemv_ok(l.w, l.in, x, xpitch, T)) {
+      // decode steps: one kernel reading the weights once, exact f32 inputs, bias/gate/residual fused
+      kern::launch_gemv(l.w, code_of(l.dt), l.out, l.in, x, xpitch, T, l.bias, gate, y, ypitch, acc, stream);
+      return;
+    }
     if (!presplit) kern::launch_split(x, xpitch, T, l.in, b.split.data(), dtc, stream);
     blas_check(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, int(l.out), int(2 * T), int(l.in), &one, l.w, blas_type(l.dt),
                             int(l.in), b.split.data(), blas_type(l.dt), int(l.in), &zero, gbuf, CUDA_R_32F, int(l.out),
@@ -416,8 +423,10 @@ struct CudaModel::Impl {
     kern::launch_finish_linear(gbuf, true, l.bias, gate, T, l.out, y, ypitch, acc, stream);
   }
   // RMSNorm rows of x into out, also writing the split terms for the next linear (bf16/f16 models).
-  void norm(const float* x, int64_t xp, const float* w, int64_t T, int64_t n, float* out, int64_t op) {
-    kern::launch_rmsnorm(x, xp, w, float(t.rms_norm_eps), T, n, out, op, dtc == 0 ? nullptr : b.split.data(), dtc, stream);
+  // `add`: the experts' output [T, n] (model dtype) added into x first (see mlp_layer).
+  void norm(float* x, int64_t xp, const float* w, int64_t T, int64_t n, float* out, int64_t op, const void* add = nullptr) {
+    kern::launch_rmsnorm(x, xp, w, float(t.rms_norm_eps), T, n, out, op, dtc == 0 ? nullptr : b.split.data(), dtc, stream,
+                         add, dtc);
   }
 
   // Prefill attention on the tensor cores for bf16/f16 models: per sequence and kv-head group,
@@ -602,7 +611,7 @@ struct CudaModel::Impl {
       linear(d.shared_down, b.act.ptr<float>(), I, T, x, H, true, false,
              d.shared_gate.defined() ? b.sgate.ptr<float>() : nullptr);
     }
-    kern::launch_add_from(b.xout.data(), dtc, T, H, x, stream);
+    // x += xout is left to the next RMSNorm (fused; `pending_add`)
   }
 
   // One forward over T rows whose metadata is on the device: the logits of the n_out rows listed
@@ -611,13 +620,16 @@ struct CudaModel::Impl {
   void step(int64_t T, int64_t n_tiles, int64_t n_out, const std::string& backend, bool argmax,
             const std::vector<Segment>* segs = nullptr) {
     kern::launch_embed(b.ids.ptr<int32_t>(), embed, code_of(dt), T, H, b.x.ptr<float>(), stream);
+    bool pending_add = false;  // the previous MoE layer's experts output still to be added to x
     for (size_t l = 0; l < layers.size(); ++l) {
       const DLayer& d = layers[l];
-      norm(b.x.ptr<float>(), H, d.input_norm, T, H, b.h.ptr<float>(), H);
+      norm(b.x.ptr<float>(), H, d.input_norm, T, H, b.h.ptr<float>(), H, pending_add ? b.xout.data() : nullptr);
       attention_layer(d, l, T, n_tiles, segs);
       norm(b.x.ptr<float>(), H, d.post_norm, T, H, b.h.ptr<float>(), H);
       mlp_layer(d, T, backend);
+      pending_add = d.is_moe;
     }
+    if (pending_add) kern::launch_add_from(b.xout.data(), dtc, T, H, b.x.ptr<float>(), stream);
     kern::launch_gather_rows(b.x.ptr<float>(), b.out_rows.ptr<int32_t>(), n_out, H, b.fin.ptr<float>(), stream);
     norm(b.fin.ptr<float>(), H, final_norm, n_out, H, b.fin.ptr<float>(), H);
     linear(lm_head, b.fin.ptr<float>(), H, n_out, b.logits.ptr<float>(), V, false, dtc != 0, nullptr, b.lm_g.ptr<float>());
@@ -727,6 +739,7 @@ CudaModel::CudaModel(const ModelWeights& w, const TextConfig& t, Device dev) : i
     }
   }
   m.upload(w);
+  if (const char* e = std::getenv("MOEX_CUDA_GEMV")) m.gemv_enabled = std::string(e) != "0";
   check(cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
   blas_check(cublasCreate(&m.blas), "cublasCreate");
   blas_check(cublasSetStream(m.blas, m.stream), "cublasSetStream");

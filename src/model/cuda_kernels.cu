@@ -74,10 +74,13 @@ __global__ void embed_kernel(const int32_t* ids, const void* embed, int dt, int6
   for (int64_t i = threadIdx.x; i < H; i += blockDim.x) x[r * H + i] = load_any(embed, dt, base + i);
 }
 
-__global__ void rmsnorm_kernel(const float* x, int64_t xp, const float* w, float eps, int64_t T, int64_t n, float* out,
-                               int64_t op, void* split, int sdt) {
+__global__ void rmsnorm_kernel(float* x, int64_t xp, const float* w, float eps, int64_t T, int64_t n, float* out,
+                               int64_t op, void* split, int sdt, const void* add, int adt) {
   const int64_t r = blockIdx.x;
-  const float* xr = x + r * xp;
+  float* xr = x + r * xp;
+  if (add) {  // each thread updates the elements it reads below: no block synchronisation needed
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) xr[i] += load_any(add, adt, r * n + i);
+  }
   float ss = 0.0f;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
   ss = block_sum(ss);
@@ -115,6 +118,73 @@ __global__ void finish_linear_kernel(const float* g, bool two, const float* bias
     if (acc) y[r * yp + i] += v;
     else y[r * yp + i] = v;
   }
+}
+
+// One warp per output row; lane l reads 8 weights at columns 8l, 8l + 256, ... and the matching
+// x values of each of the TM rows (x stays in L1/L2: every warp of the grid reads the same rows).
+template <int TM, class W>
+__global__ void __launch_bounds__(256) gemv_kernel(const W* w, int64_t out, int64_t in, const float* x, int64_t xp,
+                                                    const float* bias, const float* row_gate, float* y, int64_t yp, bool acc) {
+  const int64_t row = blockIdx.x * int64_t(blockDim.x >> 5) + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (row >= out) return;
+  float sum[TM];
+#pragma unroll
+  for (int t = 0; t < TM; ++t) sum[t] = 0.0f;
+  const W* wr = w + row * in;
+  for (int64_t c = int64_t(lane) * 8; c < in; c += 256) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(wr + c);
+    const W* wv = reinterpret_cast<const W*>(&raw);
+    float wf[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) wf[k] = ::moex::cuda::to_f32(wv[k]);
+#pragma unroll
+    for (int t = 0; t < TM; ++t) {
+      const float4 a = *reinterpret_cast<const float4*>(x + t * xp + c);
+      const float4 b = *reinterpret_cast<const float4*>(x + t * xp + c + 4);
+      sum[t] = fmaf(wf[0], a.x, sum[t]);
+      sum[t] = fmaf(wf[1], a.y, sum[t]);
+      sum[t] = fmaf(wf[2], a.z, sum[t]);
+      sum[t] = fmaf(wf[3], a.w, sum[t]);
+      sum[t] = fmaf(wf[4], b.x, sum[t]);
+      sum[t] = fmaf(wf[5], b.y, sum[t]);
+      sum[t] = fmaf(wf[6], b.z, sum[t]);
+      sum[t] = fmaf(wf[7], b.w, sum[t]);
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < TM; ++t) sum[t] = warp_sum(sum[t]);
+  if (lane == 0) {
+    const float bv = bias ? bias[row] : 0.0f;
+#pragma unroll
+    for (int t = 0; t < TM; ++t) {
+      float v = sum[t] + bv;
+      if (row_gate) v *= 1.0f / (1.0f + expf(-row_gate[t]));
+      if (acc) y[t * yp + row] += v;
+      else y[t * yp + row] = v;
+    }
+  }
+}
+
+template <class W>
+void launch_gemv_t(const W* w, int64_t out, int64_t in, const float* x, int64_t xp, int64_t T, const float* bias,
+                   const float* gate, float* y, int64_t yp, bool acc, cudaStream_t s) {
+  const unsigned grid = unsigned((out + 7) / 8);
+  switch (T) {
+#define MOEX_GEMV_CASE(n) \
+  case n: gemv_kernel<n, W><<<grid, 256, 0, s>>>(w, out, in, x, xp, bias, gate, y, yp, acc); break;
+    MOEX_GEMV_CASE(1)
+    MOEX_GEMV_CASE(2)
+    MOEX_GEMV_CASE(3)
+    MOEX_GEMV_CASE(4)
+    MOEX_GEMV_CASE(5)
+    MOEX_GEMV_CASE(6)
+    MOEX_GEMV_CASE(7)
+    MOEX_GEMV_CASE(8)
+#undef MOEX_GEMV_CASE
+    default: ::moex::detail::fail(ErrorCode::internal, "gemv: {} rows exceed {}", T, kGemvMaxRows);
+  }
+  check_launch("gemv_kernel");
 }
 
 __global__ void to_dtype_kernel(const float* x, int64_t n, void* out, int dt) {
@@ -578,10 +648,10 @@ void launch_embed(const int32_t* ids, const void* embed, int dt, int64_t T, int6
   check_launch("embed_kernel");
 }
 
-void launch_rmsnorm(const float* x, int64_t xp, const float* w, float eps, int64_t T, int64_t n, float* out, int64_t op,
-                    void* split, int sdt, cudaStream_t s) {
+void launch_rmsnorm(float* x, int64_t xp, const float* w, float eps, int64_t T, int64_t n, float* out, int64_t op,
+                    void* split, int sdt, cudaStream_t s, const void* add, int adt) {
   if (T == 0) return;
-  rmsnorm_kernel<<<unsigned(T), 256, 0, s>>>(x, xp, w, eps, T, n, out, op, split, sdt);
+  rmsnorm_kernel<<<unsigned(T), 256, 0, s>>>(x, xp, w, eps, T, n, out, op, split, sdt, add, adt);
   check_launch("rmsnorm_kernel");
 }
 
@@ -596,6 +666,20 @@ void launch_finish_linear(const float* g, bool two, const float* bias, const flo
   if (T == 0) return;
   finish_linear_kernel<<<dim3(grid_x(n), unsigned(T)), 256, 0, s>>>(g, two, bias, row_gate, T, n, y, yp, acc);
   check_launch("finish_linear_kernel");
+}
+
+bool gemv_ok(const void* w, int64_t in, const float* x, int64_t xp, int64_t T) {
+  return T >= 1 && T <= kGemvMaxRows && in % 8 == 0 && xp % 4 == 0 && ::moex::cuda::aligned16(w) &&
+         ::moex::cuda::aligned16(x);
+}
+
+void launch_gemv(const void* w, int wdt, int64_t out, int64_t in, const float* x, int64_t xp, int64_t T, const float* bias,
+                 const float* gate, float* y, int64_t yp, bool acc, cudaStream_t s) {
+  if (T == 0 || out == 0) return;
+  if (wdt == 1)
+    launch_gemv_t(static_cast<const __half*>(w), out, in, x, xp, T, bias, gate, y, yp, acc, s);
+  else
+    launch_gemv_t(static_cast<const __nv_bfloat16*>(w), out, in, x, xp, T, bias, gate, y, yp, acc, s);
 }
 
 void launch_to_dtype(const float* x, int64_t T, int64_t n, void* out, int dt, cudaStream_t s) {

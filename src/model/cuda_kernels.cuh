@@ -23,8 +23,11 @@ void launch_embed(const int32_t* ids, const void* embed, int embed_dtype, int64_
 // out[r, :n] = w ⊙ x[r, :n] / sqrt(mean(x²) + eps) for rows r < T (row pitches in elements).
 // `split` (optional, dtype code 1 or 2): also writes hi = round(out) in rows [0, T) and
 // lo = round(out − hi) in rows [T, 2T) of a [2T, n] buffer (the two-term input of a GEMM).
-void launch_rmsnorm(const float* x, int64_t x_pitch, const float* w, float eps, int64_t T, int64_t n, float* out,
-                    int64_t out_pitch, void* split, int split_dtype, cudaStream_t s);
+// `add` (optional, [T, n] contiguous of dtype code add_dtype): first x += add (x written back; the
+// residual add of the experts' output fused into the next norm).
+void launch_rmsnorm(float* x, int64_t x_pitch, const float* w, float eps, int64_t T, int64_t n, float* out,
+                    int64_t out_pitch, void* split, int split_dtype, cudaStream_t s, const void* add = nullptr,
+                    int add_dtype = 0);
 
 // split [2T, n] (dtype code 1/2) = (hi, lo) of x [T, n] f32 (pitch x_pitch).
 void launch_split(const float* x, int64_t x_pitch, int64_t T, int64_t n, void* split, int split_dtype, cudaStream_t s);
@@ -33,6 +36,15 @@ void launch_split(const float* x, int64_t x_pitch, int64_t T, int64_t n, void* s
 // row_gate (optional): sigmoid(row_gate[r]) scales the row (the qwen2_moe shared-expert gate).
 void launch_finish_linear(const float* g, bool two_terms, const float* bias, const float* row_gate, int64_t T, int64_t n,
                           float* y, int64_t y_pitch, bool accumulate, cudaStream_t s);
+
+// Skinny linear for decode steps: y [T, out] (pitch y_pitch) (+)= gate · (x · Wᵀ + bias) with W
+// [out, in] bf16/f16 (dtype code 1/2) read once with 16-byte loads, x [T, in] f32 (pitch x_pitch)
+// used exactly (f32 products, f32 accumulation), T <= kGemvMaxRows. Needs in % 8 == 0, 16-byte
+// aligned W and x rows (x_pitch % 4 == 0); gemv_ok() says whether a call qualifies.
+constexpr int kGemvMaxRows = 8;
+bool gemv_ok(const void* w, int64_t in, const float* x, int64_t x_pitch, int64_t T);
+void launch_gemv(const void* w, int w_dtype, int64_t out, int64_t in, const float* x, int64_t x_pitch, int64_t T,
+                 const float* bias, const float* row_gate, float* y, int64_t y_pitch, bool accumulate, cudaStream_t s);
 
 // out [T, n] in dtype code (0/1/2) = x [T, n] f32; or x [T, n] f32 += in [T, n] of dtype code.
 void launch_to_dtype(const float* x, int64_t T, int64_t n, void* out, int dtype, cudaStream_t s);
