@@ -38,7 +38,7 @@ def main():
     cfg = Qwen3MoeConfig(
         vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=a.layers,
         num_attention_heads=32, num_key_value_heads=4, head_dim=128, max_position_embeddings=40960,
-        rms_norm_eps=1e-6, rope_theta=1000000.0, num_experts=128, num_experts_per_tok=8,
+        rms_norm_eps=1e-6, num_experts=128, num_experts_per_tok=8,
         moe_intermediate_size=768, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
         tie_word_embeddings=False, hidden_act="silu", attention_bias=False,
         bos_token_id=None, eos_token_id=None, pad_token_id=0)
