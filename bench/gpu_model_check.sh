@@ -14,7 +14,8 @@
 #
 # Every step runs even when an earlier one failed (its exit status is logged). Files under $OUT:
 # progress.log, build.log, tests.log, cli.log, moex_e2e.json, ref_e2e.json, side_by_side.md.
-# PARTS selects steps (default all): PARTS="build tests cli bench ref table". Whole run < 8 minutes.
+# PARTS selects steps (default: all but profile): PARTS="build tests cli bench ref profile table".
+# Whole default run < 8 minutes.
 set -u
 OUT=${OUT:-$PWD/out}
 export MOEX_SOURCE_DIR=$PWD
@@ -92,6 +93,18 @@ fi
 if has ref; then
   run reference 240 python3 bench/model_e2e_reference.py --layers "$LAYERS" --out "$OUT/ref_e2e.json" --deadline 150 2>&1 |
     grep -vE "^\s*$" | tail -30 | tee -a "$OUT/progress.log"
+fi
+
+if has profile; then
+  # optional (PARTS="... profile"): where a decode step's time goes, per kernel (nsys), on a 8-layer model
+  if command -v nsys > /dev/null && [ -x "$BUILD/moex_model_bench" ]; then
+    run nsys 240 nsys profile -o "$BUILD/model_bench_profile" --force-overwrite true --stats=false \
+      "$BUILD/moex_model_bench" --layers 8 --batches 1 --prompt 256 --new 32 > /dev/null 2>&1
+    nsys stats --report cuda_gpu_kern_sum --format csv "$BUILD/model_bench_profile.nsys-rep" 2>/dev/null |
+      head -40 | tee -a "$OUT/progress.log"
+  else
+    log "profile: nsys or $BUILD/moex_model_bench missing"
+  fi
 fi
 
 if has table; then

@@ -557,6 +557,7 @@ struct CudaModel::Impl {
     ap.scaling = float(attn_scaling);
     ap.tiles = reinterpret_cast<const kern::AttnTile*>(b.tiles.data());
     ap.num_tiles = int(n_tiles);
+    ap.heads_per_block = n_tiles == T && nh / kv_heads <= kern::kAttnRows;  // one-row tiles (decode)
     ap.pos = b.pos.ptr<int32_t>();
     ap.slot = b.slot.ptr<int32_t>();
     ap.out = b.attn.ptr<float>();

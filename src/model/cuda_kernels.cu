@@ -317,11 +317,23 @@ __global__ void __launch_bounds__(kAttnRows * 32) attention_kernel(AttentionPara
   float* vs = ks + 32 * kp;         // [32, dv]
   float* qs = vs + 32 * dv;         // [kAttnRows, dq]
   const AttnTile tile = p.tiles[blockIdx.x];
-  const int h = blockIdx.y;
-  const int kh = h / (p.nh / p.nkv);
+  const int group = p.nh / p.nkv;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const bool active = warp < tile.nrows;
-  const int64_t row = tile.row0 + (active ? warp : 0);
+  // warp → (row, head): rows of the tile (one head per block), or heads of one kv head (one row)
+  int h, kh;
+  bool active;
+  int64_t row;
+  if (p.heads_per_block) {
+    kh = blockIdx.y;
+    active = warp < group;
+    h = kh * group + (active ? warp : 0);
+    row = tile.row0;
+  } else {
+    h = blockIdx.y;
+    kh = h / group;
+    active = warp < tile.nrows;
+    row = tile.row0 + (active ? warp : 0);
+  }
   const int64_t pos = p.pos[row];
   const int64_t slot = p.slot[tile.row0];
   const int64_t j0 = p.window > 0 ? max(int64_t(0), pos - p.window + 1) : 0;
@@ -723,7 +735,8 @@ void launch_attention(const AttentionParams& p, cudaStream_t s) {
           "cudaFuncSetAttribute(attention_kernel)");
     configured = true;
   }
-  attention_kernel<<<dim3(unsigned(p.num_tiles), unsigned(p.nh)), kAttnRows * 32, smem, s>>>(p);
+  MOEX_ASSERT(!p.heads_per_block || p.nh / p.nkv <= kAttnRows);
+  attention_kernel<<<dim3(unsigned(p.num_tiles), unsigned(p.heads_per_block ? p.nkv : p.nh)), kAttnRows * 32, smem, s>>>(p);
   check_launch("attention_kernel");
 }
 

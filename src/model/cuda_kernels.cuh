@@ -109,6 +109,9 @@ struct AttentionParams {
   const float* sinks;
   const AttnTile* tiles;
   int num_tiles;
+  // Every tile is one row (decode steps) and nh / nkv <= kAttnRows: a block serves one (row, kv head)
+  // and its warps the query heads of that kv head, sharing the staged keys/values.
+  bool heads_per_block;
   const int32_t *pos, *slot;
   float* out;
 };
