@@ -13,11 +13,15 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "model/cuda_forward.hpp"
+#include "model/cuda_kernels.cuh"
+#include "moex/routing.hpp"
 #include "model/weights.hpp"
 #include "moex/model.hpp"
 #include "moex/moex.hpp"
@@ -329,4 +333,82 @@ TEST(CudaModelLinear, GemvMatchesCublasOnFewRows) {
     g.eos_token_id = std::vector<int64_t>{-1};
     EXPECT_EQ(gemv.generate(ids, g)[0].size(), 12u) << name;
   }
+}
+
+// The device routers against moex::route (routing/routers.cpp) on random logits with edge rows:
+// NaN entries, +inf / -inf entries, an all-NaN row, exact ties (lower index first).
+TEST(CudaModelRouters, MatchTheHostRouters) {
+  SKIP_WITHOUT_CUDA();
+#ifndef MOEX_WITH_CUDA
+  GTEST_SKIP() << "built without CUDA";
+#else
+  struct Case {
+    RouterKind kind;
+    int kernel_kind;
+    int64_t E, K;
+    bool renorm;
+    int64_t n_group = 1, topk_group = 1;
+    float scaling = 1.0f;
+  };
+  const std::vector<Case> cases = {{RouterKind::qwen3_moe, 0, 128, 8, true},  {RouterKind::qwen2_moe, 0, 60, 4, false},
+                                   {RouterKind::mixtral, 0, 8, 2, true},      {RouterKind::olmoe, 0, 64, 8, false},
+                                   {RouterKind::gpt_oss, 2, 32, 4, true},     {RouterKind::deepseek_v3, 1, 64, 6, true, 8, 4, 2.5f},
+                                   {RouterKind::qwen3_moe, 0, 512, 32, true}};
+  std::mt19937 rng(20261129);
+  std::normal_distribution<float> nd(0.0f, 2.0f);
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  for (const Case& c : cases) {
+    const int64_t T = 41, E = c.E, K = c.K;
+    std::vector<float> logits(static_cast<size_t>(T * E)), bias(static_cast<size_t>(E));
+    for (auto& v : logits) v = nd(rng);
+    for (auto& v : bias) v = 0.1f * nd(rng);
+    for (int64_t e = 0; e < E; e += 3) logits[size_t(1 * E + e)] = nan;  // row 1: some NaN
+    logits[size_t(2 * E + 5)] = inf;                                     // row 2: +inf (and -inf)
+    logits[size_t(2 * E + 7)] = -inf;
+    for (int64_t e = 0; e < E; ++e) logits[size_t(3 * E + e)] = nan;     // row 3: all NaN
+    for (int64_t e = 0; e < E; ++e) logits[size_t(4 * E + e)] = float(e % 4);  // row 4: ties
+    RouterConfig rc;
+    rc.kind = c.kind;
+    rc.num_experts = E;
+    rc.top_k = K;
+    rc.norm_topk_prob = c.renorm;
+    rc.n_group = c.n_group;
+    rc.topk_group = c.topk_group;
+    rc.routed_scaling_factor = c.scaling;
+    if (c.kind == RouterKind::deepseek_v3) rc.e_score_correction_bias = bias.data();
+    std::vector<int32_t> idx(static_cast<size_t>(T * K));
+    std::vector<float> w(static_cast<size_t>(T * K));
+    route(rc, logits.data(), T, idx.data(), w.data());
+
+    Tensor dl = Tensor::empty(DType::f32, {T, E}, Device::cuda()), db = Tensor::empty(DType::f32, {E}, Device::cuda());
+    Tensor di = Tensor::empty(DType::i32, {T, K}, Device::cuda()), dw = Tensor::empty(DType::f32, {T, K}, Device::cuda());
+    copy_bytes(dl.data(), Device::cuda(), logits.data(), Device::cpu(), logits.size() * 4);
+    copy_bytes(db.data(), Device::cuda(), bias.data(), Device::cpu(), bias.size() * 4);
+    model::cuda::RouterParams p{};
+    p.logits = dl.ptr<float>();
+    p.T = T;
+    p.E = int(E);
+    p.K = int(K);
+    p.kind = c.kernel_kind;
+    p.renorm = c.kind == RouterKind::mixtral || c.renorm;
+    p.correction_bias = c.kind == RouterKind::deepseek_v3 ? db.ptr<float>() : nullptr;
+    p.n_group = int(c.n_group);
+    p.topk_group = int(c.topk_group);
+    p.scaling = c.scaling;
+    p.idx = di.ptr<int32_t>();
+    p.w = dw.ptr<float>();
+    model::cuda::launch_router(p, nullptr);
+    std::vector<int32_t> gi(idx.size());
+    std::vector<float> gw(w.size());
+    copy_bytes(gi.data(), Device::cpu(), di.data(), Device::cuda(), gi.size() * 4);
+    copy_bytes(gw.data(), Device::cpu(), dw.data(), Device::cuda(), gw.size() * 4);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t j = 0; j < K; ++j) {
+        const size_t q = size_t(t * K + j);
+        EXPECT_EQ(gi[q], idx[q]) << router_kind_name(c.kind) << " E=" << E << " token " << t << " slot " << j;
+        if (std::isnan(w[q])) EXPECT_TRUE(std::isnan(gw[q])) << router_kind_name(c.kind) << " token " << t;
+        else EXPECT_NEAR(gw[q], w[q], 1e-5f * std::max(1.0f, std::fabs(w[q]))) << router_kind_name(c.kind) << " token " << t;
+      }
+  }
+#endif
 }

@@ -590,6 +590,114 @@ __global__ void router_kernel(RouterParams p) {
   for (int j = 0; j < K; ++j) idx[j] = sel[j];
 }
 
+// The softmax families and GPT-OSS with a warp per token (the per-thread kernel above serves
+// DeepSeek-V3's group-limited selection): lane l holds experts l, l + 32, ...; top-K by K rounds of
+// a warp-wide maximum of the 64-bit selection keys (the key's high half gives the value back).
+constexpr int kRouterPerLane = kRouterMaxExperts / 32;
+
+__device__ __forceinline__ float from_ordered_bits(uint32_t k) {
+  return __uint_as_float((k & 0x80000000u) ? (k & 0x7FFFFFFFu) : ~k);
+}
+__device__ __forceinline__ uint64_t warp_max_u64(uint64_t v) {
+  for (int o = 16; o > 0; o >>= 1) {
+    const uint64_t other = __shfl_xor_sync(0xffffffffu, v, o);
+    v = other > v ? other : v;
+  }
+  return v;
+}
+
+__global__ void router_warp_kernel(RouterParams p) {
+  const int lane = threadIdx.x & 31;
+  const int64_t t = blockIdx.x * int64_t(blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (t >= p.T) return;
+  const float* l = p.logits + t * p.E;
+  int32_t* idx = p.idx + t * p.K;
+  float* w = p.w + t * p.K;
+  const int E = p.E, K = p.K;
+  float v[kRouterPerLane];
+  bool any = false;
+#pragma unroll
+  for (int i = 0; i < kRouterPerLane; ++i) {
+    const int e = lane + 32 * i;
+    v[i] = e < E ? l[e] : NAN;
+    any = any || (e < E && !isnan(v[i]));
+  }
+  if (!__any_sync(0xffffffffu, any)) {  // no distribution at all: experts 0..K-1, NaN weights
+    for (int j = lane; j < K; j += 32) {
+      idx[j] = j;
+      w[j] = NAN;
+    }
+    return;
+  }
+  if (p.kind == 0) {  // p = softmax(l) over E (NaN logits left out and ranked last)
+    float m = -INFINITY;
+    bool has = false;
+#pragma unroll
+    for (int i = 0; i < kRouterPerLane; ++i)
+      if (lane + 32 * i < E && !isnan(v[i])) {
+        m = has ? fmaxf(m, v[i]) : v[i];
+        has = true;
+      }
+    m = warp_max(has ? m : -INFINITY);
+    if (isinf(m)) {  // infinite maximum: the entries equal to it share the mass
+      float cnt = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kRouterPerLane; ++i) cnt += (lane + 32 * i < E && !isnan(v[i]) && v[i] == m) ? 1.0f : 0.0f;
+      cnt = warp_sum(cnt);
+#pragma unroll
+      for (int i = 0; i < kRouterPerLane; ++i)
+        if (!isnan(v[i])) v[i] = v[i] == m ? 1.0f / cnt : 0.0f;
+    } else {
+      float z = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kRouterPerLane; ++i)
+        if (lane + 32 * i < E && !isnan(v[i])) {
+          v[i] = expf(v[i] - m);
+          z += v[i];
+        }
+      z = warp_sum(z);
+#pragma unroll
+      for (int i = 0; i < kRouterPerLane; ++i)
+        if (!isnan(v[i])) v[i] = v[i] / z;
+    }
+  }
+  // top-K of v (probabilities, or GPT-OSS's raw logits), best first, ties → lower expert
+  uint32_t taken = 0;
+  int32_t sel[kRouterMaxK];
+  float val[kRouterMaxK];
+  for (int j = 0; j < K; ++j) {
+    uint64_t best = 0;
+    bool have = false;
+#pragma unroll
+    for (int i = 0; i < kRouterPerLane; ++i) {
+      const int e = lane + 32 * i;
+      if (e >= E || (taken >> i) & 1u) continue;
+      const uint64_t key = sel_key(v[i], e);
+      if (!have || key > best) best = key;
+      have = true;
+    }
+    best = warp_max_u64(have ? best : 0);
+    const int32_t e = int32_t(0xFFFFFFFFu - uint32_t(best & 0xFFFFFFFFu));
+    if ((e & 31) == lane) taken |= 1u << (e >> 5);
+    sel[j] = e;
+    val[j] = from_ordered_bits(uint32_t(best >> 32));
+  }
+  if (lane != 0) return;
+  if (p.kind == 0) {
+    float sum = 0.0f;
+    for (int j = 0; j < K; ++j) {
+      w[j] = isnan(val[j]) ? 0.0f : val[j];  // a NaN logit weighs 0
+      sum += w[j];
+    }
+    if (p.renorm)
+      for (int j = 0; j < K; ++j) w[j] /= sum;
+  } else {  // gpt_oss: softmax over the K selected logits
+    softmax_dev(val, K, 0.0f);
+    for (int j = 0; j < K; ++j) w[j] = val[j];
+  }
+  for (int j = 0; j < K; ++j) idx[j] = sel[j];
+}
+
 // ---- misc ----------------------------------------------------------------------------------------
 
 __global__ void gather_rows_kernel(const float* in, const int32_t* rows, int64_t H, float* out) {
@@ -749,8 +857,13 @@ void launch_softmax_rows(const float* S, int64_t group, int64_t n, float scaling
 
 void launch_router(const RouterParams& p, cudaStream_t s) {
   if (p.T == 0) return;
-  router_kernel<<<blocks_for(p.T, 64), 64, 0, s>>>(p);
-  check_launch("router_kernel");
+  if (p.kind == 1) {
+    router_kernel<<<blocks_for(p.T, 64), 64, 0, s>>>(p);
+    check_launch("router_kernel");
+  } else {
+    router_warp_kernel<<<blocks_for(p.T, 4), 128, 0, s>>>(p);
+    check_launch("router_warp_kernel");
+  }
 }
 
 void launch_gather_rows(const float* in, const int32_t* rows, int64_t n, int64_t H, float* out, cudaStream_t s) {
