@@ -315,7 +315,7 @@ __global__ void __launch_bounds__(kAttnRows * 32) attention_kernel(AttentionPara
   const int dq = p.dq, dv = p.dv, kp = dq + 1;  // padded K rows: conflict-free column reads
   float* ks = sm;                   // [32, dq + 1]
   float* vs = ks + 32 * kp;         // [32, dv]
-  float* qs = vs + 32 * dv;         // [kAttnRows, dq]
+  float* qs = vs + 32 * dv;         // [kAttnRows, dq], then [kAttnRows, 32] probabilities
   const AttnTile tile = p.tiles[blockIdx.x];
   const int group = p.nh / p.nkv;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -367,9 +367,14 @@ __global__ void __launch_bounds__(kAttnRows * 32) attention_kernel(AttentionPara
     if (lane < n && key >= j0 && key <= pos) {
       const float* qv = qs + warp * dq;
       const float* kv = ks + lane * kp;
-      float dot = 0.0f;
-      for (int d = 0; d < dq; ++d) dot = fmaf(qv[d], kv[d], dot);
-      s = dot * p.scaling;
+      float d4[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // four independent chains (instruction-level parallelism)
+      int d = 0;
+      for (; d + 4 <= dq; d += 4) {
+#pragma unroll
+        for (int u = 0; u < 4; ++u) d4[u] = fmaf(qv[d + u], kv[d + u], d4[u]);
+      }
+      for (; d < dq; ++d) d4[0] = fmaf(qv[d], kv[d], d4[0]);
+      s = ((d4[0] + d4[1]) + (d4[2] + d4[3])) * p.scaling;
     }
     const float tmax = warp_max(s);
     if (tmax == -INFINITY) continue;  // every key of this tile is masked for this row
@@ -380,14 +385,19 @@ __global__ void __launch_bounds__(kAttnRows * 32) attention_kernel(AttentionPara
     m = mn;
 #pragma unroll
     for (int i = 0; i < kMaxPer; ++i) acc[i] *= corr;
+    // the 32 probabilities through shared memory: independent broadcast loads instead of a chain of shuffles
+    float* ps = qs + kAttnRows * dq + warp * 32;
+    ps[lane] = pj;
+    __syncwarp();
     for (int j = 0; j < n; ++j) {
-      const float pv = __shfl_sync(0xffffffffu, pj, j);
+      const float pv = ps[j];
 #pragma unroll
       for (int i = 0; i < kMaxPer; ++i) {
         const int d = lane + 32 * i;
         if (d < dv) acc[i] = fmaf(pv, vs[j * dv + d], acc[i]);
       }
     }
+    __syncwarp();  // ps is rewritten by the next tile
   }
   if (!active) return;
   if (p.sinks) {
@@ -834,11 +844,13 @@ void launch_mla_post(const MlaPostParams& p, cudaStream_t s) {
 
 void launch_attention(const AttentionParams& p, cudaStream_t s) {
   if (p.num_tiles == 0) return;
-  const size_t smem = (size_t(32) * (p.dq + 1) + size_t(32) * p.dv + size_t(kAttnRows) * p.dq) * sizeof(float);
+  const size_t smem =
+      (size_t(32) * (p.dq + 1) + size_t(32) * p.dv + size_t(kAttnRows) * p.dq + size_t(kAttnRows) * 32) * sizeof(float);
   static bool configured = false;  // once per process: the kernel's dynamic shared memory limit
   if (!configured) {
     check(cudaFuncSetAttribute(attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               int((size_t(32) * (kAttnMaxDim + 1) + size_t(32) * kAttnMaxDim + size_t(kAttnRows) * kAttnMaxDim) *
+                               int((size_t(32) * (kAttnMaxDim + 1) + size_t(32) * kAttnMaxDim +
+                                    size_t(kAttnRows) * kAttnMaxDim + size_t(kAttnRows) * 32) *
                                    sizeof(float))),
           "cudaFuncSetAttribute(attention_kernel)");
     configured = true;
