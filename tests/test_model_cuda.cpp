@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include "model/cuda_forward.hpp"
 #include "model/cuda_kernels.cuh"
 #include "moex/routing.hpp"
@@ -411,4 +413,33 @@ TEST(CudaModelRouters, MatchTheHostRouters) {
       }
   }
 #endif
+}
+
+// FP8 experts (moex quantize of a fixture, 32x32 blocks): the CUDA runtime against the CPU runtime on
+// the same quantized checkpoint, for every CUDA backend.
+TEST(CudaModelFp8, QuantizedExpertsMatchTheCpuRuntime) {
+  SKIP_WITHOUT_CUDA();
+  if (!fs::exists(fixture("qwen3_moe"))) GTEST_SKIP() << "no fixtures";
+  const fs::path dir = fs::temp_directory_path() / ("moex_cuda_fp8_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  QuantizeOptions q;
+  q.block_n = 32;
+  q.block_k = 32;
+  quantize_checkpoint(fixture("qwen3_moe").string(), dir.string(), q);
+  const std::vector<std::vector<int64_t>> ids = {{1, 5, 9, 13, 2, 7, 11, 3, 4, 8}};
+  const Model cpu = Model::from_pretrained(dir.string(), {.dtype = DType::bf16});
+  const Tensor ref = cpu.forward(ids);
+  Model gpu = Model::from_pretrained(dir.string(), {.dtype = DType::bf16, .device = Device::cuda()});
+  for (const std::string& backend : kCudaBackends) {
+    gpu.set_experts_implementation(backend);
+    const Tensor out = gpu.forward(ids);
+    const double err = rel_l2(out.ptr<float>(), ref.ptr<float>(), ref.numel());
+    std::printf("  FP8 experts %s: CUDA vs CPU rel L2 %.2e\n", backend.c_str(), err);
+    EXPECT_LE(err, 3e-2) << backend;
+    GenerateOptions g;
+    g.max_new_tokens = 4;
+    g.eos_token_id = std::vector<int64_t>{-1};
+    EXPECT_EQ(gpu.generate(ids, g)[0].size(), 14u) << backend;
+  }
+  fs::remove_all(dir);
 }

@@ -254,7 +254,6 @@ struct CudaModel::Impl {
         note_out(d.router);
         d.correction_bias = upload_f32(m.e_score_correction_bias);
         d.experts.spec = m.experts.spec;
-        MOEX_CHECK(!m.experts.spec.quant.quantized(), "CUDA model runtime: quantized experts are not supported yet");
         auto view_of = [&](const Tensor& src, const TensorView& host_view) {
           if (!host_view.defined()) return TensorView();
           Tensor dt_ = on_device(src);
@@ -270,6 +269,8 @@ struct CudaModel::Impl {
         d.experts.down = view_of(m.down, m.experts.down);
         d.experts.gate_up_bias = view_of(m.gate_up_bias, m.experts.gate_up_bias);
         d.experts.down_bias = view_of(m.down_bias, m.experts.down_bias);
+        d.experts.gate_up_scale = view_of(m.gate_up_scale, m.experts.gate_up_scale);  // FP8 experts: block scales
+        d.experts.down_scale = view_of(m.down_scale, m.experts.down_scale);
         if (m.shared.defined()) {
           d.shared_gate_up = upload_linear({&m.shared.gate, &m.shared.up});
           d.shared_down = upload_linear({&m.shared.down});
@@ -889,7 +890,8 @@ size_t CudaModel::decode_step_weight_bytes() const {
       if (l->defined()) bytes += l->bytes() + (l->bias ? size_t(l->out) * 4 : 0);
     if (d.is_moe) {
       const ExpertsSpec& s = d.experts.spec;
-      const size_t per_expert = size_t(s.gate_up_rows() * s.hidden + s.hidden * s.intermediate) * dtype_size(s.dtype) +
+      const size_t wsz = s.quant.quantized() ? 1 : dtype_size(s.dtype);  // FP8 experts: one byte (+ scales, small)
+      const size_t per_expert = size_t(s.gate_up_rows() * s.hidden + s.hidden * s.intermediate) * wsz +
                                 (s.has_bias ? size_t(s.gate_up_rows() + s.hidden) * dtype_size(s.dtype) : 0);
       bytes += per_expert * size_t(std::min<int64_t>(m.t.num_experts_per_tok, s.num_experts));
     }
