@@ -415,17 +415,14 @@ TEST(CudaModelRouters, MatchTheHostRouters) {
 #endif
 }
 
-// FP8 experts (moex quantize of a fixture, 32x32 blocks): the CUDA runtime against the CPU runtime on
+// FP8 experts (moex quantize of a fixture, 128x128 blocks: the CUDA backends need block_k 128): the CUDA runtime against the CPU runtime on
 // the same quantized checkpoint, for every CUDA backend.
 TEST(CudaModelFp8, QuantizedExpertsMatchTheCpuRuntime) {
   SKIP_WITHOUT_CUDA();
   if (!fs::exists(fixture("qwen3_moe"))) GTEST_SKIP() << "no fixtures";
   const fs::path dir = fs::temp_directory_path() / ("moex_cuda_fp8_" + std::to_string(::getpid()));
   fs::remove_all(dir);
-  QuantizeOptions q;
-  q.block_n = 32;
-  q.block_k = 32;
-  quantize_checkpoint(fixture("qwen3_moe").string(), dir.string(), q);
+  quantize_checkpoint(fixture("qwen3_moe").string(), dir.string(), QuantizeOptions{});  // 128x128 blocks
   const std::vector<std::vector<int64_t>> ids = {{1, 5, 9, 13, 2, 7, 11, 3, 4, 8}};
   const Model cpu = Model::from_pretrained(dir.string(), {.dtype = DType::bf16});
   const Tensor ref = cpu.forward(ids);
