@@ -885,7 +885,8 @@ TEST(Model, SamplingAndOptions) {
   EXPECT_THROW(m.generate({{}}), Error);
   EXPECT_THROW(m.generate(p, {.top_p = 0.0}), Error);
   EXPECT_THROW(Model::from_pretrained(fixture("mixtral").string(), {.dtype = DType::i32}), Error);
-  EXPECT_THROW(Model::from_pretrained(fixture("mixtral").string(), {.device = Device::cuda(0)}), Error);
+  if (cuda_devices().empty())  // with a GPU this loads (tests/test_model_cuda.cpp)
+    EXPECT_THROW(Model::from_pretrained(fixture("mixtral").string(), {.device = Device::cuda(0)}), Error);
   EXPECT_THROW(Model::from_pretrained((fixture("mixtral") / "nope").string()), Error);
 }
 

@@ -118,7 +118,8 @@ namespace moex::cli {
 
 namespace {
 
-// `moex bench-model`: prefill and decode tokens/s of a checkpoint with each CPU experts backend.
+// `moex bench-model`: prefill and decode tokens/s of a checkpoint with each experts backend (CPU or
+// --device cuda; on CUDA, generate() decodes with the SPEC §4 switching and CUDA graphs).
 //   prefill: forward() of B random prompts of L tokens;
 //   decode:  generate(N new tokens) − the prefill time of the same prompts, per new token.
 int run_bench_model(const ModelOptions& o, int64_t batch, int64_t len, int64_t new_tokens, const std::string& backends,
@@ -137,8 +138,8 @@ int run_bench_model(const ModelOptions& o, int64_t batch, int64_t len, int64_t n
   g.do_sample = false;
   g.eos_token_id = std::vector<int64_t>{-1};  // never stop early: every step is timed
   if (format == "table")
-    fmt::print("# {} ({}), batch {} × {} prompt tokens, {} new tokens\n{:<12} {:>14} {:>14}\n", o.model, o.dtype, batch, len,
-               new_tokens, "backend", "prefill tok/s", "decode tok/s");
+    fmt::print("# {} ({}, {}), batch {} × {} prompt tokens, {} new tokens\n{:<12} {:>14} {:>14}\n", o.model, o.dtype, o.device,
+               batch, len, new_tokens, "backend", "prefill tok/s", "decode tok/s");
   for (const auto& b : split_list(backends)) {
     m.set_experts_implementation(b);
     m.forward(prompts);  // warm-up
@@ -151,9 +152,9 @@ int run_bench_model(const ModelOptions& o, int64_t batch, int64_t len, int64_t n
     const double prefill_tps = double(batch * len) / prefill_s;
     const double decode_tps = double(batch * new_tokens) / std::max(gen_s - prefill_s, 1e-9);
     if (format == "json")
-      fmt::print("{{\"model\": \"{}\", \"dtype\": \"{}\", \"backend\": \"{}\", \"batch\": {}, \"prompt\": {}, \"new_tokens\": {}, "
-                 "\"prefill_tok_s\": {:.1f}, \"decode_tok_s\": {:.1f}}}\n",
-                 o.model, o.dtype, b, batch, len, new_tokens, prefill_tps, decode_tps);
+      fmt::print("{{\"model\": \"{}\", \"dtype\": \"{}\", \"device\": \"{}\", \"backend\": \"{}\", \"batch\": {}, \"prompt\": {}, "
+                 "\"new_tokens\": {}, \"prefill_tok_s\": {:.1f}, \"decode_tok_s\": {:.1f}}}\n",
+                 o.model, o.dtype, o.device, b, batch, len, new_tokens, prefill_tps, decode_tps);
     else
       fmt::print("{:<12} {:>14.1f} {:>14.1f}\n", b, prefill_tps, decode_tps);
   }
@@ -172,6 +173,7 @@ void add_bench_model(CLI::App& app, std::function<int()>& run) {
   auto* cmd = app.add_subcommand("bench-model", "Prefill and decode tokens/s of a checkpoint, per experts backend");
   cmd->add_option("--model", o->m.model, "checkpoint directory")->required();
   cmd->add_option("--dtype", o->m.dtype, "f32, bf16 or f16")->capture_default_str();
+  cmd->add_option("--device", o->m.device, "cpu or cuda")->capture_default_str();
   cmd->add_option("--batch", o->batch, "prompts")->capture_default_str()->check(CLI::Range(1, 4096));
   cmd->add_option("--prompt-len", o->len, "tokens per prompt")->capture_default_str()->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--new-tokens", o->new_tokens, "decode steps")->capture_default_str()->check(CLI::Range(1, 1 << 20));

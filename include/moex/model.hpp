@@ -7,9 +7,11 @@
 //   m.set_experts_implementation("batched_mm");                   // no reload
 //   m.set_experts_implementation({{"text_config", "eager"}});     // composite configs: per sub-config
 //
-// This version runs on the CPU, one sequence at a time, with a KV cache; the math is the f32 oracle
-// of src/model/reference_forward.cpp (bf16/f16 weights: experts in that dtype). Errors are
-// moex::Error with one clear line.
+// On the CPU the math is the f32 oracle of src/model/reference_forward.cpp (bf16/f16 weights:
+// experts in that dtype). With `device = Device::cuda()` the weights are uploaded once and every
+// step runs on the GPU (src/model/cuda_forward.cu): f32 activations, dense projections on cuBLAS,
+// attention / norms / RoPE / routers / argmax as kernels, the experts through the chosen backend,
+// decode steps replayed from CUDA graphs. Errors are moex::Error with one clear line.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -42,7 +44,7 @@ struct ExpertsImplementation {
 
 struct LoadOptions {
   DType dtype = DType::f32;         // f32, bf16 or f16: weights are converted at load
-  Device device = Device::cpu();    // CPU only in this version
+  Device device = Device::cpu();    // cpu, or cuda: weights, KV cache and activations on the GPU
   ExpertsImplementation experts_implementation;  // default grouped_mm
   std::function<void(size_t done, size_t total)> progress;  // called per tensor while loading
   // FP8 checkpoints (SPEC §6): turn the quantized experts back into `dtype` at load (other FP8
@@ -61,6 +63,9 @@ struct GenerateOptions {
   // SPEC §4 decode-stage switching: on a non-CPU device, sub-configs on grouped_mm decode with
   // batched_mm (prefill keeps grouped_mm; the map is untouched). On the CPU nothing switches.
   bool decode_stage_switching = true;
+  // CUDA: decode steps are captured in a CUDA graph per batch size and replayed, when the decode
+  // backend is capturable (SPEC §2: batched_mm, grouped_mm; not eager). Off: launched one by one.
+  bool cuda_graphs = true;
 };
 
 class Model {

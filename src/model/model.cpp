@@ -8,6 +8,7 @@
 #include <random>
 
 #include "core/check.hpp"
+#include "model/cuda_forward.hpp"
 #include "model/reference_forward.hpp"
 #include "model/weights.hpp"
 #include "moex/backend.hpp"
@@ -32,7 +33,8 @@ struct Model::Impl {
   ModelConfig cfg;
   DType dtype = DType::f32;
   Device device = Device::cpu();
-  model::ModelWeights weights;
+  model::ModelWeights weights;                 // CPU runtime (released after a CUDA upload)
+  std::shared_ptr<model::CudaModel> cuda;      // CUDA runtime: device-resident weights, cache, graphs
   std::map<std::string, std::string> impl;  // "" + every sub-config key
 
   std::vector<std::string> keys() const {
@@ -92,9 +94,16 @@ struct Model::Impl {
 Model Model::from_pretrained(const std::string& dir, const LoadOptions& opts) {
   MOEX_CHECK(opts.dtype == DType::f32 || opts.dtype == DType::bf16 || opts.dtype == DType::f16,
              "model dtype must be f32, bf16 or f16, got {}", dtype_name(opts.dtype));
-  if (!opts.device.is_cpu())
-    detail::fail(ErrorCode::unsupported, "the model runtime runs on the CPU in this version (asked for {}); use --device cpu",
+  if (opts.device.is_cuda()) {
+#ifndef MOEX_WITH_CUDA
+    detail::fail(ErrorCode::unsupported, "this moex was built without CUDA (asked for {}); use --device cpu",
                  to_string(opts.device));
+#else
+    const std::string why = cuda_unavailable_reason();
+    if (!why.empty())
+      detail::fail(ErrorCode::unsupported, "the model runtime cannot use {}: {}", to_string(opts.device), why);
+#endif
+  }
   auto impl = std::make_shared<Impl>();
   impl->cfg = load_model_config(dir);
   impl->dtype = opts.dtype;
@@ -103,6 +112,13 @@ Model Model::from_pretrained(const std::string& dir, const LoadOptions& opts) {
   impl->impl = impl->resolve(opts.experts_implementation, {});
   const Checkpoint ck = Checkpoint::open(dir);
   impl->weights = model::load_weights(ck, impl->cfg, opts.dtype, opts.progress, opts.dequantize);
+#ifdef MOEX_WITH_CUDA
+  if (opts.device.is_cuda()) {
+    // Uploaded once; the host copy is released (the CPU path is not used for this model).
+    impl->cuda = std::make_shared<model::CudaModel>(impl->weights, impl->cfg.text, opts.device);
+    impl->weights = {};
+  }
+#endif
   Model m;
   m.impl_ = std::move(impl);
   return m;
@@ -156,6 +172,13 @@ Tensor Model::forward(const std::vector<std::vector<int64_t>>& ids) const {
     MOEX_CHECK(int64_t(ids[b].size()) == L, "forward: sequence {} has {} tokens but sequence 0 has {} (forward needs equal lengths)",
                b, ids[b].size(), L);
   Tensor out = Tensor::empty(DType::f32, {B, L, V});
+#ifdef MOEX_WITH_CUDA
+  if (impl_->cuda) {
+    const auto logits = impl_->cuda->forward(ids, impl_->decoder_backend());
+    std::copy(logits.begin(), logits.end(), out.ptr<float>());
+    return out;
+  }
+#endif
   std::vector<model::KvCache> caches(static_cast<size_t>(B));
   std::vector<model::SequenceChunk> chunks;
   for (int64_t b = 0; b < B; ++b) chunks.push_back({ids[size_t(b)].data(), L, &caches[size_t(b)]});
@@ -229,6 +252,19 @@ std::vector<std::vector<int64_t>> Model::generate(const std::vector<std::vector<
   for (const auto& prompt : prompts) MOEX_CHECK(!prompt.empty(), "generate: empty prompt");
   std::vector<std::vector<int64_t>> out(prompts.begin(), prompts.end());
   if (max_new <= 0 || prompts.empty()) return out;
+#ifdef MOEX_WITH_CUDA
+  if (impl_->cuda) {
+    model::CudaGenerateOptions c;
+    c.max_new_tokens = max_new;
+    c.eos = eos;
+    c.prefill_backend = prefill_backend;
+    c.decode_backend = decode_backend;
+    c.cuda_graphs = opts.cuda_graphs;
+    if (sample && temperature != 0.0)  // greedy runs on the device; sampling reads the rows it needs
+      c.pick = [&](const float* row, int64_t vocab) { return next_token(row, vocab, true, temperature, top_k, top_p, rng); };
+    return impl_->cuda->generate(prompts, c);
+  }
+#endif
   // Prefill every prompt in one packed batch, then decode all unfinished sequences together.
   const size_t B = prompts.size();
   std::vector<model::KvCache> caches(B);

@@ -1,0 +1,899 @@
+// model/cuda_kernels.cu — see cuda_kernels.cuh. Simple, correct kernels first: f32 arithmetic
+// everywhere (RoPE angles in f64 as the CPU runtime), one block per row for the row-wise kernels.
+#include "model/cuda_kernels.cuh"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cfloat>
+
+#include "backends/cuda/cuda_common.cuh"
+
+namespace moex::model::cuda {
+
+namespace {
+
+using ::moex::cuda::check;
+using ::moex::cuda::check_launch;
+using ::moex::cuda::load_any;
+
+inline unsigned blocks_for(int64_t n, int threads) { return unsigned((n + threads - 1) / threads); }
+
+__device__ __forceinline__ void store_any(void* p, int dtype, int64_t i, float v) {
+  if (dtype == 0) static_cast<float*>(p)[i] = v;
+  else if (dtype == 1) static_cast<__half*>(p)[i] = __float2half_rn(v);
+  else static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
+}
+__device__ __forceinline__ float round_to(int dtype, float v) {
+  if (dtype == 1) return __half2float(__float2half_rn(v));
+  if (dtype == 2) return __bfloat162float(__float2bfloat16_rn(v));
+  return v;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
+__device__ float block_sum(float v) {
+  __shared__ float part[32];
+  __shared__ float total;
+  v = warp_sum(v);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();  // `part` may still be read by a previous call
+  if (lane == 0) part[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    float t = lane < int(blockDim.x >> 5) ? part[lane] : 0.0f;
+    t = warp_sum(t);
+    if (lane == 0) total = t;
+  }
+  __syncthreads();
+  return total;
+}
+
+__device__ __forceinline__ float act_f(int kind, float g) {
+  switch (kind) {
+    case int(Activation::silu): return g / (1.0f + expf(-g));
+    case int(Activation::relu): return g > 0.0f ? g : 0.0f;
+    case int(Activation::gelu): return 0.5f * g * (1.0f + erff(g * 0.70710678118654752f));
+    default: return 0.5f * g * (1.0f + tanhf(0.79788456080286536f * (g + 0.044715f * g * g * g)));
+  }
+}
+
+// ---- embeddings, norms, splits -----------------------------------------------------------------
+
+__global__ void embed_kernel(const int32_t* ids, const void* embed, int dt, int64_t H, float* x) {
+  const int64_t r = blockIdx.x;
+  const int64_t base = int64_t(ids[r]) * H;
+  for (int64_t i = threadIdx.x; i < H; i += blockDim.x) x[r * H + i] = load_any(embed, dt, base + i);
+}
+
+__global__ void rmsnorm_kernel(float* x, int64_t xp, const float* w, float eps, int64_t T, int64_t n, float* out,
+                               int64_t op, void* split, int sdt, const void* add, int adt) {
+  const int64_t r = blockIdx.x;
+  float* xr = x + r * xp;
+  if (add) {  // each thread updates the elements it reads below: no block synchronisation needed
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) xr[i] += load_any(add, adt, r * n + i);
+  }
+  float ss = 0.0f;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
+  ss = block_sum(ss);
+  const float inv = rsqrtf(ss / float(n) + eps);
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const float v = w[i] * (xr[i] * inv);
+    if (out) out[r * op + i] = v;
+    if (split) {
+      const float hi = round_to(sdt, v);
+      store_any(split, sdt, r * n + i, hi);
+      store_any(split, sdt, (T + r) * n + i, v - hi);
+    }
+  }
+}
+
+__global__ void split_kernel(const float* x, int64_t xp, int64_t T, int64_t n, void* split, int sdt) {
+  const int64_t r = blockIdx.y;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float v = x[r * xp + i];
+    const float hi = round_to(sdt, v);
+    store_any(split, sdt, r * n + i, hi);
+    store_any(split, sdt, (T + r) * n + i, v - hi);
+  }
+}
+
+__global__ void finish_linear_kernel(const float* g, bool two, const float* bias, const float* row_gate, int64_t T,
+                                     int64_t n, float* y, int64_t yp, bool acc) {
+  const int64_t r = blockIdx.y;
+  const float gate = row_gate ? 1.0f / (1.0f + expf(-row_gate[r])) : 1.0f;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    float v = g[r * n + i];
+    if (two) v += g[(T + r) * n + i];
+    if (bias) v += bias[i];
+    v *= gate;
+    if (acc) y[r * yp + i] += v;
+    else y[r * yp + i] = v;
+  }
+}
+
+// One warp per output row; lane l reads 8 weights at columns 8l, 8l + 256, ... and the matching
+// x values of each of the TM rows (x stays in L1/L2: every warp of the grid reads the same rows).
+template <int TM, class W>
+__global__ void __launch_bounds__(256) gemv_kernel(const W* w, int64_t out, int64_t in, const float* x, int64_t xp,
+                                                    const float* bias, const float* row_gate, float* y, int64_t yp, bool acc) {
+  const int64_t row = blockIdx.x * int64_t(blockDim.x >> 5) + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (row >= out) return;
+  float sum[TM];
+#pragma unroll
+  for (int t = 0; t < TM; ++t) sum[t] = 0.0f;
+  const W* wr = w + row * in;
+  for (int64_t c = int64_t(lane) * 8; c < in; c += 256) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(wr + c);
+    const W* wv = reinterpret_cast<const W*>(&raw);
+    float wf[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) wf[k] = ::moex::cuda::to_f32(wv[k]);
+#pragma unroll
+    for (int t = 0; t < TM; ++t) {
+      const float4 a = *reinterpret_cast<const float4*>(x + t * xp + c);
+      const float4 b = *reinterpret_cast<const float4*>(x + t * xp + c + 4);
+      sum[t] = fmaf(wf[0], a.x, sum[t]);
+      sum[t] = fmaf(wf[1], a.y, sum[t]);
+      sum[t] = fmaf(wf[2], a.z, sum[t]);
+      sum[t] = fmaf(wf[3], a.w, sum[t]);
+      sum[t] = fmaf(wf[4], b.x, sum[t]);
+      sum[t] = fmaf(wf[5], b.y, sum[t]);
+      sum[t] = fmaf(wf[6], b.z, sum[t]);
+      sum[t] = fmaf(wf[7], b.w, sum[t]);
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < TM; ++t) sum[t] = warp_sum(sum[t]);
+  if (lane == 0) {
+    const float bv = bias ? bias[row] : 0.0f;
+#pragma unroll
+    for (int t = 0; t < TM; ++t) {
+      float v = sum[t] + bv;
+      if (row_gate) v *= 1.0f / (1.0f + expf(-row_gate[t]));
+      if (acc) y[t * yp + row] += v;
+      else y[t * yp + row] = v;
+    }
+  }
+}
+
+template <class W>
+void launch_gemv_t(const W* w, int64_t out, int64_t in, const float* x, int64_t xp, int64_t T, const float* bias,
+                   const float* gate, float* y, int64_t yp, bool acc, cudaStream_t s) {
+  const unsigned grid = unsigned((out + 7) / 8);
+  switch (T) {
+#define MOEX_GEMV_CASE(n) \
+  case n: gemv_kernel<n, W><<<grid, 256, 0, s>>>(w, out, in, x, xp, bias, gate, y, yp, acc); break;
+    MOEX_GEMV_CASE(1)
+    MOEX_GEMV_CASE(2)
+    MOEX_GEMV_CASE(3)
+    MOEX_GEMV_CASE(4)
+    MOEX_GEMV_CASE(5)
+    MOEX_GEMV_CASE(6)
+    MOEX_GEMV_CASE(7)
+    MOEX_GEMV_CASE(8)
+#undef MOEX_GEMV_CASE
+    default: ::moex::detail::fail(ErrorCode::internal, "gemv: {} rows exceed {}", T, kGemvMaxRows);
+  }
+  check_launch("gemv_kernel");
+}
+
+__global__ void to_dtype_kernel(const float* x, int64_t n, void* out, int dt) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    store_any(out, dt, i, x[i]);
+}
+__global__ void add_from_kernel(const void* in, int dt, int64_t n, float* x) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    x[i] += load_any(in, dt, i);
+}
+
+__global__ void gated_act_kernel(const float* gu, int64_t T, int64_t I, int act, float* h) {
+  const int64_t r = blockIdx.y;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < I; i += int64_t(gridDim.x) * blockDim.x)
+    h[r * I + i] = act_f(act, gu[r * 2 * I + i]) * gu[r * 2 * I + I + i];
+}
+
+// ---- RoPE ----------------------------------------------------------------------------------------
+
+// In shared memory: src[0..dim) → dst[0..dim) rotated (reads src, writes dst; dst != src).
+__device__ void rope_to(const float* src, float* dst, const RopeParams& rp, int64_t pos) {
+  const int h = rp.dim / 2;
+  for (int i = threadIdx.x; i < h; i += blockDim.x) {
+    const double ang = double(pos) * rp.inv_freq[i];
+    double sn, cs;
+    sincos(ang, &sn, &cs);
+    const double c = cs * rp.factor, s = sn * rp.factor;
+    const double x1 = rp.interleave ? src[2 * i] : src[i];
+    const double x2 = rp.interleave ? src[2 * i + 1] : src[i + h];
+    dst[i] = float(x1 * c - x2 * s);
+    dst[i + h] = float(x2 * c + x1 * s);
+  }
+}
+
+// One block per (row, head slot): slots [0, nh) are q heads, [nh, nh + nkv) k heads, then v heads.
+__global__ void qkv_post_kernel(QkvPostParams p) {
+  extern __shared__ float sm[];  // [2 * hd]: the head before and after RoPE
+  const int64_t r = blockIdx.x;
+  const int hs = blockIdx.y;
+  const int width = (p.nh + 2 * p.nkv) * p.hd;
+  const float* row = p.qkv + r * width;
+  const int kind = hs < p.nh ? 0 : hs < p.nh + p.nkv ? 1 : 2;
+  const int head = kind == 0 ? hs : kind == 1 ? hs - p.nh : hs - p.nh - p.nkv;
+  const int off = kind == 0 ? head * p.hd : kind == 1 ? p.nh * p.hd + head * p.hd : (p.nh + p.nkv) * p.hd + head * p.hd;
+  float* a = sm;
+  float* b = sm + p.hd;
+  for (int i = threadIdx.x; i < p.hd; i += blockDim.x) a[i] = row[off + i];
+  __syncthreads();
+  if (kind < 2 && p.norm_mode != 0) {
+    const float* w = kind == 0 ? p.q_norm : p.k_norm;
+    float ss = 0.0f;
+    int n, base, woff;
+    if (p.norm_mode == 1) {  // per head: [hd] weights
+      n = p.hd;
+      base = off;
+      woff = 0;
+    } else {  // over the whole q (or k) projection
+      n = (kind == 0 ? p.nh : p.nkv) * p.hd;
+      base = kind == 0 ? 0 : p.nh * p.hd;
+      woff = head * p.hd;
+    }
+    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += row[base + i] * row[base + i];
+    ss = block_sum(ss);
+    const float inv = rsqrtf(ss / float(n) + p.eps);
+    for (int i = threadIdx.x; i < p.hd; i += blockDim.x) a[i] = w[woff + i] * (a[i] * inv);
+    __syncthreads();
+  }
+  if (p.clip > 0.0f)
+    for (int i = threadIdx.x; i < p.hd; i += blockDim.x) a[i] = fminf(fmaxf(a[i], -p.clip), p.clip);
+  __syncthreads();
+  const int64_t pos = p.pos[r];
+  const float* res = a;
+  if (kind < 2) {
+    rope_to(a, b, p.rope, pos);
+    // dims beyond the rotary dim (none when dim == hd) pass through
+    for (int i = p.rope.dim + threadIdx.x; i < p.hd; i += blockDim.x) b[i] = a[i];
+    res = b;
+  }
+  __syncthreads();
+  float* dst;
+  if (kind == 0) dst = p.q_out + (r * p.nh + head) * p.hd;
+  else {
+    const int64_t cache_row = (int64_t(p.slot[r]) * p.max_len + pos) * p.nkv + head;
+    dst = (kind == 1 ? p.k_cache : p.v_cache) + cache_row * p.hd;
+  }
+  for (int i = threadIdx.x; i < p.hd; i += blockDim.x) dst[i] = res[i];
+}
+
+// One block per (row, head).
+__global__ void mla_post_kernel(MlaPostParams p) {
+  extern __shared__ float sm[];  // [2 * rd]
+  const int64_t r = blockIdx.x;
+  const int h = blockIdx.y;
+  const int qk = p.nope + p.rd;
+  const int64_t pos = p.pos[r];
+  float* a = sm;
+  float* b = sm + p.rd;
+  // q: RoPE on its last rd values
+  float* qh = p.q + (r * p.nh + h) * qk;
+  for (int i = threadIdx.x; i < p.rd; i += blockDim.x) a[i] = qh[p.nope + i];
+  __syncthreads();
+  rope_to(a, b, p.rope, pos);
+  __syncthreads();
+  for (int i = threadIdx.x; i < p.rd; i += blockDim.x) qh[p.nope + i] = b[i];
+  __syncthreads();
+  // k_rot (shared by the heads), rotated
+  for (int i = threadIdx.x; i < p.rd; i += blockDim.x) a[i] = p.ckv[r * p.ckv_pitch + p.kv_lora + i];
+  __syncthreads();
+  rope_to(a, b, p.rope, pos);
+  __syncthreads();
+  const int64_t cache_row = (int64_t(p.slot[r]) * p.max_len + pos) * p.nh + h;
+  float* kd = p.k_cache + cache_row * qk;
+  float* vd = p.v_cache + cache_row * p.vd;
+  const float* src = p.kvb + (r * p.nh + h) * (p.nope + p.vd);
+  for (int i = threadIdx.x; i < p.nope; i += blockDim.x) kd[i] = src[i];
+  for (int i = threadIdx.x; i < p.rd; i += blockDim.x) kd[p.nope + i] = b[i];
+  for (int i = threadIdx.x; i < p.vd; i += blockDim.x) vd[i] = src[p.nope + i];
+}
+
+// ---- attention -----------------------------------------------------------------------------------
+
+// Block (tile, head), kAttnRows warps: warp w owns query row tile.row0 + w. Keys are staged in
+// shared memory 32 at a time (shared by the tile's rows, which belong to one sequence):
+// lane j scores key j (full dot product), the warp keeps an online softmax, and lane d
+// accumulates output dims d, d + 32, ... over the 32 staged values.
+__global__ void __launch_bounds__(kAttnRows * 32) attention_kernel(AttentionParams p) {
+  extern __shared__ float sm[];
+  const int dq = p.dq, dv = p.dv, kp = dq + 1;  // padded K rows: conflict-free column reads
+  float* ks = sm;                   // [32, dq + 1]
+  float* vs = ks + 32 * kp;         // [32, dv]
+  float* qs = vs + 32 * dv;         // [kAttnRows, dq], then [kAttnRows, 32] probabilities
+  const AttnTile tile = p.tiles[blockIdx.x];
+  const int group = p.nh / p.nkv;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  // warp → (row, head): rows of the tile (one head per block), or heads of one kv head (one row)
+  int h, kh;
+  bool active;
+  int64_t row;
+  if (p.heads_per_block) {
+    kh = blockIdx.y;
+    active = warp < group;
+    h = kh * group + (active ? warp : 0);
+    row = tile.row0;
+  } else {
+    h = blockIdx.y;
+    kh = h / group;
+    active = warp < tile.nrows;
+    row = tile.row0 + (active ? warp : 0);
+  }
+  const int64_t pos = p.pos[row];
+  const int64_t slot = p.slot[tile.row0];
+  const int64_t j0 = p.window > 0 ? max(int64_t(0), pos - p.window + 1) : 0;
+  // the block's key range: the union of its rows' ranges
+  const int64_t last = p.pos[tile.row0 + tile.nrows - 1];
+  const int64_t first = p.window > 0 ? max(int64_t(0), int64_t(p.pos[tile.row0]) - p.window + 1) : 0;
+  for (int i = lane; i < dq; i += 32) qs[warp * dq + i] = active ? p.q[(row * p.nh + h) * dq + i] : 0.0f;
+  constexpr int kMaxPer = kAttnMaxDim / 32;
+  float acc[kMaxPer];
+#pragma unroll
+  for (int i = 0; i < kMaxPer; ++i) acc[i] = 0.0f;
+  float m = -INFINITY, l = 0.0f;
+  const float* kbase = p.k_cache + (slot * p.max_len * p.nkv + kh) * int64_t(dq);
+  const float* vbase = p.v_cache + (slot * p.max_len * p.nkv + kh) * int64_t(dv);
+  const int64_t kstride = int64_t(p.nkv) * dq, vstride = int64_t(p.nkv) * dv;
+  for (int64_t t0 = first; t0 <= last; t0 += 32) {
+    __syncthreads();
+    const int n = int(min(int64_t(32), last + 1 - t0));
+    for (int e = threadIdx.x; e < 32 * dq; e += blockDim.x) {
+      const int j = e / dq, d = e % dq;
+      ks[j * kp + d] = j < n ? kbase[(t0 + j) * kstride + d] : 0.0f;
+    }
+    for (int e = threadIdx.x; e < 32 * dv; e += blockDim.x) {
+      const int j = e / dv, d = e % dv;
+      vs[j * dv + d] = j < n ? vbase[(t0 + j) * vstride + d] : 0.0f;
+    }
+    __syncthreads();
+    if (!active) continue;
+    const int64_t key = t0 + lane;
+    float s = -INFINITY;
+    if (lane < n && key >= j0 && key <= pos) {
+      const float* qv = qs + warp * dq;
+      const float* kv = ks + lane * kp;
+      float d4[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // four independent chains (instruction-level parallelism)
+      int d = 0;
+      for (; d + 4 <= dq; d += 4) {
+#pragma unroll
+        for (int u = 0; u < 4; ++u) d4[u] = fmaf(qv[d + u], kv[d + u], d4[u]);
+      }
+      for (; d < dq; ++d) d4[0] = fmaf(qv[d], kv[d], d4[0]);
+      s = ((d4[0] + d4[1]) + (d4[2] + d4[3])) * p.scaling;
+    }
+    const float tmax = warp_max(s);
+    if (tmax == -INFINITY) continue;  // every key of this tile is masked for this row
+    const float mn = fmaxf(m, tmax);
+    const float corr = expf(m - mn);  // m = -inf → 0
+    const float pj = s == -INFINITY ? 0.0f : expf(s - mn);
+    l = l * corr + warp_sum(pj);
+    m = mn;
+#pragma unroll
+    for (int i = 0; i < kMaxPer; ++i) acc[i] *= corr;
+    // the 32 probabilities through shared memory: independent broadcast loads instead of a chain of shuffles
+    float* ps = qs + kAttnRows * dq + warp * 32;
+    ps[lane] = pj;
+    __syncwarp();
+    for (int j = 0; j < n; ++j) {
+      const float pv = ps[j];
+#pragma unroll
+      for (int i = 0; i < kMaxPer; ++i) {
+        const int d = lane + 32 * i;
+        if (d < dv) acc[i] = fmaf(pv, vs[j * dv + d], acc[i]);
+      }
+    }
+    __syncwarp();  // ps is rewritten by the next tile
+  }
+  if (!active) return;
+  if (p.sinks) {
+    const float sink = p.sinks[h];
+    const float mf = fmaxf(m, sink);
+    const float corr = expf(m - mf);
+    l = l * corr + expf(sink - mf);
+#pragma unroll
+    for (int i = 0; i < kMaxPer; ++i) acc[i] *= corr;
+  }
+  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+  float* o = p.out + (row * p.nh + h) * int64_t(dv);
+#pragma unroll
+  for (int i = 0; i < kMaxPer; ++i) {
+    const int d = lane + 32 * i;
+    if (d < dv) o[d] = acc[i] * inv;
+  }
+}
+
+// One block per (head g, query i) row of S.
+__global__ void softmax_rows_kernel(const float* S, int64_t n, float scaling, int window, const float* sinks, int head0,
+                                    void* P, int pdt) {
+  const int64_t row = blockIdx.x;  // g * n + i
+  const int g = int(row / n);
+  const int64_t i = row % n;
+  const int64_t j0 = window > 0 ? max(int64_t(0), i - window + 1) : 0;
+  const float* s = S + row * n;
+  float m = -INFINITY;
+  for (int64_t j = j0 + threadIdx.x; j <= i; j += blockDim.x) m = fmaxf(m, s[j] * scaling);
+  // block max through the sum helper's shared memory: reduce -m as a max via warp shuffles
+  __shared__ float part[32];
+  __shared__ float bmax;
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = m;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    float v = threadIdx.x < (blockDim.x >> 5) ? part[threadIdx.x] : -INFINITY;
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    if (threadIdx.x == 0) bmax = v;
+  }
+  __syncthreads();
+  m = bmax;
+  const float sink = sinks ? sinks[head0 + g] : -INFINITY;
+  if (sinks) m = fmaxf(m, sink);
+  float l = 0.0f;
+  for (int64_t j = j0 + threadIdx.x; j <= i; j += blockDim.x) l += expf(s[j] * scaling - m);
+  l = block_sum(l);
+  if (sinks) l += expf(sink - m);
+  const float inv = 1.0f / l;
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+    const float v = (j >= j0 && j <= i) ? expf(s[j] * scaling - m) * inv : 0.0f;
+    store_any(P, pdt, row * n + j, v);
+  }
+}
+
+// ---- routers -------------------------------------------------------------------------------------
+
+// Order-preserving float → uint32 (NaN lowest, -0 == +0), then the "descending value, lower
+// index first" key of routers.cpp.
+__device__ __forceinline__ uint32_t ordered_bits(float v) {
+  if (isnan(v)) return 0u;
+  if (v == 0.0f) v = 0.0f;
+  const uint32_t b = __float_as_uint(v);
+  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+__device__ __forceinline__ uint64_t sel_key(float v, int i) {
+  return (uint64_t(ordered_bits(v)) << 32) | uint64_t(0xFFFFFFFFu - uint32_t(i));
+}
+
+// Top-k of v[0..n) into out[0..k), best first (selection by repeated maximum of the keys).
+__device__ void top_k_dev(const float* v, int n, int k, int32_t* out) {
+  for (int j = 0; j < k; ++j) {
+    uint64_t best = 0;
+    int bi = -1;
+    for (int i = 0; i < n; ++i) {
+      bool taken = false;
+      for (int q = 0; q < j; ++q) taken = taken || out[q] == i;
+      if (taken) continue;
+      const uint64_t key = sel_key(v[i], i);
+      if (bi < 0 || key > best) {
+        best = key;
+        bi = i;
+      }
+    }
+    out[j] = bi;
+  }
+}
+
+// In-place softmax over x[0..n), NaN entries left out (written as nan_out); +inf maxima share the mass.
+__device__ void softmax_dev(float* x, int n, float nan_out) {
+  float m = -INFINITY;
+  bool any = false;
+  for (int i = 0; i < n; ++i) {
+    if (isnan(x[i])) continue;
+    if (!any || x[i] > m) m = x[i];
+    any = true;
+  }
+  if (isinf(m)) {
+    int cnt = 0;
+    for (int i = 0; i < n; ++i) cnt += (!isnan(x[i]) && x[i] == m) ? 1 : 0;
+    const float share = 1.0f / float(cnt);
+    for (int i = 0; i < n; ++i) x[i] = isnan(x[i]) ? nan_out : (x[i] == m ? share : 0.0f);
+    return;
+  }
+  float z = 0.0f;
+  for (int i = 0; i < n; ++i) {
+    if (isnan(x[i])) continue;
+    x[i] = expf(x[i] - m);
+    z += x[i];
+  }
+  for (int i = 0; i < n; ++i) x[i] = isnan(x[i]) ? nan_out : x[i] / z;
+}
+
+// One thread per token; the scores live in per-thread local memory.
+__global__ void router_kernel(RouterParams p) {
+  const int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (t >= p.T) return;
+  const float* l = p.logits + t * p.E;
+  int32_t* idx = p.idx + t * p.K;
+  float* w = p.w + t * p.K;
+  const int E = p.E, K = p.K;
+  float sc[kRouterMaxExperts];
+  float c[kRouterMaxExperts];
+  int32_t sel[kRouterMaxK];
+  bool any_number = false;
+  for (int e = 0; e < E && !any_number; ++e) any_number = !isnan(l[e]);
+  if (!any_number) {
+    for (int j = 0; j < K; ++j) {
+      idx[j] = j;
+      w[j] = NAN;
+    }
+    return;
+  }
+  if (p.kind == 0) {  // softmax families
+    for (int e = 0; e < E; ++e) sc[e] = l[e];
+    softmax_dev(sc, E, NAN);
+    top_k_dev(sc, E, K, sel);
+    float sum = 0.0f;
+    for (int j = 0; j < K; ++j) {
+      const float v = sc[sel[j]];
+      w[j] = isnan(v) ? 0.0f : v;
+      sum += w[j];
+    }
+    if (p.renorm)
+      for (int j = 0; j < K; ++j) w[j] /= sum;
+  } else if (p.kind == 1) {  // deepseek_v3
+    const int G = p.n_group, gs = E / G;
+    for (int e = 0; e < E; ++e) {
+      sc[e] = 1.0f / (1.0f + expf(-l[e]));
+      c[e] = p.correction_bias ? sc[e] + p.correction_bias[e] : sc[e];
+    }
+    // group scores (sum of the top 2 of c per group) as keys, then the best topk_group groups
+    uint64_t gkeys[kRouterMaxExperts];
+    for (int g = 0; g < G; ++g) {
+      const float* cg = c + g * gs;
+      int a = 0;
+      for (int i = 1; i < gs; ++i)
+        if (ordered_bits(cg[i]) > ordered_bits(cg[a])) a = i;
+      float gscore = cg[a];
+      if (gs >= 2) {
+        int b = -1;
+        for (int i = 0; i < gs; ++i) {
+          if (i == a) continue;
+          if (b < 0 || ordered_bits(cg[i]) > ordered_bits(cg[b])) b = i;
+        }
+        gscore = cg[a] + cg[b];
+      }
+      gkeys[g] = sel_key(gscore, g);
+    }
+    // keep[g] via repeated maximum: mark kept groups by clearing their key to 0 after taking them
+    bool keep[kRouterMaxExperts];
+    for (int g = 0; g < G; ++g) keep[g] = false;
+    for (int j = 0; j < p.topk_group; ++j) {
+      int bi = -1;
+      for (int g = 0; g < G; ++g)
+        if (!keep[g] && (bi < 0 || gkeys[g] > gkeys[bi])) bi = g;
+      keep[bi] = true;
+    }
+    for (int e = 0; e < E; ++e)
+      if (!keep[e / gs] && !isnan(c[e])) c[e] = 0.0f;
+    top_k_dev(c, E, K, sel);
+    float sum = 0.0f;
+    for (int j = 0; j < K; ++j) {
+      const float v = sc[sel[j]];
+      w[j] = isnan(v) ? 0.0f : v;
+      sum += w[j];
+    }
+    if (p.renorm) {
+      const float den = sum + 1e-20f;
+      for (int j = 0; j < K; ++j) w[j] /= den;
+    }
+    for (int j = 0; j < K; ++j) w[j] *= p.scaling;
+  } else {  // gpt_oss: top-K of the logits, softmax over those K
+    top_k_dev(l, E, K, sel);
+    float tw[kRouterMaxK];
+    for (int j = 0; j < K; ++j) tw[j] = l[sel[j]];
+    softmax_dev(tw, K, 0.0f);
+    for (int j = 0; j < K; ++j) w[j] = tw[j];
+  }
+  for (int j = 0; j < K; ++j) idx[j] = sel[j];
+}
+
+// The softmax families and GPT-OSS with a warp per token (the per-thread kernel above serves
+// DeepSeek-V3's group-limited selection): lane l holds experts l, l + 32, ...; top-K by K rounds of
+// a warp-wide maximum of the 64-bit selection keys (the key's high half gives the value back).
+constexpr int kRouterPerLane = kRouterMaxExperts / 32;
+
+__device__ __forceinline__ float from_ordered_bits(uint32_t k) {
+  return __uint_as_float((k & 0x80000000u) ? (k & 0x7FFFFFFFu) : ~k);
+}
+__device__ __forceinline__ uint64_t warp_max_u64(uint64_t v) {
+  for (int o = 16; o > 0; o >>= 1) {
+    const uint64_t other = __shfl_xor_sync(0xffffffffu, v, o);
+    v = other > v ? other : v;
+  }
+  return v;
+}
+
+__global__ void router_warp_kernel(RouterParams p) {
+  const int lane = threadIdx.x & 31;
+  const int64_t t = blockIdx.x * int64_t(blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (t >= p.T) return;
+  const float* l = p.logits + t * p.E;
+  int32_t* idx = p.idx + t * p.K;
+  float* w = p.w + t * p.K;
+  const int E = p.E, K = p.K;
+  float v[kRouterPerLane];
+  bool any = false;
+#pragma unroll
+  for (int i = 0; i < kRouterPerLane; ++i) {
+    const int e = lane + 32 * i;
+    v[i] = e < E ? l[e] : NAN;
+    any = any || (e < E && !isnan(v[i]));
+  }
+  if (!__any_sync(0xffffffffu, any)) {  // no distribution at all: experts 0..K-1, NaN weights
+    for (int j = lane; j < K; j += 32) {
+      idx[j] = j;
+      w[j] = NAN;
+    }
+    return;
+  }
+  if (p.kind == 0) {  // p = softmax(l) over E (NaN logits left out and ranked last)
+    float m = -INFINITY;
+    bool has = false;
+#pragma unroll
+    for (int i = 0; i < kRouterPerLane; ++i)
+      if (lane + 32 * i < E && !isnan(v[i])) {
+        m = has ? fmaxf(m, v[i]) : v[i];
+        has = true;
+      }
+    m = warp_max(has ? m : -INFINITY);
+    if (isinf(m)) {  // infinite maximum: the entries equal to it share the mass
+      float cnt = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kRouterPerLane; ++i) cnt += (lane + 32 * i < E && !isnan(v[i]) && v[i] == m) ? 1.0f : 0.0f;
+      cnt = warp_sum(cnt);
+#pragma unroll
+      for (int i = 0; i < kRouterPerLane; ++i)
+        if (!isnan(v[i])) v[i] = v[i] == m ? 1.0f / cnt : 0.0f;
+    } else {
+      float z = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kRouterPerLane; ++i)
+        if (lane + 32 * i < E && !isnan(v[i])) {
+          v[i] = expf(v[i] - m);
+          z += v[i];
+        }
+      z = warp_sum(z);
+#pragma unroll
+      for (int i = 0; i < kRouterPerLane; ++i)
+        if (!isnan(v[i])) v[i] = v[i] / z;
+    }
+  }
+  // top-K of v (probabilities, or GPT-OSS's raw logits), best first, ties → lower expert
+  uint32_t taken = 0;
+  int32_t sel[kRouterMaxK];
+  float val[kRouterMaxK];
+  for (int j = 0; j < K; ++j) {
+    uint64_t best = 0;
+    bool have = false;
+#pragma unroll
+    for (int i = 0; i < kRouterPerLane; ++i) {
+      const int e = lane + 32 * i;
+      if (e >= E || (taken >> i) & 1u) continue;
+      const uint64_t key = sel_key(v[i], e);
+      if (!have || key > best) best = key;
+      have = true;
+    }
+    best = warp_max_u64(have ? best : 0);
+    const int32_t e = int32_t(0xFFFFFFFFu - uint32_t(best & 0xFFFFFFFFu));
+    if ((e & 31) == lane) taken |= 1u << (e >> 5);
+    sel[j] = e;
+    val[j] = from_ordered_bits(uint32_t(best >> 32));
+  }
+  if (lane != 0) return;
+  if (p.kind == 0) {
+    float sum = 0.0f;
+    for (int j = 0; j < K; ++j) {
+      w[j] = isnan(val[j]) ? 0.0f : val[j];  // a NaN logit weighs 0
+      sum += w[j];
+    }
+    if (p.renorm)
+      for (int j = 0; j < K; ++j) w[j] /= sum;
+  } else {  // gpt_oss: softmax over the K selected logits
+    softmax_dev(val, K, 0.0f);
+    for (int j = 0; j < K; ++j) w[j] = val[j];
+  }
+  for (int j = 0; j < K; ++j) idx[j] = sel[j];
+}
+
+// ---- misc ----------------------------------------------------------------------------------------
+
+__global__ void gather_rows_kernel(const float* in, const int32_t* rows, int64_t H, float* out) {
+  const int64_t i = blockIdx.x;
+  const float* src = in + int64_t(rows[i]) * H;
+  for (int64_t d = threadIdx.x; d < H; d += blockDim.x) out[i * H + d] = src[d];
+}
+
+__global__ void argmax_kernel(const float* logits, int64_t V, int32_t* next) {
+  const int64_t r = blockIdx.x;
+  const float* row = logits + r * V;
+  float best = -INFINITY;
+  int64_t bi = -1;
+  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
+    const float v = row[i];
+    if (bi < 0 || v > best) {  // within a thread indices grow: the first maximum stays
+      best = v;
+      bi = i;
+    }
+  }
+  __shared__ float sv[1024];
+  __shared__ int64_t si[1024];
+  sv[threadIdx.x] = best;
+  si[threadIdx.x] = bi;
+  __syncthreads();
+  for (int o = blockDim.x / 2; o > 0; o >>= 1) {
+    if (int(threadIdx.x) < o) {
+      const float v2 = sv[threadIdx.x + o];
+      const int64_t i2 = si[threadIdx.x + o];
+      const bool take = i2 >= 0 && (si[threadIdx.x] < 0 || v2 > sv[threadIdx.x] ||
+                                    (v2 == sv[threadIdx.x] && i2 < si[threadIdx.x]));
+      if (take) {
+        sv[threadIdx.x] = v2;
+        si[threadIdx.x] = i2;
+      }
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) next[r] = int32_t(si[0] < 0 ? 0 : si[0]);
+}
+
+__device__ __forceinline__ uint64_t mix64(uint64_t z) {
+  z += 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+__global__ void fill_random_kernel(void* p, int dt, int64_t n, uint64_t seed, float scale, float value) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    float v = value;
+    if (scale != 0.0f) {
+      const uint64_t h = mix64(seed * 0x100000001B3ull + uint64_t(i));
+      v = (float(h >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f) * scale;
+    }
+    store_any(p, dt, i, v);
+  }
+}
+
+unsigned grid_1d(int64_t n) { return unsigned(std::min<int64_t>(blocks_for(n, 256), 65535 * 16)); }
+unsigned grid_x(int64_t n) { return unsigned(std::min<int64_t>(blocks_for(n, 256), 1024)); }
+
+}  // namespace
+
+void launch_embed(const int32_t* ids, const void* embed, int dt, int64_t T, int64_t H, float* x, cudaStream_t s) {
+  if (T == 0) return;
+  embed_kernel<<<unsigned(T), 256, 0, s>>>(ids, embed, dt, H, x);
+  check_launch("embed_kernel");
+}
+
+void launch_rmsnorm(float* x, int64_t xp, const float* w, float eps, int64_t T, int64_t n, float* out, int64_t op,
+                    void* split, int sdt, cudaStream_t s, const void* add, int adt) {
+  if (T == 0) return;
+  rmsnorm_kernel<<<unsigned(T), 256, 0, s>>>(x, xp, w, eps, T, n, out, op, split, sdt, add, adt);
+  check_launch("rmsnorm_kernel");
+}
+
+void launch_split(const float* x, int64_t xp, int64_t T, int64_t n, void* split, int sdt, cudaStream_t s) {
+  if (T == 0) return;
+  split_kernel<<<dim3(grid_x(n), unsigned(T)), 256, 0, s>>>(x, xp, T, n, split, sdt);
+  check_launch("split_kernel");
+}
+
+void launch_finish_linear(const float* g, bool two, const float* bias, const float* row_gate, int64_t T, int64_t n,
+                          float* y, int64_t yp, bool acc, cudaStream_t s) {
+  if (T == 0) return;
+  finish_linear_kernel<<<dim3(grid_x(n), unsigned(T)), 256, 0, s>>>(g, two, bias, row_gate, T, n, y, yp, acc);
+  check_launch("finish_linear_kernel");
+}
+
+bool gemv_ok(const void* w, int64_t in, const float* x, int64_t xp, int64_t T) {
+  return T >= 1 && T <= kGemvMaxRows && in % 8 == 0 && xp % 4 == 0 && ::moex::cuda::aligned16(w) &&
+         ::moex::cuda::aligned16(x);
+}
+
+void launch_gemv(const void* w, int wdt, int64_t out, int64_t in, const float* x, int64_t xp, int64_t T, const float* bias,
+                 const float* gate, float* y, int64_t yp, bool acc, cudaStream_t s) {
+  if (T == 0 || out == 0) return;
+  if (wdt == 1)
+    launch_gemv_t(static_cast<const __half*>(w), out, in, x, xp, T, bias, gate, y, yp, acc, s);
+  else
+    launch_gemv_t(static_cast<const __nv_bfloat16*>(w), out, in, x, xp, T, bias, gate, y, yp, acc, s);
+}
+
+void launch_to_dtype(const float* x, int64_t T, int64_t n, void* out, int dt, cudaStream_t s) {
+  if (T * n == 0) return;
+  to_dtype_kernel<<<grid_1d(T * n), 256, 0, s>>>(x, T * n, out, dt);
+  check_launch("to_dtype_kernel");
+}
+
+void launch_add_from(const void* in, int dt, int64_t T, int64_t n, float* x, cudaStream_t s) {
+  if (T * n == 0) return;
+  add_from_kernel<<<grid_1d(T * n), 256, 0, s>>>(in, dt, T * n, x);
+  check_launch("add_from_kernel");
+}
+
+void launch_gated_act(const float* gu, int64_t T, int64_t I, int act, float* h, cudaStream_t s) {
+  if (T == 0) return;
+  gated_act_kernel<<<dim3(grid_x(I), unsigned(T)), 256, 0, s>>>(gu, T, I, act, h);
+  check_launch("gated_act_kernel");
+}
+
+void launch_qkv_post(const QkvPostParams& p, cudaStream_t s) {
+  if (p.T == 0) return;
+  qkv_post_kernel<<<dim3(unsigned(p.T), unsigned(p.nh + 2 * p.nkv)), 128, size_t(2 * p.hd) * sizeof(float), s>>>(p);
+  check_launch("qkv_post_kernel");
+}
+
+void launch_mla_post(const MlaPostParams& p, cudaStream_t s) {
+  if (p.T == 0) return;
+  mla_post_kernel<<<dim3(unsigned(p.T), unsigned(p.nh)), 128, size_t(2 * p.rd) * sizeof(float), s>>>(p);
+  check_launch("mla_post_kernel");
+}
+
+void launch_attention(const AttentionParams& p, cudaStream_t s) {
+  if (p.num_tiles == 0) return;
+  const size_t smem =
+      (size_t(32) * (p.dq + 1) + size_t(32) * p.dv + size_t(kAttnRows) * p.dq + size_t(kAttnRows) * 32) * sizeof(float);
+  static bool configured = false;  // once per process: the kernel's dynamic shared memory limit
+  if (!configured) {
+    check(cudaFuncSetAttribute(attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               int((size_t(32) * (kAttnMaxDim + 1) + size_t(32) * kAttnMaxDim +
+                                    size_t(kAttnRows) * kAttnMaxDim + size_t(kAttnRows) * 32) *
+                                   sizeof(float))),
+          "cudaFuncSetAttribute(attention_kernel)");
+    configured = true;
+  }
+  MOEX_ASSERT(!p.heads_per_block || p.nh / p.nkv <= kAttnRows);
+  attention_kernel<<<dim3(unsigned(p.num_tiles), unsigned(p.heads_per_block ? p.nkv : p.nh)), kAttnRows * 32, smem, s>>>(p);
+  check_launch("attention_kernel");
+}
+
+void launch_softmax_rows(const float* S, int64_t group, int64_t n, float scaling, int window, const float* sinks,
+                         int head0, void* P, int pdt, cudaStream_t s) {
+  if (group * n == 0) return;
+  softmax_rows_kernel<<<unsigned(group * n), 256, 0, s>>>(S, n, scaling, window, sinks, head0, P, pdt);
+  check_launch("softmax_rows_kernel");
+}
+
+void launch_router(const RouterParams& p, cudaStream_t s) {
+  if (p.T == 0) return;
+  if (p.kind == 1) {
+    router_kernel<<<blocks_for(p.T, 64), 64, 0, s>>>(p);
+    check_launch("router_kernel");
+  } else {
+    router_warp_kernel<<<blocks_for(p.T, 4), 128, 0, s>>>(p);
+    check_launch("router_warp_kernel");
+  }
+}
+
+void launch_gather_rows(const float* in, const int32_t* rows, int64_t n, int64_t H, float* out, cudaStream_t s) {
+  if (n == 0) return;
+  gather_rows_kernel<<<unsigned(n), 256, 0, s>>>(in, rows, H, out);
+  check_launch("gather_rows_kernel");
+}
+
+void launch_argmax(const float* logits, int64_t rows, int64_t V, int32_t* next, cudaStream_t s) {
+  if (rows == 0) return;
+  argmax_kernel<<<unsigned(rows), 1024, 0, s>>>(logits, V, next);
+  check_launch("argmax_kernel");
+}
+
+void launch_fill_random(void* p, int dt, int64_t n, uint64_t seed, float scale, float value, cudaStream_t s) {
+  if (n == 0) return;
+  fill_random_kernel<<<grid_1d(n), 256, 0, s>>>(p, dt, n, seed, scale, value);
+  check_launch("fill_random_kernel");
+}
+
+}  // namespace moex::model::cuda

@@ -1,0 +1,442 @@
+// The model runtime on CUDA (src/model/cuda_forward.cu): parity of every committed fixture with
+// the reference library's logits and greedy continuations for every CUDA experts backend (SPEC §8:
+// f32 rel L2 <= 1e-4 and identical greedy tokens; bf16 within max(3e-2, 1.5 x the reference's own
+// bf16 error)); decode-stage switching observed per step on the GPU (SPEC §4); CUDA graphs
+// captured and replayed for capturable decode backends with the same tokens as without graphs.
+// Without a CUDA device every test is skipped with the reason.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#include "model/cuda_forward.hpp"
+#include "model/cuda_kernels.cuh"
+#include "moex/routing.hpp"
+#include "model/weights.hpp"
+#include "moex/model.hpp"
+#include "moex/moex.hpp"
+#include "moex/safetensors.hpp"
+
+using namespace moex;
+namespace fs = std::filesystem;
+
+namespace {
+
+#define SKIP_WITHOUT_CUDA()                                                                                  \
+  do {                                                                                                       \
+    if (moex::cuda_devices().empty()) GTEST_SKIP() << "no CUDA device: " << moex::cuda_unavailable_reason(); \
+  } while (0)
+
+fs::path fixture(const std::string& name) {
+  const char* root = std::getenv("MOEX_SOURCE_DIR");
+  return fs::path(root ? root : ".") / "tests" / "fixtures" / name;
+}
+
+nlohmann::json read_greedy(const std::string& name) {
+  std::ifstream in(fixture(name) / "greedy.json");
+  return nlohmann::json::parse(in);
+}
+
+double rel_l2(const float* a, const float* b, int64_t n) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    num += (double(a[i]) - double(b[i])) * (double(a[i]) - double(b[i]));
+    den += double(b[i]) * double(b[i]);
+  }
+  return std::sqrt(num / den);
+}
+
+const std::vector<std::string> kCudaBackends = {"eager", "batched_mm", "grouped_mm"};
+
+}  // namespace
+
+class CudaModelParity : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CudaModelParity, F32LogitsAndGreedyForEveryBackend) {
+  SKIP_WITHOUT_CUDA();
+  const std::string name = GetParam();
+  if (!fs::exists(fixture(name))) GTEST_SKIP() << "no fixture " << name;
+  const auto greedy = read_greedy(name);
+  const auto prompts = greedy["prompts"].get<std::vector<std::vector<int64_t>>>();
+  const auto sequences = greedy["sequences"].get<std::vector<std::vector<int64_t>>>();
+  const auto ref = SafetensorsFile::open((fixture(name) / "logits_f32.safetensors").string());
+  Model m = Model::from_pretrained(fixture(name).string(), {.device = Device::cuda()});
+  for (const std::string& backend : kCudaBackends) {
+    m.set_experts_implementation(backend);
+    for (size_t p = 0; p < prompts.size(); ++p) {
+      const TensorView r = ref.get("logits." + std::to_string(p));
+      const Tensor logits = m.forward({prompts[p]});
+      ASSERT_EQ(logits.numel(), r.numel());
+      const double err = rel_l2(logits.ptr<float>(), r.ptr<float>(), r.numel());
+      EXPECT_LE(err, 1e-4) << name << " prompt " << p << " backend " << backend;
+      std::printf("  cuda %s %s prompt %zu: f32 logits rel L2 %.2e\n", name.c_str(), backend.c_str(), p, err);
+    }
+    for (bool graphs : {true, false}) {
+      GenerateOptions g;
+      g.max_new_tokens = greedy["max_new_tokens"].get<int64_t>();
+      g.cuda_graphs = graphs;
+      EXPECT_EQ(m.generate(prompts, g), sequences) << name << " backend " << backend << " graphs " << graphs;
+    }
+  }
+}
+
+TEST_P(CudaModelParity, Bf16WithinTheSpecBoundForEveryBackend) {
+  SKIP_WITHOUT_CUDA();
+  const std::string name = GetParam();
+  if (!fs::exists(fixture(name))) GTEST_SKIP() << "no fixture " << name;
+  const auto greedy = read_greedy(name);
+  const auto prompts = greedy["prompts"].get<std::vector<std::vector<int64_t>>>();
+  const auto ref_err = greedy["reference"]["bf16_vs_f32_rel_l2"].get<std::vector<double>>();
+  const auto ref = SafetensorsFile::open((fixture(name) / "logits_f32.safetensors").string());
+  Model m = Model::from_pretrained(fixture(name).string(), {.dtype = DType::bf16, .device = Device::cuda()});
+  for (const std::string& backend : kCudaBackends) {
+    m.set_experts_implementation(backend);
+    for (size_t p = 0; p < prompts.size(); ++p) {
+      const TensorView r = ref.get("logits." + std::to_string(p));
+      const Tensor logits = m.forward({prompts[p]});
+      const double err = rel_l2(logits.ptr<float>(), r.ptr<float>(), r.numel());
+      const double bound = std::max(3e-2, 1.5 * ref_err[p]);
+      EXPECT_LE(err, bound) << name << " prompt " << p << " backend " << backend;
+      std::printf("  cuda %s %s prompt %zu: bf16 rel L2 %.2e (reference's own %.2e, bound %.2e)\n", name.c_str(),
+                  backend.c_str(), p, err, ref_err[p], bound);
+    }
+    // generation runs end to end in bf16 (tokens may differ from the f32 reference near ties)
+    GenerateOptions g;
+    g.max_new_tokens = 4;
+    const auto out = m.generate(prompts, g);
+    ASSERT_EQ(out.size(), prompts.size());
+    for (size_t p = 0; p < prompts.size(); ++p) EXPECT_GT(out[p].size(), prompts[p].size());
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, CudaModelParity,
+                         ::testing::Values("qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "deepseek_v3", "gpt_oss",
+                                           "qwen3_vl_moe"));
+
+// ---- decode-stage switching on the GPU (SPEC §4) ---------------------------------------------------
+
+namespace {
+
+// One experts call: which backend name ran and with how many tokens.
+struct Call {
+  std::string backend;
+  int64_t tokens;
+};
+
+// Replaces a registered backend by a wrapper that records each call and then runs the original
+// (not capturable, so that every decode step is observed); optionally throws on decode steps.
+class RecordingBackend : public ExpertsBackend {
+ public:
+  RecordingBackend(std::shared_ptr<const ExpertsBackend> inner, std::vector<Call>* log, bool fail_decode)
+      : inner_(std::move(inner)), log_(log), fail_decode_(fail_decode) {}
+  std::string name() const override { return inner_->name(); }
+  Support supports(const Problem& p) const override { return inner_->supports(p); }
+  size_t workspace_bytes(const Problem& p) const override { return inner_->workspace_bytes(p); }
+  bool graph_capturable() const override { return false; }
+  void run(const Experts& ex, const ExpertsCall& call, const RunContext& ctx) const override {
+    log_->push_back({inner_->name(), call.hidden.shape[0]});
+    if (fail_decode_ && call.hidden.shape[0] == 1)
+      throw Error(ErrorCode::internal, "recording " + inner_->name() + ": decode step refused (test)");
+    inner_->run(ex, call, ctx);
+  }
+
+ private:
+  std::shared_ptr<const ExpertsBackend> inner_;
+  std::vector<Call>* log_;
+  bool fail_decode_;
+};
+
+// Wraps eager, batched_mm and grouped_mm for the scope; restores the originals on exit.
+class RecordingScope {
+ public:
+  explicit RecordingScope(std::vector<Call>* log, const std::string& fail_on = "") {
+    for (const char* n : {"eager", "batched_mm", "grouped_mm"}) {
+      auto inner = ExpertsInterface::global().get(n);
+      originals_.push_back(inner);
+      ExpertsInterface::global().register_backend(std::make_shared<RecordingBackend>(inner, log, fail_on == n));
+    }
+  }
+  ~RecordingScope() {
+    for (const auto& b : originals_) ExpertsInterface::global().register_backend(b);
+  }
+
+ private:
+  std::vector<std::shared_ptr<const ExpertsBackend>> originals_;
+};
+
+}  // namespace
+
+TEST(CudaModelSwitching, PrefillGroupedDecodeBatchedOthersUntouched) {
+  SKIP_WITHOUT_CUDA();
+  if (!fs::exists(fixture("qwen3_moe"))) GTEST_SKIP() << "no fixtures";
+  std::vector<Call> log;
+  RecordingScope scope(&log);
+  Model m = Model::from_pretrained(fixture("qwen3_moe").string(), {.device = Device::cuda()});
+  const int64_t moe_layers = m.config().text.num_moe_layers();
+  ASSERT_GT(moe_layers, 0);
+  struct Case {
+    std::string backend;
+    bool switching;
+    std::string prefill, decode;
+  };
+  const std::vector<Case> cases = {{"grouped_mm", true, "grouped_mm", "batched_mm"},
+                                   {"grouped_mm", false, "grouped_mm", "grouped_mm"},
+                                   {"eager", true, "eager", "eager"},
+                                   {"batched_mm", true, "batched_mm", "batched_mm"}};
+  for (const Case& c : cases) {
+    m.set_experts_implementation(c.backend);
+    log.clear();
+    GenerateOptions g;
+    g.max_new_tokens = 4;
+    g.eos_token_id = std::vector<int64_t>{-1};
+    g.decode_stage_switching = c.switching;
+    const auto out = m.generate({{1, 5, 9, 13, 2, 7}}, g);
+    ASSERT_EQ(out[0].size(), 10u);
+    // prefill (6 tokens) then 3 decode steps of 1 token, every MoE layer once per step
+    ASSERT_EQ(int64_t(log.size()), moe_layers * 4) << c.backend;
+    for (size_t i = 0; i < log.size(); ++i) {
+      const bool prefill = int64_t(i) < moe_layers;
+      EXPECT_EQ(log[i].tokens, prefill ? 6 : 1);
+      EXPECT_EQ(log[i].backend, prefill ? c.prefill : c.decode)
+          << c.backend << " switching " << c.switching << " call " << i;
+    }
+    EXPECT_EQ(m.get_experts_implementation().at(""), c.backend);
+  }
+}
+
+TEST(CudaModelSwitching, MapIsRestoredWhenADecodeStepThrows) {
+  SKIP_WITHOUT_CUDA();
+  if (!fs::exists(fixture("mixtral"))) GTEST_SKIP() << "no fixtures";
+  Model m = Model::from_pretrained(fixture("mixtral").string(), {.device = Device::cuda()});
+  GenerateOptions g;
+  g.max_new_tokens = 3;
+  g.eos_token_id = std::vector<int64_t>{-1};
+  {
+    std::vector<Call> log;
+    RecordingScope scope(&log, "batched_mm");  // the switched-to decode backend fails
+    EXPECT_THROW(m.generate({{1, 2, 3}}, g), Error);
+    EXPECT_EQ(m.get_experts_implementation().at(""), "grouped_mm");
+  }
+  // the model is usable afterwards and decodes normally
+  EXPECT_EQ(m.generate({{1, 2, 3}}, g)[0].size(), 6u);
+}
+
+// ---- CUDA graphs -----------------------------------------------------------------------------------
+
+TEST(CudaModelGraphs, CapturedForCapturableBackendsAndSameTokens) {
+  SKIP_WITHOUT_CUDA();
+#ifndef MOEX_WITH_CUDA
+  GTEST_SKIP() << "built without CUDA";
+#else
+  if (!fs::exists(fixture("qwen3_moe"))) GTEST_SKIP() << "no fixtures";
+  const auto cfg = load_model_config(fixture("qwen3_moe").string());
+  const auto w = model::load_weights(Checkpoint::open(fixture("qwen3_moe").string()), cfg, DType::bf16);
+  model::CudaModel cm(w, cfg.text, Device::cuda());
+  const std::vector<std::vector<int64_t>> prompts = {{1, 5, 9, 13, 2, 7}, {3, 4, 8}, {11, 12}};
+  for (const char* decode : {"batched_mm", "grouped_mm", "eager"}) {
+    model::CudaGenerateOptions o;
+    o.max_new_tokens = 8;
+    o.eos = {-1};
+    o.decode_backend = decode;
+    o.cuda_graphs = false;
+    const auto plain = cm.generate(prompts, o);
+    EXPECT_EQ(cm.last_stats().graph_replays, 0);
+    o.cuda_graphs = true;
+    const auto graphed = cm.generate(prompts, o);
+    EXPECT_EQ(plain, graphed) << decode;
+    const auto& st = cm.last_stats();
+    EXPECT_EQ(st.decode_steps, 7);
+    if (std::string(decode) == "eager") {
+      EXPECT_EQ(st.graph_captures + st.graph_replays, 0) << "eager is not capturable";
+    } else {
+      // first step warms up, the second captures, the rest replay
+      EXPECT_EQ(st.graph_captures, 1) << decode;
+      EXPECT_EQ(st.graph_replays, 5) << decode;
+    }
+    // a second generation replays the captured graph from its first decode step
+    if (std::string(decode) != "eager") {
+      EXPECT_EQ(cm.generate(prompts, o), graphed);
+      EXPECT_EQ(cm.last_stats().graph_replays, 7) << decode;
+    }
+  }
+#endif
+}
+
+TEST(CudaModelErrors, BadInputIsAClearError) {
+  SKIP_WITHOUT_CUDA();
+  if (!fs::exists(fixture("qwen3_moe"))) GTEST_SKIP() << "no fixtures";
+  Model m = Model::from_pretrained(fixture("qwen3_moe").string(), {.device = Device::cuda()});
+  EXPECT_THROW(m.forward({{1, 2, int64_t(1) << 40}}), Error);
+  EXPECT_THROW(m.generate({{}}), Error);
+  EXPECT_THROW(Model::from_pretrained(fixture("qwen3_moe").string(), {.device = Device::cuda(999)}), Error);
+}
+
+// The bf16 prefill attention through cuBLAS (sequences of at least MOEX_CUDA_ATTENTION_GEMM_MIN_ROWS
+// rows) against the attention kernel on the same model: GQA, q/k norms, sliding windows + sinks, MLA.
+TEST(CudaModelAttention, GemmPrefillPathMatchesTheKernel) {
+  SKIP_WITHOUT_CUDA();
+  if (!fs::exists(fixture("qwen3_moe"))) GTEST_SKIP() << "no fixtures";
+  struct EnvRestore {
+    ~EnvRestore() { unsetenv("MOEX_CUDA_ATTENTION_GEMM_MIN_ROWS"); }
+  } restore;
+  for (const char* name : {"qwen3_moe", "gpt_oss", "deepseek_v3", "olmoe", "qwen2_moe"}) {
+    Model m = Model::from_pretrained(fixture(name).string(), {.dtype = DType::bf16, .device = Device::cuda()});
+    const int64_t V = m.config().text.vocab_size;
+    std::vector<std::vector<int64_t>> ids(2, std::vector<int64_t>(80));
+    for (size_t b = 0; b < ids.size(); ++b)
+      for (size_t i = 0; i < ids[b].size(); ++i) ids[b][i] = int64_t((i * 7 + b * 13 + 1) % size_t(V));
+    setenv("MOEX_CUDA_ATTENTION_GEMM_MIN_ROWS", "0", 1);  // the kernel
+    const Tensor kernel = m.forward(ids);
+    setenv("MOEX_CUDA_ATTENTION_GEMM_MIN_ROWS", "16", 1);  // the GEMM path
+    const Tensor gemm = m.forward(ids);
+    const double err = rel_l2(gemm.ptr<float>(), kernel.ptr<float>(), kernel.numel());
+    std::printf("  %s: GEMM prefill attention vs kernel rel L2 %.2e\n", name, err);
+    EXPECT_LE(err, 3e-2) << name;
+    EXPECT_GT(err, 0.0) << name << ": the GEMM path did not run";
+    GenerateOptions g;
+    g.max_new_tokens = 3;
+    g.eos_token_id = std::vector<int64_t>{-1};
+    EXPECT_EQ(m.generate(ids, g)[1].size(), 83u);
+  }
+}
+
+// The skinny-linear kernel of decode steps (<= 8 rows, exact f32 inputs) against the cuBLAS path
+// (inputs as two bf16 terms): biases (qwen2_moe q/k/v, gpt_oss router), the shared-expert gate.
+TEST(CudaModelLinear, GemvMatchesCublasOnFewRows) {
+  SKIP_WITHOUT_CUDA();
+  if (!fs::exists(fixture("qwen3_moe"))) GTEST_SKIP() << "no fixtures";
+  struct EnvRestore {
+    ~EnvRestore() { unsetenv("MOEX_CUDA_GEMV"); }
+  } restore;
+  for (const char* name : {"qwen3_moe", "qwen2_moe", "gpt_oss", "deepseek_v3"}) {
+    setenv("MOEX_CUDA_GEMV", "0", 1);
+    Model blas = Model::from_pretrained(fixture(name).string(), {.dtype = DType::bf16, .device = Device::cuda()});
+    setenv("MOEX_CUDA_GEMV", "1", 1);
+    Model gemv = Model::from_pretrained(fixture(name).string(), {.dtype = DType::bf16, .device = Device::cuda()});
+    const std::vector<std::vector<int64_t>> ids = {{1, 5, 9, 13, 2, 7}};
+    const Tensor a = blas.forward(ids), b = gemv.forward(ids);
+    const double err = rel_l2(b.ptr<float>(), a.ptr<float>(), a.numel());
+    std::printf("  %s: gemv vs cuBLAS rel L2 %.2e\n", name, err);
+    EXPECT_LE(err, 2e-3) << name;
+    GenerateOptions g;
+    g.max_new_tokens = 6;
+    g.eos_token_id = std::vector<int64_t>{-1};
+    EXPECT_EQ(gemv.generate(ids, g)[0].size(), 12u) << name;
+  }
+}
+
+// The device routers against moex::route (routing/routers.cpp) on random logits with edge rows:
+// NaN entries, +inf / -inf entries, an all-NaN row, exact ties (lower index first).
+TEST(CudaModelRouters, MatchTheHostRouters) {
+  SKIP_WITHOUT_CUDA();
+#ifndef MOEX_WITH_CUDA
+  GTEST_SKIP() << "built without CUDA";
+#else
+  struct Case {
+    RouterKind kind;
+    int kernel_kind;
+    int64_t E, K;
+    bool renorm;
+    int64_t n_group = 1, topk_group = 1;
+    float scaling = 1.0f;
+  };
+  const std::vector<Case> cases = {{RouterKind::qwen3_moe, 0, 128, 8, true},  {RouterKind::qwen2_moe, 0, 60, 4, false},
+                                   {RouterKind::mixtral, 0, 8, 2, true},      {RouterKind::olmoe, 0, 64, 8, false},
+                                   {RouterKind::gpt_oss, 2, 32, 4, true},     {RouterKind::deepseek_v3, 1, 64, 6, true, 8, 4, 2.5f},
+                                   {RouterKind::qwen3_moe, 0, 512, 32, true}};
+  std::mt19937 rng(20261129);
+  std::normal_distribution<float> nd(0.0f, 2.0f);
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  for (const Case& c : cases) {
+    const int64_t T = 41, E = c.E, K = c.K;
+    std::vector<float> logits(static_cast<size_t>(T * E)), bias(static_cast<size_t>(E));
+    for (auto& v : logits) v = nd(rng);
+    for (auto& v : bias) v = 0.1f * nd(rng);
+    for (int64_t e = 0; e < E; e += 3) logits[size_t(1 * E + e)] = nan;  // row 1: some NaN
+    logits[size_t(2 * E + 5)] = inf;                                     // row 2: +inf (and -inf)
+    logits[size_t(2 * E + 7)] = -inf;
+    for (int64_t e = 0; e < E; ++e) logits[size_t(3 * E + e)] = nan;     // row 3: all NaN
+    for (int64_t e = 0; e < E; ++e) logits[size_t(4 * E + e)] = float(e % 4);  // row 4: ties
+    RouterConfig rc;
+    rc.kind = c.kind;
+    rc.num_experts = E;
+    rc.top_k = K;
+    rc.norm_topk_prob = c.renorm;
+    rc.n_group = c.n_group;
+    rc.topk_group = c.topk_group;
+    rc.routed_scaling_factor = c.scaling;
+    if (c.kind == RouterKind::deepseek_v3) rc.e_score_correction_bias = bias.data();
+    std::vector<int32_t> idx(static_cast<size_t>(T * K));
+    std::vector<float> w(static_cast<size_t>(T * K));
+    route(rc, logits.data(), T, idx.data(), w.data());
+
+    Tensor dl = Tensor::empty(DType::f32, {T, E}, Device::cuda()), db = Tensor::empty(DType::f32, {E}, Device::cuda());
+    Tensor di = Tensor::empty(DType::i32, {T, K}, Device::cuda()), dw = Tensor::empty(DType::f32, {T, K}, Device::cuda());
+    copy_bytes(dl.data(), Device::cuda(), logits.data(), Device::cpu(), logits.size() * 4);
+    copy_bytes(db.data(), Device::cuda(), bias.data(), Device::cpu(), bias.size() * 4);
+    model::cuda::RouterParams p{};
+    p.logits = dl.ptr<float>();
+    p.T = T;
+    p.E = int(E);
+    p.K = int(K);
+    p.kind = c.kernel_kind;
+    p.renorm = c.kind == RouterKind::mixtral || c.renorm;
+    p.correction_bias = c.kind == RouterKind::deepseek_v3 ? db.ptr<float>() : nullptr;
+    p.n_group = int(c.n_group);
+    p.topk_group = int(c.topk_group);
+    p.scaling = c.scaling;
+    p.idx = di.ptr<int32_t>();
+    p.w = dw.ptr<float>();
+    model::cuda::launch_router(p, nullptr);
+    std::vector<int32_t> gi(idx.size());
+    std::vector<float> gw(w.size());
+    copy_bytes(gi.data(), Device::cpu(), di.data(), Device::cuda(), gi.size() * 4);
+    copy_bytes(gw.data(), Device::cpu(), dw.data(), Device::cuda(), gw.size() * 4);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t j = 0; j < K; ++j) {
+        const size_t q = size_t(t * K + j);
+        EXPECT_EQ(gi[q], idx[q]) << router_kind_name(c.kind) << " E=" << E << " token " << t << " slot " << j;
+        if (std::isnan(w[q])) EXPECT_TRUE(std::isnan(gw[q])) << router_kind_name(c.kind) << " token " << t;
+        else EXPECT_NEAR(gw[q], w[q], 1e-5f * std::max(1.0f, std::fabs(w[q]))) << router_kind_name(c.kind) << " token " << t;
+      }
+  }
+#endif
+}
+
+// FP8 experts (moex quantize of a fixture, 128x128 blocks: the CUDA backends need block_k 128): the CUDA runtime against the CPU runtime on
+// the same quantized checkpoint, for every CUDA backend.
+TEST(CudaModelFp8, QuantizedExpertsMatchTheCpuRuntime) {
+  SKIP_WITHOUT_CUDA();
+  if (!fs::exists(fixture("qwen3_moe"))) GTEST_SKIP() << "no fixtures";
+  const fs::path dir = fs::temp_directory_path() / ("moex_cuda_fp8_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  quantize_checkpoint(fixture("qwen3_moe").string(), dir.string(), QuantizeOptions{});  // 128x128 blocks
+  const std::vector<std::vector<int64_t>> ids = {{1, 5, 9, 13, 2, 7, 11, 3, 4, 8}};
+  const Model cpu = Model::from_pretrained(dir.string(), {.dtype = DType::bf16});
+  const Tensor ref = cpu.forward(ids);
+  Model gpu = Model::from_pretrained(dir.string(), {.dtype = DType::bf16, .device = Device::cuda()});
+  for (const std::string& backend : kCudaBackends) {
+    gpu.set_experts_implementation(backend);
+    const Tensor out = gpu.forward(ids);
+    const double err = rel_l2(out.ptr<float>(), ref.ptr<float>(), ref.numel());
+    std::printf("  FP8 experts %s: CUDA vs CPU rel L2 %.2e\n", backend.c_str(), err);
+    EXPECT_LE(err, 3e-2) << backend;
+    GenerateOptions g;
+    g.max_new_tokens = 4;
+    g.eos_token_id = std::vector<int64_t>{-1};
+    EXPECT_EQ(gpu.generate(ids, g)[0].size(), 14u) << backend;
+  }
+  fs::remove_all(dir);
+}
