@@ -1,7 +1,8 @@
 // The CUDA backends (eager, batched_mm, grouped_mm) on the GPU: the equivalence harness against
 // the f64 reference for f32/f16/bf16 with the edge cases, plus larger cases that cross every
 // tile and pipeline boundary; CUDA graph capture and replay with new routing data (bit for bit
-// against a direct call); no allocation in a forward after warm-up; requirement messages.
+// against a direct call); no allocation in a forward after warm-up; requirement messages; the
+// quantized cases on batched_mm with the tensor-core FP8 GEMV forced on and off.
 // Without a CUDA device every test is skipped with the reason.
 //
 // MOEX_CUDA_PERF=1 also runs CudaPerf.Shapes: the SPEC §9 shapes timed with CUDA events.
@@ -13,6 +14,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "moex/check.hpp"
@@ -106,6 +109,12 @@ std::vector<check::Case> quant_cases(uint64_t seed, DType dt) {
     c.spec.transposed = true; add(c, fp8); }
   { auto c = make_case(seed + 27, dt, 8, 384, 256, 64, 3); c.spec.interleaved = true; c.routing = check::Routing::dropped;
     add(c, QuantSpec::fp8_block(64, 128, ScaleFormat::f32)); }
+  // in % 32 == 0 with partial 128-k blocks (the tensor-core GEMV's zero-filled lanes); out not a
+  // multiple of its 16-row tiles on one side (clamped rows), the CUDA-core kernel on the other
+  { auto c = make_case(seed + 31, dt, 8, 352, 224, 24, 3); c.routing = check::Routing::dropped; add(c, fp8_ue8m0); }
+  { auto c = make_case(seed + 32, dt, 6, 352, 200, 20, 2); c.spec.has_gate = false; c.spec.has_bias = true;
+    c.spec.activation.kind = Activation::relu; add(c, fp8); }
+  { auto c = make_case(seed + 33, dt, 6, 200, 352, 20, 2); c.spec.has_bias = true; add(c, QuantSpec::fp8_block(64, 128)); }
   add(make_case(seed + 28, dt, 8, 512, 256, 260, 2), QuantSpec::fp4_group(32));             // FP4 16-byte paths
   { auto c = make_case(seed + 29, dt, 6, 200, 72, 33, 2); c.spec.has_bias = true; add(c, QuantSpec::fp4_group(16)); }  // element-wise
   { auto c = make_case(seed + 30, dt, 4, 256, 128, 8, 2); c.spec.has_gate = false; c.spec.activation.kind = Activation::relu;
@@ -145,6 +154,38 @@ TEST_P(CudaEquivalence, EveryCudaBackendMatchesTheReference) {
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, CudaEquivalence, ::testing::Values(DType::f32, DType::f16, DType::bf16),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+// batched_mm on quantized experts with the tensor-core FP8 GEMV forced on (MOEX_CUDA_FP8_MMA_GEMV=1)
+// and off (=0): both must match the reference; restores the variable's previous value.
+class CudaFp8MmaGemv : public ::testing::TestWithParam<std::tuple<DType, const char*>> {};
+
+TEST_P(CudaFp8MmaGemv, BatchedMmQuantizedCasesMatchTheReference) {
+  SKIP_WITHOUT_CUDA();
+  const auto [dt, setting] = GetParam();
+  const char* prev = std::getenv("MOEX_CUDA_FP8_MMA_GEMV");
+  const std::string saved = prev ? prev : "";
+  setenv("MOEX_CUDA_FP8_MMA_GEMV", setting, 1);
+  const uint64_t seed = seed_from_env();
+  double worst = 0;
+  for (const auto& c : quant_cases(seed, dt)) {
+    const auto r = check::run_case("batched_mm", c, Device::cuda());
+    EXPECT_EQ(r.status, check::Result::Status::passed)
+        << "MOEX_CUDA_FP8_MMA_GEMV=" << setting << " " << c.describe() << ": " << check::status_name(r.status) << ": "
+        << r.message;
+    worst = std::max(worst, r.rel_l2);
+  }
+  std::printf("MOEX_CUDA_FP8_MMA_GEMV=%s: worst rel L2 %.2e\n", setting, worst);
+  if (prev) setenv("MOEX_CUDA_FP8_MMA_GEMV", saved.c_str(), 1);
+  else unsetenv("MOEX_CUDA_FP8_MMA_GEMV");
+}
+
+INSTANTIATE_TEST_SUITE_P(Settings, CudaFp8MmaGemv,
+                         ::testing::Combine(::testing::Values(DType::f32, DType::f16, DType::bf16),
+                                            ::testing::Values("1", "0")),
+                         [](const auto& info) {
+                           return std::string(dtype_name(std::get<0>(info.param))) +
+                                  (std::string(std::get<1>(info.param)) == "1" ? "_mma" : "_cuda_cores");
+                         });
 
 TEST(CudaBackends, RequirementMessages) {
   SKIP_WITHOUT_CUDA();
