@@ -303,6 +303,10 @@ TEST(CudaModelAttention, GemmPrefillPathMatchesTheKernel) {
     const Tensor gemm = m.forward(ids);
     const double err = rel_l2(gemm.ptr<float>(), kernel.ptr<float>(), kernel.numel());
     std::printf("  %s: GEMM prefill attention vs kernel rel L2 %.2e\n", name, err);
+    if (std::string(name) == "deepseek_v3") {
+      EXPECT_EQ(err, 0.0) << "MLA must stay on the attention kernel (cuda_forward.cu: use_gemm_attention)";
+      continue;
+    }
     EXPECT_LE(err, 3e-2) << name;
     EXPECT_GT(err, 0.0) << name << ": the GEMM path did not run";
     GenerateOptions g;

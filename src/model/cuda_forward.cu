@@ -473,6 +473,9 @@ struct CudaModel::Impl {
     }
   }
   bool use_gemm_attention(const std::vector<Segment>* segs) const {
+    // MLA (DeepSeek-V3) stays on the f32 kernel: on the H200 its GEMM path differed from the
+    // kernel by 8.9e-2 rel. L2 on the fixture (others 2e-3..3e-2), cause not established.
+    if (mla) return false;
     if (!segs || dtc == 0 || segs->empty()) return false;
     const int64_t min_rows = gemm_attention_min_rows();
     if (min_rows <= 0) return false;

@@ -68,7 +68,7 @@ namespace moex::cuda {
 namespace {
 
 constexpr int BM = 128, BK = 64, THREADS = 384, GROUP_M = 8;
-constexpr int kFp8PromoteDefault = 4;
+constexpr int kFp8PromoteDefault = 1;
 constexpr int A_BYTES = BM * BK * 2;
 
 // One pipeline stage holds 128 bytes of every row: 64 bf16/f16 or 128 e4m3 elements of K. FP8 adds
