@@ -355,7 +355,6 @@ void run_deepgemm(const Experts& ex, const ExpertsCall& call, const RunContext& 
   down.ldo = int(z.H);
 
   TmaFp8Extra xu{}, xd{};
-  xu.promote_every = xd.promote_every = fp8_promote_every();
   xd.out_rows = row_pair;  // y rows are pair ids
   if (z.fp8) {
     uint8_t* xq = ws.take<uint8_t>(size_t(z.T * z.H));

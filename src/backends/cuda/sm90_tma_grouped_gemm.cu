@@ -26,11 +26,17 @@
 // each 128-K block's partial sums (a second register set, wgmma scale-d = 0 on its first step)
 // are multiplied by the rows' activation scales (loaded with the stage: a 512-byte TMA box of the
 // MN-major scale array, or 4-byte cp.async in the gather variant) and the block's weight scale,
-// and added to the f32 accumulators — every 1, 2 or 4 k32 steps (MOEX_CUDA_FP8_PROMOTE; SPEC §6
-// asks for at least once per 128-K block; Hopper's FP8 MMA adds into its accumulator with reduced
-// precision, so shorter runs are more accurate). Two partial sets ping-pong so that the next
-// unit's MMAs run while the last one is promoted (acc + 2 partial sets = 192 registers: producer
-// 40 / consumers 232).
+// and added to the f32 accumulators. Two partial sets ping-pong so that block kt+1's MMAs run
+// while block kt is promoted (acc + 2 partial sets = 192 registers: producer 40 / consumers 232).
+//
+// Accuracy (H200, 2026-11-29): Hopper's FP8 MMA adds into its accumulator with reduced precision,
+// so against the f64 reference with the same quantization this path measures 3.9e-3..8.7e-3
+// relative L2 (bf16 / f32 activations) where bf16-MMA-on-codes paths measure ~2e-4; SPEC §8 asks
+// 2e-3. Promoting after every 32-K step instead of every 128 measured 3.9e-3 (f32 activations:
+// 2.2e-3) but ran at 140..210 TFLOP/s instead of ~570, and that experiment (commit 34f13a7, since
+// reverted) raised an illegal-instruction fault in the masked layout. So grouped_mm keeps FP8 on
+// the exact mma.sync path by default and this kernel serves `deepgemm` (DeepGEMM's own choice of
+// a 128-K promotion interval), whose tests use the wider bar stated in tests/test_deepgemm.cpp.
 //
 // Gated up projection in the concatenated layout: the B tile is loaded as two TMA boxes, gate
 // rows [n*BN/2, +BN/2) into tile columns [0, BN/2) and up rows [I + n*BN/2, +BN/2) into
@@ -68,7 +74,6 @@ namespace moex::cuda {
 namespace {
 
 constexpr int BM = 128, BK = 64, THREADS = 384, GROUP_M = 8;
-constexpr int kFp8PromoteDefault = 1;
 constexpr int A_BYTES = BM * BK * 2;
 
 // One pipeline stage holds 128 bytes of every row: 64 bf16/f16 or 128 e4m3 elements of K. FP8 adds
@@ -309,13 +314,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         const int64_t blk_hi = concat ? (int64_t(a.I) + int64_t(n) * (BN / 2)) / 128 : n;
         const int64_t ws_lo = (int64_t(e) * nb_count + blk_lo) * kb_count, ws_hi = (int64_t(e) * nb_count + blk_hi) * kb_count;
         const int srow = cw * 64 + warp_in_wg * 16 + (lane >> 2);
-        // Promotion interval: every `per` k32 steps (4 = once per 128-K block, DeepGEMM's choice;
-        // 1 or 2 trade FP32 work for accuracy: Hopper's FP8 tensor cores add into their
-        // accumulator with reduced precision, so shorter runs between promotions lose less).
-        // Units of `per` steps ping-pong over two partial-sum sets: the MMAs of unit u+1 run while
-        // unit u is promoted.
-        const int per = x.promote_every, sub = 4 / per, units = ktiles * sub;
-        int cur_stage = 0;
+        // Ping-pong over two partial-sum sets: the MMAs of block kt+1 run while block kt is promoted.
         auto wait_full = [&]() -> int {
           mbar_wait(full_bar(stage), phase);
           if constexpr (GATHER) wgmma::fence_proxy_async();  // cp.async (generic proxy) -> wgmma
@@ -326,30 +325,26 @@ __global__ void __launch_bounds__(THREADS, 1)
           }
           return st;
         };
-        // issues unit u's MMAs; its k-tile's weight scales are loaded here (used after the wait)
-        auto issue = [&](float(&pp)[NF][4], int u, int& st, float& wl, float& wh) {
-          const int kt = u / sub, j = u - kt * sub;
-          if (j == 0) cur_stage = wait_full();
-          st = cur_stage;
+        // issues block kt's MMAs; its weight scales are loaded here (used after the wait)
+        auto issue = [&](float(&pp)[NF][4], int st, int kt, float& wl, float& wh) {
           wl = weight_scale(x, ws_lo + kt);
           wh = weight_scale(x, ws_hi + kt);
-          const uint32_t a_tile = sA + uint32_t(st) * A_BYTES + uint32_t(cw) * (64 * 128) + uint32_t(j * per * 32);
-          const uint32_t b_tile = sB + uint32_t(st) * B_BYTES + uint32_t(j * per * 32);
+          const uint32_t a_tile = sA + uint32_t(st) * A_BYTES + uint32_t(cw) * (64 * 128);
+          const uint32_t b_tile = sB + uint32_t(st) * B_BYTES;
           wgmma::fence_acc(pp);
           wgmma::fence();
-          for (int kk = 0; kk < per; ++kk)
+#pragma unroll
+          for (int kk = 0; kk < 4; ++kk)
             wgmma::wgmma_m64n128k32_e4m3(pp, wgmma::desc_sw128(a_tile + kk * 32), wgmma::desc_sw128(b_tile + kk * 32), kk);
           wgmma::commit();
         };
-        // after pp's MMAs retired: scale and add; the last unit of a stage frees it
-        auto promote = [&](float(&pp)[NF][4], int u, int st, float w_lo, float w_hi) {
+        // after pp's MMAs retired: read the stage's activation scales, free the stage, promote
+        auto promote = [&](float(&pp)[NF][4], int st, float w_lo, float w_hi) {
           wgmma::fence_acc(pp);
           const float* sa = reinterpret_cast<const float*>(smem_raw + (sSA - raw) + st * SA_BYTES);
           const float sa0 = sa[srow], sa1 = sa[srow + 8];
-          if (u % sub == sub - 1) {
-            __syncwarp();
-            if (lane == 0) mbar_arrive(empty_bar(st));
-          }
+          __syncwarp();
+          if (lane == 0) mbar_arrive(empty_bar(st));
 #pragma unroll
           for (int nf = 0; nf < NF; ++nf) {
             const float ws = nf < NF / 2 ? w_lo : w_hi;
@@ -360,27 +355,29 @@ __global__ void __launch_bounds__(THREADS, 1)
             acc[nf][3] += pp[nf][3] * s1;
           }
         };
-        int st0 = 0, st1 = 0;
+        int st0 = wait_full(), st1 = 0;
         float wl0, wh0, wl1 = 0.0f, wh1 = 0.0f;
-        issue(part, 0, st0, wl0, wh0);
-        for (int u = 0; u < units; u += 2) {
-          // in flight: unit u in `part`
-          if (u + 1 < units) {
-            issue(part2, u + 1, st1, wl1, wh1);
+        issue(part, st0, 0, wl0, wh0);
+        for (int kt = 0; kt < ktiles; kt += 2) {
+          // in flight: block kt in `part` (stage st0)
+          if (kt + 1 < ktiles) {
+            st1 = wait_full();
+            issue(part2, st1, kt + 1, wl1, wh1);
             wgmma::wait<1>();
           } else {
             wgmma::wait<0>();
           }
-          promote(part, u, st0, wl0, wh0);
-          if (u + 1 >= units) break;
-          // in flight: unit u+1 in `part2`
-          if (u + 2 < units) {
-            issue(part, u + 2, st0, wl0, wh0);
+          promote(part, st0, wl0, wh0);
+          if (kt + 1 >= ktiles) break;
+          // in flight: block kt+1 in `part2` (stage st1)
+          if (kt + 2 < ktiles) {
+            st0 = wait_full();
+            issue(part, st0, kt + 2, wl0, wh0);
             wgmma::wait<1>();
           } else {
             wgmma::wait<0>();
           }
-          promote(part2, u + 1, st1, wl1, wh1);
+          promote(part2, st1, wl1, wh1);
         }
       } else {
       int prev = -1;
@@ -614,15 +611,6 @@ bool tma_fp8_usable(const GroupedGemmArgs& a) {
   return encode_fn() != nullptr;
 }
 
-int fp8_promote_every() {
-  static const int v = [] {
-    const char* s = std::getenv("MOEX_CUDA_FP8_PROMOTE");
-    const int n = s ? std::atoi(s) : 0;
-    return n == 1 || n == 2 || n == 4 ? n : kFp8PromoteDefault;
-  }();
-  return v;
-}
-
 void launch_grouped_gemm_tma(const GroupedGemmArgs& a, DType dtype, int64_t a_rows, int64_t E, cudaStream_t stream) {
   launch_grouped_gemm_tma_ex(a, dtype, false, TmaFp8Extra{}, a_rows, E, stream);
 }
@@ -632,7 +620,6 @@ void launch_grouped_gemm_tma_ex(const GroupedGemmArgs& a, DType act_dtype, bool 
   MOEX_ASSERT(a.plan.tile_m == BM);
   if (fp8) {
     MOEX_ASSERT(x.a_scales && x.w_scales && x.a_scales_ld % 4 == 0);
-    MOEX_ASSERT(x.promote_every == 1 || x.promote_every == 2 || x.promote_every == 4);
     if (act_dtype == DType::bf16) launch_bn<__nv_bfloat16, 128, true>(a, act_dtype, x, a_rows, E, stream);
     else if (act_dtype == DType::f16) launch_bn<__half, 128, true>(a, act_dtype, x, a_rows, E, stream);
     else launch_bn<float, 128, true>(a, act_dtype, x, a_rows, E, stream);

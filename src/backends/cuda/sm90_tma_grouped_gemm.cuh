@@ -29,13 +29,7 @@ struct TmaFp8Extra {
   int a_scales_ld = 0;
   const void* w_scales = nullptr;
   bool w_ue8m0 = false;
-  // k32 steps between promotions (1, 2 or 4): see fp8_promote_every()
-  int promote_every = 4;
 };
-// MOEX_CUDA_FP8_PROMOTE=1|2|4 (default below): how many 32-deep QGMMA steps accumulate in the tensor
-// cores before their partial sums are scaled into f32 registers. Hopper's FP8 MMA accumulates with
-// reduced precision, so fewer steps per promotion are more accurate and cost FP32 issue slots.
-int fp8_promote_every();
 // True when the FP8 variant can run this GEMM: compute capability 9.0, K-major weights, Kdim a
 // multiple of 16, N a multiple of 8, the gated concatenated layout with I a multiple of 64 (a
 // 64-row half of a tile never straddles two 128-row scale blocks), 16-byte aligned bases.
