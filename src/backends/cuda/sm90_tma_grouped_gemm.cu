@@ -26,17 +26,17 @@
 // each 128-K block's partial sums (a second register set, wgmma scale-d = 0 on its first step)
 // are multiplied by the rows' activation scales (loaded with the stage: a 512-byte TMA box of the
 // MN-major scale array, or 4-byte cp.async in the gather variant) and the block's weight scale,
-// and added to the f32 accumulators. Two partial sets ping-pong so that block kt+1's MMAs run
-// while block kt is promoted (acc + 2 partial sets = 192 registers: producer 40 / consumers 232).
+// and added to the f32 accumulators. The consumer waits for each block's MMAs before promoting
+// them (no overlap). Measured alternatives (H200, 2026-11-29), both reverted: two partial sets in
+// ping-pong (commit 6c584a9; producer 40 / consumers 232 registers, the gather producer spilled)
+// ran deepseek_v3 T=4096 in 7.87 ms instead of 5.92; promoting after every 32-K step (commit
+// 34f13a7) ran at 140..210 TFLOP/s instead of ~570 and faulted in the masked layout.
 //
-// Accuracy (H200, 2026-11-29): Hopper's FP8 MMA adds into its accumulator with reduced precision,
-// so against the f64 reference with the same quantization this path measures 3.9e-3..8.7e-3
-// relative L2 (bf16 / f32 activations) where bf16-MMA-on-codes paths measure ~2e-4; SPEC §8 asks
-// 2e-3. Promoting after every 32-K step instead of every 128 measured 3.9e-3 (f32 activations:
-// 2.2e-3) but ran at 140..210 TFLOP/s instead of ~570, and that experiment (commit 34f13a7, since
-// reverted) raised an illegal-instruction fault in the masked layout. So grouped_mm keeps FP8 on
-// the exact mma.sync path by default and this kernel serves `deepgemm` (DeepGEMM's own choice of
-// a 128-K promotion interval), whose tests use the wider bar stated in tests/test_deepgemm.cpp.
+// Accuracy (same day): Hopper's FP8 MMA adds into its accumulator with reduced precision, so this
+// path measures 3.9e-3..8.7e-3 relative L2 against the f64 reference with the same quantization
+// (bf16-MMA-on-codes paths: ~2e-4); SPEC §8 asks 2e-3. grouped_mm therefore keeps FP8 on the exact
+// mma.sync path by default (MOEX_CUDA_FP8_TMA=1 opts in here) and this kernel serves `deepgemm`
+// (DeepGEMM's own choice of a 128-K interval), whose tests state the wider bar they hold it to.
 //
 // Gated up projection in the concatenated layout: the B tile is loaded as two TMA boxes, gate
 // rows [n*BN/2, +BN/2) into tile columns [0, BN/2) and up rows [I + n*BN/2, +BN/2) into
@@ -222,7 +222,7 @@ __global__ void __launch_bounds__(THREADS, 1)
 
   if (wg == 0) {
     // ================================ producer ================================
-    setmaxnreg_dec<FP8 ? 40 : 56>();
+    setmaxnreg_dec<56>();
     if (!GATHER && tid != 0) return;
     if (tid == 0) {
       prefetch_tmap(&tm_b);
@@ -289,13 +289,13 @@ __global__ void __launch_bounds__(THREADS, 1)
     if constexpr (GATHER) ptx::cp_async_wait<0>();
   } else {
     // ================================ consumers ================================
-    setmaxnreg_inc<FP8 ? 232 : 224>();  // FP8: acc + two partial sets = 192 registers
+    setmaxnreg_inc<224>();
     const int cw = wg - 1;                       // rows [cw*64, cw*64+64) of the tile
     const int warp_in_wg = (tid >> 5) & 3, lane = tid & 31;
     int stage = 0;
     uint32_t phase = 0;
     float acc[NF][4];
-    float part[FP8 ? NF : 1][4], part2[FP8 ? NF : 1][4];  // FP8: partial sums of two 128-K blocks
+    float part[FP8 ? NF : 1][4];  // FP8: the partial sums of one 128-K block
     for (int w = blockIdx.x; w < total; w += gridDim.x) {
       int m, n;
       decode_work(w, num_m, n_tiles, m, n);
@@ -314,70 +314,37 @@ __global__ void __launch_bounds__(THREADS, 1)
         const int64_t blk_hi = concat ? (int64_t(a.I) + int64_t(n) * (BN / 2)) / 128 : n;
         const int64_t ws_lo = (int64_t(e) * nb_count + blk_lo) * kb_count, ws_hi = (int64_t(e) * nb_count + blk_hi) * kb_count;
         const int srow = cw * 64 + warp_in_wg * 16 + (lane >> 2);
-        // Ping-pong over two partial-sum sets: the MMAs of block kt+1 run while block kt is promoted.
-        auto wait_full = [&]() -> int {
+        for (int kt = 0; kt < ktiles; ++kt) {
+          const float w_lo = weight_scale(x, ws_lo + kt), w_hi = weight_scale(x, ws_hi + kt);
           mbar_wait(full_bar(stage), phase);
-          if constexpr (GATHER) wgmma::fence_proxy_async();  // cp.async (generic proxy) -> wgmma
-          const int st = stage;
+          if constexpr (GATHER) wgmma::fence_proxy_async();
+          const uint32_t a_tile = sA + uint32_t(stage) * A_BYTES + uint32_t(cw) * (64 * 128);
+          const uint32_t b_tile = sB + uint32_t(stage) * B_BYTES;
+          wgmma::fence_acc(part);
+          wgmma::fence();
+#pragma unroll
+          for (int kk = 0; kk < 4; ++kk)
+            wgmma::wgmma_m64n128k32_e4m3(part, wgmma::desc_sw128(a_tile + kk * 32), wgmma::desc_sw128(b_tile + kk * 32), kk);
+          wgmma::commit();
+          wgmma::wait<0>();
+          wgmma::fence_acc(part);
+          const float* sa = reinterpret_cast<const float*>(smem_raw + (sSA - raw) + stage * SA_BYTES);
+          const float sa0 = sa[srow], sa1 = sa[srow + 8];
+          __syncwarp();
+          if (lane == 0) mbar_arrive(empty_bar(stage));
           if (++stage == STAGES) {
             stage = 0;
             phase ^= 1u;
           }
-          return st;
-        };
-        // issues block kt's MMAs; its weight scales are loaded here (used after the wait)
-        auto issue = [&](float(&pp)[NF][4], int st, int kt, float& wl, float& wh) {
-          wl = weight_scale(x, ws_lo + kt);
-          wh = weight_scale(x, ws_hi + kt);
-          const uint32_t a_tile = sA + uint32_t(st) * A_BYTES + uint32_t(cw) * (64 * 128);
-          const uint32_t b_tile = sB + uint32_t(st) * B_BYTES;
-          wgmma::fence_acc(pp);
-          wgmma::fence();
-#pragma unroll
-          for (int kk = 0; kk < 4; ++kk)
-            wgmma::wgmma_m64n128k32_e4m3(pp, wgmma::desc_sw128(a_tile + kk * 32), wgmma::desc_sw128(b_tile + kk * 32), kk);
-          wgmma::commit();
-        };
-        // after pp's MMAs retired: read the stage's activation scales, free the stage, promote
-        auto promote = [&](float(&pp)[NF][4], int st, float w_lo, float w_hi) {
-          wgmma::fence_acc(pp);
-          const float* sa = reinterpret_cast<const float*>(smem_raw + (sSA - raw) + st * SA_BYTES);
-          const float sa0 = sa[srow], sa1 = sa[srow + 8];
-          __syncwarp();
-          if (lane == 0) mbar_arrive(empty_bar(st));
 #pragma unroll
           for (int nf = 0; nf < NF; ++nf) {
             const float ws = nf < NF / 2 ? w_lo : w_hi;
             const float s0 = sa0 * ws, s1 = sa1 * ws;
-            acc[nf][0] += pp[nf][0] * s0;
-            acc[nf][1] += pp[nf][1] * s0;
-            acc[nf][2] += pp[nf][2] * s1;
-            acc[nf][3] += pp[nf][3] * s1;
+            acc[nf][0] += part[nf][0] * s0;
+            acc[nf][1] += part[nf][1] * s0;
+            acc[nf][2] += part[nf][2] * s1;
+            acc[nf][3] += part[nf][3] * s1;
           }
-        };
-        int st0 = wait_full(), st1 = 0;
-        float wl0, wh0, wl1 = 0.0f, wh1 = 0.0f;
-        issue(part, st0, 0, wl0, wh0);
-        for (int kt = 0; kt < ktiles; kt += 2) {
-          // in flight: block kt in `part` (stage st0)
-          if (kt + 1 < ktiles) {
-            st1 = wait_full();
-            issue(part2, st1, kt + 1, wl1, wh1);
-            wgmma::wait<1>();
-          } else {
-            wgmma::wait<0>();
-          }
-          promote(part, st0, wl0, wh0);
-          if (kt + 1 >= ktiles) break;
-          // in flight: block kt+1 in `part2` (stage st1)
-          if (kt + 2 < ktiles) {
-            st0 = wait_full();
-            issue(part, st0, kt + 2, wl0, wh0);
-            wgmma::wait<1>();
-          } else {
-            wgmma::wait<0>();
-          }
-          promote(part2, st1, wl1, wh1);
         }
       } else {
       int prev = -1;
