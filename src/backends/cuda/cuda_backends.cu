@@ -48,13 +48,6 @@ using namespace moex::cuda;
 
 namespace {
 
-// nvcc cannot compile fmt in C++20 mode (core/check.hpp): the same "{}" formatter as fail().
-template <class... Args>
-std::string format(std::string_view f, const Args&... args) {
-  std::ostringstream os;
-  format_into(os, f, args...);
-  return os.str();
-}
 
 std::string cc_str(int cc) { return format("{}.{}", cc / 10, cc % 10); }
 

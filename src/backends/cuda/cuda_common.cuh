@@ -9,6 +9,9 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <sstream>
+#include <string>
+#include <string_view>
 #include <type_traits>
 
 #include "core/check.hpp"
@@ -62,6 +65,15 @@ inline int current_device_cc() {
     cache[dev] = major * 10 + minor;
   }
   return cache[dev];
+}
+
+// nvcc cannot compile fmt in C++20 mode (core/check.hpp): the same "{}" formatter as fail(), for
+// the host code of the .cu files (requirement messages).
+template <class... Args>
+std::string format(std::string_view f, const Args&... args) {
+  std::ostringstream os;
+  detail::format_into(os, f, args...);
+  return os.str();
 }
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }

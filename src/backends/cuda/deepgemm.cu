@@ -43,12 +43,6 @@ using namespace moex::cuda;
 
 namespace {
 
-template <class... Args>
-std::string format(std::string_view f, const Args&... args) {
-  std::ostringstream os;
-  format_into(os, f, args...);
-  return os.str();
-}
 
 constexpr int kTile = 128;  // rows per M tile = the padding granule of the contiguous layout
 constexpr int kKBlock = 128;
