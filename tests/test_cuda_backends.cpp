@@ -20,6 +20,7 @@
 
 #include "moex/check.hpp"
 #include "moex/moex.hpp"
+#include "cuda_test_util.hpp"
 
 #ifdef MOEX_WITH_CUDA
 #include <cuda_runtime.h>
@@ -228,7 +229,8 @@ TEST(CudaBackends, RequirementMessages) {
 
 #ifdef MOEX_WITH_CUDA
 
-void cuda_ok(cudaError_t e) { ASSERT_EQ(e, cudaSuccess) << cudaGetErrorString(e); }
+using test::cuda_ok;
+using test::to_host;
 
 // New routing for the same shapes: distinct experts per token, some dropped slots.
 void random_routing(const check::Case& c, uint64_t seed, std::vector<char>& idx_bytes, std::vector<char>& w_bytes) {
@@ -254,11 +256,6 @@ void random_routing(const check::Case& c, uint64_t seed, std::vector<char>& idx_
   }
 }
 
-std::vector<char> to_host(const Tensor& t) {
-  std::vector<char> h(t.nbytes());
-  copy_bytes(h.data(), Device::cpu(), t.data(), t.view().device, h.size());
-  return h;
-}
 
 // (backend, dtype, quantization: "none", "fp8" (128x128, f32 scales) or "fp4" (1x32 groups))
 class CudaGraph : public ::testing::TestWithParam<std::tuple<std::string, DType, std::string>> {};

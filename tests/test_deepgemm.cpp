@@ -15,6 +15,7 @@
 
 #include "moex/check.hpp"
 #include "moex/moex.hpp"
+#include "cuda_test_util.hpp"
 
 #ifdef MOEX_WITH_CUDA
 #include <cuda_runtime.h>
@@ -163,13 +164,9 @@ TEST(DeepGemm, RequirementsOfThisBuild) {
 
 #ifdef MOEX_WITH_CUDA
 
-void cuda_ok(cudaError_t e) { ASSERT_EQ(e, cudaSuccess) << cudaGetErrorString(e); }
+using test::cuda_ok;
+using test::to_host;
 
-std::vector<char> to_host(const Tensor& t) {
-  std::vector<char> h(t.nbytes());
-  copy_bytes(h.data(), Device::cpu(), t.data(), t.view().device, h.size());
-  return h;
-}
 
 class DeepGemmGraph : public ::testing::TestWithParam<std::tuple<const char*, bool>> {};
 

@@ -186,21 +186,21 @@ void PackedWeights::pack_expert(const Experts& ex, int64_t e) {
 void PackedWeights::prepare(const Experts& ex, const std::vector<int64_t>& experts, int threads) {
   const ExpertsSpec& s = ex.spec;
   std::lock_guard<std::mutex> lock(mutex_);
-  std::vector<int64_t> todo;
+  std::vector<int64_t> to_pack;
   if (!primed_) {  // the first call packs every expert (the "load" step), so later calls never pay for it
-    for (int64_t e = 0; e < s.num_experts; ++e) todo.push_back(e);
+    for (int64_t e = 0; e < s.num_experts; ++e) to_pack.push_back(e);
     primed_ = true;
   } else {
     for (int64_t e : experts) {
       const Slot& slot = experts_[size_t(e)];
       if (!slot.ready || slot.fingerprint != fingerprint(expert_matrix(ex.gate_up, e), s.gate_up_rows() * s.hidden,
                                                          expert_matrix(ex.down, e), s.hidden * s.intermediate))
-        todo.push_back(e);
+        to_pack.push_back(e);
     }
   }
-  if (todo.empty()) return;
+  if (to_pack.empty()) return;
   const size_t bytes = expert_bytes(s);
-  for (int64_t e : todo) {  // allocate here: errors must not be thrown inside the parallel region
+  for (int64_t e : to_pack) {  // allocate here: errors must not be thrown inside the parallel region
     Slot& slot = experts_[size_t(e)];
     slot.ready = false;
     if (slot.storage) continue;
@@ -214,7 +214,7 @@ void PackedWeights::prepare(const Experts& ex, const std::vector<int64_t>& exper
   }
   // one expert per thread: a thread packs (and first-touches) whole experts
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
-  for (size_t i = 0; i < todo.size(); ++i) pack_expert(ex, todo[i]);
+  for (size_t i = 0; i < to_pack.size(); ++i) pack_expert(ex, to_pack[i]);
 }
 
 size_t PackedWeights::total_bytes() {

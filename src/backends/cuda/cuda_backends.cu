@@ -75,7 +75,6 @@ int device_cc(int index) {
   return cc;
 }
 
-size_t bytes_of(int64_t n, size_t esz) { return WorkspaceCarver::round_up(size_t(n) * esz); }
 int64_t pairs_of(const Problem& p) { return p.tokens * p.top_k; }
 // Rows per M tile of grouped_mm's GEMM (the routing plan's tile table is built for it).
 int64_t tile_m_of(const ExpertsSpec& s) {

@@ -77,6 +77,8 @@ std::string format(std::string_view f, const Args&... args) {
 }
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+// Workspace bytes of n elements of esz bytes, rounded as WorkspaceCarver carves them.
+inline size_t bytes_of(int64_t n, size_t esz) { return WorkspaceCarver::round_up(size_t(n) * esz); }
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // ---- element types ------------------------------------------------------------------------

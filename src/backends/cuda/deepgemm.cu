@@ -64,7 +64,6 @@ int64_t round4(int64_t v) { return (v + 3) / 4 * 4; }
 int64_t layout_rows(Layout l, int64_t T, int64_t S, int64_t E) {
   return l == Layout::masked ? E * T : S + std::min(S, E) * (kTile - 1);
 }
-size_t bytes_of(int64_t n, size_t esz) { return WorkspaceCarver::round_up(size_t(n) * esz); }
 
 // ---- layout kernels -----------------------------------------------------------------------------
 
@@ -109,6 +108,17 @@ __global__ void layout_scan_kernel(const int* counts, int E, int T, bool masked,
   if (threadIdx.x == 0) tile_off[E] = carry;
 }
 
+// The e in [0, n) with starts[e] <= v < starts[e + 1] (starts ascending, starts[0] <= v).
+__device__ __forceinline__ int segment_of(const int* starts, int n, int v) {
+  int lo = 0, hi = n - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (starts[mid] <= v) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
 // The tile table (valid tiles first, then expert -1 up to max_tiles) and the row maps.
 __global__ void layout_fill_kernel(const int* counts, const int* offsets, const int* sorted_pairs, const int* pair_to_row,
                                    const int* tile_off, const int* row_base, int E, int S, int max_tiles, int4* tiles,
@@ -121,26 +131,15 @@ __global__ void layout_fill_kernel(const int* counts, const int* offsets, const 
       tiles[t] = make_int4(-1, 0, 0, 0);
       continue;
     }
-    int lo = 0, hi = E - 1;  // the expert e with tile_off[e] <= t < tile_off[e + 1]
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) >> 1;
-      if (tile_off[mid] <= t) lo = mid;
-      else hi = mid - 1;
-    }
-    const int e = lo, j = t - tile_off[e];
+    const int e = segment_of(tile_off, E, t), j = t - tile_off[e];
     tiles[t] = make_int4(e, row_base[e] + j * kTile, row_base[e] + counts[e], 0);
   }
   for (int r = blockIdx.x * blockDim.x + threadIdx.x; r < S; r += stride) {
     // sorted row r -> layout row
     if (r < n_rows) {
-      int lo = 0, hi = E - 1;  // expert of sorted row r: offsets[e] <= r < offsets[e + 1]
-      while (lo < hi) {
-        const int mid = (lo + hi + 1) >> 1;
-        if (offsets[mid] <= r) lo = mid;
-        else hi = mid - 1;
-      }
+      const int e = segment_of(offsets, E, r);  // the expert of sorted row r
       const int p = sorted_pairs[r];
-      const int lrow = row_base[lo] + (r - offsets[lo]);
+      const int lrow = row_base[e] + (r - offsets[e]);
       row_pair[lrow] = p;
       pair_lrow[p] = lrow;
     }
@@ -417,7 +416,7 @@ bool cuda_fp8_tma_route(const Problem& p) {
   const QuantSpec& q = p.spec.quant;
   if (q.kind != QuantKind::fp8_block || q.block_n != 128 || q.block_k != 128 || q.activation_scheme != ActivationScheme::dynamic)
     return false;
-  if (const char* e = std::getenv("MOEX_CUDA_NO_TMA"); e && *e && *e != '0') return false;
+  if (tma_disabled()) return false;
   if (!p.device.is_cuda() || p.compute_capability < 0) return false;  // the caller fills in the device's
   return cuda_deepgemm_supports(p).ok;
 }

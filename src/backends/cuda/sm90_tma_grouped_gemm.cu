@@ -549,6 +549,8 @@ void launch_bn(const GroupedGemmArgs& a, DType dtype, const TmaFp8Extra& x, int6
   else launch_typed<T, BN, false, FP8>(a, dtype, x, a_rows, E, stream);
 }
 
+}  // namespace
+
 bool tma_disabled() {
   static const bool disabled = [] {
     const char* s = std::getenv("MOEX_CUDA_NO_TMA");
@@ -557,7 +559,6 @@ bool tma_disabled() {
   return disabled;
 }
 
-}  // namespace
 
 bool tma_usable(const GroupedGemmArgs& a, bool vec16) {
   if (tma_disabled() || !vec16 || a.w_transposed || a.plan.tile_m != BM || a.plan.max_tiles <= 0) return false;

@@ -10,6 +10,8 @@ namespace moex::cuda {
 // aligned rows (vec16), sizes multiples of 8 elements, tiles of 128 rows, the driver's tensor-map
 // encoder available, and MOEX_CUDA_NO_TMA unset (or 0).
 bool tma_usable(const GroupedGemmArgs& a, bool vec16);
+// MOEX_CUDA_NO_TMA set (and not 0): the TMA kernels are off (read once).
+bool tma_disabled();
 
 // What the FP8 variant and the deepgemm layouts add to GroupedGemmArgs.
 //   out_rows   nullptr: the output row of A row r is r; else out_rows[r] (< 0: not written). The
