@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# bench/gpu_issue3.sh — issue 3's side-by-side table in one call on the GPU machine (`run` with
+# command `bash bench/gpu_issue3.sh`), from the repository root:
+#   1. build (bench/gpu_check.sh PARTS=build: CUDA Release into build-gpu, SASS counts)
+#   2. A/B of grouped_mm's token pre-gather (MOEX_CUDA_PREGATHER=0/1) at T = 512 and 4096 on the four
+#      shapes ($OUT/ab.md); the faster setting (summed time) is used for the table
+#   3. GPU tests: CudaEquivalence (MOEX_CUDA_TEST_CASES generated cases), CudaGraph, CudaBackends
+#   4. bench/gpu_check.sh PARTS="bench hf table": moex bench and the reference library in the same
+#      call, the side-by-side table ($OUT/side_by_side.md)
+set -u
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT"
+BUILD=${BUILD:-build-gpu}
+SHAPES=qwen3_30b_a3b,qwen15_moe_a2_7b,mixtral_8x7b,deepseek_v3
+t0=$(date +%s)
+stamp() { echo "== $1 ($(( $(date +%s) - t0 )) s)"; }
+[ -n "${SKIP_BUILD:-}" ] || PARTS=build bash bench/gpu_check.sh > "$OUT/build_step.log" 2>&1 || { tail -30 "$OUT/build_step.log"; exit 1; }
+grep -E "HGMMA|moex:|error" "$OUT/build.log" | head -20
+
+stamp "A/B pre-gather"
+: > "$OUT/ab.json"
+for pg in 0 1; do
+  MOEX_CUDA_PREGATHER=$pg timeout 120 "$BUILD/moex" bench --device cuda --backends grouped_mm --shapes "$SHAPES" \
+    --tokens ${AB_TOKENS:-512,4096} --dtype bf16 --format json --min-time-ms 20 --max-iters 10 --warmup 2 |
+    sed "s/^{/{\"pregather\": $pg, /" >> "$OUT/ab.json"
+done
+best=$(python3 - "$OUT/ab.json" <<'PY' | tee "$OUT/ab.md" | tail -1
+import json, sys
+r = {}
+for l in open(sys.argv[1]):
+    if l.startswith("{"):
+        try: d = json.loads(l)
+        except Exception: continue
+        if "ms" in d: r[(d["shape"], d["T"], d["pregather"])] = d["ms"]
+print("| shape | T | in-kernel gather ms | pre-gather ms | ratio |"); print("|---|---|---|---|---|")
+tot = {0: 0.0, 1: 0.0}
+for (s, T) in sorted({(k[0], k[1]) for k in r}):
+    a, b = r.get((s, T, 0)), r.get((s, T, 1))
+    if a and b:
+        tot[0] += a; tot[1] += b
+        print(f"| {s} | {T} | {a:.3f} | {b:.3f} | {a/b:.2f}x |")
+print(1 if tot[1] <= tot[0] else 0)
+PY
+)
+echo "pre-gather setting for the table: $best"
+export MOEX_CUDA_PREGATHER=${best:-1}
+
+stamp tests
+MOEX_CUDA_TEST_CASES=${MOEX_CUDA_TEST_CASES:-60} timeout 200 "$BUILD/moex_tests" \
+  --gtest_filter='*CudaEquivalence*:*CudaGraph*:CudaBackends.*' > "$OUT/tests.log" 2>&1
+echo "tests rc $?"
+grep -E "^\[  (FAILED|PASSED|SKIPPED) |worst|Failure" "$OUT/tests.log" | head -30
+
+stamp "bench + reference"
+BUILD=$BUILD PARTS="bench hf table" SHAPES=$SHAPES DEADLINE=$(( ${DEADLINE:-560} - ($(date +%s) - t0) )) bash bench/gpu_check.sh
+tar czf "$OUT/issue3_logs.tgz" -C "$OUT" build.log build_step.log tests.log perf.log ab.json 2>/dev/null &&
+  rm -f "$OUT/build.log" "$OUT/build_step.log" "$OUT/tests.log" "$OUT/perf.log" "$OUT/ab.json"
+stamp done
