@@ -152,6 +152,12 @@ __device__ __forceinline__ void mma_k16(float (&d)[BN / 8][4], uint64_t da, uint
   }
 }
 
+// bf16/f16 with TmaFp8Extra::k_rotate: work item w walks its k steps from (w · 5) mod ktiles and
+// wraps around, so that the blocks running at the same time read different column ranges of
+// their weight rows (rows 4 or 8 KB apart otherwise all start at the same offset). Deterministic per
+// work item: results do not depend on timing or on the number of SMs. FP8 keeps k in order.
+__device__ __forceinline__ int k_rotation(int w, int ktiles, bool on) { return on ? int((int64_t(w) * 5) % ktiles) : 0; }
+
 // Work item w -> (m tile, n tile): groups of GROUP_M m tiles, n-major inside a group.
 __device__ __forceinline__ void decode_work(int w, int num_m, int n_tiles, int& m, int& n) {
   const int per_group = GROUP_M * n_tiles;
@@ -248,9 +254,12 @@ __global__ void __launch_bounds__(THREADS, 1)
         }
         if constexpr (FP8) scale_src = rb + tid < re ? a.a_gather[rb + tid] / a.a_div : -1;
       }
+      const int krot = FP8 ? 0 : k_rotation(w, ktiles, x.k_rotate);
       for (int kt = 0; kt < ktiles; ++kt) {
         mbar_wait(empty_bar(stage), phase ^ 1u);
-        const int k0 = kt * BKE;
+        int kk = kt + krot;  // bf16: this tile's k steps start at krot (see k_rotation)
+        if (kk >= ktiles) kk -= ktiles;
+        const int k0 = kk * BKE;
         if (tid == 0) {
           const uint32_t fb = full_bar(stage);
           mbar_arrive_expect_tx(fb, tx_bytes);
@@ -263,7 +272,7 @@ __global__ void __launch_bounds__(THREADS, 1)
           }
           if constexpr (!GATHER) {
             tma_load_2d(sA + uint32_t(stage) * A_BYTES, &tm_a, fb, k0, rb);
-            if constexpr (FP8) tma_load_2d(sSA + uint32_t(stage) * SA_BYTES, &tm_sa, fb, rb, kt);
+            if constexpr (FP8) tma_load_2d(sSA + uint32_t(stage) * SA_BYTES, &tm_sa, fb, rb, kk);
           }
         }
         if constexpr (GATHER) {
@@ -277,7 +286,7 @@ __global__ void __launch_bounds__(THREADS, 1)
           }
           if constexpr (FP8)
             cp_async4(sSA + uint32_t(stage) * SA_BYTES + 4u * uint32_t(tid),
-                      scale_src >= 0 ? x.a_scales + int64_t(kt) * x.a_scales_ld + scale_src : x.a_scales, scale_src >= 0);
+                      scale_src >= 0 ? x.a_scales + int64_t(kk) * x.a_scales_ld + scale_src : x.a_scales, scale_src >= 0);
           cp_async_mbar_arrive_noinc(full_bar(stage));
         }
         if (++stage == STAGES) {
@@ -580,7 +589,13 @@ bool tma_fp8_usable(const GroupedGemmArgs& a) {
 }
 
 void launch_grouped_gemm_tma(const GroupedGemmArgs& a, DType dtype, int64_t a_rows, int64_t E, cudaStream_t stream) {
-  launch_grouped_gemm_tma_ex(a, dtype, false, TmaFp8Extra{}, a_rows, E, stream);
+  static const bool rotate = [] {
+    const char* v = std::getenv("MOEX_CUDA_TMA_KROT");
+    return v && *v && *v != '0';
+  }();
+  TmaFp8Extra x{};
+  x.k_rotate = rotate;
+  launch_grouped_gemm_tma_ex(a, dtype, false, x, a_rows, E, stream);
 }
 
 void launch_grouped_gemm_tma_ex(const GroupedGemmArgs& a, DType act_dtype, bool fp8, const TmaFp8Extra& x, int64_t a_rows,

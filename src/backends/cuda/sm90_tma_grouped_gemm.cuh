@@ -31,6 +31,7 @@ struct TmaFp8Extra {
   int a_scales_ld = 0;
   const void* w_scales = nullptr;
   bool w_ue8m0 = false;
+  bool k_rotate = false;  // bf16/f16: per-work-item rotated k order (MOEX_CUDA_TMA_KROT=1; see the .cu)
 };
 // True when the FP8 variant can run this GEMM: compute capability 9.0, K-major weights, Kdim a
 // multiple of 16, N a multiple of 8, the gated concatenated layout with I a multiple of 64 (a
