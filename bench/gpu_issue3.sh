@@ -2,8 +2,8 @@
 # bench/gpu_issue3.sh — issue 3's side-by-side table in one call on the GPU machine (`run` with
 # command `bash bench/gpu_issue3.sh`), from the repository root:
 #   1. build (bench/gpu_check.sh PARTS=build: CUDA Release into build-gpu, SASS counts)
-#   2. A/B of grouped_mm's token pre-gather (MOEX_CUDA_PREGATHER=0/1) at T = 512 and 4096 on the four
-#      shapes ($OUT/ab.md); the faster setting (summed time) is used for the table
+#   2. A/B of grouped_mm variants selected by environment variables (AB_VARIANTS) at T = 512 and 4096
+#      on the four shapes ($OUT/ab.md); the fastest (summed time) is used for the table
 #   3. GPU tests: CudaEquivalence (MOEX_CUDA_TEST_CASES generated cases), CudaGraph, CudaBackends
 #   4. bench/gpu_check.sh PARTS="bench hf table": moex bench and the reference library in the same
 #      call, the side-by-side table ($OUT/side_by_side.md)
@@ -17,33 +17,44 @@ stamp() { echo "== $1 ($(( $(date +%s) - t0 )) s)"; }
 [ -n "${SKIP_BUILD:-}" ] || PARTS=build bash bench/gpu_check.sh > "$OUT/build_step.log" 2>&1 || { tail -30 "$OUT/build_step.log"; exit 1; }
 grep -E "HGMMA|moex:|error" "$OUT/build.log" | head -20
 
-stamp "A/B pre-gather"
+stamp "A/B variants"
+# AB_VARIANTS: space-separated "name:ENV=VALUE[,ENV=VALUE]" items timed against the default build
+# ("base"); the table below uses the fastest by summed time over the A/B cases.
+AB_VARIANTS=${AB_VARIANTS:-"pregather:MOEX_CUDA_PREGATHER=1"}
 : > "$OUT/ab.json"
-for pg in 0 1; do
-  MOEX_CUDA_PREGATHER=$pg timeout 120 "$BUILD/moex" bench --device cuda --backends grouped_mm --shapes "$SHAPES" \
+for v in "base:" $AB_VARIANTS; do
+  name=${v%%:*}; envs=${v#*:}
+  env $(echo "$envs" | tr ',' ' ') timeout 120 "$BUILD/moex" bench --device cuda --backends grouped_mm --shapes "$SHAPES" \
     --tokens ${AB_TOKENS:-512,4096} --dtype bf16 --format json --min-time-ms 20 --max-iters 10 --warmup 2 |
-    sed "s/^{/{\"pregather\": $pg, /" >> "$OUT/ab.json"
+    sed "s/^{/{\"variant\": \"$name\", /" >> "$OUT/ab.json"
 done
-best=$(python3 - "$OUT/ab.json" <<'PY' | tee "$OUT/ab.md" | tail -1
+best=$(python3 - "$OUT/ab.json" $AB_VARIANTS <<'PY' | tee "$OUT/ab.md" | tail -1
 import json, sys
+envs = {"base": ""}
+for v in sys.argv[2:]:
+    envs[v.split(":", 1)[0]] = v.split(":", 1)[1]
 r = {}
 for l in open(sys.argv[1]):
     if l.startswith("{"):
         try: d = json.loads(l)
         except Exception: continue
-        if "ms" in d: r[(d["shape"], d["T"], d["pregather"])] = d["ms"]
-print("| shape | T | in-kernel gather ms | pre-gather ms | ratio |"); print("|---|---|---|---|---|")
-tot = {0: 0.0, 1: 0.0}
+        if "ms" in d: r[(d["shape"], d["T"], d["variant"])] = d["ms"]
+names = [n for n in envs if any(k[2] == n for k in r)]
+print("| shape | T | " + " | ".join(f"{n} ms" for n in names) + " |"); print("|---|---|" + "---|" * len(names))
+tot = {n: 0.0 for n in names}
 for (s, T) in sorted({(k[0], k[1]) for k in r}):
-    a, b = r.get((s, T, 0)), r.get((s, T, 1))
-    if a and b:
-        tot[0] += a; tot[1] += b
-        print(f"| {s} | {T} | {a:.3f} | {b:.3f} | {a/b:.2f}x |")
-print(1 if tot[1] <= tot[0] else 0)
+    cells = []
+    for n in names:
+        v = r.get((s, T, n)); cells.append(f"{v:.3f}" if v else "—")
+        if v: tot[n] += v
+    print(f"| {s} | {T} | " + " | ".join(cells) + " |")
+print("| total | | " + " | ".join(f"{tot[n]:.3f}" for n in names) + " |")
+best = min(names, key=lambda n: tot[n]) if names else "base"
+print(envs.get(best, ""))
 PY
 )
-echo "pre-gather setting for the table: $best"
-export MOEX_CUDA_PREGATHER=${best:-1}
+echo "settings for the table: '${best}'"
+[ -n "$best" ] && export $(echo "$best" | tr ',' ' ')
 
 stamp tests
 MOEX_CUDA_TEST_CASES=${MOEX_CUDA_TEST_CASES:-60} timeout 200 "$BUILD/moex_tests" \

@@ -63,6 +63,7 @@
 // (qwen3's down projection, K = 768: 12 stages per tile, then 128 KB of f32 stores).
 #include <cudaTypedefs.h>
 
+#include <cstdlib>
 #include <mutex>
 
 #include "backends/cuda/mma_ptx.cuh"
@@ -494,9 +495,16 @@ CUtensorMap make_map(CUtensorMapDataType type, const void* base, int rank, const
                      const cuuint64_t* strides_bytes, const cuuint32_t* box, CUtensorMapSwizzle swizzle) {
   CUtensorMap map;
   const cuuint32_t elem_strides[3] = {1, 1, 1};
+  // L2 promotion of each TMA request: 256 B by default; MOEX_CUDA_TMA_L2PROMO=0/64/128/256 to measure
+  static const CUtensorMapL2promotion promo = [] {
+    const char* v = std::getenv("MOEX_CUDA_TMA_L2PROMO");
+    const int b = v && *v ? std::atoi(v) : 256;
+    return b == 0 ? CU_TENSOR_MAP_L2_PROMOTION_NONE
+                  : b == 64 ? CU_TENSOR_MAP_L2_PROMOTION_L2_64B
+                            : b == 128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_128B : CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
+  }();
   const CUresult r = encode_fn()(&map, type, cuuint32_t(rank), const_cast<void*>(base), dims, strides_bytes, box, elem_strides,
-                                 CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+                                 CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, promo, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS)
     detail::fail(ErrorCode::internal, "cuTensorMapEncodeTiled failed ({}) for the grouped GEMM's TMA descriptor", int(r));
   return map;
