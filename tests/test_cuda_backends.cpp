@@ -171,6 +171,8 @@ std::vector<check::Case> decode_cases(uint64_t seed, DType dt) {
     c.spec.has_bias = true; c.routing = check::Routing::dropped; add(c, ue8m0); }
   { auto c = make_case(seed + 48, dt, 4, 256, 128, 64, 2); c.routing = check::Routing::one_expert; add(c, fp8); }
   add(make_case(seed + 49, dt, 4, 144, 80, 1, 4), fp8);                      // K = E
+  // few rows per expert on average (8-row passes) but skewed: some experts need several passes
+  { auto c = make_case(seed + 53, dt, 64, 256, 128, 64, 2); c.routing = check::Routing::skewed; add(c, fp8); }
   { auto c = make_case(seed + 50, dt, 8, 1024, 704, 8, 2); c.spec.interleaved = true; add(c, ue8m0); }
   add(make_case(seed + 51, dt, 4, 2048, 256, 1, 2), fp8);                    // up: 8 k slices, down: 1
   { auto c = make_case(seed + 52, dt, 8, 336, 112, 3, 2); c.spec.has_gate = false; c.spec.activation.kind = Activation::relu;

@@ -680,9 +680,11 @@ void launch_quant_decode(const QuantDecodeArgs& a, cudaStream_t stream) {
   p.n_ctr = int(slots * p.gI + ceil_div(a.H, kMinBlockRows));
   p.out = a.out;
   MOEX_CHECK(slots <= 65535, "FP8 decode path: {} expert slots exceed the grid limit", slots);
-  // rows per pass: 8 (one n8 tile) when no expert can get more than 8 rows in the usual routing
-  // (T <= 8: an expert gets at most one row per token), else 32
-  const int nt = a.T <= 8 ? 1 : 4;
+  // Rows per pass: 8 (one n8 tile) when T <= 8 (an expert gets at most one row per token with
+  // distinct top-k experts) or when the hit experts average <= 5 rows (deepseek / qwen shapes at
+  // T = 64: few experts need a second pass, and the NT = 1 kernel runs 2 blocks per SM, 64 KB of
+  // loads in flight); else 32 rows (mixtral at T = 64: ~16 rows per expert).
+  const int nt = a.T <= 8 || S <= 5 * slots ? 1 : 4;
   const int ks_up = choose_ks(slots, a.up.N, p.up_epi != Epi::up_plain, p.gH);
   const int ks_down = choose_ks(slots, a.H, false, p.gI);
   switch (a.dtype) {
