@@ -5,7 +5,8 @@
 // quantized cases on batched_mm with the tensor-core FP8 GEMV forced on and off.
 // Without a CUDA device every test is skipped with the reason.
 //
-// MOEX_CUDA_PERF=1 also runs CudaPerf.Shapes: the SPEC §9 shapes timed with CUDA events.
+// MOEX_CUDA_PERF=1 also runs CudaPerf.Shapes: the SPEC §9 shapes timed with CUDA events (graph
+// replay for the capturable backends); MOEX_CUDA_PERF_QUANT=none,fp8 times bf16 and FP8 experts.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -123,6 +124,88 @@ std::vector<check::Case> quant_cases(uint64_t seed, DType dt) {
   return out;
 }
 
+// Sets an environment variable for a scope and restores its previous value.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    const char* prev = std::getenv(name);
+    had_ = prev != nullptr;
+    if (had_) saved_ = prev;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (had_) setenv(name_, saved_.c_str(), 1);
+    else unsetenv(name_);
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::string saved_;
+  bool had_ = false;
+};
+
+// The FP8 decode path (quant_decode.cu; MOEX_CUDA_FP8_DECODE=1 forces it at any T): T in
+// {1, 3, 8, 64, 200} (200: experts with more rows than one 32-row pass), H or I not multiples of
+// 128 (partial k blocks, partial column blocks, partial 128-groups of h), skewed / dropped /
+// one-expert routing, f32 and UE8M0 scales, block_n 1 / 64 / 128, every epilogue, biases, i64
+// indices, K = E, and shapes that make the host pick 1 and 8 k slices per block.
+std::vector<check::Case> decode_cases(uint64_t seed, DType dt) {
+  std::vector<check::Case> out;
+  auto add = [&](check::Case c, QuantSpec q) {
+    c.spec.quant = q;
+    out.push_back(c);
+  };
+  const QuantSpec fp8 = QuantSpec::fp8_block(128, 128, ScaleFormat::f32);
+  const QuantSpec ue8m0 = QuantSpec::fp8_block(128, 128, ScaleFormat::ue8m0);
+  add(make_case(seed + 41, dt, 8, 512, 384, 1, 4), ue8m0);
+  { auto c = make_case(seed + 42, dt, 16, 272, 208, 3, 4); c.spec.has_bias = true; add(c, fp8); }
+  { auto c = make_case(seed + 43, dt, 8, 256, 176, 8, 2); c.spec.interleaved = true; c.spec.has_bias = true;
+    c.spec.activation = ActivationSpec::gpt_oss(); add(c, QuantSpec::fp8_block(1, 128)); }
+  { auto c = make_case(seed + 44, dt, 16, 384, 256, 64, 4); c.routing = check::Routing::skewed; add(c, ue8m0); }
+  { auto c = make_case(seed + 45, dt, 8, 208, 144, 64, 3); c.routing = check::Routing::dropped; c.index_dtype = DType::i64;
+    c.spec.has_bias = true; add(c, QuantSpec::fp8_block(64, 128, ScaleFormat::f32)); }
+  { auto c = make_case(seed + 46, dt, 8, 256, 192, 200, 2); c.routing = check::Routing::skewed; add(c, fp8); }
+  { auto c = make_case(seed + 47, dt, 6, 320, 160, 200, 2); c.spec.has_gate = false; c.spec.activation.kind = Activation::gelu;
+    c.spec.has_bias = true; c.routing = check::Routing::dropped; add(c, ue8m0); }
+  { auto c = make_case(seed + 48, dt, 4, 256, 128, 64, 2); c.routing = check::Routing::one_expert; add(c, fp8); }
+  add(make_case(seed + 49, dt, 4, 144, 80, 1, 4), fp8);                      // K = E
+  // few rows per expert on average (8-row passes) but skewed: some experts need several passes
+  { auto c = make_case(seed + 53, dt, 64, 256, 128, 64, 2); c.routing = check::Routing::skewed; add(c, fp8); }
+  { auto c = make_case(seed + 50, dt, 8, 1024, 704, 8, 2); c.spec.interleaved = true; add(c, ue8m0); }
+  add(make_case(seed + 51, dt, 4, 2048, 256, 1, 2), fp8);                    // up: 8 k slices, down: 1
+  { auto c = make_case(seed + 52, dt, 8, 336, 112, 3, 2); c.spec.has_gate = false; c.spec.activation.kind = Activation::relu;
+    c.routing = check::Routing::dropped; add(c, QuantSpec::fp8_block(64, 128, ScaleFormat::ue8m0)); }
+  return out;
+}
+
+// batched_mm and grouped_mm through the decode path (forced on) against the same-quantization
+// f64 reference (SPEC §8: <= 2e-3) and the unquantized one (<= 8e-2); outputs poisoned first
+// (check::run_case), every element must be written.
+class CudaFp8Decode : public ::testing::TestWithParam<DType> {};
+
+TEST_P(CudaFp8Decode, MatchesTheReference) {
+  SKIP_WITHOUT_CUDA();
+  const DType dt = GetParam();
+  ScopedEnv force("MOEX_CUDA_FP8_DECODE", "1");
+  const uint64_t seed = seed_from_env();
+  std::printf("seed %llu (set MOEX_TEST_SEED to change)\n", (unsigned long long)seed);
+  double worst = 0;
+  for (const auto& c : decode_cases(seed, dt)) {
+    for (const std::string name : {"batched_mm", "grouped_mm"}) {
+      const auto r = check::run_case(name, c, Device::cuda());
+      EXPECT_EQ(r.status, check::Result::Status::passed)
+          << name << " " << c.describe() << ": " << check::status_name(r.status) << ": " << r.message;
+      worst = std::max(worst, r.rel_l2);
+    }
+  }
+  std::printf("FP8 decode path: worst rel L2 %.2e\n", worst);
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, CudaFp8Decode, ::testing::Values(DType::f32, DType::f16, DType::bf16),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+
 class CudaEquivalence : public ::testing::TestWithParam<DType> {};
 
 TEST_P(CudaEquivalence, EveryCudaBackendMatchesTheReference) {
@@ -163,9 +246,8 @@ class CudaFp8MmaGemv : public ::testing::TestWithParam<std::tuple<DType, const c
 TEST_P(CudaFp8MmaGemv, BatchedMmQuantizedCasesMatchTheReference) {
   SKIP_WITHOUT_CUDA();
   const auto [dt, setting] = GetParam();
-  const char* prev = std::getenv("MOEX_CUDA_FP8_MMA_GEMV");
-  const std::string saved = prev ? prev : "";
-  setenv("MOEX_CUDA_FP8_MMA_GEMV", setting, 1);
+  ScopedEnv gemv("MOEX_CUDA_FP8_MMA_GEMV", setting);
+  ScopedEnv no_decode("MOEX_CUDA_FP8_DECODE", "0");  // the GEMVs, not the decode path
   const uint64_t seed = seed_from_env();
   double worst = 0;
   for (const auto& c : quant_cases(seed, dt)) {
@@ -176,8 +258,6 @@ TEST_P(CudaFp8MmaGemv, BatchedMmQuantizedCasesMatchTheReference) {
     worst = std::max(worst, r.rel_l2);
   }
   std::printf("MOEX_CUDA_FP8_MMA_GEMV=%s: worst rel L2 %.2e\n", setting, worst);
-  if (prev) setenv("MOEX_CUDA_FP8_MMA_GEMV", saved.c_str(), 1);
-  else unsetenv("MOEX_CUDA_FP8_MMA_GEMV");
 }
 
 INSTANTIATE_TEST_SUITE_P(Settings, CudaFp8MmaGemv,
@@ -269,6 +349,17 @@ TEST_P(CudaGraph, ReplayWithNewRoutingEqualsDirectCall) {
   c.spec.has_bias = true;
   if (quant == "fp8") c.spec.quant = QuantSpec::fp8_block();
   if (quant == "fp4") c.spec.quant = QuantSpec::fp4_group(32);
+  // the FP8 decode path (T <= 64 by default): one token, and 64 tokens with UE8M0 scales, H and I
+  // not multiples of 128
+  if (quant == "fp8_t1") {
+    c = make_case(78, dt, 16, 256, 128, 1, 4);
+    c.spec.quant = QuantSpec::fp8_block();
+  }
+  if (quant == "fp8_t64") {
+    c = make_case(79, dt, 8, 272, 208, 64, 2);
+    c.spec.has_bias = true;
+    c.spec.quant = QuantSpec::fp8_block(128, 128, ScaleFormat::ue8m0);
+  }
   const check::Instance host = check::make_instance(c);
   const check::Instance dev = host.to(Device::cuda());
   const int64_t T = c.tokens, H = c.spec.hidden;
@@ -336,7 +427,8 @@ TEST_P(CudaGraph, ReplayWithNewRoutingEqualsDirectCall) {
 INSTANTIATE_TEST_SUITE_P(Capturable, CudaGraph,
                          ::testing::Combine(::testing::Values(std::string("batched_mm"), std::string("grouped_mm")),
                                             ::testing::Values(DType::f32, DType::bf16),
-                                            ::testing::Values(std::string("none"), std::string("fp8"), std::string("fp4"))),
+                                            ::testing::Values(std::string("none"), std::string("fp8"), std::string("fp4"),
+                                                              std::string("fp8_t1"), std::string("fp8_t64"))),
                          [](const auto& info) {
                            return std::get<0>(info.param) + "_" + std::string(dtype_name(std::get<1>(info.param))) + "_" +
                                   std::get<2>(info.param);
@@ -401,6 +493,34 @@ __attribute__((unused)) void fill_random_bf16(void* dst, size_t n, std::mt19937_
   }
 }
 
+// Random FP8 e4m3 codes (never the NaN codes 0x7f / 0xff), tiled like fill_random_bf16.
+__attribute__((unused)) void fill_random_fp8(void* dst, size_t n, std::mt19937_64& rng) {
+  const size_t chunk = std::min<size_t>(n, size_t(32) << 20);
+  std::vector<uint8_t> h(chunk);
+  for (auto& v : h) {
+    v = uint8_t(rng());
+    if ((v & 0x7f) == 0x7f) v ^= 1;
+  }
+  char* d = static_cast<char*>(dst);
+  cudaMemcpy(d, h.data(), chunk, cudaMemcpyHostToDevice);
+  for (size_t done = chunk; done < n;) {
+    const size_t m = std::min(done, n - done);
+    cudaMemcpy(d + done, d, m, cudaMemcpyDeviceToDevice);
+    done += m;
+  }
+}
+
+// FP8 128x128 block scales [E, ceil(out/128), ceil(in/128)] f32: codes · scale ~ N(0, 0.02)-sized.
+__attribute__((unused)) Tensor random_fp8_scales(int64_t E, int64_t out, int64_t in, std::mt19937_64& rng) {
+  const int64_t sr = (out + 127) / 128, sc = (in + 127) / 128;
+  std::vector<float> h(size_t(E * sr * sc));
+  std::uniform_real_distribution<float> ud(0.5f, 1.5f);
+  for (auto& v : h) v = 0.02f / 64.0f * ud(rng);
+  Tensor t = Tensor::empty(DType::f32, {E, sr, sc}, Device::cuda());
+  copy_bytes(t.data(), Device::cuda(), h.data(), Device::cpu(), t.nbytes());
+  return t;
+}
+
 TEST(CudaPerf, Shapes) {
   SKIP_WITHOUT_CUDA();
   if (!std::getenv("MOEX_CUDA_PERF")) GTEST_SKIP() << "set MOEX_CUDA_PERF=1 to time the SPEC §9 shapes";
@@ -434,11 +554,38 @@ TEST(CudaPerf, Shapes) {
     spec.hidden = sh.H;
     spec.intermediate = sh.I;
     spec.dtype = DType::bf16;
-    Tensor gu = Tensor::empty(DType::bf16, {sh.E, 2 * sh.I, sh.H}, Device::cuda());
-    Tensor dn = Tensor::empty(DType::bf16, {sh.E, sh.H, sh.I}, Device::cuda());
-    fill_random_bf16(gu.data(), size_t(gu.numel()), rng, 0.02f);
-    fill_random_bf16(dn.data(), size_t(dn.numel()), rng, 0.02f);
-    Experts ex{spec, gu, dn, {}, {}, {}, {}};
+    // MOEX_CUDA_PERF_QUANT: "none" (bf16 experts, default), "fp8" (128x128 blocks, f32 scales) or both
+    // ("none,fp8": bf16 and FP8 timed side by side in one run, same routing)
+    const std::string quant_list = std::getenv("MOEX_CUDA_PERF_QUANT") ? std::getenv("MOEX_CUDA_PERF_QUANT") : "none";
+    const bool want_bf16 = quant_list.find("none") != std::string::npos;
+    const bool want_fp8 = quant_list.find("fp8") != std::string::npos;
+    Tensor gu, dn, gu8, dn8, gus, dns;
+    if (want_bf16) {
+      gu = Tensor::empty(DType::bf16, {sh.E, 2 * sh.I, sh.H}, Device::cuda());
+      dn = Tensor::empty(DType::bf16, {sh.E, sh.H, sh.I}, Device::cuda());
+      fill_random_bf16(gu.data(), size_t(gu.numel()), rng, 0.02f);
+      fill_random_bf16(dn.data(), size_t(dn.numel()), rng, 0.02f);
+    }
+    if (want_fp8) {
+      gu8 = Tensor::empty(DType::fp8_e4m3, {sh.E, 2 * sh.I, sh.H}, Device::cuda());
+      dn8 = Tensor::empty(DType::fp8_e4m3, {sh.E, sh.H, sh.I}, Device::cuda());
+      fill_random_fp8(gu8.data(), size_t(gu8.numel()), rng);
+      fill_random_fp8(dn8.data(), size_t(dn8.numel()), rng);
+      gus = random_fp8_scales(sh.E, 2 * sh.I, sh.H, rng);
+      dns = random_fp8_scales(sh.E, sh.H, sh.I, rng);
+    }
+    struct Variant {
+      const char* suffix;
+      Experts ex;
+      double wbytes;  // bytes per weight element
+    };
+    std::vector<Variant> variants;
+    if (want_bf16) variants.push_back({"", Experts{spec, gu, dn, {}, {}, {}, {}}, 2.0});
+    if (want_fp8) {
+      ExpertsSpec s8 = spec;
+      s8.quant = QuantSpec::fp8_block();
+      variants.push_back({"/fp8", Experts{s8, gu8, dn8, {}, {}, gus, dns}, 1.0});
+    }
     for (int64_t T : tokens) {
       Tensor x = Tensor::empty(DType::bf16, {T, sh.H}, Device::cuda());
       fill_random_bf16(x.data(), size_t(x.numel()), rng, 1.0f);
@@ -464,13 +611,16 @@ TEST(CudaPerf, Shapes) {
       Tensor out = Tensor::empty(DType::bf16, {T, sh.H}, Device::cuda());
       ExpertsCall call{x, ti, tw, out};
       const double flops = 2.0 * double(T * sh.K) * double(sh.H) * double(3 * sh.I);
-      const double bytes = double(distinct) * 3.0 * double(sh.H * sh.I) * 2.0 + 2.0 * double(T * sh.H) * 2.0;
-      const double floor_ms = std::max(bytes / 4.3e12, flops / 790e12) * 1e3;
+      for (const Variant& v : variants)
       for (const std::string name : {"batched_mm", "grouped_mm", "eager"}) {
+        const Experts& ex = v.ex;
+        const std::string label = name + v.suffix;
+        const double bytes = double(distinct) * 3.0 * double(sh.H * sh.I) * v.wbytes + 2.0 * double(T * sh.H) * 2.0;
+        const double floor_ms = std::max(bytes / 4.3e12, flops / 790e12) * 1e3;
         if (const char* only = std::getenv("MOEX_CUDA_PERF_BACKENDS"); only && std::string(only).find(name) == std::string::npos)
           continue;
         if (name == "batched_mm" && T > 512) continue;
-        if (name == "eager" && T < 4096 && sh.E > 8) continue;
+        if (name == "eager" && ((T < 4096 && sh.E > 8) || ex.spec.quant.quantized())) continue;
         auto backend = ExpertsInterface::global().get(name);
         Workspace ws(Device::cuda());
         ws.reserve(backend->workspace_bytes(Problem::from(ex, call)));
@@ -506,11 +656,11 @@ TEST(CudaPerf, Shapes) {
           std::sort(times.begin(), times.end());
           ms = times[times.size() / 2];
         } catch (const std::exception& e) {
-          std::printf("PERF %s %lld %s error: %s\n", sh.name, (long long)T, name.c_str(), e.what());
+          std::printf("PERF %s %lld %s error: %s\n", sh.name, (long long)T, label.c_str(), e.what());
           continue;
         }
         cuda_ok(cudaGetLastError());
-        std::printf("PERF %s %lld %s %.4f %.1f %.0f %.4f\n", sh.name, (long long)T, name.c_str(), ms, flops / ms / 1e9,
+        std::printf("PERF %s %lld %s %.4f %.1f %.0f %.4f\n", sh.name, (long long)T, label.c_str(), ms, flops / ms / 1e9,
                     bytes / ms / 1e6, floor_ms);
         std::fflush(stdout);
       }

@@ -15,7 +15,10 @@
 //               Grids sized by static bounds, offsets read on the device: capturable.
 //
 // FP8 block-scaled / FP4 experts (SPEC §6; quant_common.cuh): the tokens and h are quantized on
-// the device per token and 128 channels; batched_mm runs quant_gemv.cu, grouped_mm the tensor-
+// the device per token and 128 channels. At small T (T <= kDecodeMaxTokens = 64; the env
+// MOEX_CUDA_FP8_DECODE=0/1 turns it off / on for any T) FP8 [E, out, in] experts on sm_89+ take
+// quant_decode.cu in both batched_mm and grouped_mm: each routed expert's weights read once for
+// all its rows, three kernels per forward. Otherwise batched_mm runs quant_gemv.cu, grouped_mm the tensor-
 // core kernel of quant_grouped_gemm.cu (its own plan, 64-row tiles; MOEX_CUDA_FP8_TMA=1 sends FP8
 // 128x128 experts on Hopper to deepgemm.cu's TMA + QGMMA kernel instead); eager dequantizes one
 // expert at a time to f32 [N, K] and runs cuBLAS in f32 (pedantic) on the dequantized activations
@@ -27,6 +30,8 @@
 //               (+ quantized: xq [T, H] u8 + xs [T, H/128] f32 + hq [S, I] u8 + hs [S, I/128] f32)
 //   grouped_mm  plan (~8·S + 16·(S/128 + E) bytes) + h [S, I] act dtype + y [S, H] f32
 //               (+ quantized: the batched_mm codes and scales)
+//   FP8 decode  (either backend, at most) xq, xs, h, hq, hs as above + y [S, H] f32 + a plan of
+//               ~S + 2·min(S, E) ints and counters (quant_decode_workspace)
 //   eager       plan + xs [S, H] act + gu [S, R] f32 (act dtype used for bf16/f16) + h [S, I] act + y [S, H] f32
 //               (+ quantized: the codes and scales of S rows, their values xf [S, H] and
 //                hf [S, I] f32, one dequantized expert max(R·H, H·I) f32)
@@ -143,6 +148,43 @@ struct QuantActs {
 Epi up_epi(const ExpertsSpec& s) {
   if (!s.has_gate) return Epi::up_plain;
   return s.interleaved ? Epi::up_interleaved : Epi::up_concat;
+}
+
+// FP8 experts at small T (quant_decode.cu): true and the path's arguments filled when the shape,
+// the buffers and the workspace allow it.
+bool decode_route(const Experts& ex, const ExpertsCall& call, const RunContext& ctx, QuantDecodeArgs& d) {
+  const ExpertsSpec& s = ex.spec;
+  const int64_t T = call.hidden.shape[0];
+  if (!quant_decode_shape_ok(s, T)) return false;
+  d = QuantDecodeArgs{};
+  d.hidden = call.hidden.data;
+  d.idx = call.top_k_index.data;
+  d.idx64 = call.top_k_index.dtype == DType::i64;
+  d.topw = call.top_k_weights.data;
+  d.topw_code = dtype_code(call.top_k_weights.dtype);
+  d.up = up_weights(ex);
+  d.down = down_weights(ex);
+  d.up_bias = bias_ptr(ex, ex.gate_up_bias);
+  d.down_bias = bias_ptr(ex, ex.down_bias);
+  d.up_epi = up_epi(s);
+  d.act = act_params(s.activation);
+  d.T = T;
+  d.K = call.top_k_index.shape[1];
+  d.E = s.num_experts;
+  d.H = s.hidden;
+  d.I = s.intermediate;
+  d.dtype = s.dtype;
+  d.ws = ctx.workspace.data();
+  d.ws_bytes = ctx.workspace.capacity();
+  d.out = call.out.data;
+  return quant_decode_usable(d);
+}
+
+// Workspace of the decode path when a call of this problem may take it.
+size_t decode_workspace(const Problem& p) {
+  if (!quant_decode_shape_ok(p.spec, p.tokens)) return 0;
+  return quant_decode_workspace(p.tokens, p.top_k, p.spec.num_experts, p.spec.hidden, p.spec.intermediate,
+                                dtype_size(p.spec.dtype));
 }
 
 // ---- cuBLAS (eager) ------------------------------------------------------------------------
@@ -265,7 +307,7 @@ static bool pregather_tokens() {
 size_t cuda_batched_workspace(const Problem& p) {
   const int64_t S = pairs_of(p), H = p.spec.hidden, I = p.spec.intermediate;
   const size_t quant = p.spec.quant.quantized() ? QuantActs::bytes(p.tokens, S, H, I) : 0;
-  return bytes_of(S * I, dtype_size(p.spec.dtype)) + quant;
+  return std::max(bytes_of(S * I, dtype_size(p.spec.dtype)) + quant, decode_workspace(p));
 }
 
 size_t cuda_grouped_workspace(const Problem& p) {
@@ -279,7 +321,8 @@ size_t cuda_grouped_workspace(const Problem& p) {
                      bytes_of(S * H, 4) + quant + xs;
   // FP8 on Hopper runs deepgemm.cu's QGMMA kernel (or this file's path when the buffers' alignment
   // rules it out at run time): room for either
-  return fp8_on_tma(p) ? std::max(own, cuda_fp8_tma_workspace(p)) : own;
+  const size_t with_decode = std::max(own, decode_workspace(p));
+  return fp8_on_tma(p) ? std::max(with_decode, cuda_fp8_tma_workspace(p)) : with_decode;
 }
 
 size_t cuda_eager_workspace(const Problem& p) {
@@ -298,6 +341,13 @@ size_t cuda_eager_workspace(const Problem& p) {
 void cuda_batched(const Experts& ex, const ExpertsCall& call, const RunContext& ctx) {
   const ExpertsSpec& s = ex.spec;
   DeviceGuard guard(call.hidden.device.index);
+  if (s.quant.quantized()) {
+    QuantDecodeArgs d;
+    if (decode_route(ex, call, ctx, d)) {  // small T: each expert's weights read once (quant_decode.cu)
+      launch_quant_decode(d, stream_of(ctx));
+      return;
+    }
+  }
   const int64_t T = call.hidden.shape[0], K = call.top_k_index.shape[1], S = T * K;
   WorkspaceCarver ws(ctx.workspace.data(), ctx.workspace.capacity());
   BatchedArgs a{};
@@ -342,6 +392,14 @@ void cuda_batched(const Experts& ex, const ExpertsCall& call, const RunContext& 
 
 void cuda_grouped(const Experts& ex, const ExpertsCall& call, const RunContext& ctx) {
   const ExpertsSpec& s = ex.spec;
+  if (s.quant.quantized()) {
+    QuantDecodeArgs d;
+    DeviceGuard guard(call.hidden.device.index);
+    if (decode_route(ex, call, ctx, d)) {  // small T: three kernels, no separate plan (quant_decode.cu)
+      launch_quant_decode(d, stream_of(ctx));
+      return;
+    }
+  }
   if (s.quant.quantized() && aligned16(ex.gate_up.data) && aligned16(ex.down.data) && fp8_on_tma(Problem::from(ex, call))) {
     cuda_fp8_tma_grouped(ex, call, ctx);  // TMA + QGMMA, contiguous layout (deepgemm.cu)
     return;

@@ -114,4 +114,34 @@ struct QuantGemmArgs {
 };
 void launch_quant_grouped_gemm(const QuantGemmArgs& a, DType dtype, cudaStream_t stream);
 
+// FP8 experts at decode / small batch (quant_decode.cu): each routed expert's weights read once
+// for all its rows, three kernels per forward (plan + token quantization, up, down + combine).
+// grouped_mm and batched_mm route FP8 here when quant_decode_shape_ok and quant_decode_usable.
+constexpr int kDecodeMaxExperts = 2048;  // the plan is built in one block's shared memory
+constexpr int64_t kDecodeMaxTokens = 64; // default bound on T (MOEX_CUDA_FP8_DECODE=1: any T, =0: never)
+struct QuantDecodeArgs {
+  const void* hidden;       // [T, H]
+  const void* idx;          // [T, K]
+  bool idx64;
+  const void* topw;         // [T, K]
+  int topw_code;
+  QuantWeights up, down;    // FP8, [E, out, in]
+  const void* up_bias;      // [E, R] or nullptr
+  const void* down_bias;    // [E, H] or nullptr
+  Epi up_epi;               // up_plain, up_concat or up_interleaved
+  ActParams act;
+  int64_t T, K, E, H, I;
+  DType dtype;              // activation dtype
+  void* ws;                 // workspace (quant_decode_workspace bytes)
+  size_t ws_bytes;
+  void* out;                // [T, H]
+};
+// The layout/size/T conditions (host only, no pointers): FP8 128-k blocks, [E, out, in], H and
+// I multiples of 16, E <= kDecodeMaxExperts, T <= kDecodeMaxTokens unless MOEX_CUDA_FP8_DECODE.
+bool quant_decode_shape_ok(const ExpertsSpec& s, int64_t T);
+size_t quant_decode_workspace(int64_t T, int64_t K, int64_t E, int64_t H, int64_t I, size_t esz);
+// The run-time conditions: aligned bases, sm_89+, enough workspace.
+bool quant_decode_usable(const QuantDecodeArgs& a);
+void launch_quant_decode(const QuantDecodeArgs& a, cudaStream_t stream);
+
 }  // namespace moex::cuda

@@ -1,0 +1,698 @@
+// backends/cuda/quant_decode.cu — FP8 block-scaled experts at decode / small batch (SPEC §6):
+// each routed expert's weights are read ONCE for all the rows routed to it, at memory speed,
+// in three kernels per forward (grouped_mm and batched_mm on FP8 both route here when T is small).
+//
+//   1. decode_prep   block 0: the routing plan in shared memory (hit experts, per-expert row
+//                    ranges, pair list), the counters of kernels 2/3 zeroed; blocks 1..: the
+//                    tokens quantized per 128 channels (xq [T, H] e4m3, xs [T, ceil(H/128)] f32).
+//   2. decode_up     grid (column block, hit-expert slot): W_up[e] rows × the expert's token rows,
+//                    gated activation in the epilogue, h [S, I] written in the activation dtype;
+//                    the last block of each 128-wide group of h (an integer counter) quantizes
+//                    that group of the expert's rows: hq [S, I] e4m3, hs [S, ceil(I/128)] f32.
+//   3. decode_down   grid (column block, slot): W_down[e] rows × hq rows → y [S, H] f32 (+ bias);
+//                    the last block of each column block (counter = number of hit experts) sums
+//                    out[t, n] = Σ_j w[t, j] · y[t·K + j, n] over the slots in slot order, in f32.
+//
+// Rows are indexed by pair p = t·K + j (h, hq, y), so no inverse permutation is needed; the
+// order of pairs inside an expert's block depends on shared-memory atomics, but every column is
+// computed on its own with the same arithmetic wherever it lands: results are deterministic and
+// bit-reproducible (no float atomics; graph replay = direct call).
+//
+// The MMA ("swap AB"): weight rows are the M side of mma.sync m16n8k16 (f16 × f16 → f32), the
+// expert's rows (tokens or pairs) the N side (n8 tiles, NT of them per pass, more passes when an
+// expert has more than 8·NT rows), K streamed 128 (one scale block) at a time. Both operands are
+// e4m3 codes converted with the packed hardware convert cvt.rn.f16x2.e4m3x2 (exact: every e4m3
+// value is an f16), so each MMA sums exact products; a 128-k block is summed in fresh f32
+// registers and promoted: acc += block · (activation scale × weight block scale), as on the CPU.
+// A dot product is invariant under a permutation of k applied to both operands, so k is permuted
+// to make each lane's bytes contiguous: in a 128-k block lane (g = lane/4, q = lane%4) loads the
+// 16-byte chunks [16q, 16q+16) and [64+16q, 64+16q+16) of weight rows g and g+8 (each warp load
+// instruction covers 64 contiguous bytes of 8 rows: whole sectors) and the same bytes of its
+// activation row g; word j (0..7) of those 32 bytes feeds MMA j: bytes 0-1 → fragment regs
+// a0/a1/b0 (logical k 2q, 2q+1), bytes 2-3 → a2/a3/b1 (k 2q+8, 2q+9), identical for A and B.
+//
+// A block is 8 warps = (8/KS) m16 tiles × KS slices of the K blocks (KS chosen on the host so
+// that there are enough blocks to keep ~2 per SM busy); the KS partial sums meet in shared memory
+// and are added in slice order. Each warp keeps two K blocks of weight loads in flight while it
+// computes a third (3-stage register ring, 64 bytes per lane per stage: 4 KB per warp in flight).
+//
+// Budget per 128-k block and m16 tile (2 KB of weights, one warp): 4 LDG.128 of weights, 32
+// F2FP (A) + 16·NT F2FP (B), 8·NT HMMA, ~12·NT FMUL/FFMA of promotion and a few scalar loads:
+// ~60 warp instructions per 2 KB at NT = 1, ~0.03 warp-instructions per weight byte where the
+// H200 issues ~0.25 per byte of DRAM bandwidth: the kernel is bound by memory, not by issue.
+//
+// Requirements (checked by quant_decode_usable): FP8 block-scaled weights in the default
+// [E, out, in] layout with 128-wide k blocks, H and I multiples of 16 (16-byte rows), 16-byte
+// aligned bases, E <= kDecodeMaxExperts, compute capability >= 8.9 (the e4m3x2 convert).
+// Shapes: W_up [E, R, H] (R = 2I gated, concatenated or interleaved, or I), W_down [E, H, I],
+// block scales [E, ceil(out/block_n), ceil(in/128)] f32 or UE8M0.
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "backends/cuda/mma_ptx.cuh"
+#include "backends/cuda/quant_common.cuh"
+
+namespace moex::cuda {
+
+namespace {
+
+constexpr int THREADS = 256, WARPS = THREADS / 32;
+constexpr int kMinBlockRows = 16;  // BM at KS = 8: bounds the number of down column blocks
+
+// Everything the three kernels read; passed by value.
+struct DecodeParams {
+  const void* hidden;   // [T, H] activation dtype
+  const void* idx;      // [T, K]
+  bool idx64;
+  const void* topw;     // [T, K]
+  int topw_code;
+  QuantWeights up, down;
+  const void* up_bias;  // [E, R] or nullptr
+  const void* down_bias;// [E, H] or nullptr
+  Epi up_epi;
+  ActParams act;
+  int T, K, E, H, I, R, S, slots, gH, gI;
+  // workspace
+  uint8_t* xq;          // [T, H]
+  float* xs;            // [T, gH]
+  void* h;              // [S, I] activation dtype
+  uint8_t* hq;          // [S, I]
+  float* hs;            // [S, gI]
+  float* y;             // [S, H]
+  int* n_hit;           // [1]     number of experts with rows
+  int* hit_expert;      // [slots] expert of slot b
+  int* slot_off;        // [slots + 1] slot b owns pair-list entries [slot_off[b], slot_off[b+1])
+  int* pairs;           // [S]     pair ids grouped by expert
+  int* up_ctr;          // [slots * gI] finished up blocks per (slot, 128-group of I)
+  int* down_ctr;        // [ceil(H / kMinBlockRows)] finished down blocks per column block
+  int n_ctr;            // total counters (zeroed by decode_prep)
+  void* out;            // [T, H]
+};
+
+// ---- small device helpers ------------------------------------------------------------------
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Loads through L2 (coherent with other blocks' writes of this kernel after their fence).
+__device__ __forceinline__ float ld_cg(const float* p) { return __ldcg(p); }
+__device__ __forceinline__ float ld_cg(const __half* p) {
+  return __half2float(__ushort_as_half(__ldcg(reinterpret_cast<const unsigned short*>(p))));
+}
+__device__ __forceinline__ float ld_cg(const __nv_bfloat16* p) {
+  return __bfloat162float(__ushort_as_bfloat16(__ldcg(reinterpret_cast<const unsigned short*>(p))));
+}
+
+// Streaming 16-byte weight load: read once, not kept in L1; 256-byte L2 prefetch.
+__device__ __forceinline__ uint4 ld_stream16(const void* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+
+// Four e4m3 codes (one 32-bit word) as two f16x2 registers: bytes 0-1 → lo, bytes 2-3 → hi.
+__device__ __forceinline__ void e4m3x4_to_f16x2(uint32_t w, uint32_t& lo, uint32_t& hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n cvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
+      : "=r"(lo), "=r"(hi)
+      : "r"(w));
+#else
+  lo = hi = 0;
+  __trap();  // the host dispatch only picks this path on sm_89+
+#endif
+}
+
+__device__ __forceinline__ uint32_t word_of(const uint4& v, int j) {
+  return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w;
+}
+
+// FP8 block scale kb of a weight row whose scale row starts at `row` (f32 or UE8M0 table).
+__device__ __forceinline__ float block_scale(const void* row, bool ue8m0, int kb) {
+  return ue8m0 ? ue8m0_value(__ldg(static_cast<const uint8_t*>(row) + kb)) : __ldg(static_cast<const float*>(row) + kb);
+}
+
+// One warp quantizes channels [128g, 128g+128) ∩ [0, K) of one row (quant_activation.cu's math):
+// scale = amax / 448 (1 when amax is 0 or not finite), codes = e4m3(v / scale), saturating.
+template <class T>
+__device__ __forceinline__ void quantize_group_warp(const T* row, int K, int g, uint8_t* codes, float* scale_out, int lane) {
+  float v[kQuantGroup / 32];
+  float amax = 0.0f;
+#pragma unroll
+  for (int q = 0; q < kQuantGroup / 32; ++q) {
+    const int c = g * kQuantGroup + q * 32 + lane;
+    v[q] = c < K ? ld_cg(row + c) : 0.0f;
+    amax = fmaxf(amax, fabsf(v[q]));
+  }
+  amax = warp_max(amax);
+  const float scale = amax > 0.0f && isfinite(amax) ? __fdiv_rn(amax, 448.0f) : 1.0f;
+  if (lane == 0) *scale_out = scale;
+#pragma unroll
+  for (int q = 0; q < kQuantGroup / 32; ++q) {
+    const int c = g * kQuantGroup + q * 32 + lane;
+    if (c < K) codes[c] = e4m3_code_sat(__fdiv_rn(v[q], scale));
+  }
+}
+
+// ---- 1. plan + token quantization ----------------------------------------------------------
+template <class T>
+__global__ void __launch_bounds__(THREADS) decode_prep(DecodeParams a) {
+  const int tid = threadIdx.x;
+  if (blockIdx.x > 0) {  // tokens: one warp per (row, 128-group)
+    const int64_t item = int64_t(blockIdx.x - 1) * WARPS + (tid >> 5);
+    if (item >= int64_t(a.T) * a.gH) return;
+    const int r = int(item / a.gH), g = int(item % a.gH);
+    quantize_group_warp<T>(static_cast<const T*>(a.hidden) + int64_t(r) * a.H, a.H, g, a.xq + int64_t(r) * a.H,
+                           a.xs + int64_t(r) * a.gH + g, tid & 31);
+    return;
+  }
+  __shared__ int s_count[kDecodeMaxExperts];
+  __shared__ int s_cursor[kDecodeMaxExperts];
+  __shared__ int s_rows[THREADS], s_hits[THREADS];
+  for (int e = tid; e < a.E; e += THREADS) s_count[e] = 0;
+  for (int i = tid; i < a.n_ctr; i += THREADS) a.up_ctr[i] = 0;  // up_ctr and down_ctr are contiguous
+  __syncthreads();
+  for (int p = tid; p < a.S; p += THREADS) {
+    const int64_t e = load_index(a.idx, a.idx64, p);
+    if (e >= 0 && e < a.E) atomicAdd(&s_count[e], 1);
+  }
+  __syncthreads();
+  // each thread owns a run of experts; inclusive scan of (rows, hit experts) over the runs
+  const int per = (a.E + THREADS - 1) / THREADS;
+  const int e0 = min(a.E, tid * per), e1 = min(a.E, e0 + per);
+  int rows = 0, hits = 0;
+  for (int e = e0; e < e1; ++e) {
+    rows += s_count[e];
+    hits += s_count[e] > 0;
+  }
+  s_rows[tid] = rows;
+  s_hits[tid] = hits;
+  __syncthreads();
+  for (int d = 1; d < THREADS; d <<= 1) {
+    const int r = tid >= d ? s_rows[tid - d] : 0, h = tid >= d ? s_hits[tid - d] : 0;
+    __syncthreads();
+    s_rows[tid] += r;
+    s_hits[tid] += h;
+    __syncthreads();
+  }
+  int row = s_rows[tid] - rows, slot = s_hits[tid] - hits;
+  for (int e = e0; e < e1; ++e) {
+    const int c = s_count[e];
+    s_cursor[e] = row;
+    if (c > 0) {
+      a.hit_expert[slot] = e;
+      a.slot_off[slot] = row;
+      ++slot;
+      row += c;
+    }
+  }
+  if (tid == THREADS - 1) {
+    *a.n_hit = s_hits[tid];
+    a.slot_off[s_hits[tid]] = s_rows[tid];
+  }
+  __syncthreads();
+  for (int p = tid; p < a.S; p += THREADS) {
+    const int64_t e = load_index(a.idx, a.idx64, p);
+    if (e >= 0 && e < a.E) a.pairs[atomicAdd(&s_cursor[e], 1)] = p;
+  }
+}
+
+// ---- the expert tile: BM weight rows × up to 8·NT activation rows -----------------------------
+// One warp: m16 tile `mt` (local rows 16mt .. 16mt+15 → weight rows row_lo (g), row_hi (g+8)),
+// k blocks [kb0, kb1). Activation row of column c: s_arow[c] (-1 = none); its codes act + arow·K,
+// its scales act_s + arow·gK. Results: acc[nt][0..3] = (g, 8nt+2q), (g, 8nt+2q+1), (g+8, 8nt+2q),
+// (g+8, 8nt+2q+1).
+struct Stage {
+  uint4 lo0, lo1, hi0, hi1;  // row g / g+8, chunks [16q, +16) and [64+16q, +16) of the k block
+  float ws_lo, ws_hi;        // their block scales
+};
+
+template <int NT>
+struct TileArgs {
+  const uint8_t* row_lo;  // weight rows (bytes)
+  const uint8_t* row_hi;
+  const void* ws_lo;      // their block-scale rows (f32 or UE8M0, gK entries)
+  const void* ws_hi;
+  bool ue8m0;
+  int K, gK;
+  const uint8_t* act;     // activation codes [*, K]
+  const float* act_s;     // activation scales [*, gK]
+  const int* s_arow;      // shared: activation row per column
+  int nt_used;            // n8 tiles with at least one row in this pass
+  int q, g;
+};
+
+template <int NT>
+__device__ __forceinline__ void load_stage(const TileArgs<NT>& t, int kb, Stage& s) {
+  const int k0 = kb * kQuantGroup + 16 * t.q, k1 = k0 + 64;
+  const uint4 z = make_uint4(0, 0, 0, 0);
+  s.lo0 = k0 < t.K ? ld_stream16(t.row_lo + k0) : z;
+  s.hi0 = k0 < t.K ? ld_stream16(t.row_hi + k0) : z;
+  s.lo1 = k1 < t.K ? ld_stream16(t.row_lo + k1) : z;
+  s.hi1 = k1 < t.K ? ld_stream16(t.row_hi + k1) : z;
+  s.ws_lo = block_scale(t.ws_lo, t.ue8m0, kb);
+  s.ws_hi = block_scale(t.ws_hi, t.ue8m0, kb);
+}
+
+template <int NT>
+__device__ __forceinline__ void compute_stage(const TileArgs<NT>& t, int kb, const Stage& s, float (&acc)[NT][4]) {
+  const int k0 = kb * kQuantGroup + 16 * t.q, k1 = k0 + 64;
+  const uint4 z = make_uint4(0, 0, 0, 0);
+  uint4 xb[NT][2];
+  float xsc[NT][2];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    xb[nt][0] = xb[nt][1] = z;
+    xsc[nt][0] = xsc[nt][1] = 0.0f;
+    if (nt < t.nt_used) {
+      const int ar = t.s_arow[nt * 8 + t.g];
+      if (ar >= 0) {
+        const uint8_t* x = t.act + int64_t(ar) * t.K;
+        if (k0 < t.K) xb[nt][0] = __ldg(reinterpret_cast<const uint4*>(x + k0));
+        if (k1 < t.K) xb[nt][1] = __ldg(reinterpret_cast<const uint4*>(x + k1));
+      }
+      const int c0 = t.s_arow[nt * 8 + 2 * t.q], c1 = t.s_arow[nt * 8 + 2 * t.q + 1];
+      if (c0 >= 0) xsc[nt][0] = __ldg(t.act_s + int64_t(c0) * t.gK + kb);
+      if (c1 >= 0) xsc[nt][1] = __ldg(t.act_s + int64_t(c1) * t.gK + kb);
+    }
+  }
+  float d[NT][4];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) d[nt][0] = d[nt][1] = d[nt][2] = d[nt][3] = 0.0f;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    uint32_t a[4];
+    e4m3x4_to_f16x2(word_of(j < 4 ? s.lo0 : s.lo1, j & 3), a[0], a[2]);
+    e4m3x4_to_f16x2(word_of(j < 4 ? s.hi0 : s.hi1, j & 3), a[1], a[3]);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      if (nt < t.nt_used) {
+        uint32_t b[2];
+        e4m3x4_to_f16x2(word_of(xb[nt][j >> 2], j & 3), b[0], b[1]);
+        ptx::mma16816<__half>(d[nt], a, b);
+      }
+    }
+  }
+  // promotion, as the CPU: acc += block sum · (activation scale × weight block scale)
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    acc[nt][0] = fmaf(d[nt][0], xsc[nt][0] * s.ws_lo, acc[nt][0]);
+    acc[nt][1] = fmaf(d[nt][1], xsc[nt][1] * s.ws_lo, acc[nt][1]);
+    acc[nt][2] = fmaf(d[nt][2], xsc[nt][0] * s.ws_hi, acc[nt][2]);
+    acc[nt][3] = fmaf(d[nt][3], xsc[nt][1] * s.ws_hi, acc[nt][3]);
+  }
+}
+
+// The warp's k blocks [kb0, kb1) through a 3-stage register ring: two blocks of loads in flight
+// while the third is computed.
+template <int NT>
+__device__ __forceinline__ void warp_tile(const TileArgs<NT>& t, int kb0, int kb1, float (&acc)[NT][4]) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+  Stage s0, s1, s2;
+  if (kb0 < kb1) load_stage(t, kb0, s0);
+  if (kb0 + 1 < kb1) load_stage(t, kb0 + 1, s1);
+  for (int kb = kb0; kb < kb1; kb += 3) {
+    if (kb + 2 < kb1) load_stage(t, kb + 2, s2);
+    compute_stage(t, kb, s0, acc);
+    if (kb + 1 >= kb1) break;
+    if (kb + 3 < kb1) load_stage(t, kb + 3, s0);
+    compute_stage(t, kb + 1, s1, acc);
+    if (kb + 2 >= kb1) break;
+    if (kb + 4 < kb1) load_stage(t, kb + 4, s1);
+    compute_stage(t, kb + 2, s2, acc);
+  }
+}
+
+// Shared memory of the up/down kernels.
+template <int NT>
+struct TileSmem {
+  float part[WARPS][16][8 * NT];  // per-warp partial tiles
+  int arow[8 * NT];               // activation row of each column (token / pair), -1 = none
+  int pair[8 * NT];               // pair of each column, -1 = none
+  int last;                       // this block finished a counter
+};
+
+// Runs one pass (columns = pair-list entries [r, min(r + 8·NT, r_end))) of the block's tile and
+// leaves the KS-reduced values readable through tile_value(). Syncs before returning.
+template <int NT>
+__device__ __forceinline__ void block_pass(TileSmem<NT>& sm, const QuantWeights& w, int e, const int* rows_of_m, int K,
+                                           const uint8_t* act, const float* act_s, int ks_count, int ncols) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int mt_count = WARPS / ks_count, mt = warp % mt_count, ks = warp / mt_count;
+  TileArgs<NT> t;
+  t.g = lane >> 2;
+  t.q = lane & 3;
+  const int n_lo = rows_of_m[mt * 16 + t.g], n_hi = rows_of_m[mt * 16 + t.g + 8];
+  const uint8_t* base = w.data + int64_t(e) * w.data_stride;
+  t.row_lo = base + int64_t(n_lo) * K;
+  t.row_hi = base + int64_t(n_hi) * K;
+  t.K = K;
+  t.gK = int(quant_groups(K));
+  t.ue8m0 = w.ue8m0;
+  const int64_t s_lo = int64_t(e) * w.scale_stride + int64_t(n_lo / w.block_n) * t.gK;
+  const int64_t s_hi = int64_t(e) * w.scale_stride + int64_t(n_hi / w.block_n) * t.gK;
+  if (w.ue8m0) {
+    t.ws_lo = static_cast<const uint8_t*>(w.scales) + s_lo;
+    t.ws_hi = static_cast<const uint8_t*>(w.scales) + s_hi;
+  } else {
+    t.ws_lo = static_cast<const float*>(w.scales) + s_lo;
+    t.ws_hi = static_cast<const float*>(w.scales) + s_hi;
+  }
+  t.act = act;
+  t.act_s = act_s;
+  t.s_arow = sm.arow;
+  t.nt_used = (ncols + 7) / 8;
+  const int nb = t.gK;
+  const int kb0 = ks * nb / ks_count, kb1 = (ks + 1) * nb / ks_count;
+  float acc[NT][4];
+  warp_tile<NT>(t, kb0, kb1, acc);
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const int c = nt * 8 + 2 * t.q;
+    sm.part[warp][t.g][c] = acc[nt][0];
+    sm.part[warp][t.g][c + 1] = acc[nt][1];
+    sm.part[warp][t.g + 8][c] = acc[nt][2];
+    sm.part[warp][t.g + 8][c + 1] = acc[nt][3];
+  }
+  __syncthreads();
+}
+
+// Local row m, column c of the block tile: the KS slices added in slice order.
+template <int NT>
+__device__ __forceinline__ float tile_value(const TileSmem<NT>& sm, int ks_count, int m, int c) {
+  const int mt_count = WARPS / ks_count;
+  float v = 0.0f;
+  for (int ks = 0; ks < ks_count; ++ks) v += sm.part[ks * mt_count + m / 16][m % 16][c];
+  return v;
+}
+
+// Fills the pass' column tables: pair-list entries [r, r + ncols).
+template <int NT>
+__device__ __forceinline__ void set_columns(TileSmem<NT>& sm, const DecodeParams& a, int r, int ncols, bool by_token) {
+  if (threadIdx.x < 8 * NT) {
+    const int c = threadIdx.x;
+    const int p = c < ncols ? __ldg(a.pairs + r + c) : -1;
+    sm.pair[c] = p;
+    sm.arow[c] = p < 0 ? -1 : by_token ? p / a.K : p;
+  }
+  __syncthreads();
+}
+
+// ---- 2. up projection + gated activation + quantization of h ---------------------------------
+// Column block bx covers outputs i in [i0, i0 + BI): BI = BM/2 gated (local rows [0, BI) gate,
+// [BI, BM) up for the concatenated layout; rows 2i, 2i+1 interleaved), BI = BM otherwise.
+template <class T, int NT>
+__global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_up(DecodeParams a, int ks_count) {
+  __shared__ TileSmem<NT> sm;
+  __shared__ int rows_of_m[16 * WARPS];
+  const int b = blockIdx.y;
+  const int n_hit = __ldg(a.n_hit);
+  if (b >= n_hit) return;
+  const int e = __ldg(a.hit_expert + b), r_begin = __ldg(a.slot_off + b), r_end = __ldg(a.slot_off + b + 1);
+  const int BM = 16 * (WARPS / ks_count);
+  const bool gated = a.up_epi != Epi::up_plain;
+  const int BI = gated ? BM / 2 : BM, i0 = int(blockIdx.x) * BI;
+  const int tid = threadIdx.x;
+  if (tid < BM) {
+    const int m = tid;
+    int row;
+    if (a.up_epi == Epi::up_concat) row = m < BI ? min(i0 + m, a.I - 1) : a.I + min(i0 + m - BI, a.I - 1);
+    else if (a.up_epi == Epi::up_interleaved) row = 2 * min(i0 + m / 2, a.I - 1) + (m & 1);
+    else row = min(i0 + m, a.I - 1);
+    rows_of_m[m] = row;
+  }
+  const T* bias = a.up_bias ? static_cast<const T*>(a.up_bias) + int64_t(e) * a.R : nullptr;
+  T* h = static_cast<T*>(a.h);
+  for (int r = r_begin; r < r_end; r += 8 * NT) {
+    const int ncols = min(8 * NT, r_end - r);
+    set_columns(sm, a, r, ncols, true);
+    block_pass<NT>(sm, a.up, e, rows_of_m, a.H, a.xq, a.xs, ks_count, ncols);
+    for (int item = tid; item < BI * ncols; item += THREADS) {
+      const int il = item / ncols, c = item % ncols, i = i0 + il;
+      if (i >= a.I) continue;
+      float v;
+      if (gated) {
+        const int mg = a.up_epi == Epi::up_concat ? il : 2 * il, mu = a.up_epi == Epi::up_concat ? BI + il : 2 * il + 1;
+        float gv = tile_value(sm, ks_count, mg, c), uv = tile_value(sm, ks_count, mu, c);
+        if (bias) {
+          gv += to_f32(bias[rows_of_m[mg]]);
+          uv += to_f32(bias[rows_of_m[mu]]);
+        }
+        v = gated_act(a.act, gv, uv);
+      } else {
+        v = tile_value(sm, ks_count, il, c) + (bias ? to_f32(bias[i]) : 0.0f);
+        v = plain_act(a.act, v);
+      }
+      h[int64_t(sm.pair[c]) * a.I + i] = from_f32<T>(v);
+    }
+    __syncthreads();  // the tables and partial tiles are rewritten by the next pass
+  }
+  // The last block of this 128-wide group of h (for this expert) quantizes the group's rows.
+  const int per_group = kQuantGroup / BI, grp = i0 / kQuantGroup;
+  const int first = grp * per_group, n_blocks = int(gridDim.x);
+  const int in_group = min(n_blocks, first + per_group) - first;
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) {
+    int* ctr = a.up_ctr + int64_t(b) * a.gI + grp;
+    const int prev = atomicAdd(ctr, 1);
+    sm.last = prev == in_group - 1;
+    if (sm.last) *ctr = 0;  // ready for the next forward (graph replay)
+  }
+  __syncthreads();
+  if (!sm.last) return;
+  __threadfence();
+  const int warp = tid >> 5, lane = tid & 31;
+  for (int r = r_begin + warp; r < r_end; r += WARPS) {
+    const int p = __ldg(a.pairs + r);
+    quantize_group_warp<T>(h + int64_t(p) * a.I, a.I, grp, a.hq + int64_t(p) * a.I, a.hs + int64_t(p) * a.gI + grp, lane);
+  }
+}
+
+// ---- 3. down projection + slot-order combine -------------------------------------------------
+template <class T>
+__device__ __forceinline__ void combine_columns(const DecodeParams& a, int n0, int n1) {
+  const int width = n1 - n0;
+  T* out = static_cast<T*>(a.out);
+  for (int item = threadIdx.x; item < a.T * width; item += THREADS) {
+    const int t = item / width, n = n0 + item % width;
+    float acc = 0.0f;
+    for (int j = 0; j < a.K; ++j) {
+      const int p = t * a.K + j;
+      const int64_t e = load_index(a.idx, a.idx64, p);
+      if (e < 0 || e >= a.E) continue;  // dropped slot: adds nothing
+      acc += load_any(a.topw, a.topw_code, p) * __ldcg(a.y + int64_t(p) * a.H + n);
+    }
+    out[int64_t(t) * a.H + n] = from_f32<T>(acc);
+  }
+}
+
+template <class T, int NT>
+__global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_down(DecodeParams a, int ks_count) {
+  __shared__ TileSmem<NT> sm;
+  __shared__ int rows_of_m[16 * WARPS];
+  const int b = blockIdx.y, tid = threadIdx.x;
+  const int BM = 16 * (WARPS / ks_count), n0 = int(blockIdx.x) * BM, n1 = min(a.H, n0 + BM);
+  const int n_hit = __ldg(a.n_hit);
+  if (b >= n_hit) {
+    if (b == 0) combine_columns<T>(a, n0, n1);  // every slot dropped: the output is zero
+    return;
+  }
+  const int e = __ldg(a.hit_expert + b), r_begin = __ldg(a.slot_off + b), r_end = __ldg(a.slot_off + b + 1);
+  if (tid < BM) rows_of_m[tid] = min(n0 + tid, a.H - 1);
+  const T* bias = a.down_bias ? static_cast<const T*>(a.down_bias) + int64_t(e) * a.H : nullptr;
+  for (int r = r_begin; r < r_end; r += 8 * NT) {
+    const int ncols = min(8 * NT, r_end - r);
+    set_columns(sm, a, r, ncols, false);
+    block_pass<NT>(sm, a.down, e, rows_of_m, a.I, a.hq, a.hs, ks_count, ncols);
+    for (int item = tid; item < BM * ncols; item += THREADS) {
+      const int m = item / ncols, c = item % ncols, n = n0 + m;
+      if (n >= a.H) continue;
+      a.y[int64_t(sm.pair[c]) * a.H + n] = tile_value(sm, ks_count, m, c) + (bias ? to_f32(bias[n]) : 0.0f);
+    }
+    __syncthreads();
+  }
+  // The last expert block of this column block sums the slots of every token.
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) {
+    int* ctr = a.down_ctr + blockIdx.x;
+    const int prev = atomicAdd(ctr, 1);
+    sm.last = prev == n_hit - 1;
+    if (sm.last) *ctr = 0;
+  }
+  __syncthreads();
+  if (!sm.last) return;
+  __threadfence();
+  combine_columns<T>(a, n0, n1);
+}
+
+// ---- host side -------------------------------------------------------------------------------
+int sm_count() {
+  static int n = [] {
+    int dev = 0, v = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+      cudaGetLastError();
+      return 132;
+    }
+    return v;
+  }();
+  return n;
+}
+
+// K slices per block: split the k blocks of each m16 tile over more warps (smaller column blocks,
+// more blocks) until ~2 blocks per SM are expected, keeping >= 2 k blocks per warp.
+int choose_ks(int64_t slots, int64_t out_rows, bool gated_pairs, int64_t k_blocks) {
+  (void)gated_pairs;
+  const int64_t target = 2 * int64_t(sm_count());
+  int ks = 1;
+  while (ks < WARPS && k_blocks >= 4 * ks) {
+    const int64_t bm = 16 * (WARPS / ks);
+    if (slots * ceil_div(out_rows, bm) >= target) break;
+    ks *= 2;
+  }
+  return ks;
+}
+
+struct Carved {
+  uint8_t* xq;
+  float* xs;
+  void* h;
+  uint8_t* hq;
+  float* hs;
+  float* y;
+  int* plan;  // n_hit, hit_expert, slot_off, pairs, counters
+};
+
+int64_t plan_ints(int64_t S, int64_t slots, int64_t gI, int64_t H) {
+  return 1 + slots + (slots + 1) + S + slots * gI + ceil_div(H, kMinBlockRows);
+}
+
+Carved carve(void* base, size_t capacity, int64_t T, int64_t S, int64_t slots, int64_t H, int64_t I, size_t esz) {
+  WorkspaceCarver ws(base, capacity);
+  Carved c;
+  c.xq = static_cast<uint8_t*>(ws.take_bytes(size_t(T * H)));
+  c.xs = ws.take<float>(size_t(T * quant_groups(H)));
+  c.h = ws.take_bytes(size_t(S * I) * esz);
+  c.hq = static_cast<uint8_t*>(ws.take_bytes(size_t(S * I)));
+  c.hs = ws.take<float>(size_t(S * quant_groups(I)));
+  c.y = ws.take<float>(size_t(S * H));
+  c.plan = ws.take<int>(size_t(plan_ints(S, slots, quant_groups(I), H)));
+  return c;
+}
+
+template <class T>
+void launch_typed(const DecodeParams& p, int nt, int ks_up, int ks_down, cudaStream_t stream) {
+  const int64_t prep_blocks = 1 + ceil_div(int64_t(p.T) * p.gH, WARPS);
+  MOEX_CHECK(prep_blocks < (int64_t(1) << 31), "FP8 decode path: {} tokens are too many", p.T);
+  decode_prep<T><<<unsigned(prep_blocks), THREADS, 0, stream>>>(p);
+  check_launch("decode_prep");
+  const bool gated = p.up_epi != Epi::up_plain;
+  const int bm_up = 16 * (WARPS / ks_up), bi = gated ? bm_up / 2 : bm_up;
+  const dim3 g_up(unsigned(ceil_div(p.I, bi)), unsigned(p.slots));
+  const dim3 g_down(unsigned(ceil_div(p.H, 16 * (WARPS / ks_down))), unsigned(p.slots));
+  if (nt == 1) {
+    decode_up<T, 1><<<g_up, THREADS, 0, stream>>>(p, ks_up);
+    check_launch("decode_up");
+    decode_down<T, 1><<<g_down, THREADS, 0, stream>>>(p, ks_down);
+    check_launch("decode_down");
+  } else {
+    decode_up<T, 4><<<g_up, THREADS, 0, stream>>>(p, ks_up);
+    check_launch("decode_up");
+    decode_down<T, 4><<<g_down, THREADS, 0, stream>>>(p, ks_down);
+    check_launch("decode_down");
+  }
+}
+
+}  // namespace
+
+// MOEX_CUDA_FP8_DECODE: "0" never takes this path, "1" takes it at any T (tests), unset: T <= 64.
+int quant_decode_mode() {
+  const char* s = std::getenv("MOEX_CUDA_FP8_DECODE");
+  if (s && *s) return std::strcmp(s, "0") == 0 ? 0 : 1;
+  return -1;
+}
+
+bool quant_decode_shape_ok(const ExpertsSpec& s, int64_t T) {
+  const QuantSpec& q = s.quant;
+  if (q.kind != QuantKind::fp8_block || q.block_k != kQuantGroup || s.transposed) return false;
+  if (s.hidden % 16 != 0 || s.intermediate % 16 != 0 || s.num_experts > kDecodeMaxExperts) return false;
+  const int mode = quant_decode_mode();
+  if (mode == 0) return false;
+  return mode == 1 || T <= kDecodeMaxTokens;
+}
+
+size_t quant_decode_workspace(int64_t T, int64_t K, int64_t E, int64_t H, int64_t I, size_t esz) {
+  const int64_t S = T * K, slots = std::min(S, E);
+  return bytes_of(T * H, 1) + bytes_of(T * quant_groups(H), 4) + bytes_of(S * I, esz) + bytes_of(S * I, 1) +
+         bytes_of(S * quant_groups(I), 4) + bytes_of(S * H, 4) + bytes_of(plan_ints(S, slots, quant_groups(I), H), 4);
+}
+
+bool quant_decode_usable(const QuantDecodeArgs& a) {
+  return a.T > 0 && aligned16(a.up.data) && aligned16(a.down.data) && a.up.data_stride % 16 == 0 &&
+         a.down.data_stride % 16 == 0 && current_device_cc() >= 89 && a.T * a.K < (int64_t(1) << 30) &&
+         a.ws_bytes >= quant_decode_workspace(a.T, a.K, a.E, a.H, a.I, dtype_size(a.dtype));
+}
+
+void launch_quant_decode(const QuantDecodeArgs& a, cudaStream_t stream) {
+  if (a.T == 0) return;
+  const int64_t S = a.T * a.K, slots = std::min<int64_t>(S, a.E);
+  const Carved c = carve(a.ws, a.ws_bytes, a.T, S, slots, a.H, a.I, dtype_size(a.dtype));
+  DecodeParams p{};
+  p.hidden = a.hidden;
+  p.idx = a.idx;
+  p.idx64 = a.idx64;
+  p.topw = a.topw;
+  p.topw_code = a.topw_code;
+  p.up = a.up;
+  p.down = a.down;
+  p.up_bias = a.up_bias;
+  p.down_bias = a.down_bias;
+  p.up_epi = a.up_epi;
+  p.act = a.act;
+  p.T = int(a.T);
+  p.K = int(a.K);
+  p.E = int(a.E);
+  p.H = int(a.H);
+  p.I = int(a.I);
+  p.R = int(a.up.N);
+  p.S = int(S);
+  p.slots = int(slots);
+  p.gH = int(quant_groups(a.H));
+  p.gI = int(quant_groups(a.I));
+  p.xq = c.xq;
+  p.xs = c.xs;
+  p.h = c.h;
+  p.hq = c.hq;
+  p.hs = c.hs;
+  p.y = c.y;
+  p.n_hit = c.plan;
+  p.hit_expert = p.n_hit + 1;
+  p.slot_off = p.hit_expert + slots;
+  p.pairs = p.slot_off + slots + 1;
+  p.up_ctr = p.pairs + S;
+  p.down_ctr = p.up_ctr + slots * p.gI;
+  p.n_ctr = int(slots * p.gI + ceil_div(a.H, kMinBlockRows));
+  p.out = a.out;
+  MOEX_CHECK(slots <= 65535, "FP8 decode path: {} expert slots exceed the grid limit", slots);
+  // Rows per pass: 8 (one n8 tile) when T <= 8 (an expert gets at most one row per token with
+  // distinct top-k experts) or when the hit experts average <= 5 rows (deepseek / qwen shapes at
+  // T = 64: few experts need a second pass, and the NT = 1 kernel runs 2 blocks per SM, 64 KB of
+  // loads in flight); else 32 rows (mixtral at T = 64: ~16 rows per expert).
+  const int nt = a.T <= 8 || S <= 5 * slots ? 1 : 4;
+  const int ks_up = choose_ks(slots, a.up.N, p.up_epi != Epi::up_plain, p.gH);
+  const int ks_down = choose_ks(slots, a.H, false, p.gI);
+  switch (a.dtype) {
+    case DType::f32: launch_typed<float>(p, nt, ks_up, ks_down, stream); break;
+    case DType::f16: launch_typed<__half>(p, nt, ks_up, ks_down, stream); break;
+    case DType::bf16: launch_typed<__nv_bfloat16>(p, nt, ks_up, ks_down, stream); break;
+    default: detail::fail(ErrorCode::internal, "FP8 decode path: unexpected dtype {}", dtype_name(a.dtype));
+  }
+}
+
+}  // namespace moex::cuda
