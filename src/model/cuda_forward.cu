@@ -110,6 +110,7 @@ struct CudaModel::Impl {
   kern::RopeParams rope;
   double attn_scaling = 1.0;
   int64_t max_in = 1, max_out = 1, max_mlp = 1;
+  bool any_f32_linear = false;  // an f32 linear reads its f32 input itself (no split terms)
 
   cudaStream_t stream = nullptr;
   cublasHandle_t blas = nullptr;
@@ -177,6 +178,7 @@ struct CudaModel::Impl {
       any_bias = any_bias || p->has_bias();
     }
     code_of(d.dt);
+    any_f32_linear = any_f32_linear || d.dt == DType::f32;
     MOEX_CHECK(d.out < (int64_t(1) << 31) && d.in < (int64_t(1) << 31), "linear of [{}, {}] is too large for cuBLAS", d.out, d.in);
     if (parts.size() == 1) {
       d.w = keep(on_device(parts[0]->weight));
@@ -672,19 +674,23 @@ struct CudaModel::Impl {
   void step(int64_t T, int64_t n_tiles, int64_t n_out, const std::string& backend, bool argmax,
             const std::vector<Segment>* segs = nullptr) {
     bool pending_add = false;  // the previous MoE layer's experts output still to be added to x
+    // The normed rows h in f32 are read only by the GEMV (decode) and f32 linears: bf16/f16 cuBLAS
+    // linears and the experts take the split terms the norm writes as well (16 MB less per norm
+    // at 2048 rows of 2048).
+    float* h = dtc == 0 || any_f32_linear || (T <= kern::kGemvMaxRows && gemv_enabled) ? b.h.ptr<float>() : nullptr;
     for (size_t l = 0; l < layers.size(); ++l) {
       const DLayer& d = layers[l];
       if (l == 0) {  // the embedding lookup fused into the first norm: x = embed[ids], h = norm(x)
-        kern::RmsNormParams p = norm_params(b.x.ptr<float>(), H, d.input_norm, T, H, b.h.ptr<float>(), H);
+        kern::RmsNormParams p = norm_params(b.x.ptr<float>(), H, d.input_norm, T, H, h, H);
         p.ids = b.ids.ptr<int32_t>();
         p.embed = embed;
         p.embed_dtype = code_of(dt);
         kern::launch_rmsnorm(p, stream);
       } else {
-        norm(b.x.ptr<float>(), H, d.input_norm, T, H, b.h.ptr<float>(), H, pending_add ? b.xout.data() : nullptr);
+        norm(b.x.ptr<float>(), H, d.input_norm, T, H, h, H, pending_add ? b.xout.data() : nullptr);
       }
       attention_layer(d, l, T, n_tiles, segs);
-      norm(b.x.ptr<float>(), H, d.post_norm, T, H, b.h.ptr<float>(), H);
+      norm(b.x.ptr<float>(), H, d.post_norm, T, H, h, H);
       mlp_layer(d, T, backend);
       pending_add = d.is_moe;
     }

@@ -111,10 +111,10 @@ __device__ __forceinline__ float act_f(int kind, float g) {
 
 // One thread per element: a 2-D grid (column blocks, rows) keeps every load independent (a loop
 // over the row in one block serialises its round trips: 5 us for one row of 2048).
-__global__ void embed_kernel(const int32_t* ids, const void* embed, int dt, int64_t H, float* x) {
-  const int64_t r = blockIdx.y;
+__global__ void embed_kernel(const int32_t* ids, const void* embed, int dt, int64_t T, int64_t H, float* x) {
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (i < H) x[r * H + i] = load_any(embed, dt, int64_t(ids[r]) * H + i);
+  if (i >= H) return;
+  for (int64_t r = blockIdx.y; r < T; r += gridDim.y) x[r * H + i] = load_any(embed, dt, int64_t(ids[r]) * H + i);
 }
 
 // The input value i of RMSNorm row r (see RmsNormParams): embedding, gathered or own row, + add.
@@ -245,8 +245,8 @@ __device__ void route_warp(const RouterParams& p, int64_t t, int lane);  // the 
 
 // One warp per output row, kGemvWarps rows per block; lane l reads 8 weights (16 bytes) at columns
 // 8l, 8l + 256, ... and the matching x values of each of the TM rows (x stays in L1/L2: every warp
-// of the grid reads the same rows). The weights stream through with four 16-byte loads in flight
-// per lane (issued before their FMAs: one load in flight per lane reached only 1.8 TB/s).
+// of the grid reads the same rows). The weights stream through with up to eight 16-byte loads in
+// flight per lane (issued before their FMAs: one load in flight per lane reached only 1.8 TB/s).
 constexpr int kGemvWarps = 4;
 
 template <int TM, class W>
@@ -270,6 +270,20 @@ __device__ __forceinline__ void gemv_chunk(const uint4& raw, const float* x, int
   }
 }
 
+// Chunks c, c + 256, ... of the lane (columns in order), U 16-byte weight loads issued at a time;
+// returns the first chunk left (fewer than U remain).
+template <int U, int TM, class W>
+__device__ __forceinline__ int64_t gemv_run(const W* wr, int64_t c, int64_t in, const float* x, int64_t xp, float* sum) {
+  for (; c + (U - 1) * 256 < in; c += U * 256) {
+    uint4 raw[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) raw[u] = __ldcs(reinterpret_cast<const uint4*>(wr + c + u * 256));
+#pragma unroll
+    for (int u = 0; u < U; ++u) gemv_chunk<TM, W>(raw[u], x, xp, c + u * 256, sum);
+  }
+  return c;
+}
+
 // ROUTE: y holds router logits [TM, E] (rp.logits); the last block to finish routes the TM rows
 // (the other blocks' logits made visible by their fences before the ticket).
 template <int TM, class W, bool ROUTE>
@@ -284,14 +298,9 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
     for (int t = 0; t < TM; ++t) sum[t] = 0.0f;
     const W* wr = w + row * in;
     int64_t c = int64_t(lane) * 8;
-    for (; c + 3 * 256 < in; c += 4 * 256) {
-      uint4 raw[4];
-#pragma unroll
-      for (int u = 0; u < 4; ++u) raw[u] = __ldcs(reinterpret_cast<const uint4*>(wr + c + u * 256));
-#pragma unroll
-      for (int u = 0; u < 4; ++u) gemv_chunk<TM, W>(raw[u], x, xp, c + u * 256, sum);
-    }
-    for (; c < in; c += 256) gemv_chunk<TM, W>(__ldcs(reinterpret_cast<const uint4*>(wr + c)), x, xp, c, sum);
+    c = gemv_run<8, TM, W>(wr, c, in, x, xp, sum);  // in = 2048: the lane's whole row in one go
+    c = gemv_run<4, TM, W>(wr, c, in, x, xp, sum);
+    gemv_run<1, TM, W>(wr, c, in, x, xp, sum);
 #pragma unroll
     for (int t = 0; t < TM; ++t) sum[t] = warp_sum(sum[t]);
     if (lane == 0) {
@@ -912,10 +921,10 @@ __global__ void router_warp_kernel(RouterParams p) {
 
 // ---- misc ----------------------------------------------------------------------------------------
 
-__global__ void gather_rows_kernel(const float* in, const int32_t* rows, int64_t H, float* out) {
-  const int64_t r = blockIdx.y;
+__global__ void gather_rows_kernel(const float* in, const int32_t* rows, int64_t n, int64_t H, float* out) {
   const int64_t d = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (d < H) out[r * H + d] = in[int64_t(rows[r]) * H + d];
+  if (d >= H) return;
+  for (int64_t r = blockIdx.y; r < n; r += gridDim.y) out[r * H + d] = in[int64_t(rows[r]) * H + d];
 }
 
 // Argmax: a 64-bit key per entry, larger = better: the value's order bits (routers' ordered_bits)
@@ -1008,7 +1017,7 @@ unsigned grid_x(int64_t n) { return unsigned(std::min<int64_t>(blocks_for(n, 256
 
 void launch_embed(const int32_t* ids, const void* embed, int dt, int64_t T, int64_t H, float* x, cudaStream_t s) {
   if (T == 0) return;
-  embed_kernel<<<dim3(blocks_for(H, 256), unsigned(T)), 256, 0, s>>>(ids, embed, dt, H, x);
+  embed_kernel<<<dim3(blocks_for(H, 256), unsigned(std::min<int64_t>(T, 65535))), 256, 0, s>>>(ids, embed, dt, T, H, x);
   check_launch("embed_kernel");
 }
 
@@ -1178,7 +1187,7 @@ void launch_router(const RouterParams& p, cudaStream_t s) {
 
 void launch_gather_rows(const float* in, const int32_t* rows, int64_t n, int64_t H, float* out, cudaStream_t s) {
   if (n == 0) return;
-  gather_rows_kernel<<<dim3(blocks_for(H, 256), unsigned(n)), 256, 0, s>>>(in, rows, H, out);
+  gather_rows_kernel<<<dim3(blocks_for(H, 256), unsigned(std::min<int64_t>(n, 65535))), 256, 0, s>>>(in, rows, n, H, out);
   check_launch("gather_rows_kernel");
 }
 
