@@ -533,7 +533,7 @@ TEST(CudaModelKernels, RmsNormVariantsMatchTheHost) {
   const float eps = 1e-6f;
   for (const int64_t n : {int64_t(16), int64_t(2048), int64_t(5000), int64_t(9000)}) {
     const int64_t T = 5, V = 7;
-    std::vector<float> x(size_t(T * n)), w(size_t(n)), add(size_t(T * n)), emb(size_t(V * n));
+    std::vector<float> x(size_t(T * n)), w(static_cast<size_t>(n)), add(size_t(T * n)), emb(size_t(V * n));
     for (auto& v : x) v = nd(rng);
     for (auto& v : w) v = 1.0f + 0.1f * nd(rng);
     for (auto& v : add) v = nd(rng);
@@ -646,7 +646,7 @@ TEST(CudaModelKernels, FusedRouterGemvMatchesTheHost) {
   std::mt19937 rng(5);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   const int64_t E = 128, K = 8, in = 2048;
-  std::vector<float> wf(size_t(E * in)), bias(size_t(E));
+  std::vector<float> wf(size_t(E * in)), bias(static_cast<size_t>(E));
   for (auto& v : wf) v = 0.05f * nd(rng);
   for (auto& v : bias) v = 0.1f * nd(rng);
   Tensor whost = Tensor::empty(DType::f32, {E, in});
