@@ -8,9 +8,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -322,8 +324,12 @@ TEST(CudaModelLinear, GemvMatchesCublasOnFewRows) {
   SKIP_WITHOUT_CUDA();
   if (!fs::exists(fixture("qwen3_moe"))) GTEST_SKIP() << "no fixtures";
   struct EnvRestore {
-    ~EnvRestore() { unsetenv("MOEX_CUDA_GEMV"); }
+    ~EnvRestore() {
+      unsetenv("MOEX_CUDA_GEMV");
+      unsetenv("MOEX_CUDA_LINEAR_TERMS");
+    }
   } restore;
+  setenv("MOEX_CUDA_LINEAR_TERMS", "2", 1);  // the cuBLAS side with x's two terms (~16 bits), whatever the default
   for (const char* name : {"qwen3_moe", "qwen2_moe", "gpt_oss", "deepseek_v3"}) {
     setenv("MOEX_CUDA_GEMV", "0", 1);
     Model blas = Model::from_pretrained(fixture(name).string(), {.dtype = DType::bf16, .device = Device::cuda()});
@@ -443,4 +449,285 @@ TEST(CudaModelFp8, QuantizedExpertsMatchTheCpuRuntime) {
     EXPECT_EQ(gpu.generate(ids, g)[0].size(), 14u) << backend;
   }
   fs::remove_all(dir);
+}
+
+// ---- kernels of the step (must run on a GPU) -------------------------------------------------------
+
+#ifdef MOEX_WITH_CUDA
+namespace {
+template <class T>
+Tensor to_device(const std::vector<T>& v, DType dt) {
+  Tensor t = Tensor::empty(dt, {int64_t(v.size())}, Device::cuda());
+  copy_bytes(t.data(), Device::cuda(), v.data(), Device::cpu(), v.size() * sizeof(T));
+  return t;
+}
+template <class T>
+std::vector<T> to_host(const Tensor& t, size_t n) {
+  std::vector<T> v(n);
+  copy_bytes(v.data(), Device::cpu(), t.data(), Device::cuda(), n * sizeof(T));
+  return v;
+}
+Tensor zeros_device(size_t bytes) {
+  Tensor t = Tensor::empty(DType::u8, {int64_t(std::max<size_t>(bytes, 1))}, Device::cuda());
+  std::vector<uint8_t> z(std::max<size_t>(bytes, 1), 0);
+  copy_bytes(t.data(), Device::cuda(), z.data(), Device::cpu(), z.size());
+  return t;
+}
+}  // namespace
+#endif
+
+// Greedy argmax on the device against std::max_element (the CPU runtime's pick): ties → lowest id,
+// NaN entries skipped, a NaN at id 0 (and an all-NaN row) → 0, -inf rows, a maximum in the last
+// block of a 151936-entry row; launched repeatedly on one scratch (the tickets must reset).
+TEST(CudaModelKernels, ArgmaxMatchesMaxElement) {
+  SKIP_WITHOUT_CUDA();
+#ifndef MOEX_WITH_CUDA
+  GTEST_SKIP() << "built without CUDA";
+#else
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  for (const int64_t V : {int64_t(1), int64_t(7), int64_t(4096), int64_t(4097), int64_t(151936), int64_t(300001)}) {
+    const int64_t rows = 9;
+    std::vector<float> l(size_t(rows * V));
+    for (auto& v : l) v = nd(rng);
+    auto row = [&](int64_t r) { return l.data() + r * V; };
+    // row 1: exact ties of the maximum (lowest id wins)
+    for (int64_t i = V / 3; i < V; i += std::max<int64_t>(1, V / 5)) row(1)[i] = 100.0f;
+    // row 2: NaN at id 0; row 3: NaNs elsewhere (skipped); row 4: all NaN
+    row(2)[0] = nan;
+    for (int64_t i = 1; i < V; i += 3) row(3)[i] = nan;
+    for (int64_t i = 0; i < V; ++i) row(4)[i] = nan;
+    // row 5: all -inf; row 6: +inf twice; row 7: maximum at the last id; row 8: -0 and +0 only
+    for (int64_t i = 0; i < V; ++i) row(5)[i] = -inf;
+    row(6)[V - 1] = inf;
+    row(6)[V / 2] = inf;
+    row(7)[V - 1] = 1e30f;
+    for (int64_t i = 0; i < V; ++i) row(8)[i] = (i % 2) ? 0.0f : -0.0f;
+    const Tensor dl = to_device(l, DType::f32);
+    Tensor dn = Tensor::empty(DType::i32, {rows}, Device::cuda());
+    Tensor scratch = zeros_device(model::cuda::argmax_scratch_bytes(rows));
+    for (int rep = 0; rep < 3; ++rep) {
+      model::cuda::launch_argmax(dl.ptr<float>(), rows, V, dn.ptr<int32_t>(), scratch.data(), nullptr);
+      const auto got = to_host<int32_t>(dn, size_t(rows));
+      for (int64_t r = 0; r < rows; ++r)
+        EXPECT_EQ(got[size_t(r)], int32_t(std::max_element(row(r), row(r) + V) - row(r))) << "V " << V << " row " << r;
+    }
+    // the tickets are back at zero
+    const auto tickets = to_host<uint32_t>(scratch, size_t(rows));
+    for (uint32_t t : tickets) EXPECT_EQ(t, 0u);
+  }
+#endif
+}
+
+// RMSNorm (every variant of RmsNormParams) against a host computation: own rows with the split
+// terms, the embedding lookup fused in (x written), the residual add (x written back), a gather of
+// rows with an add (x untouched); rows in registers (n <= 8192) and the two-pass kernel beyond.
+TEST(CudaModelKernels, RmsNormVariantsMatchTheHost) {
+  SKIP_WITHOUT_CUDA();
+#ifndef MOEX_WITH_CUDA
+  GTEST_SKIP() << "built without CUDA";
+#else
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const float eps = 1e-6f;
+  for (const int64_t n : {int64_t(16), int64_t(2048), int64_t(5000), int64_t(9000)}) {
+    const int64_t T = 5, V = 7;
+    std::vector<float> x(size_t(T * n)), w(static_cast<size_t>(n)), add(size_t(T * n)), emb(size_t(V * n));
+    for (auto& v : x) v = nd(rng);
+    for (auto& v : w) v = 1.0f + 0.1f * nd(rng);
+    for (auto& v : add) v = nd(rng);
+    for (auto& v : emb) v = nd(rng);
+    const std::vector<int32_t> ids = {3, 0, 6, 3, 1}, rows = {4, 0, 2};
+    auto host_norm = [&](const std::vector<float>& in) {  // in [rows, n] → normed
+      std::vector<float> o(in.size());
+      for (size_t r = 0; r < in.size() / size_t(n); ++r) {
+        double ss = 0;
+        for (int64_t i = 0; i < n; ++i) ss += double(in[r * n + i]) * in[r * n + i];
+        const double inv = 1.0 / std::sqrt(ss / double(n) + eps);
+        for (int64_t i = 0; i < n; ++i) o[r * n + i] = float(double(w[i]) * (double(in[r * n + i]) * inv));
+      }
+      return o;
+    };
+    auto expect_close = [&](const std::vector<float>& got, const std::vector<float>& want, const char* what) {
+      ASSERT_EQ(got.size(), want.size());
+      double worst = 0;
+      for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::fabs(double(got[i]) - want[i]) / (1.0 + std::fabs(want[i])));
+      EXPECT_LE(worst, 2e-6) << what << " n " << n;
+    };
+    const Tensor dw = to_device(w, DType::f32), dadd = to_device(add, DType::f32), demb = to_device(emb, DType::f32);
+    const Tensor dids = to_device(ids, DType::i32), drows = to_device(rows, DType::i32);
+    Tensor dout = Tensor::empty(DType::f32, {T * n}, Device::cuda());
+    Tensor dsplit = Tensor::empty(DType::bf16, {2 * T * n}, Device::cuda());
+    model::cuda::RmsNormParams p;
+    p.w = dw.ptr<float>();
+    p.eps = eps;
+    p.n = n;
+    p.out = dout.ptr<float>();
+    p.out_pitch = n;
+    // 1. own rows, split terms (hi + lo reproduce the output to ~16 bits)
+    {
+      Tensor dx = to_device(x, DType::f32);
+      p.x = dx.ptr<float>();
+      p.x_pitch = n;
+      p.T = T;
+      p.split = dsplit.data();
+      p.split_dtype = 2;
+      model::cuda::launch_rmsnorm(p, nullptr);
+      const auto want = host_norm(x);
+      const auto got = to_host<float>(dout, size_t(T * n));
+      expect_close(got, want, "plain");
+      const auto sp = to_host<uint16_t>(dsplit, size_t(2 * T * n));
+      auto bf = [](uint16_t b) {
+        const uint32_t u = uint32_t(b) << 16;
+        float f;
+        std::memcpy(&f, &u, 4);
+        return f;
+      };
+      double worst = 0;
+      for (size_t i = 0; i < size_t(T * n); ++i)
+        worst = std::max(worst, std::fabs(double(bf(sp[i])) + bf(sp[size_t(T * n) + i]) - got[i]) / (1e-3 + std::fabs(got[i])));
+      EXPECT_LE(worst, 1e-4) << "split n " << n;
+      p.split = nullptr;
+    }
+    // 2. the embedding lookup fused in: x = embed[ids] written, out = norm(x)
+    {
+      Tensor dx = to_device(std::vector<float>(size_t(T * n), 0.0f), DType::f32);
+      p.x = dx.ptr<float>();
+      p.ids = dids.ptr<int32_t>();
+      p.embed = demb.data();
+      p.embed_dtype = 0;
+      model::cuda::launch_rmsnorm(p, nullptr);
+      std::vector<float> in(size_t(T * n));
+      for (int64_t r = 0; r < T; ++r) std::copy_n(emb.begin() + ids[size_t(r)] * n, n, in.begin() + r * n);
+      expect_close(to_host<float>(dx, size_t(T * n)), in, "embed x");
+      expect_close(to_host<float>(dout, size_t(T * n)), host_norm(in), "embed out");
+      p.ids = nullptr;
+      p.embed = nullptr;
+    }
+    // 3. residual add: x += add written back, out = norm(x)
+    std::vector<float> xa(x);
+    for (size_t i = 0; i < xa.size(); ++i) xa[i] += add[i];
+    {
+      Tensor dx = to_device(x, DType::f32);
+      p.x = dx.ptr<float>();
+      p.add = dadd.data();
+      p.add_dtype = 0;
+      model::cuda::launch_rmsnorm(p, nullptr);
+      expect_close(to_host<float>(dx, size_t(T * n)), xa, "add x");
+      expect_close(to_host<float>(dout, size_t(T * n)), host_norm(xa), "add out");
+    }
+    // 4. gathered rows with the add: out row i = norm(x[rows[i]] + add[rows[i]]), x untouched
+    {
+      Tensor dx = to_device(x, DType::f32);
+      p.x = dx.ptr<float>();
+      p.rows = drows.ptr<int32_t>();
+      p.T = int64_t(rows.size());
+      model::cuda::launch_rmsnorm(p, nullptr);
+      std::vector<float> in(rows.size() * size_t(n));
+      for (size_t i = 0; i < rows.size(); ++i) std::copy_n(xa.begin() + rows[i] * n, n, in.begin() + int64_t(i) * n);
+      expect_close(to_host<float>(dout, rows.size() * size_t(n)), host_norm(in), "gather out");
+      expect_close(to_host<float>(dx, size_t(T * n)), x, "gather leaves x");
+      p.rows = nullptr;
+      p.add = nullptr;
+    }
+  }
+#endif
+}
+
+// The router GEMV fused with the routing (decode steps) against the host: logits = x · Wᵀ (+ bias)
+// and moex::route on them, for 1..8 rows, softmax (qwen3_moe) and gpt_oss (router bias) kinds, bf16
+// and f16 weights; launched twice on one ticket (it must reset).
+TEST(CudaModelKernels, FusedRouterGemvMatchesTheHost) {
+  SKIP_WITHOUT_CUDA();
+#ifndef MOEX_WITH_CUDA
+  GTEST_SKIP() << "built without CUDA";
+#else
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const int64_t E = 128, K = 8, in = 2048;
+  std::vector<float> wf(size_t(E * in)), bias(static_cast<size_t>(E));
+  for (auto& v : wf) v = 0.05f * nd(rng);
+  for (auto& v : bias) v = 0.1f * nd(rng);
+  Tensor whost = Tensor::empty(DType::f32, {E, in});
+  std::copy(wf.begin(), wf.end(), whost.ptr<float>());
+  Tensor ticket = zeros_device(16);
+  for (const DType wdt : {DType::bf16, DType::f16}) {
+    const Tensor wq = convert_tensor(whost.view(), wdt);
+    const Tensor wback = convert_tensor(wq.view(), DType::f32);  // the rounded weights, exactly
+    const Tensor dw = wq.to(Device::cuda());
+    const Tensor db = to_device(bias, DType::f32);
+    for (const bool gpt : {false, true}) {
+      for (int64_t T = 1; T <= 8; ++T) {
+        std::vector<float> x(size_t(T * in));
+        for (auto& v : x) v = nd(rng);
+        const Tensor dx = to_device(x, DType::f32);
+        Tensor dl = Tensor::empty(DType::f32, {T * E}, Device::cuda());
+        Tensor di = Tensor::empty(DType::i32, {T * K}, Device::cuda()), dwt = Tensor::empty(DType::f32, {T * K}, Device::cuda());
+        model::cuda::RouterParams p{};
+        p.logits = dl.ptr<float>();
+        p.T = T;
+        p.E = int(E);
+        p.K = int(K);
+        p.kind = gpt ? 2 : 0;
+        p.renorm = true;
+        p.idx = di.ptr<int32_t>();
+        p.w = dwt.ptr<float>();
+        for (int rep = 0; rep < 2; ++rep) {
+          model::cuda::launch_gemv_router(dw.data(), wdt == DType::f16 ? 1 : 2, in, dx.ptr<float>(), in,
+                                          gpt ? db.ptr<float>() : nullptr, p, static_cast<unsigned*>(ticket.data()), nullptr);
+          const auto gl = to_host<float>(dl, size_t(T * E));
+          for (int64_t t = 0; t < T; ++t)
+            for (int64_t e = 0; e < E; ++e) {
+              double ref = gpt ? bias[size_t(e)] : 0.0;
+              for (int64_t c = 0; c < in; ++c) ref += double(wback.ptr<float>()[e * in + c]) * x[size_t(t * in + c)];
+              EXPECT_NEAR(gl[size_t(t * E + e)], ref, 1e-4 * (1.0 + std::fabs(ref))) << "T " << T << " e " << e;
+            }
+          // the routing of exactly these logits
+          RouterConfig rc;
+          rc.kind = gpt ? RouterKind::gpt_oss : RouterKind::qwen3_moe;
+          rc.num_experts = E;
+          rc.top_k = K;
+          rc.norm_topk_prob = true;
+          std::vector<int32_t> idx(size_t(T * K));
+          std::vector<float> w(size_t(T * K));
+          route(rc, gl.data(), T, idx.data(), w.data());
+          const auto gi = to_host<int32_t>(di, idx.size());
+          const auto gw = to_host<float>(dwt, w.size());
+          for (size_t q = 0; q < idx.size(); ++q) {
+            EXPECT_EQ(gi[q], idx[q]) << "T " << T << " slot " << q;
+            EXPECT_NEAR(gw[q], w[q], 1e-5f * std::max(1.0f, std::fabs(w[q]))) << "T " << T << " slot " << q;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(to_host<uint32_t>(ticket, 1)[0], 0u);
+#endif
+}
+
+// MOEX_CUDA_LINEAR_TERMS=1 (the cuBLAS linears of prefill take bf16(x) alone, as the reference
+// library, instead of the two-term split): the bf16 parity bound of SPEC §8 on every fixture.
+TEST(CudaModelLinear, OneTermLinearsWithinTheSpecBound) {
+  SKIP_WITHOUT_CUDA();
+  struct EnvRestore {
+    ~EnvRestore() { unsetenv("MOEX_CUDA_LINEAR_TERMS"); }
+  } restore;
+  setenv("MOEX_CUDA_LINEAR_TERMS", "1", 1);
+  for (const char* name : {"qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "deepseek_v3", "gpt_oss", "qwen3_vl_moe"}) {
+    if (!fs::exists(fixture(name))) continue;
+    const auto greedy = read_greedy(name);
+    const auto prompts = greedy["prompts"].get<std::vector<std::vector<int64_t>>>();
+    const auto ref_err = greedy["reference"]["bf16_vs_f32_rel_l2"].get<std::vector<double>>();
+    const auto ref = SafetensorsFile::open((fixture(name) / "logits_f32.safetensors").string());
+    Model m = Model::from_pretrained(fixture(name).string(), {.dtype = DType::bf16, .device = Device::cuda()});
+    for (size_t p = 0; p < prompts.size(); ++p) {
+      const TensorView r = ref.get("logits." + std::to_string(p));
+      const Tensor logits = m.forward({prompts[p]});
+      const double err = rel_l2(logits.ptr<float>(), r.ptr<float>(), r.numel());
+      const double bound = std::max(3e-2, 1.5 * ref_err[p]);
+      std::printf("  one-term %s prompt %zu: bf16 rel L2 %.2e (bound %.2e)\n", name, p, err, bound);
+      EXPECT_LE(err, bound) << name << " prompt " << p;
+    }
+  }
 }

@@ -87,6 +87,9 @@ struct Buffers {
   Tensor qb, kb, vb, scores, probs;  // GEMM attention: q/k/v in the model dtype, S f32 and P per kv-head group
   Tensor x, h, split, gout, lm_g, qkv, q, attn, qa, ckv, kvn, kvb, rlogits, idx, wts, xout, gu, act, sgate;
   Tensor ids, pos, slot, tiles, out_rows, fin, logits, next;
+  // zero-initialised counters/partials of the kernels that finish in their last block: the router
+  // ticket (u32, 16 bytes), then the argmax scratch; every kernel leaves its counters at zero
+  Tensor sync;
   std::vector<Tensor> k_cache, v_cache;
 };
 
@@ -107,6 +110,7 @@ struct CudaModel::Impl {
   kern::RopeParams rope;
   double attn_scaling = 1.0;
   int64_t max_in = 1, max_out = 1, max_mlp = 1;
+  bool any_f32_linear = false;  // an f32 linear reads its f32 input itself (no split terms)
 
   cudaStream_t stream = nullptr;
   cublasHandle_t blas = nullptr;
@@ -122,6 +126,10 @@ struct CudaModel::Impl {
   CudaGenerateStats stats;
   // the skinny-linear kernel for steps of at most kGemvMaxRows rows (MOEX_CUDA_GEMV=0: cuBLAS always)
   bool gemv_enabled = true;
+  // Terms of x in the cuBLAS linears of bf16/f16 models (MOEX_CUDA_LINEAR_TERMS): 2 = x ≈ hi + lo
+  // (~16 mantissa bits, the CPU runtime's split; a GEMM of 2T columns), 1 = bf16(x) only (the
+  // reference library's rounding; half the FLOPs, and no finishing kernel without bias/gate).
+  int linear_terms = 2;
 
   ~Impl() {
     drop_graphs();
@@ -170,6 +178,7 @@ struct CudaModel::Impl {
       any_bias = any_bias || p->has_bias();
     }
     code_of(d.dt);
+    any_f32_linear = any_f32_linear || d.dt == DType::f32;
     MOEX_CHECK(d.out < (int64_t(1) << 31) && d.in < (int64_t(1) << 31), "linear of [{}, {}] is too large for cuBLAS", d.out, d.in);
     if (parts.size() == 1) {
       d.w = keep(on_device(parts[0]->weight));
@@ -338,6 +347,8 @@ struct CudaModel::Impl {
     b.fin = f32(O, H);
     b.logits = f32(O, V);
     b.next = i32(O);
+    b.sync = Tensor::empty(DType::u8, {int64_t(16 + kern::argmax_scratch_bytes(O))}, dev);
+    check(cudaMemsetAsync(b.sync.data(), 0, b.sync.nbytes(), stream), "cudaMemsetAsync (kernel counters)");
     for (size_t l = 0; l < layers.size(); ++l) {
       b.k_cache.push_back(f32(B * L, kv_heads * dq));
       b.v_cache.push_back(f32(B * L, kv_heads * dv));
@@ -416,6 +427,21 @@ struct CudaModel::Impl {
       kern::launch_gemv(l.w, code_of(l.dt), l.out, l.in, x, xpitch, T, l.bias, gate, y, ypitch, acc, stream);
       return;
     }
+    if (linear_terms == 1) {
+      // one term: bf16(x) = rows [0, T) of the split buffer (the RMSNorm's hi term when presplit)
+      if (!presplit) {
+        if (xpitch == l.in) kern::launch_to_dtype(x, T, l.in, b.split.data(), dtc, stream);
+        else kern::launch_split(x, xpitch, T, l.in, b.split.data(), dtc, stream);
+      }
+      const bool direct = !l.bias && !gate;  // cuBLAS writes (or adds into, beta = 1) y itself
+      const float beta = direct && acc ? 1.0f : 0.0f;
+      blas_check(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, int(l.out), int(T), int(l.in), &one, l.w, blas_type(l.dt),
+                              int(l.in), b.split.data(), blas_type(l.dt), int(l.in), &beta, direct ? y : gbuf, CUDA_R_32F,
+                              int(direct ? ypitch : l.out), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                 "cublasGemmEx (linear)");
+      if (!direct) kern::launch_finish_linear(gbuf, false, l.bias, gate, T, l.out, y, ypitch, acc, stream);
+      return;
+    }
     if (!presplit) kern::launch_split(x, xpitch, T, l.in, b.split.data(), dtc, stream);
     blas_check(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, int(l.out), int(2 * T), int(l.in), &one, l.w, blas_type(l.dt),
                             int(l.in), b.split.data(), blas_type(l.dt), int(l.in), &zero, gbuf, CUDA_R_32F, int(l.out),
@@ -429,6 +455,22 @@ struct CudaModel::Impl {
     kern::launch_rmsnorm(x, xp, w, float(t.rms_norm_eps), T, n, out, op, dtc == 0 ? nullptr : b.split.data(), dtc, stream,
                          add, dtc);
   }
+
+  kern::RmsNormParams norm_params(float* x, int64_t xp, const float* w, int64_t T, int64_t n, float* out, int64_t op) {
+    kern::RmsNormParams p;
+    p.x = x;
+    p.x_pitch = xp;
+    p.w = w;
+    p.eps = float(t.rms_norm_eps);
+    p.T = T;
+    p.n = n;
+    p.out = out;
+    p.out_pitch = op;
+    p.split = dtc == 0 ? nullptr : b.split.data();
+    p.split_dtype = dtc;
+    return p;
+  }
+  unsigned* router_ticket() { return static_cast<unsigned*>(b.sync.data()); }
 
   // Prefill attention on the tensor cores for bf16/f16 models: per sequence and kv-head group,
   // S = Q·Kᵀ (cuBLAS, f32 out), P = softmax rows (kernel, model dtype), O = P·V (cuBLAS, f32 out).
@@ -581,7 +623,6 @@ struct CudaModel::Impl {
       return;
     }
     const int64_t E = t.num_experts, K = t.num_experts_per_tok;
-    linear(d.router, h, H, T, b.rlogits.ptr<float>(), E, false, pre);
     kern::RouterParams rp{};
     rp.logits = b.rlogits.ptr<float>();
     rp.T = T;
@@ -595,7 +636,15 @@ struct CudaModel::Impl {
     rp.scaling = float(t.routed_scaling_factor);
     rp.idx = b.idx.ptr<int32_t>();
     rp.w = b.wts.ptr<float>();
-    kern::launch_router(rp, stream);
+    if (rp.kind != 1 && d.router.dt != DType::f32 && T <= kern::kGemvMaxRows && gemv_enabled &&
+        kern::gemv_ok(d.router.w, d.router.in, h, H, T)) {
+      // decode steps: the router GEMV and the routing in one kernel (its last block routes)
+      kern::launch_gemv_router(d.router.w, code_of(d.router.dt), d.router.in, h, H, d.router.bias, rp, router_ticket(),
+                               stream);
+    } else {
+      linear(d.router, h, H, T, b.rlogits.ptr<float>(), E, false, pre);
+      kern::launch_router(rp, stream);
+    }
     // the experts in the model dtype: the normed hidden rounded once — for bf16/f16 models that is
     // the hi term the RMSNorm wrote into rows [0, T) of the split buffer (intact until shared_down)
     const void* xin = dtc != 0 ? b.split.data() : static_cast<const void*>(h);
@@ -624,21 +673,41 @@ struct CudaModel::Impl {
   // `segs`: the sequences of a prefill from position 0 (enables the GEMM attention path); null for decode steps.
   void step(int64_t T, int64_t n_tiles, int64_t n_out, const std::string& backend, bool argmax,
             const std::vector<Segment>* segs = nullptr) {
-    kern::launch_embed(b.ids.ptr<int32_t>(), embed, code_of(dt), T, H, b.x.ptr<float>(), stream);
     bool pending_add = false;  // the previous MoE layer's experts output still to be added to x
+    // The normed rows h in f32 are read only by the GEMV (decode) and f32 linears: bf16/f16 cuBLAS
+    // linears and the experts take the split terms the norm writes as well (16 MB less per norm
+    // at 2048 rows of 2048).
+    float* h = dtc == 0 || any_f32_linear || (T <= kern::kGemvMaxRows && gemv_enabled) ? b.h.ptr<float>() : nullptr;
     for (size_t l = 0; l < layers.size(); ++l) {
       const DLayer& d = layers[l];
-      norm(b.x.ptr<float>(), H, d.input_norm, T, H, b.h.ptr<float>(), H, pending_add ? b.xout.data() : nullptr);
+      if (l == 0) {  // the embedding lookup fused into the first norm: x = embed[ids], h = norm(x)
+        kern::RmsNormParams p = norm_params(b.x.ptr<float>(), H, d.input_norm, T, H, h, H);
+        p.ids = b.ids.ptr<int32_t>();
+        p.embed = embed;
+        p.embed_dtype = code_of(dt);
+        kern::launch_rmsnorm(p, stream);
+      } else {
+        norm(b.x.ptr<float>(), H, d.input_norm, T, H, h, H, pending_add ? b.xout.data() : nullptr);
+      }
       attention_layer(d, l, T, n_tiles, segs);
-      norm(b.x.ptr<float>(), H, d.post_norm, T, H, b.h.ptr<float>(), H);
+      norm(b.x.ptr<float>(), H, d.post_norm, T, H, h, H);
       mlp_layer(d, T, backend);
       pending_add = d.is_moe;
     }
-    if (pending_add) kern::launch_add_from(b.xout.data(), dtc, T, H, b.x.ptr<float>(), stream);
-    kern::launch_gather_rows(b.x.ptr<float>(), b.out_rows.ptr<int32_t>(), n_out, H, b.fin.ptr<float>(), stream);
-    norm(b.fin.ptr<float>(), H, final_norm, n_out, H, b.fin.ptr<float>(), H);
+    if (layers.empty()) kern::launch_embed(b.ids.ptr<int32_t>(), embed, code_of(dt), T, H, b.x.ptr<float>(), stream);
+    // one kernel: the output rows of x gathered, the last experts output added (to those rows
+    // only: x is not read afterwards), the final norm into fin (+ its split for the lm head)
+    kern::RmsNormParams p = norm_params(b.x.ptr<float>(), H, final_norm, n_out, H, b.fin.ptr<float>(), H);
+    p.rows = b.out_rows.ptr<int32_t>();
+    if (pending_add) {
+      p.add = b.xout.data();
+      p.add_dtype = dtc;
+    }
+    kern::launch_rmsnorm(p, stream);
     linear(lm_head, b.fin.ptr<float>(), H, n_out, b.logits.ptr<float>(), V, false, dtc != 0, nullptr, b.lm_g.ptr<float>());
-    if (argmax) kern::launch_argmax(b.logits.ptr<float>(), n_out, V, b.next.ptr<int32_t>(), stream);
+    if (argmax)
+      kern::launch_argmax(b.logits.ptr<float>(), n_out, V, b.next.ptr<int32_t>(),
+                          static_cast<char*>(b.sync.data()) + 16, stream);
   }
 
   // A decode step: replayed from a CUDA graph when the backend allows it (captured at the second
@@ -745,6 +814,7 @@ CudaModel::CudaModel(const ModelWeights& w, const TextConfig& t, Device dev) : i
   }
   m.upload(w);
   if (const char* e = std::getenv("MOEX_CUDA_GEMV")) m.gemv_enabled = std::string(e) != "0";
+  if (const char* e = std::getenv("MOEX_CUDA_LINEAR_TERMS")) m.linear_terms = std::string(e) == "1" ? 1 : 2;
   check(cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
   blas_check(cublasCreate(&m.blas), "cublasCreate");
   blas_check(cublasSetStream(m.blas, m.stream), "cublasSetStream");

@@ -31,6 +31,47 @@ __device__ __forceinline__ float round_to(int dtype, float v) {
   return v;
 }
 
+// Four consecutive values at element i of a buffer of dtype code 0/1/2 (i % 4 == 0; the buffer
+// 16-byte aligned for f32, 8-byte aligned for f16/bf16): one 16- or 8-byte access.
+__device__ __forceinline__ float4 load4(const void* p, int dtype, int64_t i) {
+  if (dtype == 0) return *reinterpret_cast<const float4*>(static_cast<const float*>(p) + i);
+  const uint2 u = *reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(p) + i);
+  float2 a, b;
+  if (dtype == 1) {
+    a = __half22float2(*reinterpret_cast<const __half2*>(&u.x));
+    b = __half22float2(*reinterpret_cast<const __half2*>(&u.y));
+  } else {
+    a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x));
+    b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
+  }
+  return make_float4(a.x, a.y, b.x, b.y);
+}
+__device__ __forceinline__ void store4(void* p, int dtype, int64_t i, float4 v) {
+  if (dtype == 0) {
+    *reinterpret_cast<float4*>(static_cast<float*>(p) + i) = v;
+    return;
+  }
+  uint2 u;
+  if (dtype == 1) {
+    const __half2 a = __floats2half2_rn(v.x, v.y), b = __floats2half2_rn(v.z, v.w);
+    u.x = *reinterpret_cast<const uint32_t*>(&a);
+    u.y = *reinterpret_cast<const uint32_t*>(&b);
+  } else {
+    const __nv_bfloat162 a = __floats2bfloat162_rn(v.x, v.y), b = __floats2bfloat162_rn(v.z, v.w);
+    u.x = *reinterpret_cast<const uint32_t*>(&a);
+    u.y = *reinterpret_cast<const uint32_t*>(&b);
+  }
+  *reinterpret_cast<uint2*>(static_cast<uint16_t*>(p) + i) = u;
+}
+__device__ __forceinline__ float4 round4(int dtype, float4 v) {
+  return make_float4(round_to(dtype, v.x), round_to(dtype, v.y), round_to(dtype, v.z), round_to(dtype, v.w));
+}
+__device__ __forceinline__ float4 sub4(float4 a, float4 b) { return make_float4(a.x - b.x, a.y - b.y, a.z - b.z, a.w - b.w); }
+// Whether buffers can take load4/store4 at multiples of 4 elements.
+inline bool vec4_ok(const void* p, int dtype) {
+  return (reinterpret_cast<uintptr_t>(p) & (dtype == 0 ? 15u : 7u)) == 0;
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
@@ -68,34 +109,85 @@ __device__ __forceinline__ float act_f(int kind, float g) {
 
 // ---- embeddings, norms, splits -----------------------------------------------------------------
 
-__global__ void embed_kernel(const int32_t* ids, const void* embed, int dt, int64_t H, float* x) {
-  const int64_t r = blockIdx.x;
-  const int64_t base = int64_t(ids[r]) * H;
-  for (int64_t i = threadIdx.x; i < H; i += blockDim.x) x[r * H + i] = load_any(embed, dt, base + i);
+// One thread per element: a 2-D grid (column blocks, rows) keeps every load independent (a loop
+// over the row in one block serialises its round trips: 5 us for one row of 2048).
+__global__ void embed_kernel(const int32_t* ids, const void* embed, int dt, int64_t T, int64_t H, float* x) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i >= H) return;
+  for (int64_t r = blockIdx.y; r < T; r += gridDim.y) x[r * H + i] = load_any(embed, dt, int64_t(ids[r]) * H + i);
 }
 
-__global__ void rmsnorm_kernel(float* x, int64_t xp, const float* w, float eps, int64_t T, int64_t n, float* out,
-                               int64_t op, void* split, int sdt, const void* add, int adt) {
-  const int64_t r = blockIdx.x;
-  float* xr = x + r * xp;
-  if (add) {  // each thread updates the elements it reads below: no block synchronisation needed
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) xr[i] += load_any(add, adt, r * n + i);
+// The input value i of RMSNorm row r (see RmsNormParams): embedding, gathered or own row, + add.
+__device__ __forceinline__ float norm_input(const RmsNormParams& p, int64_t r, int64_t src, int64_t i) {
+  float a = p.ids ? load_any(p.embed, p.embed_dtype, int64_t(p.ids[r]) * p.n + i) : p.x[src * p.x_pitch + i];
+  if (p.add) a += load_any(p.add, p.add_dtype, src * p.n + i);
+  return a;
+}
+__device__ __forceinline__ void norm_output(const RmsNormParams& p, int64_t r, int64_t i, float v, float inv) {
+  const float o = p.w[i] * (v * inv);
+  if (p.out) p.out[r * p.out_pitch + i] = o;
+  if (p.split) {
+    const float hi = round_to(p.split_dtype, o);
+    store_any(p.split, p.split_dtype, r * p.n + i, hi);
+    store_any(p.split, p.split_dtype, (p.T + r) * p.n + i, o - hi);
   }
+}
+
+// One block per row, the row in registers (PER values per thread, coalesced: i = tid + k·blockDim):
+// x is read once and every load of a thread is issued before the reduction.
+template <int PER>
+__global__ void __launch_bounds__(1024) rmsnorm_reg_kernel(RmsNormParams p) {
+  const int64_t r = blockIdx.x;
+  const int64_t src = p.rows ? int64_t(p.rows[r]) : r;
+  const bool write_x = (p.ids || p.add) && !p.rows;
+  float v[PER];
   float ss = 0.0f;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
-  ss = block_sum(ss);
-  const float inv = rsqrtf(ss / float(n) + eps);
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-    const float v = w[i] * (xr[i] * inv);
-    if (out) out[r * op + i] = v;
-    if (split) {
-      const float hi = round_to(sdt, v);
-      store_any(split, sdt, r * n + i, hi);
-      store_any(split, sdt, (T + r) * n + i, v - hi);
-    }
+#pragma unroll
+  for (int k = 0; k < PER; ++k) {
+    const int64_t i = threadIdx.x + int64_t(k) * blockDim.x;
+    v[k] = i < p.n ? norm_input(p, r, src, i) : 0.0f;
+    ss += v[k] * v[k];
+  }
+  ss = block_sum(ss);  // synchronises: in-place outputs (out == x) are written after every read
+  const float inv = rsqrtf(ss / float(p.n) + p.eps);
+#pragma unroll
+  for (int k = 0; k < PER; ++k) {
+    const int64_t i = threadIdx.x + int64_t(k) * blockDim.x;
+    if (i >= p.n) continue;
+    if (write_x) p.x[src * p.x_pitch + i] = v[k];
+    norm_output(p, r, i, v[k], inv);
   }
 }
 
+// Rows too long for registers: two passes over the row (x re-read from L1/L2).
+__global__ void rmsnorm_kernel(RmsNormParams p) {
+  const int64_t r = blockIdx.x;
+  const int64_t src = p.rows ? int64_t(p.rows[r]) : r;
+  const bool write_x = (p.ids || p.add) && !p.rows;
+  float* xr = p.x + src * p.x_pitch;
+  float ss = 0.0f;
+  for (int64_t i = threadIdx.x; i < p.n; i += blockDim.x) {
+    const float a = norm_input(p, r, src, i);
+    if (write_x) xr[i] = a;  // read back below by the same thread
+    ss += a * a;
+  }
+  ss = block_sum(ss);
+  const float inv = rsqrtf(ss / float(p.n) + p.eps);
+  for (int64_t i = threadIdx.x; i < p.n; i += blockDim.x)
+    norm_output(p, r, i, write_x ? xr[i] : norm_input(p, r, src, i), inv);
+}
+
+// split [2T, n] = (hi, lo) of x [T, n]: four values per thread, grid-stride over T · n/4.
+__global__ void split4_kernel(const float* x, int64_t xp, int64_t T, int64_t n, void* split, int sdt) {
+  const int64_t n4 = n / 4;
+  for (int64_t q = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; q < T * n4; q += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = q / n4, c = (q - r * n4) * 4;
+    const float4 v = *reinterpret_cast<const float4*>(x + r * xp + c);
+    const float4 hi = round4(sdt, v);
+    store4(split, sdt, r * n + c, hi);
+    store4(split, sdt, (T + r) * n + c, sub4(v, hi));
+  }
+}
 __global__ void split_kernel(const float* x, int64_t xp, int64_t T, int64_t n, void* split, int sdt) {
   const int64_t r = blockIdx.y;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
@@ -106,73 +198,149 @@ __global__ void split_kernel(const float* x, int64_t xp, int64_t T, int64_t n, v
   }
 }
 
+__device__ __forceinline__ float finish_one(const float* g, bool two, const float* bias, float gate, int64_t T, int64_t n,
+                                            int64_t r, int64_t i) {
+  float v = g[r * n + i];
+  if (two) v += g[(T + r) * n + i];
+  if (bias) v += bias[i];
+  return v * gate;
+}
+// Four columns per thread, grid-stride over T · n/4 (n % 4 == 0, y_pitch % 4 == 0, aligned).
+__global__ void finish_linear4_kernel(const float* g, bool two, const float* bias, const float* row_gate, int64_t T,
+                                      int64_t n, float* y, int64_t yp, bool acc) {
+  const int64_t n4 = n / 4;
+  for (int64_t q = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; q < T * n4; q += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = q / n4, c = (q - r * n4) * 4;
+    const float gate = row_gate ? 1.0f / (1.0f + expf(-row_gate[r])) : 1.0f;
+    float4 v = *reinterpret_cast<const float4*>(g + r * n + c);
+    if (two) {
+      const float4 l = *reinterpret_cast<const float4*>(g + (T + r) * n + c);
+      v = make_float4(v.x + l.x, v.y + l.y, v.z + l.z, v.w + l.w);
+    }
+    if (bias) {
+      const float4 b = *reinterpret_cast<const float4*>(bias + c);
+      v = make_float4(v.x + b.x, v.y + b.y, v.z + b.z, v.w + b.w);
+    }
+    v = make_float4(v.x * gate, v.y * gate, v.z * gate, v.w * gate);
+    float4* yv = reinterpret_cast<float4*>(y + r * yp + c);
+    if (acc) {
+      const float4 o = *yv;
+      v = make_float4(o.x + v.x, o.y + v.y, o.z + v.z, o.w + v.w);
+    }
+    *yv = v;
+  }
+}
 __global__ void finish_linear_kernel(const float* g, bool two, const float* bias, const float* row_gate, int64_t T,
                                      int64_t n, float* y, int64_t yp, bool acc) {
   const int64_t r = blockIdx.y;
   const float gate = row_gate ? 1.0f / (1.0f + expf(-row_gate[r])) : 1.0f;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    float v = g[r * n + i];
-    if (two) v += g[(T + r) * n + i];
-    if (bias) v += bias[i];
-    v *= gate;
+    const float v = finish_one(g, two, bias, gate, T, n, r, i);
     if (acc) y[r * yp + i] += v;
     else y[r * yp + i] = v;
   }
 }
 
-// One warp per output row; lane l reads 8 weights at columns 8l, 8l + 256, ... and the matching
-// x values of each of the TM rows (x stays in L1/L2: every warp of the grid reads the same rows).
+__device__ void route_warp(const RouterParams& p, int64_t t, int lane);  // the routers section
+
+// One warp per output row, kGemvWarps rows per block; lane l reads 8 weights (16 bytes) at columns
+// 8l, 8l + 256, ... and the matching x values of each of the TM rows (x stays in L1/L2: every warp
+// of the grid reads the same rows). The weights stream through with up to eight 16-byte loads in
+// flight per lane (issued before their FMAs: one load in flight per lane reached only 1.8 TB/s).
+constexpr int kGemvWarps = 4;
+
 template <int TM, class W>
-__global__ void __launch_bounds__(256) gemv_kernel(const W* w, int64_t out, int64_t in, const float* x, int64_t xp,
-                                                    const float* bias, const float* row_gate, float* y, int64_t yp, bool acc) {
-  const int64_t row = blockIdx.x * int64_t(blockDim.x >> 5) + (threadIdx.x >> 5);
-  const int lane = threadIdx.x & 31;
-  if (row >= out) return;
-  float sum[TM];
+__device__ __forceinline__ void gemv_chunk(const uint4& raw, const float* x, int64_t xp, int64_t c, float* sum) {
+  const W* wv = reinterpret_cast<const W*>(&raw);
+  float wf[8];
 #pragma unroll
-  for (int t = 0; t < TM; ++t) sum[t] = 0.0f;
-  const W* wr = w + row * in;
-  for (int64_t c = int64_t(lane) * 8; c < in; c += 256) {
-    const uint4 raw = *reinterpret_cast<const uint4*>(wr + c);
-    const W* wv = reinterpret_cast<const W*>(&raw);
-    float wf[8];
+  for (int k = 0; k < 8; ++k) wf[k] = ::moex::cuda::to_f32(wv[k]);
 #pragma unroll
-    for (int k = 0; k < 8; ++k) wf[k] = ::moex::cuda::to_f32(wv[k]);
-#pragma unroll
-    for (int t = 0; t < TM; ++t) {
-      const float4 a = *reinterpret_cast<const float4*>(x + t * xp + c);
-      const float4 b = *reinterpret_cast<const float4*>(x + t * xp + c + 4);
-      sum[t] = fmaf(wf[0], a.x, sum[t]);
-      sum[t] = fmaf(wf[1], a.y, sum[t]);
-      sum[t] = fmaf(wf[2], a.z, sum[t]);
-      sum[t] = fmaf(wf[3], a.w, sum[t]);
-      sum[t] = fmaf(wf[4], b.x, sum[t]);
-      sum[t] = fmaf(wf[5], b.y, sum[t]);
-      sum[t] = fmaf(wf[6], b.z, sum[t]);
-      sum[t] = fmaf(wf[7], b.w, sum[t]);
-    }
-  }
-#pragma unroll
-  for (int t = 0; t < TM; ++t) sum[t] = warp_sum(sum[t]);
-  if (lane == 0) {
-    const float bv = bias ? bias[row] : 0.0f;
-#pragma unroll
-    for (int t = 0; t < TM; ++t) {
-      float v = sum[t] + bv;
-      if (row_gate) v *= 1.0f / (1.0f + expf(-row_gate[t]));
-      if (acc) y[t * yp + row] += v;
-      else y[t * yp + row] = v;
-    }
+  for (int t = 0; t < TM; ++t) {
+    const float4 a = __ldg(reinterpret_cast<const float4*>(x + t * xp + c));
+    const float4 b = __ldg(reinterpret_cast<const float4*>(x + t * xp + c + 4));
+    sum[t] = fmaf(wf[0], a.x, sum[t]);
+    sum[t] = fmaf(wf[1], a.y, sum[t]);
+    sum[t] = fmaf(wf[2], a.z, sum[t]);
+    sum[t] = fmaf(wf[3], a.w, sum[t]);
+    sum[t] = fmaf(wf[4], b.x, sum[t]);
+    sum[t] = fmaf(wf[5], b.y, sum[t]);
+    sum[t] = fmaf(wf[6], b.z, sum[t]);
+    sum[t] = fmaf(wf[7], b.w, sum[t]);
   }
 }
 
-template <class W>
+// Chunks c, c + 256, ... of the lane (columns in order), U 16-byte weight loads issued at a time;
+// returns the first chunk left (fewer than U remain).
+template <int U, int TM, class W>
+__device__ __forceinline__ int64_t gemv_run(const W* wr, int64_t c, int64_t in, const float* x, int64_t xp, float* sum) {
+  for (; c + (U - 1) * 256 < in; c += U * 256) {
+    uint4 raw[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) raw[u] = __ldcs(reinterpret_cast<const uint4*>(wr + c + u * 256));
+#pragma unroll
+    for (int u = 0; u < U; ++u) gemv_chunk<TM, W>(raw[u], x, xp, c + u * 256, sum);
+  }
+  return c;
+}
+
+// ROUTE: y holds router logits [TM, E] (rp.logits); the last block to finish routes the TM rows
+// (the other blocks' logits made visible by their fences before the ticket).
+template <int TM, class W, bool ROUTE>
+__global__ void __launch_bounds__(kGemvWarps * 32)
+    gemv_kernel(const W* w, int64_t out, int64_t in, const float* x, int64_t xp, const float* bias, const float* row_gate,
+                float* y, int64_t yp, bool acc, RouterParams rp, unsigned* ticket) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t row = blockIdx.x * int64_t(kGemvWarps) + warp;
+  if (row < out) {
+    float sum[TM];
+#pragma unroll
+    for (int t = 0; t < TM; ++t) sum[t] = 0.0f;
+    const W* wr = w + row * in;
+    int64_t c = int64_t(lane) * 8;
+    c = gemv_run<8, TM, W>(wr, c, in, x, xp, sum);  // in = 2048: the lane's whole row in one go
+    c = gemv_run<4, TM, W>(wr, c, in, x, xp, sum);
+    gemv_run<1, TM, W>(wr, c, in, x, xp, sum);
+#pragma unroll
+    for (int t = 0; t < TM; ++t) sum[t] = warp_sum(sum[t]);
+    if (lane == 0) {
+      const float bv = bias ? bias[row] : 0.0f;
+#pragma unroll
+      for (int t = 0; t < TM; ++t) {
+        float v = sum[t] + bv;
+        if (row_gate) v *= 1.0f / (1.0f + expf(-row_gate[t]));
+        if (acc) y[t * yp + row] += v;
+        else y[t * yp + row] = v;
+      }
+    }
+  }
+  if constexpr (ROUTE) {
+    __shared__ bool last;
+    __threadfence();  // this thread's logits, device-wide, before the block takes its ticket
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(ticket, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (int64_t t = warp; t < rp.T; t += kGemvWarps) {
+      route_warp(rp, t, lane);
+      __syncwarp();  // lanes 1.. leave route_warp before lane 0 has written the token
+    }
+    if (threadIdx.x == 0) *ticket = 0u;  // ready for the next launch (graph replays included)
+  }
+}
+
+template <class W, bool ROUTE>
 void launch_gemv_t(const W* w, int64_t out, int64_t in, const float* x, int64_t xp, int64_t T, const float* bias,
-                   const float* gate, float* y, int64_t yp, bool acc, cudaStream_t s) {
-  const unsigned grid = unsigned((out + 7) / 8);
+                   const float* gate, float* y, int64_t yp, bool acc, const RouterParams& rp, unsigned* ticket,
+                   cudaStream_t s) {
+  const unsigned grid = unsigned((out + kGemvWarps - 1) / kGemvWarps);
   switch (T) {
-#define MOEX_GEMV_CASE(n) \
-  case n: gemv_kernel<n, W><<<grid, 256, 0, s>>>(w, out, in, x, xp, bias, gate, y, yp, acc); break;
+#define MOEX_GEMV_CASE(n)                                                                                    \
+  case n:                                                                                                    \
+    gemv_kernel<n, W, ROUTE><<<grid, kGemvWarps * 32, 0, s>>>(w, out, in, x, xp, bias, gate, y, yp, acc, rp, \
+                                                               ticket);                                      \
+    break;
     MOEX_GEMV_CASE(1)
     MOEX_GEMV_CASE(2)
     MOEX_GEMV_CASE(3)
@@ -185,6 +353,19 @@ void launch_gemv_t(const W* w, int64_t out, int64_t in, const float* x, int64_t 
     default: ::moex::detail::fail(ErrorCode::internal, "gemv: {} rows exceed {}", T, kGemvMaxRows);
   }
   check_launch("gemv_kernel");
+}
+
+__global__ void to_dtype4_kernel(const float* x, int64_t n, void* out, int dt) {
+  for (int64_t i = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * 4; i < n; i += int64_t(gridDim.x) * blockDim.x * 4)
+    store4(out, dt, i, *reinterpret_cast<const float4*>(x + i));
+}
+__global__ void add_from4_kernel(const void* in, int dt, int64_t n, float* x) {
+  for (int64_t i = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * 4; i < n; i += int64_t(gridDim.x) * blockDim.x * 4) {
+    const float4 a = load4(in, dt, i);
+    float4* xv = reinterpret_cast<float4*>(x + i);
+    const float4 o = *xv;
+    *xv = make_float4(o.x + a.x, o.y + a.y, o.z + a.z, o.w + a.w);
+  }
 }
 
 __global__ void to_dtype_kernel(const float* x, int64_t n, void* out, int dt) {
@@ -219,58 +400,83 @@ __device__ void rope_to(const float* src, float* dst, const RopeParams& rp, int6
   }
 }
 
-// One block per (row, head slot): slots [0, nh) are q heads, [nh, nh + nkv) k heads, then v heads.
-__global__ void qkv_post_kernel(QkvPostParams p) {
-  extern __shared__ float sm[];  // [2 * hd]: the head before and after RoPE
+// Grid (row, group of kQkvWarps head slots), a warp per head slot: slots [0, nh) are q heads,
+// [nh, nh + nkv) k heads, then v heads. The RoPE cos/sin of the row's position are computed once
+// per block into shared memory (f64, as the CPU runtime) and shared by its heads (the old kernel
+// evaluated them per head and synchronised its block five times per head: 110 us at 2048 rows).
+constexpr int kQkvWarps = 8;
+__global__ void __launch_bounds__(kQkvWarps * 32) qkv_post_kernel(QkvPostParams p) {
+  extern __shared__ double qsm[];
+  const int h2 = p.rope.dim / 2;
+  double* cs = qsm;                                        // [h2]: cos · factor
+  double* sn = qsm + h2;                                   // [h2]: sin · factor
+  float* abuf = reinterpret_cast<float*>(qsm + 2 * h2);    // [kQkvWarps, hd]: a warp's head
   const int64_t r = blockIdx.x;
-  const int hs = blockIdx.y;
-  const int width = (p.nh + 2 * p.nkv) * p.hd;
+  const int64_t pos = p.pos[r];
+  for (int i = threadIdx.x; i < h2; i += blockDim.x) {
+    const double ang = double(pos) * p.rope.inv_freq[i];
+    double sv, cv;
+    sincos(ang, &sv, &cv);
+    cs[i] = cv * p.rope.factor;
+    sn[i] = sv * p.rope.factor;
+  }
+  const int hd = p.hd;
+  const int width = (p.nh + 2 * p.nkv) * hd;
   const float* row = p.qkv + r * width;
+  // norm over the whole q (k) projection: its inverse RMS, block-wide
+  float inv_q = 1.0f, inv_k = 1.0f;
+  if (p.norm_mode == 2) {
+    const int nq = p.nh * hd, nk = p.nkv * hd;
+    float sq = 0.0f, sk = 0.0f;
+    for (int i = threadIdx.x; i < nq; i += blockDim.x) sq += row[i] * row[i];
+    for (int i = threadIdx.x; i < nk; i += blockDim.x) sk += row[nq + i] * row[nq + i];
+    sq = block_sum(sq);
+    sk = block_sum(sk);
+    inv_q = rsqrtf(sq / float(nq) + p.eps);
+    inv_k = rsqrtf(sk / float(nk) + p.eps);
+  }
+  __syncthreads();  // the cos/sin table
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  float* a = abuf + warp * hd;
+  const int slots = p.nh + 2 * p.nkv;
+  const int hs = blockIdx.y * kQkvWarps + warp;
+  if (hs >= slots) return;
   const int kind = hs < p.nh ? 0 : hs < p.nh + p.nkv ? 1 : 2;
   const int head = kind == 0 ? hs : kind == 1 ? hs - p.nh : hs - p.nh - p.nkv;
-  const int off = kind == 0 ? head * p.hd : kind == 1 ? p.nh * p.hd + head * p.hd : (p.nh + p.nkv) * p.hd + head * p.hd;
-  float* a = sm;
-  float* b = sm + p.hd;
-  for (int i = threadIdx.x; i < p.hd; i += blockDim.x) a[i] = row[off + i];
-  __syncthreads();
+  const int off = hs * hd;  // q heads, then k heads, then v heads
+  float ss = 0.0f;
+  for (int i = lane; i < hd; i += 32) {
+    const float v = row[off + i];
+    a[i] = v;
+    ss += v * v;
+  }
   if (kind < 2 && p.norm_mode != 0) {
     const float* w = kind == 0 ? p.q_norm : p.k_norm;
-    float ss = 0.0f;
-    int n, base, woff;
-    if (p.norm_mode == 1) {  // per head: [hd] weights
-      n = p.hd;
-      base = off;
-      woff = 0;
-    } else {  // over the whole q (or k) projection
-      n = (kind == 0 ? p.nh : p.nkv) * p.hd;
-      base = kind == 0 ? 0 : p.nh * p.hd;
-      woff = head * p.hd;
-    }
-    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += row[base + i] * row[base + i];
-    ss = block_sum(ss);
-    const float inv = rsqrtf(ss / float(n) + p.eps);
-    for (int i = threadIdx.x; i < p.hd; i += blockDim.x) a[i] = w[woff + i] * (a[i] * inv);
-    __syncthreads();
+    const float inv = p.norm_mode == 1 ? rsqrtf(warp_sum(ss) / float(hd) + p.eps) : kind == 0 ? inv_q : inv_k;
+    const int woff = p.norm_mode == 1 ? 0 : head * hd;  // per-head [hd] weights, or the projection's
+    for (int i = lane; i < hd; i += 32) a[i] = w[woff + i] * (a[i] * inv);
   }
   if (p.clip > 0.0f)
-    for (int i = threadIdx.x; i < p.hd; i += blockDim.x) a[i] = fminf(fmaxf(a[i], -p.clip), p.clip);
-  __syncthreads();
-  const int64_t pos = p.pos[r];
-  const float* res = a;
-  if (kind < 2) {
-    rope_to(a, b, p.rope, pos);
-    // dims beyond the rotary dim (none when dim == hd) pass through
-    for (int i = p.rope.dim + threadIdx.x; i < p.hd; i += blockDim.x) b[i] = a[i];
-    res = b;
-  }
-  __syncthreads();
+    for (int i = lane; i < hd; i += 32) a[i] = fminf(fmaxf(a[i], -p.clip), p.clip);
+  __syncwarp();  // the rotation pairs values of other lanes
   float* dst;
-  if (kind == 0) dst = p.q_out + (r * p.nh + head) * p.hd;
+  if (kind == 0) dst = p.q_out + (r * p.nh + head) * hd;
   else {
     const int64_t cache_row = (int64_t(p.slot[r]) * p.max_len + pos) * p.nkv + head;
-    dst = (kind == 1 ? p.k_cache : p.v_cache) + cache_row * p.hd;
+    dst = (kind == 1 ? p.k_cache : p.v_cache) + cache_row * hd;
   }
-  for (int i = threadIdx.x; i < p.hd; i += blockDim.x) dst[i] = res[i];
+  if (kind == 2) {
+    for (int i = lane; i < hd; i += 32) dst[i] = a[i];
+    return;
+  }
+  for (int i = lane; i < h2; i += 32) {
+    const double c = cs[i], s = sn[i];
+    const double x1 = p.rope.interleave ? a[2 * i] : a[i];
+    const double x2 = p.rope.interleave ? a[2 * i + 1] : a[i + h2];
+    dst[i] = float(x1 * c - x2 * s);
+    dst[i + h2] = float(x2 * c + x1 * s);
+  }
+  for (int i = p.rope.dim + lane; i < hd; i += 32) dst[i] = a[i];  // beyond the rotary dim: unchanged
 }
 
 // One block per (row, head).
@@ -616,10 +822,9 @@ __device__ __forceinline__ uint64_t warp_max_u64(uint64_t v) {
   return v;
 }
 
-__global__ void router_warp_kernel(RouterParams p) {
-  const int lane = threadIdx.x & 31;
-  const int64_t t = blockIdx.x * int64_t(blockDim.x >> 5) + (threadIdx.x >> 5);
-  if (t >= p.T) return;
+// Token t's routing by one warp (lane = its lane). The logits are read through L2 (__ldcg): in the
+// fused GEMV they were just written by other blocks.
+__device__ void route_warp(const RouterParams& p, int64_t t, int lane) {
   const float* l = p.logits + t * p.E;
   int32_t* idx = p.idx + t * p.K;
   float* w = p.w + t * p.K;
@@ -629,7 +834,7 @@ __global__ void router_warp_kernel(RouterParams p) {
 #pragma unroll
   for (int i = 0; i < kRouterPerLane; ++i) {
     const int e = lane + 32 * i;
-    v[i] = e < E ? l[e] : NAN;
+    v[i] = e < E ? __ldcg(l + e) : NAN;
     any = any || (e < E && !isnan(v[i]));
   }
   if (!__any_sync(0xffffffffu, any)) {  // no distribution at all: experts 0..K-1, NaN weights
@@ -708,45 +913,83 @@ __global__ void router_warp_kernel(RouterParams p) {
   for (int j = 0; j < K; ++j) idx[j] = sel[j];
 }
 
-// ---- misc ----------------------------------------------------------------------------------------
-
-__global__ void gather_rows_kernel(const float* in, const int32_t* rows, int64_t H, float* out) {
-  const int64_t i = blockIdx.x;
-  const float* src = in + int64_t(rows[i]) * H;
-  for (int64_t d = threadIdx.x; d < H; d += blockDim.x) out[i * H + d] = src[d];
+__global__ void router_warp_kernel(RouterParams p) {
+  const int64_t t = blockIdx.x * int64_t(blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (t >= p.T) return;
+  route_warp(p, t, threadIdx.x & 31);
 }
 
-__global__ void argmax_kernel(const float* logits, int64_t V, int32_t* next) {
-  const int64_t r = blockIdx.x;
-  const float* row = logits + r * V;
-  float best = -INFINITY;
-  int64_t bi = -1;
-  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
-    const float v = row[i];
-    if (bi < 0 || v > best) {  // within a thread indices grow: the first maximum stays
-      best = v;
-      bi = i;
-    }
-  }
-  __shared__ float sv[1024];
-  __shared__ int64_t si[1024];
-  sv[threadIdx.x] = best;
-  si[threadIdx.x] = bi;
+// ---- misc ----------------------------------------------------------------------------------------
+
+__global__ void gather_rows_kernel(const float* in, const int32_t* rows, int64_t n, int64_t H, float* out) {
+  const int64_t d = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (d >= H) return;
+  for (int64_t r = blockIdx.y; r < n; r += gridDim.y) out[r * H + d] = in[int64_t(rows[r]) * H + d];
+}
+
+// Argmax: a 64-bit key per entry, larger = better: the value's order bits (routers' ordered_bits)
+// above the complemented index (ties → lower index); NaN entries get key 0 (below every number,
+// -inf included). Each block reduces chunks of kArgmaxChunk entries (16 independent loads per
+// thread in flight), then the last block of the row to finish reduces the blocks' keys.
+constexpr int kArgmaxThreads = 256;
+constexpr int kArgmaxPer = 16;
+constexpr int64_t kArgmaxChunk = int64_t(kArgmaxThreads) * kArgmaxPer;
+constexpr int kArgmaxMaxBlocks = 64;
+
+__device__ __forceinline__ unsigned long long argmax_key(float v, int64_t i) {
+  return isnan(v) ? 0ull : (static_cast<unsigned long long>(ordered_bits(v)) << 32) | (0xFFFFFFFFull - uint64_t(i));
+}
+__device__ unsigned long long block_max_u64(unsigned long long v) {
+  __shared__ unsigned long long part[32];
+  v = warp_max_u64(v);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   __syncthreads();
-  for (int o = blockDim.x / 2; o > 0; o >>= 1) {
-    if (int(threadIdx.x) < o) {
-      const float v2 = sv[threadIdx.x + o];
-      const int64_t i2 = si[threadIdx.x + o];
-      const bool take = i2 >= 0 && (si[threadIdx.x] < 0 || v2 > sv[threadIdx.x] ||
-                                    (v2 == sv[threadIdx.x] && i2 < si[threadIdx.x]));
-      if (take) {
-        sv[threadIdx.x] = v2;
-        si[threadIdx.x] = i2;
-      }
+  if (lane == 0) part[warp] = v;
+  __syncthreads();
+  v = lane < int(blockDim.x >> 5) ? part[lane] : 0ull;
+  return warp_max_u64(v);  // every warp reduces the same partials: every thread gets the result
+}
+
+// scratch: [rows] u32 tickets (padded to 8 bytes), then [rows, gridDim.x] u64 keys.
+__global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const float* logits, int64_t V, int32_t* next,
+                                                                 unsigned* tickets, unsigned long long* keys) {
+  const int64_t r = blockIdx.y;
+  const float* row = logits + r * V;
+  unsigned long long best = 0;
+  for (int64_t c0 = blockIdx.x * kArgmaxChunk; c0 < V; c0 += int64_t(gridDim.x) * kArgmaxChunk) {
+    float v[kArgmaxPer];
+#pragma unroll
+    for (int k = 0; k < kArgmaxPer; ++k) {
+      const int64_t i = c0 + k * kArgmaxThreads + threadIdx.x;
+      v[k] = i < V ? __ldcs(row + i) : NAN;
     }
-    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < kArgmaxPer; ++k) {
+      const unsigned long long key = argmax_key(v[k], c0 + k * kArgmaxThreads + threadIdx.x);
+      best = key > best ? key : best;
+    }
   }
-  if (threadIdx.x == 0) next[r] = int32_t(si[0] < 0 ? 0 : si[0]);
+  best = block_max_u64(best);
+  __shared__ bool last;
+  if (threadIdx.x == 0) {
+    keys[r * gridDim.x + blockIdx.x] = best;
+    __threadfence();
+    last = atomicAdd(&tickets[r], 1u) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  unsigned long long all = 0;
+  for (int i = threadIdx.x; i < int(gridDim.x); i += blockDim.x) {
+    const unsigned long long k = __ldcg(keys + r * gridDim.x + i);
+    all = k > all ? k : all;
+  }
+  all = block_max_u64(all);
+  if (threadIdx.x == 0) {
+    // std::max_element: a NaN first entry is never replaced; all NaN → 0 as well
+    next[r] = isnan(row[0]) || all == 0 ? 0 : int32_t(0xFFFFFFFFu - uint32_t(all & 0xFFFFFFFFull));
+    tickets[r] = 0u;  // ready for the next launch (graph replays included)
+  }
 }
 
 __device__ __forceinline__ uint64_t mix64(uint64_t z) {
@@ -774,19 +1017,50 @@ unsigned grid_x(int64_t n) { return unsigned(std::min<int64_t>(blocks_for(n, 256
 
 void launch_embed(const int32_t* ids, const void* embed, int dt, int64_t T, int64_t H, float* x, cudaStream_t s) {
   if (T == 0) return;
-  embed_kernel<<<unsigned(T), 256, 0, s>>>(ids, embed, dt, H, x);
+  embed_kernel<<<dim3(blocks_for(H, 256), unsigned(std::min<int64_t>(T, 65535))), 256, 0, s>>>(ids, embed, dt, T, H, x);
   check_launch("embed_kernel");
 }
 
 void launch_rmsnorm(float* x, int64_t xp, const float* w, float eps, int64_t T, int64_t n, float* out, int64_t op,
                     void* split, int sdt, cudaStream_t s, const void* add, int adt) {
-  if (T == 0) return;
-  rmsnorm_kernel<<<unsigned(T), 256, 0, s>>>(x, xp, w, eps, T, n, out, op, split, sdt, add, adt);
+  RmsNormParams p;
+  p.x = x;
+  p.x_pitch = xp;
+  p.add = add;
+  p.add_dtype = adt;
+  p.w = w;
+  p.eps = eps;
+  p.T = T;
+  p.n = n;
+  p.out = out;
+  p.out_pitch = op;
+  p.split = split;
+  p.split_dtype = sdt;
+  launch_rmsnorm(p, s);
+}
+
+void launch_rmsnorm(const RmsNormParams& p, cudaStream_t s) {
+  if (p.T == 0) return;
+  MOEX_ASSERT(p.T < (int64_t(1) << 31));
+  // the row in registers: 4 values a thread up to 4096 (<= 1024 threads), 8 up to 8192
+  auto threads = [&](int per) { return unsigned(std::max<int64_t>(32, (p.n + per - 1) / per + 31) / 32 * 32); };
+  if (p.n <= 4 * 1024) {
+    rmsnorm_reg_kernel<4><<<unsigned(p.T), threads(4), 0, s>>>(p);
+  } else if (p.n <= 8 * 1024) {
+    rmsnorm_reg_kernel<8><<<unsigned(p.T), threads(8), 0, s>>>(p);
+  } else {
+    rmsnorm_kernel<<<unsigned(p.T), 512, 0, s>>>(p);
+  }
   check_launch("rmsnorm_kernel");
 }
 
 void launch_split(const float* x, int64_t xp, int64_t T, int64_t n, void* split, int sdt, cudaStream_t s) {
   if (T == 0) return;
+  if (n % 4 == 0 && xp % 4 == 0 && ::moex::cuda::aligned16(x) && vec4_ok(split, sdt)) {
+    split4_kernel<<<grid_1d(T * n / 4), 256, 0, s>>>(x, xp, T, n, split, sdt);
+    check_launch("split4_kernel");
+    return;
+  }
   split_kernel<<<dim3(grid_x(n), unsigned(T)), 256, 0, s>>>(x, xp, T, n, split, sdt);
   check_launch("split_kernel");
 }
@@ -794,6 +1068,12 @@ void launch_split(const float* x, int64_t xp, int64_t T, int64_t n, void* split,
 void launch_finish_linear(const float* g, bool two, const float* bias, const float* row_gate, int64_t T, int64_t n,
                           float* y, int64_t yp, bool acc, cudaStream_t s) {
   if (T == 0) return;
+  if (n % 4 == 0 && yp % 4 == 0 && ::moex::cuda::aligned16(g) && ::moex::cuda::aligned16(y) &&
+      (!bias || ::moex::cuda::aligned16(bias))) {
+    finish_linear4_kernel<<<grid_1d(T * n / 4), 256, 0, s>>>(g, two, bias, row_gate, T, n, y, yp, acc);
+    check_launch("finish_linear4_kernel");
+    return;
+  }
   finish_linear_kernel<<<dim3(grid_x(n), unsigned(T)), 256, 0, s>>>(g, two, bias, row_gate, T, n, y, yp, acc);
   check_launch("finish_linear_kernel");
 }
@@ -806,20 +1086,45 @@ bool gemv_ok(const void* w, int64_t in, const float* x, int64_t xp, int64_t T) {
 void launch_gemv(const void* w, int wdt, int64_t out, int64_t in, const float* x, int64_t xp, int64_t T, const float* bias,
                  const float* gate, float* y, int64_t yp, bool acc, cudaStream_t s) {
   if (T == 0 || out == 0) return;
+  const RouterParams none{};
   if (wdt == 1)
-    launch_gemv_t(static_cast<const __half*>(w), out, in, x, xp, T, bias, gate, y, yp, acc, s);
+    launch_gemv_t<__half, false>(static_cast<const __half*>(w), out, in, x, xp, T, bias, gate, y, yp, acc, none, nullptr, s);
   else
-    launch_gemv_t(static_cast<const __nv_bfloat16*>(w), out, in, x, xp, T, bias, gate, y, yp, acc, s);
+    launch_gemv_t<__nv_bfloat16, false>(static_cast<const __nv_bfloat16*>(w), out, in, x, xp, T, bias, gate, y, yp, acc,
+                                        none, nullptr, s);
+}
+
+void launch_gemv_router(const void* w, int wdt, int64_t in, const float* x, int64_t xp, const float* bias,
+                        const RouterParams& p, unsigned* ticket, cudaStream_t s) {
+  if (p.T == 0) return;
+  MOEX_ASSERT(p.kind != 1 && p.T <= kGemvMaxRows && gemv_ok(w, in, x, xp, p.T) && ticket);
+  float* y = const_cast<float*>(p.logits);
+  if (wdt == 1)
+    launch_gemv_t<__half, true>(static_cast<const __half*>(w), p.E, in, x, xp, p.T, bias, nullptr, y, p.E, false, p,
+                                ticket, s);
+  else
+    launch_gemv_t<__nv_bfloat16, true>(static_cast<const __nv_bfloat16*>(w), p.E, in, x, xp, p.T, bias, nullptr, y, p.E,
+                                       false, p, ticket, s);
 }
 
 void launch_to_dtype(const float* x, int64_t T, int64_t n, void* out, int dt, cudaStream_t s) {
   if (T * n == 0) return;
+  if ((T * n) % 4 == 0 && ::moex::cuda::aligned16(x) && vec4_ok(out, dt)) {
+    to_dtype4_kernel<<<grid_1d(T * n / 4), 256, 0, s>>>(x, T * n, out, dt);
+    check_launch("to_dtype4_kernel");
+    return;
+  }
   to_dtype_kernel<<<grid_1d(T * n), 256, 0, s>>>(x, T * n, out, dt);
   check_launch("to_dtype_kernel");
 }
 
 void launch_add_from(const void* in, int dt, int64_t T, int64_t n, float* x, cudaStream_t s) {
   if (T * n == 0) return;
+  if ((T * n) % 4 == 0 && ::moex::cuda::aligned16(x) && vec4_ok(in, dt)) {
+    add_from4_kernel<<<grid_1d(T * n / 4), 256, 0, s>>>(in, dt, T * n, x);
+    check_launch("add_from4_kernel");
+    return;
+  }
   add_from_kernel<<<grid_1d(T * n), 256, 0, s>>>(in, dt, T * n, x);
   check_launch("add_from_kernel");
 }
@@ -832,7 +1137,9 @@ void launch_gated_act(const float* gu, int64_t T, int64_t I, int act, float* h, 
 
 void launch_qkv_post(const QkvPostParams& p, cudaStream_t s) {
   if (p.T == 0) return;
-  qkv_post_kernel<<<dim3(unsigned(p.T), unsigned(p.nh + 2 * p.nkv)), 128, size_t(2 * p.hd) * sizeof(float), s>>>(p);
+  const int slots = p.nh + 2 * p.nkv;
+  const size_t smem = size_t(p.rope.dim / 2) * 2 * sizeof(double) + size_t(kQkvWarps) * p.hd * sizeof(float);
+  qkv_post_kernel<<<dim3(unsigned(p.T), unsigned((slots + kQkvWarps - 1) / kQkvWarps)), kQkvWarps * 32, smem, s>>>(p);
   check_launch("qkv_post_kernel");
 }
 
@@ -880,13 +1187,21 @@ void launch_router(const RouterParams& p, cudaStream_t s) {
 
 void launch_gather_rows(const float* in, const int32_t* rows, int64_t n, int64_t H, float* out, cudaStream_t s) {
   if (n == 0) return;
-  gather_rows_kernel<<<unsigned(n), 256, 0, s>>>(in, rows, H, out);
+  gather_rows_kernel<<<dim3(blocks_for(H, 256), unsigned(std::min<int64_t>(n, 65535))), 256, 0, s>>>(in, rows, n, H, out);
   check_launch("gather_rows_kernel");
 }
 
-void launch_argmax(const float* logits, int64_t rows, int64_t V, int32_t* next, cudaStream_t s) {
+size_t argmax_scratch_bytes(int64_t rows) {
+  return size_t((rows + 1) / 2 * 2) * sizeof(unsigned) + size_t(rows * kArgmaxMaxBlocks) * sizeof(unsigned long long);
+}
+
+void launch_argmax(const float* logits, int64_t rows, int64_t V, int32_t* next, void* scratch, cudaStream_t s) {
   if (rows == 0) return;
-  argmax_kernel<<<unsigned(rows), 1024, 0, s>>>(logits, V, next);
+  MOEX_ASSERT(scratch && rows <= 65535 && V < (int64_t(1) << 32));
+  auto* tickets = static_cast<unsigned*>(scratch);
+  auto* keys = reinterpret_cast<unsigned long long*>(tickets + (rows + 1) / 2 * 2);
+  const unsigned blocks = unsigned(std::clamp<int64_t>((V + kArgmaxChunk - 1) / kArgmaxChunk, 1, kArgmaxMaxBlocks));
+  argmax_kernel<<<dim3(blocks, unsigned(rows)), kArgmaxThreads, 0, s>>>(logits, V, next, tickets, keys);
   check_launch("argmax_kernel");
 }
 

@@ -29,6 +29,31 @@ void launch_rmsnorm(float* x, int64_t x_pitch, const float* w, float eps, int64_
                     int64_t out_pitch, void* split, int split_dtype, cudaStream_t s, const void* add = nullptr,
                     int add_dtype = 0);
 
+// The general RMSNorm: the input row of output row r is
+//   embed[ids[r]] (when `ids`: the embedding lookup fused in; written to x row r as well), or
+//   x[rows[r]] (when `rows`: a gather, e.g. the rows whose logits are wanted; x is not written), or
+//   x[r];
+// plus add[src row] when `add` (x written back unless `rows`). Then out / split as launch_rmsnorm.
+// One block per row; rows of n <= 8192 stay in registers (x is read once).
+struct RmsNormParams {
+  float* x = nullptr;
+  int64_t x_pitch = 0;
+  const int32_t* ids = nullptr;
+  const void* embed = nullptr;
+  int embed_dtype = 0;
+  const int32_t* rows = nullptr;
+  const void* add = nullptr;  // [rows of x, n] contiguous
+  int add_dtype = 0;
+  const float* w = nullptr;
+  float eps = 0.0f;
+  int64_t T = 0, n = 0;
+  float* out = nullptr;
+  int64_t out_pitch = 0;
+  void* split = nullptr;
+  int split_dtype = 0;
+};
+void launch_rmsnorm(const RmsNormParams& p, cudaStream_t s);
+
 // split [2T, n] (dtype code 1/2) = (hi, lo) of x [T, n] f32 (pitch x_pitch).
 void launch_split(const float* x, int64_t x_pitch, int64_t T, int64_t n, void* split, int split_dtype, cudaStream_t s);
 
@@ -144,11 +169,22 @@ constexpr int kRouterMaxExperts = 512;
 constexpr int kRouterMaxK = 32;
 void launch_router(const RouterParams& p, cudaStream_t s);
 
+// The router linear and the router in one kernel (decode steps; kind 0 or 2): p.logits [T, E] =
+// x · Wᵀ (+ bias) by the GEMV above (gemv_ok must hold), then the last block to finish routes
+// the T rows. `ticket`: one u32 in device memory, zero before the first call; left zero.
+void launch_gemv_router(const void* w, int w_dtype, int64_t in, const float* x, int64_t x_pitch, const float* bias,
+                        const RouterParams& p, unsigned* ticket, cudaStream_t s);
+
 // rows_out [n, H] = rows_in[rows[i]] (f32).
 void launch_gather_rows(const float* in, const int32_t* rows, int64_t n, int64_t H, float* out, cudaStream_t s);
 
-// next[r] = argmax of logits row r [V] (ties → lowest id).
-void launch_argmax(const float* logits, int64_t rows, int64_t V, int32_t* next, cudaStream_t s);
+// next[r] = argmax of logits row r [V] with std::max_element's semantics (the CPU runtime's greedy
+// pick): the first maximum (ties → lowest id), NaN entries skipped, except that a NaN at id 0
+// (and so an all-NaN row) gives 0. Several blocks per row; the last one to finish reduces their
+// partial results. `scratch`: argmax_scratch_bytes(rows) of device memory, zero before the first
+// call (left zero after each).
+size_t argmax_scratch_bytes(int64_t rows);
+void launch_argmax(const float* logits, int64_t rows, int64_t V, int32_t* next, void* scratch, cudaStream_t s);
 
 // Fills n values of dtype code 0/1/2 with uniform(-scale, scale) from a counter hash of (seed, i);
 // scale == 0 writes `value` everywhere.
