@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "backends/cuda/cuda_common.cuh"
+#include "model/cuda_attention.cuh"
 #include "model/cuda_kernels.cuh"
 #include "model/reference_forward.hpp"
 #include "moex/backend.hpp"
@@ -82,6 +83,13 @@ int64_t gemm_attention_min_rows() {
   const char* e = std::getenv("MOEX_CUDA_ATTENTION_GEMM_MIN_ROWS");
   return e ? std::atoll(e) : 64;
 }
+// The fused attention kernels (cuda_attention.cuh): flash-decoding for one-row tiles, flash
+// attention for the bf16/f16 prefill. MOEX_CUDA_ATTENTION_FLASH=0 selects the previous paths
+// (attention_kernel; cuBLAS + softmax_rows). Read per step, so tests can switch it per call.
+bool flash_attention_enabled() {
+  const char* e = std::getenv("MOEX_CUDA_ATTENTION_FLASH");
+  return !e || std::string(e) != "0";
+}
 
 struct Buffers {
   Tensor qb, kb, vb, scores, probs;  // GEMM attention: q/k/v in the model dtype, S f32 and P per kv-head group
@@ -90,6 +98,7 @@ struct Buffers {
   // zero-initialised counters/partials of the kernels that finish in their last block: the router
   // ticket (u32, 16 bytes), then the argmax scratch; every kernel leaves its counters at zero
   Tensor sync;
+  Tensor dec_partial, dec_counters;  // flash-decoding: per-chunk partials, merge tickets (kept zero)
   std::vector<Tensor> k_cache, v_cache;
 };
 
@@ -130,6 +139,7 @@ struct CudaModel::Impl {
   // (~16 mantissa bits, the CPU runtime's split; a GEMM of 2T columns), 1 = bf16(x) only (the
   // reference library's rounding; half the FLOPs, and no finishing kernel without bias/gate).
   int linear_terms = 2;
+  int num_sms = 1;
 
   ~Impl() {
     drop_graphs();
@@ -349,6 +359,16 @@ struct CudaModel::Impl {
     b.next = i32(O);
     b.sync = Tensor::empty(DType::u8, {int64_t(16 + kern::argmax_scratch_bytes(O))}, dev);
     check(cudaMemsetAsync(b.sync.data(), 0, b.sync.nbytes(), stream), "cudaMemsetAsync (kernel counters)");
+    {
+      // flash-decoding scratch for steps of up to B one-row tiles (decode steps, single-token prompts)
+      size_t most = 1;
+      for (int64_t r = 1; r <= B; ++r)
+        most = std::max(most, kern::decode_attention_partial_floats(
+                                  r, int(nh), int(dv), kern::decode_attention_splits(r, int(nh), int(kv_heads), L, num_sms)));
+      b.dec_partial = Tensor::empty(DType::f32, {int64_t(most)}, dev);
+      b.dec_counters = i32(kern::decode_attention_counters(B, int(nh), int(kv_heads)));
+      check(cudaMemsetAsync(b.dec_counters.data(), 0, b.dec_counters.nbytes(), stream), "cudaMemsetAsync (counters)");
+    }
     for (size_t l = 0; l < layers.size(); ++l) {
       b.k_cache.push_back(f32(B * L, kv_heads * dq));
       b.v_cache.push_back(f32(B * L, kv_heads * dv));
@@ -514,6 +534,35 @@ struct CudaModel::Impl {
       }
     }
   }
+  // Prefill attention on the tensor cores, fused: per sequence, K and V rounded to the model dtype
+  // (as gemm_attention), then one flash-attention kernel (Q rounded inside) writing b.attn.
+  void flash_attention(size_t l, const std::vector<Segment>& segs, int window, const float* sinks) {
+    for (const Segment& sg : segs) {
+      const float* kc = b.k_cache[l].ptr<float>() + sg.slot * cap_len * kv_heads * dq;
+      const float* vc = b.v_cache[l].ptr<float>() + sg.slot * cap_len * kv_heads * dv;
+      kern::launch_to_dtype(kc, sg.n, kv_heads * dq, b.kb.data(), dtc, stream);
+      kern::launch_to_dtype(vc, sg.n, kv_heads * dv, b.vb.data(), dtc, stream);
+      kern::FlashPrefillParams fp{};
+      fp.q = b.q.ptr<float>();
+      fp.k = b.kb.data();
+      fp.v = b.vb.data();
+      fp.row0 = sg.row0;
+      fp.n = sg.n;
+      fp.nh = int(nh);
+      fp.nkv = int(kv_heads);
+      fp.d = int(dq);
+      fp.dtype = dtc;
+      fp.scaling = float(attn_scaling);
+      fp.window = window;
+      fp.sinks = sinks;
+      fp.out = b.attn.ptr<float>();
+      kern::launch_flash_prefill(fp, stream);
+    }
+  }
+  bool use_flash_prefill() const {
+    return flash_attention_enabled() && kern::flash_prefill_ok(int(dq), int(dv), int(nh), int(kv_heads));
+  }
+  // Whether a prefill takes the tensor-core path (flash kernel, or cuBLAS + softmax_rows).
   bool use_gemm_attention(const std::vector<Segment>* segs) const {
     // MLA (DeepSeek-V3) stays on the f32 kernel: on the H200 its GEMM path differed from the
     // kernel by 8.9e-2 rel. L2 on the fixture (others 2e-3..3e-2), cause not established.
@@ -521,8 +570,9 @@ struct CudaModel::Impl {
     if (!segs || dtc == 0 || segs->empty()) return false;
     const int64_t min_rows = gemm_attention_min_rows();
     if (min_rows <= 0) return false;
+    const bool flash = use_flash_prefill();  // no n × n scores: no length limit
     for (const Segment& sg : *segs)
-      if (sg.n < min_rows || sg.n > kGemmAttentionMaxRows) return false;
+      if (sg.n < min_rows || (!flash && sg.n > kGemmAttentionMaxRows)) return false;
     return true;
   }
 
@@ -588,7 +638,33 @@ struct CudaModel::Impl {
       ap.sinks = d.sinks;
     }
     if (use_gemm_attention(segs)) {
-      gemm_attention(l, T, *segs, ap.window, ap.sinks);
+      if (use_flash_prefill()) flash_attention(l, *segs, ap.window, ap.sinks);
+      else gemm_attention(l, T, *segs, ap.window, ap.sinks);
+      linear(d.o, b.attn.ptr<float>(), nh * dv, T, b.x.ptr<float>(), H, true);
+      return;
+    }
+    if (n_tiles == T && T <= cap_batch && flash_attention_enabled() && kern::decode_attention_ok(int(dq), int(dv))) {
+      // one-row tiles (decode steps): flash-decoding, key chunks sized from static bounds (graph-safe)
+      kern::DecodeAttentionParams dp{};
+      dp.q = b.q.ptr<float>();
+      dp.k_cache = b.k_cache[l].ptr<float>();
+      dp.v_cache = b.v_cache[l].ptr<float>();
+      dp.max_len = cap_len;
+      dp.T = T;
+      dp.nh = int(nh);
+      dp.nkv = int(kv_heads);
+      dp.dq = int(dq);
+      dp.dv = int(dv);
+      dp.scaling = float(attn_scaling);
+      dp.window = ap.window;
+      dp.sinks = ap.sinks;
+      dp.pos = b.pos.ptr<int32_t>();
+      dp.slot = b.slot.ptr<int32_t>();
+      dp.splits = kern::decode_attention_splits(T, int(nh), int(kv_heads), cap_len, num_sms);
+      dp.partial = b.dec_partial.ptr<float>();
+      dp.counters = b.dec_counters.ptr<int32_t>();
+      dp.out = b.attn.ptr<float>();
+      kern::launch_decode_attention(dp, stream);
       linear(d.o, b.attn.ptr<float>(), nh * dv, T, b.x.ptr<float>(), H, true);
       return;
     }
@@ -815,6 +891,7 @@ CudaModel::CudaModel(const ModelWeights& w, const TextConfig& t, Device dev) : i
   m.upload(w);
   if (const char* e = std::getenv("MOEX_CUDA_GEMV")) m.gemv_enabled = std::string(e) != "0";
   if (const char* e = std::getenv("MOEX_CUDA_LINEAR_TERMS")) m.linear_terms = std::string(e) == "1" ? 1 : 2;
+  check(cudaDeviceGetAttribute(&m.num_sms, cudaDevAttrMultiProcessorCount, dev.index), "cudaDeviceGetAttribute (SMs)");
   check(cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
   blas_check(cublasCreate(&m.blas), "cublasCreate");
   blas_check(cublasSetStream(m.blas, m.stream), "cublasSetStream");

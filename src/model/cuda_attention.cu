@@ -1,0 +1,602 @@
+// model/cuda_attention.cu — see cuda_attention.cuh.
+#include "model/cuda_attention.cuh"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "backends/cuda/cuda_common.cuh"
+#include "backends/cuda/mma_ptx.cuh"
+
+namespace moex::model::cuda {
+
+namespace {
+
+using ::moex::cuda::check;
+using ::moex::cuda::check_launch;
+namespace ptx = ::moex::cuda::ptx;
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// ---- decode (flash-decoding) ------------------------------------------------------------------------
+
+constexpr int kDecThreads = 256;
+constexpr int kDecWarps = kDecThreads / 32;
+constexpr int kDecKeys = 32;  // keys per shared-memory tile (one per lane when scoring)
+static_assert(kDecodeHeads == kDecWarps, "one warp per query head in the softmax step");
+
+// Shared memory of the decode kernel, in floats:
+//   qs [8][dq] | ks [2][32][dq + 4] | vs [2][32][dv] | ss [8][32] | corr [8] | ml [8][2] | linv [8] | wz [8][splits]
+// ks rows are padded by 4 floats: a lane reading its key's row with float4 loads is conflict-free.
+// After the key loop ks/vs hold the per-warp outputs [8 warps][heads][dv] of the cross-warp sum.
+size_t decode_smem_floats(int dq, int dv) {
+  return size_t(kDecodeHeads) * dq + size_t(2 * kDecKeys) * (dq + 4) + size_t(2 * kDecKeys) * dv +
+         size_t(kDecWarps) * kDecKeys + 8 + 16 + 8 + size_t(kDecodeHeads) * kDecodeMaxSplits;
+}
+
+// Block (row, head block, key chunk z): head block = up to 8 query heads h0 .. h0 + hc - 1 of kv
+// head kh. The row's keys j0 .. pos are cut into `splits` chunks of a multiple of 32 keys; this
+// block takes chunk z (possibly empty). Per 32-key tile: (1) scores: warp w scores the 32 keys for
+// head w % hc over a 1/(8/hc) slice of the dims (lane = key); (2) online softmax: warp h sums its
+// head's slices, updates (m, l), writes p; (3) P·V: warp w takes keys w, w+8, ... and lane the
+// dims 4·lane + 128·i for every head (each V row read once). NV = dv slices of 128 (1 or 2).
+template <int NV>
+__global__ void __launch_bounds__(kDecThreads) decode_attention_kernel(DecodeAttentionParams p) {
+  extern __shared__ __align__(16) float dsm[];
+  const int dq = p.dq, dv = p.dv, kp = dq + 4;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int64_t row = blockIdx.x;
+  const int group = p.nh / p.nkv, chunks = (group + kDecodeHeads - 1) / kDecodeHeads;
+  const int kh = int(blockIdx.y) / chunks, c = int(blockIdx.y) % chunks;
+  const int hc = min(kDecodeHeads, group - c * kDecodeHeads);
+  const int h0 = kh * group + c * kDecodeHeads;
+  const int z = blockIdx.z, splits = p.splits;
+  float* qs = dsm;
+  float* ks = qs + kDecodeHeads * dq;
+  float* vs = ks + 2 * kDecKeys * kp;
+  float* ss = vs + 2 * kDecKeys * dv;
+  float* corr_s = ss + kDecWarps * kDecKeys;
+  float* ml = corr_s + 8;
+  float* linv = ml + 16;
+  float* wz = linv + 8;
+
+  // this block's keys [a, b): chunk z of j0 .. pos, chunks rounded up to whole tiles
+  const int64_t pos = p.pos[row], slot = p.slot[row];
+  const int64_t j0 = p.window > 0 ? max(int64_t(0), pos - p.window + 1) : 0;
+  int64_t chunk = (pos + 1 - j0 + splits - 1) / splits;
+  chunk = (chunk + kDecKeys - 1) / kDecKeys * kDecKeys;
+  const int64_t a = j0 + z * chunk, b = min(pos + 1, a + chunk);
+  const int ntiles = a < b ? int((b - a + kDecKeys - 1) / kDecKeys) : 0;
+
+  const int64_t kstride = int64_t(p.nkv) * dq, vstride = int64_t(p.nkv) * dv;
+  const float* kbase = p.k_cache + (slot * p.max_len * p.nkv + kh) * int64_t(dq);
+  const float* vbase = p.v_cache + (slot * p.max_len * p.nkv + kh) * int64_t(dv);
+  const int dq4 = dq / 4, dv4 = dv / 4;
+  // K/V rows of tile i into buffer buf; keys past b are clamped to b - 1 (finite values, masked)
+  auto issue = [&](int i, int buf) {
+    const int64_t t0 = a + int64_t(i) * kDecKeys;
+    for (int e = tid; e < kDecKeys * dq4; e += kDecThreads) {
+      const int r = e / dq4, q4 = e % dq4;
+      const int64_t key = min(t0 + r, b - 1);
+      ptx::cp_async16(ptx::smem_u32(ks + (buf * kDecKeys + r) * kp + 4 * q4), kbase + key * kstride + 4 * q4, true);
+    }
+    for (int e = tid; e < kDecKeys * dv4; e += kDecThreads) {
+      const int r = e / dv4, q4 = e % dv4;
+      const int64_t key = min(t0 + r, b - 1);
+      ptx::cp_async16(ptx::smem_u32(vs + (buf * kDecKeys + r) * dv + 4 * q4), vbase + key * vstride + 4 * q4, true);
+    }
+    ptx::cp_async_commit();
+  };
+  if (ntiles > 0) issue(0, 0);
+  for (int e = tid; e < hc * dq; e += kDecThreads) qs[e] = p.q[(row * p.nh + h0) * dq + e];
+
+  // scoring split: warp w → head w % hc, dims [d_lo, d_hi) (slice w / hc of nslice)
+  const int nslice = kDecWarps / hc;
+  const bool scorer = warp < hc * nslice;
+  const int sh = warp % hc, sw = warp / hc;
+  const int d_lo = (sw * dq4) / nslice * 4, d_hi = ((sw + 1) * dq4) / nslice * 4;
+
+  float m = -INFINITY, l = 0.0f;  // warp h's running max / sum of head h (lane-uniform)
+  float acc[kDecodeHeads][NV][4];
+#pragma unroll
+  for (int h = 0; h < kDecodeHeads; ++h)
+#pragma unroll
+    for (int i = 0; i < NV; ++i)
+#pragma unroll
+      for (int u = 0; u < 4; ++u) acc[h][i][u] = 0.0f;
+
+  for (int it = 0; it < ntiles; ++it) {
+    const int buf = it & 1;
+    if (it + 1 < ntiles) {
+      issue(it + 1, buf ^ 1);
+      ptx::cp_async_wait<1>();
+    } else {
+      ptx::cp_async_wait<0>();
+    }
+    __syncthreads();
+    const int64_t t0 = a + int64_t(it) * kDecKeys;
+    const float* kt = ks + buf * kDecKeys * kp;
+    const float* vt = vs + buf * kDecKeys * dv;
+    if (scorer) {  // (1) partial scores: lane = key
+      const float* qv = qs + sh * dq;
+      const float* kv = kt + lane * kp;
+      float4 s4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);  // four independent chains
+      for (int d = d_lo; d < d_hi; d += 4) {
+        const float4 q = *reinterpret_cast<const float4*>(qv + d);
+        const float4 k = *reinterpret_cast<const float4*>(kv + d);
+        s4.x = fmaf(q.x, k.x, s4.x);
+        s4.y = fmaf(q.y, k.y, s4.y);
+        s4.z = fmaf(q.z, k.z, s4.z);
+        s4.w = fmaf(q.w, k.w, s4.w);
+      }
+      ss[warp * kDecKeys + lane] = (s4.x + s4.y) + (s4.z + s4.w);
+    }
+    __syncthreads();
+    if (warp < hc) {  // (2) online softmax of head `warp` (in place: row `warp` is only touched here)
+      float s = 0.0f;
+      for (int k = 0; k < nslice; ++k) s += ss[(warp + k * hc) * kDecKeys + lane];
+      const bool valid = t0 + lane < b;
+      s = valid ? s * p.scaling : -INFINITY;
+      const float mn = fmaxf(m, warp_max(s));  // finite: key t0 < b is valid
+      const float corr = expf(m - mn);         // m = -inf → 0
+      const float pj = valid ? expf(s - mn) : 0.0f;
+      l = l * corr + warp_sum(pj);
+      m = mn;
+      ss[warp * kDecKeys + lane] = pj;
+      if (lane == 0) corr_s[warp] = corr;
+    }
+    __syncthreads();
+    // (3) acc[h] = corr[h] · acc[h] + Σ_j p[h][j] · v[j] over this warp's keys
+#pragma unroll
+    for (int h = 0; h < kDecodeHeads; ++h) {
+      if (h < hc) {
+        const float cr = corr_s[h];
+#pragma unroll
+        for (int i = 0; i < NV; ++i)
+#pragma unroll
+          for (int u = 0; u < 4; ++u) acc[h][i][u] *= cr;
+      }
+    }
+    for (int j = warp; j < kDecKeys; j += kDecWarps) {
+      float4 v[NV];
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        const int d = 4 * lane + 128 * i;
+        v[i] = d < dv ? *reinterpret_cast<const float4*>(vt + j * dv + d) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+#pragma unroll
+      for (int h = 0; h < kDecodeHeads; ++h) {
+        if (h < hc) {
+          const float pj = ss[h * kDecKeys + j];
+#pragma unroll
+          for (int i = 0; i < NV; ++i) {
+            acc[h][i][0] = fmaf(pj, v[i].x, acc[h][i][0]);
+            acc[h][i][1] = fmaf(pj, v[i].y, acc[h][i][1]);
+            acc[h][i][2] = fmaf(pj, v[i].z, acc[h][i][2]);
+            acc[h][i][3] = fmaf(pj, v[i].w, acc[h][i][3]);
+          }
+        }
+      }
+    }
+    __syncthreads();  // buffers and ss are rewritten by the next tile
+  }
+  if (warp < hc && lane == 0) {
+    ml[2 * warp] = m;
+    ml[2 * warp + 1] = l;
+  }
+  // cross-warp sum of acc through shared memory (ks/vs are free: the loop ended on a barrier)
+  float* red = ks;  // [8 warps][hc][dv]
+  if (ntiles > 0) {
+#pragma unroll
+    for (int h = 0; h < kDecodeHeads; ++h) {
+      if (h < hc) {
+#pragma unroll
+        for (int i = 0; i < NV; ++i) {
+          const int d = 4 * lane + 128 * i;
+          if (d < dv)
+            *reinterpret_cast<float4*>(red + (warp * hc + h) * dv + d) =
+                make_float4(acc[h][i][0], acc[h][i][1], acc[h][i][2], acc[h][i][3]);
+        }
+      }
+    }
+  }
+  __syncthreads();
+  float* part_acc = p.partial;                                       // [T, nh, splits, dv]
+  float* part_ml = p.partial + size_t(p.T) * p.nh * splits * dv;     // [T, nh, splits, 2]
+  if (splits == 1) {
+    // the only chunk: normalise here (sink included), as attention_kernel does
+    if (tid < hc) {
+      const float mh = ml[2 * tid], lh = ml[2 * tid + 1];
+      float scale = 1.0f, L = lh;
+      if (p.sinks) {
+        const float sink = p.sinks[h0 + tid], mf = fmaxf(mh, sink), cr = expf(mh - mf);
+        L = lh * cr + expf(sink - mf);
+        scale = cr;
+      }
+      linv[tid] = L > 0.0f ? scale / L : 0.0f;
+    }
+    __syncthreads();
+    for (int e = tid; e < hc * dv; e += kDecThreads) {
+      const int h = e / dv, d = e % dv;
+      float o = 0.0f;
+      for (int w = 0; w < kDecWarps; ++w) o += red[(w * hc + h) * dv + d];
+      p.out[(row * p.nh + h0 + h) * dv + d] = o * linv[h];
+    }
+    return;
+  }
+  // several chunks: this block's partial, then the last block of (row, head block) merges them
+  if (tid < hc) {
+    const size_t q = (size_t(row) * p.nh + h0 + tid) * splits + z;
+    part_ml[2 * q] = ntiles > 0 ? ml[2 * tid] : -INFINITY;
+    part_ml[2 * q + 1] = ntiles > 0 ? ml[2 * tid + 1] : 0.0f;
+  }
+  if (ntiles > 0) {
+    for (int e = tid; e < hc * dv; e += kDecThreads) {
+      const int h = e / dv, d = e % dv;
+      float o = 0.0f;
+      for (int w = 0; w < kDecWarps; ++w) o += red[(w * hc + h) * dv + d];
+      part_acc[((size_t(row) * p.nh + h0 + h) * splits + z) * dv + d] = o;
+    }
+  }
+  __threadfence();  // the partial is visible device-wide before the ticket is taken
+  __syncthreads();
+  __shared__ int is_last;
+  if (tid == 0) {
+    int32_t* ctr = p.counters + row * gridDim.y + blockIdx.y;
+    const int ticket = atomicAdd(ctr, 1);
+    is_last = ticket == splits - 1;
+    if (is_last) *ctr = 0;  // every chunk has taken its ticket: ready for the next launch
+  }
+  __syncthreads();
+  if (!is_last) return;
+  __threadfence();
+  // merge: weights wz[h][k] = exp(m_k - M) per chunk k (0 for empty chunks), 1 / L per head
+  if (warp < hc) {
+    const size_t q0 = (size_t(row) * p.nh + h0 + warp) * splits;
+    float M = -INFINITY;
+    for (int k = lane; k < splits; k += 32) M = fmaxf(M, __ldcg(part_ml + 2 * (q0 + k)));
+    M = warp_max(M);
+    const float sink = p.sinks ? p.sinks[h0 + warp] : -INFINITY;
+    const float mf = fmaxf(M, sink);
+    float L = 0.0f;
+    for (int k = lane; k < splits; k += 32) {
+      const float mk = __ldcg(part_ml + 2 * (q0 + k));
+      const float w = mk == -INFINITY ? 0.0f : expf(mk - mf);
+      wz[warp * kDecodeMaxSplits + k] = w;
+      if (w != 0.0f) L = fmaf(__ldcg(part_ml + 2 * (q0 + k) + 1), w, L);
+    }
+    L = warp_sum(L);
+    if (p.sinks) L += expf(sink - mf);
+    if (lane == 0) linv[warp] = L > 0.0f ? 1.0f / L : 0.0f;
+  }
+  __syncthreads();
+  for (int e = tid; e < hc * dv; e += kDecThreads) {
+    const int h = e / dv, d = e % dv;
+    const float* src = part_acc + (size_t(row) * p.nh + h0 + h) * splits * dv + d;
+    float o = 0.0f;
+    for (int k = 0; k < splits; ++k) {
+      const float w = wz[h * kDecodeMaxSplits + k];
+      if (w != 0.0f) o = fmaf(w, __ldcg(src + size_t(k) * dv), o);  // empty chunks wrote nothing
+    }
+    p.out[(row * p.nh + h0 + h) * dv + d] = o * linv[h];
+  }
+}
+
+// ---- prefill (flash attention on the tensor cores) ---------------------------------------------------
+
+constexpr int kFlashRows = 64;  // query rows per head of a block (16 per warp)
+constexpr int kFlashKeys = 64;  // keys per shared-memory tile
+constexpr float kLog2e = 1.4426950408889634f;
+
+// Element offset of (row, 16-byte chunk) in a [rows][D] tile with the XOR swizzle of the 8 chunks
+// of a row group: ldmatrix's 8 row addresses fall in 8 different bank groups.
+// Rows of fewer than 8 chunks (D < 64) are not swizzled (2-way conflicts at most, small heads).
+template <int D>
+__device__ __forceinline__ int swz(int row, int chunk) {
+  if constexpr (D >= 64) return row * D + ((chunk ^ (row & 7)) << 3);
+  else return row * D + (chunk << 3);
+}
+
+template <class T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <>
+__device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (low half) = lo
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+template <>
+__device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
+  __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// Block (query block qb of 64 rows, HB query heads h0 .. h0 + HB - 1 of one kv head); 4 warps per
+// head, warp = 16 query rows. Q [16, D] of a warp stays in registers (A fragments); per key tile of
+// 64: S = Q·Kᵀ (16 × 64, f32), causal/window mask, online softmax in the log2 domain, P rounded to T
+// and reused as A fragments, O += P·V (16 × D, f32). K/V tiles are double-buffered by cp.async and
+// shared by the HB heads. Query blocks run longest-first (the causal work is uneven).
+template <class T, int D, int HB>
+__global__ void __launch_bounds__(128 * HB) flash_prefill_kernel(FlashPrefillParams p) {
+  extern __shared__ __align__(128) unsigned char fsm[];
+  T* qs = reinterpret_cast<T*>(fsm);  // [HB][64][D]
+  T* ks = qs + HB * kFlashRows * D;   // [2][64][D]
+  T* vs = ks + 2 * kFlashKeys * D;    // [2][64][D]
+  constexpr int kThreads = 128 * HB, kChunks = D / 8;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int qb = int(gridDim.x) - 1 - int(blockIdx.x);
+  const int64_t m0 = int64_t(qb) * kFlashRows, n = p.n;
+  const int h0 = int(blockIdx.y) * HB;
+  const int kh = h0 / (p.nh / p.nkv);
+  const int64_t last_key = min(n - 1, m0 + kFlashRows - 1);
+  const int64_t first_key = p.window > 0 ? max(int64_t(0), m0 - p.window + 1) : 0;
+  const int t_first = int(first_key / kFlashKeys), t_last = int(last_key / kFlashKeys);
+  const int64_t kv_pitch = int64_t(p.nkv) * D;
+  const T* kg = static_cast<const T*>(p.k) + kh * D;
+  const T* vg = static_cast<const T*>(p.v) + kh * D;
+
+  auto issue = [&](int t, int buf) {
+    for (int e = tid; e < kFlashKeys * kChunks; e += kThreads) {
+      const int r = e / kChunks, c = e % kChunks;
+      const int64_t key = min(int64_t(t) * kFlashKeys + r, n - 1);  // rows past the end: finite copies, masked
+      ptx::cp_async16(ptx::smem_u32(ks + buf * kFlashKeys * D + swz<D>(r, c)), kg + key * kv_pitch + c * 8, true);
+      ptx::cp_async16(ptx::smem_u32(vs + buf * kFlashKeys * D + swz<D>(r, c)), vg + key * kv_pitch + c * 8, true);
+    }
+    ptx::cp_async_commit();
+  };
+  issue(t_first, 0);
+  // Q rows (f32) rounded to T into shared memory; rows past the end are zero
+  for (int e = tid; e < HB * kFlashRows * (D / 4); e += kThreads) {
+    const int hh = e / (kFlashRows * (D / 4)), rem = e % (kFlashRows * (D / 4));
+    const int r = rem / (D / 4), c4 = rem % (D / 4);
+    const int64_t i = m0 + r;
+    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (i < n) v = *reinterpret_cast<const float4*>(p.q + ((p.row0 + i) * p.nh + h0 + hh) * D + 4 * c4);
+    uint2 packed;
+    packed.x = pack2<T>(v.x, v.y);
+    packed.y = pack2<T>(v.z, v.w);
+    *reinterpret_cast<uint2*>(qs + hh * kFlashRows * D + swz<D>(r, c4 >> 1) + (c4 & 1) * 4) = packed;
+  }
+
+  const int hh = warp / 4, wr = (warp % 4) * 16;  // the warp's head (of the block) and first row
+  const int h = h0 + hh;
+  const int g = lane >> 2, tg = lane & 3;  // fragment row group and column pair
+  const int64_t i_lo = m0 + wr + g, i_hi = i_lo + 8;  // the thread's two query rows
+  const float sl2 = p.scaling * kLog2e;
+  float o[D / 8][4];
+#pragma unroll
+  for (int dt = 0; dt < D / 8; ++dt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[dt][e] = 0.0f;
+  float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f};  // per-thread partial sums (reduced at the end)
+  uint32_t qf[D / 16][4];
+
+  for (int t = t_first; t <= t_last; ++t) {
+    const int buf = (t - t_first) & 1;
+    if (t < t_last) {
+      issue(t + 1, buf ^ 1);
+      ptx::cp_async_wait<1>();
+    } else {
+      ptx::cp_async_wait<0>();
+    }
+    __syncthreads();
+    if (t == t_first) {
+      const T* qw = qs + hh * kFlashRows * D;
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk)
+        ptx::ldmatrix_x4(ptx::smem_u32(qw + swz<D>(wr + (lane & 15), kk * 2 + (lane >> 4))), qf[kk][0], qf[kk][1],
+                         qf[kk][2], qf[kk][3]);
+    }
+    const T* kt = ks + buf * kFlashKeys * D;
+    const T* vt = vs + buf * kFlashKeys * D;
+    // S = Q · Kᵀ: s[nt] is the 16 × 8 block of keys nt·8 .. nt·8 + 7
+    float s[kFlashKeys / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < kFlashKeys / 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[nt][e] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+      for (int np = 0; np < kFlashKeys / 16; ++np) {
+        uint32_t b0[2], b1[2];
+        ptx::ldmatrix_x4(ptx::smem_u32(kt + swz<D>(np * 16 + (lane & 7) + ((lane >> 4) << 3), kk * 2 + ((lane >> 3) & 1))),
+                         b0[0], b0[1], b1[0], b1[1]);
+        ptx::mma16816<T>(s[2 * np], qf[kk], b0);
+        ptx::mma16816<T>(s[2 * np + 1], qf[kk], b1);
+      }
+    }
+    // scale into the log2 domain and mask (only tiles crossing the diagonal or the window edge)
+    const int64_t kbase = int64_t(t) * kFlashKeys;
+    const bool need_mask = kbase + kFlashKeys - 1 > m0 ||
+                           (p.window > 0 && kbase < m0 + kFlashRows - 1 - p.window + 1);
+#pragma unroll
+    for (int nt = 0; nt < kFlashKeys / 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float x = s[nt][e] * sl2;
+        if (need_mask) {
+          const int64_t j = kbase + nt * 8 + 2 * tg + (e & 1), i = e < 2 ? i_lo : i_hi;
+          if (j > i || (p.window > 0 && j <= i - p.window)) x = -INFINITY;
+        }
+        s[nt][e] = x;
+      }
+    // online softmax per row (the 4 lanes of a row group share it)
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nt = 0; nt < kFlashKeys / 8; ++nt) {
+      mx[0] = fmaxf(mx[0], fmaxf(s[nt][0], s[nt][1]));
+      mx[1] = fmaxf(mx[1], fmaxf(s[nt][2], s[nt][3]));
+    }
+    float mu[2], corr[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      const float mn = fmaxf(mrow[r], mx[r]);
+      mu[r] = mn == -INFINITY ? 0.0f : mn;  // a row with every key masked so far: p = 0, no NaN
+      corr[r] = exp2f(mrow[r] - mu[r]);
+      mrow[r] = mn;
+    }
+    float ls[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int nt = 0; nt < kFlashKeys / 8; ++nt) {
+      s[nt][0] = exp2f(s[nt][0] - mu[0]);
+      s[nt][1] = exp2f(s[nt][1] - mu[0]);
+      s[nt][2] = exp2f(s[nt][2] - mu[1]);
+      s[nt][3] = exp2f(s[nt][3] - mu[1]);
+      ls[0] += s[nt][0] + s[nt][1];
+      ls[1] += s[nt][2] + s[nt][3];
+    }
+    lrow[0] = lrow[0] * corr[0] + ls[0];
+    lrow[1] = lrow[1] * corr[1] + ls[1];
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt) {
+      o[dt][0] *= corr[0];
+      o[dt][1] *= corr[0];
+      o[dt][2] *= corr[1];
+      o[dt][3] *= corr[1];
+    }
+    // O += P · V: the S accumulators of keys kk·16 .. kk·16 + 15 are the A fragment of step kk
+#pragma unroll
+    for (int kk = 0; kk < kFlashKeys / 16; ++kk) {
+      const uint32_t a[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]), pack2<T>(s[2 * kk][2], s[2 * kk][3]),
+                             pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+      for (int dp = 0; dp < D / 16; ++dp) {
+        uint32_t b0[2], b1[2];
+        ptx::ldmatrix_x4_trans(
+            ptx::smem_u32(vt + swz<D>(kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3), dp * 2 + (lane >> 4))), b0[0],
+            b0[1], b1[0], b1[1]);
+        ptx::mma16816<T>(o[2 * dp], a, b0);
+        ptx::mma16816<T>(o[2 * dp + 1], a, b1);
+      }
+    }
+    __syncthreads();  // the buffer is refilled by the next tile's prefetch
+  }
+
+  // sums over the row group, the sink, 1 / l; rows past the end are not written
+  float scale[2];
+  const float sink = p.sinks ? p.sinks[h] * kLog2e : -INFINITY;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float l = lrow[r];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    float cr = 1.0f;
+    if (p.sinks) {
+      const float mf = fmaxf(mrow[r], sink);
+      cr = exp2f(mrow[r] - mf);
+      l = l * cr + exp2f(sink - mf);
+    }
+    scale[r] = l > 0.0f ? cr / l : 0.0f;
+  }
+  const int64_t pitch = int64_t(p.nh) * D;
+  float* out_lo = p.out + (p.row0 + i_lo) * pitch + h * D + 2 * tg;
+  float* out_hi = p.out + (p.row0 + i_hi) * pitch + h * D + 2 * tg;
+#pragma unroll
+  for (int dt = 0; dt < D / 8; ++dt) {
+    if (i_lo < n) *reinterpret_cast<float2*>(out_lo + dt * 8) = make_float2(o[dt][0] * scale[0], o[dt][1] * scale[0]);
+    if (i_hi < n) *reinterpret_cast<float2*>(out_hi + dt * 8) = make_float2(o[dt][2] * scale[1], o[dt][3] * scale[1]);
+  }
+}
+
+template <class T, int D, int HB>
+void launch_flash_typed(const FlashPrefillParams& p, cudaStream_t s) {
+  const size_t smem = size_t(HB * kFlashRows + 4 * kFlashKeys) * D * sizeof(T);
+  static bool configured = false;  // once per process and instantiation: over 48 KB of dynamic shared memory
+  if (!configured) {
+    check(cudaFuncSetAttribute(flash_prefill_kernel<T, D, HB>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+          "cudaFuncSetAttribute(flash_prefill_kernel)");
+    configured = true;
+  }
+  const unsigned qblocks = unsigned((p.n + kFlashRows - 1) / kFlashRows);
+  flash_prefill_kernel<T, D, HB><<<dim3(qblocks, unsigned(p.nh / HB)), 128 * HB, smem, s>>>(p);
+  check_launch("flash_prefill_kernel");
+}
+
+template <class T>
+void launch_flash_dtype(const FlashPrefillParams& p, cudaStream_t s) {
+  const bool pair = (p.nh / p.nkv) % 2 == 0;  // two heads of a kv head per block share its K/V tiles
+  if (p.d == 16) {
+    if (pair) launch_flash_typed<T, 16, 2>(p, s);
+    else launch_flash_typed<T, 16, 1>(p, s);
+  } else if (p.d == 32) {
+    if (pair) launch_flash_typed<T, 32, 2>(p, s);
+    else launch_flash_typed<T, 32, 1>(p, s);
+  } else if (p.d == 64) {
+    if (pair) launch_flash_typed<T, 64, 2>(p, s);
+    else launch_flash_typed<T, 64, 1>(p, s);
+  } else {
+    if (pair) launch_flash_typed<T, 128, 2>(p, s);
+    else launch_flash_typed<T, 128, 1>(p, s);
+  }
+}
+
+}  // namespace
+
+// ---- decode launchers -----------------------------------------------------------------------------
+
+bool decode_attention_ok(int dq, int dv) { return dq > 0 && dv > 0 && dq % 4 == 0 && dv % 4 == 0 && dq <= 256 && dv <= 256; }
+
+int decode_attention_splits(int64_t T, int nh, int nkv, int64_t max_len, int num_sms) {
+  const int64_t group = nh / nkv, blocks = std::max<int64_t>(1, T * nkv * ((group + kDecodeHeads - 1) / kDecodeHeads));
+  int64_t s = (2 * int64_t(std::max(num_sms, 1)) + blocks - 1) / blocks;
+  s = std::min(s, (max_len + kDecKeys - 1) / kDecKeys);
+  return int(std::clamp<int64_t>(s, 1, kDecodeMaxSplits));
+}
+
+size_t decode_attention_partial_floats(int64_t T, int nh, int dv, int splits) {
+  return size_t(T) * size_t(nh) * size_t(splits) * size_t(dv + 2);
+}
+
+int64_t decode_attention_counters(int64_t T, int nh, int nkv) {
+  const int group = nh / nkv;
+  return T * nkv * ((group + kDecodeHeads - 1) / kDecodeHeads);
+}
+
+void launch_decode_attention(const DecodeAttentionParams& p, cudaStream_t s) {
+  if (p.T == 0) return;
+  MOEX_ASSERT(decode_attention_ok(p.dq, p.dv) && p.nkv >= 1 && p.nh % p.nkv == 0 && p.splits >= 1 &&
+              p.splits <= kDecodeMaxSplits);
+  MOEX_ASSERT(p.splits == 1 || (p.partial && p.counters));
+  const int group = p.nh / p.nkv, chunks = (group + kDecodeHeads - 1) / kDecodeHeads;
+  const size_t smem = decode_smem_floats(p.dq, p.dv) * sizeof(float);
+  static bool configured = false;  // once per process: the largest shared memory any call needs (dims <= 256)
+  if (!configured) {
+    const int most = int(decode_smem_floats(256, 256) * sizeof(float));
+    check(cudaFuncSetAttribute(decode_attention_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, most),
+          "cudaFuncSetAttribute(decode_attention_kernel)");
+    check(cudaFuncSetAttribute(decode_attention_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, most),
+          "cudaFuncSetAttribute(decode_attention_kernel)");
+    configured = true;
+  }
+  const dim3 grid(unsigned(p.T), unsigned(p.nkv * chunks), unsigned(p.splits));
+  if (p.dv <= 128) decode_attention_kernel<1><<<grid, kDecThreads, smem, s>>>(p);
+  else decode_attention_kernel<2><<<grid, kDecThreads, smem, s>>>(p);
+  check_launch("decode_attention_kernel");
+}
+
+// ---- prefill launchers ----------------------------------------------------------------------------
+
+bool flash_prefill_ok(int dq, int dv, int nh, int nkv) {
+  return dq == dv && (dq == 16 || dq == 32 || dq == 64 || dq == 128) && nkv >= 1 && nh % nkv == 0;
+}
+
+void launch_flash_prefill(const FlashPrefillParams& p, cudaStream_t s) {
+  if (p.n == 0) return;
+  MOEX_ASSERT(flash_prefill_ok(p.d, p.d, p.nh, p.nkv) && (p.dtype == 1 || p.dtype == 2));
+  MOEX_ASSERT(::moex::cuda::aligned16(p.k) && ::moex::cuda::aligned16(p.v) && ::moex::cuda::aligned16(p.q));
+  if (p.dtype == 2) launch_flash_dtype<__nv_bfloat16>(p, s);
+  else launch_flash_dtype<__half>(p, s);
+}
+
+}  // namespace moex::model::cuda

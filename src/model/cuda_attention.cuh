@@ -1,0 +1,71 @@
+// model/cuda_attention.cuh — the fast attention kernels of the CUDA model runtime
+// (model/cuda_forward.cu); the simple kernels they replace stay in cuda_kernels.cuh
+// (attention_kernel, softmax_rows + cuBLAS) and remain selectable (MOEX_CUDA_ATTENTION_FLASH=0).
+//
+// * Decode ("flash-decoding", f32): one query row per sequence attends over its KV cache. The keys
+//   of a row are split into `splits` chunks so that even batch 1 fills the GPU: a block serves
+//   (row, up to 8 query heads of one kv head, key chunk), reads each K/V row once for all of its
+//   heads, and writes a partial (max, sum, unnormalised output); the last block of a (row, heads)
+//   to finish (an atomic ticket) merges the partials. The grid depends only on static bounds
+//   (rows, heads, splits); each row's length is read on the device: CUDA-graph capturable.
+// * Prefill (bf16/f16 models, sequences from position 0): a fused flash-attention kernel on the
+//   tensor cores (mma.sync m16n8k16, f32 accumulation, online softmax, causal block skipping).
+//   Q, K, V are rounded to the model dtype as the GEMM path does; P is rounded before P·V.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace moex::model::cuda {
+
+// ---- decode ---------------------------------------------------------------------------------------
+
+// Query heads served by one decode block (a kv head's group is chunked by this).
+constexpr int kDecodeHeads = 8;
+constexpr int kDecodeMaxSplits = 128;
+
+struct DecodeAttentionParams {
+  const float* q;                  // [T, nh, dq]
+  const float *k_cache, *v_cache;  // [slots, max_len, nkv, dq|dv]
+  int64_t max_len;
+  int64_t T;
+  int nh, nkv, dq, dv;
+  float scaling;
+  int window;           // 0 = none: keys max(0, pos - window + 1) .. pos
+  const float* sinks;   // [nh] or null
+  const int32_t *pos, *slot;  // [T]: the row's position (its last key) and cache slot
+  int splits;           // decode_attention_splits(...): a static bound, not the rows' lengths
+  float* partial;       // decode_attention_partial_floats(...) floats of scratch
+  int32_t* counters;    // decode_attention_counters(...) ints, zero before the first launch (left zero)
+  float* out;           // [T, nh, dv]
+};
+
+// Whether the decode kernel handles these head dims (multiples of 4, at most 256).
+bool decode_attention_ok(int dq, int dv);
+// Key chunks per (row, head block): enough blocks for ~2 waves on `num_sms` SMs at any batch,
+// at most one chunk per 32 keys of max_len and kDecodeMaxSplits.
+int decode_attention_splits(int64_t T, int nh, int nkv, int64_t max_len, int num_sms);
+size_t decode_attention_partial_floats(int64_t T, int nh, int dv, int splits);
+int64_t decode_attention_counters(int64_t T, int nh, int nkv);
+void launch_decode_attention(const DecodeAttentionParams& p, cudaStream_t s);
+
+// ---- prefill --------------------------------------------------------------------------------------
+
+struct FlashPrefillParams {
+  const float* q;      // [*, nh, d] f32: rows row0 .. row0 + n - 1 are the sequence (positions 0 .. n-1)
+  const void *k, *v;   // [n, nkv, d] in the model dtype (the cache rows, rounded)
+  int64_t row0, n;
+  int nh, nkv, d;
+  int dtype;           // 1 f16, 2 bf16
+  float scaling;
+  int window;          // 0 = none
+  const float* sinks;  // [nh] or null
+  float* out;          // [*, nh, d] f32, rows row0 .. row0 + n - 1 written
+};
+
+// Whether the prefill kernel handles the shape: dq == dv in {16, 32, 64, 128}, nh a multiple of nkv.
+bool flash_prefill_ok(int dq, int dv, int nh, int nkv);
+void launch_flash_prefill(const FlashPrefillParams& p, cudaStream_t s);
+
+}  // namespace moex::model::cuda

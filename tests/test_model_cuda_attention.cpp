@@ -1,0 +1,396 @@
+// The fused attention kernels of the CUDA model runtime (src/model/cuda_attention.cu) on random
+// q/k/v against an f64 host reference and the previous kernels: flash-decoding (contexts 1 .. 1000,
+// batch 1 and 3 with different lengths, GQA groups 1/4/8/16, head dims 64/128 and MLA's 192/128,
+// windows and sinks, forced 1 and many key chunks, repeated launches: the merge tickets reset);
+// flash prefill in bf16/f16 (n = 1, 17, 64, 200, 2048, groups 1/4/8, head dims 64/128, windows,
+// sinks, a sequence at a row offset). Model level: flash vs the previous paths
+// (MOEX_CUDA_ATTENTION_FLASH=0) on the fixtures. Without a CUDA device every test is skipped.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "moex/model.hpp"
+#include "moex/moex.hpp"
+#include "moex/safetensors.hpp"
+
+#ifdef MOEX_WITH_CUDA
+#include "model/cuda_attention.cuh"
+#include "model/cuda_kernels.cuh"
+#endif
+
+using namespace moex;
+namespace fs = std::filesystem;
+
+namespace {
+
+#define SKIP_WITHOUT_CUDA()                                                                                  \
+  do {                                                                                                       \
+    if (moex::cuda_devices().empty()) GTEST_SKIP() << "no CUDA device: " << moex::cuda_unavailable_reason(); \
+  } while (0)
+
+fs::path fixture(const std::string& name) {
+  const char* root = std::getenv("MOEX_SOURCE_DIR");
+  return fs::path(root ? root : ".") / "tests" / "fixtures" / name;
+}
+
+double rel_l2(const float* a, const float* b, size_t n) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < n; ++i) {
+    num += (double(a[i]) - double(b[i])) * (double(a[i]) - double(b[i]));
+    den += double(b[i]) * double(b[i]);
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+
+Tensor to_device(const std::vector<float>& h) {
+  Tensor t = Tensor::empty(DType::f32, {int64_t(std::max<size_t>(h.size(), 1))}, Device::cuda());
+  copy_bytes(t.data(), Device::cuda(), h.data(), Device::cpu(), h.size() * 4);
+  return t;
+}
+Tensor to_device_i32(const std::vector<int32_t>& h) {
+  Tensor t = Tensor::empty(DType::i32, {int64_t(std::max<size_t>(h.size(), 1))}, Device::cuda());
+  copy_bytes(t.data(), Device::cuda(), h.data(), Device::cpu(), h.size() * 4);
+  return t;
+}
+std::vector<float> to_host(const Tensor& t, size_t n) {
+  std::vector<float> h(n);
+  copy_bytes(h.data(), Device::cpu(), t.data(), Device::cuda(), n * 4);
+  return h;
+}
+
+// One query row against keys j0 .. pos of its cache (f64): softmax(scaling · q·k) with an optional
+// sink in the denominator, times v. q [dq], k(j) [dq], v(j) [dv] through accessors.
+template <class K, class V>
+void reference_row(const float* q, int64_t j0, int64_t pos, int dq, int dv, double scaling, const float* sink, K k, V v,
+                   double* out) {
+  std::vector<double> s(size_t(pos - j0 + 1));
+  double m = sink ? double(*sink) : -INFINITY;
+  for (int64_t j = j0; j <= pos; ++j) {
+    double d = 0;
+    const float* kj = k(j);
+    for (int i = 0; i < dq; ++i) d += double(q[i]) * double(kj[i]);
+    s[size_t(j - j0)] = d * scaling;
+    m = std::max(m, s[size_t(j - j0)]);
+  }
+  double l = sink ? std::exp(double(*sink) - m) : 0.0;
+  for (double& x : s) l += (x = std::exp(x - m));
+  for (int i = 0; i < dv; ++i) out[i] = 0;
+  for (int64_t j = j0; j <= pos; ++j) {
+    const float* vj = v(j);
+    for (int i = 0; i < dv; ++i) out[i] += s[size_t(j - j0)] / l * double(vj[i]);
+  }
+}
+
+}  // namespace
+
+#ifdef MOEX_WITH_CUDA
+
+namespace kern = ::moex::model::cuda;
+
+// Flash-decoding against the f64 reference and attention_kernel (one-row tiles), for every split
+// count the runtime could pick plus 1 and the maximum; each launch twice (tickets reset to zero).
+TEST(CudaAttentionKernels, DecodeMatchesReferenceAndTheOldKernel) {
+  SKIP_WITHOUT_CUDA();
+  struct Case {
+    std::vector<int32_t> lens;  // context per row (its position + 1)
+    int nh, nkv, dq, dv;
+    int window;
+    bool sinks;
+  };
+  const std::vector<Case> cases = {
+      {{1}, 32, 4, 128, 128, 0, false},          {{7}, 32, 4, 128, 128, 0, false},
+      {{130}, 32, 4, 128, 128, 0, false},        {{1000}, 32, 4, 128, 128, 0, false},
+      {{1000, 7, 130}, 32, 4, 128, 128, 0, false}, {{1, 130, 1000}, 16, 4, 64, 64, 0, false},
+      {{130, 1000, 7}, 8, 8, 64, 64, 0, false},  {{1000, 130}, 32, 2, 128, 128, 0, false},  // group 16: two head blocks
+      {{1000, 7, 130}, 64, 8, 64, 64, 128, true}, {{130, 1000}, 16, 16, 192, 128, 0, false},  // windows + sinks; MLA dims
+      {{1000}, 8, 1, 128, 128, 100, true},       {{9, 40, 3}, 4, 2, 16, 16, 4, true},  // the fixtures' small heads
+      {{33, 5}, 4, 4, 24, 16, 0, false},  // deepseek_v3 fixture (MLA 24/16)
+  };
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (const Case& c : cases) {
+    const int64_t T = int64_t(c.lens.size());
+    const int64_t max_len = *std::max_element(c.lens.begin(), c.lens.end()) + 3;
+    const int64_t slots = T + 1;  // rows use slots in reverse order, one slot unused
+    std::vector<float> q(size_t(T * c.nh * c.dq)), kc(size_t(slots * max_len * c.nkv * c.dq)),
+        vc(size_t(slots * max_len * c.nkv * c.dv)), sinks(size_t(c.nh));
+    for (auto& x : q) x = 2.0f * u(rng);  // peaky enough that the max matters
+    for (auto& x : kc) x = u(rng);
+    for (auto& x : vc) x = u(rng);
+    for (auto& x : sinks) x = u(rng);
+    std::vector<int32_t> pos(static_cast<size_t>(T)), slot(static_cast<size_t>(T));
+    for (int64_t r = 0; r < T; ++r) {
+      pos[size_t(r)] = c.lens[size_t(r)] - 1;
+      slot[size_t(r)] = int32_t(slots - 1 - r);
+    }
+    const double scaling = 1.0 / std::sqrt(double(c.dq));
+    std::vector<double> ref(size_t(T * c.nh * c.dv));
+    const int group = c.nh / c.nkv;
+    for (int64_t r = 0; r < T; ++r)
+      for (int h = 0; h < c.nh; ++h) {
+        const int kh = h / group;
+        const int64_t p = pos[size_t(r)], s = slot[size_t(r)];
+        const int64_t j0 = c.window > 0 ? std::max<int64_t>(0, p - c.window + 1) : 0;
+        auto kf = [&](int64_t j) { return kc.data() + ((s * max_len + j) * c.nkv + kh) * c.dq; };
+        auto vf = [&](int64_t j) { return vc.data() + ((s * max_len + j) * c.nkv + kh) * c.dv; };
+        reference_row(q.data() + (r * c.nh + h) * c.dq, j0, p, c.dq, c.dv, scaling, c.sinks ? &sinks[size_t(h)] : nullptr, kf,
+                      vf, ref.data() + (r * c.nh + h) * c.dv);
+      }
+    std::vector<float> reff(ref.begin(), ref.end());
+    const Tensor dq = to_device(q), dk = to_device(kc), dvv = to_device(vc), ds = to_device(sinks);
+    const Tensor dpos = to_device_i32(pos), dslot = to_device_i32(slot);
+    const size_t n_out = size_t(T * c.nh * c.dv);
+    const std::string what = "T=" + std::to_string(T) + " ctx " + std::to_string(c.lens[0]) + " nh " + std::to_string(c.nh) +
+                             "/" + std::to_string(c.nkv) + " d " + std::to_string(c.dq) + "/" + std::to_string(c.dv) +
+                             " window " + std::to_string(c.window) + (c.sinks ? " sinks" : "");
+
+    // the old kernel (one-row tiles), itself checked against the reference
+    std::vector<int32_t> tiles;
+    for (int64_t r = 0; r < T; ++r) {
+      tiles.push_back(int32_t(r));
+      tiles.push_back(1);
+    }
+    const Tensor dtiles = to_device_i32(tiles);
+    Tensor old_out = Tensor::empty(DType::f32, {int64_t(n_out)}, Device::cuda());
+    kern::AttentionParams ap{};
+    ap.q = dq.ptr<float>();
+    ap.k_cache = dk.ptr<float>();
+    ap.v_cache = dvv.ptr<float>();
+    ap.max_len = max_len;
+    ap.nh = c.nh;
+    ap.nkv = c.nkv;
+    ap.dq = c.dq;
+    ap.dv = c.dv;
+    ap.scaling = float(scaling);
+    ap.window = c.window;
+    ap.sinks = c.sinks ? ds.ptr<float>() : nullptr;
+    ap.tiles = reinterpret_cast<const kern::AttnTile*>(dtiles.data());
+    ap.num_tiles = int(T);
+    ap.heads_per_block = group <= kern::kAttnRows;
+    ap.pos = dpos.ptr<int32_t>();
+    ap.slot = dslot.ptr<int32_t>();
+    ap.out = old_out.ptr<float>();
+    kern::launch_attention(ap, nullptr);
+    const std::vector<float> old_h = to_host(old_out, n_out);
+    const double old_err = rel_l2(old_h.data(), reff.data(), n_out);
+    EXPECT_LE(old_err, 1e-5) << "old kernel, " << what;
+
+    ASSERT_TRUE(kern::decode_attention_ok(c.dq, c.dv)) << what;
+    const int runtime_splits = kern::decode_attention_splits(T, c.nh, c.nkv, max_len, 132);
+    for (int splits : {runtime_splits, 1, 3, kern::kDecodeMaxSplits}) {
+      Tensor part = Tensor::empty(DType::f32, {int64_t(kern::decode_attention_partial_floats(T, c.nh, c.dv, splits))},
+                                  Device::cuda());
+      const std::vector<int32_t> zeros(size_t(kern::decode_attention_counters(T, c.nh, c.nkv)), 0);
+      const Tensor ctr = to_device_i32(zeros);
+      Tensor out = Tensor::empty(DType::f32, {int64_t(n_out)}, Device::cuda());
+      kern::DecodeAttentionParams p{};
+      p.q = dq.ptr<float>();
+      p.k_cache = dk.ptr<float>();
+      p.v_cache = dvv.ptr<float>();
+      p.max_len = max_len;
+      p.T = T;
+      p.nh = c.nh;
+      p.nkv = c.nkv;
+      p.dq = c.dq;
+      p.dv = c.dv;
+      p.scaling = float(scaling);
+      p.window = c.window;
+      p.sinks = c.sinks ? ds.ptr<float>() : nullptr;
+      p.pos = dpos.ptr<int32_t>();
+      p.slot = dslot.ptr<int32_t>();
+      p.splits = splits;
+      p.partial = part.ptr<float>();
+      p.counters = ctr.ptr<int32_t>();
+      p.out = out.ptr<float>();
+      for (int rep = 0; rep < 2; ++rep) {
+        ASSERT_EQ(cudaMemset(out.data(), 0xff, n_out * 4), cudaSuccess);  // NaN: every output must be written
+        kern::launch_decode_attention(p, nullptr);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
+        const std::vector<float> h = to_host(out, n_out);
+        const double err = rel_l2(h.data(), reff.data(), n_out), vs_old = rel_l2(h.data(), old_h.data(), n_out);
+        double max_abs = 0;
+        for (size_t i = 0; i < n_out; ++i) max_abs = std::max(max_abs, std::fabs(double(h[i]) - ref[i]));
+        EXPECT_LE(err, 1e-5) << what << " splits " << splits << " launch " << rep;
+        EXPECT_LE(max_abs, 1e-5) << what << " splits " << splits << " launch " << rep;
+        EXPECT_LE(vs_old, 2e-5) << what << " splits " << splits << " launch " << rep;
+      }
+      std::vector<int32_t> left(zeros.size());
+      copy_bytes(left.data(), Device::cpu(), ctr.data(), Device::cuda(), left.size() * 4);
+      for (int32_t x : left) EXPECT_EQ(x, 0) << what << ": a merge ticket was not reset";
+    }
+  }
+}
+
+// Flash prefill (bf16/f16) against the f64 reference of the same rounded q/k/v (P exact there:
+// the kernel's P rounding is the expected difference).
+TEST(CudaAttentionKernels, FlashPrefillMatchesTheReference) {
+  SKIP_WITHOUT_CUDA();
+  struct Case {
+    int64_t n;
+    int nh, nkv, d;
+    int window;
+    bool sinks;
+    DType dt;
+    int64_t row0 = 0;  // the sequence's first row in the q/out buffers
+  };
+  const std::vector<Case> cases = {
+      {1, 8, 2, 128, 0, false, DType::bf16},      {17, 8, 2, 128, 0, false, DType::bf16},
+      {64, 32, 4, 128, 0, false, DType::bf16},    {200, 8, 1, 128, 0, false, DType::bf16},  // group 8
+      {200, 4, 4, 64, 0, false, DType::bf16},     // group 1 (one head per block)
+      {200, 16, 4, 64, 0, false, DType::f16},     // group 4, f16
+      {200, 8, 2, 64, 50, true, DType::bf16, 37},  // window + sinks, at a row offset
+      {2048, 8, 2, 128, 0, false, DType::bf16},   {2048, 4, 1, 64, 128, true, DType::bf16},
+      {131, 6, 2, 128, 0, true, DType::f16, 5},    // group 3 (odd), tail block
+      {150, 4, 2, 16, 4, true, DType::bf16, 80},   // the fixtures' heads of 16 (gpt_oss: window 4 + sinks)
+      {97, 8, 2, 32, 0, false, DType::bf16},
+  };
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (const Case& c : cases) {
+    const int64_t rows = c.row0 + c.n + 3;
+    const int dc = c.dt == DType::bf16 ? 2 : 1;
+    std::vector<float> q(size_t(rows * c.nh * c.d)), k(size_t(c.n * c.nkv * c.d)), v(k.size()), sinks(size_t(c.nh));
+    for (auto& x : q) x = 3.0f * u(rng);
+    for (auto& x : k) x = u(rng);
+    for (auto& x : v) x = u(rng);
+    for (auto& x : sinks) x = 2.0f * u(rng);
+    // rounded copies: what the kernel sees (k, v as given in the model dtype; q rounded inside)
+    auto rounded = [&](const std::vector<float>& x) {
+      Tensor t = Tensor::empty(DType::f32, {int64_t(x.size())});
+      std::copy(x.begin(), x.end(), t.ptr<float>());
+      return convert_tensor(t.view(), c.dt);
+    };
+    const Tensor kt = rounded(k), vt = rounded(v), qt = rounded(q);
+    const Tensor kr = convert_tensor(kt.view(), DType::f32), vr = convert_tensor(vt.view(), DType::f32),
+                 qr = convert_tensor(qt.view(), DType::f32);
+    const double scaling = 1.0 / std::sqrt(double(c.d));
+    const int group = c.nh / c.nkv;
+    // reference on a subset of rows for long sequences (every row up to 256, then every 13th and the last)
+    std::vector<int64_t> check_rows;
+    for (int64_t i = 0; i < c.n; ++i)
+      if (i < 256 || i % 13 == 0 || i >= c.n - 3) check_rows.push_back(i);
+    std::vector<float> ref, got_rows;
+    Tensor dq = to_device(q), dsk = to_device(sinks);
+    Tensor dk = Tensor::empty(c.dt, {int64_t(k.size())}, Device::cuda()), dv = Tensor::empty(c.dt, {int64_t(v.size())}, Device::cuda());
+    copy_bytes(dk.data(), Device::cuda(), kt.data(), Device::cpu(), kt.nbytes());
+    copy_bytes(dv.data(), Device::cuda(), vt.data(), Device::cpu(), vt.nbytes());
+    const size_t n_out = size_t(rows * c.nh * c.d);
+    Tensor out = Tensor::empty(DType::f32, {int64_t(n_out)}, Device::cuda());
+    ASSERT_EQ(cudaMemset(out.data(), 0, n_out * 4), cudaSuccess);
+    kern::FlashPrefillParams p{};
+    p.q = dq.ptr<float>();
+    p.k = dk.data();
+    p.v = dv.data();
+    p.row0 = c.row0;
+    p.n = c.n;
+    p.nh = c.nh;
+    p.nkv = c.nkv;
+    p.d = c.d;
+    p.dtype = dc;
+    p.scaling = float(scaling);
+    p.window = c.window;
+    p.sinks = c.sinks ? dsk.ptr<float>() : nullptr;
+    p.out = out.ptr<float>();
+    ASSERT_TRUE(kern::flash_prefill_ok(c.d, c.d, c.nh, c.nkv));
+    kern::launch_flash_prefill(p, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<float> h = to_host(out, n_out);
+    std::vector<double> row(size_t(c.d));
+    for (int64_t i : check_rows)
+      for (int hh = 0; hh < c.nh; ++hh) {
+        const int kh = hh / group;
+        const int64_t j0 = c.window > 0 ? std::max<int64_t>(0, i - c.window + 1) : 0;
+        auto kf = [&](int64_t j) { return kr.ptr<float>() + (j * c.nkv + kh) * c.d; };
+        auto vf = [&](int64_t j) { return vr.ptr<float>() + (j * c.nkv + kh) * c.d; };
+        reference_row(qr.ptr<float>() + ((c.row0 + i) * c.nh + hh) * c.d, j0, i, c.d, c.d, scaling,
+                      c.sinks ? &sinks[size_t(hh)] : nullptr, kf, vf, row.data());
+        for (int e = 0; e < c.d; ++e) {
+          ref.push_back(float(row[size_t(e)]));
+          got_rows.push_back(h[size_t(((c.row0 + i) * c.nh + hh) * c.d + e)]);
+        }
+      }
+    const double err = rel_l2(got_rows.data(), ref.data(), ref.size());
+    double max_abs = 0;
+    for (size_t i = 0; i < ref.size(); ++i) max_abs = std::max(max_abs, std::fabs(double(got_rows[i]) - double(ref[i])));
+    const std::string what = "n " + std::to_string(c.n) + " nh " + std::to_string(c.nh) + "/" + std::to_string(c.nkv) +
+                             " d " + std::to_string(c.d) + " window " + std::to_string(c.window) + (c.sinks ? " sinks " : " ") +
+                             std::string(dtype_name(c.dt)) + " row0 " + std::to_string(c.row0);
+    std::printf("  flash prefill %s: rel L2 %.2e, max abs %.2e\n", what.c_str(), err, max_abs);
+    // P rounded to the dtype (2^-9 bf16, 2^-12 f16 relative) is the only difference from the reference
+    EXPECT_LE(err, c.dt == DType::bf16 ? 8e-3 : 1.5e-3) << what;
+    EXPECT_LE(max_abs, c.dt == DType::bf16 ? 2e-2 : 3e-3) << what;
+    // rows outside the sequence are untouched
+    for (int64_t r = 0; r < rows; ++r) {
+      if (r >= c.row0 && r < c.row0 + c.n) continue;
+      for (int e = 0; e < c.nh * c.d; ++e) ASSERT_EQ(h[size_t(r * c.nh * c.d + e)], 0.0f) << what << " row " << r;
+    }
+  }
+}
+
+// Model level: the flash kernels against the previous paths (MOEX_CUDA_ATTENTION_FLASH=0) on the
+// fixtures. f32: decode steps (generate) and single-token prompts (one-row tiles) must agree to
+// f32 rounding and give the same greedy tokens; bf16: the prefill (sequences past
+// MOEX_CUDA_ATTENTION_GEMM_MIN_ROWS) flash vs cuBLAS + softmax_rows.
+TEST(CudaAttentionKernels, ModelFlashMatchesThePreviousPaths) {
+  SKIP_WITHOUT_CUDA();
+  if (!fs::exists(fixture("qwen3_moe"))) GTEST_SKIP() << "no fixtures";
+  struct EnvRestore {
+    ~EnvRestore() {
+      unsetenv("MOEX_CUDA_ATTENTION_FLASH");
+      unsetenv("MOEX_CUDA_ATTENTION_GEMM_MIN_ROWS");
+    }
+  } restore;
+  GenerateOptions g;
+  g.max_new_tokens = 12;
+  g.eos_token_id = std::vector<int64_t>{-1};
+  for (const char* name : {"qwen3_moe", "gpt_oss", "deepseek_v3", "olmoe", "qwen2_moe", "mixtral"}) {
+    if (!fs::exists(fixture(name))) continue;
+    {
+      Model m = Model::from_pretrained(fixture(name).string(), {.device = Device::cuda()});
+      const int64_t V = m.config().text.vocab_size;
+      const std::vector<std::vector<int64_t>> prompts = {{1, 5, 9, 13, 2, 7}, {3 % V}, {4, 8, 15, 16, 23, 42, 7, 1, 2}};
+      const std::vector<std::vector<int64_t>> singles = {{1}, {7 % V}, {11 % V}};
+      setenv("MOEX_CUDA_ATTENTION_FLASH", "0", 1);
+      const auto old_tokens = m.generate(prompts, g);
+      const Tensor old_single = m.forward(singles);
+      unsetenv("MOEX_CUDA_ATTENTION_FLASH");
+      const auto new_tokens = m.generate(prompts, g);
+      const Tensor new_single = m.forward(singles);
+      EXPECT_EQ(new_tokens, old_tokens) << name;
+      const double err = rel_l2(new_single.ptr<float>(), old_single.ptr<float>(), size_t(old_single.numel()));
+      std::printf("  %s f32: single-token forward flash-decoding vs attention_kernel rel L2 %.2e\n", name, err);
+      EXPECT_LE(err, 1e-5) << name;
+    }
+    {
+      Model m = Model::from_pretrained(fixture(name).string(), {.dtype = DType::bf16, .device = Device::cuda()});
+      const int64_t V = m.config().text.vocab_size;
+      std::vector<std::vector<int64_t>> ids(2, std::vector<int64_t>(80));
+      ids[1].resize(150);
+      for (size_t b = 0; b < ids.size(); ++b)
+        for (size_t i = 0; i < ids[b].size(); ++i) ids[b][i] = int64_t((i * 7 + b * 13 + 1) % size_t(V));
+      setenv("MOEX_CUDA_ATTENTION_GEMM_MIN_ROWS", "16", 1);
+      setenv("MOEX_CUDA_ATTENTION_FLASH", "0", 1);
+      const Tensor gemm = m.forward(ids);
+      unsetenv("MOEX_CUDA_ATTENTION_FLASH");
+      const Tensor flash = m.forward(ids);
+      const double err = rel_l2(flash.ptr<float>(), gemm.ptr<float>(), size_t(gemm.numel()));
+      std::printf("  %s bf16: flash prefill vs cuBLAS + softmax_rows rel L2 %.2e\n", name, err);
+      if (std::string(name) == "deepseek_v3") {
+        EXPECT_EQ(err, 0.0) << "MLA prefill stays on the f32 attention kernel";
+      } else {
+        EXPECT_LE(err, 3e-2) << name;
+      }
+      const auto tokens = m.generate(ids, g);
+      EXPECT_EQ(tokens[1].size(), 162u) << name;
+    }
+  }
+}
+
+#endif  // MOEX_WITH_CUDA
