@@ -54,16 +54,17 @@ print(envs.get(best, ""))
 PY
 )
 echo "settings for the table: '${best}'"
+echo "$best" > "$OUT/ab_choice.env"
 [ -n "$best" ] && export $(echo "$best" | tr ',' ' ')
 
 stamp tests
 MOEX_CUDA_TEST_CASES=${MOEX_CUDA_TEST_CASES:-60} timeout 200 "$BUILD/moex_tests" \
-  --gtest_filter='*CudaEquivalence*:*CudaGraph*:CudaBackends.*' > "$OUT/tests.log" 2>&1
+  --gtest_filter="${TEST_FILTER:-*CudaEquivalence*:*CudaGraph*:CudaBackends.*}" > "$OUT/tests.log" 2>&1
 echo "tests rc $?"
 grep -E "^\[  (FAILED|PASSED|SKIPPED) |worst|Failure" "$OUT/tests.log" | head -30
 
 stamp "bench + reference"
 BUILD=$BUILD PARTS="bench hf table" SHAPES=$SHAPES DEADLINE=$(( ${DEADLINE:-560} - ($(date +%s) - t0) )) bash bench/gpu_check.sh
-tar czf "$OUT/issue3_logs.tgz" -C "$OUT" build.log build_step.log tests.log perf.log ab.json 2>/dev/null &&
-  rm -f "$OUT/build.log" "$OUT/build_step.log" "$OUT/tests.log" "$OUT/perf.log" "$OUT/ab.json"
+logs=$(cd "$OUT" && ls build.log build_step.log tests.log perf.log ab.json ab_choice.env 2>/dev/null)
+[ -n "$logs" ] && tar czf "$OUT/issue3_logs.tgz" -C "$OUT" $logs && (cd "$OUT" && rm -f $logs)
 stamp done
