@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/gpu_final4.sh — the fourth session's closing call on the GPU machine (`run` with command
 # `bash bench/gpu_final4.sh`), from the repository root:
-#   1. build moex, moex_tests, moex_model_bench (bench/gpu_check.sh PARTS=build: CUDA Release, SASS counts)
+#   1. build moex, moex_tests, moex_model_bench (CUDA, Release) into $BUILD
 #   2. GPU tests: the model runtime (attention kernels, runtime kernels, parity of every fixture,
 #      one/two-term linears, switching, graphs) and the experts backends (CudaEquivalence f16/bf16
 #      with MOEX_CUDA_TEST_CASES generated cases, CudaGraph, CudaBackends)
@@ -18,8 +18,9 @@ BUILD=${BUILD:-build-gpu}
 t0=$(date +%s)
 stamp() { echo "== $1 ($(( $(date +%s) - t0 )) s)"; }
 stamp build
-PARTS=build OUT="$OUT/logs" bash bench/gpu_check.sh > "$OUT/logs/build_step.log" 2>&1 || { tail -30 "$OUT/logs/build_step.log"; exit 1; }
-cmake --build "$BUILD" -j "$(nproc)" --target moex_model_bench >> "$OUT/logs/build_step.log" 2>&1
+{ cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOEX_CUDA=ON &&
+  cmake --build "$BUILD" -j "$(nproc)" --target moex moex_tests moex_model_bench; } > "$OUT/logs/build.log" 2>&1 ||
+  { grep -E "error" "$OUT/logs/build.log" | head -30; exit 1; }
 
 stamp "model tests"
 for f in 'CudaAttentionKernels*:CudaModelKernels*:CudaModelLinear*' '*CudaModelParity*' \
