@@ -309,7 +309,10 @@ TEST(CudaModelAttention, GemmPrefillPathMatchesTheKernel) {
       EXPECT_EQ(err, 0.0) << "MLA must stay on the attention kernel (cuda_forward.cu: use_gemm_attention)";
       continue;
     }
-    EXPECT_LE(err, 3e-2) << name;
+    // Path against path, both bf16 prefills of a tiny random model: each is held to SPEC §8's bound
+    // (3e-2 against the f32 logits) by CudaModelParity, so two of them may differ by up to twice it.
+    // Measured on the H200 (2026-11-29, flash prefill + one-term linears): 3.03e-2 on qwen3_moe.
+    EXPECT_LE(err, 6e-2) << name;
     EXPECT_GT(err, 0.0) << name << ": the GEMM path did not run";
     GenerateOptions g;
     g.max_new_tokens = 3;

@@ -388,7 +388,10 @@ TEST(CudaAttentionKernels, ModelFlashMatchesThePreviousPaths) {
         if (std::string(name) == "deepseek_v3") {
           EXPECT_EQ(err, 0.0) << "MLA prefill stays on the f32 attention kernel";
         } else {
-          EXPECT_LE(err, 3e-2) << name;
+          // two bf16 prefills of a tiny random model, each within SPEC §8's 3e-2 of the f32 logits
+          // (CudaModelParity): they may differ by up to twice that. H200, 2026-11-29: 1.2e-2 .. 4.7e-2
+          // (flash rounds P before normalising it, the GEMM path after).
+          EXPECT_LE(err, 6e-2) << name;
         }
       }
       const auto tokens = m.generate(ids, g);

@@ -153,12 +153,6 @@ __device__ __forceinline__ void mma_k16(float (&d)[BN / 8][4], uint64_t da, uint
   }
 }
 
-// bf16/f16 with TmaFp8Extra::k_rotate: work item w walks its k steps from (w · 5) mod ktiles and
-// wraps around, so that the blocks running at the same time read different column ranges of
-// their weight rows (rows 4 or 8 KB apart otherwise all start at the same offset). Deterministic per
-// work item: results do not depend on timing or on the number of SMs. FP8 keeps k in order.
-__device__ __forceinline__ int k_rotation(int w, int ktiles, bool on) { return on ? int((int64_t(w) * 5) % ktiles) : 0; }
-
 // Work item w -> (m tile, n tile): groups of GROUP_M m tiles, n-major inside a group.
 __device__ __forceinline__ void decode_work(int w, int num_m, int n_tiles, int& m, int& n) {
   const int per_group = GROUP_M * n_tiles;
@@ -255,12 +249,9 @@ __global__ void __launch_bounds__(THREADS, 1)
         }
         if constexpr (FP8) scale_src = rb + tid < re ? a.a_gather[rb + tid] / a.a_div : -1;
       }
-      const int krot = FP8 ? 0 : k_rotation(w, ktiles, x.k_rotate);
       for (int kt = 0; kt < ktiles; ++kt) {
         mbar_wait(empty_bar(stage), phase ^ 1u);
-        int kk = kt + krot;  // bf16: this tile's k steps start at krot (see k_rotation)
-        if (kk >= ktiles) kk -= ktiles;
-        const int k0 = kk * BKE;
+        const int k0 = kt * BKE;
         if (tid == 0) {
           const uint32_t fb = full_bar(stage);
           mbar_arrive_expect_tx(fb, tx_bytes);
@@ -273,7 +264,7 @@ __global__ void __launch_bounds__(THREADS, 1)
           }
           if constexpr (!GATHER) {
             tma_load_2d(sA + uint32_t(stage) * A_BYTES, &tm_a, fb, k0, rb);
-            if constexpr (FP8) tma_load_2d(sSA + uint32_t(stage) * SA_BYTES, &tm_sa, fb, rb, kk);
+            if constexpr (FP8) tma_load_2d(sSA + uint32_t(stage) * SA_BYTES, &tm_sa, fb, rb, kt);
           }
         }
         if constexpr (GATHER) {
@@ -287,7 +278,7 @@ __global__ void __launch_bounds__(THREADS, 1)
           }
           if constexpr (FP8)
             cp_async4(sSA + uint32_t(stage) * SA_BYTES + 4u * uint32_t(tid),
-                      scale_src >= 0 ? x.a_scales + int64_t(kk) * x.a_scales_ld + scale_src : x.a_scales, scale_src >= 0);
+                      scale_src >= 0 ? x.a_scales + int64_t(kt) * x.a_scales_ld + scale_src : x.a_scales, scale_src >= 0);
           cp_async_mbar_arrive_noinc(full_bar(stage));
         }
         if (++stage == STAGES) {
@@ -495,16 +486,10 @@ CUtensorMap make_map(CUtensorMapDataType type, const void* base, int rank, const
                      const cuuint64_t* strides_bytes, const cuuint32_t* box, CUtensorMapSwizzle swizzle) {
   CUtensorMap map;
   const cuuint32_t elem_strides[3] = {1, 1, 1};
-  // L2 promotion of each TMA request: 256 B by default; MOEX_CUDA_TMA_L2PROMO=0/64/128/256 to measure
-  static const CUtensorMapL2promotion promo = [] {
-    const char* v = std::getenv("MOEX_CUDA_TMA_L2PROMO");
-    const int b = v && *v ? std::atoi(v) : 256;
-    return b == 0 ? CU_TENSOR_MAP_L2_PROMOTION_NONE
-                  : b == 64 ? CU_TENSOR_MAP_L2_PROMOTION_L2_64B
-                            : b == 128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_128B : CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
-  }();
+  // 256-byte L2 promotion (128 B measured no faster on the H200, 2026-11-29)
   const CUresult r = encode_fn()(&map, type, cuuint32_t(rank), const_cast<void*>(base), dims, strides_bytes, box, elem_strides,
-                                 CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, promo, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+                                 CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS)
     detail::fail(ErrorCode::internal, "cuTensorMapEncodeTiled failed ({}) for the grouped GEMM's TMA descriptor", int(r));
   return map;
@@ -597,13 +582,7 @@ bool tma_fp8_usable(const GroupedGemmArgs& a) {
 }
 
 void launch_grouped_gemm_tma(const GroupedGemmArgs& a, DType dtype, int64_t a_rows, int64_t E, cudaStream_t stream) {
-  static const bool rotate = [] {
-    const char* v = std::getenv("MOEX_CUDA_TMA_KROT");
-    return v && *v && *v != '0';
-  }();
-  TmaFp8Extra x{};
-  x.k_rotate = rotate;
-  launch_grouped_gemm_tma_ex(a, dtype, false, x, a_rows, E, stream);
+  launch_grouped_gemm_tma_ex(a, dtype, false, TmaFp8Extra{}, a_rows, E, stream);
 }
 
 void launch_grouped_gemm_tma_ex(const GroupedGemmArgs& a, DType act_dtype, bool fp8, const TmaFp8Extra& x, int64_t a_rows,
@@ -616,10 +595,19 @@ void launch_grouped_gemm_tma_ex(const GroupedGemmArgs& a, DType act_dtype, bool 
     else launch_bn<float, 128, true>(a, act_dtype, x, a_rows, E, stream);
     return;
   }
-  static const int bn = [] {
+  // N tile: 128 (6 stages) or 256 (4 stages). Measured on the H200 (2026-11-29, grouped_mm, bf16,
+  // the four SPEC shapes at T = 512 / 4096 / 16384, docs/PERF.md): 128 was faster everywhere (up to
+  // 1.4x at T = 512: more work items and a deeper ring where experts hold few rows) except on
+  // deepseek_v3 at T >= 4096 (8.64 vs 9.40 ms at 4096, 24.9 vs 30.4 ms at 16384), the one shape
+  // whose expert weights are far beyond L2 and whose experts hold >= 128 rows on average: there the
+  // 256-wide tile halves the re-reads of the A rows. MOEX_CUDA_TMA_N=128 / 256 forces either.
+  static const int forced = [] {
     const char* s = std::getenv("MOEX_CUDA_TMA_N");
-    return s && std::atoi(s) == 128 ? 128 : 256;
+    const int v = s ? std::atoi(s) : 0;
+    return v == 128 || v == 256 ? v : 0;
   }();
+  const double weight_elems = double(E) * double(a.N) * double(a.Kdim);
+  const int bn = forced ? forced : (a_rows >= 128 * E && weight_elems >= 2e9 ? 256 : 128);
   if (bn == 128) {
     if (act_dtype == DType::bf16) launch_bn<__nv_bfloat16, 128, false>(a, act_dtype, x, a_rows, E, stream);
     else launch_bn<__half, 128, false>(a, act_dtype, x, a_rows, E, stream);
