@@ -25,6 +25,7 @@
 
 #include "model/cuda_forward.hpp"
 #include "model/cuda_kernels.cuh"
+#include "model_test_util.hpp"
 #include "moex/routing.hpp"
 #include "model/weights.hpp"
 #include "moex/model.hpp"
@@ -36,15 +37,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-#define SKIP_WITHOUT_CUDA()                                                                                  \
-  do {                                                                                                       \
-    if (moex::cuda_devices().empty()) GTEST_SKIP() << "no CUDA device: " << moex::cuda_unavailable_reason(); \
-  } while (0)
-
-fs::path fixture(const std::string& name) {
-  const char* root = std::getenv("MOEX_SOURCE_DIR");
-  return fs::path(root ? root : ".") / "tests" / "fixtures" / name;
-}
+fs::path fixture(const std::string& name) { return test::model_fixture(name); }
 
 nlohmann::json read_greedy(const std::string& name) {
   std::ifstream in(fixture(name) / "greedy.json");

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "model_test_util.hpp"
 #include "moex/model.hpp"
 #include "moex/moex.hpp"
 #include "moex/safetensors.hpp"
@@ -30,15 +31,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-#define SKIP_WITHOUT_CUDA()                                                                                  \
-  do {                                                                                                       \
-    if (moex::cuda_devices().empty()) GTEST_SKIP() << "no CUDA device: " << moex::cuda_unavailable_reason(); \
-  } while (0)
-
-fs::path fixture(const std::string& name) {
-  const char* root = std::getenv("MOEX_SOURCE_DIR");
-  return fs::path(root ? root : ".") / "tests" / "fixtures" / name;
-}
+fs::path fixture(const std::string& name) { return test::model_fixture(name); }
 
 double rel_l2(const float* a, const float* b, size_t n) {
   double num = 0, den = 0;

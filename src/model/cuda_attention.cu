@@ -9,6 +9,7 @@
 
 #include "backends/cuda/cuda_common.cuh"
 #include "backends/cuda/mma_ptx.cuh"
+#include "model/cuda_warp.cuh"
 
 namespace moex::model::cuda {
 
@@ -18,14 +19,6 @@ using ::moex::cuda::check;
 using ::moex::cuda::check_launch;
 namespace ptx = ::moex::cuda::ptx;
 
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-__device__ __forceinline__ float warp_max(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
 
 // ---- decode (flash-decoding) ------------------------------------------------------------------------
 

@@ -9,6 +9,7 @@
 #include <cfloat>
 
 #include "backends/cuda/cuda_common.cuh"
+#include "model/cuda_warp.cuh"
 
 namespace moex::model::cuda {
 
@@ -72,14 +73,6 @@ inline bool vec4_ok(const void* p, int dtype) {
   return (reinterpret_cast<uintptr_t>(p) & (dtype == 0 ? 15u : 7u)) == 0;
 }
 
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-__device__ __forceinline__ float warp_max(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
 // Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
 __device__ float block_sum(float v) {
   __shared__ float part[32];
