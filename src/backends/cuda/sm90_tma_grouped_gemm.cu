@@ -43,6 +43,11 @@
 // [BN/2, BN); gate column c and up column c + BN/2 then live in the same thread (accumulator
 // fragment nf and nf + NF/2). Interleaved: columns (2i, 2i+1) are adjacent as in the weights.
 //
+// N tile per GEMM (launch_grouped_gemm_tma_ex): 128 columns with 6 stages unless the experts hold
+// >= 128 rows on average and the weights have >= 2e9 elements (then 256 with 4 stages). An A/B on
+// the H200 (2026-11-29, fourth session, docs/PERF.md) found 128 faster on every SPEC shape at
+// T = 512 (up to 1.4x: qwen15 0.529 -> 0.377 ms) and at T = 4096 except deepseek_v3.
+//
 // Measured (H200, 2026-11-29, one run, CUDA-graph replay of the whole grouped_mm forward in
 // CudaPerf.Shapes, bf16, median of 10; old = sm90_bf16_grouped_gemm.cu via MOEX_CUDA_NO_TMA=1):
 //   shape          T      old ms (TFLOP/s)   TMA ms (TFLOP/s)
