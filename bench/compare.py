@@ -47,7 +47,8 @@ for r in load(a.ref):
     ref[(r["shape"], dt, int(r["T"]))][r["backend"]] = r["ms"]
 
 if machine:
-    print(f"machine: {machine.get('machine')}, copy {machine.get('copy_gbps', 0):.1f} GB/s, "
+    read = f" (streaming read {machine['read_gbps']:.1f} GB/s)" if machine.get('read_gbps') else ""
+    print(f"machine: {machine.get('machine')}, copy {machine.get('copy_gbps', 0):.1f} GB/s{read}, "
           f"peak {machine.get('peak_gflops', 0):.1f} GFLOP/s ({machine.get('peak_what')})\n")
 print("| shape | dtype | T | floor ms | moex: " + " / ".join(["eager", "batched_mm", "grouped_mm"]) +
       " ms | reference: eager / batched_mm / grouped_mm ms | moex best | ref best | speed-up | moex % of floor |")

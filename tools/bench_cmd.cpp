@@ -221,14 +221,16 @@ int run_bench(BenchOptions o) {
   if (progress) fmt::print(stderr, "measuring the machine's copy bandwidth and peak rate...\r");
   const double bw = o.check ? 1e10 : bench::copy_bandwidth(dev, threads);
   const double peak = o.check ? 1e11 : bench::peak_flops(dev, dt, threads);
+  const double read_bw = o.check ? 0.0 : bench::read_bandwidth(dev, threads);
   const std::string devname = dev.is_cpu() ? fmt::format("cpu ({}, {} threads)", cpu_info().isa, threads) : to_string(dev);
   const std::string peak_what = dev.is_cpu() ? "f32 FMA rate" : fmt::format("cuBLAS dense {} GEMM", dtype_name(dt));
   if (o.format == "table")
-    fmt::print("# {}: copy bandwidth {:.1f} GB/s, peak {:.1f} GFLOP/s ({}){}\n", devname, bw / 1e9, peak / 1e9, peak_what,
+    fmt::print("# {}: copy bandwidth {:.1f} GB/s{}, peak {:.1f} GFLOP/s ({}){}\n", devname, bw / 1e9,
+               read_bw > 0 ? fmt::format(" (streaming read {:.1f} GB/s)", read_bw / 1e9) : std::string(), peak / 1e9, peak_what,
                o.check ? " [--check: probes skipped]" : "");
   else if (o.format == "json")
-    fmt::print("{}\n", nlohmann::json{{"machine", devname}, {"copy_gbps", bw / 1e9}, {"peak_gflops", peak / 1e9},
-                                      {"peak_what", peak_what}}.dump());
+    fmt::print("{}\n", nlohmann::json{{"machine", devname}, {"copy_gbps", bw / 1e9}, {"read_gbps", read_bw / 1e9},
+                                      {"peak_gflops", peak / 1e9}, {"peak_what", peak_what}}.dump());
   else
     fmt::print("backend,shape,T,dtype,device,threads,ms,tflops,gbps,extra_mb,floor_ms,pct_floor,skipped\n");
   if (o.format == "table")

@@ -11,6 +11,9 @@ namespace moex::bench {
 // Bytes moved per second (read + written) by a large copy with `threads` CPU threads, or by a
 // device-to-device copy on a CUDA device.
 double copy_bandwidth(Device dev, int threads);
+// Bytes per second of a streaming read of a buffer far beyond the caches (CPU; 0 on CUDA devices):
+// the ceiling of a decode step, which only reads its weights (reported beside the copy rate).
+double read_bandwidth(Device dev, int threads);
 // Peak rate in flop/s: on the CPU the FMA rate of this CPU's kernel ISA in f32 with `threads`
 // threads; on CUDA a large dense GEMM of `dtype` through cuBLAS (bf16/f16 tensor cores, f32 no TF32).
 double peak_flops(Device dev, DType dtype, int threads);
