@@ -43,7 +43,7 @@
 // [BN/2, BN); gate column c and up column c + BN/2 then live in the same thread (accumulator
 // fragment nf and nf + NF/2). Interleaved: columns (2i, 2i+1) are adjacent as in the weights.
 //
-// N tile per GEMM (launch_grouped_gemm_tma_ex): 128 columns with 6 stages unless the experts hold
+// N tile per GEMM (grouped_mm: launch_grouped_gemm_tma; deepgemm keeps 256): 128 columns, 6 stages, unless the experts hold
 // >= 128 rows on average and the weights have >= 2e9 elements (then 256 with 4 stages). An A/B on
 // the H200 (2026-11-29, fourth session, docs/PERF.md) found 128 faster on every SPEC shape at
 // T = 512 (up to 1.4x: qwen15 0.529 -> 0.377 ms) and at T = 4096 except deepseek_v3.
@@ -587,7 +587,17 @@ bool tma_fp8_usable(const GroupedGemmArgs& a) {
 }
 
 void launch_grouped_gemm_tma(const GroupedGemmArgs& a, DType dtype, int64_t a_rows, int64_t E, cudaStream_t stream) {
-  launch_grouped_gemm_tma_ex(a, dtype, false, TmaFp8Extra{}, a_rows, E, stream);
+  // grouped_mm: the N tile from the GEMM's size. 128 columns with 6 stages unless the experts hold
+  // >= 128 rows on average and the weights have >= 2e9 elements. Measured on the H200 (2026-11-29,
+  // grouped_mm, bf16, the four SPEC shapes at T = 512 / 4096 / 16384, docs/PERF.md): 128 was faster
+  // everywhere (up to 1.4x at T = 512: more work items and a deeper ring where experts hold few
+  // rows) except on deepseek_v3 at T >= 4096 (8.64 vs 9.40 ms at 4096, 24.9 vs 30.4 ms at 16384), the
+  // one shape whose weights are far beyond L2 with >= 128 rows per expert: there the 256-wide tile
+  // halves the re-reads of the A rows.
+  TmaFp8Extra x{};
+  const double weight_elems = double(E) * double(a.N) * double(a.Kdim);
+  x.n_tile = a_rows >= 128 * E && weight_elems >= 2e9 ? 256 : 128;
+  launch_grouped_gemm_tma_ex(a, dtype, false, x, a_rows, E, stream);
 }
 
 void launch_grouped_gemm_tma_ex(const GroupedGemmArgs& a, DType act_dtype, bool fp8, const TmaFp8Extra& x, int64_t a_rows,
@@ -600,19 +610,14 @@ void launch_grouped_gemm_tma_ex(const GroupedGemmArgs& a, DType act_dtype, bool 
     else launch_bn<float, 128, true>(a, act_dtype, x, a_rows, E, stream);
     return;
   }
-  // N tile: 128 (6 stages) or 256 (4 stages). Measured on the H200 (2026-11-29, grouped_mm, bf16,
-  // the four SPEC shapes at T = 512 / 4096 / 16384, docs/PERF.md): 128 was faster everywhere (up to
-  // 1.4x at T = 512: more work items and a deeper ring where experts hold few rows) except on
-  // deepseek_v3 at T >= 4096 (8.64 vs 9.40 ms at 4096, 24.9 vs 30.4 ms at 16384), the one shape
-  // whose expert weights are far beyond L2 and whose experts hold >= 128 rows on average: there the
-  // 256-wide tile halves the re-reads of the A rows. MOEX_CUDA_TMA_N=128 / 256 forces either.
+  // N tile: x.n_tile (grouped_mm sets it from the GEMM's size, see launch_grouped_gemm_tma), 256
+  // where unset (deepgemm's bf16 path, measured with it); MOEX_CUDA_TMA_N=128 / 256 forces either.
   static const int forced = [] {
     const char* s = std::getenv("MOEX_CUDA_TMA_N");
     const int v = s ? std::atoi(s) : 0;
     return v == 128 || v == 256 ? v : 0;
   }();
-  const double weight_elems = double(E) * double(a.N) * double(a.Kdim);
-  const int bn = forced ? forced : (a_rows >= 128 * E && weight_elems >= 2e9 ? 256 : 128);
+  const int bn = forced ? forced : x.n_tile == 128 ? 128 : 256;
   if (bn == 128) {
     if (act_dtype == DType::bf16) launch_bn<__nv_bfloat16, 128, false>(a, act_dtype, x, a_rows, E, stream);
     else launch_bn<__half, 128, false>(a, act_dtype, x, a_rows, E, stream);

@@ -31,6 +31,7 @@ struct TmaFp8Extra {
   int a_scales_ld = 0;
   const void* w_scales = nullptr;
   bool w_ue8m0 = false;
+  int n_tile = 0;  // bf16/f16: 128 or 256 columns per N tile (0: 256); MOEX_CUDA_TMA_N overrides
 };
 // True when the FP8 variant can run this GEMM: compute capability 9.0, K-major weights, Kdim a
 // multiple of 16, N a multiple of 8, the gated concatenated layout with I a multiple of 64 (a
@@ -42,7 +43,7 @@ void launch_grouped_gemm_tma_ex(const GroupedGemmArgs& a, DType act_dtype, bool 
                                 int64_t E, cudaStream_t stream);
 // a_rows: rows of the A buffer when it is read without a gather (the down projection's h [S, I]);
 // E: experts in the weights [E, N, K].
-// N tiles of 128 or 256 columns chosen per GEMM from its size (see the .cu; MOEX_CUDA_TMA_N forces).
+// grouped_mm: N tiles of 128 or 256 columns chosen per GEMM from its size (see the .cu; MOEX_CUDA_TMA_N forces).
 void launch_grouped_gemm_tma(const GroupedGemmArgs& a, DType dtype, int64_t a_rows, int64_t E, cudaStream_t stream);
 
 }  // namespace moex::cuda
