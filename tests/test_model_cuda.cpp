@@ -25,7 +25,7 @@
 
 #include "model/cuda_forward.hpp"
 #include "model/cuda_kernels.cuh"
-#include "model_test_util.hpp"
+#include "test_util.hpp"
 #include "moex/routing.hpp"
 #include "model/weights.hpp"
 #include "moex/model.hpp"
@@ -37,20 +37,12 @@ namespace fs = std::filesystem;
 
 namespace {
 
-fs::path fixture(const std::string& name) { return test::model_fixture(name); }
+using test::rel_l2;
+fs::path fixture(const std::string& name) { return test::fixture_path(name); }
 
 nlohmann::json read_greedy(const std::string& name) {
   std::ifstream in(fixture(name) / "greedy.json");
   return nlohmann::json::parse(in);
-}
-
-double rel_l2(const float* a, const float* b, int64_t n) {
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    num += (double(a[i]) - double(b[i])) * (double(a[i]) - double(b[i]));
-    den += double(b[i]) * double(b[i]);
-  }
-  return std::sqrt(num / den);
 }
 
 const std::vector<std::string> kCudaBackends = {"eager", "batched_mm", "grouped_mm"};

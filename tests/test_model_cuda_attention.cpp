@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "model_test_util.hpp"
+#include "test_util.hpp"
 #include "moex/model.hpp"
 #include "moex/moex.hpp"
 #include "moex/safetensors.hpp"
@@ -31,16 +31,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-fs::path fixture(const std::string& name) { return test::model_fixture(name); }
-
-double rel_l2(const float* a, const float* b, size_t n) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < n; ++i) {
-    num += (double(a[i]) - double(b[i])) * (double(a[i]) - double(b[i]));
-    den += double(b[i]) * double(b[i]);
-  }
-  return std::sqrt(num / std::max(den, 1e-300));
-}
+using test::rel_l2;
+fs::path fixture(const std::string& name) { return test::fixture_path(name); }
 
 Tensor to_device(const std::vector<float>& h) {
   Tensor t = Tensor::empty(DType::f32, {int64_t(std::max<size_t>(h.size(), 1))}, Device::cuda());

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "model/weights.hpp"
+#include "test_util.hpp"
 #include "moex/config.hpp"
 #include "moex/error.hpp"
 #include "moex/model.hpp"
@@ -28,41 +29,12 @@ using namespace moex;
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-#ifndef MOEX_TEST_SOURCE_DIR_FALLBACK
-#define MOEX_TEST_SOURCE_DIR_FALLBACK "."
-#endif
-
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "moex_q8_XXXXXX").string();
-    path = ::mkdtemp(tmpl.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string operator/(const std::string& name) const { return (path / name).string(); }
-};
+using test::rel_l2;
+using test::TempDir;
 
-std::string source_dir() {
-  const char* s = std::getenv("MOEX_SOURCE_DIR");
-  return s ? s : MOEX_TEST_SOURCE_DIR_FALLBACK;
-}
-fs::path fixture(const std::string& name) { return fs::path(source_dir()) / "tests" / "fixtures" / name; }
-
-double rel_l2(const Tensor& a, const Tensor& b) {
-  EXPECT_EQ(a.numel(), b.numel());
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < a.numel(); ++i) {
-    const double x = a.ptr<float>()[i], y = b.ptr<float>()[i];
-    num += (x - y) * (x - y);
-    den += y * y;
-  }
-  return std::sqrt(num / den);
-}
+fs::path fixture(const std::string& name) { return test::fixture_path(name); }
 
 const std::vector<std::vector<int64_t>> kPrompt = {{1, 5, 9, 13, 2, 7}, {3, 4, 8, 100, 12, 0}};
 

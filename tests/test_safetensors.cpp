@@ -16,6 +16,7 @@
 
 #include "model/reference_forward.hpp"
 #include "model/weights.hpp"
+#include "test_util.hpp"
 #include <nlohmann/json.hpp>
 #include "moex/config.hpp"
 #include "moex/error.hpp"
@@ -25,26 +26,10 @@
 using namespace moex;
 namespace fs = std::filesystem;
 
-#ifndef MOEX_TEST_SOURCE_DIR_FALLBACK
-#define MOEX_TEST_SOURCE_DIR_FALLBACK "."
-#endif
-
-
 namespace {
 
-// A fresh temporary directory per test, removed at the end.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "moex_st_XXXXXX").string();
-    path = ::mkdtemp(tmpl.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string operator/(const std::string& name) const { return (path / name).string(); }
-};
+using test::source_dir;
+using test::TempDir;
 
 void write_bytes(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary).write(bytes.data(), std::streamsize(bytes.size()));
@@ -71,10 +56,6 @@ void expect_error(const std::string& path, ErrorCode code, std::vector<std::stri
   }
 }
 
-std::string source_dir() {
-  const char* s = std::getenv("MOEX_SOURCE_DIR");
-  return s ? s : MOEX_TEST_SOURCE_DIR_FALLBACK;
-}
 
 }  // namespace
 
@@ -494,7 +475,7 @@ TEST(Checkpoint, FixturesOpenIfPresent) {
 
 namespace {
 
-fs::path fixture(const std::string& name) { return fs::path(source_dir()) / "tests" / "fixtures" / name; }
+fs::path fixture(const std::string& name) { return test::fixture_path(name); }
 
 // Copies the checkpoint's tensors (rank <= 4) into DIR/model.safetensors, letting `edit` drop
 // (return false) or replace tensors, and copies config.json.
@@ -685,18 +666,7 @@ TEST(ModelWeights, MissingAndMisshapedTensorsAreClearErrors) {
 
 // ---- end-to-end parity of the f32 reference forward with the reference library's fixtures ----------
 
-namespace {
-
-double rel_l2(const float* a, const float* b, int64_t n) {
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    num += (double(a[i]) - double(b[i])) * (double(a[i]) - double(b[i]));
-    den += double(b[i]) * double(b[i]);
-  }
-  return std::sqrt(num / den);
-}
-
-}  // namespace
+using test::rel_l2;
 
 class ReferenceParity : public ::testing::TestWithParam<std::string> {};
 
