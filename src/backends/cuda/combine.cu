@@ -110,6 +110,23 @@ void launch_combine(const CombineArgs& a, DType dtype, cudaStream_t stream) {
   check_launch("combine");
 }
 
+void launch_combine_call(const ExpertsCall& call, const float* y, const int* pair_to_row, int64_t H, const void* down_bias,
+                         DType dtype, cudaStream_t stream) {
+  CombineArgs c{};
+  c.y = y;
+  c.pair_to_row = pair_to_row;
+  c.idx = call.top_k_index.data;
+  c.idx64 = call.top_k_index.dtype == DType::i64;
+  c.topw = call.top_k_weights.data;
+  c.topw_code = dtype_code(call.top_k_weights.dtype);
+  c.down_bias = down_bias;
+  c.T = call.top_k_index.shape[0];
+  c.K = call.top_k_index.shape[1];
+  c.H = H;
+  c.out = call.out.data;
+  launch_combine(c, dtype, stream);
+}
+
 void launch_gather_rows(const void* hidden, const int* sorted_pairs, const int* offsets, int64_t E, int64_t rows_bound,
                         int64_t K, int64_t H, DType dtype, void* xs, cudaStream_t stream) {
   by_dtype(dtype, [&](auto tag) {

@@ -477,19 +477,7 @@ void cuda_grouped(const Experts& ex, const ExpertsCall& call, const RunContext& 
     }
   }
 
-  CombineArgs c{};
-  c.y = y;
-  c.pair_to_row = plan.pair_to_row;
-  c.idx = call.top_k_index.data;
-  c.idx64 = idx64;
-  c.topw = call.top_k_weights.data;
-  c.topw_code = dtype_code(call.top_k_weights.dtype);
-  c.down_bias = nullptr;  // added in the down GEMM's epilogue
-  c.T = T;
-  c.K = K;
-  c.H = H;
-  c.out = call.out.data;
-  launch_combine(c, s.dtype, stream);
+  launch_combine_call(call, y, plan.pair_to_row, H, nullptr, s.dtype, stream);  // bias added in the down GEMM
 }
 
 // ---- eager -----------------------------------------------------------------------------------
@@ -579,19 +567,7 @@ void cuda_eager(const Experts& ex, const ExpertsCall& call, const RunContext& ct
     }
   }
 
-  CombineArgs c{};
-  c.y = y;
-  c.pair_to_row = plan.pair_to_row;
-  c.idx = call.top_k_index.data;
-  c.idx64 = idx64;
-  c.topw = call.top_k_weights.data;
-  c.topw_code = dtype_code(call.top_k_weights.dtype);
-  c.down_bias = bias_ptr(ex, ex.down_bias);
-  c.T = T;
-  c.K = K;
-  c.H = H;
-  c.out = call.out.data;
-  launch_combine(c, s.dtype, stream);
+  launch_combine_call(call, y, plan.pair_to_row, H, bias_ptr(ex, ex.down_bias), s.dtype, stream);
 }
 
 }  // namespace moex::detail

@@ -15,6 +15,7 @@
 #include <type_traits>
 
 #include "core/check.hpp"
+#include "moex/experts.hpp"
 #include "moex/backend.hpp"
 
 namespace moex::cuda {
@@ -231,6 +232,10 @@ struct CombineArgs {
   void* out;
 };
 void launch_combine(const CombineArgs& a, DType dtype, cudaStream_t stream);
+// The combine of an experts call (its routing, weights and output; T, K from top_k_index):
+// y [rows, H] f32 with pair p in row pair_to_row[p]; down_bias [E, H] or nullptr.
+void launch_combine_call(const ExpertsCall& call, const float* y, const int* pair_to_row, int64_t H, const void* down_bias,
+                         DType dtype, cudaStream_t stream);
 // xs[r] = hidden[sorted_pairs[r] / K] for the valid sorted rows r < offsets[E] (eager's gather).
 void launch_gather_rows(const void* hidden, const int* sorted_pairs, const int* offsets, int64_t E, int64_t rows_bound,
                         int64_t K, int64_t H, DType dtype, void* xs, cudaStream_t stream);

@@ -390,19 +390,7 @@ void run_deepgemm(const Experts& ex, const ExpertsCall& call, const RunContext& 
     launch_grouped_gemm_tma_ex(down, s.dtype, false, xd, z.M, z.E, stream);
   }
 
-  CombineArgs c{};
-  c.y = y;
-  c.pair_to_row = pair_rows;
-  c.idx = call.top_k_index.data;
-  c.idx64 = idx64;
-  c.topw = call.top_k_weights.data;
-  c.topw_code = dtype_code(call.top_k_weights.dtype);
-  c.down_bias = nullptr;  // added in the down GEMM's epilogue
-  c.T = T;
-  c.K = K;
-  c.H = z.H;
-  c.out = call.out.data;
-  launch_combine(c, s.dtype, stream);
+  launch_combine_call(call, y, pair_rows, z.H, nullptr, s.dtype, stream);  // bias added in the down GEMM
 }
 
 }  // namespace

@@ -44,6 +44,18 @@ __device__ __forceinline__ float2 e4m3x2_value(uint16_t c2) {
   const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(c2), __NV_E4M3);
   return __half22float2(__half2(r));
 }
+// 16 e4m3 codes of a uint4 (low byte first) as f32.
+__device__ __forceinline__ void decode16(const uint4& v, float* f) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const float2 lo = e4m3x2_value(uint16_t(w[q] & 0xffffu)), hi = e4m3x2_value(uint16_t(w[q] >> 16));
+    f[4 * q] = lo.x;
+    f[4 * q + 1] = lo.y;
+    f[4 * q + 2] = hi.x;
+    f[4 * q + 3] = hi.y;
+  }
+}
 __device__ __forceinline__ uint8_t e4m3_code_sat(float v) {
   return uint8_t(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3));
 }

@@ -33,18 +33,6 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// 16 e4m3 codes of a uint4 as f32.
-__device__ __forceinline__ void decode16(const uint4& v, float* f) {
-  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-  for (int q = 0; q < 4; ++q) {
-    const float2 lo = e4m3x2_value(uint16_t(w[q] & 0xffffu)), hi = e4m3x2_value(uint16_t(w[q] >> 16));
-    f[4 * q] = lo.x;
-    f[4 * q + 1] = lo.y;
-    f[4 * q + 2] = hi.x;
-    f[4 * q + 3] = hi.y;
-  }
-}
 
 // Σ_k x_code[k] · wv_r[k] · factor(r, kb) for NR weight rows of expert e, by one warp (every lane
 // gets the sums). xq/xs: one quantized activation row [K] / [ceil(K/128)].

@@ -38,17 +38,6 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 __device__ __forceinline__ uint4 chunk_bf16(const float* f) {
   return make_uint4(pack_bf16(f[0], f[1]), pack_bf16(f[2], f[3]), pack_bf16(f[4], f[5]), pack_bf16(f[6], f[7]));
 }
-__device__ __forceinline__ void decode16(const uint4& v, float* f) {
-  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-  for (int q = 0; q < 4; ++q) {
-    const float2 lo = e4m3x2_value(uint16_t(w[q] & 0xffffu)), hi = e4m3x2_value(uint16_t(w[q] >> 16));
-    f[4 * q] = lo.x;
-    f[4 * q + 1] = lo.y;
-    f[4 * q + 2] = hi.x;
-    f[4 * q + 3] = hi.y;
-  }
-}
 
 // VEC_A: activation rows 16-byte loadable (Kdim % 16 == 0, aligned base).
 // VEC_B: weight rows 16-byte loadable (default layout; FP8 Kdim % 16 == 0, FP4 Kdim % 32 == 0).
