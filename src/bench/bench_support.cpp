@@ -16,6 +16,20 @@ namespace moex::bench {
 
 namespace {
 
+// Median wall time of `reps` calls of f after one untimed call.
+template <class F>
+double median_seconds(F&& f, int reps = 5) {
+  f();
+  std::vector<double> secs;
+  for (int rep = 0; rep < reps; ++rep) {
+    auto t0 = std::chrono::steady_clock::now();
+    f();
+    secs.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(secs.begin(), secs.end());
+  return secs[secs.size() / 2];
+}
+
 double cpu_copy_bandwidth(int threads) {
   // 512 MiB source, far beyond any cache; each thread copies its own slice
   const size_t bytes = size_t(512) << 20;
@@ -35,45 +49,25 @@ double cpu_copy_bandwidth(int threads) {
     std::memset(src + i * 4096, 1, 4096);
     std::memset(dst + i * 4096, 0, 4096);
   }
-  copy();
-  std::vector<double> secs;
-  for (int rep = 0; rep < 5; ++rep) {
-    auto t0 = std::chrono::steady_clock::now();
-    copy();
-    secs.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
+  const double secs = median_seconds(copy);
   detail::device_free(Device::cpu(), src);
   detail::device_free(Device::cpu(), dst);
-  std::sort(secs.begin(), secs.end());
-  return 2.0 * double(bytes) / secs[secs.size() / 2];  // read + written
+  return 2.0 * double(bytes) / secs;  // read + written
 }
 
-// Sum of words [w0, w1) with 8 independent sums. The AVX-512 build reads 64-byte vectors: on the
-// development machine 16-byte loads topped out at ~16 GB/s with 2 threads, 64-byte ones at ~26.
-uint64_t sum_words_generic(const uint64_t* src, size_t w0, size_t w1) {
-  uint64_t a[8] = {};
-  for (size_t i = w0; i + 8 <= w1; i += 8)
-    for (int j = 0; j < 8; ++j) a[j] += src[i + size_t(j)];
-  uint64_t t = 0;
-  for (int j = 0; j < 8; ++j) t += a[j];
-  return t;
-}
-#if defined(__x86_64__) && defined(__GNUC__)
-__attribute__((target("avx512f"))) uint64_t sum_words_avx512(const uint64_t* src, size_t w0, size_t w1) {
-  uint64_t a[8] = {};
-  for (size_t i = w0; i + 8 <= w1; i += 8)
-    for (int j = 0; j < 8; ++j) a[j] += src[i + size_t(j)];
-  uint64_t t = 0;
-  for (int j = 0; j < 8; ++j) t += a[j];
-  return t;
-}
+// Sum of words [w0, w1) with 8 independent sums, built twice (GCC target clones, picked at load
+// time): 64-byte AVX-512 loads where the CPU has them — on the development machine 16-byte loads
+// topped out at ~16 GB/s with 2 threads, 64-byte ones at ~26.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("avx512f", "default")))
 #endif
 uint64_t sum_words(const uint64_t* src, size_t w0, size_t w1) {
-#if defined(__x86_64__) && defined(__GNUC__)
-  static const bool avx512 = __builtin_cpu_supports("avx512f");
-  if (avx512) return sum_words_avx512(src, w0, w1);
-#endif
-  return sum_words_generic(src, w0, w1);
+  uint64_t a[8] = {};
+  for (size_t i = w0; i + 8 <= w1; i += 8)
+    for (int j = 0; j < 8; ++j) a[j] += src[i + size_t(j)];
+  uint64_t t = 0;
+  for (int j = 0; j < 8; ++j) t += a[j];
+  return t;
 }
 
 double cpu_read_bandwidth(int threads) {
@@ -95,16 +89,9 @@ double cpu_read_bandwidth(int threads) {
     }
     sink = sink + total;
   };
-  read();
-  std::vector<double> secs;
-  for (int rep = 0; rep < 5; ++rep) {
-    auto t0 = std::chrono::steady_clock::now();
-    read();
-    secs.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
+  const double secs = median_seconds(read);
   detail::device_free(Device::cpu(), src);
-  std::sort(secs.begin(), secs.end());
-  return double(bytes) / secs[secs.size() / 2];
+  return double(bytes) / secs;
 }
 
 double cpu_peak_flops(int threads) {
