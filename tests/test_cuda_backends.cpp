@@ -22,6 +22,7 @@
 #include "moex/check.hpp"
 #include "moex/moex.hpp"
 #include "cuda_test_util.hpp"
+#include "test_util.hpp"
 
 #ifdef MOEX_WITH_CUDA
 #include <cuda_runtime.h>
@@ -30,11 +31,6 @@
 using namespace moex;
 
 namespace {
-
-#define SKIP_WITHOUT_CUDA()                                                                      \
-  do {                                                                                           \
-    if (moex::cuda_devices().empty()) GTEST_SKIP() << "no CUDA device: " << moex::cuda_unavailable_reason(); \
-  } while (0)
 
 const std::vector<std::string> kCudaBackends = {"eager", "batched_mm", "grouped_mm"};
 
@@ -47,17 +43,7 @@ int count_from_env(int dflt) {
   return s ? std::atoi(s) : dflt;
 }
 
-check::Case make_case(uint64_t seed, DType dt, int64_t E, int64_t H, int64_t I, int64_t T, int64_t K) {
-  check::Case c;
-  c.seed = seed;
-  c.spec.num_experts = E;
-  c.spec.hidden = H;
-  c.spec.intermediate = I;
-  c.spec.dtype = dt;
-  c.tokens = T;
-  c.top_k = K;
-  return c;
-}
+using test::make_case;
 
 // Cases larger than the generator's: several M/N/K tiles, pipeline depth, 16-byte and
 // element-wise load paths, every layout variant.

@@ -16,6 +16,7 @@
 #include "moex/check.hpp"
 #include "moex/moex.hpp"
 #include "cuda_test_util.hpp"
+#include "test_util.hpp"
 
 #ifdef MOEX_WITH_CUDA
 #include <cuda_runtime.h>
@@ -45,17 +46,9 @@ class LayoutScope {
   ~LayoutScope() { unsetenv("MOEX_DEEPGEMM_LAYOUT"); }
 };
 
+// deepgemm's cases are bf16 experts (FP8 when q says so)
 check::Case make_case(uint64_t seed, int64_t E, int64_t H, int64_t I, int64_t T, int64_t K, QuantSpec q) {
-  check::Case c;
-  c.seed = seed;
-  c.spec.num_experts = E;
-  c.spec.hidden = H;
-  c.spec.intermediate = I;
-  c.spec.dtype = DType::bf16;
-  c.spec.quant = q;
-  c.tokens = T;
-  c.top_k = K;
-  return c;
+  return test::make_case(seed, DType::bf16, E, H, I, T, K, q);
 }
 
 // Cases every deepgemm call of this build must run (none may be skipped): several M, N and K

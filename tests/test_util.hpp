@@ -12,6 +12,7 @@
 #include <string>
 #include <system_error>
 
+#include "moex/check.hpp"
 #include "moex/moex.hpp"
 
 // Skips the test (with the reason) when no CUDA device is usable: such tests run on the GPU machine.
@@ -63,6 +64,22 @@ inline double rel_l2(const float* a, const float* b, int64_t n) {
 inline double rel_l2(const Tensor& a, const Tensor& b) {
   EXPECT_EQ(a.numel(), b.numel());
   return rel_l2(a.ptr<float>(), b.ptr<float>(), std::min(a.numel(), b.numel()));
+}
+
+// An equivalence-harness case: E experts of hidden H and intermediate I in dtype dt (quantized by
+// q), T tokens routed to K experts each; routing and the other options at the harness' defaults.
+inline check::Case make_case(uint64_t seed, DType dt, int64_t E, int64_t H, int64_t I, int64_t T, int64_t K,
+                             QuantSpec q = {}) {
+  check::Case c;
+  c.seed = seed;
+  c.spec.num_experts = E;
+  c.spec.hidden = H;
+  c.spec.intermediate = I;
+  c.spec.dtype = dt;
+  c.spec.quant = q;
+  c.tokens = T;
+  c.top_k = K;
+  return c;
 }
 
 }  // namespace moex::test
