@@ -20,7 +20,7 @@ grep -E "HGMMA|moex:|error" "$OUT/build.log" | head -20
 stamp "A/B variants"
 # AB_VARIANTS: space-separated "name:ENV=VALUE[,ENV=VALUE]" items timed against the default build
 # ("base"); the table below uses the fastest by summed time over the A/B cases.
-AB_VARIANTS=${AB_VARIANTS:-"pregather:MOEX_CUDA_PREGATHER=1"}
+AB_VARIANTS=${AB_VARIANTS:-"n256:MOEX_CUDA_TMA_N=256 n128:MOEX_CUDA_TMA_N=128"}
 : > "$OUT/ab.json"
 for v in "base:" $AB_VARIANTS; do
   name=${v%%:*}; envs=${v#*:}

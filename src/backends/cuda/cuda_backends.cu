@@ -290,18 +290,6 @@ static bool fp8_on_tma(const Problem& p) {
   return cuda_fp8_tma_route(q);
 }
 
-// grouped_mm's bf16/f16 up projection on the TMA kernel gathers the token rows inside the kernel
-// (default) or reads rows pre-gathered into sorted order (MOEX_CUDA_PREGATHER=1). Measured on the
-// H200 (2026-11-29, four SPEC shapes, T = 512 / 4096): pre-gathering changed the time by -1 % .. +6 %
-// (slower at T = 4096), so the in-kernel gather stays the default.
-static bool pregather_tokens() {
-  static const bool on = [] {
-    const char* v = std::getenv("MOEX_CUDA_PREGATHER");
-    return v && *v && *v != '0';
-  }();
-  return on;
-}
-
 size_t cuda_batched_workspace(const Problem& p) {
   const int64_t S = pairs_of(p), H = p.spec.hidden, I = p.spec.intermediate;
   const size_t quant = p.spec.quant.quantized() ? QuantActs::bytes(p.tokens, S, H, I) : 0;
@@ -311,12 +299,8 @@ size_t cuda_batched_workspace(const Problem& p) {
 size_t cuda_grouped_workspace(const Problem& p) {
   const int64_t S = pairs_of(p), E = p.spec.num_experts, H = p.spec.hidden, I = p.spec.intermediate;
   const size_t quant = p.spec.quant.quantized() ? QuantActs::bytes(p.tokens, S, H, I) : 0;
-  // bf16/f16: + the pre-gathered token rows xs [S, H] of the TMA path (see cuda_grouped)
-  const size_t xs = pregather_tokens() && !p.spec.quant.quantized() && p.spec.dtype != DType::f32
-                        ? bytes_of(S * H, dtype_size(p.spec.dtype))
-                        : 0;
   const size_t own = plan_workspace_bytes(S, E, tile_m_of(p.spec)) + bytes_of(S * I, dtype_size(p.spec.dtype)) +
-                     bytes_of(S * H, 4) + quant + xs;
+                     bytes_of(S * H, 4) + quant;
   // FP8 on Hopper runs deepgemm.cu's QGMMA kernel (or this file's path when the buffers' alignment
   // rules it out at run time): room for either
   const size_t with_decode = std::max(own, decode_workspace(p));
@@ -459,15 +443,6 @@ void cuda_grouped(const Experts& ex, const ExpertsCall& call, const RunContext& 
     launch_grouped_gemm_f32(down, stream);
   } else {
     const bool vec = vec16_ok(ex, call);
-    if (pregather_tokens() && tma_usable(up, vec)) {
-      // Opt-in: the S routed rows copied into sorted order (xs [S, H], one pass at memory speed) so
-      // that the up GEMM loads A by TMA too (see pregather_tokens for what it measured).
-      void* xs = ws.take_bytes(size_t(S * H) * esz);
-      launch_gather_rows(call.hidden.data, plan.sorted_pairs, plan.offsets, E, S, K, H, s.dtype, xs, stream);
-      up.A = xs;
-      up.a_gather = nullptr;
-      up.a_div = 1;
-    }
     for (const GroupedGemmArgs* g : {&up, &down}) {
       // sm_90a: the warp-specialised TMA kernel first (MOEX_CUDA_NO_TMA=1 turns it off), then
       // the cp.async wgmma kernel, then mma.sync.
