@@ -78,6 +78,67 @@ std::string format(std::string_view f, const Args&... args) {
 }
 
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// ---- programmatic dependent launch (PDL, compute capability >= 9.0) --------------------------
+// Small decode-step kernels spend much of their time starting up: the next kernel's blocks only
+// launch once the previous kernel has drained, and only then start streaming their weights. With
+// PDL a kernel launched by launch_pdl(..., pdl = true) may start while its predecessor in the
+// stream still runs (once every block of the predecessor has executed pdl_launch_dependents() or
+// exited); it issues the loads that do not depend on earlier kernels (its weights), then calls
+// pdl_wait(), which returns when the predecessor has completed and its writes are visible.
+//
+// The contract, for every kernel launched with pdl = true:
+//   * before pdl_wait() it reads only what no kernel in the stream writes (weights, parameters) —
+//     or what was final before its predecessor started (see the kernel's own comment) — and writes
+//     nothing;
+//   * every thread that touches other memory calls pdl_wait() first.
+// pdl_wait() is a no-op in a kernel launched without the attribute, and pdl_launch_dependents()
+// a no-op without a PDL dependent, so kernels call both unconditionally. Stream capture turns the
+// attribute into programmatic graph edges (CUDA >= 12.3). MOEX_CUDA_PDL=0 turns it off (A/B).
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+// L2 prefetch of `bytes` (multiple of 16) from a 16-byte aligned global address (sm_90 bulk
+// prefetch; plain per-line prefetches below 9.0).
+__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
+#elif defined(__CUDA_ARCH__)
+  for (uint32_t o = 0; o < bytes; o += 128) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(static_cast<const char*>(p) + o));
+#endif
+}
+// Whether launch_pdl attaches the attribute: compute capability >= 9.0 and MOEX_CUDA_PDL != 0.
+inline bool pdl_enabled() {
+  static const bool env_on = [] {
+    const char* s = std::getenv("MOEX_CUDA_PDL");
+    return !(s && *s == '0');
+  }();
+  return env_on && current_device_cc() >= 90;
+}
+// kernel<<<grid, block, smem, stream>>>(args...), with programmatic stream serialisation when
+// `pdl` and pdl_enabled(). The kernel must follow the contract above when pdl is true.
+template <class... KArgs, class... Args>
+void launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, bool pdl,
+                Args&&... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl && pdl_enabled() ? 1 : 0;
+  check(cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(std::forward<Args>(args))...), "cudaLaunchKernelEx");
+}
 // Workspace bytes of n elements of esz bytes, rounded as WorkspaceCarver carves them.
 inline size_t bytes_of(int64_t n, size_t esz) { return WorkspaceCarver::round_up(size_t(n) * esz); }
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
