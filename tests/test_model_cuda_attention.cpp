@@ -1,7 +1,8 @@
 // The fused attention kernels of the CUDA model runtime (src/model/cuda_attention.cu) on random
-// q/k/v against an f64 host reference and the previous kernels: flash-decoding (contexts 1 .. 1000,
-// batch 1 and 3 with different lengths, GQA groups 1/4/8/16, head dims 64/128 and MLA's 192/128,
-// windows and sinks, forced 1 and many key chunks, repeated launches: the merge tickets reset);
+// q/k/v against an f64 host reference and the previous kernels: flash-decoding (contexts 1 .. 4096,
+// batch 1, 3, 8 and 64 with different lengths (tile and chunk edges, many empty chunks), GQA groups
+// 1/4/8/16, head dims 64/128/256 and MLA's 192/128, dq != dv, windows and sinks, forced 1 and many
+// key chunks, repeated launches: the merge tickets reset);
 // flash prefill in bf16/f16 (n = 1, 17, 64, 200, 2048, groups 1/4/8, head dims 64/128, windows,
 // sinks, a sequence at a row offset). Model level: flash vs the previous paths
 // (MOEX_CUDA_ATTENTION_FLASH=0) on the fixtures. Without a CUDA device every test is skipped.
@@ -89,7 +90,7 @@ TEST(CudaAttentionKernels, DecodeMatchesReferenceAndTheOldKernel) {
     int window;
     bool sinks;
   };
-  const std::vector<Case> cases = {
+  std::vector<Case> cases = {
       {{1}, 32, 4, 128, 128, 0, false},          {{7}, 32, 4, 128, 128, 0, false},
       {{130}, 32, 4, 128, 128, 0, false},        {{1000}, 32, 4, 128, 128, 0, false},
       {{1000, 7, 130}, 32, 4, 128, 128, 0, false}, {{1, 130, 1000}, 16, 4, 64, 64, 0, false},
@@ -97,8 +98,21 @@ TEST(CudaAttentionKernels, DecodeMatchesReferenceAndTheOldKernel) {
       {{1000, 7, 130}, 64, 8, 64, 64, 128, true}, {{130, 1000}, 16, 16, 192, 128, 0, false},  // windows + sinks; MLA dims
       {{1000}, 8, 1, 128, 128, 100, true},       {{9, 40, 3}, 4, 2, 16, 16, 4, true},  // the fixtures' small heads
       {{33, 5}, 4, 4, 24, 16, 0, false},  // deepseek_v3 fixture (MLA 24/16)
+      // batch 8 at tile and chunk edges (1, 31/32/33, 64/65 keys) next to a long row
+      {{1, 2, 31, 32, 33, 64, 65, 4096}, 32, 4, 128, 128, 0, false},
+      {{4096, 33, 1, 500, 65, 130, 32, 7}, 32, 4, 128, 128, 256, true},
+      // head dims over 128 (two 128-dim slices of q and/or v per lane)
+      {{300, 33}, 8, 2, 256, 256, 0, true}, {{97, 5}, 8, 1, 64, 256, 50, true}, {{130, 64}, 4, 2, 256, 128, 0, false},
   };
   std::mt19937 rng(7);
+  // batch 64, lengths 1 .. 600 (every row a different number of non-empty chunks), plain and windowed + sinks
+  {
+    std::vector<int32_t> lens(64);
+    std::uniform_int_distribution<int32_t> ul(1, 600);
+    for (auto& x : lens) x = ul(rng);
+    cases.push_back({lens, 32, 4, 128, 128, 0, false});
+    cases.push_back({lens, 32, 4, 128, 128, 200, true});
+  }
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   for (const Case& c : cases) {
     const int64_t T = int64_t(c.lens.size());

@@ -24,28 +24,53 @@ namespace ptx = ::moex::cuda::ptx;
 
 constexpr int kDecThreads = 256;
 constexpr int kDecWarps = kDecThreads / 32;
-constexpr int kDecKeys = 32;  // keys per shared-memory tile (one per lane when scoring)
+constexpr int kDecKeys = 32;                        // keys per shared-memory tile
+constexpr int kDecWarpKeys = kDecKeys / kDecWarps;  // keys a warp scores per tile (its rows of the tile)
 static_assert(kDecodeHeads == kDecWarps, "one warp per query head in the softmax step");
+static_assert(kDecWarpKeys * kDecodeHeads == 32, "a warp's scores of a tile are one value per lane");
 
 // Shared memory of the decode kernel, in floats:
-//   qs [8][dq] | ks [2][32][dq + 4] | vs [2][32][dv] | ss [8][32] | corr [8] | ml [8][2] | linv [8] | wz [8][splits]
-// ks rows are padded by 4 floats: a lane reading its key's row with float4 loads is conflict-free.
+//   qs [8][dq] | ks [2][32][dq] | vs [2][32][dv] | ss [8][32] | corr [8] | ml [8][2] | linv [8] | wz [8][splits]
 // After the key loop ks/vs hold the per-warp outputs [8 warps][heads][dv] of the cross-warp sum.
 size_t decode_smem_floats(int dq, int dv) {
-  return size_t(kDecodeHeads) * dq + size_t(2 * kDecKeys) * (dq + 4) + size_t(2 * kDecKeys) * dv +
-         size_t(kDecWarps) * kDecKeys + 8 + 16 + 8 + size_t(kDecodeHeads) * kDecodeMaxSplits;
+  return size_t(kDecodeHeads) * dq + size_t(2 * kDecKeys) * dq + size_t(2 * kDecKeys) * dv + size_t(kDecWarps) * kDecKeys + 8 + 16 + 8 +
+         size_t(kDecodeHeads) * kDecodeMaxSplits;
+}
+
+// Sum of 32 values per lane over the warp, one result per lane: lane l gets the sum of everyone's
+// v[l] (a butterfly that halves the values each step: 31 shuffles instead of 32 · 5).
+template <int O>
+__device__ __forceinline__ void reduce_scatter_step(float (&v)[32], int lane) {
+  const bool up = (lane & O) != 0;
+#pragma unroll
+  for (int i = 0; i < O; ++i) {
+    const float send = up ? v[i] : v[i + O];
+    const float keep = up ? v[i + O] : v[i];
+    v[i] = keep + __shfl_xor_sync(0xffffffffu, send, O);
+  }
+}
+__device__ __forceinline__ float warp_reduce_scatter32(float (&v)[32], int lane) {
+  reduce_scatter_step<16>(v, lane);
+  reduce_scatter_step<8>(v, lane);
+  reduce_scatter_step<4>(v, lane);
+  reduce_scatter_step<2>(v, lane);
+  reduce_scatter_step<1>(v, lane);
+  return v[0];
 }
 
 // Block (row, head block, key chunk z): head block = up to 8 query heads h0 .. h0 + hc - 1 of kv
-// head kh. The row's keys j0 .. pos are cut into `splits` chunks of a multiple of 32 keys; this
-// block takes chunk z (possibly empty). Per 32-key tile: (1) scores: warp w scores the 32 keys for
-// head w % hc over a 1/(8/hc) slice of the dims (lane = key); (2) online softmax: warp h sums its
-// head's slices, updates (m, l), writes p; (3) P·V: warp w takes keys w, w+8, ... and lane the
-// dims 4·lane + 128·i for every head (each V row read once). NV = dv slices of 128 (1 or 2).
-template <int NV>
-__global__ void __launch_bounds__(kDecThreads) decode_attention_kernel(DecodeAttentionParams p) {
+// head kh. The row's keys j0 .. pos are cut into chunks of a multiple of 32 keys, at most `splits`
+// of them; chunks past the row's length exit at once (no partial, no ticket). Per 32-key tile:
+// (1) scores: warp w takes keys 4w .. 4w + 3 for all heads, lane = dims 4·lane + 128·i (K rows
+// and each head's q read once per tile, contiguous: conflict-free), then one reduce-scatter gives lane (key, head);
+// (2) online softmax: warp h updates (m, l) of head h and writes p; (3) P·V: warp w takes keys
+// w, w+8, ... and lane the dims 4·lane + 128·i for every head (each V row read once).
+// NQ / NV = dq / dv slices of 128 (1 or 2). One non-empty chunk normalises itself; otherwise the
+// last of the non-empty chunks to finish (an atomic ticket) merges their partials.
+template <int NQ, int NV>
+__global__ void __launch_bounds__(kDecThreads, 2) decode_attention_kernel(DecodeAttentionParams p) {
   extern __shared__ __align__(16) float dsm[];
-  const int dq = p.dq, dv = p.dv, kp = dq + 4;
+  const int dq = p.dq, dv = p.dv;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int64_t row = blockIdx.x;
   const int group = p.nh / p.nkv, chunks = (group + kDecodeHeads - 1) / kDecodeHeads;
@@ -53,50 +78,55 @@ __global__ void __launch_bounds__(kDecThreads) decode_attention_kernel(DecodeAtt
   const int hc = min(kDecodeHeads, group - c * kDecodeHeads);
   const int h0 = kh * group + c * kDecodeHeads;
   const int z = blockIdx.z, splits = p.splits;
+
+  // this block's keys [a, b): chunk z of j0 .. pos, chunks rounded up to whole tiles; nz non-empty
+  const int64_t pos = p.pos[row], slot = p.slot[row];
+  const int64_t j0 = p.window > 0 ? max(int64_t(0), pos - p.window + 1) : 0;
+  const int64_t len = pos + 1 - j0;
+  int64_t chunk = (len + splits - 1) / splits;
+  chunk = (chunk + kDecKeys - 1) / kDecKeys * kDecKeys;
+  const int nz = int((len + chunk - 1) / chunk);
+  if (z >= nz) return;  // an empty chunk: the merge counts only the nz others
+  const int64_t a = j0 + z * chunk, b = min(pos + 1, a + chunk);
+  const int ntiles = int((b - a + kDecKeys - 1) / kDecKeys);
+
   float* qs = dsm;
   float* ks = qs + kDecodeHeads * dq;
-  float* vs = ks + 2 * kDecKeys * kp;
+  float* vs = ks + 2 * kDecKeys * dq;
   float* ss = vs + 2 * kDecKeys * dv;
   float* corr_s = ss + kDecWarps * kDecKeys;
   float* ml = corr_s + 8;
   float* linv = ml + 16;
   float* wz = linv + 8;
 
-  // this block's keys [a, b): chunk z of j0 .. pos, chunks rounded up to whole tiles
-  const int64_t pos = p.pos[row], slot = p.slot[row];
-  const int64_t j0 = p.window > 0 ? max(int64_t(0), pos - p.window + 1) : 0;
-  int64_t chunk = (pos + 1 - j0 + splits - 1) / splits;
-  chunk = (chunk + kDecKeys - 1) / kDecKeys * kDecKeys;
-  const int64_t a = j0 + z * chunk, b = min(pos + 1, a + chunk);
-  const int ntiles = a < b ? int((b - a + kDecKeys - 1) / kDecKeys) : 0;
-
   const int64_t kstride = int64_t(p.nkv) * dq, vstride = int64_t(p.nkv) * dv;
   const float* kbase = p.k_cache + (slot * p.max_len * p.nkv + kh) * int64_t(dq);
   const float* vbase = p.v_cache + (slot * p.max_len * p.nkv + kh) * int64_t(dv);
   const int dq4 = dq / 4, dv4 = dv / 4;
-  // K/V rows of tile i into buffer buf; keys past b are clamped to b - 1 (finite values, masked)
+  // K/V rows of tile i into buffer buf; rows past b are zero-filled (read nothing, masked below)
   auto issue = [&](int i, int buf) {
     const int64_t t0 = a + int64_t(i) * kDecKeys;
     for (int e = tid; e < kDecKeys * dq4; e += kDecThreads) {
       const int r = e / dq4, q4 = e % dq4;
       const int64_t key = min(t0 + r, b - 1);
-      ptx::cp_async16(ptx::smem_u32(ks + (buf * kDecKeys + r) * kp + 4 * q4), kbase + key * kstride + 4 * q4, true);
+      ptx::cp_async16(ptx::smem_u32(ks + (buf * kDecKeys + r) * dq + 4 * q4), kbase + key * kstride + 4 * q4, t0 + r < b);
     }
     for (int e = tid; e < kDecKeys * dv4; e += kDecThreads) {
       const int r = e / dv4, q4 = e % dv4;
       const int64_t key = min(t0 + r, b - 1);
-      ptx::cp_async16(ptx::smem_u32(vs + (buf * kDecKeys + r) * dv + 4 * q4), vbase + key * vstride + 4 * q4, true);
+      ptx::cp_async16(ptx::smem_u32(vs + (buf * kDecKeys + r) * dv + 4 * q4), vbase + key * vstride + 4 * q4, t0 + r < b);
     }
     ptx::cp_async_commit();
   };
-  if (ntiles > 0) issue(0, 0);
-  for (int e = tid; e < hc * dq; e += kDecThreads) qs[e] = p.q[(row * p.nh + h0) * dq + e];
+  issue(0, 0);
 
-  // scoring split: warp w → head w % hc, dims [d_lo, d_hi) (slice w / hc of nslice)
-  const int nslice = kDecWarps / hc;
-  const bool scorer = warp < hc * nslice;
-  const int sh = warp % hc, sw = warp / hc;
-  const int d_lo = (sw * dq4) / nslice * 4, d_hi = ((sw + 1) * dq4) / nslice * 4;
+  // q of the block's heads into qs (rows of heads >= hc zero: their scores are computed and unused)
+  for (int e = tid; e < kDecodeHeads * dq4; e += kDecThreads) {
+    const int h = e / dq4, q4 = e % dq4;
+    *reinterpret_cast<float4*>(qs + h * dq + 4 * q4) =
+        h < hc ? __ldg(reinterpret_cast<const float4*>(p.q + (row * p.nh + h0 + h) * dq + 4 * q4))
+               : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
 
   float m = -INFINITY, l = 0.0f;  // warp h's running max / sum of head h (lane-uniform)
   float acc[kDecodeHeads][NV][4];
@@ -117,26 +147,46 @@ __global__ void __launch_bounds__(kDecThreads) decode_attention_kernel(DecodeAtt
     }
     __syncthreads();
     const int64_t t0 = a + int64_t(it) * kDecKeys;
-    const float* kt = ks + buf * kDecKeys * kp;
+    const float* kt = ks + buf * kDecKeys * dq;
     const float* vt = vs + buf * kDecKeys * dv;
-    if (scorer) {  // (1) partial scores: lane = key
-      const float* qv = qs + sh * dq;
-      const float* kv = kt + lane * kp;
-      float4 s4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);  // four independent chains
-      for (int d = d_lo; d < d_hi; d += 4) {
-        const float4 q = *reinterpret_cast<const float4*>(qv + d);
-        const float4 k = *reinterpret_cast<const float4*>(kv + d);
-        s4.x = fmaf(q.x, k.x, s4.x);
-        s4.y = fmaf(q.y, k.y, s4.y);
-        s4.z = fmaf(q.z, k.z, s4.z);
-        s4.w = fmaf(q.w, k.w, s4.w);
+    {  // (1) scores of keys 4·warp + kk for every head: per-lane partial dots, then reduce-scatter
+      float4 kv[kDecWarpKeys][NQ];
+#pragma unroll
+      for (int kk = 0; kk < kDecWarpKeys; ++kk)
+#pragma unroll
+        for (int i = 0; i < NQ; ++i) {
+          const int d = 4 * lane + 128 * i;
+          kv[kk][i] = d < dq ? *reinterpret_cast<const float4*>(kt + (warp * kDecWarpKeys + kk) * dq + d)
+                             : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+      float part[32];  // [kk][h]
+#pragma unroll
+      for (int h = 0; h < kDecodeHeads; ++h) {
+        float4 q[NQ];
+#pragma unroll
+        for (int i = 0; i < NQ; ++i) {
+          const int d = 4 * lane + 128 * i;
+          q[i] = d < dq ? *reinterpret_cast<const float4*>(qs + h * dq + d) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+#pragma unroll
+        for (int kk = 0; kk < kDecWarpKeys; ++kk) {
+          float s = 0.0f;
+#pragma unroll
+          for (int i = 0; i < NQ; ++i) {
+            s = fmaf(q[i].x, kv[kk][i].x, s);
+            s = fmaf(q[i].y, kv[kk][i].y, s);
+            s = fmaf(q[i].z, kv[kk][i].z, s);
+            s = fmaf(q[i].w, kv[kk][i].w, s);
+          }
+          part[kk * kDecodeHeads + h] = s;
+        }
       }
-      ss[warp * kDecKeys + lane] = (s4.x + s4.y) + (s4.z + s4.w);
+      const float s = warp_reduce_scatter32(part, lane);  // lane = kk · 8 + h
+      ss[(lane % kDecodeHeads) * kDecKeys + warp * kDecWarpKeys + lane / kDecodeHeads] = s;
     }
     __syncthreads();
     if (warp < hc) {  // (2) online softmax of head `warp` (in place: row `warp` is only touched here)
-      float s = 0.0f;
-      for (int k = 0; k < nslice; ++k) s += ss[(warp + k * hc) * kDecKeys + lane];
+      float s = ss[warp * kDecKeys + lane];
       const bool valid = t0 + lane < b;
       s = valid ? s * p.scaling : -INFINITY;
       const float mn = fmaxf(m, warp_max(s));  // finite: key t0 < b is valid
@@ -159,7 +209,8 @@ __global__ void __launch_bounds__(kDecThreads) decode_attention_kernel(DecodeAtt
           for (int u = 0; u < 4; ++u) acc[h][i][u] *= cr;
       }
     }
-    for (int j = warp; j < kDecKeys; j += kDecWarps) {
+    const int jend = int(min(int64_t(kDecKeys), b - t0));  // zero-filled rows past b add nothing
+    for (int j = warp; j < jend; j += kDecWarps) {
       float4 v[NV];
 #pragma unroll
       for (int i = 0; i < NV; ++i) {
@@ -187,25 +238,34 @@ __global__ void __launch_bounds__(kDecThreads) decode_attention_kernel(DecodeAtt
     ml[2 * warp + 1] = l;
   }
   // cross-warp sum of acc through shared memory (ks/vs are free: the loop ended on a barrier)
-  float* red = ks;  // [8 warps][hc][dv]
-  if (ntiles > 0) {
+  float* red = ks;  // [8 warps][hc][dv] (64 · dv floats <= ks + vs)
 #pragma unroll
-    for (int h = 0; h < kDecodeHeads; ++h) {
-      if (h < hc) {
+  for (int h = 0; h < kDecodeHeads; ++h) {
+    if (h < hc) {
 #pragma unroll
-        for (int i = 0; i < NV; ++i) {
-          const int d = 4 * lane + 128 * i;
-          if (d < dv)
-            *reinterpret_cast<float4*>(red + (warp * hc + h) * dv + d) =
-                make_float4(acc[h][i][0], acc[h][i][1], acc[h][i][2], acc[h][i][3]);
-        }
+      for (int i = 0; i < NV; ++i) {
+        const int d = 4 * lane + 128 * i;
+        if (d < dv)
+          *reinterpret_cast<float4*>(red + (warp * hc + h) * dv + d) =
+              make_float4(acc[h][i][0], acc[h][i][1], acc[h][i][2], acc[h][i][3]);
       }
     }
   }
   __syncthreads();
-  float* part_acc = p.partial;                                       // [T, nh, splits, dv]
-  float* part_ml = p.partial + size_t(p.T) * p.nh * splits * dv;     // [T, nh, splits, 2]
-  if (splits == 1) {
+  // this block's output of head h, dims 4·d4 .. 4·d4 + 3: the sum of the 8 warps' parts
+  auto block_out = [&](int h, int d4) {
+    float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+    for (int w = 0; w < kDecWarps; ++w) {
+      const float4 x = *reinterpret_cast<const float4*>(red + (w * hc + h) * dv + 4 * d4);
+      o = make_float4(o.x + x.x, o.y + x.y, o.z + x.z, o.w + x.w);
+    }
+    return o;
+  };
+  auto store_out = [&](int h, int d4, float4 o, float s) {
+    *reinterpret_cast<float4*>(p.out + (row * p.nh + h0 + h) * dv + 4 * d4) = make_float4(o.x * s, o.y * s, o.z * s, o.w * s);
+  };
+  if (nz == 1) {
     // the only chunk: normalise here (sink included), as attention_kernel does
     if (tid < hc) {
       const float mh = ml[2 * tid], lh = ml[2 * tid + 1];
@@ -218,27 +278,19 @@ __global__ void __launch_bounds__(kDecThreads) decode_attention_kernel(DecodeAtt
       linv[tid] = L > 0.0f ? scale / L : 0.0f;
     }
     __syncthreads();
-    for (int e = tid; e < hc * dv; e += kDecThreads) {
-      const int h = e / dv, d = e % dv;
-      float o = 0.0f;
-      for (int w = 0; w < kDecWarps; ++w) o += red[(w * hc + h) * dv + d];
-      p.out[(row * p.nh + h0 + h) * dv + d] = o * linv[h];
-    }
+    for (int e = tid; e < hc * dv4; e += kDecThreads) store_out(e / dv4, e % dv4, block_out(e / dv4, e % dv4), linv[e / dv4]);
     return;
   }
-  // several chunks: this block's partial, then the last block of (row, head block) merges them
+  // several chunks: this block's partial, then the last non-empty chunk of (row, head block) merges
+  float* part_acc = p.partial;                                    // [T, nh, splits, dv]
+  float* part_ml = p.partial + size_t(p.T) * p.nh * splits * dv;  // [T, nh, splits, 2]
   if (tid < hc) {
     const size_t q = (size_t(row) * p.nh + h0 + tid) * splits + z;
-    part_ml[2 * q] = ntiles > 0 ? ml[2 * tid] : -INFINITY;
-    part_ml[2 * q + 1] = ntiles > 0 ? ml[2 * tid + 1] : 0.0f;
+    *reinterpret_cast<float2*>(part_ml + 2 * q) = make_float2(ml[2 * tid], ml[2 * tid + 1]);
   }
-  if (ntiles > 0) {
-    for (int e = tid; e < hc * dv; e += kDecThreads) {
-      const int h = e / dv, d = e % dv;
-      float o = 0.0f;
-      for (int w = 0; w < kDecWarps; ++w) o += red[(w * hc + h) * dv + d];
-      part_acc[((size_t(row) * p.nh + h0 + h) * splits + z) * dv + d] = o;
-    }
+  for (int e = tid; e < hc * dv4; e += kDecThreads) {
+    const int h = e / dv4, d4 = e % dv4;
+    *reinterpret_cast<float4*>(part_acc + ((size_t(row) * p.nh + h0 + h) * splits + z) * dv + 4 * d4) = block_out(h, d4);
   }
   __threadfence();  // the partial is visible device-wide before the ticket is taken
   __syncthreads();
@@ -246,41 +298,59 @@ __global__ void __launch_bounds__(kDecThreads) decode_attention_kernel(DecodeAtt
   if (tid == 0) {
     int32_t* ctr = p.counters + row * gridDim.y + blockIdx.y;
     const int ticket = atomicAdd(ctr, 1);
-    is_last = ticket == splits - 1;
-    if (is_last) *ctr = 0;  // every chunk has taken its ticket: ready for the next launch
+    is_last = ticket == nz - 1;
+    if (is_last) *ctr = 0;  // every non-empty chunk has taken its ticket: ready for the next launch
   }
   __syncthreads();
   if (!is_last) return;
   __threadfence();
-  // merge: weights wz[h][k] = exp(m_k - M) per chunk k (0 for empty chunks), 1 / L per head
+  // merge: weights wz[h][k] = exp(m_k - M) per chunk k < nz, 1 / L per head; (m, l) read in one pass
+  constexpr int kMlPerLane = kDecodeMaxSplits / 32;
   if (warp < hc) {
     const size_t q0 = (size_t(row) * p.nh + h0 + warp) * splits;
+    float2 mlk[kMlPerLane];
     float M = -INFINITY;
-    for (int k = lane; k < splits; k += 32) M = fmaxf(M, __ldcg(part_ml + 2 * (q0 + k)));
+#pragma unroll
+    for (int i = 0; i < kMlPerLane; ++i) {
+      const int k = lane + 32 * i;
+      mlk[i] = k < nz ? __ldcg(reinterpret_cast<const float2*>(part_ml + 2 * (q0 + k))) : make_float2(-INFINITY, 0.0f);
+      M = fmaxf(M, mlk[i].x);
+    }
     M = warp_max(M);
     const float sink = p.sinks ? p.sinks[h0 + warp] : -INFINITY;
     const float mf = fmaxf(M, sink);
     float L = 0.0f;
-    for (int k = lane; k < splits; k += 32) {
-      const float mk = __ldcg(part_ml + 2 * (q0 + k));
-      const float w = mk == -INFINITY ? 0.0f : expf(mk - mf);
-      wz[warp * kDecodeMaxSplits + k] = w;
-      if (w != 0.0f) L = fmaf(__ldcg(part_ml + 2 * (q0 + k) + 1), w, L);
+#pragma unroll
+    for (int i = 0; i < kMlPerLane; ++i) {
+      const int k = lane + 32 * i;
+      const float w = mlk[i].x == -INFINITY ? 0.0f : expf(mlk[i].x - mf);
+      if (k < nz) wz[warp * kDecodeMaxSplits + k] = w;
+      L = fmaf(mlk[i].y, w, L);
     }
     L = warp_sum(L);
     if (p.sinks) L += expf(sink - mf);
     if (lane == 0) linv[warp] = L > 0.0f ? 1.0f / L : 0.0f;
   }
   __syncthreads();
-  for (int e = tid; e < hc * dv; e += kDecThreads) {
-    const int h = e / dv, d = e % dv;
-    const float* src = part_acc + (size_t(row) * p.nh + h0 + h) * splits * dv + d;
-    float o = 0.0f;
-    for (int k = 0; k < splits; ++k) {
-      const float w = wz[h * kDecodeMaxSplits + k];
-      if (w != 0.0f) o = fmaf(w, __ldcg(src + size_t(k) * dv), o);  // empty chunks wrote nothing
+  constexpr int kMergeLoads = 8;  // partial loads in flight per thread
+  for (int e = tid; e < hc * dv4; e += kDecThreads) {
+    const int h = e / dv4, d4 = e % dv4;
+    const float* src = part_acc + (size_t(row) * p.nh + h0 + h) * splits * dv + 4 * d4;
+    const float* wh = wz + h * kDecodeMaxSplits;
+    float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int k0 = 0; k0 < nz; k0 += kMergeLoads) {
+      float4 x[kMergeLoads];
+#pragma unroll
+      for (int u = 0; u < kMergeLoads; ++u)
+        x[u] = k0 + u < nz ? __ldcg(reinterpret_cast<const float4*>(src + size_t(k0 + u) * dv))
+                           : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+      for (int u = 0; u < kMergeLoads; ++u) {
+        const float w = k0 + u < nz ? wh[k0 + u] : 0.0f;
+        o = make_float4(fmaf(w, x[u].x, o.x), fmaf(w, x[u].y, o.y), fmaf(w, x[u].z, o.z), fmaf(w, x[u].w, o.w));
+      }
     }
-    p.out[(row * p.nh + h0 + h) * dv + d] = o * linv[h];
+    store_out(h, d4, o, linv[h]);
   }
 }
 
@@ -561,20 +631,27 @@ void launch_decode_attention(const DecodeAttentionParams& p, cudaStream_t s) {
   MOEX_ASSERT(decode_attention_ok(p.dq, p.dv) && p.nkv >= 1 && p.nh % p.nkv == 0 && p.splits >= 1 &&
               p.splits <= kDecodeMaxSplits);
   MOEX_ASSERT(p.splits == 1 || (p.partial && p.counters));
+  MOEX_ASSERT(::moex::cuda::aligned16(p.q) && ::moex::cuda::aligned16(p.k_cache) && ::moex::cuda::aligned16(p.v_cache) &&
+              ::moex::cuda::aligned16(p.out) && ::moex::cuda::aligned16(p.partial));
   const int group = p.nh / p.nkv, chunks = (group + kDecodeHeads - 1) / kDecodeHeads;
   const size_t smem = decode_smem_floats(p.dq, p.dv) * sizeof(float);
   static bool configured = false;  // once per process: the largest shared memory any call needs (dims <= 256)
   if (!configured) {
     const int most = int(decode_smem_floats(256, 256) * sizeof(float));
-    check(cudaFuncSetAttribute(decode_attention_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, most),
-          "cudaFuncSetAttribute(decode_attention_kernel)");
-    check(cudaFuncSetAttribute(decode_attention_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, most),
-          "cudaFuncSetAttribute(decode_attention_kernel)");
+    for (const void* f : {reinterpret_cast<const void*>(decode_attention_kernel<1, 1>),
+                          reinterpret_cast<const void*>(decode_attention_kernel<1, 2>),
+                          reinterpret_cast<const void*>(decode_attention_kernel<2, 1>),
+                          reinterpret_cast<const void*>(decode_attention_kernel<2, 2>)})
+      check(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, most),
+            "cudaFuncSetAttribute(decode_attention_kernel)");
     configured = true;
   }
   const dim3 grid(unsigned(p.T), unsigned(p.nkv * chunks), unsigned(p.splits));
-  if (p.dv <= 128) decode_attention_kernel<1><<<grid, kDecThreads, smem, s>>>(p);
-  else decode_attention_kernel<2><<<grid, kDecThreads, smem, s>>>(p);
+  const bool q2 = p.dq > 128, v2 = p.dv > 128;
+  if (!q2 && !v2) decode_attention_kernel<1, 1><<<grid, kDecThreads, smem, s>>>(p);
+  else if (!q2) decode_attention_kernel<1, 2><<<grid, kDecThreads, smem, s>>>(p);
+  else if (!v2) decode_attention_kernel<2, 1><<<grid, kDecThreads, smem, s>>>(p);
+  else decode_attention_kernel<2, 2><<<grid, kDecThreads, smem, s>>>(p);
   check_launch("decode_attention_kernel");
 }
 

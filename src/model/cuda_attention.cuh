@@ -3,11 +3,14 @@
 // (attention_kernel, softmax_rows + cuBLAS) and remain selectable (MOEX_CUDA_ATTENTION_FLASH=0).
 //
 // * Decode ("flash-decoding", f32): one query row per sequence attends over its KV cache. The keys
-//   of a row are split into `splits` chunks so that even batch 1 fills the GPU: a block serves
-//   (row, up to 8 query heads of one kv head, key chunk), reads each K/V row once for all of its
-//   heads, and writes a partial (max, sum, unnormalised output); the last block of a (row, heads)
-//   to finish (an atomic ticket) merges the partials. The grid depends only on static bounds
-//   (rows, heads, splits); each row's length is read on the device: CUDA-graph capturable.
+//   of a row are split into at most `splits` chunks (of whole 32-key tiles) so that even batch 1
+//   fills the GPU: a block serves (row, up to 8 query heads of one kv head, key chunk), reads each
+//   K/V row once for all of its heads (a warp scores 4 keys for every head, lanes over the dims)
+//   and writes a partial (max, sum, unnormalised output); the last of the row's non-empty chunks
+//   to finish (an atomic ticket) merges the partials with all their loads in flight. Chunks past
+//   the row's length exit at once; a row of one chunk is normalised by its block. The grid depends
+//   only on static bounds (rows, heads, splits); each row's length is read on the device:
+//   CUDA-graph capturable, deterministic (fixed merge order).
 // * Prefill (bf16/f16 models, sequences from position 0): a fused flash-attention kernel on the
 //   tensor cores (mma.sync m16n8k16, f32 accumulation, online softmax, causal block skipping).
 //   Q, K, V are rounded to the model dtype as the GEMM path does; P is rounded before P·V.

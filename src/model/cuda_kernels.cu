@@ -885,24 +885,30 @@ __device__ void route_warp(const RouterParams& p, int64_t t, int lane) {
         if (!isnan(v[i])) v[i] = v[i] / z;
     }
   }
-  // top-K of v (probabilities, or GPT-OSS's raw logits), best first, ties → lower expert
-  uint32_t taken = 0;
+  // top-K of v (probabilities, or GPT-OSS's raw logits), best first, ties → lower expert: the keys
+  // are computed once (0 = none: a real key is never 0), each lane keeps its best, and per round
+  // only the lane whose expert was taken rescans its own keys
+  uint64_t key[kRouterPerLane];
+  uint64_t mine = 0;
+#pragma unroll
+  for (int i = 0; i < kRouterPerLane; ++i) {
+    const int e = lane + 32 * i;
+    key[i] = e < E ? sel_key(v[i], e) : 0;
+    mine = key[i] > mine ? key[i] : mine;
+  }
   int32_t sel[kRouterMaxK];
   float val[kRouterMaxK];
   for (int j = 0; j < K; ++j) {
-    uint64_t best = 0;
-    bool have = false;
-#pragma unroll
-    for (int i = 0; i < kRouterPerLane; ++i) {
-      const int e = lane + 32 * i;
-      if (e >= E || (taken >> i) & 1u) continue;
-      const uint64_t key = sel_key(v[i], e);
-      if (!have || key > best) best = key;
-      have = true;
-    }
-    best = warp_max_u64(have ? best : 0);
+    const uint64_t best = warp_max_u64(mine);
     const int32_t e = int32_t(0xFFFFFFFFu - uint32_t(best & 0xFFFFFFFFu));
-    if ((e & 31) == lane) taken |= 1u << (e >> 5);
+    if (best != 0 && best == mine) {  // this lane's expert: drop it, find the lane's next best
+      mine = 0;
+#pragma unroll
+      for (int i = 0; i < kRouterPerLane; ++i) {
+        if (key[i] == best) key[i] = 0;
+        mine = key[i] > mine ? key[i] : mine;
+      }
+    }
     sel[j] = e;
     val[j] = from_ordered_bits(uint32_t(best >> 32));
   }
