@@ -130,6 +130,7 @@ __device__ __forceinline__ void norm_output(const RmsNormParams& p, int64_t r, i
 // x is read once and every load of a thread is issued before the reduction.
 template <int PER>
 __global__ void __launch_bounds__(1024) rmsnorm_reg_kernel(RmsNormParams p) {
+  ::moex::cuda::pdl_launch_dependents();  // the GEMV after this kernel (PDL) loads its weights meanwhile
   const int64_t r = blockIdx.x;
   const int64_t src = p.rows ? int64_t(p.rows[r]) : r;
   const bool write_x = (p.ids || p.add) && !p.rows;
@@ -154,6 +155,7 @@ __global__ void __launch_bounds__(1024) rmsnorm_reg_kernel(RmsNormParams p) {
 
 // Rows too long for registers: two passes over the row (x re-read from L1/L2).
 __global__ void rmsnorm_kernel(RmsNormParams p) {
+  ::moex::cuda::pdl_launch_dependents();  // the GEMV after this kernel (PDL) loads its weights meanwhile
   const int64_t r = blockIdx.x;
   const int64_t src = p.rows ? int64_t(p.rows[r]) : r;
   const bool write_x = (p.ids || p.add) && !p.rows;

@@ -8,8 +8,7 @@
 //
 // The down kernel fuses the weighted reduction over the K slots, so the extra memory is h only
 // (S·I elements). No routing plan, no host synchronisation: capturable in a CUDA graph. The down
-// kernel is launched with PDL (cuda_common.cuh) and prefetches its weight rows into L2 while the
-// up kernel runs; the up kernel is launched plainly, so the routing is final when either starts.
+// kernel is launched with PDL (cuda_common.cuh): its blocks start as the up kernel drains.
 // Weights stored [E, out, in] (default) use one warp per output row; transposed weights
 // [E, in, out] use 64 output columns × 4 k-slices per block (coalesced along the output dim).
 #include "backends/cuda/cuda_common.cuh"
@@ -107,7 +106,7 @@ __device__ __forceinline__ float2 warp_dot2(const T* x, const T* wg, const T* wu
 // ---- up projection, weights [E, R, H]: one warp per (pair, i) ----
 template <class T, bool VEC>
 __global__ void __launch_bounds__(THREADS) batched_up_nt(BatchedArgs a) {
-  pdl_launch_dependents();  // batched_down_nt may start prefetching its weights now
+  pdl_launch_dependents();  // batched_down_nt (PDL) may launch now
   const int64_t p = blockIdx.x;
   const int64_t e = load_index(a.idx, a.idx64, p);
   if (e < 0 || e >= a.E) return;  // dropped slot: h row never read
@@ -144,16 +143,10 @@ __global__ void __launch_bounds__(THREADS) batched_down_nt(BatchedArgs a) {
   const int lane = threadIdx.x & 31;
   const int64_t H = a.H, I = a.I;
   pdl_launch_dependents();
-  // Launched with PDL while batched_up_nt runs (launched without it: the routing was final when it
-  // started). Before pdl_wait: this warp's K weight rows into L2 (K·I elements; 12 KB on qwen3), so
-  // that the down projection reads L2 instead of starting its DRAM stream after up has drained.
-  if constexpr (VEC) {
-    if (lane < a.K) {
-      const int64_t e = load_index(a.idx, a.idx64, t * a.K + lane);
-      if (e >= 0 && e < a.E)
-        prefetch_l2(static_cast<const T*>(a.down) + (e * H + n) * I, uint32_t(I * int64_t(sizeof(T))));
-    }
-  }
+  // Launched with PDL while batched_up_nt drains (it is launched plainly: the routing was final
+  // when it started). An L2 prefetch of this warp's weight rows before pdl_wait was measured on the
+  // H200 (2026-11-29): no faster at qwen3 T = 1, and 24 % slower on mixtral / deepseek T = 1, whose
+  // down weights (235 MB) do not fit in L2 — removed; the launch overlap is what is left.
   pdl_wait();
   float acc = 0.0f;
   // Slots in groups of SLOTS whose dot products run interleaved: a row of W is short (I elements:
