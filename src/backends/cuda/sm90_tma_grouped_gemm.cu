@@ -4,8 +4,9 @@
 //   * weights (B, K-major [E, N, K]) arrive by TMA (cp.async.bulk.tensor.3d, tensor map built
 //     with cuTensorMapEncodeTiled through cudaGetDriverEntryPointByVersion, 128B swizzle, passed
 //     as a __grid_constant__ parameter); out-of-range rows / k are zero-filled by the TMA unit;
-//   * A: the down projection's contiguous h rows by TMA (2-D map over [S, I]; rows past the
-//     expert's block are computed and discarded); the up projection's gathered token rows by
+//   * A: the down projection's contiguous h rows by TMA (2-D map over [S, I], boxes of 32 rows,
+//     only the boxes that hold the tile's rows; rows past the expert's block are computed and
+//     discarded); the up projection's gathered token rows by
 //     cp.async from the producer warpgroup (16-byte chunks written into the same 128B-swizzled
 //     layout), which signal the stage's full barrier with cp.async.mbarrier.arrive.noinc;
 //   * STAGES-deep ring (4 stages at BN = 256, 6 at BN = 128) with full/empty mbarriers: no
@@ -236,7 +237,6 @@ __global__ void __launch_bounds__(THREADS, 1)
       if (!GATHER && FP8) prefetch_tmap(&tm_sa);
     }
     const Elem* A = static_cast<const Elem*>(a.A);
-    const uint32_t tx_bytes = B_BYTES + (GATHER ? 0 : A_BYTES + (FP8 ? SA_BYTES : 0));
     int stage = 0;
     uint32_t phase = 0;
     for (int w = blockIdx.x; w < total; w += gridDim.x) {
@@ -244,6 +244,12 @@ __global__ void __launch_bounds__(THREADS, 1)
       decode_work(w, num_m, n_tiles, m, n);
       const int4 tile = a.plan.tiles[m];
       const int e = tile.x, rb = tile.y, re = tile.z;
+      // TMA A: only the boxes of ABOX rows that hold the tile's rows are loaded; the smem rows past
+      // them keep stale data, computed and discarded like the rows past re (an MMA row depends on
+      // its own A row only). Few-row experts (decode, deepseek_v3 at T = 512: 16 rows) then stop
+      // pulling 128 rows of h through L2 per stage for every n tile.
+      const int a_boxes = GATHER ? 0 : (min(re - rb, BM) + x.a_box - 1) / x.a_box;
+      const uint32_t tx_bytes = B_BYTES + (GATHER ? 0 : a_boxes * x.a_box * 128 + (FP8 ? SA_BYTES : 0));
       int src[GATHER ? 8 : 1];
       int scale_src = -1;  // FP8 gather: source row of this thread's row (tid) of the tile
       if constexpr (GATHER) {
@@ -268,7 +274,8 @@ __global__ void __launch_bounds__(THREADS, 1)
             tma_load_3d(dB, &tm_b, fb, k0, n * BN, e);
           }
           if constexpr (!GATHER) {
-            tma_load_2d(sA + uint32_t(stage) * A_BYTES, &tm_a, fb, k0, rb);
+            for (int b = 0; b < a_boxes; ++b)
+              tma_load_2d(sA + uint32_t(stage) * A_BYTES + uint32_t(b * x.a_box * 128), &tm_a, fb, k0, rb + b * x.a_box);
             if constexpr (FP8) tma_load_2d(sSA + uint32_t(stage) * SA_BYTES, &tm_sa, fb, rb, kt);
           }
         }
@@ -510,7 +517,15 @@ int sm_count() {
 }
 
 template <class T, int BN, bool GATHER, bool FP8>
-void launch_typed(const GroupedGemmArgs& a, DType dtype, const TmaFp8Extra& x, int64_t a_rows, int64_t E, cudaStream_t stream) {
+void launch_typed(const GroupedGemmArgs& a, DType dtype, const TmaFp8Extra& x_in, int64_t a_rows, int64_t E, cudaStream_t stream) {
+  // Rows per TMA box of A: 32 (MOEX_CUDA_TMA_ABOX = 32, 64 or 128 for A/B; 128 = the whole tile).
+  static const int a_box = [] {
+    const char* s = std::getenv("MOEX_CUDA_TMA_ABOX");
+    const int v = s ? std::atoi(s) : 0;
+    return v == 64 || v == 128 ? v : 32;
+  }();
+  TmaFp8Extra x = x_in;
+  x.a_box = a_box;
   auto kernel = grouped_gemm_tma<T, BN, GATHER, FP8>;
   constexpr int SMEM = TmaCfg<BN, FP8>::SMEM_BYTES;
   constexpr int BKE = FP8 ? 128 : BK;
@@ -534,7 +549,7 @@ void launch_typed(const GroupedGemmArgs& a, DType dtype, const TmaFp8Extra& x, i
   if (!GATHER) {
     const cuuint64_t adims[2] = {cuuint64_t(a.Kdim), cuuint64_t(a_rows)};
     const cuuint64_t astrides[1] = {cuuint64_t(a.Kdim) * ESZ};
-    const cuuint32_t abox[2] = {cuuint32_t(BKE), cuuint32_t(BM)};
+    const cuuint32_t abox[2] = {cuuint32_t(BKE), cuuint32_t(x.a_box)};
     tm_a = make_map(etype, a.A, 2, adims, astrides, abox, CU_TENSOR_MAP_SWIZZLE_128B);
     if (FP8) {
       // activation scales [kb, ld] f32: box of 128 rows of one K block
