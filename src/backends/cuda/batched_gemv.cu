@@ -135,8 +135,15 @@ __global__ void __launch_bounds__(THREADS) batched_up_nt(BatchedArgs a) {
 }
 
 // ---- down projection + weighted slot sum, weights [E, H, I]: one warp per (token, n) ----
-template <class T, bool VEC>
+// Slots in groups of SLOTS whose dot products run interleaved, UC chunks of each in flight
+// (SLOTS·UC = 8 sixteen-byte weight loads per lane): a row of W is short (I elements: 1.5 KB on
+// qwen3), so one slot at a time left too few loads in flight (H200, batch 1: 17 µs for 25 MB), and
+// with K = 2 (mixtral) four slots in flight were two. Each slot's per-lane partial sum runs over its
+// chunks in order and the warp reduction is warp_dot's, and the slots are added in slot order: the
+// same f32 result whatever SLOTS and UC are.
+template <class T, bool VEC, int SLOTS>
 __global__ void __launch_bounds__(THREADS) batched_down_nt(BatchedArgs a) {
+  constexpr int UC = VEC ? 8 / SLOTS : 1;
   const int64_t t = blockIdx.x;
   const int64_t n = int64_t(blockIdx.y) * (THREADS / 32) + (threadIdx.x >> 5);
   if (n >= a.H) return;
@@ -149,11 +156,6 @@ __global__ void __launch_bounds__(THREADS) batched_down_nt(BatchedArgs a) {
   // down weights (235 MB) do not fit in L2 — removed; the launch overlap is what is left.
   pdl_wait();
   float acc = 0.0f;
-  // Slots in groups of SLOTS whose dot products run interleaved: a row of W is short (I elements:
-  // 1.5 KB on qwen3), so one slot at a time left too few loads in flight (H200, batch 1: 17 us for
-  // 25 MB). Each slot's per-lane partial sums and the warp reduction keep the order of warp_dot, and
-  // the slots are still added in slot order: the same f32 result as one slot at a time.
-  constexpr int SLOTS = 4;
   for (int64_t j0 = 0; j0 < a.K; j0 += SLOTS) {
     const T* hp[SLOTS];
     const T* W[SLOTS];
@@ -173,17 +175,21 @@ __global__ void __launch_bounds__(THREADS) batched_down_nt(BatchedArgs a) {
     if constexpr (VEC) {
       constexpr int V = 16 / sizeof(T);
       const int64_t nv = I / V;
-      for (int64_t c = lane; c < nv; c += 32) {
-        uint4 xh[SLOTS], xw[SLOTS];
+      for (int64_t c0 = lane; c0 < nv; c0 += 32 * UC) {
+        uint4 xh[SLOTS][UC], xw[SLOTS][UC];
 #pragma unroll
         for (int q = 0; q < SLOTS; ++q)
-          if (ok[q]) {
-            xh[q] = __ldg(reinterpret_cast<const uint4*>(hp[q]) + c);
-            xw[q] = __ldg(reinterpret_cast<const uint4*>(W[q]) + c);
-          }
+#pragma unroll
+          for (int u = 0; u < UC; ++u)
+            if (ok[q] && c0 + 32 * u < nv) {
+              xh[q][u] = __ldg(reinterpret_cast<const uint4*>(hp[q]) + c0 + 32 * u);
+              xw[q][u] = __ldg(reinterpret_cast<const uint4*>(W[q]) + c0 + 32 * u);
+            }
 #pragma unroll
         for (int q = 0; q < SLOTS; ++q)
-          if (ok[q]) part[q] = dot_vec<T>(xh[q], xw[q], part[q]);
+#pragma unroll
+          for (int u = 0; u < UC; ++u)
+            if (ok[q] && c0 + 32 * u < nv) part[q] = dot_vec<T>(xh[q][u], xw[q][u], part[q]);
       }
     } else {
       for (int64_t k = lane; k < I; k += 32)
@@ -294,12 +300,15 @@ void launch_typed(const BatchedArgs& a, bool vec16, cudaStream_t stream) {
     if (vec16) {
       batched_up_nt<T, true><<<g_up, THREADS, 0, stream>>>(a);
       check_launch("batched_up_nt");
-      launch_pdl(batched_down_nt<T, true>, g_down, dim3(THREADS), 0, stream, true, a);
+      // slots interleaved: K itself up to 8 (rounded up to a power of two), else groups of 8
+      const auto down = a.K <= 1 ? batched_down_nt<T, true, 1> : a.K <= 2 ? batched_down_nt<T, true, 2>
+                        : a.K <= 4 ? batched_down_nt<T, true, 4> : batched_down_nt<T, true, 8>;
+      launch_pdl(down, g_down, dim3(THREADS), 0, stream, true, a);
       check_launch("batched_down_nt");
     } else {
       batched_up_nt<T, false><<<g_up, THREADS, 0, stream>>>(a);
       check_launch("batched_up_nt");
-      batched_down_nt<T, false><<<g_down, THREADS, 0, stream>>>(a);
+      batched_down_nt<T, false, 4><<<g_down, THREADS, 0, stream>>>(a);
       check_launch("batched_down_nt");
     }
   } else {
