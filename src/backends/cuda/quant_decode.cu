@@ -2,9 +2,9 @@
 // each routed expert's weights are read ONCE for all the rows routed to it, at memory speed,
 // in three kernels per forward (grouped_mm and batched_mm on FP8 both route here when T is small).
 //
-//   1. decode_prep   block 0: the routing plan in shared memory (per-expert row ranges, pair
-//                    list), the counters of kernels 2/3 zeroed; blocks 1..: the tokens quantized
-//                    per 128 channels (xq [T, H] e4m3, xs [T, ceil(H/128)] f32).
+//   1. decode_prep   block 0: the routing plan in shared memory (hit experts, per-expert row
+//                    ranges, pair list), the counters of kernels 2/3 zeroed; blocks 1..: the
+//                    tokens quantized per 128 channels (xq [T, H] e4m3, xs [T, ceil(H/128)] f32).
 //   2. decode_up     grid (column block, hit-expert slot): W_up[e] rows × the expert's token rows,
 //                    gated activation in the epilogue, h [S, I] written in the activation dtype;
 //                    the last block of each 128-wide group of h (an integer counter) quantizes
@@ -12,14 +12,6 @@
 //   3. decode_down   grid (column block, slot): W_down[e] rows × hq rows → y [S, H] f32 (+ bias);
 //                    the last block of each column block (counter = number of hit experts) sums
 //                    out[t, n] = Σ_j w[t, j] · y[t·K + j, n] over the slots in slot order, in f32.
-//
-// Kernels 2 and 3 are programmatic dependent launches (sm_90; MOEX_CUDA_FP8_PDL=0 turns it off):
-// their blocks start while the previous kernel still runs, find their expert from the routing
-// alone (slot_expert: the b-th smallest hit expert, decode_prep's slot numbering), put their
-// first weight blocks in flight, and only then wait (griddepcontrol.wait) for the previous
-// kernel's plan / activations. At T = 1 on small shapes (launch- and latency-bound) this hides
-// decode_prep and the launch gaps behind weight loads. Everything a previous kernel of the same
-// forward wrote is read through L2 (ld.cg / cp.async.cg), never through the non-coherent path.
 //
 // Rows are indexed by pair p = t·K + j (h, hq, y), so no inverse permutation is needed; the
 // order of pairs inside an expert's block depends on shared-memory atomics, but every column is
@@ -41,13 +33,10 @@
 //
 // A block is 8 warps = (8/KS) m16 tiles × KS slices of the K blocks (KS chosen on the host so
 // that there are enough blocks to keep ~2 per SM busy); the KS partial sums meet in shared memory
-// and are added in slice order. Each warp streams its weights through a ring of `depth` K blocks
-// in shared memory filled by cp.async (2 KB per warp and block): depth − 1 blocks in flight while
-// one is computed, without holding them in registers. On the H200 depth is 6 for the 8-row kernel
-// (2 blocks per SM: 160 KB of weight loads in flight per SM) and 10 for the 32-row one (1 block
-// per SM: 144 KB), against 64 / 32 KB of the former 3-stage register ring.
+// and are added in slice order. Each warp keeps two K blocks of weight loads in flight while it
+// computes a third (3-stage register ring, 64 bytes per lane per stage: 4 KB per warp in flight).
 //
-// Budget per 128-k block and m16 tile (2 KB of weights, one warp): 4 LDGSTS + 4 LDS.128, 32
+// Budget per 128-k block and m16 tile (2 KB of weights, one warp): 4 LDG.128 of weights, 32
 // F2FP (A) + 16·NT F2FP (B), 8·NT HMMA, ~12·NT FMUL/FFMA of promotion and a few scalar loads:
 // ~60 warp instructions per 2 KB at NT = 1, ~0.03 warp-instructions per weight byte where the
 // H200 issues ~0.25 per byte of DRAM bandwidth: the kernel is bound by memory, not by issue.
@@ -91,6 +80,8 @@ struct DecodeParams {
   uint8_t* hq;          // [S, I]
   float* hs;            // [S, gI]
   float* y;             // [S, H]
+  int* n_hit;           // [1]     number of experts with rows
+  int* hit_expert;      // [slots] expert of slot b
   int* slot_off;        // [slots + 1] slot b owns pair-list entries [slot_off[b], slot_off[b+1])
   int* pairs;           // [S]     pair ids grouped by expert
   int* up_ctr;          // [slots * gI] finished up blocks per (slot, 128-group of I)
@@ -106,20 +97,6 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-// Programmatic dependent launch (sm_90): the next kernel's blocks may start once every block of
-// this one has signalled; griddep_wait() returns when the previous kernel has finished and its
-// writes are visible (at once when the kernel was launched without the attribute).
-__device__ __forceinline__ void griddep_launch_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void griddep_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-
 // Loads through L2 (coherent with other blocks' writes of this kernel after their fence).
 __device__ __forceinline__ float ld_cg(const float* p) { return __ldcg(p); }
 __device__ __forceinline__ float ld_cg(const __half* p) {
@@ -127,6 +104,15 @@ __device__ __forceinline__ float ld_cg(const __half* p) {
 }
 __device__ __forceinline__ float ld_cg(const __nv_bfloat16* p) {
   return __bfloat162float(__ushort_as_bfloat16(__ldcg(reinterpret_cast<const unsigned short*>(p))));
+}
+
+// Streaming 16-byte weight load: read once, not kept in L1; 256-byte L2 prefetch.
+__device__ __forceinline__ uint4 ld_stream16(const void* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
 }
 
 // Four e4m3 codes (one 32-bit word) as two f16x2 registers: bytes 0-1 → lo, bytes 2-3 → hi.
@@ -175,7 +161,6 @@ __device__ __forceinline__ void quantize_group_warp(const T* row, int K, int g, 
 // ---- 1. plan + token quantization ----------------------------------------------------------
 template <class T>
 __global__ void __launch_bounds__(THREADS) decode_prep(DecodeParams a) {
-  griddep_launch_dependents();  // decode_up's blocks start on the other SMs right away
   const int tid = threadIdx.x;
   if (blockIdx.x > 0) {  // tokens: one warp per (row, 128-group)
     const int64_t item = int64_t(blockIdx.x - 1) * WARPS + (tid >> 5);
@@ -219,12 +204,16 @@ __global__ void __launch_bounds__(THREADS) decode_prep(DecodeParams a) {
     const int c = s_count[e];
     s_cursor[e] = row;
     if (c > 0) {
+      a.hit_expert[slot] = e;
       a.slot_off[slot] = row;
       ++slot;
       row += c;
     }
   }
-  if (tid == THREADS - 1) a.slot_off[s_hits[tid]] = s_rows[tid];
+  if (tid == THREADS - 1) {
+    *a.n_hit = s_hits[tid];
+    a.slot_off[s_hits[tid]] = s_rows[tid];
+  }
   __syncthreads();
   for (int p = tid; p < a.S; p += THREADS) {
     const int64_t e = load_index(a.idx, a.idx64, p);
@@ -234,29 +223,12 @@ __global__ void __launch_bounds__(THREADS) decode_prep(DecodeParams a) {
 
 // ---- the expert tile: BM weight rows × up to 8·NT activation rows -----------------------------
 // One warp: m16 tile `mt` (local rows 16mt .. 16mt+15 → weight rows row_lo (g), row_hi (g+8)),
-// k blocks [kb0, kb1). Activation row of column c: arow (-1 = none); its codes act + arow·K, its
-// scales act_s + arow·gK. Results: acc[nt][0..3] = (g, 8nt+2q), (g, 8nt+2q+1), (g+8, 8nt+2q),
+// k blocks [kb0, kb1). Activation row of column c: s_arow[c] (-1 = none); its codes act + arow·K,
+// its scales act_s + arow·gK. Results: acc[nt][0..3] = (g, 8nt+2q), (g, 8nt+2q+1), (g+8, 8nt+2q),
 // (g+8, 8nt+2q+1).
-//
-// Weights stream through a ring of `depth` k blocks in shared memory filled by cp.async (16 bytes
-// per lane and chunk, L2 only): depth − 1 blocks (2 KB each per warp) are in flight while one is
-// computed, without the registers a register ring would need. Each lane reads back only the
-// slots it filled itself, so cp.async.wait_group alone orders the copy and the read (no barrier).
-// The activation codes and scales (written by the previous kernel, read through L2) are loaded
-// one k block ahead into registers.
-constexpr int kRingChunkBytes = 32 * 16;                 // one chunk of a warp: 16 bytes per lane
-constexpr int kRingStageBytes = 4 * kRingChunkBytes;     // lo0, hi0, lo1, hi1: 2 KB per warp
-constexpr int kMaxRingDepth = 10;
-
 struct Stage {
   uint4 lo0, lo1, hi0, hi1;  // row g / g+8, chunks [16q, +16) and [64+16q, +16) of the k block
   float ws_lo, ws_hi;        // their block scales
-};
-
-template <int NT>
-struct ActStage {
-  uint4 xb[NT][2];   // activation row g of tile nt: chunks [16q, +16) and [64+16q, +16)
-  float xsc[NT][2];  // activation scales of columns 8nt+2q, 8nt+2q+1
 };
 
 template <int NT>
@@ -267,80 +239,47 @@ struct TileArgs {
   const void* ws_hi;
   bool ue8m0;
   int K, gK;
-  int kb0, kb1;           // this warp's k blocks
-  uint8_t* ring;          // this warp's ring: depth × kRingStageBytes of shared memory
-  int depth;
   const uint8_t* act;     // activation codes [*, K]
   const float* act_s;     // activation scales [*, gK]
-  int ar[NT];             // activation row of column 8nt+g (-1 = none)
-  int c0[NT], c1[NT];     // activation rows of columns 8nt+2q, 8nt+2q+1
+  const int* s_arow;      // shared: activation row per column
   int nt_used;            // n8 tiles with at least one row in this pass
-  int q, g, lane;
+  int q, g;
 };
 
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
-  const uint32_t s = uint32_t(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-// Waits until at most n of this thread's most recent groups are pending (n = 0 .. kMaxRingDepth − 2).
-__device__ __forceinline__ void cp_async_wait_pending(int n) {
-  switch (n) {
-#define MOEX_WAIT_CASE(N) \
-  case N: asm volatile("cp.async.wait_group " #N ";\n" ::: "memory"); break;
-    MOEX_WAIT_CASE(1) MOEX_WAIT_CASE(2) MOEX_WAIT_CASE(3) MOEX_WAIT_CASE(4) MOEX_WAIT_CASE(5)
-    MOEX_WAIT_CASE(6) MOEX_WAIT_CASE(7) MOEX_WAIT_CASE(8)
-#undef MOEX_WAIT_CASE
-    default: asm volatile("cp.async.wait_group 0;\n" ::: "memory"); break;
-  }
-}
-
-// Copies k block kb of the warp's two weight rows into ring slot `slot` (zeros past K).
 template <int NT>
-__device__ __forceinline__ void issue_stage(const TileArgs<NT>& t, int kb, int slot) {
-  const int k0 = kb * kQuantGroup + 16 * t.q, k1 = k0 + 64;
-  uint8_t* s = t.ring + slot * kRingStageBytes + t.lane * 16;
-  cp_async16(s, t.row_lo + (k0 < t.K ? k0 : 0), k0 < t.K);
-  cp_async16(s + kRingChunkBytes, t.row_hi + (k0 < t.K ? k0 : 0), k0 < t.K);
-  cp_async16(s + 2 * kRingChunkBytes, t.row_lo + (k1 < t.K ? k1 : 0), k1 < t.K);
-  cp_async16(s + 3 * kRingChunkBytes, t.row_hi + (k1 < t.K ? k1 : 0), k1 < t.K);
-}
-
-// The first depth − 1 k blocks of the warp in flight (one commit group each, empty past kb1).
-template <int NT>
-__device__ __forceinline__ void issue_prologue(const TileArgs<NT>& t) {
-  for (int i = 0; i < t.depth - 1; ++i) {
-    if (t.kb0 + i < t.kb1) issue_stage(t, t.kb0 + i, i);
-    cp_async_commit();
-  }
-}
-
-template <int NT>
-__device__ __forceinline__ ActStage<NT> load_act(const TileArgs<NT>& t, int kb) {
+__device__ __forceinline__ void load_stage(const TileArgs<NT>& t, int kb, Stage& s) {
   const int k0 = kb * kQuantGroup + 16 * t.q, k1 = k0 + 64;
   const uint4 z = make_uint4(0, 0, 0, 0);
-  ActStage<NT> x;
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
-    x.xb[nt][0] = x.xb[nt][1] = z;
-    x.xsc[nt][0] = x.xsc[nt][1] = 0.0f;
-    if (nt < t.nt_used) {
-      if (t.ar[nt] >= 0) {
-        const uint4* xr = reinterpret_cast<const uint4*>(t.act + int64_t(t.ar[nt]) * t.K);
-        if (k0 < t.K) x.xb[nt][0] = __ldcg(xr + k0 / 16);
-        if (k1 < t.K) x.xb[nt][1] = __ldcg(xr + k1 / 16);
-      }
-      if (t.c0[nt] >= 0) x.xsc[nt][0] = __ldcg(t.act_s + int64_t(t.c0[nt]) * t.gK + kb);
-      if (t.c1[nt] >= 0) x.xsc[nt][1] = __ldcg(t.act_s + int64_t(t.c1[nt]) * t.gK + kb);
-    }
-  }
-  return x;
+  s.lo0 = k0 < t.K ? ld_stream16(t.row_lo + k0) : z;
+  s.hi0 = k0 < t.K ? ld_stream16(t.row_hi + k0) : z;
+  s.lo1 = k1 < t.K ? ld_stream16(t.row_lo + k1) : z;
+  s.hi1 = k1 < t.K ? ld_stream16(t.row_hi + k1) : z;
+  s.ws_lo = block_scale(t.ws_lo, t.ue8m0, kb);
+  s.ws_hi = block_scale(t.ws_hi, t.ue8m0, kb);
 }
 
 template <int NT>
-__device__ __forceinline__ void compute_stage(const TileArgs<NT>& t, const Stage& s, const ActStage<NT>& x,
-                                              float (&acc)[NT][4]) {
+__device__ __forceinline__ void compute_stage(const TileArgs<NT>& t, int kb, const Stage& s, float (&acc)[NT][4]) {
+  const int k0 = kb * kQuantGroup + 16 * t.q, k1 = k0 + 64;
+  const uint4 z = make_uint4(0, 0, 0, 0);
+  uint4 xb[NT][2];
+  float xsc[NT][2];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    xb[nt][0] = xb[nt][1] = z;
+    xsc[nt][0] = xsc[nt][1] = 0.0f;
+    if (nt < t.nt_used) {
+      const int ar = t.s_arow[nt * 8 + t.g];
+      if (ar >= 0) {
+        const uint8_t* x = t.act + int64_t(ar) * t.K;
+        if (k0 < t.K) xb[nt][0] = __ldg(reinterpret_cast<const uint4*>(x + k0));
+        if (k1 < t.K) xb[nt][1] = __ldg(reinterpret_cast<const uint4*>(x + k1));
+      }
+      const int c0 = t.s_arow[nt * 8 + 2 * t.q], c1 = t.s_arow[nt * 8 + 2 * t.q + 1];
+      if (c0 >= 0) xsc[nt][0] = __ldg(t.act_s + int64_t(c0) * t.gK + kb);
+      if (c1 >= 0) xsc[nt][1] = __ldg(t.act_s + int64_t(c1) * t.gK + kb);
+    }
+  }
   float d[NT][4];
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) d[nt][0] = d[nt][1] = d[nt][2] = d[nt][3] = 0.0f;
@@ -353,7 +292,7 @@ __device__ __forceinline__ void compute_stage(const TileArgs<NT>& t, const Stage
     for (int nt = 0; nt < NT; ++nt) {
       if (nt < t.nt_used) {
         uint32_t b[2];
-        e4m3x4_to_f16x2(word_of(x.xb[nt][j >> 2], j & 3), b[0], b[1]);
+        e4m3x4_to_f16x2(word_of(xb[nt][j >> 2], j & 3), b[0], b[1]);
         ptx::mma16816<__half>(d[nt], a, b);
       }
     }
@@ -361,64 +300,51 @@ __device__ __forceinline__ void compute_stage(const TileArgs<NT>& t, const Stage
   // promotion, as the CPU: acc += block sum · (activation scale × weight block scale)
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
-    acc[nt][0] = fmaf(d[nt][0], x.xsc[nt][0] * s.ws_lo, acc[nt][0]);
-    acc[nt][1] = fmaf(d[nt][1], x.xsc[nt][1] * s.ws_lo, acc[nt][1]);
-    acc[nt][2] = fmaf(d[nt][2], x.xsc[nt][0] * s.ws_hi, acc[nt][2]);
-    acc[nt][3] = fmaf(d[nt][3], x.xsc[nt][1] * s.ws_hi, acc[nt][3]);
+    acc[nt][0] = fmaf(d[nt][0], xsc[nt][0] * s.ws_lo, acc[nt][0]);
+    acc[nt][1] = fmaf(d[nt][1], xsc[nt][1] * s.ws_lo, acc[nt][1]);
+    acc[nt][2] = fmaf(d[nt][2], xsc[nt][0] * s.ws_hi, acc[nt][2]);
+    acc[nt][3] = fmaf(d[nt][3], xsc[nt][1] * s.ws_hi, acc[nt][3]);
   }
 }
 
-// The warp's k blocks [kb0, kb1) in order, issue_prologue(t) already called: wait for the oldest
-// slot, read it, refill the slot read one step earlier with the block depth − 1 ahead, compute.
+// The warp's k blocks [kb0, kb1) through a 3-stage register ring: two blocks of loads in flight
+// while the third is computed.
 template <int NT>
-__device__ __forceinline__ void warp_tile(const TileArgs<NT>& t, float (&acc)[NT][4]) {
+__device__ __forceinline__ void warp_tile(const TileArgs<NT>& t, int kb0, int kb1, float (&acc)[NT][4]) {
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
-  const int n = t.kb1 - t.kb0;
-  ActStage<NT> x = load_act(t, t.kb0);
-  int slot = 0, refill = t.depth - 1;  // ring slots of block i and of block i + depth - 1
-  for (int i = 0; i < n; ++i) {
-    const int kb = t.kb0 + i;
-    Stage s;
-    s.ws_lo = block_scale(t.ws_lo, t.ue8m0, kb);
-    s.ws_hi = block_scale(t.ws_hi, t.ue8m0, kb);
-    const ActStage<NT> x_next = i + 1 < n ? load_act(t, kb + 1) : x;
-    cp_async_wait_pending(t.depth - 2);
-    const uint8_t* r = t.ring + slot * kRingStageBytes + t.lane * 16;
-    s.lo0 = *reinterpret_cast<const uint4*>(r);
-    s.hi0 = *reinterpret_cast<const uint4*>(r + kRingChunkBytes);
-    s.lo1 = *reinterpret_cast<const uint4*>(r + 2 * kRingChunkBytes);
-    s.hi1 = *reinterpret_cast<const uint4*>(r + 3 * kRingChunkBytes);
-    if (i + t.depth - 1 < n) issue_stage(t, kb + t.depth - 1, refill);
-    cp_async_commit();
-    compute_stage(t, s, x, acc);
-    x = x_next;
-    slot = slot + 1 == t.depth ? 0 : slot + 1;
-    refill = refill + 1 == t.depth ? 0 : refill + 1;
+  Stage s0, s1, s2;
+  if (kb0 < kb1) load_stage(t, kb0, s0);
+  if (kb0 + 1 < kb1) load_stage(t, kb0 + 1, s1);
+  for (int kb = kb0; kb < kb1; kb += 3) {
+    if (kb + 2 < kb1) load_stage(t, kb + 2, s2);
+    compute_stage(t, kb, s0, acc);
+    if (kb + 1 >= kb1) break;
+    if (kb + 3 < kb1) load_stage(t, kb + 3, s0);
+    compute_stage(t, kb + 1, s1, acc);
+    if (kb + 2 >= kb1) break;
+    if (kb + 4 < kb1) load_stage(t, kb + 4, s1);
+    compute_stage(t, kb + 2, s2, acc);
   }
-  cp_async_wait_pending(0);  // nothing of this pass left in flight (the ring is refilled next pass)
 }
 
-// Shared memory of the up/down kernels (the weight ring is dynamic shared memory).
+// Shared memory of the up/down kernels.
 template <int NT>
 struct TileSmem {
   float part[WARPS][16][8 * NT];  // per-warp partial tiles
   int arow[8 * NT];               // activation row of each column (token / pair), -1 = none
   int pair[8 * NT];               // pair of each column, -1 = none
   int last;                       // this block finished a counter
-  int2 slot;                      // (expert of this block's slot or -1, number of hit experts)
-  unsigned hit_bits[kDecodeMaxExperts / 32];
 };
 
-// The weight side of the warp's tile (expert e, local rows rows_of_m[16mt ..], its k-slice);
-// enough to issue the ring's prologue before the activations exist.
+// Runs one pass (columns = pair-list entries [r, min(r + 8·NT, r_end))) of the block's tile and
+// leaves the KS-reduced values readable through tile_value(). Syncs before returning.
 template <int NT>
-__device__ __forceinline__ TileArgs<NT> weight_tile(const QuantWeights& w, int e, const int* rows_of_m, int K,
-                                                   int ks_count, uint8_t* ring, int depth) {
+__device__ __forceinline__ void block_pass(TileSmem<NT>& sm, const QuantWeights& w, int e, const int* rows_of_m, int K,
+                                           const uint8_t* act, const float* act_s, int ks_count, int ncols) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int mt_count = WARPS / ks_count, mt = warp % mt_count, ks = warp / mt_count;
   TileArgs<NT> t;
-  t.lane = lane;
   t.g = lane >> 2;
   t.q = lane & 3;
   const int n_lo = rows_of_m[mt * 16 + t.g], n_hi = rows_of_m[mt * 16 + t.g + 8];
@@ -437,31 +363,14 @@ __device__ __forceinline__ TileArgs<NT> weight_tile(const QuantWeights& w, int e
     t.ws_lo = static_cast<const float*>(w.scales) + s_lo;
     t.ws_hi = static_cast<const float*>(w.scales) + s_hi;
   }
-  t.kb0 = ks * t.gK / ks_count;
-  t.kb1 = (ks + 1) * t.gK / ks_count;
-  t.ring = ring + warp * depth * kRingStageBytes;
-  t.depth = depth;
-  return t;
-}
-
-// Runs one pass (columns = the pass' entries of sm.arow / sm.pair, set_columns) of the block's
-// tile, the ring's prologue already issued, and leaves the KS-reduced values readable through
-// tile_value(). Syncs before returning.
-template <int NT>
-__device__ __forceinline__ void block_pass(TileSmem<NT>& sm, TileArgs<NT>& t, const uint8_t* act, const float* act_s,
-                                           int ks_count, int ncols) {
-  const int warp = threadIdx.x >> 5;
   t.act = act;
   t.act_s = act_s;
+  t.s_arow = sm.arow;
   t.nt_used = (ncols + 7) / 8;
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
-    t.ar[nt] = sm.arow[nt * 8 + t.g];
-    t.c0[nt] = sm.arow[nt * 8 + 2 * t.q];
-    t.c1[nt] = sm.arow[nt * 8 + 2 * t.q + 1];
-  }
+  const int nb = t.gK;
+  const int kb0 = ks * nb / ks_count, kb1 = (ks + 1) * nb / ks_count;
   float acc[NT][4];
-  warp_tile<NT>(t, acc);
+  warp_tile<NT>(t, kb0, kb1, acc);
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
     const int c = nt * 8 + 2 * t.q;
@@ -482,80 +391,33 @@ __device__ __forceinline__ float tile_value(const TileSmem<NT>& sm, int ks_count
   return v;
 }
 
-// Fills the pass' column tables: pair-list entries [r, r + ncols) (decode_prep's plan, read
-// through L2: it may have been written while this kernel was already running).
+// Fills the pass' column tables: pair-list entries [r, r + ncols).
 template <int NT>
 __device__ __forceinline__ void set_columns(TileSmem<NT>& sm, const DecodeParams& a, int r, int ncols, bool by_token) {
   if (threadIdx.x < 8 * NT) {
     const int c = threadIdx.x;
-    const int p = c < ncols ? __ldcg(a.pairs + r + c) : -1;
+    const int p = c < ncols ? __ldg(a.pairs + r + c) : -1;
     sm.pair[c] = p;
     sm.arow[c] = p < 0 ? -1 : by_token ? p / a.K : p;
   }
   __syncthreads();
 }
 
-// The expert of slot b (the b-th smallest expert with rows, decode_prep's numbering) and the
-// number of hit experts, from the routing alone, so that a block knows its weights before the
-// plan of decode_prep is visible. Ends with a barrier.
-template <int NT>
-__device__ __forceinline__ int2 slot_expert(TileSmem<NT>& sm, const DecodeParams& a, int b) {
-  static_assert(kDecodeMaxExperts == 64 * 32, "two bit words per lane of warp 0");
-  const int tid = threadIdx.x;
-  for (int i = tid; i < kDecodeMaxExperts / 32; i += THREADS) sm.hit_bits[i] = 0u;
-  __syncthreads();
-  for (int p = tid; p < a.S; p += THREADS) {
-    const int64_t e = load_index(a.idx, a.idx64, p);
-    if (e >= 0 && e < a.E) atomicOr(&sm.hit_bits[e >> 5], 1u << (e & 31));
-  }
-  __syncthreads();
-  if (tid < 32) {
-    const unsigned w0 = sm.hit_bits[2 * tid], w1 = sm.hit_bits[2 * tid + 1];
-    const int c = __popc(w0) + __popc(w1);
-    int incl = c;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const int v = __shfl_up_sync(0xffffffffu, incl, o);
-      if (tid >= o) incl += v;
-    }
-    const int total = __shfl_sync(0xffffffffu, incl, 31), excl = incl - c;
-    if (b >= excl && b < incl) {
-      int k = b - excl, base = 64 * tid;
-      unsigned w = w0;
-      if (k >= __popc(w0)) {
-        k -= __popc(w0);
-        w = w1;
-        base += 32;
-      }
-      for (; k > 0; --k) w &= w - 1;  // drop the k lowest set bits
-      sm.slot.x = base + __ffs(int(w)) - 1;
-    }
-    if (tid == 0) {
-      sm.slot.y = total;
-      if (b >= total) sm.slot.x = -1;
-    }
-  }
-  __syncthreads();
-  return sm.slot;
-}
-
 // ---- 2. up projection + gated activation + quantization of h ---------------------------------
 // Column block bx covers outputs i in [i0, i0 + BI): BI = BM/2 gated (local rows [0, BI) gate,
 // [BI, BM) up for the concatenated layout; rows 2i, 2i+1 interleaved), BI = BM otherwise.
-// Before waiting for decode_prep (programmatic dependent launch) a block finds its expert from
-// the routing and puts its first weight blocks in flight.
 template <class T, int NT>
-__global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_up(DecodeParams a, int ks_count, int depth) {
-  extern __shared__ __align__(16) uint8_t ring[];
+__global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_up(DecodeParams a, int ks_count) {
   __shared__ TileSmem<NT> sm;
   __shared__ int rows_of_m[16 * WARPS];
-  griddep_launch_dependents();  // decode_down's blocks may take the SMs ours leave
-  const int b = blockIdx.y, tid = threadIdx.x;
-  const int e = slot_expert(sm, a, b).x;
-  if (e < 0) return;
+  const int b = blockIdx.y;
+  const int n_hit = __ldg(a.n_hit);
+  if (b >= n_hit) return;
+  const int e = __ldg(a.hit_expert + b), r_begin = __ldg(a.slot_off + b), r_end = __ldg(a.slot_off + b + 1);
   const int BM = 16 * (WARPS / ks_count);
   const bool gated = a.up_epi != Epi::up_plain;
   const int BI = gated ? BM / 2 : BM, i0 = int(blockIdx.x) * BI;
+  const int tid = threadIdx.x;
   if (tid < BM) {
     const int m = tid;
     int row;
@@ -564,18 +426,12 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_up(DecodePara
     else row = min(i0 + m, a.I - 1);
     rows_of_m[m] = row;
   }
-  __syncthreads();
-  TileArgs<NT> t = weight_tile<NT>(a.up, e, rows_of_m, a.H, ks_count, ring, depth);
-  issue_prologue(t);
-  griddep_wait();  // decode_prep's plan, counters and quantized tokens
-  const int r_begin = __ldcg(a.slot_off + b), r_end = __ldcg(a.slot_off + b + 1);
   const T* bias = a.up_bias ? static_cast<const T*>(a.up_bias) + int64_t(e) * a.R : nullptr;
   T* h = static_cast<T*>(a.h);
   for (int r = r_begin; r < r_end; r += 8 * NT) {
     const int ncols = min(8 * NT, r_end - r);
     set_columns(sm, a, r, ncols, true);
-    block_pass<NT>(sm, t, a.xq, a.xs, ks_count, ncols);
-    if (r + 8 * NT < r_end) issue_prologue(t);  // the next pass' weights load during this epilogue
+    block_pass<NT>(sm, a.up, e, rows_of_m, a.H, a.xq, a.xs, ks_count, ncols);
     for (int item = tid; item < BI * ncols; item += THREADS) {
       const int il = item / ncols, c = item % ncols, i = i0 + il;
       if (i >= a.I) continue;
@@ -613,7 +469,7 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_up(DecodePara
   __threadfence();
   const int warp = tid >> 5, lane = tid & 31;
   for (int r = r_begin + warp; r < r_end; r += WARPS) {
-    const int p = __ldcg(a.pairs + r);
+    const int p = __ldg(a.pairs + r);
     quantize_group_warp<T>(h + int64_t(p) * a.I, a.I, grp, a.hq + int64_t(p) * a.I, a.hs + int64_t(p) * a.gI + grp, lane);
   }
 }
@@ -636,35 +492,24 @@ __device__ __forceinline__ void combine_columns(const DecodeParams& a, int n0, i
   }
 }
 
-// Like decode_up, a block puts its first weight blocks in flight before waiting for decode_up.
 template <class T, int NT>
-__global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_down(DecodeParams a, int ks_count, int depth) {
-  extern __shared__ __align__(16) uint8_t ring[];
+__global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_down(DecodeParams a, int ks_count) {
   __shared__ TileSmem<NT> sm;
   __shared__ int rows_of_m[16 * WARPS];
   const int b = blockIdx.y, tid = threadIdx.x;
   const int BM = 16 * (WARPS / ks_count), n0 = int(blockIdx.x) * BM, n1 = min(a.H, n0 + BM);
-  const int2 slot = slot_expert(sm, a, b);
-  const int e = slot.x, n_hit = slot.y;
-  if (e < 0) {
-    if (b == 0) {  // every slot dropped: the output is zero
-      griddep_wait();
-      combine_columns<T>(a, n0, n1);
-    }
+  const int n_hit = __ldg(a.n_hit);
+  if (b >= n_hit) {
+    if (b == 0) combine_columns<T>(a, n0, n1);  // every slot dropped: the output is zero
     return;
   }
+  const int e = __ldg(a.hit_expert + b), r_begin = __ldg(a.slot_off + b), r_end = __ldg(a.slot_off + b + 1);
   if (tid < BM) rows_of_m[tid] = min(n0 + tid, a.H - 1);
-  __syncthreads();
-  TileArgs<NT> t = weight_tile<NT>(a.down, e, rows_of_m, a.I, ks_count, ring, depth);
-  issue_prologue(t);
-  griddep_wait();  // decode_up's hq / hs (and decode_prep's plan and counters before it)
-  const int r_begin = __ldcg(a.slot_off + b), r_end = __ldcg(a.slot_off + b + 1);
   const T* bias = a.down_bias ? static_cast<const T*>(a.down_bias) + int64_t(e) * a.H : nullptr;
   for (int r = r_begin; r < r_end; r += 8 * NT) {
     const int ncols = min(8 * NT, r_end - r);
     set_columns(sm, a, r, ncols, false);
-    block_pass<NT>(sm, t, a.hq, a.hs, ks_count, ncols);
-    if (r + 8 * NT < r_end) issue_prologue(t);
+    block_pass<NT>(sm, a.down, e, rows_of_m, a.I, a.hq, a.hs, ks_count, ncols);
     for (int item = tid; item < BM * ncols; item += THREADS) {
       const int m = item / ncols, c = item % ncols, n = n0 + m;
       if (n >= a.H) continue;
@@ -721,11 +566,11 @@ struct Carved {
   uint8_t* hq;
   float* hs;
   float* y;
-  int* plan;  // slot_off, pairs, counters
+  int* plan;  // n_hit, hit_expert, slot_off, pairs, counters
 };
 
 int64_t plan_ints(int64_t S, int64_t slots, int64_t gI, int64_t H) {
-  return (slots + 1) + S + slots * gI + ceil_div(H, kMinBlockRows);
+  return 1 + slots + (slots + 1) + S + slots * gI + ceil_div(H, kMinBlockRows);
 }
 
 Carved carve(void* base, size_t capacity, int64_t T, int64_t S, int64_t slots, int64_t H, int64_t I, size_t esz) {
@@ -741,99 +586,27 @@ Carved carve(void* base, size_t capacity, int64_t T, int64_t S, int64_t slots, i
   return c;
 }
 
-// Ring depth of the up/down kernels (k blocks of 2 KB per warp): as deep as the shared memory
-// allows with 2 blocks per SM for the 8-row kernel (1 for the 32-row one), at most
-// kMaxRingDepth (H200: 6 and 10); MOEX_CUDA_FP8_RING lowers it (tests, A/B timings).
-template <class Kernel>
-int ring_depth(Kernel kernel, int blocks_per_sm) {
-  int dev = 0, per_sm = 0, per_block = 0;
-  cudaFuncAttributes attr{};
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaFuncGetAttributes(&attr, kernel) != cudaSuccess ||
-      cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
-    cudaGetLastError();
-    return 2;
-  }
-  auto fit = [&](int blocks) {
-    const int64_t budget = std::min<int64_t>(per_block, per_sm / blocks - 1024) - int64_t(attr.sharedSizeBytes);
-    return int(std::clamp<int64_t>(budget / (WARPS * kRingStageBytes), 2, kMaxRingDepth));
-  };
-  int depth = fit(blocks_per_sm);
-  if (depth < 4) depth = fit(1);  // small shared memory (sm_89): a deeper ring before a second block
-  if (const char* s = std::getenv("MOEX_CUDA_FP8_RING"); s && *s) depth = std::clamp(std::atoi(s), 2, depth);
-  return depth;
-}
-
-// Launches kernel<<<grid, THREADS, smem>>>(args...), as a programmatic dependent of the previous
-// kernel in the stream when `pdl`.
-template <class... Params, class... Args>
-void launch(void (*kernel)(Params...), dim3 grid, size_t smem, bool pdl, cudaStream_t stream, const char* name,
-            Args... args) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(THREADS);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  check(cudaLaunchKernelEx(&cfg, kernel, args...), name);
-}
-
-// The up and down kernels of one (dtype, rows per pass), their ring depth and the dynamic shared
-// memory attribute set once.
-template <class T, int NT>
-struct TileKernels {
-  int depth_up, depth_down;
-  TileKernels() {
-    const int per_sm = NT == 1 ? 2 : 1;
-    depth_up = ring_depth(decode_up<T, NT>, per_sm);
-    depth_down = ring_depth(decode_down<T, NT>, per_sm);
-    check(cudaFuncSetAttribute(decode_up<T, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               WARPS * depth_up * kRingStageBytes),
-          "decode_up shared memory");
-    check(cudaFuncSetAttribute(decode_down<T, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               WARPS * depth_down * kRingStageBytes),
-          "decode_down shared memory");
-  }
-  static const TileKernels& get() {
-    static const TileKernels k;
-    return k;
-  }
-};
-
-// MOEX_CUDA_FP8_PDL=0: plain stream order between the three kernels (A/B timings).
-bool use_pdl() {
-  static const bool on = [] {
-    const char* s = std::getenv("MOEX_CUDA_FP8_PDL");
-    return current_device_cc() >= 90 && !(s && std::strcmp(s, "0") == 0);
-  }();
-  return on;
-}
-
-template <class T, int NT>
-void launch_tiles(const DecodeParams& p, int ks_up, int ks_down, cudaStream_t stream) {
-  const TileKernels<T, NT>& k = TileKernels<T, NT>::get();
-  const bool gated = p.up_epi != Epi::up_plain, pdl = use_pdl();
-  const int bm_up = 16 * (WARPS / ks_up), bi = gated ? bm_up / 2 : bm_up;
-  const dim3 g_up(unsigned(ceil_div(p.I, bi)), unsigned(p.slots));
-  const dim3 g_down(unsigned(ceil_div(p.H, 16 * (WARPS / ks_down))), unsigned(p.slots));
-  launch(decode_up<T, NT>, g_up, size_t(WARPS) * k.depth_up * kRingStageBytes, pdl, stream, "decode_up", p, ks_up,
-         k.depth_up);
-  launch(decode_down<T, NT>, g_down, size_t(WARPS) * k.depth_down * kRingStageBytes, pdl, stream, "decode_down", p,
-         ks_down, k.depth_down);
-}
-
 template <class T>
 void launch_typed(const DecodeParams& p, int nt, int ks_up, int ks_down, cudaStream_t stream) {
   const int64_t prep_blocks = 1 + ceil_div(int64_t(p.T) * p.gH, WARPS);
   MOEX_CHECK(prep_blocks < (int64_t(1) << 31), "FP8 decode path: {} tokens are too many", p.T);
   decode_prep<T><<<unsigned(prep_blocks), THREADS, 0, stream>>>(p);
   check_launch("decode_prep");
-  if (nt == 1) launch_tiles<T, 1>(p, ks_up, ks_down, stream);
-  else launch_tiles<T, 4>(p, ks_up, ks_down, stream);
+  const bool gated = p.up_epi != Epi::up_plain;
+  const int bm_up = 16 * (WARPS / ks_up), bi = gated ? bm_up / 2 : bm_up;
+  const dim3 g_up(unsigned(ceil_div(p.I, bi)), unsigned(p.slots));
+  const dim3 g_down(unsigned(ceil_div(p.H, 16 * (WARPS / ks_down))), unsigned(p.slots));
+  if (nt == 1) {
+    decode_up<T, 1><<<g_up, THREADS, 0, stream>>>(p, ks_up);
+    check_launch("decode_up");
+    decode_down<T, 1><<<g_down, THREADS, 0, stream>>>(p, ks_down);
+    check_launch("decode_down");
+  } else {
+    decode_up<T, 4><<<g_up, THREADS, 0, stream>>>(p, ks_up);
+    check_launch("decode_up");
+    decode_down<T, 4><<<g_down, THREADS, 0, stream>>>(p, ks_down);
+    check_launch("decode_down");
+  }
 }
 
 }  // namespace
@@ -898,7 +671,9 @@ void launch_quant_decode(const QuantDecodeArgs& a, cudaStream_t stream) {
   p.hq = c.hq;
   p.hs = c.hs;
   p.y = c.y;
-  p.slot_off = c.plan;
+  p.n_hit = c.plan;
+  p.hit_expert = p.n_hit + 1;
+  p.slot_off = p.hit_expert + slots;
   p.pairs = p.slot_off + slots + 1;
   p.up_ctr = p.pairs + S;
   p.down_ctr = p.up_ctr + slots * p.gI;
