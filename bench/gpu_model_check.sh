@@ -49,7 +49,7 @@ if has tests; then
   if [ -x "$BUILD/moex_tests" ]; then
     # three processes: a sticky CUDA error in one group does not hide the others' results
     failed=0
-    for f in '*CudaModelParity.F32*' '*CudaModelParity.Bf16*' 'CudaModelSwitching*:CudaModelGraphs*:CudaModelErrors*:CudaModelAttention*:CudaModelLinear*:CudaModelRouters*:CudaModelFp8*'; do
+    for f in '*CudaModelParity.F32*' '*CudaModelParity.Bf16*' 'CudaModelSwitching*:CudaModelGraphs*:CudaModelErrors*:CudaModelAttention*:CudaModelLinear*:CudaModelRouters*:CudaModelFp8*:CudaModelKernels*:CudaAttentionKernels*'; do
       run "tests $f" 150 "$BUILD/moex_tests" --gtest_filter="$f" >> "$OUT/tests.log" 2>&1 || failed=1
     done
     grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|rel L2|error" "$OUT/tests.log" | head -120 | tee -a "$OUT/progress.log"

@@ -694,6 +694,79 @@ TEST(CudaModelKernels, FusedRouterGemvMatchesTheHost) {
 #endif
 }
 
+// The o-projection GEMV with the post-attention RMSNorm done by its last block (decode steps):
+// y += x · Wᵀ, then out = norm(y) and the split terms, against the GEMV and the RMSNorm kernel run
+// one after the other (same y to the bit; out / split within f32 summation-order noise), for 1..8
+// rows, bf16 and f16 weights, launched twice on one ticket (it must reset).
+TEST(CudaModelKernels, GemvWithFusedNormMatchesTwoKernels) {
+  SKIP_WITHOUT_CUDA();
+#ifndef MOEX_WITH_CUDA
+  GTEST_SKIP() << "built without CUDA";
+#else
+  std::mt19937 rng(9);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const int64_t out = 2048, in = 4096;
+  std::vector<float> wf(size_t(out * in)), nw(static_cast<size_t>(out));
+  for (auto& v : wf) v = 0.02f * nd(rng);
+  for (auto& v : nw) v = 1.0f + 0.1f * nd(rng);
+  Tensor whost = Tensor::empty(DType::f32, {out, in});
+  std::copy(wf.begin(), wf.end(), whost.ptr<float>());
+  const Tensor dnw = to_device(nw, DType::f32);
+  Tensor ticket = zeros_device(16);
+  for (const DType wdt : {DType::bf16, DType::f16}) {
+    const Tensor dw = convert_tensor(whost.view(), wdt).to(Device::cuda());
+    const int code = wdt == DType::f16 ? 1 : 2;
+    for (int64_t T = 1; T <= 8; ++T) {
+      std::vector<float> x(size_t(T * in)), y0(size_t(T * out));
+      for (auto& v : x) v = nd(rng);
+      for (auto& v : y0) v = nd(rng);
+      const Tensor dx = to_device(x, DType::f32);
+      for (int rep = 0; rep < 2; ++rep) {
+        // reference: GEMV into y, then the RMSNorm kernel
+        Tensor ya = to_device(y0, DType::f32), outa = Tensor::empty(DType::f32, {T * out}, Device::cuda());
+        Tensor spa = Tensor::empty(wdt, {2 * T * out}, Device::cuda());
+        model::cuda::RmsNormParams p;
+        p.x = ya.ptr<float>();
+        p.x_pitch = out;
+        p.w = dnw.ptr<float>();
+        p.eps = 1e-6f;
+        p.T = T;
+        p.n = out;
+        p.out = outa.ptr<float>();
+        p.out_pitch = out;
+        p.split = spa.data();
+        p.split_dtype = code;
+        model::cuda::launch_gemv(dw.data(), code, out, in, dx.ptr<float>(), in, T, nullptr, nullptr, ya.ptr<float>(), out, true,
+                                 nullptr);
+        model::cuda::launch_rmsnorm(p, nullptr);
+        // fused
+        Tensor yb = to_device(y0, DType::f32), outb = Tensor::empty(DType::f32, {T * out}, Device::cuda());
+        Tensor spb = Tensor::empty(wdt, {2 * T * out}, Device::cuda());
+        p.x = yb.ptr<float>();
+        p.out = outb.ptr<float>();
+        p.split = spb.data();
+        model::cuda::launch_gemv(dw.data(), code, out, in, dx.ptr<float>(), in, T, nullptr, nullptr, yb.ptr<float>(), out, true,
+                                 nullptr, &p, static_cast<unsigned*>(ticket.data()));
+        const auto ga = to_host<float>(ya, size_t(T * out)), gb = to_host<float>(yb, size_t(T * out));
+        EXPECT_EQ(std::memcmp(ga.data(), gb.data(), ga.size() * sizeof(float)), 0) << "y, T " << T;
+        const auto oa = to_host<float>(outa, size_t(T * out)), ob = to_host<float>(outb, size_t(T * out));
+        double worst = 0;
+        for (size_t i = 0; i < oa.size(); ++i) worst = std::max(worst, std::fabs(double(oa[i]) - ob[i]) / (1e-3 + std::fabs(oa[i])));
+        EXPECT_LE(worst, 1e-5) << "norm out, T " << T;
+        // the split terms reconstruct the fused norm's output
+        const Tensor sph = convert_tensor(spb.to(Device::cpu()).view(), DType::f32);
+        double wsplit = 0;
+        for (size_t i = 0; i < ob.size(); ++i)
+          wsplit = std::max(wsplit, std::fabs(double(sph.ptr<float>()[i]) + sph.ptr<float>()[ob.size() + i] - ob[i]) /
+                                        (1e-3 + std::fabs(ob[i])));
+        EXPECT_LE(wsplit, 1e-4) << "split, T " << T;
+      }
+    }
+  }
+  EXPECT_EQ(to_host<uint32_t>(ticket, 1)[0], 0u);
+#endif
+}
+
 // Both settings of MOEX_CUDA_LINEAR_TERMS — 1 (the default: the cuBLAS linears of prefill take
 // bf16(x) alone, as the reference library) and 2 (the CPU runtime's two-term split) — within the
 // bf16 parity bound of SPEC §8 on every fixture.

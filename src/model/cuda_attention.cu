@@ -69,7 +69,6 @@ __device__ __forceinline__ float warp_reduce_scatter32(float (&v)[32], int lane)
 // last of the non-empty chunks to finish (an atomic ticket) merges their partials.
 template <int NQ, int NV>
 __global__ void __launch_bounds__(kDecThreads, 2) decode_attention_kernel(DecodeAttentionParams p) {
-  ::moex::cuda::pdl_launch_dependents();  // the GEMV after this kernel (PDL) loads its weights meanwhile
   extern __shared__ __align__(16) float dsm[];
   const int dq = p.dq, dv = p.dv;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;

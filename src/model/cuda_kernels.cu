@@ -130,7 +130,6 @@ __device__ __forceinline__ void norm_output(const RmsNormParams& p, int64_t r, i
 // x is read once and every load of a thread is issued before the reduction.
 template <int PER>
 __global__ void __launch_bounds__(1024) rmsnorm_reg_kernel(RmsNormParams p) {
-  ::moex::cuda::pdl_launch_dependents();  // the GEMV after this kernel (PDL) loads its weights meanwhile
   const int64_t r = blockIdx.x;
   const int64_t src = p.rows ? int64_t(p.rows[r]) : r;
   const bool write_x = (p.ids || p.add) && !p.rows;
@@ -155,7 +154,6 @@ __global__ void __launch_bounds__(1024) rmsnorm_reg_kernel(RmsNormParams p) {
 
 // Rows too long for registers: two passes over the row (x re-read from L1/L2).
 __global__ void rmsnorm_kernel(RmsNormParams p) {
-  ::moex::cuda::pdl_launch_dependents();  // the GEMV after this kernel (PDL) loads its weights meanwhile
   const int64_t r = blockIdx.x;
   const int64_t src = p.rows ? int64_t(p.rows[r]) : r;
   const bool write_x = (p.ids || p.add) && !p.rows;
@@ -279,18 +277,22 @@ __device__ __forceinline__ int64_t gemv_run(const W* wr, int64_t c, int64_t in, 
   return c;
 }
 
-// ROUTE: y holds router logits [TM, E] (rp.logits); the last block to finish routes the TM rows
-// (the other blocks' logits made visible by their fences before the ticket).
-template <int TM, class W, bool ROUTE>
+// What the last block to finish does (the other blocks' outputs made visible by their fences
+// before the ticket): TAIL_ROUTE: y holds router logits [TM, E] (rp.logits), the last block routes
+// the TM rows. TAIL_NORM: y is the residual stream the GEMV accumulated into (np.x == y), the last
+// block writes the RMSNorm of its TM rows (np: out, split; no add, no gather) — the o projection
+// and the post-attention norm in one launch.
+enum : int { TAIL_NONE = 0, TAIL_ROUTE = 1, TAIL_NORM = 2 };
+template <int TM, class W, int TAIL>
 __global__ void __launch_bounds__(kGemvWarps * 32)
     gemv_kernel(const W* w, int64_t out, int64_t in, const float* x, int64_t xp, const float* bias, const float* row_gate,
-                float* y, int64_t yp, bool acc, RouterParams rp, unsigned* ticket) {
+                float* y, int64_t yp, bool acc, RouterParams rp, RmsNormParams np, unsigned* ticket) {
   ::moex::cuda::pdl_launch_dependents();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t row = blockIdx.x * int64_t(kGemvWarps) + warp;
-  // Launched with PDL (cuda_common.cuh): the lane's first 8 chunks of weights (its whole row at
-  // in = 2048) are loaded before pdl_wait, while the kernel before this one (an RMSNorm, the
-  // attention) still runs; nothing else is touched before it.
+  // The lane's first 8 chunks of weights (its whole row at in = 2048) are loaded before pdl_wait:
+  // with MOEX_CUDA_PDL=1 (cuda_common.cuh) while the kernel before this one still drains; nothing
+  // else is touched before it.
   const W* wr = w + (row < out ? row : 0) * in;
   int64_t c = int64_t(lane) * 8;
   const bool head = row < out && c + 7 * 256 < in;
@@ -325,32 +327,48 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
       }
     }
   }
-  if constexpr (ROUTE) {
+  if constexpr (TAIL != TAIL_NONE) {
     __shared__ bool last;
-    __threadfence();  // this thread's logits, device-wide, before the block takes its ticket
+    __threadfence();  // this thread's outputs, device-wide, before the block takes its ticket
     __syncthreads();
     if (threadIdx.x == 0) last = atomicAdd(ticket, 1u) == gridDim.x - 1;
     __syncthreads();
     if (!last) return;
     __threadfence();
-    for (int64_t t = warp; t < rp.T; t += kGemvWarps) {
-      route_warp(rp, t, lane);
-      __syncwarp();  // lanes 1.. leave route_warp before lane 0 has written the token
+    if constexpr (TAIL == TAIL_ROUTE) {
+      for (int64_t t = warp; t < rp.T; t += kGemvWarps) {
+        route_warp(rp, t, lane);
+        __syncwarp();  // lanes 1.. leave route_warp before lane 0 has written the token
+      }
+    } else {
+      // rmsnorm_kernel's two passes over each row, by this block; x read through L2 (__ldcg):
+      // the other blocks wrote it
+      for (int64_t r = 0; r < np.T; ++r) {
+        const float* xr = np.x + r * np.x_pitch;
+        float ss = 0.0f;
+        for (int64_t i = threadIdx.x; i < np.n; i += blockDim.x) {
+          const float a = __ldcg(xr + i);
+          ss += a * a;
+        }
+        ss = block_sum(ss);
+        const float inv = rsqrtf(ss / float(np.n) + np.eps);
+        for (int64_t i = threadIdx.x; i < np.n; i += blockDim.x) norm_output(np, r, i, __ldcg(xr + i), inv);
+      }
     }
     if (threadIdx.x == 0) *ticket = 0u;  // ready for the next launch (graph replays included)
   }
 }
 
-template <class W, bool ROUTE>
+template <class W, int TAIL>
 void launch_gemv_t(const W* w, int64_t out, int64_t in, const float* x, int64_t xp, int64_t T, const float* bias,
-                   const float* gate, float* y, int64_t yp, bool acc, const RouterParams& rp, unsigned* ticket,
-                   cudaStream_t s) {
+                   const float* gate, float* y, int64_t yp, bool acc, const RouterParams& rp, const RmsNormParams& np,
+                   unsigned* ticket, cudaStream_t s) {
   const unsigned grid = unsigned((out + kGemvWarps - 1) / kGemvWarps);
   switch (T) {
 #define MOEX_GEMV_CASE(n)                                                                                    \
   case n:                                                                                                    \
-    ::moex::cuda::launch_pdl(gemv_kernel<n, W, ROUTE>, dim3(grid), dim3(kGemvWarps * 32), 0, s, true, w, out, in, x, xp, bias, gate, \
-               y, yp, acc, rp, ticket);                                                                     \
+    ::moex::cuda::launch_pdl(gemv_kernel<n, W, TAIL>, dim3(grid), dim3(kGemvWarps * 32), 0, s, true, w, out, in, x, xp, bias, gate, \
+               y, yp, acc, rp, np, ticket);                                                                 \
     break;
     MOEX_GEMV_CASE(1)
     MOEX_GEMV_CASE(2)
@@ -1101,14 +1119,28 @@ bool gemv_ok(const void* w, int64_t in, const float* x, int64_t xp, int64_t T) {
 }
 
 void launch_gemv(const void* w, int wdt, int64_t out, int64_t in, const float* x, int64_t xp, int64_t T, const float* bias,
-                 const float* gate, float* y, int64_t yp, bool acc, cudaStream_t s) {
+                 const float* gate, float* y, int64_t yp, bool acc, cudaStream_t s, const RmsNormParams* norm_after,
+                 unsigned* ticket) {
   if (T == 0 || out == 0) return;
   const RouterParams none{};
+  if (norm_after) {
+    const RmsNormParams& np = *norm_after;
+    MOEX_ASSERT(ticket && np.x == y && np.x_pitch == yp && np.T == T && np.n == out && !np.add && !np.ids && !np.rows);
+    if (wdt == 1)
+      launch_gemv_t<__half, TAIL_NORM>(static_cast<const __half*>(w), out, in, x, xp, T, bias, gate, y, yp, acc, none, np,
+                                       ticket, s);
+    else
+      launch_gemv_t<__nv_bfloat16, TAIL_NORM>(static_cast<const __nv_bfloat16*>(w), out, in, x, xp, T, bias, gate, y, yp,
+                                              acc, none, np, ticket, s);
+    return;
+  }
+  const RmsNormParams no_norm{};
   if (wdt == 1)
-    launch_gemv_t<__half, false>(static_cast<const __half*>(w), out, in, x, xp, T, bias, gate, y, yp, acc, none, nullptr, s);
+    launch_gemv_t<__half, TAIL_NONE>(static_cast<const __half*>(w), out, in, x, xp, T, bias, gate, y, yp, acc, none, no_norm,
+                                     nullptr, s);
   else
-    launch_gemv_t<__nv_bfloat16, false>(static_cast<const __nv_bfloat16*>(w), out, in, x, xp, T, bias, gate, y, yp, acc,
-                                        none, nullptr, s);
+    launch_gemv_t<__nv_bfloat16, TAIL_NONE>(static_cast<const __nv_bfloat16*>(w), out, in, x, xp, T, bias, gate, y, yp, acc,
+                                            none, no_norm, nullptr, s);
 }
 
 void launch_gemv_router(const void* w, int wdt, int64_t in, const float* x, int64_t xp, const float* bias,
@@ -1117,11 +1149,11 @@ void launch_gemv_router(const void* w, int wdt, int64_t in, const float* x, int6
   MOEX_ASSERT(p.kind != 1 && p.T <= kGemvMaxRows && gemv_ok(w, in, x, xp, p.T) && ticket);
   float* y = const_cast<float*>(p.logits);
   if (wdt == 1)
-    launch_gemv_t<__half, true>(static_cast<const __half*>(w), p.E, in, x, xp, p.T, bias, nullptr, y, p.E, false, p,
-                                ticket, s);
+    launch_gemv_t<__half, TAIL_ROUTE>(static_cast<const __half*>(w), p.E, in, x, xp, p.T, bias, nullptr, y, p.E, false, p,
+                                      RmsNormParams{}, ticket, s);
   else
-    launch_gemv_t<__nv_bfloat16, true>(static_cast<const __nv_bfloat16*>(w), p.E, in, x, xp, p.T, bias, nullptr, y, p.E,
-                                       false, p, ticket, s);
+    launch_gemv_t<__nv_bfloat16, TAIL_ROUTE>(static_cast<const __nv_bfloat16*>(w), p.E, in, x, xp, p.T, bias, nullptr, y, p.E,
+                                             false, p, RmsNormParams{}, ticket, s);
 }
 
 void launch_to_dtype(const float* x, int64_t T, int64_t n, void* out, int dt, cudaStream_t s) {

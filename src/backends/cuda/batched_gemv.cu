@@ -8,7 +8,8 @@
 //
 // The down kernel fuses the weighted reduction over the K slots, so the extra memory is h only
 // (S·I elements). No routing plan, no host synchronisation: capturable in a CUDA graph. The down
-// kernel is launched with PDL (cuda_common.cuh): its blocks start as the up kernel drains.
+// kernel may be launched with PDL (MOEX_CUDA_PDL=1, cuda_common.cuh): its blocks start as the up
+// kernel drains.
 // Weights stored [E, out, in] (default) use one warp per output row; transposed weights
 // [E, in, out] use 64 output columns × 4 k-slices per block (coalesced along the output dim).
 #include "backends/cuda/cuda_common.cuh"
@@ -150,8 +151,8 @@ __global__ void __launch_bounds__(THREADS) batched_down_nt(BatchedArgs a) {
   const int lane = threadIdx.x & 31;
   const int64_t H = a.H, I = a.I;
   pdl_launch_dependents();
-  // Launched with PDL while batched_up_nt drains (it is launched plainly: the routing was final
-  // when it started). An L2 prefetch of this warp's weight rows before pdl_wait was measured on the
+  // With MOEX_CUDA_PDL=1 launched while batched_up_nt drains (that one is launched plainly: the
+  // routing was final when it started). An L2 prefetch of this warp's weight rows before pdl_wait was measured on the
   // H200 (2026-11-29): no faster at qwen3 T = 1, and 24 % slower on mixtral / deepseek T = 1, whose
   // down weights (235 MB) do not fit in L2 — removed; the launch overlap is what is left.
   pdl_wait();
