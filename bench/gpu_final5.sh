@@ -18,7 +18,7 @@ stamp() { echo "== $1 ($(( $(date +%s) - t0 )) s)"; }
 export MOEX_SOURCE_DIR=$PWD
 if has check; then
   stamp "gpu_model_check"
-  bash bench/gpu_model_check.sh 2>&1 | grep -E "^== .*(end|start build)|PASSED|FAILED|Failure|prefill|decode|floor|\|" | tail -60
+  PARTS="build tests cli bench ref table" bash bench/gpu_model_check.sh 2>&1 | grep -E "^== .*(end|start build)|PASSED|FAILED|Failure|prefill|decode|floor|\|" | tail -60
 fi
 if has extra; then
   stamp "experts GPU tests"
@@ -31,6 +31,6 @@ if has extra; then
   OUT="$OUT/fp8" SKIP_BUILD=1 BUILD=build-gpu PARTS=perf COMPARE_OLD=0 timeout 60 bash bench/gpu_fp8_decode.sh 2>&1 | tail -15
   mv "$OUT/fp8/fp8_decode.md" "$OUT/" 2>/dev/null; rm -rf "$OUT/fp8"
   stamp "decode profile (ncu)"
-  OUT="$OUT" SKIP_BUILD=1 PARTS=model timeout 200 bash bench/gpu_profile.sh 2>&1 | tail -40
+  OUT="$OUT" SKIP_BUILD=1 PARTS="model" timeout 200 bash bench/gpu_profile.sh 2>&1 | tail -40
 fi
 stamp done
