@@ -135,7 +135,6 @@ struct CudaModel::Impl {
   CudaGenerateStats stats;
   // the skinny-linear kernel for steps of at most kGemvMaxRows rows (MOEX_CUDA_GEMV=0: cuBLAS always)
   bool gemv_enabled = true;
-  bool fuse_norm_enabled = true;  // the o-projection GEMV also writes the post-attention norm (MOEX_CUDA_FUSE_NORM=0: off)
   // Terms of x in the cuBLAS linears of bf16/f16 models (MOEX_CUDA_LINEAR_TERMS): 1 = bf16(x) only
   // (the default: the reference library's rounding; half the FLOPs, and no finishing kernel without
   // bias/gate), 2 = x ≈ hi + lo (~16 mantissa bits, the CPU runtime's split; a GEMM of 2T columns).
@@ -433,12 +432,9 @@ struct CudaModel::Impl {
 
   // rows × out of y (pitch ypitch) (+)= x · Wᵀ (+ b); x [rows, in] f32 (pitch xpitch). `presplit`:
   // b.split already holds x's two terms (written by the RMSNorm before). `gate`: sigmoid row gate.
-  // `norm_after` (optional, RMSNorm of y's rows): done in the same kernel when the GEMV path runs;
-  // returns whether it was (the caller launches it otherwise).
-  bool linear(const DLinear& l, const float* x, int64_t xpitch, int64_t T, float* y, int64_t ypitch, bool acc,
-              bool presplit = false, const float* gate = nullptr, float* gbuf = nullptr,
-              const kern::RmsNormParams* norm_after = nullptr) {
-    if (T == 0) return false;
+  void linear(const DLinear& l, const float* x, int64_t xpitch, int64_t T, float* y, int64_t ypitch, bool acc,
+              bool presplit = false, const float* gate = nullptr, float* gbuf = nullptr) {
+    if (T == 0) return;
     if (!gbuf) gbuf = b.gout.ptr<float>();
     const float one = 1.0f, zero = 0.0f;
     if (l.dt == DType::f32) {
@@ -447,15 +443,12 @@ struct CudaModel::Impl {
                               CUBLAS_GEMM_DEFAULT),
                  "cublasGemmEx (f32 linear)");
       kern::launch_finish_linear(gbuf, false, l.bias, gate, T, l.out, y, ypitch, acc, stream);
-      return false;
+      return;
     }
     if (T <= kern::kGemvMaxRows && gemv_enabled && kern::gemv_ok(l.w, l.in, x, xpitch, T)) {
       // decode steps: one kernel reading the weights once, exact f32 inputs, bias/gate/residual fused
-      // (and the next RMSNorm, by its last block)
-      const bool fuse = norm_after && fuse_norm_enabled;
-      kern::launch_gemv(l.w, code_of(l.dt), l.out, l.in, x, xpitch, T, l.bias, gate, y, ypitch, acc, stream,
-                        fuse ? norm_after : nullptr, fuse ? norm_ticket() : nullptr);
-      return fuse;
+      kern::launch_gemv(l.w, code_of(l.dt), l.out, l.in, x, xpitch, T, l.bias, gate, y, ypitch, acc, stream);
+      return;
     }
     if (linear_terms == 1) {
       // one term: bf16(x) = rows [0, T) of the split buffer (the RMSNorm's hi term when presplit)
@@ -470,7 +463,7 @@ struct CudaModel::Impl {
                               int(direct ? ypitch : l.out), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                  "cublasGemmEx (linear)");
       if (!direct) kern::launch_finish_linear(gbuf, false, l.bias, gate, T, l.out, y, ypitch, acc, stream);
-      return false;
+      return;
     }
     if (!presplit) kern::launch_split(x, xpitch, T, l.in, b.split.data(), dtc, stream);
     blas_check(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, int(l.out), int(2 * T), int(l.in), &one, l.w, blas_type(l.dt),
@@ -478,7 +471,6 @@ struct CudaModel::Impl {
                             CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                "cublasGemmEx (linear)");
     kern::launch_finish_linear(gbuf, true, l.bias, gate, T, l.out, y, ypitch, acc, stream);
-    return false;
   }
   // RMSNorm rows of x into out, also writing the split terms for the next linear (bf16/f16 models).
   // `add`: the experts' output [T, n] (model dtype) added into x first (see mlp_layer).
@@ -502,7 +494,6 @@ struct CudaModel::Impl {
     return p;
   }
   unsigned* router_ticket() { return static_cast<unsigned*>(b.sync.data()); }
-  unsigned* norm_ticket() { return static_cast<unsigned*>(b.sync.data()) + 1; }  // (bytes 4..7 of the 16 before argmax's)
 
   // Prefill attention on the tensor cores for bf16/f16 models: per sequence and kv-head group,
   // S = Q·Kᵀ (cuBLAS, f32 out), P = softmax rows (kernel, model dtype), O = P·V (cuBLAS, f32 out).
@@ -588,9 +579,7 @@ struct CudaModel::Impl {
     return true;
   }
 
-  // Returns whether the o projection also wrote `norm_after` (see linear).
-  bool attention_layer(const DLayer& d, size_t l, int64_t T, int64_t n_tiles, const std::vector<Segment>* segs,
-                       const kern::RmsNormParams* norm_after) {
+  void attention_layer(const DLayer& d, size_t l, int64_t T, int64_t n_tiles, const std::vector<Segment>* segs) {
     float* h = b.h.ptr<float>();
     const bool pre = dtc != 0;
     kern::AttentionParams ap{};
@@ -654,7 +643,8 @@ struct CudaModel::Impl {
     if (use_gemm_attention(segs)) {
       if (use_flash_prefill()) flash_attention(l, *segs, ap.window, ap.sinks);
       else gemm_attention(l, T, *segs, ap.window, ap.sinks);
-      return linear(d.o, b.attn.ptr<float>(), nh * dv, T, b.x.ptr<float>(), H, true, false, nullptr, nullptr, norm_after);
+      linear(d.o, b.attn.ptr<float>(), nh * dv, T, b.x.ptr<float>(), H, true);
+      return;
     }
     if (n_tiles == T && T <= cap_batch && flash_attention_enabled() && kern::decode_attention_ok(int(dq), int(dv))) {
       // one-row tiles (decode steps): flash-decoding, key chunks sized from static bounds (graph-safe)
@@ -678,7 +668,8 @@ struct CudaModel::Impl {
       dp.counters = b.dec_counters.ptr<int32_t>();
       dp.out = b.attn.ptr<float>();
       kern::launch_decode_attention(dp, stream);
-      return linear(d.o, b.attn.ptr<float>(), nh * dv, T, b.x.ptr<float>(), H, true, false, nullptr, nullptr, norm_after);
+      linear(d.o, b.attn.ptr<float>(), nh * dv, T, b.x.ptr<float>(), H, true);
+      return;
     }
     ap.q = b.q.ptr<float>();
     ap.k_cache = b.k_cache[l].ptr<float>();
@@ -696,7 +687,7 @@ struct CudaModel::Impl {
     ap.slot = b.slot.ptr<int32_t>();
     ap.out = b.attn.ptr<float>();
     kern::launch_attention(ap, stream);
-    return linear(d.o, b.attn.ptr<float>(), nh * dv, T, b.x.ptr<float>(), H, true, false, nullptr, nullptr, norm_after);
+    linear(d.o, b.attn.ptr<float>(), nh * dv, T, b.x.ptr<float>(), H, true);
   }
 
   void mlp_layer(const DLayer& d, int64_t T, const std::string& backend) {
@@ -777,9 +768,8 @@ struct CudaModel::Impl {
       } else {
         norm(b.x.ptr<float>(), H, d.input_norm, T, H, h, H, pending_add ? b.xout.data() : nullptr);
       }
-      // the post-attention norm: by the o projection's GEMV (decode steps) or its own kernel
-      const kern::RmsNormParams post = norm_params(b.x.ptr<float>(), H, d.post_norm, T, H, h, H);
-      if (!attention_layer(d, l, T, n_tiles, segs, &post)) kern::launch_rmsnorm(post, stream);
+      attention_layer(d, l, T, n_tiles, segs);
+      norm(b.x.ptr<float>(), H, d.post_norm, T, H, h, H);
       mlp_layer(d, T, backend);
       pending_add = d.is_moe;
     }
@@ -903,7 +893,6 @@ CudaModel::CudaModel(const ModelWeights& w, const TextConfig& t, Device dev) : i
   }
   m.upload(w);
   if (const char* e = std::getenv("MOEX_CUDA_GEMV")) m.gemv_enabled = std::string(e) != "0";
-  if (const char* e = std::getenv("MOEX_CUDA_FUSE_NORM")) m.fuse_norm_enabled = std::string(e) != "0";
   if (const char* e = std::getenv("MOEX_CUDA_LINEAR_TERMS")) m.linear_terms = std::string(e) == "2" ? 2 : 1;
   check(cudaDeviceGetAttribute(&m.num_sms, cudaDevAttrMultiProcessorCount, dev.index), "cudaDeviceGetAttribute (SMs)");
   check(cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");

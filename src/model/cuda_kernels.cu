@@ -277,16 +277,12 @@ __device__ __forceinline__ int64_t gemv_run(const W* wr, int64_t c, int64_t in, 
   return c;
 }
 
-// What the last block to finish does (the other blocks' outputs made visible by their fences
-// before the ticket): TAIL_ROUTE: y holds router logits [TM, E] (rp.logits), the last block routes
-// the TM rows. TAIL_NORM: y is the residual stream the GEMV accumulated into (np.x == y), the last
-// block writes the RMSNorm of its TM rows (np: out, split; no add, no gather) — the o projection
-// and the post-attention norm in one launch.
-enum : int { TAIL_NONE = 0, TAIL_ROUTE = 1, TAIL_NORM = 2 };
-template <int TM, class W, int TAIL>
+// ROUTE: y holds router logits [TM, E] (rp.logits); the last block to finish routes the TM rows
+// (the other blocks' logits made visible by their fences before the ticket).
+template <int TM, class W, bool ROUTE>
 __global__ void __launch_bounds__(kGemvWarps * 32)
     gemv_kernel(const W* w, int64_t out, int64_t in, const float* x, int64_t xp, const float* bias, const float* row_gate,
-                float* y, int64_t yp, bool acc, RouterParams rp, RmsNormParams np, unsigned* ticket) {
+                float* y, int64_t yp, bool acc, RouterParams rp, unsigned* ticket) {
   ::moex::cuda::pdl_launch_dependents();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t row = blockIdx.x * int64_t(kGemvWarps) + warp;
@@ -327,48 +323,32 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
       }
     }
   }
-  if constexpr (TAIL != TAIL_NONE) {
+  if constexpr (ROUTE) {
     __shared__ bool last;
-    __threadfence();  // this thread's outputs, device-wide, before the block takes its ticket
+    __threadfence();  // this thread's logits, device-wide, before the block takes its ticket
     __syncthreads();
     if (threadIdx.x == 0) last = atomicAdd(ticket, 1u) == gridDim.x - 1;
     __syncthreads();
     if (!last) return;
     __threadfence();
-    if constexpr (TAIL == TAIL_ROUTE) {
-      for (int64_t t = warp; t < rp.T; t += kGemvWarps) {
-        route_warp(rp, t, lane);
-        __syncwarp();  // lanes 1.. leave route_warp before lane 0 has written the token
-      }
-    } else {
-      // rmsnorm_kernel's two passes over each row, by this block; x read through L2 (__ldcg):
-      // the other blocks wrote it
-      for (int64_t r = 0; r < np.T; ++r) {
-        const float* xr = np.x + r * np.x_pitch;
-        float ss = 0.0f;
-        for (int64_t i = threadIdx.x; i < np.n; i += blockDim.x) {
-          const float a = __ldcg(xr + i);
-          ss += a * a;
-        }
-        ss = block_sum(ss);
-        const float inv = rsqrtf(ss / float(np.n) + np.eps);
-        for (int64_t i = threadIdx.x; i < np.n; i += blockDim.x) norm_output(np, r, i, __ldcg(xr + i), inv);
-      }
+    for (int64_t t = warp; t < rp.T; t += kGemvWarps) {
+      route_warp(rp, t, lane);
+      __syncwarp();  // lanes 1.. leave route_warp before lane 0 has written the token
     }
     if (threadIdx.x == 0) *ticket = 0u;  // ready for the next launch (graph replays included)
   }
 }
 
-template <class W, int TAIL>
+template <class W, bool ROUTE>
 void launch_gemv_t(const W* w, int64_t out, int64_t in, const float* x, int64_t xp, int64_t T, const float* bias,
-                   const float* gate, float* y, int64_t yp, bool acc, const RouterParams& rp, const RmsNormParams& np,
-                   unsigned* ticket, cudaStream_t s) {
+                   const float* gate, float* y, int64_t yp, bool acc, const RouterParams& rp, unsigned* ticket,
+                   cudaStream_t s) {
   const unsigned grid = unsigned((out + kGemvWarps - 1) / kGemvWarps);
   switch (T) {
 #define MOEX_GEMV_CASE(n)                                                                                    \
   case n:                                                                                                    \
-    ::moex::cuda::launch_pdl(gemv_kernel<n, W, TAIL>, dim3(grid), dim3(kGemvWarps * 32), 0, s, true, w, out, in, x, xp, bias, gate, \
-               y, yp, acc, rp, np, ticket);                                                                 \
+    ::moex::cuda::launch_pdl(gemv_kernel<n, W, ROUTE>, dim3(grid), dim3(kGemvWarps * 32), 0, s, true, w, out, in, x, xp, bias, gate, \
+               y, yp, acc, rp, ticket);                                                                     \
     break;
     MOEX_GEMV_CASE(1)
     MOEX_GEMV_CASE(2)
@@ -1119,28 +1099,14 @@ bool gemv_ok(const void* w, int64_t in, const float* x, int64_t xp, int64_t T) {
 }
 
 void launch_gemv(const void* w, int wdt, int64_t out, int64_t in, const float* x, int64_t xp, int64_t T, const float* bias,
-                 const float* gate, float* y, int64_t yp, bool acc, cudaStream_t s, const RmsNormParams* norm_after,
-                 unsigned* ticket) {
+                 const float* gate, float* y, int64_t yp, bool acc, cudaStream_t s) {
   if (T == 0 || out == 0) return;
   const RouterParams none{};
-  if (norm_after) {
-    const RmsNormParams& np = *norm_after;
-    MOEX_ASSERT(ticket && np.x == y && np.x_pitch == yp && np.T == T && np.n == out && !np.add && !np.ids && !np.rows);
-    if (wdt == 1)
-      launch_gemv_t<__half, TAIL_NORM>(static_cast<const __half*>(w), out, in, x, xp, T, bias, gate, y, yp, acc, none, np,
-                                       ticket, s);
-    else
-      launch_gemv_t<__nv_bfloat16, TAIL_NORM>(static_cast<const __nv_bfloat16*>(w), out, in, x, xp, T, bias, gate, y, yp,
-                                              acc, none, np, ticket, s);
-    return;
-  }
-  const RmsNormParams no_norm{};
   if (wdt == 1)
-    launch_gemv_t<__half, TAIL_NONE>(static_cast<const __half*>(w), out, in, x, xp, T, bias, gate, y, yp, acc, none, no_norm,
-                                     nullptr, s);
+    launch_gemv_t<__half, false>(static_cast<const __half*>(w), out, in, x, xp, T, bias, gate, y, yp, acc, none, nullptr, s);
   else
-    launch_gemv_t<__nv_bfloat16, TAIL_NONE>(static_cast<const __nv_bfloat16*>(w), out, in, x, xp, T, bias, gate, y, yp, acc,
-                                            none, no_norm, nullptr, s);
+    launch_gemv_t<__nv_bfloat16, false>(static_cast<const __nv_bfloat16*>(w), out, in, x, xp, T, bias, gate, y, yp, acc,
+                                        none, nullptr, s);
 }
 
 void launch_gemv_router(const void* w, int wdt, int64_t in, const float* x, int64_t xp, const float* bias,
@@ -1149,11 +1115,11 @@ void launch_gemv_router(const void* w, int wdt, int64_t in, const float* x, int6
   MOEX_ASSERT(p.kind != 1 && p.T <= kGemvMaxRows && gemv_ok(w, in, x, xp, p.T) && ticket);
   float* y = const_cast<float*>(p.logits);
   if (wdt == 1)
-    launch_gemv_t<__half, TAIL_ROUTE>(static_cast<const __half*>(w), p.E, in, x, xp, p.T, bias, nullptr, y, p.E, false, p,
-                                      RmsNormParams{}, ticket, s);
+    launch_gemv_t<__half, true>(static_cast<const __half*>(w), p.E, in, x, xp, p.T, bias, nullptr, y, p.E, false, p,
+                                ticket, s);
   else
-    launch_gemv_t<__nv_bfloat16, TAIL_ROUTE>(static_cast<const __nv_bfloat16*>(w), p.E, in, x, xp, p.T, bias, nullptr, y, p.E,
-                                             false, p, RmsNormParams{}, ticket, s);
+    launch_gemv_t<__nv_bfloat16, true>(static_cast<const __nv_bfloat16*>(w), p.E, in, x, xp, p.T, bias, nullptr, y, p.E,
+                                       false, p, ticket, s);
 }
 
 void launch_to_dtype(const float* x, int64_t T, int64_t n, void* out, int dt, cudaStream_t s) {

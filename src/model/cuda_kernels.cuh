@@ -68,11 +68,8 @@ void launch_finish_linear(const float* g, bool two_terms, const float* bias, con
 // aligned W and x rows (x_pitch % 4 == 0); gemv_ok() says whether a call qualifies.
 constexpr int kGemvMaxRows = 8;
 bool gemv_ok(const void* w, int64_t in, const float* x, int64_t x_pitch, int64_t T);
-// norm_after (optional): the RMSNorm of y's T rows done by the kernel's last block (norm_after->x
-// == y with pitch y_pitch, T rows, no add / embedding / gather); `ticket` as for launch_gemv_router.
 void launch_gemv(const void* w, int w_dtype, int64_t out, int64_t in, const float* x, int64_t x_pitch, int64_t T,
-                 const float* bias, const float* row_gate, float* y, int64_t y_pitch, bool accumulate, cudaStream_t s,
-                 const RmsNormParams* norm_after = nullptr, unsigned* ticket = nullptr);
+                 const float* bias, const float* row_gate, float* y, int64_t y_pitch, bool accumulate, cudaStream_t s);
 
 // out [T, n] in dtype code (0/1/2) = x [T, n] f32; or x [T, n] f32 += in [T, n] of dtype code.
 void launch_to_dtype(const float* x, int64_t T, int64_t n, void* out, int dtype, cudaStream_t s);
