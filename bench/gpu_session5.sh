@@ -9,8 +9,6 @@
 #           default ("base"), same call: the decode-step and experts timings side by side
 #   fp8     CUDA-graph timings bf16 vs FP8 at T <= 64 (bench/gpu_fp8_decode.sh PARTS=perf)
 #   gemm    grouped_mm at $GEMM_TOKENS for every item of $GEMM_VARIANTS and "base" (TMA GEMM knobs)
-#   eager   eager with f32 vs bf16 gate/up (MOEX_CUDA_EAGER_GU_LOWP) on mixtral / deepseek at T = 4096
-#           and 16384, interleaved twice, plus the GPU backend tests with the bf16 variant
 # PARTS selects steps (default "build model tests ab fp8 gemm"). Logs packed in $OUT/s5_logs.tgz.
 set -u
 OUT=${OUT:-$PWD/out}
@@ -65,20 +63,6 @@ if has gemm; then
       --shapes qwen3_30b_a3b,qwen15_moe_a2_7b,mixtral_8x7b,deepseek_v3 --tokens ${GEMM_TOKENS:-64,512,4096} --dtype bf16 \
       --min-time-ms 20 --max-iters 10 --warmup 2 2>&1 | grep grouped_mm | sed "s/^/[$name] /" | tee -a "$OUT/logs5/gemm.log"
   done
-fi
-if has eager; then
-  stamp "eager gate/up f32 vs bf16"
-  for rep in 1 2; do
-    for lowp in 0 1; do
-      MOEX_CUDA_EAGER_GU_LOWP=$lowp timeout 120 "$BUILD/moex" bench --device cuda --backends eager \
-        --shapes mixtral_8x7b,deepseek_v3 --tokens 4096,16384 --dtype bf16 --min-time-ms 50 --max-iters 10 --warmup 2 2>&1 |
-        grep -E "eager|peak" | sed "s/^/[lowp=$lowp rep $rep] /" | tee -a "$OUT/logs5/eager.log"
-    done
-  done
-  MOEX_CUDA_EAGER_GU_LOWP=1 MOEX_CUDA_TEST_CASES=10 timeout 150 "$BUILD/moex_tests" \
-    --gtest_filter='CudaBackends.*:Dtypes/CudaEquivalence*/bf16' > "$OUT/logs5/eager_tests.log" 2>&1
-  echo "eager lowp tests rc $?"
-  grep -E "^\[  (PASSED|FAILED) |passed of|Failure" "$OUT/logs5/eager_tests.log" | head
 fi
 tar czf "$OUT/s5_logs.tgz" -C "$OUT" logs5 && rm -rf "$OUT/logs5"
 stamp done

@@ -73,10 +73,7 @@ __global__ void act_rows_kernel(ActRowsArgs a) {
   if (r >= a.offsets[a.E]) return;
   const int64_t i = int64_t(blockIdx.y) * blockDim.x + threadIdx.x;
   if (i >= a.I) return;
-  // gate/up values of row r: f32, or the activation dtype (eager's bf16/f16 up GEMM output)
-  const float* g32 = a.gu + r * a.R;
-  const T* glp = reinterpret_cast<const T*>(a.gu) + r * a.R;
-  auto g = [&](int64_t c) { return a.gu_lowp ? to_f32(glp[c]) : g32[c]; };
+  const float* g = a.gu + r * a.R;
   const T* bias = nullptr;
   if (a.gate_up_bias) {
     const int64_t e = load_index(a.idx, a.idx64, a.sorted_pairs[r]);
@@ -84,10 +81,10 @@ __global__ void act_rows_kernel(ActRowsArgs a) {
   }
   float h;
   if (!a.has_gate) {
-    h = plain_act(a.act, g(i) + (bias ? to_f32(bias[i]) : 0.0f));
+    h = plain_act(a.act, g[i] + (bias ? to_f32(bias[i]) : 0.0f));
   } else {
     const int64_t wg = a.interleaved ? 2 * i : i, wu = a.interleaved ? 2 * i + 1 : a.I + i;
-    h = gated_act(a.act, g(wg) + (bias ? to_f32(bias[wg]) : 0.0f), g(wu) + (bias ? to_f32(bias[wu]) : 0.0f));
+    h = gated_act(a.act, g[wg] + (bias ? to_f32(bias[wg]) : 0.0f), g[wu] + (bias ? to_f32(bias[wu]) : 0.0f));
   }
   static_cast<T*>(a.h)[r * a.I + i] = from_f32<T>(h);
 }

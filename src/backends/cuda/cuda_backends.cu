@@ -3,8 +3,7 @@
 //
 //   eager       routing plan on the device, then ONE host synchronisation to learn how many
 //               rows each expert got, then per hit expert two cuBLAS GEMMs (cublasGemmEx,
-//               CUBLAS_COMPUTE_32F; TF32 never used; gate/up in f32, or in the activation dtype
-//               with MOEX_CUDA_EAGER_GU_LOWP=1; the down GEMM in f32) around an activation kernel,
+//               CUBLAS_COMPUTE_32F, f32 output; TF32 never used) around an activation kernel,
 //               and the shared combine kernel. Not capturable in a CUDA graph (host sync).
 //   batched_mm  GEMV kernels reading every pair's expert weights in place (batched_gemv.cu).
 //               No plan, no host sync: capturable.
@@ -32,7 +31,7 @@
 //               (+ quantized: the batched_mm codes and scales)
 //   FP8 decode  (either backend, at most) xq, xs, h, hq, hs as above + y [S, H] f32 + a plan of
 //               ~S + 2·min(S, E) ints and counters (quant_decode_workspace)
-//   eager       plan + xs [S, H] act + gu [S, R] f32 (act dtype with MOEX_CUDA_EAGER_GU_LOWP=1) + h [S, I] act + y [S, H] f32
+//   eager       plan + xs [S, H] act + gu [S, R] f32 + h [S, I] act + y [S, H] f32
 //               (+ quantized: the codes and scales of S rows, their values xf [S, H] and
 //                hf [S, I] f32, one dequantized expert max(R·H, H·I) f32)
 #include <cublas_v2.h>
@@ -216,14 +215,16 @@ cudaDataType cuda_type(DType dt) {
 }
 
 // C[m, n] (row-major, f32, ldc) = A[m, k] (row-major, act dtype) · Wᵀ with W [n, k] row-major
-// (transposed = false) or W [k, n] row-major (transposed = true).
-// C [m, n] (f32, or c_dt) = A [m, k] · op(W) with f32 accumulation.
+// (transposed = false) or W [k, n] row-major (transposed = true). The up GEMM writing gate/up in
+// bf16 instead (half the bytes of eager's largest intermediate, as the reference's eager) was timed
+// against f32 in one call on the H200 (2026-11-29, fifth session, two interleaved runs, mixtral /
+// deepseek_v3 at T = 4096 / 16384): within ±3 % of each other, no direction — f32 stays.
 void gemm_rows(cublasHandle_t h, DType dt, bool transposed, int64_t m, int64_t n, int64_t k, const void* A, const void* W,
-               void* C, DType c_dt = DType::f32) {
+               float* C) {
   const float alpha = 1.0f, beta = 0.0f;
   // column-major view: Cᵀ [n, m] = op(W) [n, k] · Aᵀ [k, m]
   cublas_check(cublasGemmEx(h, transposed ? CUBLAS_OP_N : CUBLAS_OP_T, CUBLAS_OP_N, int(n), int(m), int(k), &alpha, W,
-                            cuda_type(dt), transposed ? int(n) : int(k), A, cuda_type(dt), int(k), &beta, C, cuda_type(c_dt),
+                            cuda_type(dt), transposed ? int(n) : int(k), A, cuda_type(dt), int(k), &beta, C, CUDA_R_32F,
                             int(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                "cublasGemmEx (eager)");
 }
@@ -505,18 +506,6 @@ void cuda_eager(const Experts& ex, const ExpertsCall& call, const RunContext& ct
     const char* dw = static_cast<const char*>(ex.down.data);
     if (quant) launch_quantize_activations(xs, s.dtype, rows, H, nullptr, acts.xq, acts.xs, xf, stream);
     const QuantWeights up_q = quant ? up_weights(ex) : QuantWeights{}, down_q = quant ? down_weights(ex) : QuantWeights{};
-    // bf16/f16 experts: the up GEMM writes gate/up rounded to the activation dtype, as the
-    // reference's eager does (f32 accumulation inside cuBLAS either way). gu [S, 2I] is the largest
-    // intermediate (940 MB f32 on mixtral at T = 4096): half the bytes written and read back by the
-    // activation kernel. Adds one rounding of gate/up (~2^-9 relative in bf16) inside SPEC §8's bar.
-    // Opt-in (MOEX_CUDA_EAGER_GU_LOWP=1) until one call on the H200 times both: the two calls that
-    // timed either alone (2026-11-29, fourth session) could not tell them apart (mixtral T = 16384:
-    // f32 17.29 ms, bf16 19.18 ms, f32 again 19.11 ms in the fifth session).
-    static const bool lowp_opt_in = [] {
-      const char* v = std::getenv("MOEX_CUDA_EAGER_GU_LOWP");
-      return v && *v == '1';
-    }();
-    const bool gu_lowp = lowp_opt_in && !quant && s.dtype != DType::f32;
     for (int64_t e = 0; e < E; ++e) {
       const int64_t off = offsets[size_t(e)], m = offsets[size_t(e + 1)] - off;
       if (m == 0) continue;
@@ -524,14 +513,11 @@ void cuda_eager(const Experts& ex, const ExpertsCall& call, const RunContext& ct
         launch_dequantize_expert(up_q, e, wf, stream);
         gemm_rows(handle, DType::f32, false, m, R, H, xf + off * H, wf, gu + off * R);
       } else {
-        gemm_rows(handle, s.dtype, s.transposed, m, R, H, xs + size_t(off * H) * esz, gw + size_t(e * R * H) * esz,
-                  gu_lowp ? static_cast<void*>(reinterpret_cast<char*>(gu) + size_t(off * R) * esz) : gu + off * R,
-                  gu_lowp ? s.dtype : DType::f32);
+        gemm_rows(handle, s.dtype, s.transposed, m, R, H, xs + size_t(off * H) * esz, gw + size_t(e * R * H) * esz, gu + off * R);
       }
     }
     ActRowsArgs ar{};
     ar.gu = gu;
-    ar.gu_lowp = gu_lowp;
     ar.gate_up_bias = bias_ptr(ex, ex.gate_up_bias);
     ar.sorted_pairs = plan.sorted_pairs;
     ar.idx = call.top_k_index.data;

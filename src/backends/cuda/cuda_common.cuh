@@ -309,8 +309,7 @@ void launch_gather_rows(const void* hidden, const int* sorted_pairs, const int* 
                         int64_t K, int64_t H, DType dtype, void* xs, cudaStream_t stream);
 // h[r, i] = round(act(gu[r, .] + bias)) for the first offsets[E] rows (eager, after cuBLAS).
 struct ActRowsArgs {
-  const float* gu;          // [rows, R] f32, or the activation dtype when gu_lowp
-  bool gu_lowp = false;
+  const float* gu;          // [rows, R]
   const void* gate_up_bias; // [E, R] or nullptr
   const int* sorted_pairs;
   const void* idx;
