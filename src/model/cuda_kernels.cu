@@ -283,31 +283,15 @@ template <int TM, class W, bool ROUTE>
 __global__ void __launch_bounds__(kGemvWarps * 32)
     gemv_kernel(const W* w, int64_t out, int64_t in, const float* x, int64_t xp, const float* bias, const float* row_gate,
                 float* y, int64_t yp, bool acc, RouterParams rp, unsigned* ticket) {
-  ::moex::cuda::pdl_launch_dependents();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t row = blockIdx.x * int64_t(kGemvWarps) + warp;
-  // The lane's first 8 chunks of weights (its whole row at in = 2048) are loaded before pdl_wait:
-  // with MOEX_CUDA_PDL=1 (cuda_common.cuh) while the kernel before this one still drains; nothing
-  // else is touched before it.
-  const W* wr = w + (row < out ? row : 0) * in;
-  int64_t c = int64_t(lane) * 8;
-  const bool head = row < out && c + 7 * 256 < in;
-  uint4 head_raw[8];
-  if (head) {
-#pragma unroll
-    for (int u = 0; u < 8; ++u) head_raw[u] = __ldcs(reinterpret_cast<const uint4*>(wr + c + u * 256));
-  }
-  ::moex::cuda::pdl_wait();
   if (row < out) {
     float sum[TM];
 #pragma unroll
     for (int t = 0; t < TM; ++t) sum[t] = 0.0f;
-    if (head) {
-#pragma unroll
-      for (int u = 0; u < 8; ++u) gemv_chunk<TM, W>(head_raw[u], x, xp, c + u * 256, sum);
-      c += 8 * 256;
-    }
-    c = gemv_run<8, TM, W>(wr, c, in, x, xp, sum);
+    const W* wr = w + row * in;
+    int64_t c = int64_t(lane) * 8;
+    c = gemv_run<8, TM, W>(wr, c, in, x, xp, sum);  // in = 2048: the lane's whole row in one go
     c = gemv_run<4, TM, W>(wr, c, in, x, xp, sum);
     gemv_run<1, TM, W>(wr, c, in, x, xp, sum);
 #pragma unroll
@@ -347,8 +331,8 @@ void launch_gemv_t(const W* w, int64_t out, int64_t in, const float* x, int64_t 
   switch (T) {
 #define MOEX_GEMV_CASE(n)                                                                                    \
   case n:                                                                                                    \
-    ::moex::cuda::launch_pdl(gemv_kernel<n, W, ROUTE>, dim3(grid), dim3(kGemvWarps * 32), 0, s, true, w, out, in, x, xp, bias, gate, \
-               y, yp, acc, rp, ticket);                                                                     \
+    gemv_kernel<n, W, ROUTE><<<grid, kGemvWarps * 32, 0, s>>>(w, out, in, x, xp, bias, gate, y, yp, acc, rp, \
+                                                               ticket);                                      \
     break;
     MOEX_GEMV_CASE(1)
     MOEX_GEMV_CASE(2)

@@ -7,9 +7,7 @@
 //   down: out[t, n] = round(Σ_j w[t,j] · (h[t*K+j] · Wdᵉʲ[n] + bᵈ[n]))   (slot order, f32)
 //
 // The down kernel fuses the weighted reduction over the K slots, so the extra memory is h only
-// (S·I elements). No routing plan, no host synchronisation: capturable in a CUDA graph. The down
-// kernel may be launched with PDL (MOEX_CUDA_PDL=1, cuda_common.cuh): its blocks start as the up
-// kernel drains.
+// (S·I elements). No routing plan, no host synchronisation: capturable in a CUDA graph.
 // Weights stored [E, out, in] (default) use one warp per output row; transposed weights
 // [E, in, out] use 64 output columns × 4 k-slices per block (coalesced along the output dim).
 #include "backends/cuda/cuda_common.cuh"
@@ -107,7 +105,6 @@ __device__ __forceinline__ float2 warp_dot2(const T* x, const T* wg, const T* wu
 // ---- up projection, weights [E, R, H]: one warp per (pair, i) ----
 template <class T, bool VEC>
 __global__ void __launch_bounds__(THREADS) batched_up_nt(BatchedArgs a) {
-  pdl_launch_dependents();  // batched_down_nt (PDL) may launch now
   const int64_t p = blockIdx.x;
   const int64_t e = load_index(a.idx, a.idx64, p);
   if (e < 0 || e >= a.E) return;  // dropped slot: h row never read
@@ -150,12 +147,10 @@ __global__ void __launch_bounds__(THREADS) batched_down_nt(BatchedArgs a) {
   if (n >= a.H) return;
   const int lane = threadIdx.x & 31;
   const int64_t H = a.H, I = a.I;
-  pdl_launch_dependents();
-  // With MOEX_CUDA_PDL=1 launched while batched_up_nt drains (that one is launched plainly: the
-  // routing was final when it started). An L2 prefetch of this warp's weight rows before pdl_wait was measured on the
-  // H200 (2026-11-29): no faster at qwen3 T = 1, and 24 % slower on mixtral / deepseek T = 1, whose
-  // down weights (235 MB) do not fit in L2 — removed; the launch overlap is what is left.
-  pdl_wait();
+  // Programmatic dependent launch of this kernel while batched_up_nt drains, with or without an
+  // L2 prefetch of its weight rows, was measured on the H200 (2026-11-29, fifth session): no gain at
+  // qwen3 T = 1, 24 % slower on mixtral / deepseek T = 1 with the prefetch (their 235 MB of down
+  // weights do not fit in L2); removed (docs/PERF.md).
   float acc = 0.0f;
   for (int64_t j0 = 0; j0 < a.K; j0 += SLOTS) {
     const T* hp[SLOTS];
@@ -304,7 +299,7 @@ void launch_typed(const BatchedArgs& a, bool vec16, cudaStream_t stream) {
       // slots interleaved: K itself up to 8 (rounded up to a power of two), else groups of 8
       const auto down = a.K <= 1 ? batched_down_nt<T, true, 1> : a.K <= 2 ? batched_down_nt<T, true, 2>
                         : a.K <= 4 ? batched_down_nt<T, true, 4> : batched_down_nt<T, true, 8>;
-      launch_pdl(down, g_down, dim3(THREADS), 0, stream, true, a);
+      down<<<g_down, THREADS, 0, stream>>>(a);
       check_launch("batched_down_nt");
     } else {
       batched_up_nt<T, false><<<g_up, THREADS, 0, stream>>>(a);
