@@ -58,6 +58,17 @@ __device__ __forceinline__ float warp_reduce_scatter32(float (&v)[32], int lane)
   return v[0];
 }
 
+// The lane's N float4 slices (dims 4·lane + 128·i) of a shared-memory row of `width` floats; zero
+// past the width.
+template <int N>
+__device__ __forceinline__ void row_slices(const float* row, int width, int lane, float4 (&out)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    const int d = 4 * lane + 128 * i;
+    out[i] = d < width ? *reinterpret_cast<const float4*>(row + d) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+}
+
 // Block (row, head block, key chunk z): head block = up to 8 query heads h0 .. h0 + hc - 1 of kv
 // head kh. The row's keys j0 .. pos are cut into chunks of a multiple of 32 keys, at most `splits`
 // of them; chunks past the row's length exit at once (no partial, no ticket). Per 32-key tile:
@@ -152,22 +163,12 @@ __global__ void __launch_bounds__(kDecThreads, 2) decode_attention_kernel(Decode
     {  // (1) scores of keys 4·warp + kk for every head: per-lane partial dots, then reduce-scatter
       float4 kv[kDecWarpKeys][NQ];
 #pragma unroll
-      for (int kk = 0; kk < kDecWarpKeys; ++kk)
-#pragma unroll
-        for (int i = 0; i < NQ; ++i) {
-          const int d = 4 * lane + 128 * i;
-          kv[kk][i] = d < dq ? *reinterpret_cast<const float4*>(kt + (warp * kDecWarpKeys + kk) * dq + d)
-                             : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        }
+      for (int kk = 0; kk < kDecWarpKeys; ++kk) row_slices<NQ>(kt + (warp * kDecWarpKeys + kk) * dq, dq, lane, kv[kk]);
       float part[32];  // [kk][h]
 #pragma unroll
       for (int h = 0; h < kDecodeHeads; ++h) {
         float4 q[NQ];
-#pragma unroll
-        for (int i = 0; i < NQ; ++i) {
-          const int d = 4 * lane + 128 * i;
-          q[i] = d < dq ? *reinterpret_cast<const float4*>(qs + h * dq + d) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        }
+        row_slices<NQ>(qs + h * dq, dq, lane, q);
 #pragma unroll
         for (int kk = 0; kk < kDecWarpKeys; ++kk) {
           float s = 0.0f;
@@ -212,11 +213,7 @@ __global__ void __launch_bounds__(kDecThreads, 2) decode_attention_kernel(Decode
     const int jend = int(min(int64_t(kDecKeys), b - t0));  // zero-filled rows past b add nothing
     for (int j = warp; j < jend; j += kDecWarps) {
       float4 v[NV];
-#pragma unroll
-      for (int i = 0; i < NV; ++i) {
-        const int d = 4 * lane + 128 * i;
-        v[i] = d < dv ? *reinterpret_cast<const float4*>(vt + j * dv + d) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      }
+      row_slices<NV>(vt + j * dv, dv, lane, v);
 #pragma unroll
       for (int h = 0; h < kDecodeHeads; ++h) {
         if (h < hc) {

@@ -147,10 +147,6 @@ __global__ void __launch_bounds__(THREADS) batched_down_nt(BatchedArgs a) {
   if (n >= a.H) return;
   const int lane = threadIdx.x & 31;
   const int64_t H = a.H, I = a.I;
-  // Programmatic dependent launch of this kernel while batched_up_nt drains, with or without an
-  // L2 prefetch of its weight rows, was measured on the H200 (2026-11-29, fifth session): no gain at
-  // qwen3 T = 1, 24 % slower on mixtral / deepseek T = 1 with the prefetch (their 235 MB of down
-  // weights do not fit in L2); removed (docs/PERF.md).
   float acc = 0.0f;
   for (int64_t j0 = 0; j0 < a.K; j0 += SLOTS) {
     const T* hp[SLOTS];

@@ -81,6 +81,10 @@ namespace moex::cuda {
 namespace {
 
 constexpr int BM = 128, BK = 64, THREADS = 384, GROUP_M = 8;
+// Rows per TMA box of a non-gathered A: a tile loads only the boxes that hold its rows. 32 measured
+// as fast as one 128-row box everywhere and 3-7 % faster where experts hold few rows (H200,
+// 2026-11-29, fifth session, docs/PERF.md).
+constexpr int ABOX = 32;
 constexpr int A_BYTES = BM * BK * 2;
 
 // One pipeline stage holds 128 bytes of every row: 64 bf16/f16 or 128 e4m3 elements of K. FP8 adds
@@ -248,8 +252,8 @@ __global__ void __launch_bounds__(THREADS, 1)
       // them keep stale data, computed and discarded like the rows past re (an MMA row depends on
       // its own A row only). Few-row experts (decode, deepseek_v3 at T = 512: 16 rows) then stop
       // pulling 128 rows of h through L2 per stage for every n tile.
-      const int a_boxes = GATHER ? 0 : (min(re - rb, BM) + x.a_box - 1) / x.a_box;
-      const uint32_t tx_bytes = B_BYTES + (GATHER ? 0 : a_boxes * x.a_box * 128 + (FP8 ? SA_BYTES : 0));
+      const int a_boxes = GATHER ? 0 : (min(re - rb, BM) + ABOX - 1) / ABOX;
+      const uint32_t tx_bytes = B_BYTES + (GATHER ? 0 : a_boxes * ABOX * 128 + (FP8 ? SA_BYTES : 0));
       int src[GATHER ? 8 : 1];
       int scale_src = -1;  // FP8 gather: source row of this thread's row (tid) of the tile
       if constexpr (GATHER) {
@@ -275,7 +279,7 @@ __global__ void __launch_bounds__(THREADS, 1)
           }
           if constexpr (!GATHER) {
             for (int b = 0; b < a_boxes; ++b)
-              tma_load_2d(sA + uint32_t(stage) * A_BYTES + uint32_t(b * x.a_box * 128), &tm_a, fb, k0, rb + b * x.a_box);
+              tma_load_2d(sA + uint32_t(stage) * A_BYTES + uint32_t(b * ABOX * 128), &tm_a, fb, k0, rb + b * ABOX);
             if constexpr (FP8) tma_load_2d(sSA + uint32_t(stage) * SA_BYTES, &tm_sa, fb, rb, kt);
           }
         }
@@ -517,15 +521,7 @@ int sm_count() {
 }
 
 template <class T, int BN, bool GATHER, bool FP8>
-void launch_typed(const GroupedGemmArgs& a, DType dtype, const TmaFp8Extra& x_in, int64_t a_rows, int64_t E, cudaStream_t stream) {
-  // Rows per TMA box of A: 32 (MOEX_CUDA_TMA_ABOX = 32, 64 or 128 for A/B; 128 = the whole tile).
-  static const int a_box = [] {
-    const char* s = std::getenv("MOEX_CUDA_TMA_ABOX");
-    const int v = s ? std::atoi(s) : 0;
-    return v == 64 || v == 128 ? v : 32;
-  }();
-  TmaFp8Extra x = x_in;
-  x.a_box = a_box;
+void launch_typed(const GroupedGemmArgs& a, DType dtype, const TmaFp8Extra& x, int64_t a_rows, int64_t E, cudaStream_t stream) {
   auto kernel = grouped_gemm_tma<T, BN, GATHER, FP8>;
   constexpr int SMEM = TmaCfg<BN, FP8>::SMEM_BYTES;
   constexpr int BKE = FP8 ? 128 : BK;
@@ -549,7 +545,7 @@ void launch_typed(const GroupedGemmArgs& a, DType dtype, const TmaFp8Extra& x_in
   if (!GATHER) {
     const cuuint64_t adims[2] = {cuuint64_t(a.Kdim), cuuint64_t(a_rows)};
     const cuuint64_t astrides[1] = {cuuint64_t(a.Kdim) * ESZ};
-    const cuuint32_t abox[2] = {cuuint32_t(BKE), cuuint32_t(x.a_box)};
+    const cuuint32_t abox[2] = {cuuint32_t(BKE), cuuint32_t(ABOX)};
     tm_a = make_map(etype, a.A, 2, adims, astrides, abox, CU_TENSOR_MAP_SWIZZLE_128B);
     if (FP8) {
       // activation scales [kb, ld] f32: box of 128 rows of one K block
