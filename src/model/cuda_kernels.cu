@@ -242,68 +242,135 @@ __device__ void route_warp(const RouterParams& p, int64_t t, int lane);  // the 
 // flight per lane (issued before their FMAs: one load in flight per lane reached only 1.8 TB/s).
 constexpr int kGemvWarps = 4;
 
-template <int TM, class W>
-__device__ __forceinline__ void gemv_chunk(const uint4& raw, const float* x, int64_t xp, int64_t c, float* sum) {
+// Eight consecutive values at element i of a buffer of dtype code 0/1/2 (i % 8 == 0, the buffer
+// 16-byte aligned): two 16-byte loads (f32) or one (f16/bf16).
+__device__ __forceinline__ void load8(const void* p, int dtype, int64_t i, float* v) {
+  if (dtype == 0) {
+    const float4 a = __ldg(reinterpret_cast<const float4*>(static_cast<const float*>(p) + i));
+    const float4 b = __ldg(reinterpret_cast<const float4*>(static_cast<const float*>(p) + i + 4));
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+    return;
+  }
+  const uint4 u = __ldg(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p) + i));
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const float2 f = dtype == 1 ? __half22float2(*reinterpret_cast<const __half2*>(&w[k]))
+                                : __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[k]));
+    v[2 * k] = f.x;
+    v[2 * k + 1] = f.y;
+  }
+}
+
+// The input values of columns c .. c+7 of row t: x, or with NORM (x + add) ⊙ gamma, whose
+// unscaled squares (x + add)² go to ss[t].
+template <bool NORM>
+__device__ __forceinline__ void gemv_inputs(const float* x, int64_t xp, int64_t c, int t, int64_t in,
+                                            const GemvExtras& e, const float* g, float* v, float* ss) {
+  const float4 a = __ldg(reinterpret_cast<const float4*>(x + t * xp + c));
+  const float4 b = __ldg(reinterpret_cast<const float4*>(x + t * xp + c + 4));
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+  if constexpr (NORM) {
+    if (e.add) {
+      float d[8];
+      load8(e.add, e.add_dtype, t * in + c, d);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) v[k] += d[k];
+    }
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      ss[t] = fmaf(v[k], v[k], ss[t]);
+      v[k] *= g[k];
+    }
+  }
+}
+
+template <int TM, class W, bool NORM>
+__device__ __forceinline__ void gemv_chunk(const uint4& raw, const float* x, int64_t xp, int64_t c, int64_t in,
+                                           const GemvExtras& e, float* sum, float* ss) {
   const W* wv = reinterpret_cast<const W*>(&raw);
   float wf[8];
 #pragma unroll
   for (int k = 0; k < 8; ++k) wf[k] = ::moex::cuda::to_f32(wv[k]);
+  float g[8];
+  if constexpr (NORM) load8(e.gamma, 0, c, g);
 #pragma unroll
   for (int t = 0; t < TM; ++t) {
-    const float4 a = __ldg(reinterpret_cast<const float4*>(x + t * xp + c));
-    const float4 b = __ldg(reinterpret_cast<const float4*>(x + t * xp + c + 4));
-    sum[t] = fmaf(wf[0], a.x, sum[t]);
-    sum[t] = fmaf(wf[1], a.y, sum[t]);
-    sum[t] = fmaf(wf[2], a.z, sum[t]);
-    sum[t] = fmaf(wf[3], a.w, sum[t]);
-    sum[t] = fmaf(wf[4], b.x, sum[t]);
-    sum[t] = fmaf(wf[5], b.y, sum[t]);
-    sum[t] = fmaf(wf[6], b.z, sum[t]);
-    sum[t] = fmaf(wf[7], b.w, sum[t]);
+    float v[8];
+    gemv_inputs<NORM>(x, xp, c, t, in, e, g, v, ss);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) sum[t] = fmaf(wf[k], v[k], sum[t]);
   }
 }
 
 // Chunks c, c + 256, ... of the lane (columns in order), U 16-byte weight loads issued at a time;
 // returns the first chunk left (fewer than U remain).
-template <int U, int TM, class W>
-__device__ __forceinline__ int64_t gemv_run(const W* wr, int64_t c, int64_t in, const float* x, int64_t xp, float* sum) {
+template <int U, int TM, class W, bool NORM>
+__device__ __forceinline__ int64_t gemv_run(const W* wr, int64_t c, int64_t in, const float* x, int64_t xp,
+                                            const GemvExtras& e, float* sum, float* ss) {
   for (; c + (U - 1) * 256 < in; c += U * 256) {
     uint4 raw[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) raw[u] = __ldcs(reinterpret_cast<const uint4*>(wr + c + u * 256));
 #pragma unroll
-    for (int u = 0; u < U; ++u) gemv_chunk<TM, W>(raw[u], x, xp, c + u * 256, sum);
+    for (int u = 0; u < U; ++u) gemv_chunk<TM, W, NORM>(raw[u], x, xp, c + u * 256, in, e, sum, ss);
   }
   return c;
 }
 
 // ROUTE: y holds router logits [TM, E] (rp.logits); the last block to finish routes the TM rows
 // (the other blocks' logits made visible by their fences before the ticket).
-template <int TM, class W, bool ROUTE>
+// NORM: see GemvExtras (gamma, add, h_out, split); every warp has a row (grid = ceil(out / warps)).
+template <int TM, class W, bool ROUTE, bool NORM>
 __global__ void __launch_bounds__(kGemvWarps * 32)
     gemv_kernel(const W* w, int64_t out, int64_t in, const float* x, int64_t xp, const float* bias, const float* row_gate,
-                float* y, int64_t yp, bool acc, RouterParams rp, unsigned* ticket) {
+                float* y, int64_t yp, bool acc, GemvExtras e, RouterParams rp, unsigned* ticket) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t row = blockIdx.x * int64_t(kGemvWarps) + warp;
   if (row < out) {
-    float sum[TM];
+    float sum[TM], ss[TM];
 #pragma unroll
-    for (int t = 0; t < TM; ++t) sum[t] = 0.0f;
+    for (int t = 0; t < TM; ++t) sum[t] = ss[t] = 0.0f;
     const W* wr = w + row * in;
     int64_t c = int64_t(lane) * 8;
-    c = gemv_run<8, TM, W>(wr, c, in, x, xp, sum);  // in = 2048: the lane's whole row in one go
-    c = gemv_run<4, TM, W>(wr, c, in, x, xp, sum);
-    gemv_run<1, TM, W>(wr, c, in, x, xp, sum);
+    c = gemv_run<8, TM, W, NORM>(wr, c, in, x, xp, e, sum, ss);  // in = 2048: the lane's whole row in one go
+    c = gemv_run<4, TM, W, NORM>(wr, c, in, x, xp, e, sum, ss);
+    gemv_run<1, TM, W, NORM>(wr, c, in, x, xp, e, sum, ss);
+    float inv[TM];
 #pragma unroll
-    for (int t = 0; t < TM; ++t) sum[t] = warp_sum(sum[t]);
+    for (int t = 0; t < TM; ++t) {
+      sum[t] = warp_sum(sum[t]);
+      inv[t] = 1.0f;
+      if constexpr (NORM) inv[t] = rsqrtf(warp_sum(ss[t]) / float(in) + e.eps);
+    }
     if (lane == 0) {
       const float bv = bias ? bias[row] : 0.0f;
 #pragma unroll
       for (int t = 0; t < TM; ++t) {
-        float v = sum[t] + bv;
+        float v = sum[t] * inv[t] + bv;
         if (row_gate) v *= 1.0f / (1.0f + expf(-row_gate[t]));
+        if (e.residual) v += load_any(e.residual, e.residual_dtype, t * out + row);
         if (acc) y[t * yp + row] += v;
         else y[t * yp + row] = v;
+      }
+    }
+    if constexpr (NORM) {
+      // the normed rows for the layer's other readers, columns shared out over the out warps
+      if (e.h_out || e.split) {
+        for (int64_t i = row * 32 + lane; i < in; i += out * 32) {
+#pragma unroll
+          for (int t = 0; t < TM; ++t) {
+            float v = x[t * xp + i];
+            if (e.add) v += load_any(e.add, e.add_dtype, t * in + i);
+            const float o = e.gamma[i] * (v * inv[t]);
+            if (e.h_out) e.h_out[t * in + i] = o;
+            if (e.split) {
+              const float hi = round_to(e.split_dtype, o);
+              store_any(e.split, e.split_dtype, t * in + i, hi);
+              store_any(e.split, e.split_dtype, (TM + t) * in + i, o - hi);
+            }
+          }
+        }
       }
     }
   }
@@ -323,16 +390,39 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
   }
 }
 
+// cp.async.bulk.prefetch.L2 of the ranges in 16 KB pieces, one piece per thread and turn.
+constexpr uint64_t kPrefetchPiece = 16 << 10;
+__global__ void l2_prefetch_kernel(L2PrefetchRanges r) {
+  uint64_t policy;
+  if (r.policy == 2) asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+  else asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(policy));
+  const uint64_t tid = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x, nt = uint64_t(gridDim.x) * blockDim.x;
+  for (int k = 0; k < r.n; ++k) {
+    const uint64_t base = reinterpret_cast<uint64_t>(r.ptr[k]);
+    const uint64_t lo = (base + 15) & ~uint64_t(15), hi = (base + r.bytes[k]) & ~uint64_t(15);
+    for (uint64_t a = lo + tid * kPrefetchPiece; a < hi; a += nt * kPrefetchPiece) {
+      const uint32_t n = uint32_t(hi - a < kPrefetchPiece ? hi - a : kPrefetchPiece);
+      asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;" ::"l"(a), "r"(n), "l"(policy)
+                   : "memory");
+    }
+  }
+}
+
 template <class W, bool ROUTE>
 void launch_gemv_t(const W* w, int64_t out, int64_t in, const float* x, int64_t xp, int64_t T, const float* bias,
-                   const float* gate, float* y, int64_t yp, bool acc, const RouterParams& rp, unsigned* ticket,
-                   cudaStream_t s) {
+                   const float* gate, float* y, int64_t yp, bool acc, const GemvExtras& e, const RouterParams& rp,
+                   unsigned* ticket, cudaStream_t s) {
   const unsigned grid = unsigned((out + kGemvWarps - 1) / kGemvWarps);
+  const bool norm = e.gamma != nullptr;
   switch (T) {
-#define MOEX_GEMV_CASE(n)                                                                                    \
-  case n:                                                                                                    \
-    gemv_kernel<n, W, ROUTE><<<grid, kGemvWarps * 32, 0, s>>>(w, out, in, x, xp, bias, gate, y, yp, acc, rp, \
-                                                               ticket);                                      \
+#define MOEX_GEMV_CASE(n)                                                                                        \
+  case n:                                                                                                        \
+    if (norm)                                                                                                    \
+      gemv_kernel<n, W, ROUTE, true><<<grid, kGemvWarps * 32, 0, s>>>(w, out, in, x, xp, bias, gate, y, yp, acc, \
+                                                                       e, rp, ticket);                           \
+    else                                                                                                         \
+      gemv_kernel<n, W, ROUTE, false><<<grid, kGemvWarps * 32, 0, s>>>(w, out, in, x, xp, bias, gate, y, yp,     \
+                                                                        acc, e, rp, ticket);                     \
     break;
     MOEX_GEMV_CASE(1)
     MOEX_GEMV_CASE(2)
@@ -1083,27 +1173,36 @@ bool gemv_ok(const void* w, int64_t in, const float* x, int64_t xp, int64_t T) {
 }
 
 void launch_gemv(const void* w, int wdt, int64_t out, int64_t in, const float* x, int64_t xp, int64_t T, const float* bias,
-                 const float* gate, float* y, int64_t yp, bool acc, cudaStream_t s) {
+                 const float* gate, float* y, int64_t yp, bool acc, cudaStream_t s, const GemvExtras& e) {
   if (T == 0 || out == 0) return;
+  MOEX_ASSERT(!e.gamma || !e.residual);
   const RouterParams none{};
   if (wdt == 1)
-    launch_gemv_t<__half, false>(static_cast<const __half*>(w), out, in, x, xp, T, bias, gate, y, yp, acc, none, nullptr, s);
+    launch_gemv_t<__half, false>(static_cast<const __half*>(w), out, in, x, xp, T, bias, gate, y, yp, acc, e, none,
+                                 nullptr, s);
   else
     launch_gemv_t<__nv_bfloat16, false>(static_cast<const __nv_bfloat16*>(w), out, in, x, xp, T, bias, gate, y, yp, acc,
-                                        none, nullptr, s);
+                                        e, none, nullptr, s);
 }
 
 void launch_gemv_router(const void* w, int wdt, int64_t in, const float* x, int64_t xp, const float* bias,
-                        const RouterParams& p, unsigned* ticket, cudaStream_t s) {
+                        const RouterParams& p, unsigned* ticket, cudaStream_t s, const GemvExtras& e) {
   if (p.T == 0) return;
-  MOEX_ASSERT(p.kind != 1 && p.T <= kGemvMaxRows && gemv_ok(w, in, x, xp, p.T) && ticket);
+  MOEX_ASSERT(p.kind != 1 && p.T <= kGemvMaxRows && gemv_ok(w, in, x, xp, p.T) && ticket && !e.residual);
   float* y = const_cast<float*>(p.logits);
   if (wdt == 1)
-    launch_gemv_t<__half, true>(static_cast<const __half*>(w), p.E, in, x, xp, p.T, bias, nullptr, y, p.E, false, p,
+    launch_gemv_t<__half, true>(static_cast<const __half*>(w), p.E, in, x, xp, p.T, bias, nullptr, y, p.E, false, e, p,
                                 ticket, s);
   else
     launch_gemv_t<__nv_bfloat16, true>(static_cast<const __nv_bfloat16*>(w), p.E, in, x, xp, p.T, bias, nullptr, y, p.E,
-                                       false, p, ticket, s);
+                                       false, e, p, ticket, s);
+}
+
+void launch_l2_prefetch(const L2PrefetchRanges& r, cudaStream_t s) {
+  if (r.n == 0) return;
+  MOEX_ASSERT(r.n <= 4);
+  l2_prefetch_kernel<<<64, 32, 0, s>>>(r);
+  check_launch("l2_prefetch_kernel");
 }
 
 void launch_to_dtype(const float* x, int64_t T, int64_t n, void* out, int dt, cudaStream_t s) {
