@@ -379,7 +379,7 @@ TEST(CudaModelDecodeFusion, MatchesTheSeparateKernels) {
       const auto b = run("1", "3", fused);
       ASSERT_EQ(plain.size(), fused.size()) << name;
       const double err = rel_l2(fused.data(), plain.data(), plain.size());
-      std::printf("  %s %s: fused decode vs separate kernels rel L2 %.2e\n", name, dtype_name(dt), err);
+      std::printf("  %s %s: fused decode vs separate kernels rel L2 %.2e\n", name, std::string(dtype_name(dt)).c_str(), err);
       // f32: the same sums in another order; bf16: the experts' input rounded from a normed row
       // computed in another order (a few elements one bf16 ulp apart)
       EXPECT_LE(err, dt == DType::f32 ? 1e-5 : 1e-2) << name;

@@ -154,6 +154,13 @@ struct CudaModel::Impl {
   // qkv projection when layer l routes; MOEX_CUDA_L2_PREFETCH_POLICY 1 evict-normal / 2 evict-last;
   // MOEX_CUDA_L2_PERSIST=1 also sets the device's persisting-L2 limit to its maximum).
   int l2_prefetch = 0, l2_policy = 2;
+  // Measurement only (MOEX_CUDA_DEBUG_SKIP=norm,qkv,qkvpost,attn,o,experts,lmhead): decode steps
+  // leave those kernels out, so that a step's time without them gives their cost inside the graph.
+  // The results are wrong with any of them set.
+  unsigned debug_skip = 0;
+  enum SkipBits : unsigned { kSkipNorm = 1, kSkipQkv = 2, kSkipQkvPost = 4, kSkipAttn = 8, kSkipO = 16, kSkipExperts = 32,
+                             kSkipLmHead = 64 };
+  bool skip(int64_t T, unsigned bit) const { return (debug_skip & bit) && T <= kern::kGemvMaxRows; }
   cudaStream_t side = nullptr;
   cudaEvent_t fork_ev = nullptr, join_ev = nullptr;
   bool side_pending = false;
@@ -673,7 +680,7 @@ struct CudaModel::Impl {
         e.eps = float(t.rms_norm_eps);
         kern::launch_gemv(d.qkv.w, code_of(d.qkv.dt), width, H, b.x.ptr<float>(), H, T, d.qkv.bias, nullptr,
                           b.qkv.ptr<float>(), width, false, stream, e);
-      } else {
+      } else if (!skip(T, kSkipQkv)) {
         linear(d.qkv, h, H, T, b.qkv.ptr<float>(), width, false, pre);
       }
       kern::QkvPostParams qp{};
@@ -694,7 +701,7 @@ struct CudaModel::Impl {
       qp.k_cache = b.k_cache[l].ptr<float>();
       qp.v_cache = b.v_cache[l].ptr<float>();
       qp.max_len = cap_len;
-      kern::launch_qkv_post(qp, stream);
+      if (!skip(T, kSkipQkvPost)) kern::launch_qkv_post(qp, stream);
       ap.window = d.window;
       ap.sinks = d.sinks;
     }
@@ -725,8 +732,8 @@ struct CudaModel::Impl {
       dp.partial = b.dec_partial.ptr<float>();
       dp.counters = b.dec_counters.ptr<int32_t>();
       dp.out = b.attn.ptr<float>();
-      kern::launch_decode_attention(dp, stream);
-      o_projection(d, T, fused_in, pending);
+      if (!skip(T, kSkipAttn)) kern::launch_decode_attention(dp, stream);
+      if (!skip(T, kSkipO)) o_projection(d, T, fused_in, pending);
       return;
     }
     ap.q = b.q.ptr<float>();
@@ -821,7 +828,7 @@ struct CudaModel::Impl {
     RunOptions ro;
     ro.stream = stream;
     ro.workspace = ws.get();
-    experts_forward(backend, d.experts, call, ro);
+    if (!skip(T, kSkipExperts)) experts_forward(backend, d.experts, call, ro);
     if (d.shared_gate.defined()) linear(d.shared_gate, h, H, T, b.sgate.ptr<float>(), 1, false, pre);
     if (d.shared_gate_up.defined()) {
       const int64_t I = d.shared_down.in;
@@ -857,12 +864,12 @@ struct CudaModel::Impl {
         p.embed = embed;
         p.embed_dtype = code_of(dt);
         kern::launch_rmsnorm(p, stream);
-      } else if (!fused_in) {
+      } else if (!fused_in && !skip(T, kSkipNorm)) {
         norm(b.x.ptr<float>(), H, d.input_norm, T, H, h, H, pending_add ? b.xout.data() : nullptr);
       }
       attention_layer(d, l, T, n_tiles, segs, fused_in, fused_in && pending_add ? b.xout.data() : nullptr);
       const bool fused_post = decode && router_fuses_norm(d, T);
-      if (!fused_post) norm(b.x.ptr<float>(), H, d.post_norm, T, H, h, H);
+      if (!fused_post && !skip(T, kSkipNorm)) norm(b.x.ptr<float>(), H, d.post_norm, T, H, h, H);
       mlp_layer(d, T, backend, fused_post);
       pending_add = d.is_moe;
     }
@@ -876,7 +883,8 @@ struct CudaModel::Impl {
       p.add_dtype = dtc;
     }
     kern::launch_rmsnorm(p, stream);
-    linear(lm_head, b.fin.ptr<float>(), H, n_out, b.logits.ptr<float>(), V, false, dtc != 0, nullptr, b.lm_g.ptr<float>());
+    if (!skip(T, kSkipLmHead))
+      linear(lm_head, b.fin.ptr<float>(), H, n_out, b.logits.ptr<float>(), V, false, dtc != 0, nullptr, b.lm_g.ptr<float>());
     if (argmax)
       kern::launch_argmax(b.logits.ptr<float>(), n_out, V, b.next.ptr<int32_t>(),
                           static_cast<char*>(b.sync.data()) + 16, stream);
@@ -995,6 +1003,15 @@ CudaModel::CudaModel(const ModelWeights& w, const TextConfig& t, Device dev) : i
   if (const char* e = std::getenv("MOEX_CUDA_GEMV")) m.gemv_enabled = std::string(e) != "0";
   if (const char* e = std::getenv("MOEX_CUDA_LINEAR_TERMS")) m.linear_terms = std::string(e) == "2" ? 2 : 1;
   if (const char* e = std::getenv("MOEX_CUDA_DECODE_FUSE")) m.decode_fuse = std::string(e) != "0";
+  if (const char* e = std::getenv("MOEX_CUDA_DEBUG_SKIP")) {
+    const std::string v = std::string(",") + e + ",";
+    const std::pair<const char*, unsigned> names[] = {{"norm", Impl::kSkipNorm},  {"qkv", Impl::kSkipQkv},
+                                                      {"qkvpost", Impl::kSkipQkvPost}, {"attn", Impl::kSkipAttn},
+                                                      {"o", Impl::kSkipO},        {"experts", Impl::kSkipExperts},
+                                                      {"lmhead", Impl::kSkipLmHead}};
+    for (const auto& [n, bit] : names)
+      if (v.find(std::string(",") + n + ",") != std::string::npos) m.debug_skip |= bit;
+  }
   if (const char* e = std::getenv("MOEX_CUDA_L2_PREFETCH")) m.l2_prefetch = std::atoi(e) & 3;
   if (const char* e = std::getenv("MOEX_CUDA_L2_PREFETCH_POLICY")) m.l2_policy = std::atoi(e) == 1 ? 1 : 2;
   if (const char* e = std::getenv("MOEX_CUDA_L2_PERSIST"); e && std::string(e) == "1") {
