@@ -770,7 +770,8 @@ struct CudaModel::Impl {
   // Whether the post-attention norm of layer d can be done by its router (decode_fuse): the router
   // goes through the fused GEMV + routing kernel.
   bool router_fuses_norm(const DLayer& d, int64_t T) const {
-    return decode_fuse && d.is_moe && t.family != ModelFamily::deepseek_v3 && is_gemv(d.router, b.x.ptr<float>(), H, T);
+    return decode_fuse && d.is_moe && t.family != ModelFamily::deepseek_v3 && is_gemv(d.router, b.x.ptr<float>(), H, T) &&
+           kern::gemv_norm_ok(H, T);
   }
   // `fused_post`: h is still to be normed from x, by the router (router_fuses_norm).
   void mlp_layer(const DLayer& d, int64_t T, const std::string& backend, bool fused_post = false) {
@@ -857,7 +858,7 @@ struct CudaModel::Impl {
       if (decode && (l2_prefetch & 1)) prefetch(&d.o);
       // decode steps: the input norm done by the qkv projection (not on layer 0: the embedding lookup)
       const bool fused_in = decode && decode_fuse && l > 0 && !mla && is_gemv(d.qkv, b.x.ptr<float>(), H, T) &&
-                            is_gemv(d.o, b.attn.ptr<float>(), nh * dv, T);
+                            kern::gemv_norm_ok(H, T) && is_gemv(d.o, b.attn.ptr<float>(), nh * dv, T);
       if (l == 0) {  // the embedding lookup fused into the first norm: x = embed[ids], h = norm(x)
         kern::RmsNormParams p = norm_params(b.x.ptr<float>(), H, d.input_norm, T, H, h, H);
         p.ids = b.ids.ptr<int32_t>();

@@ -241,134 +241,162 @@ __device__ void route_warp(const RouterParams& p, int64_t t, int lane);  // the 
 // of the grid reads the same rows). The weights stream through with up to eight 16-byte loads in
 // flight per lane (issued before their FMAs: one load in flight per lane reached only 1.8 TB/s).
 constexpr int kGemvWarps = 4;
+constexpr int kGemvFirst = 16;               // weight loads per lane issued at the kernel's start
+constexpr int64_t kGemvStageBytes = 48 << 10;  // x staged in shared memory up to this size
 
-// Eight consecutive values at element i of a buffer of dtype code 0/1/2 (i % 8 == 0, the buffer
-// 16-byte aligned): two 16-byte loads (f32) or one (f16/bf16).
-__device__ __forceinline__ void load8(const void* p, int dtype, int64_t i, float* v) {
-  if (dtype == 0) {
-    const float4 a = __ldg(reinterpret_cast<const float4*>(static_cast<const float*>(p) + i));
-    const float4 b = __ldg(reinterpret_cast<const float4*>(static_cast<const float*>(p) + i + 4));
-    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-    return;
-  }
-  const uint4 u = __ldg(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p) + i));
-  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const float2 f = dtype == 1 ? __half22float2(*reinterpret_cast<const __half2*>(&w[k]))
-                                : __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[k]));
-    v[2 * k] = f.x;
-    v[2 * k + 1] = f.y;
-  }
-}
-
-// The input values of columns c .. c+7 of row t: x, or with NORM (x + add) ⊙ gamma, whose
-// unscaled squares (x + add)² go to ss[t].
-template <bool NORM>
-__device__ __forceinline__ void gemv_inputs(const float* x, int64_t xp, int64_t c, int t, int64_t in,
-                                            const GemvExtras& e, const float* g, float* v, float* ss) {
-  const float4 a = __ldg(reinterpret_cast<const float4*>(x + t * xp + c));
-  const float4 b = __ldg(reinterpret_cast<const float4*>(x + t * xp + c + 4));
-  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-  if constexpr (NORM) {
-    if (e.add) {
-      float d[8];
-      load8(e.add, e.add_dtype, t * in + c, d);
-#pragma unroll
-      for (int k = 0; k < 8; ++k) v[k] += d[k];
-    }
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      ss[t] = fmaf(v[k], v[k], ss[t]);
-      v[k] *= g[k];
-    }
-  }
-}
-
-template <int TM, class W, bool NORM>
-__device__ __forceinline__ void gemv_chunk(const uint4& raw, const float* x, int64_t xp, int64_t c, int64_t in,
-                                           const GemvExtras& e, float* sum, float* ss) {
+template <int TM, class W>
+__device__ __forceinline__ void gemv_chunk(const uint4& raw, const float* x, int64_t xp, int64_t c, float* sum) {
   const W* wv = reinterpret_cast<const W*>(&raw);
   float wf[8];
 #pragma unroll
   for (int k = 0; k < 8; ++k) wf[k] = ::moex::cuda::to_f32(wv[k]);
-  float g[8];
-  if constexpr (NORM) load8(e.gamma, 0, c, g);
 #pragma unroll
   for (int t = 0; t < TM; ++t) {
-    float v[8];
-    gemv_inputs<NORM>(x, xp, c, t, in, e, g, v, ss);
-#pragma unroll
-    for (int k = 0; k < 8; ++k) sum[t] = fmaf(wf[k], v[k], sum[t]);
+    const float4 a = *reinterpret_cast<const float4*>(x + t * xp + c);
+    const float4 b = *reinterpret_cast<const float4*>(x + t * xp + c + 4);
+    sum[t] = fmaf(wf[0], a.x, sum[t]);
+    sum[t] = fmaf(wf[1], a.y, sum[t]);
+    sum[t] = fmaf(wf[2], a.z, sum[t]);
+    sum[t] = fmaf(wf[3], a.w, sum[t]);
+    sum[t] = fmaf(wf[4], b.x, sum[t]);
+    sum[t] = fmaf(wf[5], b.y, sum[t]);
+    sum[t] = fmaf(wf[6], b.z, sum[t]);
+    sum[t] = fmaf(wf[7], b.w, sum[t]);
   }
 }
 
 // Chunks c, c + 256, ... of the lane (columns in order), U 16-byte weight loads issued at a time;
 // returns the first chunk left (fewer than U remain).
-template <int U, int TM, class W, bool NORM>
-__device__ __forceinline__ int64_t gemv_run(const W* wr, int64_t c, int64_t in, const float* x, int64_t xp,
-                                            const GemvExtras& e, float* sum, float* ss) {
+template <int U, int TM, class W>
+__device__ __forceinline__ int64_t gemv_run(const W* wr, int64_t c, int64_t in, const float* x, int64_t xp, float* sum) {
   for (; c + (U - 1) * 256 < in; c += U * 256) {
     uint4 raw[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) raw[u] = __ldcs(reinterpret_cast<const uint4*>(wr + c + u * 256));
 #pragma unroll
-    for (int u = 0; u < U; ++u) gemv_chunk<TM, W, NORM>(raw[u], x, xp, c + u * 256, in, e, sum, ss);
+    for (int u = 0; u < U; ++u) gemv_chunk<TM, W>(raw[u], x, xp, c + u * 256, sum);
   }
   return c;
 }
 
+// Whether the rows x [T, in] fit the GEMV's shared-memory copy (STAGE; NORM needs it).
+__host__ __device__ constexpr bool gemv_stages(int64_t T, int64_t in) { return T * in * 4 <= kGemvStageBytes; }
+
+// One warp per output row, kGemvWarps rows per block. Lane l reads the weights of columns 8l,
+// 8l + 256, ... with 16-byte streaming loads; the first kGemvFirst of them are issued before
+// anything else, so that the weights are in flight while the block prepares x.
+// STAGE: the block copies x [TM, in] into shared memory once (as (x + add) ⊙ gamma with NORM, the
+// squares summed on the way: 1/rms per row from a block reduction) and the warps read it there:
+// every warp of the grid reading x through L1 on its own cost as much L2 traffic as the weights.
 // ROUTE: y holds router logits [TM, E] (rp.logits); the last block to finish routes the TM rows
 // (the other blocks' logits made visible by their fences before the ticket).
-// NORM: see GemvExtras (gamma, add, h_out, split); every warp has a row (grid = ceil(out / warps)).
-template <int TM, class W, bool ROUTE, bool NORM>
+template <int TM, class W, bool ROUTE, bool NORM, bool STAGE>
 __global__ void __launch_bounds__(kGemvWarps * 32)
     gemv_kernel(const W* w, int64_t out, int64_t in, const float* x, int64_t xp, const float* bias, const float* row_gate,
                 float* y, int64_t yp, bool acc, GemvExtras e, RouterParams rp, unsigned* ticket) {
+  static_assert(!NORM || STAGE, "the fused norm reads x from shared memory");
+  extern __shared__ float4 gemv_smem[];
+  float* xs = reinterpret_cast<float*>(gemv_smem);  // STAGE: [TM, in]
+  __shared__ float red[TM][kGemvWarps];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t row = blockIdx.x * int64_t(kGemvWarps) + warp;
-  if (row < out) {
-    float sum[TM], ss[TM];
+  const bool has_row = row < out;
+  const W* wr = w + (has_row ? row : 0) * in;
+  const int64_t c0 = int64_t(lane) * 8;
+  uint4 raw[kGemvFirst];
 #pragma unroll
-    for (int t = 0; t < TM; ++t) sum[t] = ss[t] = 0.0f;
-    const W* wr = w + row * in;
-    int64_t c = int64_t(lane) * 8;
-    c = gemv_run<8, TM, W, NORM>(wr, c, in, x, xp, e, sum, ss);  // in = 2048: the lane's whole row in one go
-    c = gemv_run<4, TM, W, NORM>(wr, c, in, x, xp, e, sum, ss);
-    gemv_run<1, TM, W, NORM>(wr, c, in, x, xp, e, sum, ss);
-    float inv[TM];
+  for (int u = 0; u < kGemvFirst; ++u)
+    if (has_row && c0 + u * 256 < in) raw[u] = __ldcs(reinterpret_cast<const uint4*>(wr + c0 + u * 256));
+  // what the row's results add to: y itself (acc) and the residual term, read while the weights fly
+  float base[TM];
 #pragma unroll
-    for (int t = 0; t < TM; ++t) {
-      sum[t] = warp_sum(sum[t]);
-      inv[t] = 1.0f;
-      if constexpr (NORM) inv[t] = rsqrtf(warp_sum(ss[t]) / float(in) + e.eps);
+  for (int t = 0; t < TM; ++t) {
+    base[t] = 0.0f;
+    if (lane == 0 && has_row) {
+      if (acc) base[t] = y[t * yp + row];
+      if (e.residual) base[t] += load_any(e.residual, e.residual_dtype, t * out + row);
     }
+  }
+  float inv[TM];
+#pragma unroll
+  for (int t = 0; t < TM; ++t) inv[t] = 1.0f;
+  if constexpr (STAGE) {
+    float ss[TM];
+#pragma unroll
+    for (int t = 0; t < TM; ++t) ss[t] = 0.0f;
+    for (int64_t i = int64_t(threadIdx.x) * 4; i < in; i += kGemvWarps * 32 * 4) {
+      float4 g;
+      if constexpr (NORM) g = __ldg(reinterpret_cast<const float4*>(e.gamma + i));
+#pragma unroll
+      for (int t = 0; t < TM; ++t) {
+        float4 v = __ldg(reinterpret_cast<const float4*>(x + t * xp + i));
+        if constexpr (NORM) {
+          if (e.add) {
+            const float4 d = load4(e.add, e.add_dtype, t * in + i);
+            v = make_float4(v.x + d.x, v.y + d.y, v.z + d.z, v.w + d.w);
+          }
+          ss[t] += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+          v = make_float4(v.x * g.x, v.y * g.y, v.z * g.z, v.w * g.w);
+        }
+        *reinterpret_cast<float4*>(xs + t * in + i) = v;
+      }
+    }
+    if constexpr (NORM) {
+#pragma unroll
+      for (int t = 0; t < TM; ++t) {
+        const float v = warp_sum(ss[t]);
+        if (lane == 0) red[t][warp] = v;
+      }
+    }
+    __syncthreads();
+    if constexpr (NORM) {
+#pragma unroll
+      for (int t = 0; t < TM; ++t) {
+        float v = 0.0f;
+#pragma unroll
+        for (int q = 0; q < kGemvWarps; ++q) v += red[t][q];
+        inv[t] = rsqrtf(v / float(in) + e.eps);
+      }
+    }
+  }
+  const float* xr = STAGE ? xs : x;
+  const int64_t xrp = STAGE ? in : xp;
+  if (has_row) {
+    float sum[TM];
+#pragma unroll
+    for (int t = 0; t < TM; ++t) sum[t] = 0.0f;
+#pragma unroll
+    for (int u = 0; u < kGemvFirst; ++u)
+      if (c0 + u * 256 < in) gemv_chunk<TM, W>(raw[u], xr, xrp, c0 + u * 256, sum);
+    int64_t c = c0 + kGemvFirst * 256;
+    c = gemv_run<8, TM, W>(wr, c, in, xr, xrp, sum);
+    c = gemv_run<4, TM, W>(wr, c, in, xr, xrp, sum);
+    gemv_run<1, TM, W>(wr, c, in, xr, xrp, sum);
+#pragma unroll
+    for (int t = 0; t < TM; ++t) sum[t] = warp_sum(sum[t]);
     if (lane == 0) {
       const float bv = bias ? bias[row] : 0.0f;
 #pragma unroll
       for (int t = 0; t < TM; ++t) {
         float v = sum[t] * inv[t] + bv;
         if (row_gate) v *= 1.0f / (1.0f + expf(-row_gate[t]));
-        if (e.residual) v += load_any(e.residual, e.residual_dtype, t * out + row);
-        if (acc) y[t * yp + row] += v;
-        else y[t * yp + row] = v;
+        y[t * yp + row] = base[t] + v;
       }
     }
-    if constexpr (NORM) {
-      // the normed rows for the layer's other readers, columns shared out over the out warps
-      if (e.h_out || e.split) {
-        for (int64_t i = row * 32 + lane; i < in; i += out * 32) {
+  }
+  if constexpr (NORM) {
+    // the normed rows for the layer's other readers: each block writes its slice of the columns
+    if (e.h_out || e.split) {
+      const int64_t per = (in + gridDim.x - 1) / gridDim.x, lo = blockIdx.x * per, hi = lo + per < in ? lo + per : in;
+      for (int64_t i = lo + threadIdx.x; i < hi; i += kGemvWarps * 32) {
 #pragma unroll
-          for (int t = 0; t < TM; ++t) {
-            float v = x[t * xp + i];
-            if (e.add) v += load_any(e.add, e.add_dtype, t * in + i);
-            const float o = e.gamma[i] * (v * inv[t]);
-            if (e.h_out) e.h_out[t * in + i] = o;
-            if (e.split) {
-              const float hi = round_to(e.split_dtype, o);
-              store_any(e.split, e.split_dtype, t * in + i, hi);
-              store_any(e.split, e.split_dtype, (TM + t) * in + i, o - hi);
-            }
+        for (int t = 0; t < TM; ++t) {
+          const float o = xs[t * in + i] * inv[t];
+          if (e.h_out) e.h_out[t * in + i] = o;
+          if (e.split) {
+            const float hr = round_to(e.split_dtype, o);
+            store_any(e.split, e.split_dtype, t * in + i, hr);
+            store_any(e.split, e.split_dtype, (TM + t) * in + i, o - hr);
           }
         }
       }
@@ -413,16 +441,21 @@ void launch_gemv_t(const W* w, int64_t out, int64_t in, const float* x, int64_t 
                    const float* gate, float* y, int64_t yp, bool acc, const GemvExtras& e, const RouterParams& rp,
                    unsigned* ticket, cudaStream_t s) {
   const unsigned grid = unsigned((out + kGemvWarps - 1) / kGemvWarps);
-  const bool norm = e.gamma != nullptr;
+  const bool norm = e.gamma != nullptr, stage = gemv_stages(T, in);
+  MOEX_ASSERT(!norm || stage);
+  const size_t smem = stage ? size_t(T * in * 4) : 0;
   switch (T) {
-#define MOEX_GEMV_CASE(n)                                                                                        \
-  case n:                                                                                                        \
-    if (norm)                                                                                                    \
-      gemv_kernel<n, W, ROUTE, true><<<grid, kGemvWarps * 32, 0, s>>>(w, out, in, x, xp, bias, gate, y, yp, acc, \
-                                                                       e, rp, ticket);                           \
-    else                                                                                                         \
-      gemv_kernel<n, W, ROUTE, false><<<grid, kGemvWarps * 32, 0, s>>>(w, out, in, x, xp, bias, gate, y, yp,     \
-                                                                        acc, e, rp, ticket);                     \
+#define MOEX_GEMV_CASE(n)                                                                                         \
+  case n:                                                                                                         \
+    if (norm)                                                                                                     \
+      gemv_kernel<n, W, ROUTE, true, true><<<grid, kGemvWarps * 32, smem, s>>>(w, out, in, x, xp, bias, gate, y,  \
+                                                                                yp, acc, e, rp, ticket);          \
+    else if (stage)                                                                                               \
+      gemv_kernel<n, W, ROUTE, false, true><<<grid, kGemvWarps * 32, smem, s>>>(w, out, in, x, xp, bias, gate, y, \
+                                                                                 yp, acc, e, rp, ticket);         \
+    else                                                                                                          \
+      gemv_kernel<n, W, ROUTE, false, false><<<grid, kGemvWarps * 32, 0, s>>>(w, out, in, x, xp, bias, gate, y,   \
+                                                                               yp, acc, e, rp, ticket);           \
     break;
     MOEX_GEMV_CASE(1)
     MOEX_GEMV_CASE(2)
@@ -1166,6 +1199,8 @@ void launch_finish_linear(const float* g, bool two, const float* bias, const flo
   finish_linear_kernel<<<dim3(grid_x(n), unsigned(T)), 256, 0, s>>>(g, two, bias, row_gate, T, n, y, yp, acc);
   check_launch("finish_linear_kernel");
 }
+
+bool gemv_norm_ok(int64_t in, int64_t T) { return gemv_stages(T, in); }
 
 bool gemv_ok(const void* w, int64_t in, const float* x, int64_t xp, int64_t T) {
   return T >= 1 && T <= kGemvMaxRows && in % 8 == 0 && xp % 4 == 0 && ::moex::cuda::aligned16(w) &&

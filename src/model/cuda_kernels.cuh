@@ -92,6 +92,9 @@ struct GemvExtras {
 void launch_gemv(const void* w, int w_dtype, int64_t out, int64_t in, const float* x, int64_t x_pitch, int64_t T,
                  const float* bias, const float* row_gate, float* y, int64_t y_pitch, bool accumulate, cudaStream_t s,
                  const GemvExtras& extras = {});
+// Whether `gamma` (the fused norm) is allowed for T rows of `in` (the rows must fit the kernel's
+// shared-memory copy of x: T · in · 4 <= 48 KB).
+bool gemv_norm_ok(int64_t in, int64_t T);
 
 // Asks L2 to fetch up to four byte ranges (a hint: nothing waits for it; cp.async.bulk.prefetch.L2
 // spread over many blocks so that no single SM's copy engine serialises it). policy 1 = evict
