@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <cfloat>
+#include <cstdlib>
+#include <string>
 
 #include "backends/cuda/cuda_common.cuh"
 #include "model/cuda_warp.cuh"
@@ -242,7 +244,7 @@ __device__ void route_warp(const RouterParams& p, int64_t t, int lane);  // the 
 // flight per lane (issued before their FMAs: one load in flight per lane reached only 1.8 TB/s).
 constexpr int kGemvWarps = 4;
 constexpr int kGemvFirst = 16;               // weight loads per lane issued at the kernel's start
-constexpr int64_t kGemvStageBytes = 48 << 10;  // x staged in shared memory up to this size
+constexpr int64_t kGemvStageBytes = 40 << 10;  // x staged in shared memory up to this size (+ static: <= 48 KB)
 
 template <int TM, class W>
 __device__ __forceinline__ void gemv_chunk(const uint4& raw, const float* x, int64_t xp, int64_t c, float* sum) {
@@ -279,6 +281,14 @@ __device__ __forceinline__ int64_t gemv_run(const W* wr, int64_t c, int64_t in, 
   return c;
 }
 
+// MOEX_CUDA_GEMV_STAGE=0: x read through L1 by every warp (no shared-memory copy, no fused norm).
+bool gemv_stage_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("MOEX_CUDA_GEMV_STAGE");
+    return !v || std::string(v) != "0";
+  }();
+  return on;
+}
 // Whether the rows x [T, in] fit the GEMV's shared-memory copy (STAGE; NORM needs it).
 __host__ __device__ constexpr bool gemv_stages(int64_t T, int64_t in) { return T * in * 4 <= kGemvStageBytes; }
 
@@ -441,19 +451,31 @@ void launch_gemv_t(const W* w, int64_t out, int64_t in, const float* x, int64_t 
                    const float* gate, float* y, int64_t yp, bool acc, const GemvExtras& e, const RouterParams& rp,
                    unsigned* ticket, cudaStream_t s) {
   const unsigned grid = unsigned((out + kGemvWarps - 1) / kGemvWarps);
-  const bool norm = e.gamma != nullptr, stage = gemv_stages(T, in);
+  const bool norm = e.gamma != nullptr, stage = gemv_stage_enabled() && gemv_stages(T, in);
   MOEX_ASSERT(!norm || stage);
   const size_t smem = stage ? size_t(T * in * 4) : 0;
+  // Staging blocks want the shared-memory side of the L1/shared split: the weights stream past L1
+  // anyway, and a small carveout would limit the blocks per SM (MOEX_CUDA_GEMV_CARVEOUT=0: leave it)
+  static const bool carve = [] {
+    const char* v = std::getenv("MOEX_CUDA_GEMV_CARVEOUT");
+    return !v || std::string(v) != "0";
+  }();
+  auto prefer_shared = [&](auto kernel) {
+    if (carve && stage)
+      cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, int(cudaSharedmemCarveoutMaxShared));
+  };
   switch (T) {
 #define MOEX_GEMV_CASE(n)                                                                                         \
   case n:                                                                                                         \
-    if (norm)                                                                                                     \
+    if (norm) {                                                                                                   \
+      prefer_shared(gemv_kernel<n, W, ROUTE, true, true>);                                                        \
       gemv_kernel<n, W, ROUTE, true, true><<<grid, kGemvWarps * 32, smem, s>>>(w, out, in, x, xp, bias, gate, y,  \
                                                                                 yp, acc, e, rp, ticket);          \
-    else if (stage)                                                                                               \
+    } else if (stage) {                                                                                           \
+      prefer_shared(gemv_kernel<n, W, ROUTE, false, true>);                                                       \
       gemv_kernel<n, W, ROUTE, false, true><<<grid, kGemvWarps * 32, smem, s>>>(w, out, in, x, xp, bias, gate, y, \
                                                                                  yp, acc, e, rp, ticket);         \
-    else                                                                                                          \
+    } else                                                                                                        \
       gemv_kernel<n, W, ROUTE, false, false><<<grid, kGemvWarps * 32, 0, s>>>(w, out, in, x, xp, bias, gate, y,   \
                                                                                yp, acc, e, rp, ticket);           \
     break;
@@ -1200,7 +1222,7 @@ void launch_finish_linear(const float* g, bool two, const float* bias, const flo
   check_launch("finish_linear_kernel");
 }
 
-bool gemv_norm_ok(int64_t in, int64_t T) { return gemv_stages(T, in); }
+bool gemv_norm_ok(int64_t in, int64_t T) { return gemv_stage_enabled() && gemv_stages(T, in); }
 
 bool gemv_ok(const void* w, int64_t in, const float* x, int64_t xp, int64_t T) {
   return T >= 1 && T <= kGemvMaxRows && in % 8 == 0 && xp % 4 == 0 && ::moex::cuda::aligned16(w) &&

@@ -93,7 +93,7 @@ void launch_gemv(const void* w, int w_dtype, int64_t out, int64_t in, const floa
                  const float* bias, const float* row_gate, float* y, int64_t y_pitch, bool accumulate, cudaStream_t s,
                  const GemvExtras& extras = {});
 // Whether `gamma` (the fused norm) is allowed for T rows of `in` (the rows must fit the kernel's
-// shared-memory copy of x: T · in · 4 <= 48 KB).
+// shared-memory copy of x: T · in · 4 <= 40 KB).
 bool gemv_norm_ok(int64_t in, int64_t T);
 
 // Asks L2 to fetch up to four byte ranges (a hint: nothing waits for it; cp.async.bulk.prefetch.L2
