@@ -243,10 +243,17 @@ __device__ void route_warp(const RouterParams& p, int64_t t, int lane);  // the 
 // of the grid reads the same rows). The weights stream through with up to eight 16-byte loads in
 // flight per lane (issued before their FMAs: one load in flight per lane reached only 1.8 TB/s).
 constexpr int kGemvWarps = 4;
-constexpr int kGemvFirst = 16;               // weight loads per lane issued at the kernel's start
+constexpr int kGemvFirst = 8;                // weight loads per lane issued at the kernel's start
 constexpr int64_t kGemvStageBytes = 40 << 10;  // x staged in shared memory up to this size (+ static: <= 48 KB)
 
-template <int TM, class W>
+// x in shared memory (SHARED) or global memory (read through the non-coherent path: x is not
+// written while the kernel runs).
+template <bool SHARED>
+__device__ __forceinline__ float4 x4(const float* p) {
+  if constexpr (SHARED) return *reinterpret_cast<const float4*>(p);
+  else return __ldg(reinterpret_cast<const float4*>(p));
+}
+template <int TM, class W, bool SHARED>
 __device__ __forceinline__ void gemv_chunk(const uint4& raw, const float* x, int64_t xp, int64_t c, float* sum) {
   const W* wv = reinterpret_cast<const W*>(&raw);
   float wf[8];
@@ -254,8 +261,8 @@ __device__ __forceinline__ void gemv_chunk(const uint4& raw, const float* x, int
   for (int k = 0; k < 8; ++k) wf[k] = ::moex::cuda::to_f32(wv[k]);
 #pragma unroll
   for (int t = 0; t < TM; ++t) {
-    const float4 a = *reinterpret_cast<const float4*>(x + t * xp + c);
-    const float4 b = *reinterpret_cast<const float4*>(x + t * xp + c + 4);
+    const float4 a = x4<SHARED>(x + t * xp + c);
+    const float4 b = x4<SHARED>(x + t * xp + c + 4);
     sum[t] = fmaf(wf[0], a.x, sum[t]);
     sum[t] = fmaf(wf[1], a.y, sum[t]);
     sum[t] = fmaf(wf[2], a.z, sum[t]);
@@ -269,14 +276,14 @@ __device__ __forceinline__ void gemv_chunk(const uint4& raw, const float* x, int
 
 // Chunks c, c + 256, ... of the lane (columns in order), U 16-byte weight loads issued at a time;
 // returns the first chunk left (fewer than U remain).
-template <int U, int TM, class W>
+template <int U, int TM, class W, bool SHARED>
 __device__ __forceinline__ int64_t gemv_run(const W* wr, int64_t c, int64_t in, const float* x, int64_t xp, float* sum) {
   for (; c + (U - 1) * 256 < in; c += U * 256) {
     uint4 raw[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) raw[u] = __ldcs(reinterpret_cast<const uint4*>(wr + c + u * 256));
 #pragma unroll
-    for (int u = 0; u < U; ++u) gemv_chunk<TM, W>(raw[u], x, xp, c + u * 256, sum);
+    for (int u = 0; u < U; ++u) gemv_chunk<TM, W, SHARED>(raw[u], x, xp, c + u * 256, sum);
   }
   return c;
 }
@@ -377,11 +384,11 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
     for (int t = 0; t < TM; ++t) sum[t] = 0.0f;
 #pragma unroll
     for (int u = 0; u < kGemvFirst; ++u)
-      if (c0 + u * 256 < in) gemv_chunk<TM, W>(raw[u], xr, xrp, c0 + u * 256, sum);
+      if (c0 + u * 256 < in) gemv_chunk<TM, W, STAGE>(raw[u], xr, xrp, c0 + u * 256, sum);
     int64_t c = c0 + kGemvFirst * 256;
-    c = gemv_run<8, TM, W>(wr, c, in, xr, xrp, sum);
-    c = gemv_run<4, TM, W>(wr, c, in, xr, xrp, sum);
-    gemv_run<1, TM, W>(wr, c, in, xr, xrp, sum);
+    c = gemv_run<8, TM, W, STAGE>(wr, c, in, xr, xrp, sum);
+    c = gemv_run<4, TM, W, STAGE>(wr, c, in, xr, xrp, sum);
+    gemv_run<1, TM, W, STAGE>(wr, c, in, xr, xrp, sum);
 #pragma unroll
     for (int t = 0; t < TM; ++t) sum[t] = warp_sum(sum[t]);
     if (lane == 0) {
