@@ -4,6 +4,7 @@
 #   build   moex, moex_tests, moex_model_bench (CUDA, Release) into $BUILD (skipped when it exists
 #           and SKIP_BUILD=1; an incremental rebuild otherwise)
 #   tests   the model runtime GPU tests matching $TEST_FILTER
+#   xtests  the experts GPU tests matching $XTEST_FILTER (CudaBackends, CudaGraph, CudaEquivalence)
 #   ab      moex_model_bench (48-layer random Qwen3-30B-A3B, decode batches $AB_BATCHES) for "base"
 #           (the defaults) and every "name:ENV=V[,ENV=V]" item of $AB_VARIANTS, in the same call
 # PARTS selects steps (default "build tests ab"). Logs packed in $OUT/s6_logs.tgz.
@@ -33,6 +34,15 @@ if has tests; then
   echo "tests rc $?"
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED  \]|rel L2" "$L/tests.log" | head -40
   grep -B3 -A12 "Failure" "$L/tests.log" | head -60
+fi
+
+if has xtests; then
+  stamp "experts tests"
+  MOEX_CUDA_TEST_CASES=${MOEX_CUDA_TEST_CASES:-20} timeout ${TEST_TIMEOUT:-200} "$BUILD/moex_tests" \
+    --gtest_filter="${XTEST_FILTER:-CudaBackends.*:*CudaGraph*:*CudaEquivalence*}" > "$L/xtests.log" 2>&1
+  echo "experts tests rc $?"
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED  \]" "$L/xtests.log" | head -20
+  grep -B3 -A12 "Failure" "$L/xtests.log" | head -40
 fi
 
 if has ab; then

@@ -143,35 +143,18 @@ struct CudaModel::Impl {
   // against a bound of 3e-2: CudaModelLinear.OneTermLinearsWithinTheSpecBound).
   int linear_terms = 1;
   int num_sms = 1;
-  // Decode steps (<= kGemvMaxRows rows through the skinny linear): the RMSNorms fused into the
-  // linears that read them (MOEX_CUDA_DECODE_FUSE=0 keeps the separate norm kernels): the input
-  // norm into the qkv projection (the previous experts output added by the o projection instead),
-  // the post-attention norm into the router, which writes the normed rows for the experts.
-  bool decode_fuse = true;
-  // L2 prefetch of the attention weights ahead of their decode-step GEMVs, issued on a side stream
-  // (a branch of the graph) so that it overlaps the latency-bound kernels before them
-  // (MOEX_CUDA_L2_PREFETCH bits: 1 = layer l's o projection at the layer's start, 2 = layer l+1's
-  // qkv projection when layer l routes; MOEX_CUDA_L2_PREFETCH_POLICY 1 evict-normal / 2 evict-last;
-  // MOEX_CUDA_L2_PERSIST=1 also sets the device's persisting-L2 limit to its maximum).
-  int l2_prefetch = 0, l2_policy = 2;
-  // Measurement only (MOEX_CUDA_DEBUG_SKIP=norm,qkv,qkvpost,attn,o,experts,lmhead): decode steps
-  // leave those kernels out, so that a step's time without them gives their cost inside the graph.
-  // The results are wrong with any of them set.
+  // Measurement only (MOEX_CUDA_DEBUG_SKIP=norm,qkv,qkvpost,attn,o,experts,lmhead, ',' or '+'): steps of at most
+  // kGemvMaxRows rows leave those kernels out, so that a decode step's time without them gives their
+  // cost inside the graph (docs/PERF.md, sixth session). The results are wrong with any of them set.
   unsigned debug_skip = 0;
   enum SkipBits : unsigned { kSkipNorm = 1, kSkipQkv = 2, kSkipQkvPost = 4, kSkipAttn = 8, kSkipO = 16, kSkipExperts = 32,
                              kSkipLmHead = 64 };
   bool skip(int64_t T, unsigned bit) const { return (debug_skip & bit) && T <= kern::kGemvMaxRows; }
-  cudaStream_t side = nullptr;
-  cudaEvent_t fork_ev = nullptr, join_ev = nullptr;
-  bool side_pending = false;
 
   ~Impl() {
     drop_graphs();
     if (host_stage) cudaFreeHost(host_stage);
     if (blas) cublasDestroy(blas);
-    if (fork_ev) cudaEventDestroy(fork_ev);
-    if (join_ev) cudaEventDestroy(join_ev);
-    if (side) cudaStreamDestroy(side);
     if (stream) cudaStreamDestroy(stream);
   }
 
@@ -519,34 +502,6 @@ struct CudaModel::Impl {
   }
   unsigned* router_ticket() { return static_cast<unsigned*>(b.sync.data()); }
 
-  // L2 prefetch of up to two linears' weights on the side stream, ordered after everything
-  // enqueued so far on the main stream; joined back at the end of the step (join_side).
-  void prefetch(const DLinear* a, const DLinear* c = nullptr) {
-    kern::L2PrefetchRanges r;
-    r.policy = l2_policy;
-    for (const DLinear* l : {a, c})
-      if (l && l->defined()) {
-        r.ptr[r.n] = l->w;
-        r.bytes[r.n++] = l->bytes();
-      }
-    if (r.n == 0) return;
-    check(cudaEventRecord(fork_ev, stream), "cudaEventRecord (prefetch fork)");
-    check(cudaStreamWaitEvent(side, fork_ev, 0), "cudaStreamWaitEvent (prefetch fork)");
-    kern::launch_l2_prefetch(r, side);
-    side_pending = true;
-  }
-  void join_side() {
-    if (!side_pending) return;
-    check(cudaEventRecord(join_ev, side), "cudaEventRecord (prefetch join)");
-    check(cudaStreamWaitEvent(stream, join_ev, 0), "cudaStreamWaitEvent (prefetch join)");
-    side_pending = false;
-  }
-  // Whether linear l on T rows of pitch `pitch` goes through the skinny-linear kernel.
-  bool is_gemv(const DLinear& l, const float* x, int64_t pitch, int64_t T) const {
-    return l.defined() && l.dt != DType::f32 && T <= kern::kGemvMaxRows && gemv_enabled &&
-           kern::gemv_ok(l.w, l.in, x, pitch, T);
-  }
-
   // Prefill attention on the tensor cores for bf16/f16 models: per sequence and kv-head group,
   // S = Q·Kᵀ (cuBLAS, f32 out), P = softmax rows (kernel, model dtype), O = P·V (cuBLAS, f32 out).
   // Q, K, V are rounded to the model dtype (as the reference's bf16 attention).
@@ -631,10 +586,7 @@ struct CudaModel::Impl {
     return true;
   }
 
-  // `fused_in` (decode steps, see decode_fuse): the input norm is done by the qkv projection from the
-  // residual rows x (+ `pending`, the previous experts output), and the o projection adds `pending`.
-  void attention_layer(const DLayer& d, size_t l, int64_t T, int64_t n_tiles, const std::vector<Segment>* segs,
-                       bool fused_in = false, const void* pending = nullptr) {
+  void attention_layer(const DLayer& d, size_t l, int64_t T, int64_t n_tiles, const std::vector<Segment>* segs) {
     float* h = b.h.ptr<float>();
     const bool pre = dtc != 0;
     kern::AttentionParams ap{};
@@ -672,17 +624,7 @@ struct CudaModel::Impl {
       kern::launch_mla_post(mp, stream);
     } else {
       const int64_t width = (nh + 2 * nkv) * hd;
-      if (fused_in) {
-        kern::GemvExtras e;
-        e.gamma = d.input_norm;
-        e.add = pending;
-        e.add_dtype = dtc;
-        e.eps = float(t.rms_norm_eps);
-        kern::launch_gemv(d.qkv.w, code_of(d.qkv.dt), width, H, b.x.ptr<float>(), H, T, d.qkv.bias, nullptr,
-                          b.qkv.ptr<float>(), width, false, stream, e);
-      } else if (!skip(T, kSkipQkv)) {
-        linear(d.qkv, h, H, T, b.qkv.ptr<float>(), width, false, pre);
-      }
+      if (!skip(T, kSkipQkv)) linear(d.qkv, h, H, T, b.qkv.ptr<float>(), width, false, pre);
       kern::QkvPostParams qp{};
       qp.qkv = b.qkv.ptr<float>();
       qp.T = T;
@@ -733,7 +675,7 @@ struct CudaModel::Impl {
       dp.counters = b.dec_counters.ptr<int32_t>();
       dp.out = b.attn.ptr<float>();
       if (!skip(T, kSkipAttn)) kern::launch_decode_attention(dp, stream);
-      if (!skip(T, kSkipO)) o_projection(d, T, fused_in, pending);
+      if (!skip(T, kSkipO)) linear(d.o, b.attn.ptr<float>(), nh * dv, T, b.x.ptr<float>(), H, true);
       return;
     }
     ap.q = b.q.ptr<float>();
@@ -752,29 +694,10 @@ struct CudaModel::Impl {
     ap.slot = b.slot.ptr<int32_t>();
     ap.out = b.attn.ptr<float>();
     kern::launch_attention(ap, stream);
-    o_projection(d, T, fused_in, pending);
-  }
-  // x += attn · Woᵀ (+ the pending experts output when the input norm was fused: see attention_layer)
-  void o_projection(const DLayer& d, int64_t T, bool fused_in, const void* pending) {
-    if (fused_in && pending) {
-      kern::GemvExtras e;
-      e.residual = pending;
-      e.residual_dtype = dtc;
-      kern::launch_gemv(d.o.w, code_of(d.o.dt), H, nh * dv, b.attn.ptr<float>(), nh * dv, T, d.o.bias, nullptr,
-                        b.x.ptr<float>(), H, true, stream, e);
-      return;
-    }
     linear(d.o, b.attn.ptr<float>(), nh * dv, T, b.x.ptr<float>(), H, true);
   }
 
-  // Whether the post-attention norm of layer d can be done by its router (decode_fuse): the router
-  // goes through the fused GEMV + routing kernel.
-  bool router_fuses_norm(const DLayer& d, int64_t T) const {
-    return decode_fuse && d.is_moe && t.family != ModelFamily::deepseek_v3 && is_gemv(d.router, b.x.ptr<float>(), H, T) &&
-           kern::gemv_norm_ok(H, T);
-  }
-  // `fused_post`: h is still to be normed from x, by the router (router_fuses_norm).
-  void mlp_layer(const DLayer& d, int64_t T, const std::string& backend, bool fused_post = false) {
+  void mlp_layer(const DLayer& d, int64_t T, const std::string& backend) {
     float* h = b.h.ptr<float>();
     float* x = b.x.ptr<float>();
     const bool pre = dtc != 0;
@@ -802,22 +725,12 @@ struct CudaModel::Impl {
     if (rp.kind != 1 && d.router.dt != DType::f32 && T <= kern::kGemvMaxRows && gemv_enabled &&
         kern::gemv_ok(d.router.w, d.router.in, h, H, T)) {
       // decode steps: the router GEMV and the routing in one kernel (its last block routes)
-      kern::GemvExtras e;
-      if (fused_post) {  // ... and the post-attention norm: h (+ split terms) written for the experts
-        e.gamma = d.post_norm;
-        e.eps = float(t.rms_norm_eps);
-        e.h_out = h;
-        e.split = dtc == 0 ? nullptr : b.split.data();
-        e.split_dtype = dtc;
-      }
-      kern::launch_gemv_router(d.router.w, code_of(d.router.dt), d.router.in, fused_post ? b.x.ptr<float>() : h, H,
-                               d.router.bias, rp, router_ticket(), stream, e);
+      kern::launch_gemv_router(d.router.w, code_of(d.router.dt), d.router.in, h, H, d.router.bias, rp, router_ticket(),
+                               stream);
     } else {
-      MOEX_ASSERT(!fused_post);
       linear(d.router, h, H, T, b.rlogits.ptr<float>(), E, false, pre);
       kern::launch_router(rp, stream);
     }
-    if ((l2_prefetch & 2) && T <= kern::kGemvMaxRows) prefetch(next_qkv(d));
     // the experts in the model dtype: the normed hidden rounded once — for bf16/f16 models that is
     // the hi term the RMSNorm wrote into rows [0, T) of the split buffer (intact until shared_down)
     const void* xin = dtc != 0 ? b.split.data() : static_cast<const void*>(h);
@@ -851,27 +764,20 @@ struct CudaModel::Impl {
     // linears and the experts take the split terms the norm writes as well (16 MB less per norm
     // at 2048 rows of 2048).
     float* h = dtc == 0 || any_f32_linear || (T <= kern::kGemvMaxRows && gemv_enabled) ? b.h.ptr<float>() : nullptr;
-    const bool decode = T <= kern::kGemvMaxRows && n_tiles == T && !segs;
-    if (decode && (l2_prefetch & 2) && !layers.empty() && !mla) prefetch(&layers[0].qkv);
     for (size_t l = 0; l < layers.size(); ++l) {
       const DLayer& d = layers[l];
-      if (decode && (l2_prefetch & 1)) prefetch(&d.o);
-      // decode steps: the input norm done by the qkv projection (not on layer 0: the embedding lookup)
-      const bool fused_in = decode && decode_fuse && l > 0 && !mla && is_gemv(d.qkv, b.x.ptr<float>(), H, T) &&
-                            kern::gemv_norm_ok(H, T) && is_gemv(d.o, b.attn.ptr<float>(), nh * dv, T);
       if (l == 0) {  // the embedding lookup fused into the first norm: x = embed[ids], h = norm(x)
         kern::RmsNormParams p = norm_params(b.x.ptr<float>(), H, d.input_norm, T, H, h, H);
         p.ids = b.ids.ptr<int32_t>();
         p.embed = embed;
         p.embed_dtype = code_of(dt);
         kern::launch_rmsnorm(p, stream);
-      } else if (!fused_in && !skip(T, kSkipNorm)) {
+      } else if (!skip(T, kSkipNorm)) {
         norm(b.x.ptr<float>(), H, d.input_norm, T, H, h, H, pending_add ? b.xout.data() : nullptr);
       }
-      attention_layer(d, l, T, n_tiles, segs, fused_in, fused_in && pending_add ? b.xout.data() : nullptr);
-      const bool fused_post = decode && router_fuses_norm(d, T);
-      if (!fused_post && !skip(T, kSkipNorm)) norm(b.x.ptr<float>(), H, d.post_norm, T, H, h, H);
-      mlp_layer(d, T, backend, fused_post);
+      attention_layer(d, l, T, n_tiles, segs);
+      if (!skip(T, kSkipNorm)) norm(b.x.ptr<float>(), H, d.post_norm, T, H, h, H);
+      mlp_layer(d, T, backend);
       pending_add = d.is_moe;
     }
     if (layers.empty()) kern::launch_embed(b.ids.ptr<int32_t>(), embed, code_of(dt), T, H, b.x.ptr<float>(), stream);
@@ -889,12 +795,6 @@ struct CudaModel::Impl {
     if (argmax)
       kern::launch_argmax(b.logits.ptr<float>(), n_out, V, b.next.ptr<int32_t>(),
                           static_cast<char*>(b.sync.data()) + 16, stream);
-    join_side();
-  }
-  // The qkv projection of the layer after d (null for the last layer and MLA models).
-  const DLinear* next_qkv(const DLayer& d) const {
-    const size_t l = size_t(&d - layers.data()) + 1;
-    return l < layers.size() && !mla ? &layers[l].qkv : nullptr;
   }
 
   // A decode step: replayed from a CUDA graph when the backend allows it (captured at the second
@@ -923,7 +823,6 @@ struct CudaModel::Impl {
       try {
         step(T, T, T, backend, argmax);
       } catch (...) {
-        side_pending = false;  // the capture is abandoned with its side-stream branch
         cudaStreamEndCapture(stream, &g);
         if (g) cudaGraphDestroy(g);
         cudaGetLastError();
@@ -1003,30 +902,17 @@ CudaModel::CudaModel(const ModelWeights& w, const TextConfig& t, Device dev) : i
   m.upload(w);
   if (const char* e = std::getenv("MOEX_CUDA_GEMV")) m.gemv_enabled = std::string(e) != "0";
   if (const char* e = std::getenv("MOEX_CUDA_LINEAR_TERMS")) m.linear_terms = std::string(e) == "2" ? 2 : 1;
-  if (const char* e = std::getenv("MOEX_CUDA_DECODE_FUSE")) m.decode_fuse = std::string(e) != "0";
   if (const char* e = std::getenv("MOEX_CUDA_DEBUG_SKIP")) {
-    const std::string v = std::string(",") + e + ",";
-    const std::pair<const char*, unsigned> names[] = {{"norm", Impl::kSkipNorm},  {"qkv", Impl::kSkipQkv},
-                                                      {"qkvpost", Impl::kSkipQkvPost}, {"attn", Impl::kSkipAttn},
-                                                      {"o", Impl::kSkipO},        {"experts", Impl::kSkipExperts},
-                                                      {"lmhead", Impl::kSkipLmHead}};
+    std::string v = std::string(",") + e + ",";  // names separated by ',' or '+'
+    std::replace(v.begin(), v.end(), '+', ',');
+    const std::pair<const char*, unsigned> names[] = {
+        {"norm", Impl::kSkipNorm}, {"qkv", Impl::kSkipQkv}, {"qkvpost", Impl::kSkipQkvPost}, {"attn", Impl::kSkipAttn},
+        {"o", Impl::kSkipO},       {"experts", Impl::kSkipExperts}, {"lmhead", Impl::kSkipLmHead}};
     for (const auto& [n, bit] : names)
       if (v.find(std::string(",") + n + ",") != std::string::npos) m.debug_skip |= bit;
   }
-  if (const char* e = std::getenv("MOEX_CUDA_L2_PREFETCH")) m.l2_prefetch = std::atoi(e) & 3;
-  if (const char* e = std::getenv("MOEX_CUDA_L2_PREFETCH_POLICY")) m.l2_policy = std::atoi(e) == 1 ? 1 : 2;
-  if (const char* e = std::getenv("MOEX_CUDA_L2_PERSIST"); e && std::string(e) == "1") {
-    // evict-last lines are kept within the persisting set-aside (process-wide device setting)
-    int max_persist = 0;
-    check(cudaDeviceGetAttribute(&max_persist, cudaDevAttrMaxPersistingL2CacheSize, dev.index),
-          "cudaDeviceGetAttribute (persisting L2)");
-    check(cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, size_t(max_persist)), "cudaDeviceSetLimit (persisting L2)");
-  }
   check(cudaDeviceGetAttribute(&m.num_sms, cudaDevAttrMultiProcessorCount, dev.index), "cudaDeviceGetAttribute (SMs)");
   check(cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
-  check(cudaStreamCreateWithFlags(&m.side, cudaStreamNonBlocking), "cudaStreamCreateWithFlags (side)");
-  check(cudaEventCreateWithFlags(&m.fork_ev, cudaEventDisableTiming), "cudaEventCreate");
-  check(cudaEventCreateWithFlags(&m.join_ev, cudaEventDisableTiming), "cudaEventCreate");
   blas_check(cublasCreate(&m.blas), "cublasCreate");
   blas_check(cublasSetStream(m.blas, m.stream), "cublasSetStream");
   blas_check(cublasSetMathMode(m.blas, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");  // no TF32

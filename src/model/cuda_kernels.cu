@@ -7,8 +7,6 @@
 
 #include <algorithm>
 #include <cfloat>
-#include <cstdlib>
-#include <string>
 
 #include "backends/cuda/cuda_common.cuh"
 #include "model/cuda_warp.cuh"
@@ -243,17 +241,8 @@ __device__ void route_warp(const RouterParams& p, int64_t t, int lane);  // the 
 // of the grid reads the same rows). The weights stream through with up to eight 16-byte loads in
 // flight per lane (issued before their FMAs: one load in flight per lane reached only 1.8 TB/s).
 constexpr int kGemvWarps = 4;
-constexpr int kGemvFirst = 8;                // weight loads per lane issued at the kernel's start
-constexpr int64_t kGemvStageBytes = 40 << 10;  // x staged in shared memory up to this size (+ static: <= 48 KB)
 
-// x in shared memory (SHARED) or global memory (read through the non-coherent path: x is not
-// written while the kernel runs).
-template <bool SHARED>
-__device__ __forceinline__ float4 x4(const float* p) {
-  if constexpr (SHARED) return *reinterpret_cast<const float4*>(p);
-  else return __ldg(reinterpret_cast<const float4*>(p));
-}
-template <int TM, class W, bool SHARED>
+template <int TM, class W>
 __device__ __forceinline__ void gemv_chunk(const uint4& raw, const float* x, int64_t xp, int64_t c, float* sum) {
   const W* wv = reinterpret_cast<const W*>(&raw);
   float wf[8];
@@ -261,8 +250,8 @@ __device__ __forceinline__ void gemv_chunk(const uint4& raw, const float* x, int
   for (int k = 0; k < 8; ++k) wf[k] = ::moex::cuda::to_f32(wv[k]);
 #pragma unroll
   for (int t = 0; t < TM; ++t) {
-    const float4 a = x4<SHARED>(x + t * xp + c);
-    const float4 b = x4<SHARED>(x + t * xp + c + 4);
+    const float4 a = __ldg(reinterpret_cast<const float4*>(x + t * xp + c));
+    const float4 b = __ldg(reinterpret_cast<const float4*>(x + t * xp + c + 4));
     sum[t] = fmaf(wf[0], a.x, sum[t]);
     sum[t] = fmaf(wf[1], a.y, sum[t]);
     sum[t] = fmaf(wf[2], a.z, sum[t]);
@@ -276,146 +265,45 @@ __device__ __forceinline__ void gemv_chunk(const uint4& raw, const float* x, int
 
 // Chunks c, c + 256, ... of the lane (columns in order), U 16-byte weight loads issued at a time;
 // returns the first chunk left (fewer than U remain).
-template <int U, int TM, class W, bool SHARED>
+template <int U, int TM, class W>
 __device__ __forceinline__ int64_t gemv_run(const W* wr, int64_t c, int64_t in, const float* x, int64_t xp, float* sum) {
   for (; c + (U - 1) * 256 < in; c += U * 256) {
     uint4 raw[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) raw[u] = __ldcs(reinterpret_cast<const uint4*>(wr + c + u * 256));
 #pragma unroll
-    for (int u = 0; u < U; ++u) gemv_chunk<TM, W, SHARED>(raw[u], x, xp, c + u * 256, sum);
+    for (int u = 0; u < U; ++u) gemv_chunk<TM, W>(raw[u], x, xp, c + u * 256, sum);
   }
   return c;
 }
 
-// MOEX_CUDA_GEMV_STAGE=0: x read through L1 by every warp (no shared-memory copy, no fused norm).
-bool gemv_stage_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("MOEX_CUDA_GEMV_STAGE");
-    return !v || std::string(v) != "0";
-  }();
-  return on;
-}
-// Whether the rows x [T, in] fit the GEMV's shared-memory copy (STAGE; NORM needs it).
-__host__ __device__ constexpr bool gemv_stages(int64_t T, int64_t in) { return T * in * 4 <= kGemvStageBytes; }
-
-// One warp per output row, kGemvWarps rows per block. Lane l reads the weights of columns 8l,
-// 8l + 256, ... with 16-byte streaming loads; the first kGemvFirst of them are issued before
-// anything else, so that the weights are in flight while the block prepares x.
-// STAGE: the block copies x [TM, in] into shared memory once (as (x + add) ⊙ gamma with NORM, the
-// squares summed on the way: 1/rms per row from a block reduction) and the warps read it there:
-// every warp of the grid reading x through L1 on its own cost as much L2 traffic as the weights.
 // ROUTE: y holds router logits [TM, E] (rp.logits); the last block to finish routes the TM rows
 // (the other blocks' logits made visible by their fences before the ticket).
-template <int TM, class W, bool ROUTE, bool NORM, bool STAGE>
+template <int TM, class W, bool ROUTE>
 __global__ void __launch_bounds__(kGemvWarps * 32)
     gemv_kernel(const W* w, int64_t out, int64_t in, const float* x, int64_t xp, const float* bias, const float* row_gate,
-                float* y, int64_t yp, bool acc, GemvExtras e, RouterParams rp, unsigned* ticket) {
-  static_assert(!NORM || STAGE, "the fused norm reads x from shared memory");
-  extern __shared__ float4 gemv_smem[];
-  float* xs = reinterpret_cast<float*>(gemv_smem);  // STAGE: [TM, in]
-  __shared__ float red[TM][kGemvWarps];
+                float* y, int64_t yp, bool acc, RouterParams rp, unsigned* ticket) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t row = blockIdx.x * int64_t(kGemvWarps) + warp;
-  const bool has_row = row < out;
-  const W* wr = w + (has_row ? row : 0) * in;
-  const int64_t c0 = int64_t(lane) * 8;
-  uint4 raw[kGemvFirst];
-#pragma unroll
-  for (int u = 0; u < kGemvFirst; ++u)
-    if (has_row && c0 + u * 256 < in) raw[u] = __ldcs(reinterpret_cast<const uint4*>(wr + c0 + u * 256));
-  // what the row's results add to: y itself (acc) and the residual term, read while the weights fly
-  float base[TM];
-#pragma unroll
-  for (int t = 0; t < TM; ++t) {
-    base[t] = 0.0f;
-    if (lane == 0 && has_row) {
-      if (acc) base[t] = y[t * yp + row];
-      if (e.residual) base[t] += load_any(e.residual, e.residual_dtype, t * out + row);
-    }
-  }
-  float inv[TM];
-#pragma unroll
-  for (int t = 0; t < TM; ++t) inv[t] = 1.0f;
-  if constexpr (STAGE) {
-    float ss[TM];
-#pragma unroll
-    for (int t = 0; t < TM; ++t) ss[t] = 0.0f;
-    for (int64_t i = int64_t(threadIdx.x) * 4; i < in; i += kGemvWarps * 32 * 4) {
-      float4 g;
-      if constexpr (NORM) g = __ldg(reinterpret_cast<const float4*>(e.gamma + i));
-#pragma unroll
-      for (int t = 0; t < TM; ++t) {
-        float4 v = __ldg(reinterpret_cast<const float4*>(x + t * xp + i));
-        if constexpr (NORM) {
-          if (e.add) {
-            const float4 d = load4(e.add, e.add_dtype, t * in + i);
-            v = make_float4(v.x + d.x, v.y + d.y, v.z + d.z, v.w + d.w);
-          }
-          ss[t] += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-          v = make_float4(v.x * g.x, v.y * g.y, v.z * g.z, v.w * g.w);
-        }
-        *reinterpret_cast<float4*>(xs + t * in + i) = v;
-      }
-    }
-    if constexpr (NORM) {
-#pragma unroll
-      for (int t = 0; t < TM; ++t) {
-        const float v = warp_sum(ss[t]);
-        if (lane == 0) red[t][warp] = v;
-      }
-    }
-    __syncthreads();
-    if constexpr (NORM) {
-#pragma unroll
-      for (int t = 0; t < TM; ++t) {
-        float v = 0.0f;
-#pragma unroll
-        for (int q = 0; q < kGemvWarps; ++q) v += red[t][q];
-        inv[t] = rsqrtf(v / float(in) + e.eps);
-      }
-    }
-  }
-  const float* xr = STAGE ? xs : x;
-  const int64_t xrp = STAGE ? in : xp;
-  if (has_row) {
+  if (row < out) {
     float sum[TM];
 #pragma unroll
     for (int t = 0; t < TM; ++t) sum[t] = 0.0f;
-#pragma unroll
-    for (int u = 0; u < kGemvFirst; ++u)
-      if (c0 + u * 256 < in) gemv_chunk<TM, W, STAGE>(raw[u], xr, xrp, c0 + u * 256, sum);
-    int64_t c = c0 + kGemvFirst * 256;
-    c = gemv_run<8, TM, W, STAGE>(wr, c, in, xr, xrp, sum);
-    c = gemv_run<4, TM, W, STAGE>(wr, c, in, xr, xrp, sum);
-    gemv_run<1, TM, W, STAGE>(wr, c, in, xr, xrp, sum);
+    const W* wr = w + row * in;
+    int64_t c = int64_t(lane) * 8;
+    c = gemv_run<8, TM, W>(wr, c, in, x, xp, sum);  // in = 2048: the lane's whole row in one go
+    c = gemv_run<4, TM, W>(wr, c, in, x, xp, sum);
+    gemv_run<1, TM, W>(wr, c, in, x, xp, sum);
 #pragma unroll
     for (int t = 0; t < TM; ++t) sum[t] = warp_sum(sum[t]);
     if (lane == 0) {
       const float bv = bias ? bias[row] : 0.0f;
 #pragma unroll
       for (int t = 0; t < TM; ++t) {
-        float v = sum[t] * inv[t] + bv;
+        float v = sum[t] + bv;
         if (row_gate) v *= 1.0f / (1.0f + expf(-row_gate[t]));
-        y[t * yp + row] = base[t] + v;
-      }
-    }
-  }
-  if constexpr (NORM) {
-    // the normed rows for the layer's other readers: each block writes its slice of the columns
-    if (e.h_out || e.split) {
-      const int64_t per = (in + gridDim.x - 1) / gridDim.x, lo = blockIdx.x * per, hi = lo + per < in ? lo + per : in;
-      for (int64_t i = lo + threadIdx.x; i < hi; i += kGemvWarps * 32) {
-#pragma unroll
-        for (int t = 0; t < TM; ++t) {
-          const float o = xs[t * in + i] * inv[t];
-          if (e.h_out) e.h_out[t * in + i] = o;
-          if (e.split) {
-            const float hr = round_to(e.split_dtype, o);
-            store_any(e.split, e.split_dtype, t * in + i, hr);
-            store_any(e.split, e.split_dtype, (TM + t) * in + i, o - hr);
-          }
-        }
+        if (acc) y[t * yp + row] += v;
+        else y[t * yp + row] = v;
       }
     }
   }
@@ -435,56 +323,16 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
   }
 }
 
-// cp.async.bulk.prefetch.L2 of the ranges in 16 KB pieces, one piece per thread and turn.
-constexpr uint64_t kPrefetchPiece = 16 << 10;
-__global__ void l2_prefetch_kernel(L2PrefetchRanges r) {
-  uint64_t policy;
-  if (r.policy == 2) asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
-  else asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(policy));
-  const uint64_t tid = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x, nt = uint64_t(gridDim.x) * blockDim.x;
-  for (int k = 0; k < r.n; ++k) {
-    const uint64_t base = reinterpret_cast<uint64_t>(r.ptr[k]);
-    const uint64_t lo = (base + 15) & ~uint64_t(15), hi = (base + r.bytes[k]) & ~uint64_t(15);
-    for (uint64_t a = lo + tid * kPrefetchPiece; a < hi; a += nt * kPrefetchPiece) {
-      const uint32_t n = uint32_t(hi - a < kPrefetchPiece ? hi - a : kPrefetchPiece);
-      asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;" ::"l"(a), "r"(n), "l"(policy)
-                   : "memory");
-    }
-  }
-}
-
 template <class W, bool ROUTE>
 void launch_gemv_t(const W* w, int64_t out, int64_t in, const float* x, int64_t xp, int64_t T, const float* bias,
-                   const float* gate, float* y, int64_t yp, bool acc, const GemvExtras& e, const RouterParams& rp,
-                   unsigned* ticket, cudaStream_t s) {
+                   const float* gate, float* y, int64_t yp, bool acc, const RouterParams& rp, unsigned* ticket,
+                   cudaStream_t s) {
   const unsigned grid = unsigned((out + kGemvWarps - 1) / kGemvWarps);
-  const bool norm = e.gamma != nullptr, stage = gemv_stage_enabled() && gemv_stages(T, in);
-  MOEX_ASSERT(!norm || stage);
-  const size_t smem = stage ? size_t(T * in * 4) : 0;
-  // Staging blocks want the shared-memory side of the L1/shared split: the weights stream past L1
-  // anyway, and a small carveout would limit the blocks per SM (MOEX_CUDA_GEMV_CARVEOUT=0: leave it)
-  static const bool carve = [] {
-    const char* v = std::getenv("MOEX_CUDA_GEMV_CARVEOUT");
-    return !v || std::string(v) != "0";
-  }();
-  auto prefer_shared = [&](auto kernel) {
-    if (carve && stage)
-      cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, int(cudaSharedmemCarveoutMaxShared));
-  };
   switch (T) {
-#define MOEX_GEMV_CASE(n)                                                                                         \
-  case n:                                                                                                         \
-    if (norm) {                                                                                                   \
-      prefer_shared(gemv_kernel<n, W, ROUTE, true, true>);                                                        \
-      gemv_kernel<n, W, ROUTE, true, true><<<grid, kGemvWarps * 32, smem, s>>>(w, out, in, x, xp, bias, gate, y,  \
-                                                                                yp, acc, e, rp, ticket);          \
-    } else if (stage) {                                                                                           \
-      prefer_shared(gemv_kernel<n, W, ROUTE, false, true>);                                                       \
-      gemv_kernel<n, W, ROUTE, false, true><<<grid, kGemvWarps * 32, smem, s>>>(w, out, in, x, xp, bias, gate, y, \
-                                                                                 yp, acc, e, rp, ticket);         \
-    } else                                                                                                        \
-      gemv_kernel<n, W, ROUTE, false, false><<<grid, kGemvWarps * 32, 0, s>>>(w, out, in, x, xp, bias, gate, y,   \
-                                                                               yp, acc, e, rp, ticket);           \
+#define MOEX_GEMV_CASE(n)                                                                                    \
+  case n:                                                                                                    \
+    gemv_kernel<n, W, ROUTE><<<grid, kGemvWarps * 32, 0, s>>>(w, out, in, x, xp, bias, gate, y, yp, acc, rp, \
+                                                               ticket);                                      \
     break;
     MOEX_GEMV_CASE(1)
     MOEX_GEMV_CASE(2)
@@ -1229,44 +1077,33 @@ void launch_finish_linear(const float* g, bool two, const float* bias, const flo
   check_launch("finish_linear_kernel");
 }
 
-bool gemv_norm_ok(int64_t in, int64_t T) { return gemv_stage_enabled() && gemv_stages(T, in); }
-
 bool gemv_ok(const void* w, int64_t in, const float* x, int64_t xp, int64_t T) {
   return T >= 1 && T <= kGemvMaxRows && in % 8 == 0 && xp % 4 == 0 && ::moex::cuda::aligned16(w) &&
          ::moex::cuda::aligned16(x);
 }
 
 void launch_gemv(const void* w, int wdt, int64_t out, int64_t in, const float* x, int64_t xp, int64_t T, const float* bias,
-                 const float* gate, float* y, int64_t yp, bool acc, cudaStream_t s, const GemvExtras& e) {
+                 const float* gate, float* y, int64_t yp, bool acc, cudaStream_t s) {
   if (T == 0 || out == 0) return;
-  MOEX_ASSERT(!e.gamma || !e.residual);
   const RouterParams none{};
   if (wdt == 1)
-    launch_gemv_t<__half, false>(static_cast<const __half*>(w), out, in, x, xp, T, bias, gate, y, yp, acc, e, none,
-                                 nullptr, s);
+    launch_gemv_t<__half, false>(static_cast<const __half*>(w), out, in, x, xp, T, bias, gate, y, yp, acc, none, nullptr, s);
   else
     launch_gemv_t<__nv_bfloat16, false>(static_cast<const __nv_bfloat16*>(w), out, in, x, xp, T, bias, gate, y, yp, acc,
-                                        e, none, nullptr, s);
+                                        none, nullptr, s);
 }
 
 void launch_gemv_router(const void* w, int wdt, int64_t in, const float* x, int64_t xp, const float* bias,
-                        const RouterParams& p, unsigned* ticket, cudaStream_t s, const GemvExtras& e) {
+                        const RouterParams& p, unsigned* ticket, cudaStream_t s) {
   if (p.T == 0) return;
-  MOEX_ASSERT(p.kind != 1 && p.T <= kGemvMaxRows && gemv_ok(w, in, x, xp, p.T) && ticket && !e.residual);
+  MOEX_ASSERT(p.kind != 1 && p.T <= kGemvMaxRows && gemv_ok(w, in, x, xp, p.T) && ticket);
   float* y = const_cast<float*>(p.logits);
   if (wdt == 1)
-    launch_gemv_t<__half, true>(static_cast<const __half*>(w), p.E, in, x, xp, p.T, bias, nullptr, y, p.E, false, e, p,
+    launch_gemv_t<__half, true>(static_cast<const __half*>(w), p.E, in, x, xp, p.T, bias, nullptr, y, p.E, false, p,
                                 ticket, s);
   else
     launch_gemv_t<__nv_bfloat16, true>(static_cast<const __nv_bfloat16*>(w), p.E, in, x, xp, p.T, bias, nullptr, y, p.E,
-                                       false, e, p, ticket, s);
-}
-
-void launch_l2_prefetch(const L2PrefetchRanges& r, cudaStream_t s) {
-  if (r.n == 0) return;
-  MOEX_ASSERT(r.n <= 4);
-  l2_prefetch_kernel<<<64, 32, 0, s>>>(r);
-  check_launch("l2_prefetch_kernel");
+                                       false, p, ticket, s);
 }
 
 void launch_to_dtype(const float* x, int64_t T, int64_t n, void* out, int dt, cudaStream_t s) {

@@ -68,45 +68,8 @@ void launch_finish_linear(const float* g, bool two_terms, const float* bias, con
 // aligned W and x rows (x_pitch % 4 == 0); gemv_ok() says whether a call qualifies.
 constexpr int kGemvMaxRows = 8;
 bool gemv_ok(const void* w, int64_t in, const float* x, int64_t x_pitch, int64_t T);
-
-// Extras of the skinny linear that save decode steps a kernel each (all optional):
-//  - `gamma` set: x is a residual row and the linear reads RMSNorm(x + add) ⊙ gamma instead of x.
-//    Every warp already reads the whole row, so it sums the squares as it goes and scales its dot
-//    product by 1/rms at the end: y = inv_rms · Σ W·((x + add) ⊙ gamma) (+ bias).
-//  - `h_out` / `split` (with gamma): the normed rows are also written, h_out [T, in] f32 and the
-//    (hi, lo) terms into split [2T, in] (dtype code split_dtype), as launch_rmsnorm writes them, for
-//    the layer's other consumers (the experts read hi).
-//  - `residual` (without gamma): y (+)= ... + residual [T, out] (dtype code residual_dtype), e.g.
-//    the previous experts output added into the residual stream by the o projection.
-struct GemvExtras {
-  const float* gamma = nullptr;
-  const void* add = nullptr;  // [T, in] contiguous
-  int add_dtype = 0;
-  float eps = 0.0f;
-  float* h_out = nullptr;
-  void* split = nullptr;
-  int split_dtype = 0;
-  const void* residual = nullptr;  // [T, out] contiguous
-  int residual_dtype = 0;
-};
 void launch_gemv(const void* w, int w_dtype, int64_t out, int64_t in, const float* x, int64_t x_pitch, int64_t T,
-                 const float* bias, const float* row_gate, float* y, int64_t y_pitch, bool accumulate, cudaStream_t s,
-                 const GemvExtras& extras = {});
-// Whether `gamma` (the fused norm) is allowed for T rows of `in` (the rows must fit the kernel's
-// shared-memory copy of x: T · in · 4 <= 40 KB).
-bool gemv_norm_ok(int64_t in, int64_t T);
-
-// Asks L2 to fetch up to four byte ranges (a hint: nothing waits for it; cp.async.bulk.prefetch.L2
-// spread over many blocks so that no single SM's copy engine serialises it). policy 1 = evict
-// normal, 2 = evict last (the lines outlive streaming reads of other data). Ranges are trimmed to
-// 16-byte boundaries.
-struct L2PrefetchRanges {
-  const void* ptr[4] = {};
-  uint64_t bytes[4] = {};
-  int n = 0;
-  int policy = 1;
-};
-void launch_l2_prefetch(const L2PrefetchRanges& r, cudaStream_t s);
+                 const float* bias, const float* row_gate, float* y, int64_t y_pitch, bool accumulate, cudaStream_t s);
 
 // out [T, n] in dtype code (0/1/2) = x [T, n] f32; or x [T, n] f32 += in [T, n] of dtype code.
 void launch_to_dtype(const float* x, int64_t T, int64_t n, void* out, int dtype, cudaStream_t s);
@@ -210,7 +173,7 @@ void launch_router(const RouterParams& p, cudaStream_t s);
 // x · Wᵀ (+ bias) by the GEMV above (gemv_ok must hold), then the last block to finish routes
 // the T rows. `ticket`: one u32 in device memory, zero before the first call; left zero.
 void launch_gemv_router(const void* w, int w_dtype, int64_t in, const float* x, int64_t x_pitch, const float* bias,
-                        const RouterParams& p, unsigned* ticket, cudaStream_t s, const GemvExtras& extras = {});
+                        const RouterParams& p, unsigned* ticket, cudaStream_t s);
 
 // rows_out [n, H] = rows_in[rows[i]] (f32).
 void launch_gather_rows(const float* in, const int32_t* rows, int64_t n, int64_t H, float* out, cudaStream_t s);
