@@ -12,9 +12,6 @@
 // [E, in, out] use 64 output columns × 4 k-slices per block (coalesced along the output dim).
 #include "backends/cuda/cuda_common.cuh"
 
-#include <cstdlib>
-#include <string>
-
 namespace moex::cuda {
 
 namespace {
@@ -203,81 +200,6 @@ __global__ void __launch_bounds__(THREADS) batched_down_nt(BatchedArgs a) {
   if (lane == 0) static_cast<T*>(a.out)[t * H + n] = from_f32<T>(acc);
 }
 
-// Decode-sized variant of batched_down_nt (K <= 8, the token's h rows K·I within kDownStageBytes):
-// the block copies the token's h [K, I] into shared memory once, so that a lane's registers hold
-// weights only and SLOTS·UC = 24 sixteen-byte weight loads are in flight (qwen3, I = 768, K = 8: every
-// slot's whole row in one round instead of three). Same per-lane chunk order, warp reduction and
-// slot order as batched_down_nt: bit-identical results. (2, 128 registers): 16 warps per SM, so
-// that batch 1's H warps are resident at once.
-constexpr int64_t kDownStageBytes = 32 << 10;
-constexpr int kDownStagedLoads = 16;  // weight loads in flight per lane (24 spilled under 128 registers)
-template <class T, int SLOTS>
-__global__ void __launch_bounds__(THREADS, 2) batched_down_nt_staged(BatchedArgs a) {
-  constexpr int UC = kDownStagedLoads / SLOTS;
-  constexpr int V = 16 / sizeof(T);
-  extern __shared__ uint4 hs[];  // [K, I / V]: the token's h rows (rows of dropped slots left unset)
-  const int64_t t = blockIdx.x;
-  const int64_t n = int64_t(blockIdx.y) * (THREADS / 32) + (threadIdx.x >> 5);
-  const int lane = threadIdx.x & 31;
-  const int64_t H = a.H, I = a.I, nv = I / V;
-  {
-    const uint4* hg = reinterpret_cast<const uint4*>(static_cast<const T*>(a.h) + t * a.K * I);
-    for (int64_t q = threadIdx.x; q < a.K * nv; q += THREADS) {
-      const int64_t e = load_index(a.idx, a.idx64, t * a.K + q / nv);
-      if (e >= 0 && e < a.E) hs[q] = hg[q];
-    }
-  }
-  __syncthreads();
-  if (n >= H) return;
-  float acc = 0.0f;
-  // per slot only its expert (int32; -1: dropped) lives in registers: the row pointers are
-  // recomputed where used, to leave the registers to the 24 loads in flight
-  const T* down_n = static_cast<const T*>(a.down) + n * I;
-  for (int64_t j0 = 0; j0 < a.K; j0 += SLOTS) {
-    int32_t e[SLOTS];
-#pragma unroll
-    for (int q = 0; q < SLOTS; ++q) {
-      const int64_t j = j0 + q;
-      const int64_t ej = j < a.K ? load_index(a.idx, a.idx64, t * a.K + j) : -1;
-      e[q] = ej >= 0 && ej < a.E ? int32_t(ej) : -1;
-    }
-    float part[SLOTS];
-#pragma unroll
-    for (int q = 0; q < SLOTS; ++q) part[q] = 0.0f;
-    for (int64_t c0 = lane; c0 < nv; c0 += 32 * UC) {
-      uint4 xw[SLOTS][UC];
-#pragma unroll
-      for (int q = 0; q < SLOTS; ++q)
-#pragma unroll
-        for (int u = 0; u < UC; ++u)
-          if (e[q] >= 0 && c0 + 32 * u < nv)
-            xw[q][u] = __ldg(reinterpret_cast<const uint4*>(down_n + int64_t(e[q]) * H * I) + c0 + 32 * u);
-#pragma unroll
-      for (int q = 0; q < SLOTS; ++q)
-#pragma unroll
-        for (int u = 0; u < UC; ++u)
-          if (e[q] >= 0 && c0 + 32 * u < nv) part[q] = dot_vec<T>(hs[(j0 + q) * nv + c0 + 32 * u], xw[q][u], part[q]);
-    }
-#pragma unroll
-    for (int q = 0; q < SLOTS; ++q) {
-      if (e[q] < 0) continue;
-      float y = warp_sum(part[q]);
-      if (a.down_bias) y += to_f32(static_cast<const T*>(a.down_bias)[int64_t(e[q]) * H + n]);
-      acc += load_any(a.topw, a.topw_code, t * a.K + j0 + q) * y;
-    }
-  }
-  if (lane == 0) static_cast<T*>(a.out)[t * H + n] = from_f32<T>(acc);
-}
-
-// MOEX_CUDA_BATCHED_DOWN_STAGED=0: batched_down_nt for every size (the A/B of the staged variant).
-bool down_staged_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("MOEX_CUDA_BATCHED_DOWN_STAGED");
-    return !v || std::string(v) != "0";
-  }();
-  return on;
-}
-
 // ---- transposed weights: 64 output columns × 4 k-slices per block ----
 constexpr int TN_COLS = 64, TN_SLICES = THREADS / TN_COLS;
 
@@ -371,18 +293,10 @@ void launch_typed(const BatchedArgs& a, bool vec16, cudaStream_t stream) {
       batched_up_nt<T, true><<<g_up, THREADS, 0, stream>>>(a);
       check_launch("batched_up_nt");
       // slots interleaved: K itself up to 8 (rounded up to a power of two), else groups of 8
-      const size_t stage = size_t(a.K * a.I) * sizeof(T);
-      if (a.K <= 8 && stage <= size_t(kDownStageBytes) && down_staged_enabled()) {
-        const auto down = a.K <= 1 ? batched_down_nt_staged<T, 1> : a.K <= 2 ? batched_down_nt_staged<T, 2>
-                          : a.K <= 4 ? batched_down_nt_staged<T, 4> : batched_down_nt_staged<T, 8>;
-        down<<<g_down, THREADS, stage, stream>>>(a);
-        check_launch("batched_down_nt_staged");
-      } else {
-        const auto down = a.K <= 1 ? batched_down_nt<T, true, 1> : a.K <= 2 ? batched_down_nt<T, true, 2>
-                          : a.K <= 4 ? batched_down_nt<T, true, 4> : batched_down_nt<T, true, 8>;
-        down<<<g_down, THREADS, 0, stream>>>(a);
-        check_launch("batched_down_nt");
-      }
+      const auto down = a.K <= 1 ? batched_down_nt<T, true, 1> : a.K <= 2 ? batched_down_nt<T, true, 2>
+                        : a.K <= 4 ? batched_down_nt<T, true, 4> : batched_down_nt<T, true, 8>;
+      down<<<g_down, THREADS, 0, stream>>>(a);
+      check_launch("batched_down_nt");
     } else {
       batched_up_nt<T, false><<<g_up, THREADS, 0, stream>>>(a);
       check_launch("batched_up_nt");
