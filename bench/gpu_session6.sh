@@ -7,6 +7,8 @@
 #   xtests  the experts GPU tests matching $XTEST_FILTER (CudaBackends, CudaGraph, CudaEquivalence)
 #   ab      moex_model_bench (48-layer random Qwen3-30B-A3B, decode batches $AB_BATCHES) for "base"
 #           (the defaults) and every "name:ENV=V[,ENV=V]" item of $AB_VARIANTS, in the same call
+#   probe   moex_decode_probe (bench/decode_probe.cu): a decode layer's GEMVs as a graph of kernels
+#           against one persistent kernel with grid barriers and L2 prefetch of the next phase
 # PARTS selects steps (default "build tests ab"). Logs packed in $OUT/s6_logs.tgz.
 set -u
 OUT=${OUT:-$PWD/out}
@@ -22,7 +24,7 @@ mkdir -p "$L"
 if has build && ! { [ "${SKIP_BUILD:-0}" = 1 ] && [ -x "$BUILD/moex_model_bench" ]; }; then
   stamp build
   { cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOEX_CUDA=ON &&
-    cmake --build "$BUILD" -j "$(nproc)" --target moex moex_tests moex_model_bench; } > "$L/build.log" 2>&1 ||
+    cmake --build "$BUILD" -j "$(nproc)" --target moex moex_tests moex_model_bench moex_decode_probe; } > "$L/build.log" 2>&1 ||
     { grep -E "error" "$L/build.log" | head -30; exit 1; }
 fi
 
@@ -51,6 +53,12 @@ if has ab; then
     stamp "model bench [$name]"
     env $(echo "$envs" | tr ',' ' ') timeout 120 "$BUILD/moex_model_bench" --layers 48 --batches ${AB_BATCHES:-1,8} \
       ${BENCH_ARGS:-} --out "$L/e2e_$name.json" 2>&1 | grep -v "^{" | sed "s/^/[$name] /" | tee -a "$L/ab.log"
+  done
+fi
+if has probe; then
+  for args in "" "--no-prefetch" "--latency-phases 0" "--latency-phases 0 --no-prefetch" "--blocks-per-sm 2 --threads 512"; do
+    stamp "decode probe [$args]"
+    timeout 60 "$BUILD/moex_decode_probe" $args 2>&1 | tee -a "$L/probe.log"
   done
 fi
 tar czf "$OUT/s6_logs.tgz" -C "$OUT" logs6 && rm -rf "$L"
