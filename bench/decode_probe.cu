@@ -228,8 +228,16 @@ int main(int argc, char** argv) {
   for (const Shape& s : shapes) per_layer += size_t(s.rows) * s.in;
   __nv_bfloat16* w = nullptr;
   CHECK(cudaMalloc(&w, per_layer * layers * 2));
-  fill_kernel<<<1024, 256>>>(w, per_layer * layers, 7, 0.04f);
-  CHECK(cudaGetLastError());
+  {  // uniform ±sqrt(3 / in): each GEMV keeps the vector's scale through all the layers
+    size_t off = 0;
+    for (int l = 0; l < layers; ++l)
+      for (const Shape& sh : shapes) {
+        const size_t n = size_t(sh.rows) * sh.in;
+        fill_kernel<<<1024, 256>>>(w + off, n, 7 + off, std::sqrt(3.0f / float(sh.in)));
+        off += n;
+      }
+    CHECK(cudaGetLastError());
+  }
   // vectors: x (H), y0 (5120), y1 (H), y2 (12288), y3 (H) per layer chained; latency copies on a scratch
   float *v = nullptr, *scratch = nullptr;
   const size_t vec = size_t(layers) * (5120 + H + 12288 + H) + H;
@@ -333,6 +341,12 @@ int main(int argc, char** argv) {
   for (int i = 0; i < H; ++i) {
     num += double(out_pers[i] - out_graph[i]) * (out_pers[i] - out_graph[i]);
     den += double(out_graph[i]) * out_graph[i];
+  }
+  bool finite = true;
+  for (int i = 0; i < H; ++i) finite = finite && std::isfinite(out_graph[i]) && std::isfinite(out_pers[i]);
+  if (!finite) {
+    std::fprintf(stderr, "error: non-finite final vector\n");
+    return 1;
   }
   if (bw_gbs <= 0) {  // a device-to-device copy of 2 GB: read + write bytes / time
     void *s1, *s2;
