@@ -143,9 +143,10 @@ struct CudaModel::Impl {
   // against a bound of 3e-2: CudaModelLinear.OneTermLinearsWithinTheSpecBound).
   int linear_terms = 1;
   int num_sms = 1;
-  // Measurement only (MOEX_CUDA_DEBUG_SKIP=norm,qkv,qkvpost,attn,o,experts,lmhead, ',' or '+'): steps of at most
-  // kGemvMaxRows rows leave those kernels out, so that a decode step's time without them gives their
-  // cost inside the graph (docs/PERF.md, sixth session). The results are wrong with any of them set.
+  // Measurement only (MOEX_CUDA_DEBUG_SKIP=norm,qkv,qkvpost,attn,o,experts,lmhead, separated by ','
+  // or '+'): steps of at most kGemvMaxRows rows leave those kernels out, so that a decode step's time
+  // without them gives their cost inside the graph (docs/PERF.md, sixth session). The results are
+  // wrong with any of them set.
   unsigned debug_skip = 0;
   enum SkipBits : unsigned { kSkipNorm = 1, kSkipQkv = 2, kSkipQkvPost = 4, kSkipAttn = 8, kSkipO = 16, kSkipExperts = 32,
                              kSkipLmHead = 64 };
