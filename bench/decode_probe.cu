@@ -16,7 +16,8 @@
 // relative difference of the two final vectors (the same sums in the same order: expected 0).
 //
 //   moex_decode_probe [--layers 48] [--latency-phases 5] [--blocks-per-sm 1] [--threads 1024] [--reps 20]
-//                     [--bw GB/s] [--no-prefetch]
+//                     [--bw GB/s] [--no-prefetch] [--no-weights]
+// --no-weights times the latency steps alone: a graph node against a grid barrier.
 // Exit status 0 when the two modes agree (rel L2 <= 1e-5), 1 otherwise or on a CUDA error.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -190,7 +191,7 @@ __global__ void fill_kernel(__nv_bfloat16* w, size_t n, uint64_t seed, float sca
 
 int main(int argc, char** argv) {
   int layers = 48, latency = 5, per_sm = 1, reps = 20, threads = 1024;
-  bool prefetch = true;
+  bool prefetch = true, weights = true;
   double bw_gbs = 0.0;
   for (int i = 1; i < argc; ++i) {
     auto next = [&]() -> const char* {
@@ -207,15 +208,17 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--threads")) threads = std::atoi(next());
     else if (!std::strcmp(argv[i], "--bw")) bw_gbs = std::atof(next());
     else if (!std::strcmp(argv[i], "--no-prefetch")) prefetch = false;
+    else if (!std::strcmp(argv[i], "--no-weights")) weights = false;
     else {
       std::fprintf(stderr,
                    "usage: %s [--layers 48] [--latency-phases 5] [--blocks-per-sm 1] [--threads 1024] [--reps 20] "
-                   "[--bw GB/s] [--no-prefetch]\n",
+                   "[--bw GB/s] [--no-prefetch] [--no-weights]\n",
                    argv[0]);
       return 2;
     }
   }
-  if (layers < 1 || latency < 0 || per_sm < 1 || reps < 1 || threads < 32 || threads > 1024 || threads % 32) {
+  if (layers < 1 || latency < 0 || per_sm < 1 || reps < 1 || threads < 32 || threads > 1024 || threads % 32 ||
+      (!weights && latency < 1)) {
     std::fprintf(stderr, "error: sizes must be positive, --threads a multiple of 32 up to 1024\n");
     return 2;
   }
@@ -255,12 +258,14 @@ int main(int argc, char** argv) {
   float* free_v = v + H;
   for (int l = 0; l < layers; ++l) {
     for (int s = 0; s < 4; ++s) {
-      Phase p{wl, shapes[s].rows, shapes[s].in, cur, free_v};
+      if (weights) {
+        Phase p{wl, shapes[s].rows, shapes[s].in, cur, free_v};
+        phases.push_back(p);
+        kind.push_back(0);
+        cur = free_v;
+        free_v += shapes[s].rows;
+      }
       wl += size_t(shapes[s].rows) * shapes[s].in;
-      phases.push_back(p);
-      kind.push_back(0);
-      cur = free_v;
-      free_v += shapes[s].rows;
       // latency stand-ins after the weight phases: qkv_post + attention after qkv, norm + router
       // after o, the next layer's input norm after down
       const int after_qkv = std::min(latency, 2), after_o = std::min(latency - after_qkv, 2);
@@ -295,12 +300,12 @@ int main(int argc, char** argv) {
   Copy* dcp;
   int* dk;
   unsigned* bar;
-  CHECK(cudaMalloc(&dph, phases.size() * sizeof(Phase)));
+  CHECK(cudaMalloc(&dph, (phases.size() + 1) * sizeof(Phase)));
   CHECK(cudaMalloc(&dcp, (copies.size() + 1) * sizeof(Copy)));
   CHECK(cudaMalloc(&dk, kind.size() * sizeof(int)));
   CHECK(cudaMalloc(&bar, 2 * sizeof(unsigned)));
   CHECK(cudaMemset(bar, 0, 2 * sizeof(unsigned)));
-  CHECK(cudaMemcpy(dph, phases.data(), phases.size() * sizeof(Phase), cudaMemcpyHostToDevice));
+  if (!phases.empty()) CHECK(cudaMemcpy(dph, phases.data(), phases.size() * sizeof(Phase), cudaMemcpyHostToDevice));
   if (!copies.empty()) CHECK(cudaMemcpy(dcp, copies.data(), copies.size() * sizeof(Copy), cudaMemcpyHostToDevice));
   CHECK(cudaMemcpy(dk, kind.data(), kind.size() * sizeof(int), cudaMemcpyHostToDevice));
   int dev = 0, sms = 0, resident = 0;
@@ -330,12 +335,21 @@ int main(int argc, char** argv) {
   };
   std::vector<float> out_graph(H), out_pers(H);
   const double us_graph = time_it([&] { CHECK(cudaGraphLaunch(exec, st)); });
-  CHECK(cudaMemcpy(out_graph.data(), phases.back().y, H * 4, cudaMemcpyDeviceToHost));
-  CHECK(cudaMemset(phases.back().y, 0, H * 4));
+  if (weights) {
+    CHECK(cudaMemcpy(out_graph.data(), phases.back().y, H * 4, cudaMemcpyDeviceToHost));
+    CHECK(cudaMemset(phases.back().y, 0, H * 4));
+  }
   const double us_pers = time_it([&] {
     persistent_kernel<<<grid, threads, 0, st>>>(prog);
     CHECK(cudaGetLastError());
   });
+  if (!weights) {  // the cost of one dependent step: a graph node against a grid barrier
+    std::printf("# decode probe without weights: %d layers x %d latency steps\n", layers, latency);
+    std::printf("graph       %6.2f us per step (a one-block kernel node)\n", us_graph / latency);
+    std::printf("persistent  %6.2f us per step (%u blocks of %d threads, a grid barrier)\n", us_pers / latency, grid,
+                threads);
+    return 0;
+  }
   CHECK(cudaMemcpy(out_pers.data(), phases.back().y, H * 4, cudaMemcpyDeviceToHost));
   double num = 0, den = 0;
   for (int i = 0; i < H; ++i) {

@@ -56,7 +56,8 @@ if has ab; then
   done
 fi
 if has probe; then
-  for args in "" "--no-prefetch" "--latency-phases 0" "--latency-phases 0 --no-prefetch" "--blocks-per-sm 2 --threads 512"; do
+  for args in "" "--no-prefetch" "--latency-phases 0" "--latency-phases 0 --no-prefetch" "--blocks-per-sm 2 --threads 512" \
+              "--no-weights" "--no-weights --blocks-per-sm 2 --threads 512"; do
     stamp "decode probe [$args]"
     timeout 60 "$BUILD/moex_decode_probe" $args 2>&1 | tee -a "$L/probe.log"
   done
