@@ -219,7 +219,7 @@ int main(int argc, char** argv) {
   }
   if (layers < 1 || latency < 0 || per_sm < 1 || reps < 1 || threads < 32 || threads > 1024 || threads % 32 ||
       (!weights && latency < 1)) {
-    std::fprintf(stderr, "error: sizes must be positive, --threads a multiple of 32 up to 1024\n");
+    std::fprintf(stderr, "error: sizes must be positive, --threads a multiple of 32 up to 1024 (--no-weights: at least one latency phase)\n");
     return 2;
   }
   const int H = 2048;
