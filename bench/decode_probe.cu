@@ -27,8 +27,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <algorithm>
 #include <vector>
+
+#include "model/cuda_forward.hpp"  // measure_copy_bandwidth
+#include "model/cuda_kernels.cuh"  // launch_fill_random
 
 namespace {
 
@@ -177,19 +181,9 @@ __global__ void __launch_bounds__(1024) persistent_kernel(Program prog) {
   }
 }
 
-__global__ void fill_kernel(__nv_bfloat16* w, size_t n, uint64_t seed, float scale) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    uint64_t z = (i + 1) * 0x9E3779B97F4A7C15ull ^ seed;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    w[i] = __float2bfloat16(scale * (float(z >> 40) / float(1 << 24) * 2.0f - 1.0f));
-  }
-}
-
 }  // namespace
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   int layers = 48, latency = 5, per_sm = 1, reps = 20, threads = 1024;
   bool prefetch = true, weights = true;
   double bw_gbs = 0.0;
@@ -236,10 +230,10 @@ int main(int argc, char** argv) {
     for (int l = 0; l < layers; ++l)
       for (const Shape& sh : shapes) {
         const size_t n = size_t(sh.rows) * sh.in;
-        fill_kernel<<<1024, 256>>>(w + off, n, 7 + off, std::sqrt(3.0f / float(sh.in)));
+        moex::model::cuda::launch_fill_random(w + off, 2, int64_t(n), 7 + off, std::sqrt(3.0f / float(sh.in)), 0.0f,
+                                              nullptr);
         off += n;
       }
-    CHECK(cudaGetLastError());
   }
   // vectors: x (H), y0 (5120), y1 (H), y2 (12288), y3 (H) per layer chained; latency copies on a scratch
   float *v = nullptr, *scratch = nullptr;
@@ -356,31 +350,14 @@ int main(int argc, char** argv) {
     num += double(out_pers[i] - out_graph[i]) * (out_pers[i] - out_graph[i]);
     den += double(out_graph[i]) * out_graph[i];
   }
+  const double rel = std::sqrt(num / (den > 0 ? den : 1));
   bool finite = true;
   for (int i = 0; i < H; ++i) finite = finite && std::isfinite(out_graph[i]) && std::isfinite(out_pers[i]);
   if (!finite) {
     std::fprintf(stderr, "error: non-finite final vector\n");
     return 1;
   }
-  if (bw_gbs <= 0) {  // a device-to-device copy of 2 GB: read + write bytes / time
-    void *s1, *s2;
-    const size_t n = size_t(1) << 30;
-    CHECK(cudaMalloc(&s1, n));
-    CHECK(cudaMalloc(&s2, n));
-    CHECK(cudaMemcpyAsync(s2, s1, n, cudaMemcpyDeviceToDevice, st));
-    cudaEvent_t a, b;
-    CHECK(cudaEventCreate(&a));
-    CHECK(cudaEventCreate(&b));
-    CHECK(cudaEventRecord(a, st));
-    for (int r = 0; r < 5; ++r) CHECK(cudaMemcpyAsync(s2, s1, n, cudaMemcpyDeviceToDevice, st));
-    CHECK(cudaEventRecord(b, st));
-    CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    CHECK(cudaEventElapsedTime(&ms, a, b));
-    bw_gbs = 2.0 * n * 5 / (ms * 1e-3) / 1e9;
-    cudaFree(s1);
-    cudaFree(s2);
-  }
+  if (bw_gbs <= 0) bw_gbs = moex::model::measure_copy_bandwidth(moex::Device::cuda(dev)) / 1e9;
   const double floor_us = double(per_layer) * 2 / (bw_gbs * 1e9) * 1e6;
   std::printf("# decode layer probe: %d layers, %.1f MB of weights per layer, %d latency phases per layer, "
               "copy rate %.0f GB/s -> floor %.1f us per layer\n",
@@ -388,6 +365,15 @@ int main(int argc, char** argv) {
   std::printf("graph (a kernel per phase)        %7.1f us per layer  %.2fx floor\n", us_graph, us_graph / floor_us);
   std::printf("persistent (%3u blocks, prefetch %s) %7.1f us per layer  %.2fx floor\n", grid, prefetch ? "on " : "off",
               us_pers, us_pers / floor_us);
-  std::printf("final vectors: rel L2 %.2e\n", std::sqrt(num / (den > 0 ? den : 1)));
-  return std::sqrt(num / (den > 0 ? den : 1)) <= 1e-5 ? 0 : 1;
+  std::printf("final vectors: rel L2 %.2e\n", rel);
+  return rel <= 1e-5 ? 0 : 1;
+}
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {  // moex's launch checks and the copy-rate measurement throw
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
 }
