@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "backends/cuda/cuda_common.cuh"
+#include "backends/cuda/pdl.cuh"
 #include "backends/cuda/mma_ptx.cuh"
 #include "model/cuda_warp.cuh"
 
@@ -80,6 +81,8 @@ __device__ __forceinline__ void row_slices(const float* row, int width, int lane
 // last of the non-empty chunks to finish (an atomic ticket) merges their partials.
 template <int NQ, int NV>
 __global__ void __launch_bounds__(kDecThreads, 2) decode_attention_kernel(DecodeAttentionParams p) {
+  ::moex::cuda::pdl_wait();  // launched with PDL (pdl.cuh)
+  ::moex::cuda::pdl_launch_dependents();
   extern __shared__ __align__(16) float dsm[];
   const int dq = p.dq, dv = p.dv;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -645,11 +648,11 @@ void launch_decode_attention(const DecodeAttentionParams& p, cudaStream_t s) {
   }
   const dim3 grid(unsigned(p.T), unsigned(p.nkv * chunks), unsigned(p.splits));
   const bool q2 = p.dq > 128, v2 = p.dv > 128;
-  if (!q2 && !v2) decode_attention_kernel<1, 1><<<grid, kDecThreads, smem, s>>>(p);
-  else if (!q2) decode_attention_kernel<1, 2><<<grid, kDecThreads, smem, s>>>(p);
-  else if (!v2) decode_attention_kernel<2, 1><<<grid, kDecThreads, smem, s>>>(p);
-  else decode_attention_kernel<2, 2><<<grid, kDecThreads, smem, s>>>(p);
-  check_launch("decode_attention_kernel");
+  const auto kernel = !q2 && !v2 ? decode_attention_kernel<1, 1>
+                      : !q2      ? decode_attention_kernel<1, 2>
+                      : !v2      ? decode_attention_kernel<2, 1>
+                                 : decode_attention_kernel<2, 2>;
+  ::moex::cuda::launch_pdl("decode_attention_kernel", kernel, grid, dim3(kDecThreads), smem, s, p);
 }
 
 // ---- prefill launchers ----------------------------------------------------------------------------

@@ -9,6 +9,7 @@
 #include <cfloat>
 
 #include "backends/cuda/cuda_common.cuh"
+#include "backends/cuda/pdl.cuh"
 #include "model/cuda_warp.cuh"
 
 namespace moex::model::cuda {
@@ -18,6 +19,9 @@ namespace {
 using ::moex::cuda::check;
 using ::moex::cuda::check_launch;
 using ::moex::cuda::load_any;
+using ::moex::cuda::launch_pdl;
+using ::moex::cuda::pdl_launch_dependents;
+using ::moex::cuda::pdl_wait;
 
 inline unsigned blocks_for(int64_t n, int threads) { return unsigned((n + threads - 1) / threads); }
 
@@ -130,6 +134,8 @@ __device__ __forceinline__ void norm_output(const RmsNormParams& p, int64_t r, i
 // x is read once and every load of a thread is issued before the reduction.
 template <int PER>
 __global__ void __launch_bounds__(1024) rmsnorm_reg_kernel(RmsNormParams p) {
+  pdl_wait();  // launched with PDL (pdl.cuh): everything below reads or writes the stream's data
+  pdl_launch_dependents();
   const int64_t r = blockIdx.x;
   const int64_t src = p.rows ? int64_t(p.rows[r]) : r;
   const bool write_x = (p.ids || p.add) && !p.rows;
@@ -154,6 +160,8 @@ __global__ void __launch_bounds__(1024) rmsnorm_reg_kernel(RmsNormParams p) {
 
 // Rows too long for registers: two passes over the row (x re-read from L1/L2).
 __global__ void rmsnorm_kernel(RmsNormParams p) {
+  pdl_wait();
+  pdl_launch_dependents();
   const int64_t r = blockIdx.x;
   const int64_t src = p.rows ? int64_t(p.rows[r]) : r;
   const bool write_x = (p.ids || p.add) && !p.rows;
@@ -285,12 +293,27 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
                 float* y, int64_t yp, bool acc, RouterParams rp, unsigned* ticket) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t row = blockIdx.x * int64_t(kGemvWarps) + warp;
+  // The lane's first eight weight chunks are requested before waiting for the previous kernel
+  // (weights are constant; launched with PDL, pdl.cuh): the row streams in while x is produced.
+  const W* wr = w + (row < out ? row : 0) * in;
+  int64_t c = int64_t(lane) * 8;
+  const bool early = row < out && c + 7 * 256 < in;
+  uint4 first[8];
+  if (early) {
+#pragma unroll
+    for (int u = 0; u < 8; ++u) first[u] = __ldcs(reinterpret_cast<const uint4*>(wr + c + u * 256));
+  }
+  pdl_wait();
+  pdl_launch_dependents();
   if (row < out) {
     float sum[TM];
 #pragma unroll
     for (int t = 0; t < TM; ++t) sum[t] = 0.0f;
-    const W* wr = w + row * in;
-    int64_t c = int64_t(lane) * 8;
+    if (early) {  // the same chunks in the same order as gemv_run<8> would take them
+#pragma unroll
+      for (int u = 0; u < 8; ++u) gemv_chunk<TM, W>(first[u], x, xp, c + u * 256, sum);
+      c += 8 * 256;
+    }
     c = gemv_run<8, TM, W>(wr, c, in, x, xp, sum);  // in = 2048: the lane's whole row in one go
     c = gemv_run<4, TM, W>(wr, c, in, x, xp, sum);
     gemv_run<1, TM, W>(wr, c, in, x, xp, sum);
@@ -331,8 +354,8 @@ void launch_gemv_t(const W* w, int64_t out, int64_t in, const float* x, int64_t 
   switch (T) {
 #define MOEX_GEMV_CASE(n)                                                                                    \
   case n:                                                                                                    \
-    gemv_kernel<n, W, ROUTE><<<grid, kGemvWarps * 32, 0, s>>>(w, out, in, x, xp, bias, gate, y, yp, acc, rp, \
-                                                               ticket);                                      \
+    launch_pdl("gemv_kernel", gemv_kernel<n, W, ROUTE>, dim3(grid), dim3(kGemvWarps * 32), 0, s, w, out, in, x, xp, \
+               bias, gate, y, yp, acc, rp, ticket);                                                          \
     break;
     MOEX_GEMV_CASE(1)
     MOEX_GEMV_CASE(2)
@@ -345,7 +368,6 @@ void launch_gemv_t(const W* w, int64_t out, int64_t in, const float* x, int64_t 
 #undef MOEX_GEMV_CASE
     default: ::moex::detail::fail(ErrorCode::internal, "gemv: {} rows exceed {}", T, kGemvMaxRows);
   }
-  check_launch("gemv_kernel");
 }
 
 __global__ void to_dtype4_kernel(const float* x, int64_t n, void* out, int dt) {
@@ -399,6 +421,8 @@ __device__ void rope_to(const float* src, float* dst, const RopeParams& rp, int6
 // evaluated them per head and synchronised its block five times per head: 110 us at 2048 rows).
 constexpr int kQkvWarps = 8;
 __global__ void __launch_bounds__(kQkvWarps * 32) qkv_post_kernel(QkvPostParams p) {
+  pdl_wait();
+  pdl_launch_dependents();
   extern __shared__ double qsm[];
   const int h2 = p.rope.dim / 2;
   double* cs = qsm;                                        // [h2]: cos · factor
@@ -952,6 +976,8 @@ __device__ unsigned long long block_max_u64(unsigned long long v) {
 // scratch: [rows] u32 tickets (padded to 8 bytes), then [rows, gridDim.x] u64 keys.
 __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const float* logits, int64_t V, int32_t* next,
                                                                  unsigned* tickets, unsigned long long* keys) {
+  pdl_wait();
+  pdl_launch_dependents();
   const int64_t r = blockIdx.y;
   const float* row = logits + r * V;
   unsigned long long best = 0;
@@ -1044,13 +1070,12 @@ void launch_rmsnorm(const RmsNormParams& p, cudaStream_t s) {
   // the row in registers: 4 values a thread up to 4096 (<= 1024 threads), 8 up to 8192
   auto threads = [&](int per) { return unsigned(std::max<int64_t>(32, (p.n + per - 1) / per + 31) / 32 * 32); };
   if (p.n <= 4 * 1024) {
-    rmsnorm_reg_kernel<4><<<unsigned(p.T), threads(4), 0, s>>>(p);
+    launch_pdl("rmsnorm_kernel", rmsnorm_reg_kernel<4>, dim3(unsigned(p.T)), dim3(threads(4)), 0, s, p);
   } else if (p.n <= 8 * 1024) {
-    rmsnorm_reg_kernel<8><<<unsigned(p.T), threads(8), 0, s>>>(p);
+    launch_pdl("rmsnorm_kernel", rmsnorm_reg_kernel<8>, dim3(unsigned(p.T)), dim3(threads(8)), 0, s, p);
   } else {
-    rmsnorm_kernel<<<unsigned(p.T), 512, 0, s>>>(p);
+    launch_pdl("rmsnorm_kernel", rmsnorm_kernel, dim3(unsigned(p.T)), dim3(512), 0, s, p);
   }
-  check_launch("rmsnorm_kernel");
 }
 
 void launch_split(const float* x, int64_t xp, int64_t T, int64_t n, void* split, int sdt, cudaStream_t s) {
@@ -1138,8 +1163,8 @@ void launch_qkv_post(const QkvPostParams& p, cudaStream_t s) {
   if (p.T == 0) return;
   const int slots = p.nh + 2 * p.nkv;
   const size_t smem = size_t(p.rope.dim / 2) * 2 * sizeof(double) + size_t(kQkvWarps) * p.hd * sizeof(float);
-  qkv_post_kernel<<<dim3(unsigned(p.T), unsigned((slots + kQkvWarps - 1) / kQkvWarps)), kQkvWarps * 32, smem, s>>>(p);
-  check_launch("qkv_post_kernel");
+  launch_pdl("qkv_post_kernel", qkv_post_kernel, dim3(unsigned(p.T), unsigned((slots + kQkvWarps - 1) / kQkvWarps)),
+             dim3(kQkvWarps * 32), smem, s, p);
 }
 
 void launch_mla_post(const MlaPostParams& p, cudaStream_t s) {
@@ -1200,8 +1225,8 @@ void launch_argmax(const float* logits, int64_t rows, int64_t V, int32_t* next, 
   auto* tickets = static_cast<unsigned*>(scratch);
   auto* keys = reinterpret_cast<unsigned long long*>(tickets + (rows + 1) / 2 * 2);
   const unsigned blocks = unsigned(std::clamp<int64_t>((V + kArgmaxChunk - 1) / kArgmaxChunk, 1, kArgmaxMaxBlocks));
-  argmax_kernel<<<dim3(blocks, unsigned(rows)), kArgmaxThreads, 0, s>>>(logits, V, next, tickets, keys);
-  check_launch("argmax_kernel");
+  launch_pdl("argmax_kernel", argmax_kernel, dim3(blocks, unsigned(rows)), dim3(kArgmaxThreads), 0, s, logits, V, next,
+             tickets, keys);
 }
 
 void launch_fill_random(void* p, int dt, int64_t n, uint64_t seed, float scale, float value, cudaStream_t s) {

@@ -11,6 +11,7 @@
 // Weights stored [E, out, in] (default) use one warp per output row; transposed weights
 // [E, in, out] use 64 output columns × 4 k-slices per block (coalesced along the output dim).
 #include "backends/cuda/cuda_common.cuh"
+#include "backends/cuda/pdl.cuh"
 
 namespace moex::cuda {
 
@@ -105,6 +106,8 @@ __device__ __forceinline__ float2 warp_dot2(const T* x, const T* wg, const T* wu
 // ---- up projection, weights [E, R, H]: one warp per (pair, i) ----
 template <class T, bool VEC>
 __global__ void __launch_bounds__(THREADS) batched_up_nt(BatchedArgs a) {
+  pdl_wait();  // launched with PDL (pdl.cuh): the expert index comes from the previous kernels
+  pdl_launch_dependents();
   const int64_t p = blockIdx.x;
   const int64_t e = load_index(a.idx, a.idx64, p);
   if (e < 0 || e >= a.E) return;  // dropped slot: h row never read
@@ -141,6 +144,8 @@ __global__ void __launch_bounds__(THREADS) batched_up_nt(BatchedArgs a) {
 // same f32 result whatever SLOTS and UC are.
 template <class T, bool VEC, int SLOTS>
 __global__ void __launch_bounds__(THREADS) batched_down_nt(BatchedArgs a) {
+  pdl_wait();
+  pdl_launch_dependents();
   constexpr int UC = VEC ? 8 / SLOTS : 1;
   const int64_t t = blockIdx.x;
   const int64_t n = int64_t(blockIdx.y) * (THREADS / 32) + (threadIdx.x >> 5);
@@ -290,18 +295,14 @@ void launch_typed(const BatchedArgs& a, bool vec16, cudaStream_t stream) {
     dim3 g_down(unsigned(a.T), unsigned(ceil_div(a.H, warps)));
     MOEX_CHECK(g_up.y <= 65535 && g_down.y <= 65535, "batched_mm on CUDA: sizes H={} I={} too large", a.H, a.I);
     if (vec16) {
-      batched_up_nt<T, true><<<g_up, THREADS, 0, stream>>>(a);
-      check_launch("batched_up_nt");
+      launch_pdl("batched_up_nt", batched_up_nt<T, true>, g_up, dim3(THREADS), 0, stream, a);
       // slots interleaved: K itself up to 8 (rounded up to a power of two), else groups of 8
       const auto down = a.K <= 1 ? batched_down_nt<T, true, 1> : a.K <= 2 ? batched_down_nt<T, true, 2>
                         : a.K <= 4 ? batched_down_nt<T, true, 4> : batched_down_nt<T, true, 8>;
-      down<<<g_down, THREADS, 0, stream>>>(a);
-      check_launch("batched_down_nt");
+      launch_pdl("batched_down_nt", down, g_down, dim3(THREADS), 0, stream, a);
     } else {
-      batched_up_nt<T, false><<<g_up, THREADS, 0, stream>>>(a);
-      check_launch("batched_up_nt");
-      batched_down_nt<T, false, 4><<<g_down, THREADS, 0, stream>>>(a);
-      check_launch("batched_down_nt");
+      launch_pdl("batched_up_nt", batched_up_nt<T, false>, g_up, dim3(THREADS), 0, stream, a);
+      launch_pdl("batched_down_nt", batched_down_nt<T, false, 4>, g_down, dim3(THREADS), 0, stream, a);
     }
   } else {
     const int per = a.has_gate ? TN_COLS / 2 : TN_COLS;

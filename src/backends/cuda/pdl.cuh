@@ -1,0 +1,64 @@
+// backends/cuda/pdl.cuh — programmatic dependent launch (PDL, compute capability >= 9.0) for the
+// short kernels of a decode step.
+//
+// Why: at batch 1 a decode step is ~450 short kernels in a CUDA graph, and each one paid ≈ 3 µs
+// before doing anything (launch, the first loads' round trip, the previous kernel's tail). With PDL
+// a kernel is launched while its predecessor still runs: its blocks become resident, issue the loads
+// that do not depend on the predecessor (weights), and wait in `pdl_wait` for the predecessor's
+// completion and memory flush.
+//
+// The contract of a kernel launched with `launch_pdl` (the PDL attribute set):
+//   * it calls `pdl_wait()` before its first access to memory that any earlier kernel of the stream
+//     writes or reads (reads of constant data — weights — may come before it; writes never do);
+//   * it may call `pdl_launch_dependents()` anywhere (early: the next kernel becomes resident
+//     sooner). A kernel that never calls it lets its dependents start when its blocks exit.
+// Because every such kernel waits for its predecessor's completion, completion stays ordered down
+// the stream: kernel n+1 waits for n, which waited for n−1 before finishing. Kernels launched
+// without the attribute (cuBLAS, memcpy, any other launch) keep the ordinary stream order, and the
+// device functions are no-ops there, so a PDL kernel is also correct when launched plainly.
+// Stream capture turns the attribute into programmatic graph edges (CUDA >= 12.3).
+//
+// MOEX_CUDA_PDL=0 launches every kernel plainly (A/B measurement, debugging).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <utility>
+
+#include "backends/cuda/cuda_common.cuh"
+
+namespace moex::cuda {
+
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Whether kernels on the current device are launched with the PDL attribute: compute capability
+// >= 9.0 and MOEX_CUDA_PDL not "0" (both read once per device and process).
+bool pdl_enabled();
+
+// kernel<<<grid, block, smem, stream>>>(args...) with the PDL attribute when pdl_enabled();
+// launch errors become moex::Error naming `what`.
+template <class... Params, class... Args>
+void launch_pdl(const char* what, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                Args&&... args) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  check(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), what);
+}
+
+}  // namespace moex::cuda
