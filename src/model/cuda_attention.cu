@@ -81,8 +81,8 @@ __device__ __forceinline__ void row_slices(const float* row, int width, int lane
 // last of the non-empty chunks to finish (an atomic ticket) merges their partials.
 template <int NQ, int NV>
 __global__ void __launch_bounds__(kDecThreads, 2) decode_attention_kernel(DecodeAttentionParams p) {
-  ::moex::cuda::pdl_wait();  // launched with PDL (pdl.cuh)
-  ::moex::cuda::pdl_launch_dependents();
+  ::moex::cuda::pdl_launch_dependents();  // launched with PDL (pdl.cuh)
+  ::moex::cuda::pdl_wait();
   extern __shared__ __align__(16) float dsm[];
   const int dq = p.dq, dv = p.dv;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;

@@ -134,8 +134,10 @@ __device__ __forceinline__ void norm_output(const RmsNormParams& p, int64_t r, i
 // x is read once and every load of a thread is issued before the reduction.
 template <int PER>
 __global__ void __launch_bounds__(1024) rmsnorm_reg_kernel(RmsNormParams p) {
-  pdl_wait();  // launched with PDL (pdl.cuh): everything below reads or writes the stream's data
+  // launched with PDL (pdl.cuh): the next kernel may become resident at once;
+  // everything below reads or writes the stream's data
   pdl_launch_dependents();
+  pdl_wait();
   const int64_t r = blockIdx.x;
   const int64_t src = p.rows ? int64_t(p.rows[r]) : r;
   const bool write_x = (p.ids || p.add) && !p.rows;
@@ -160,8 +162,8 @@ __global__ void __launch_bounds__(1024) rmsnorm_reg_kernel(RmsNormParams p) {
 
 // Rows too long for registers: two passes over the row (x re-read from L1/L2).
 __global__ void rmsnorm_kernel(RmsNormParams p) {
-  pdl_wait();
   pdl_launch_dependents();
+  pdl_wait();
   const int64_t r = blockIdx.x;
   const int64_t src = p.rows ? int64_t(p.rows[r]) : r;
   const bool write_x = (p.ids || p.add) && !p.rows;
@@ -303,8 +305,8 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
 #pragma unroll
     for (int u = 0; u < 8; ++u) first[u] = __ldcs(reinterpret_cast<const uint4*>(wr + c + u * 256));
   }
-  pdl_wait();
   pdl_launch_dependents();
+  pdl_wait();
   if (row < out) {
     float sum[TM];
 #pragma unroll
@@ -421,8 +423,8 @@ __device__ void rope_to(const float* src, float* dst, const RopeParams& rp, int6
 // evaluated them per head and synchronised its block five times per head: 110 us at 2048 rows).
 constexpr int kQkvWarps = 8;
 __global__ void __launch_bounds__(kQkvWarps * 32) qkv_post_kernel(QkvPostParams p) {
-  pdl_wait();
   pdl_launch_dependents();
+  pdl_wait();
   extern __shared__ double qsm[];
   const int h2 = p.rope.dim / 2;
   double* cs = qsm;                                        // [h2]: cos · factor
@@ -976,8 +978,8 @@ __device__ unsigned long long block_max_u64(unsigned long long v) {
 // scratch: [rows] u32 tickets (padded to 8 bytes), then [rows, gridDim.x] u64 keys.
 __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const float* logits, int64_t V, int32_t* next,
                                                                  unsigned* tickets, unsigned long long* keys) {
-  pdl_wait();
   pdl_launch_dependents();
+  pdl_wait();
   const int64_t r = blockIdx.y;
   const float* row = logits + r * V;
   unsigned long long best = 0;

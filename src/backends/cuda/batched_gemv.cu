@@ -106,7 +106,10 @@ __device__ __forceinline__ float2 warp_dot2(const T* x, const T* wg, const T* wu
 // ---- up projection, weights [E, R, H]: one warp per (pair, i) ----
 template <class T, bool VEC>
 __global__ void __launch_bounds__(THREADS) batched_up_nt(BatchedArgs a) {
-  pdl_wait();  // launched with PDL (pdl.cuh): the expert index comes from the previous kernels
+  // Launched with PDL (pdl.cuh). The dependents (the down projection) are released only after the
+  // wait: the down kernel then starts after every kernel before this one has completed, and reads
+  // the expert indices (written before this kernel) ahead of its own wait.
+  pdl_wait();
   pdl_launch_dependents();
   const int64_t p = blockIdx.x;
   const int64_t e = load_index(a.idx, a.idx64, p);
@@ -144,14 +147,38 @@ __global__ void __launch_bounds__(THREADS) batched_up_nt(BatchedArgs a) {
 // same f32 result whatever SLOTS and UC are.
 template <class T, bool VEC, int SLOTS>
 __global__ void __launch_bounds__(THREADS) batched_down_nt(BatchedArgs a) {
-  pdl_wait();
-  pdl_launch_dependents();
   constexpr int UC = VEC ? 8 / SLOTS : 1;
+  constexpr int V = 16 / sizeof(T);
   const int64_t t = blockIdx.x;
   const int64_t n = int64_t(blockIdx.y) * (THREADS / 32) + (threadIdx.x >> 5);
-  if (n >= a.H) return;
+  const bool live = n < a.H;
   const int lane = threadIdx.x & 31;
-  const int64_t H = a.H, I = a.I;
+  const int64_t H = a.H, I = a.I, nv = I / V;
+  // Before waiting for the up projection (launched with PDL, pdl.cuh; batched_up_nt releases this
+  // kernel only after the kernels before it, the router included, have completed): the first slot
+  // group's expert indices, read from L2 (__ldcg: never a stale L1 line of an earlier launch), and
+  // the first weight chunk(s) of each of its slots — the weight stream starts while h is computed.
+  int64_t e_first[SLOTS];
+  uint4 w_first[SLOTS][UC];
+#pragma unroll
+  for (int q = 0; q < SLOTS; ++q) {
+    e_first[q] = -1;
+    if (live && q < a.K) {
+      const int64_t p = t * a.K + q;
+      e_first[q] = a.idx64 ? __ldcg(static_cast<const long long*>(a.idx) + p)
+                           : int64_t(__ldcg(static_cast<const int*>(a.idx) + p));
+    }
+    if constexpr (VEC) {
+      const bool ok = e_first[q] >= 0 && e_first[q] < a.E;
+      const T* W = static_cast<const T*>(a.down) + ((ok ? e_first[q] : 0) * H + n) * I;
+#pragma unroll
+      for (int u = 0; u < UC; ++u)
+        if (ok && lane + 32 * u < nv) w_first[q][u] = __ldg(reinterpret_cast<const uint4*>(W) + lane + 32 * u);
+    }
+  }
+  pdl_launch_dependents();
+  pdl_wait();
+  if (!live) return;
   float acc = 0.0f;
   for (int64_t j0 = 0; j0 < a.K; j0 += SLOTS) {
     const T* hp[SLOTS];
@@ -161,7 +188,7 @@ __global__ void __launch_bounds__(THREADS) batched_down_nt(BatchedArgs a) {
 #pragma unroll
     for (int q = 0; q < SLOTS; ++q) {
       const int64_t j = j0 + q;
-      e[q] = j < a.K ? load_index(a.idx, a.idx64, t * a.K + j) : -1;
+      e[q] = j0 == 0 ? e_first[q] : j < a.K ? load_index(a.idx, a.idx64, t * a.K + j) : -1;
       ok[q] = e[q] >= 0 && e[q] < a.E;
       hp[q] = static_cast<const T*>(a.h) + (t * a.K + j) * I;
       W[q] = static_cast<const T*>(a.down) + ((ok[q] ? e[q] : 0) * H + n) * I;
@@ -170,17 +197,16 @@ __global__ void __launch_bounds__(THREADS) batched_down_nt(BatchedArgs a) {
 #pragma unroll
     for (int q = 0; q < SLOTS; ++q) part[q] = 0.0f;
     if constexpr (VEC) {
-      constexpr int V = 16 / sizeof(T);
-      const int64_t nv = I / V;
       for (int64_t c0 = lane; c0 < nv; c0 += 32 * UC) {
         uint4 xh[SLOTS][UC], xw[SLOTS][UC];
+        const bool first = j0 == 0 && c0 == lane;  // chunks already requested above
 #pragma unroll
         for (int q = 0; q < SLOTS; ++q)
 #pragma unroll
           for (int u = 0; u < UC; ++u)
             if (ok[q] && c0 + 32 * u < nv) {
               xh[q][u] = __ldg(reinterpret_cast<const uint4*>(hp[q]) + c0 + 32 * u);
-              xw[q][u] = __ldg(reinterpret_cast<const uint4*>(W[q]) + c0 + 32 * u);
+              xw[q][u] = first ? w_first[q][u] : __ldg(reinterpret_cast<const uint4*>(W[q]) + c0 + 32 * u);
             }
 #pragma unroll
         for (int q = 0; q < SLOTS; ++q)
