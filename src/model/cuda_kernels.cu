@@ -295,27 +295,18 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
                 float* y, int64_t yp, bool acc, RouterParams rp, unsigned* ticket) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t row = blockIdx.x * int64_t(kGemvWarps) + warp;
-  // The lane's first eight weight chunks are requested before waiting for the previous kernel
-  // (weights are constant; launched with PDL, pdl.cuh): the row streams in while x is produced.
+  // The warp's weight row is requested into L2 before waiting for the previous kernel (weights
+  // are constant; launched with PDL, pdl.cuh): it streams in while x is still being produced.
   const W* wr = w + (row < out ? row : 0) * in;
-  int64_t c = int64_t(lane) * 8;
-  const bool early = row < out && c + 7 * 256 < in;
-  uint4 first[8];
-  if (early) {
-#pragma unroll
-    for (int u = 0; u < 8; ++u) first[u] = __ldcs(reinterpret_cast<const uint4*>(wr + c + u * 256));
-  }
+  if (lane == 0 && row < out && ::moex::cuda::prefetch_l2_ok(wr, in * int64_t(sizeof(W))))
+    ::moex::cuda::prefetch_l2(wr, uint32_t(in * sizeof(W)));
   pdl_launch_dependents();
   pdl_wait();
   if (row < out) {
     float sum[TM];
 #pragma unroll
     for (int t = 0; t < TM; ++t) sum[t] = 0.0f;
-    if (early) {  // the same chunks in the same order as gemv_run<8> would take them
-#pragma unroll
-      for (int u = 0; u < 8; ++u) gemv_chunk<TM, W>(first[u], x, xp, c + u * 256, sum);
-      c += 8 * 256;
-    }
+    int64_t c = int64_t(lane) * 8;
     c = gemv_run<8, TM, W>(wr, c, in, x, xp, sum);  // in = 2048: the lane's whole row in one go
     c = gemv_run<4, TM, W>(wr, c, in, x, xp, sum);
     gemv_run<1, TM, W>(wr, c, in, x, xp, sum);

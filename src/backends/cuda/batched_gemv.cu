@@ -148,37 +148,25 @@ __global__ void __launch_bounds__(THREADS) batched_up_nt(BatchedArgs a) {
 template <class T, bool VEC, int SLOTS>
 __global__ void __launch_bounds__(THREADS) batched_down_nt(BatchedArgs a) {
   constexpr int UC = VEC ? 8 / SLOTS : 1;
-  constexpr int V = 16 / sizeof(T);
   const int64_t t = blockIdx.x;
   const int64_t n = int64_t(blockIdx.y) * (THREADS / 32) + (threadIdx.x >> 5);
-  const bool live = n < a.H;
   const int lane = threadIdx.x & 31;
-  const int64_t H = a.H, I = a.I, nv = I / V;
+  const int64_t H = a.H, I = a.I;
   // Before waiting for the up projection (launched with PDL, pdl.cuh; batched_up_nt releases this
-  // kernel only after the kernels before it, the router included, have completed): the first slot
-  // group's expert indices, read from L2 (__ldcg: never a stale L1 line of an earlier launch), and
-  // the first weight chunk(s) of each of its slots — the weight stream starts while h is computed.
-  int64_t e_first[SLOTS];
-  uint4 w_first[SLOTS][UC];
-#pragma unroll
-  for (int q = 0; q < SLOTS; ++q) {
-    e_first[q] = -1;
-    if (live && q < a.K) {
-      const int64_t p = t * a.K + q;
-      e_first[q] = a.idx64 ? __ldcg(static_cast<const long long*>(a.idx) + p)
-                           : int64_t(__ldcg(static_cast<const int*>(a.idx) + p));
+  // kernel only after everything before it, the router included, has completed): lane j asks L2
+  // for the warp's weight row of slot j, its expert index read from L2 (__ldcg: never a stale L1
+  // line of an earlier launch) — the weights stream in while h is computed.
+  if (n < H)
+    for (int64_t j = lane; j < a.K; j += 32) {
+      const int64_t p = t * a.K + j;
+      const int64_t e = a.idx64 ? int64_t(__ldcg(static_cast<const long long*>(a.idx) + p))
+                                : int64_t(__ldcg(static_cast<const int*>(a.idx) + p));
+      const T* W = static_cast<const T*>(a.down) + (e * H + n) * I;
+      if (e >= 0 && e < a.E && prefetch_l2_ok(W, I * int64_t(sizeof(T)))) prefetch_l2(W, uint32_t(I * sizeof(T)));
     }
-    if constexpr (VEC) {
-      const bool ok = e_first[q] >= 0 && e_first[q] < a.E;
-      const T* W = static_cast<const T*>(a.down) + ((ok ? e_first[q] : 0) * H + n) * I;
-#pragma unroll
-      for (int u = 0; u < UC; ++u)
-        if (ok && lane + 32 * u < nv) w_first[q][u] = __ldg(reinterpret_cast<const uint4*>(W) + lane + 32 * u);
-    }
-  }
   pdl_launch_dependents();
   pdl_wait();
-  if (!live) return;
+  if (n >= a.H) return;
   float acc = 0.0f;
   for (int64_t j0 = 0; j0 < a.K; j0 += SLOTS) {
     const T* hp[SLOTS];
@@ -188,7 +176,7 @@ __global__ void __launch_bounds__(THREADS) batched_down_nt(BatchedArgs a) {
 #pragma unroll
     for (int q = 0; q < SLOTS; ++q) {
       const int64_t j = j0 + q;
-      e[q] = j0 == 0 ? e_first[q] : j < a.K ? load_index(a.idx, a.idx64, t * a.K + j) : -1;
+      e[q] = j < a.K ? load_index(a.idx, a.idx64, t * a.K + j) : -1;
       ok[q] = e[q] >= 0 && e[q] < a.E;
       hp[q] = static_cast<const T*>(a.h) + (t * a.K + j) * I;
       W[q] = static_cast<const T*>(a.down) + ((ok[q] ? e[q] : 0) * H + n) * I;
@@ -197,16 +185,17 @@ __global__ void __launch_bounds__(THREADS) batched_down_nt(BatchedArgs a) {
 #pragma unroll
     for (int q = 0; q < SLOTS; ++q) part[q] = 0.0f;
     if constexpr (VEC) {
+      constexpr int V = 16 / sizeof(T);
+      const int64_t nv = I / V;
       for (int64_t c0 = lane; c0 < nv; c0 += 32 * UC) {
         uint4 xh[SLOTS][UC], xw[SLOTS][UC];
-        const bool first = j0 == 0 && c0 == lane;  // chunks already requested above
 #pragma unroll
         for (int q = 0; q < SLOTS; ++q)
 #pragma unroll
           for (int u = 0; u < UC; ++u)
             if (ok[q] && c0 + 32 * u < nv) {
               xh[q][u] = __ldg(reinterpret_cast<const uint4*>(hp[q]) + c0 + 32 * u);
-              xw[q][u] = first ? w_first[q][u] : __ldg(reinterpret_cast<const uint4*>(W[q]) + c0 + 32 * u);
+              xw[q][u] = __ldg(reinterpret_cast<const uint4*>(W[q]) + c0 + 32 * u);
             }
 #pragma unroll
         for (int q = 0; q < SLOTS; ++q)

@@ -22,6 +22,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <utility>
 
 #include "backends/cuda/cuda_common.cuh"
@@ -37,6 +38,18 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
+}
+
+// Asks the L2 cache for [p, p + bytes) without waiting (cp.async.bulk.prefetch): a kernel waiting
+// for its predecessor requests its weights this way, holding no registers. p 16-byte aligned,
+// bytes a multiple of 16 (callers check); a no-op before sm_90.
+__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#endif
+}
+__host__ __device__ inline bool prefetch_l2_ok(const void* p, int64_t bytes) {
+  return (reinterpret_cast<uintptr_t>(p) & 15) == 0 && bytes % 16 == 0 && bytes > 0 && bytes < (int64_t(1) << 31);
 }
 
 // Whether kernels on the current device are launched with the PDL attribute: compute capability
