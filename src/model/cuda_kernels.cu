@@ -20,6 +20,7 @@ using ::moex::cuda::check;
 using ::moex::cuda::check_launch;
 using ::moex::cuda::load_any;
 using ::moex::cuda::launch_pdl;
+using ::moex::cuda::pdl_begin;
 using ::moex::cuda::pdl_launch_dependents;
 using ::moex::cuda::pdl_wait;
 
@@ -134,10 +135,7 @@ __device__ __forceinline__ void norm_output(const RmsNormParams& p, int64_t r, i
 // x is read once and every load of a thread is issued before the reduction.
 template <int PER>
 __global__ void __launch_bounds__(1024) rmsnorm_reg_kernel(RmsNormParams p) {
-  // launched with PDL (pdl.cuh): the next kernel may become resident at once;
-  // everything below reads or writes the stream's data
-  pdl_launch_dependents();
-  pdl_wait();
+  pdl_begin(p.pdl_release_first);  // launched with PDL (pdl.cuh): all below touches the stream's data
   const int64_t r = blockIdx.x;
   const int64_t src = p.rows ? int64_t(p.rows[r]) : r;
   const bool write_x = (p.ids || p.add) && !p.rows;
@@ -162,8 +160,7 @@ __global__ void __launch_bounds__(1024) rmsnorm_reg_kernel(RmsNormParams p) {
 
 // Rows too long for registers: two passes over the row (x re-read from L1/L2).
 __global__ void rmsnorm_kernel(RmsNormParams p) {
-  pdl_launch_dependents();
-  pdl_wait();
+  pdl_begin(p.pdl_release_first);
   const int64_t r = blockIdx.x;
   const int64_t src = p.rows ? int64_t(p.rows[r]) : r;
   const bool write_x = (p.ids || p.add) && !p.rows;
@@ -295,18 +292,27 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
                 float* y, int64_t yp, bool acc, RouterParams rp, unsigned* ticket) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t row = blockIdx.x * int64_t(kGemvWarps) + warp;
-  // The warp's weight row is requested into L2 before waiting for the previous kernel (weights
-  // are constant; launched with PDL, pdl.cuh): it streams in while x is still being produced.
+  // The lane's first eight weight chunks are requested before waiting for the previous kernel
+  // (weights are constant; launched with PDL, pdl.cuh): the row streams in while x is produced.
   const W* wr = w + (row < out ? row : 0) * in;
-  if (lane == 0 && row < out && ::moex::cuda::prefetch_l2_ok(wr, in * int64_t(sizeof(W))))
-    ::moex::cuda::prefetch_l2(wr, uint32_t(in * sizeof(W)));
-  pdl_launch_dependents();
+  int64_t c = int64_t(lane) * 8;
+  const bool early = row < out && c + 7 * 256 < in;
+  uint4 first[8];
+  if (early) {
+#pragma unroll
+    for (int u = 0; u < 8; ++u) first[u] = __ldcs(reinterpret_cast<const uint4*>(wr + c + u * 256));
+  }
   pdl_wait();
+  pdl_launch_dependents();
   if (row < out) {
     float sum[TM];
 #pragma unroll
     for (int t = 0; t < TM; ++t) sum[t] = 0.0f;
-    int64_t c = int64_t(lane) * 8;
+    if (early) {  // the same chunks in the same order as gemv_run<8> would take them
+#pragma unroll
+      for (int u = 0; u < 8; ++u) gemv_chunk<TM, W>(first[u], x, xp, c + u * 256, sum);
+      c += 8 * 256;
+    }
     c = gemv_run<8, TM, W>(wr, c, in, x, xp, sum);  // in = 2048: the lane's whole row in one go
     c = gemv_run<4, TM, W>(wr, c, in, x, xp, sum);
     gemv_run<1, TM, W>(wr, c, in, x, xp, sum);
@@ -414,8 +420,7 @@ __device__ void rope_to(const float* src, float* dst, const RopeParams& rp, int6
 // evaluated them per head and synchronised its block five times per head: 110 us at 2048 rows).
 constexpr int kQkvWarps = 8;
 __global__ void __launch_bounds__(kQkvWarps * 32) qkv_post_kernel(QkvPostParams p) {
-  pdl_launch_dependents();
-  pdl_wait();
+  pdl_begin(p.pdl_release_first);
   extern __shared__ double qsm[];
   const int h2 = p.rope.dim / 2;
   double* cs = qsm;                                        // [h2]: cos · factor
@@ -968,9 +973,9 @@ __device__ unsigned long long block_max_u64(unsigned long long v) {
 
 // scratch: [rows] u32 tickets (padded to 8 bytes), then [rows, gridDim.x] u64 keys.
 __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const float* logits, int64_t V, int32_t* next,
-                                                                 unsigned* tickets, unsigned long long* keys) {
-  pdl_launch_dependents();
-  pdl_wait();
+                                                                 unsigned* tickets, unsigned long long* keys,
+                                                                 bool release_first) {
+  pdl_begin(release_first);
   const int64_t r = blockIdx.y;
   const float* row = logits + r * V;
   unsigned long long best = 0;
@@ -1057,8 +1062,10 @@ void launch_rmsnorm(float* x, int64_t xp, const float* w, float eps, int64_t T, 
   launch_rmsnorm(p, s);
 }
 
-void launch_rmsnorm(const RmsNormParams& p, cudaStream_t s) {
-  if (p.T == 0) return;
+void launch_rmsnorm(const RmsNormParams& params, cudaStream_t s) {
+  if (params.T == 0) return;
+  RmsNormParams p = params;
+  p.pdl_release_first = ::moex::cuda::pdl_release_first();
   MOEX_ASSERT(p.T < (int64_t(1) << 31));
   // the row in registers: 4 values a thread up to 4096 (<= 1024 threads), 8 up to 8192
   auto threads = [&](int per) { return unsigned(std::max<int64_t>(32, (p.n + per - 1) / per + 31) / 32 * 32); };
@@ -1152,8 +1159,10 @@ void launch_gated_act(const float* gu, int64_t T, int64_t I, int act, float* h, 
   check_launch("gated_act_kernel");
 }
 
-void launch_qkv_post(const QkvPostParams& p, cudaStream_t s) {
-  if (p.T == 0) return;
+void launch_qkv_post(const QkvPostParams& params, cudaStream_t s) {
+  if (params.T == 0) return;
+  QkvPostParams p = params;
+  p.pdl_release_first = ::moex::cuda::pdl_release_first();
   const int slots = p.nh + 2 * p.nkv;
   const size_t smem = size_t(p.rope.dim / 2) * 2 * sizeof(double) + size_t(kQkvWarps) * p.hd * sizeof(float);
   launch_pdl("qkv_post_kernel", qkv_post_kernel, dim3(unsigned(p.T), unsigned((slots + kQkvWarps - 1) / kQkvWarps)),
@@ -1219,7 +1228,7 @@ void launch_argmax(const float* logits, int64_t rows, int64_t V, int32_t* next, 
   auto* keys = reinterpret_cast<unsigned long long*>(tickets + (rows + 1) / 2 * 2);
   const unsigned blocks = unsigned(std::clamp<int64_t>((V + kArgmaxChunk - 1) / kArgmaxChunk, 1, kArgmaxMaxBlocks));
   launch_pdl("argmax_kernel", argmax_kernel, dim3(blocks, unsigned(rows)), dim3(kArgmaxThreads), 0, s, logits, V, next,
-             tickets, keys);
+             tickets, keys, ::moex::cuda::pdl_release_first());
 }
 
 void launch_fill_random(void* p, int dt, int64_t n, uint64_t seed, float scale, float value, cudaStream_t s) {

@@ -51,6 +51,7 @@ struct RmsNormParams {
   int64_t out_pitch = 0;
   void* split = nullptr;
   int split_dtype = 0;
+  bool pdl_release_first = false;  // set by the launcher (backends/cuda/pdl.cuh)
 };
 void launch_rmsnorm(const RmsNormParams& p, cudaStream_t s);
 
@@ -102,6 +103,7 @@ struct QkvPostParams {
   float* q_out;
   float *k_cache, *v_cache;
   int64_t max_len;
+  bool pdl_release_first;  // set by the launcher (backends/cuda/pdl.cuh)
 };
 void launch_qkv_post(const QkvPostParams& p, cudaStream_t s);
 

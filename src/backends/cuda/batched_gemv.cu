@@ -105,11 +105,8 @@ __device__ __forceinline__ float2 warp_dot2(const T* x, const T* wg, const T* wu
 
 // ---- up projection, weights [E, R, H]: one warp per (pair, i) ----
 template <class T, bool VEC>
-__global__ void __launch_bounds__(THREADS) batched_up_nt(BatchedArgs a) {
-  // Launched with PDL (pdl.cuh). The dependents (the down projection) are released only after the
-  // wait: the down kernel then starts after every kernel before this one has completed, and reads
-  // the expert indices (written before this kernel) ahead of its own wait.
-  pdl_wait();
+__device__ __forceinline__ void up_nt(const BatchedArgs& a) {
+  pdl_wait();  // launched with PDL (pdl.cuh): the expert index comes from the previous kernels
   pdl_launch_dependents();
   const int64_t p = blockIdx.x;
   const int64_t e = load_index(a.idx, a.idx64, p);
@@ -137,6 +134,23 @@ __global__ void __launch_bounds__(THREADS) batched_up_nt(BatchedArgs a) {
   }
   if (lane == 0) static_cast<T*>(a.h)[p * I + i] = from_f32<T>(h);
 }
+template <class T, bool VEC>
+__global__ void __launch_bounds__(THREADS) batched_up_nt(BatchedArgs a) {
+  up_nt<T, VEC>(a);
+}
+// At most 40 registers, 6 blocks per SM: a qwen3 decode step's 768 blocks (8 pairs × 96) in one
+// wave instead of 5 per SM (48 registers) and a second partial wave. MOEX_CUDA_UP_ONE_WAVE=1.
+template <class T, bool VEC>
+__global__ void __launch_bounds__(THREADS, 6) batched_up_nt_6(BatchedArgs a) {
+  up_nt<T, VEC>(a);
+}
+bool up_one_wave() {
+  static const bool on = [] {
+    const char* s = std::getenv("MOEX_CUDA_UP_ONE_WAVE");
+    return s && std::string(s) == "1";
+  }();
+  return on;
+}
 
 // ---- down projection + weighted slot sum, weights [E, H, I]: one warp per (token, n) ----
 // Slots in groups of SLOTS whose dot products run interleaved, UC chunks of each in flight
@@ -147,26 +161,14 @@ __global__ void __launch_bounds__(THREADS) batched_up_nt(BatchedArgs a) {
 // same f32 result whatever SLOTS and UC are.
 template <class T, bool VEC, int SLOTS>
 __global__ void __launch_bounds__(THREADS) batched_down_nt(BatchedArgs a) {
+  pdl_wait();
+  pdl_launch_dependents();
   constexpr int UC = VEC ? 8 / SLOTS : 1;
   const int64_t t = blockIdx.x;
   const int64_t n = int64_t(blockIdx.y) * (THREADS / 32) + (threadIdx.x >> 5);
+  if (n >= a.H) return;
   const int lane = threadIdx.x & 31;
   const int64_t H = a.H, I = a.I;
-  // Before waiting for the up projection (launched with PDL, pdl.cuh; batched_up_nt releases this
-  // kernel only after everything before it, the router included, has completed): lane j asks L2
-  // for the warp's weight row of slot j, its expert index read from L2 (__ldcg: never a stale L1
-  // line of an earlier launch) — the weights stream in while h is computed.
-  if (n < H)
-    for (int64_t j = lane; j < a.K; j += 32) {
-      const int64_t p = t * a.K + j;
-      const int64_t e = a.idx64 ? int64_t(__ldcg(static_cast<const long long*>(a.idx) + p))
-                                : int64_t(__ldcg(static_cast<const int*>(a.idx) + p));
-      const T* W = static_cast<const T*>(a.down) + (e * H + n) * I;
-      if (e >= 0 && e < a.E && prefetch_l2_ok(W, I * int64_t(sizeof(T)))) prefetch_l2(W, uint32_t(I * sizeof(T)));
-    }
-  pdl_launch_dependents();
-  pdl_wait();
-  if (n >= a.H) return;
   float acc = 0.0f;
   for (int64_t j0 = 0; j0 < a.K; j0 += SLOTS) {
     const T* hp[SLOTS];
@@ -310,7 +312,8 @@ void launch_typed(const BatchedArgs& a, bool vec16, cudaStream_t stream) {
     dim3 g_down(unsigned(a.T), unsigned(ceil_div(a.H, warps)));
     MOEX_CHECK(g_up.y <= 65535 && g_down.y <= 65535, "batched_mm on CUDA: sizes H={} I={} too large", a.H, a.I);
     if (vec16) {
-      launch_pdl("batched_up_nt", batched_up_nt<T, true>, g_up, dim3(THREADS), 0, stream, a);
+      launch_pdl("batched_up_nt", up_one_wave() ? batched_up_nt_6<T, true> : batched_up_nt<T, true>, g_up, dim3(THREADS),
+                 0, stream, a);
       // slots interleaved: K itself up to 8 (rounded up to a power of two), else groups of 8
       const auto down = a.K <= 1 ? batched_down_nt<T, true, 1> : a.K <= 2 ? batched_down_nt<T, true, 2>
                         : a.K <= 4 ? batched_down_nt<T, true, 4> : batched_down_nt<T, true, 8>;

@@ -22,7 +22,6 @@
 #pragma once
 #include <cuda_runtime.h>
 
-#include <cstdint>
 #include <utility>
 
 #include "backends/cuda/cuda_common.cuh"
@@ -40,21 +39,21 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 #endif
 }
 
-// Asks the L2 cache for [p, p + bytes) without waiting (cp.async.bulk.prefetch): a kernel waiting
-// for its predecessor requests its weights this way, holding no registers. p 16-byte aligned,
-// bytes a multiple of 16 (callers check); a no-op before sm_90.
-__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-#endif
-}
-__host__ __device__ inline bool prefetch_l2_ok(const void* p, int64_t bytes) {
-  return (reinterpret_cast<uintptr_t>(p) & 15) == 0 && bytes % 16 == 0 && bytes > 0 && bytes < (int64_t(1) << 31);
+// Start of a PDL kernel's dependent part: wait for the predecessor, release the dependents —
+// or, `release_first`, release them before waiting (the next kernel becomes resident while this
+// one still waits: for one-block latency kernels; MOEX_CUDA_PDL=2, see pdl_release_first()).
+__device__ __forceinline__ void pdl_begin(bool release_first) {
+  if (release_first) pdl_launch_dependents();
+  pdl_wait();
+  if (!release_first) pdl_launch_dependents();
 }
 
 // Whether kernels on the current device are launched with the PDL attribute: compute capability
 // >= 9.0 and MOEX_CUDA_PDL not "0" (both read once per device and process).
 bool pdl_enabled();
+// MOEX_CUDA_PDL=2 (measurement): the latency kernels (norms, qkv post-processing, decode attention,
+// argmax) release their dependents before waiting.
+bool pdl_release_first();
 
 // kernel<<<grid, block, smem, stream>>>(args...) with the PDL attribute when pdl_enabled();
 // launch errors become moex::Error naming `what`.
