@@ -694,6 +694,123 @@ TEST(CudaModelKernels, FusedRouterGemvMatchesTheHost) {
 #endif
 }
 
+// The router GEMV with the post-attention RMSNorm inside (launch_gemv_router_norm, decode steps):
+// the normed rows it writes (f32 and the bf16 hi/lo split) match the host norm, its logits match the
+// f64 product of those rows, and its routing is the host routing of its own logits.
+TEST(CudaModelKernels, FusedNormRouterGemvMatchesTheHost) {
+  SKIP_WITHOUT_CUDA();
+#ifndef MOEX_WITH_CUDA
+  GTEST_SKIP() << "built without CUDA";
+#else
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const int64_t E = 128, K = 8, in = 2048;
+  const float eps = 1e-6f;
+  std::vector<float> wf(size_t(E * in)), nw(static_cast<size_t>(in));
+  for (auto& v : wf) v = 0.05f * nd(rng);
+  for (auto& v : nw) v = 1.0f + 0.1f * nd(rng);
+  Tensor whost = Tensor::empty(DType::f32, {E, in});
+  std::copy(wf.begin(), wf.end(), whost.ptr<float>());
+  const Tensor wq = convert_tensor(whost.view(), DType::bf16);
+  const Tensor wback = convert_tensor(wq.view(), DType::f32);
+  const Tensor dw = wq.to(Device::cuda());
+  const Tensor dnw = to_device(nw, DType::f32);
+  Tensor ticket = zeros_device(16);
+  ASSERT_TRUE(model::cuda::gemv_router_norm_ok(in, 8));
+  for (int64_t T = 1; T <= 8; ++T) {
+    std::vector<float> x(size_t(T * in));
+    for (auto& v : x) v = 3.0f * nd(rng);
+    const Tensor dx = to_device(x, DType::f32);
+    Tensor dl = Tensor::empty(DType::f32, {T * E}, Device::cuda());
+    Tensor dh = Tensor::empty(DType::f32, {T * in}, Device::cuda());
+    Tensor dsplit = Tensor::empty(DType::bf16, {2 * T * in}, Device::cuda());
+    Tensor di = Tensor::empty(DType::i32, {T * K}, Device::cuda()), dwt = Tensor::empty(DType::f32, {T * K}, Device::cuda());
+    model::cuda::RouterParams p{};
+    p.logits = dl.ptr<float>();
+    p.T = T;
+    p.E = int(E);
+    p.K = int(K);
+    p.renorm = true;
+    p.idx = di.ptr<int32_t>();
+    p.w = dwt.ptr<float>();
+    model::cuda::RmsNormParams pn;
+    pn.x = dx.ptr<float>();
+    pn.x_pitch = in;
+    pn.w = dnw.ptr<float>();
+    pn.eps = eps;
+    pn.T = T;
+    pn.n = in;
+    pn.out = dh.ptr<float>();
+    pn.out_pitch = in;
+    pn.split = dsplit.data();
+    pn.split_dtype = 2;
+    model::cuda::launch_gemv_router_norm(dw.data(), 2, pn, nullptr, p, static_cast<unsigned*>(ticket.data()), nullptr);
+    const auto gh = to_host<float>(dh, size_t(T * in));
+    const auto gs = to_host<float>(convert_tensor(dsplit.to(Device::cpu()).view(), DType::f32), size_t(2 * T * in));
+    const auto gl = to_host<float>(dl, size_t(T * E));
+    for (int64_t t = 0; t < T; ++t) {
+      double ss = 0.0;
+      for (int64_t c = 0; c < in; ++c) ss += double(x[size_t(t * in + c)]) * x[size_t(t * in + c)];
+      const double inv = 1.0 / std::sqrt(ss / double(in) + eps);
+      for (int64_t c = 0; c < in; ++c) {
+        const size_t q = size_t(t * in + c);
+        const double ref = double(nw[size_t(c)]) * x[q] * inv;
+        ASSERT_NEAR(gh[q], ref, 1e-5 * (1.0 + std::fabs(ref))) << "T " << T << " row " << t << " col " << c;
+        EXPECT_NEAR(double(gs[q]) + gs[size_t(T * in) + q], gh[q], 1e-5 * (1.0 + std::fabs(ref))) << "split " << q;
+      }
+      for (int64_t e = 0; e < E; ++e) {
+        double ref = 0.0;
+        for (int64_t c = 0; c < in; ++c) ref += double(wback.ptr<float>()[e * in + c]) * gh[size_t(t * in + c)];
+        EXPECT_NEAR(gl[size_t(t * E + e)], ref, 1e-4 * (1.0 + std::fabs(ref))) << "T " << T << " e " << e;
+      }
+    }
+    RouterConfig rc;
+    rc.kind = RouterKind::qwen3_moe;
+    rc.num_experts = E;
+    rc.top_k = K;
+    rc.norm_topk_prob = true;
+    std::vector<int32_t> idx(size_t(T * K));
+    std::vector<float> w(size_t(T * K));
+    route(rc, gl.data(), T, idx.data(), w.data());
+    const auto gi = to_host<int32_t>(di, idx.size());
+    for (size_t q = 0; q < idx.size(); ++q) EXPECT_EQ(gi[q], idx[q]) << "T " << T << " slot " << q;
+  }
+  EXPECT_EQ(to_host<uint32_t>(ticket, 1)[0], 0u);
+#endif
+}
+
+// Decode steps with the post-attention norm inside the router GEMV (the default) and as its own
+// kernel (MOEX_CUDA_FUSE_ROUTER_NORM=0): the same greedy tokens on the qwen3_moe fixture, graphs on
+// and off. (Programmatic dependent launch is read once per process: run the GPU tests with
+// MOEX_CUDA_PDL=0 as well to cover both launch modes — bench/gpu_session6.sh does.)
+TEST(CudaModelGraphs, DecodeRouterNormFusionGivesTheSameTokens) {
+  SKIP_WITHOUT_CUDA();
+#ifndef MOEX_WITH_CUDA
+  GTEST_SKIP() << "built without CUDA";
+#else
+  if (!fs::exists(fixture("qwen3_moe"))) GTEST_SKIP() << "no fixtures";
+  const auto cfg = load_model_config(fixture("qwen3_moe").string());
+  const auto w = model::load_weights(Checkpoint::open(fixture("qwen3_moe").string()), cfg, DType::bf16);
+  const std::vector<std::vector<int64_t>> prompts = {{1, 5, 9, 13, 2, 7}, {3, 4, 8}, {11, 12}};
+  model::CudaGenerateOptions o;
+  o.max_new_tokens = 8;
+  o.eos = {-1};
+  o.decode_backend = "batched_mm";
+  std::vector<std::vector<int64_t>> first;
+  for (const char* fuse : {"1", "0"}) {
+    setenv("MOEX_CUDA_FUSE_ROUTER_NORM", fuse, 1);  // read when the model is built
+    model::CudaModel cm(w, cfg.text, Device::cuda());
+    for (const bool graphs : {false, true}) {
+      o.cuda_graphs = graphs;
+      const auto out = cm.generate(prompts, o);
+      if (first.empty()) first = out;
+      EXPECT_EQ(out, first) << "fuse " << fuse << " graphs " << graphs;
+    }
+  }
+  unsetenv("MOEX_CUDA_FUSE_ROUTER_NORM");
+#endif
+}
+
 // Both settings of MOEX_CUDA_LINEAR_TERMS — 1 (the default: the cuBLAS linears of prefill take
 // bf16(x) alone, as the reference library) and 2 (the CPU runtime's two-term split) — within the
 // bf16 parity bound of SPEC §8 on every fixture.

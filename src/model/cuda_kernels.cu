@@ -249,7 +249,8 @@ __device__ void route_warp(const RouterParams& p, int64_t t, int lane);  // the 
 // flight per lane (issued before their FMAs: one load in flight per lane reached only 1.8 TB/s).
 constexpr int kGemvWarps = 4;
 
-template <int TM, class W>
+// SMEM: x is in shared memory (the fused RMSNorm's rows), else read through the read-only cache.
+template <int TM, class W, bool SMEM = false>
 __device__ __forceinline__ void gemv_chunk(const uint4& raw, const float* x, int64_t xp, int64_t c, float* sum) {
   const W* wv = reinterpret_cast<const W*>(&raw);
   float wf[8];
@@ -257,8 +258,9 @@ __device__ __forceinline__ void gemv_chunk(const uint4& raw, const float* x, int
   for (int k = 0; k < 8; ++k) wf[k] = ::moex::cuda::to_f32(wv[k]);
 #pragma unroll
   for (int t = 0; t < TM; ++t) {
-    const float4 a = __ldg(reinterpret_cast<const float4*>(x + t * xp + c));
-    const float4 b = __ldg(reinterpret_cast<const float4*>(x + t * xp + c + 4));
+    const float4* xv = reinterpret_cast<const float4*>(x + t * xp + c);
+    const float4 a = SMEM ? xv[0] : __ldg(xv);
+    const float4 b = SMEM ? xv[1] : __ldg(xv + 1);
     sum[t] = fmaf(wf[0], a.x, sum[t]);
     sum[t] = fmaf(wf[1], a.y, sum[t]);
     sum[t] = fmaf(wf[2], a.z, sum[t]);
@@ -272,24 +274,27 @@ __device__ __forceinline__ void gemv_chunk(const uint4& raw, const float* x, int
 
 // Chunks c, c + 256, ... of the lane (columns in order), U 16-byte weight loads issued at a time;
 // returns the first chunk left (fewer than U remain).
-template <int U, int TM, class W>
+template <int U, int TM, class W, bool SMEM = false>
 __device__ __forceinline__ int64_t gemv_run(const W* wr, int64_t c, int64_t in, const float* x, int64_t xp, float* sum) {
   for (; c + (U - 1) * 256 < in; c += U * 256) {
     uint4 raw[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) raw[u] = __ldcs(reinterpret_cast<const uint4*>(wr + c + u * 256));
 #pragma unroll
-    for (int u = 0; u < U; ++u) gemv_chunk<TM, W>(raw[u], x, xp, c + u * 256, sum);
+    for (int u = 0; u < U; ++u) gemv_chunk<TM, W, SMEM>(raw[u], x, xp, c + u * 256, sum);
   }
   return c;
 }
 
 // ROUTE: y holds router logits [TM, E] (rp.logits); the last block to finish routes the TM rows
 // (the other blocks' logits made visible by their fences before the ticket).
-template <int TM, class W, bool ROUTE>
-__global__ void __launch_bounds__(kGemvWarps * 32)
-    gemv_kernel(const W* w, int64_t out, int64_t in, const float* x, int64_t xp, const float* bias, const float* row_gate,
-                float* y, int64_t yp, bool acc, RouterParams rp, unsigned* ticket) {
+// NORM: x is RMSNorm(pn.x rows) — every block normalises the TM rows into shared memory
+// ([TM, in] f32, dynamic) and block 0 also writes them out as the norm kernel would (pn.out, pn.split):
+// the post-attention norm of a decode step without a kernel of its own (router blocks are few).
+template <int TM, class W, bool ROUTE, bool NORM>
+__device__ __forceinline__ void gemv_body(const W* w, int64_t out, int64_t in, const float* x, int64_t xp,
+                                          const float* bias, const float* row_gate, float* y, int64_t yp, bool acc,
+                                          const RouterParams& rp, unsigned* ticket, const RmsNormParams& pn) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t row = blockIdx.x * int64_t(kGemvWarps) + warp;
   // The lane's first eight weight chunks are requested before waiting for the previous kernel
@@ -297,25 +302,50 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
   const W* wr = w + (row < out ? row : 0) * in;
   int64_t c = int64_t(lane) * 8;
   const bool early = row < out && c + 7 * 256 < in;
-  uint4 first[8];
+  uint4 raw[8];  // eight chunks in flight: the first eight now, the next eight after their FMAs
   if (early) {
 #pragma unroll
-    for (int u = 0; u < 8; ++u) first[u] = __ldcs(reinterpret_cast<const uint4*>(wr + c + u * 256));
+    for (int u = 0; u < 8; ++u) raw[u] = __ldcs(reinterpret_cast<const uint4*>(wr + c + u * 256));
   }
   pdl_wait();
   pdl_launch_dependents();
+  if constexpr (NORM) {
+    extern __shared__ __align__(16) float hs[];  // [TM, in]
+    for (int t = 0; t < TM; ++t) {
+      float ss = 0.0f;
+      for (int64_t i = threadIdx.x; i < in; i += blockDim.x) {
+        const float v = pn.x[t * pn.x_pitch + i];
+        ss += v * v;
+      }
+      ss = block_sum(ss);
+      const float inv = rsqrtf(ss / float(in) + pn.eps);
+      for (int64_t i = threadIdx.x; i < in; i += blockDim.x) {
+        const float v = pn.x[t * pn.x_pitch + i];
+        hs[t * in + i] = pn.w[i] * (v * inv);  // norm_output's formula
+        if (blockIdx.x == 0) norm_output(pn, t, i, v, inv);
+      }
+    }
+    __syncthreads();
+    x = hs;
+    xp = in;
+  }
   if (row < out) {
     float sum[TM];
 #pragma unroll
     for (int t = 0; t < TM; ++t) sum[t] = 0.0f;
-    if (early) {  // the same chunks in the same order as gemv_run<8> would take them
+    // chunks c, c + 256, ... in order, eight loads at a time (in = 2048: the lane's whole row at once)
+    for (bool more = early; more;) {
 #pragma unroll
-      for (int u = 0; u < 8; ++u) gemv_chunk<TM, W>(first[u], x, xp, c + u * 256, sum);
+      for (int u = 0; u < 8; ++u) gemv_chunk<TM, W, NORM>(raw[u], x, xp, c + u * 256, sum);
       c += 8 * 256;
+      more = c + 7 * 256 < in;
+      if (more) {
+#pragma unroll
+        for (int u = 0; u < 8; ++u) raw[u] = __ldcs(reinterpret_cast<const uint4*>(wr + c + u * 256));
+      }
     }
-    c = gemv_run<8, TM, W>(wr, c, in, x, xp, sum);  // in = 2048: the lane's whole row in one go
-    c = gemv_run<4, TM, W>(wr, c, in, x, xp, sum);
-    gemv_run<1, TM, W>(wr, c, in, x, xp, sum);
+    c = gemv_run<4, TM, W, NORM>(wr, c, in, x, xp, sum);
+    gemv_run<1, TM, W, NORM>(wr, c, in, x, xp, sum);
 #pragma unroll
     for (int t = 0; t < TM; ++t) sum[t] = warp_sum(sum[t]);
     if (lane == 0) {
@@ -344,17 +374,50 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
     if (threadIdx.x == 0) *ticket = 0u;  // ready for the next launch (graph replays included)
   }
 }
+template <int TM, class W, bool ROUTE, bool NORM>
+__global__ void __launch_bounds__(kGemvWarps * 32)
+    gemv_kernel(const W* w, int64_t out, int64_t in, const float* x, int64_t xp, const float* bias, const float* row_gate,
+                float* y, int64_t yp, bool acc, RouterParams rp, unsigned* ticket, RmsNormParams pn) {
+  gemv_body<TM, W, ROUTE, NORM>(w, out, in, x, xp, bias, row_gate, y, yp, acc, rp, ticket, pn);
+}
+// One row, no routing (the decode step's qkv, o and lm-head GEMVs at batch 1): at most 48 registers,
+// 10 blocks per SM, so a 5120-row GEMV (1280 blocks) is resident in one wave (unbounded: 62).
+// MOEX_CUDA_GEMV_ONE_WAVE=0 uses gemv_kernel instead (A/B).
+template <class W>
+__global__ void __launch_bounds__(kGemvWarps * 32, 10)
+    gemv_row_kernel(const W* w, int64_t out, int64_t in, const float* x, int64_t xp, const float* bias,
+                    const float* row_gate, float* y, int64_t yp, bool acc, RouterParams rp, unsigned* ticket,
+                    RmsNormParams pn) {
+  gemv_body<1, W, false, false>(w, out, in, x, xp, bias, row_gate, y, yp, acc, rp, ticket, pn);
+}
+bool gemv_one_wave() {
+  static const bool on = [] {
+    const char* e = std::getenv("MOEX_CUDA_GEMV_ONE_WAVE");
+    return !(e && std::string(e) == "0");
+  }();
+  return on;
+}
 
-template <class W, bool ROUTE>
+template <class W, bool ROUTE, bool NORM = false>
 void launch_gemv_t(const W* w, int64_t out, int64_t in, const float* x, int64_t xp, int64_t T, const float* bias,
                    const float* gate, float* y, int64_t yp, bool acc, const RouterParams& rp, unsigned* ticket,
-                   cudaStream_t s) {
+                   cudaStream_t s, const RmsNormParams& pn = {}) {
   const unsigned grid = unsigned((out + kGemvWarps - 1) / kGemvWarps);
+  const size_t smem = NORM ? size_t(T * in) * sizeof(float) : 0;
+  if (T == 1 && !ROUTE && !NORM && gemv_one_wave()) {
+    launch_pdl("gemv_kernel", gemv_row_kernel<W>, dim3(grid), dim3(kGemvWarps * 32), 0, s, w, out, in, x, xp, bias, gate,
+               y, yp, acc, rp, ticket, pn);
+    return;
+  }
   switch (T) {
-#define MOEX_GEMV_CASE(n)                                                                                    \
-  case n:                                                                                                    \
-    launch_pdl("gemv_kernel", gemv_kernel<n, W, ROUTE>, dim3(grid), dim3(kGemvWarps * 32), 0, s, w, out, in, x, xp, \
-               bias, gate, y, yp, acc, rp, ticket);                                                          \
+#define MOEX_GEMV_CASE(n)                                                                                         \
+  case n:                                                                                                         \
+    if (NORM && smem > 48 * 1024)                                                                                 \
+      check(cudaFuncSetAttribute(gemv_kernel<n, W, ROUTE, NORM>, cudaFuncAttributeMaxDynamicSharedMemorySize,     \
+                                 int(smem)),                                                                      \
+            "cudaFuncSetAttribute(gemv_kernel)");                                                                 \
+    launch_pdl("gemv_kernel", gemv_kernel<n, W, ROUTE, NORM>, dim3(grid), dim3(kGemvWarps * 32), smem, s, w, out, in, \
+               x, xp, bias, gate, y, yp, acc, rp, ticket, pn);                                                    \
     break;
     MOEX_GEMV_CASE(1)
     MOEX_GEMV_CASE(2)
@@ -1116,6 +1179,24 @@ void launch_gemv(const void* w, int wdt, int64_t out, int64_t in, const float* x
   else
     launch_gemv_t<__nv_bfloat16, false>(static_cast<const __nv_bfloat16*>(w), out, in, x, xp, T, bias, gate, y, yp, acc,
                                         none, nullptr, s);
+}
+
+bool gemv_router_norm_ok(int64_t in, int64_t T) {
+  return T >= 1 && T <= kGemvMaxRows && size_t(T * in) * sizeof(float) <= kGemvNormMaxSmem;
+}
+
+void launch_gemv_router_norm(const void* w, int wdt, const RmsNormParams& pn, const float* bias, const RouterParams& p,
+                             unsigned* ticket, cudaStream_t s) {
+  if (p.T == 0) return;
+  MOEX_ASSERT(p.kind != 1 && pn.T == p.T && gemv_router_norm_ok(pn.n, p.T) && gemv_ok(w, pn.n, pn.x, pn.x_pitch, p.T) &&
+              ticket);
+  float* y = const_cast<float*>(p.logits);
+  if (wdt == 1)
+    launch_gemv_t<__half, true, true>(static_cast<const __half*>(w), p.E, pn.n, pn.x, pn.x_pitch, p.T, bias, nullptr, y,
+                                      p.E, false, p, ticket, s, pn);
+  else
+    launch_gemv_t<__nv_bfloat16, true, true>(static_cast<const __nv_bfloat16*>(w), p.E, pn.n, pn.x, pn.x_pitch, p.T,
+                                             bias, nullptr, y, p.E, false, p, ticket, s, pn);
 }
 
 void launch_gemv_router(const void* w, int wdt, int64_t in, const float* x, int64_t xp, const float* bias,
