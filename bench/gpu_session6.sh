@@ -7,8 +7,8 @@
 #   xtests  the experts GPU tests matching $XTEST_FILTER (CudaBackends, CudaGraph, CudaEquivalence)
 #   ab      moex_model_bench (48-layer random Qwen3-30B-A3B, decode batches $AB_BATCHES) for "base"
 #           (the defaults) and every "name:ENV=V[,ENV=V]" item of $AB_VARIANTS, in the same call
-#   ncu     each decode kernel of a 4-layer batch-1 model alone under Nsight Compute (NCU_SKIP,
-#           NCU_COUNT launches): time, DRAM bytes, rate, registers, occupancy
+#   ncu     each decode kernel of a 4-layer batch-1 model alone under Nsight Compute (NCU_KERNELS
+#           regex, NCU_SKIP, NCU_COUNT launches): time, DRAM bytes, rate, registers, occupancy
 #   probe   moex_decode_probe (bench/decode_probe.cu): a decode layer's GEMVs as a graph of kernels
 #           against one persistent kernel with grid barriers and L2 prefetch of the next phase
 # PARTS selects steps (default "build tests ab"). Logs packed in $OUT/s6_logs.tgz.
@@ -70,24 +70,27 @@ if has ncu; then
   stamp "ncu"
   timeout 240 ncu --clock-control none --csv --print-units base \
     --metrics gpu__time_duration.sum,dram__bytes_read.sum,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active,launch__grid_size \
-    --kernel-name regex:"gemv_kernel|batched_|rmsnorm|qkv_post|decode_attention|argmax" \
-    --launch-skip ${NCU_SKIP:-40} --launch-count ${NCU_COUNT:-40} \
+    --kernel-name regex:"${NCU_KERNELS:-gemv_kernel|batched_|decode_attention}" \
+    --launch-skip ${NCU_SKIP:-0} --launch-count ${NCU_COUNT:-80} \
     "$BUILD/moex_model_bench" --layers 4 --batches 1 --new 4 --out "$L/ncu_bench.json" > "$L/ncu.csv" 2> "$L/ncu.err"
   echo "ncu rc $?"; tail -3 "$L/ncu.err"
   python3 - "$L/ncu.csv" <<'PY'
 import csv, sys, re
-rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
-if not rows: print("no ncu rows"); sys.exit()
-h = rows[0]; I = {k: h.index(k) for k in ("ID", "Kernel Name", "Metric Name", "Metric Value")}
+num = lambda v: float(str(v).replace(",", "") or 0)
+rows = list(csv.reader(open(sys.argv[1])))
+start = next((i for i, r in enumerate(rows) if r and r[0] == "ID"), None)
+if start is None: print("no ncu rows"); sys.exit()
+h = rows[start]; I = {k: h.index(k) for k in ("ID", "Kernel Name", "Metric Name", "Metric Value", "Grid Size")}
 k = {}
-for r in rows[1:]:
-    d = k.setdefault(r[I["ID"]], {"name": re.sub(r"\(.*", "", r[I["Kernel Name"]])[:60]})
+for r in rows[start + 1:]:
+    if len(r) < len(h): continue
+    d = k.setdefault(r[I["ID"]], {"name": re.sub(r"\(.*", "", r[I["Kernel Name"]]).replace("moex::", "")[:56], "grid": r[I["Grid Size"]]})
     d[r[I["Metric Name"]]] = r[I["Metric Value"]]
-print(f"{'id':>4} {'kernel':60} {'us':>7} {'MB':>7} {'GB/s':>6} {'regs':>4} {'occ%':>5} {'grid':>6}")
+print(f"{'id':>4} {'kernel':56} {'us':>7} {'MB':>7} {'GB/s':>6} {'regs':>4} {'occ%':>5} grid")
 for i, d in sorted(k.items(), key=lambda x: int(x[0])):
-    us = float(d.get("gpu__time_duration.sum", 0)) / 1e3; mb = float(d.get("dram__bytes_read.sum", 0)) / 1e6
-    print(f"{i:>4} {d['name']:60} {us:7.2f} {mb:7.2f} {mb / us * 1e3 if us else 0:6.0f} {d.get('launch__registers_per_thread', '?'):>4} "
-          f"{float(d.get('sm__warps_active.avg.pct_of_peak_sustained_active', 0)):5.1f} {d.get('launch__grid_size', '?'):>6}")
+    us = num(d.get("gpu__time_duration.sum", 0)) / 1e3; mb = num(d.get("dram__bytes_read.sum", 0)) / 1e6
+    print(f"{i:>4} {d['name']:56} {us:7.2f} {mb:7.2f} {mb / us * 1e3 if us else 0:6.0f} {d.get('launch__registers_per_thread', '?'):>4} "
+          f"{num(d.get('sm__warps_active.avg.pct_of_peak_sustained_active', 0)):5.1f} {d['grid']}")
 PY
 fi
 tar czf "$OUT/s6_logs.tgz" -C "$OUT" logs6 && rm -rf "$L"

@@ -81,7 +81,8 @@ __device__ __forceinline__ void row_slices(const float* row, int width, int lane
 // last of the non-empty chunks to finish (an atomic ticket) merges their partials.
 template <int NQ, int NV>
 __global__ void __launch_bounds__(kDecThreads, 2) decode_attention_kernel(DecodeAttentionParams p) {
-  ::moex::cuda::pdl_begin(p.pdl_release_first);  // launched with PDL (pdl.cuh)
+  ::moex::cuda::pdl_wait();  // launched with PDL (pdl.cuh)
+  ::moex::cuda::pdl_launch_dependents();
   extern __shared__ __align__(16) float dsm[];
   const int dq = p.dq, dv = p.dv;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -625,10 +626,8 @@ int64_t decode_attention_counters(int64_t T, int nh, int nkv) {
   return T * nkv * ((group + kDecodeHeads - 1) / kDecodeHeads);
 }
 
-void launch_decode_attention(const DecodeAttentionParams& params, cudaStream_t s) {
-  if (params.T == 0) return;
-  DecodeAttentionParams p = params;
-  p.pdl_release_first = ::moex::cuda::pdl_release_first();
+void launch_decode_attention(const DecodeAttentionParams& p, cudaStream_t s) {
+  if (p.T == 0) return;
   MOEX_ASSERT(decode_attention_ok(p.dq, p.dv) && p.nkv >= 1 && p.nh % p.nkv == 0 && p.splits >= 1 &&
               p.splits <= kDecodeMaxSplits);
   MOEX_ASSERT(p.splits == 1 || (p.partial && p.counters));

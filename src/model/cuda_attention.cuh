@@ -42,7 +42,6 @@ struct DecodeAttentionParams {
   float* partial;       // decode_attention_partial_floats(...) floats of scratch
   int32_t* counters;    // decode_attention_counters(...) ints, zero before the first launch (left zero)
   float* out;           // [T, nh, dv]
-  bool pdl_release_first;  // set by the launcher (backends/cuda/pdl.cuh)
 };
 
 // Whether the decode kernel handles these head dims (multiples of 4, at most 256).

@@ -135,7 +135,6 @@ struct CudaModel::Impl {
   CudaGenerateStats stats;
   // the skinny-linear kernel for steps of at most kGemvMaxRows rows (MOEX_CUDA_GEMV=0: cuBLAS always)
   bool gemv_enabled = true;
-  bool fuse_router_norm = true;  // MOEX_CUDA_FUSE_ROUTER_NORM=0: the post-attention norm as its own kernel
   // Terms of x in the cuBLAS linears of bf16/f16 models (MOEX_CUDA_LINEAR_TERMS): 1 = bf16(x) only
   // (the default: the reference library's rounding; half the FLOPs, and no finishing kernel without
   // bias/gate), 2 = x ≈ hi + lo (~16 mantissa bits, the CPU runtime's split; a GEMM of 2T columns).
@@ -152,17 +151,6 @@ struct CudaModel::Impl {
   enum SkipBits : unsigned { kSkipNorm = 1, kSkipQkv = 2, kSkipQkvPost = 4, kSkipAttn = 8, kSkipO = 16, kSkipExperts = 32,
                              kSkipLmHead = 64 };
   bool skip(int64_t T, unsigned bit) const { return (debug_skip & bit) && T <= kern::kGemvMaxRows; }
-
-  // Decode steps (T <= kGemvMaxRows rows): the router GEMV with the routing in its last block.
-  bool gemv_router(const DLayer& d, int64_t T) const {
-    return d.is_moe && t.family != ModelFamily::deepseek_v3 && d.router.dt != DType::f32 && T <= kern::kGemvMaxRows &&
-           gemv_enabled && kern::gemv_ok(d.router.w, d.router.in, b.h.ptr<float>(), H, T);
-  }
-  // ... with the post-attention RMSNorm computed inside it (no norm kernel; the experts, shared
-  // experts and the residual read what it writes, as they would the norm kernel's output).
-  bool router_norm_fused(const DLayer& d, int64_t T) const {
-    return fuse_router_norm && gemv_router(d, T) && kern::gemv_router_norm_ok(H, T) && !skip(T, kSkipNorm);
-  }
 
   ~Impl() {
     drop_graphs();
@@ -735,11 +723,8 @@ struct CudaModel::Impl {
     rp.scaling = float(t.routed_scaling_factor);
     rp.idx = b.idx.ptr<int32_t>();
     rp.w = b.wts.ptr<float>();
-    if (router_norm_fused(d, T)) {
-      // decode steps: the post-attention norm, the router GEMV and the routing in one kernel
-      kern::launch_gemv_router_norm(d.router.w, code_of(d.router.dt), norm_params(x, H, d.post_norm, T, H, h, H),
-                                    d.router.bias, rp, router_ticket(), stream);
-    } else if (gemv_router(d, T)) {
+    if (rp.kind != 1 && d.router.dt != DType::f32 && T <= kern::kGemvMaxRows && gemv_enabled &&
+        kern::gemv_ok(d.router.w, d.router.in, h, H, T)) {
       // decode steps: the router GEMV and the routing in one kernel (its last block routes)
       kern::launch_gemv_router(d.router.w, code_of(d.router.dt), d.router.in, h, H, d.router.bias, rp, router_ticket(),
                                stream);
@@ -792,7 +777,7 @@ struct CudaModel::Impl {
         norm(b.x.ptr<float>(), H, d.input_norm, T, H, h, H, pending_add ? b.xout.data() : nullptr);
       }
       attention_layer(d, l, T, n_tiles, segs);
-      if (!skip(T, kSkipNorm) && !router_norm_fused(d, T)) norm(b.x.ptr<float>(), H, d.post_norm, T, H, h, H);
+      if (!skip(T, kSkipNorm)) norm(b.x.ptr<float>(), H, d.post_norm, T, H, h, H);
       mlp_layer(d, T, backend);
       pending_add = d.is_moe;
     }
@@ -917,7 +902,6 @@ CudaModel::CudaModel(const ModelWeights& w, const TextConfig& t, Device dev) : i
   }
   m.upload(w);
   if (const char* e = std::getenv("MOEX_CUDA_GEMV")) m.gemv_enabled = std::string(e) != "0";
-  if (const char* e = std::getenv("MOEX_CUDA_FUSE_ROUTER_NORM")) m.fuse_router_norm = std::string(e) != "0";
   if (const char* e = std::getenv("MOEX_CUDA_LINEAR_TERMS")) m.linear_terms = std::string(e) == "2" ? 2 : 1;
   if (const char* e = std::getenv("MOEX_CUDA_DEBUG_SKIP")) {
     std::string v = std::string(",") + e + ",";  // names separated by ',' or '+'

@@ -20,7 +20,6 @@ using ::moex::cuda::check;
 using ::moex::cuda::check_launch;
 using ::moex::cuda::load_any;
 using ::moex::cuda::launch_pdl;
-using ::moex::cuda::pdl_begin;
 using ::moex::cuda::pdl_launch_dependents;
 using ::moex::cuda::pdl_wait;
 
@@ -135,7 +134,8 @@ __device__ __forceinline__ void norm_output(const RmsNormParams& p, int64_t r, i
 // x is read once and every load of a thread is issued before the reduction.
 template <int PER>
 __global__ void __launch_bounds__(1024) rmsnorm_reg_kernel(RmsNormParams p) {
-  pdl_begin(p.pdl_release_first);  // launched with PDL (pdl.cuh): all below touches the stream's data
+  pdl_wait();  // launched with PDL (pdl.cuh): everything below reads or writes the stream's data
+  pdl_launch_dependents();
   const int64_t r = blockIdx.x;
   const int64_t src = p.rows ? int64_t(p.rows[r]) : r;
   const bool write_x = (p.ids || p.add) && !p.rows;
@@ -160,7 +160,8 @@ __global__ void __launch_bounds__(1024) rmsnorm_reg_kernel(RmsNormParams p) {
 
 // Rows too long for registers: two passes over the row (x re-read from L1/L2).
 __global__ void rmsnorm_kernel(RmsNormParams p) {
-  pdl_begin(p.pdl_release_first);
+  pdl_wait();
+  pdl_launch_dependents();
   const int64_t r = blockIdx.x;
   const int64_t src = p.rows ? int64_t(p.rows[r]) : r;
   const bool write_x = (p.ids || p.add) && !p.rows;
@@ -249,8 +250,7 @@ __device__ void route_warp(const RouterParams& p, int64_t t, int lane);  // the 
 // flight per lane (issued before their FMAs: one load in flight per lane reached only 1.8 TB/s).
 constexpr int kGemvWarps = 4;
 
-// SMEM: x is in shared memory (the fused RMSNorm's rows), else read through the read-only cache.
-template <int TM, class W, bool SMEM = false>
+template <int TM, class W>
 __device__ __forceinline__ void gemv_chunk(const uint4& raw, const float* x, int64_t xp, int64_t c, float* sum) {
   const W* wv = reinterpret_cast<const W*>(&raw);
   float wf[8];
@@ -258,9 +258,8 @@ __device__ __forceinline__ void gemv_chunk(const uint4& raw, const float* x, int
   for (int k = 0; k < 8; ++k) wf[k] = ::moex::cuda::to_f32(wv[k]);
 #pragma unroll
   for (int t = 0; t < TM; ++t) {
-    const float4* xv = reinterpret_cast<const float4*>(x + t * xp + c);
-    const float4 a = SMEM ? xv[0] : __ldg(xv);
-    const float4 b = SMEM ? xv[1] : __ldg(xv + 1);
+    const float4 a = __ldg(reinterpret_cast<const float4*>(x + t * xp + c));
+    const float4 b = __ldg(reinterpret_cast<const float4*>(x + t * xp + c + 4));
     sum[t] = fmaf(wf[0], a.x, sum[t]);
     sum[t] = fmaf(wf[1], a.y, sum[t]);
     sum[t] = fmaf(wf[2], a.z, sum[t]);
@@ -274,27 +273,24 @@ __device__ __forceinline__ void gemv_chunk(const uint4& raw, const float* x, int
 
 // Chunks c, c + 256, ... of the lane (columns in order), U 16-byte weight loads issued at a time;
 // returns the first chunk left (fewer than U remain).
-template <int U, int TM, class W, bool SMEM = false>
+template <int U, int TM, class W>
 __device__ __forceinline__ int64_t gemv_run(const W* wr, int64_t c, int64_t in, const float* x, int64_t xp, float* sum) {
   for (; c + (U - 1) * 256 < in; c += U * 256) {
     uint4 raw[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) raw[u] = __ldcs(reinterpret_cast<const uint4*>(wr + c + u * 256));
 #pragma unroll
-    for (int u = 0; u < U; ++u) gemv_chunk<TM, W, SMEM>(raw[u], x, xp, c + u * 256, sum);
+    for (int u = 0; u < U; ++u) gemv_chunk<TM, W>(raw[u], x, xp, c + u * 256, sum);
   }
   return c;
 }
 
 // ROUTE: y holds router logits [TM, E] (rp.logits); the last block to finish routes the TM rows
 // (the other blocks' logits made visible by their fences before the ticket).
-// NORM: x is RMSNorm(pn.x rows) — every block normalises the TM rows into shared memory
-// ([TM, in] f32, dynamic) and block 0 also writes them out as the norm kernel would (pn.out, pn.split):
-// the post-attention norm of a decode step without a kernel of its own (router blocks are few).
-template <int TM, class W, bool ROUTE, bool NORM>
-__device__ __forceinline__ void gemv_body(const W* w, int64_t out, int64_t in, const float* x, int64_t xp,
-                                          const float* bias, const float* row_gate, float* y, int64_t yp, bool acc,
-                                          const RouterParams& rp, unsigned* ticket, const RmsNormParams& pn) {
+template <int TM, class W, bool ROUTE>
+__global__ void __launch_bounds__(kGemvWarps * 32)
+    gemv_kernel(const W* w, int64_t out, int64_t in, const float* x, int64_t xp, const float* bias, const float* row_gate,
+                float* y, int64_t yp, bool acc, RouterParams rp, unsigned* ticket) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t row = blockIdx.x * int64_t(kGemvWarps) + warp;
   // The lane's first eight weight chunks are requested before waiting for the previous kernel
@@ -302,50 +298,25 @@ __device__ __forceinline__ void gemv_body(const W* w, int64_t out, int64_t in, c
   const W* wr = w + (row < out ? row : 0) * in;
   int64_t c = int64_t(lane) * 8;
   const bool early = row < out && c + 7 * 256 < in;
-  uint4 raw[8];  // eight chunks in flight: the first eight now, the next eight after their FMAs
+  uint4 first[8];
   if (early) {
 #pragma unroll
-    for (int u = 0; u < 8; ++u) raw[u] = __ldcs(reinterpret_cast<const uint4*>(wr + c + u * 256));
+    for (int u = 0; u < 8; ++u) first[u] = __ldcs(reinterpret_cast<const uint4*>(wr + c + u * 256));
   }
   pdl_wait();
   pdl_launch_dependents();
-  if constexpr (NORM) {
-    extern __shared__ __align__(16) float hs[];  // [TM, in]
-    for (int t = 0; t < TM; ++t) {
-      float ss = 0.0f;
-      for (int64_t i = threadIdx.x; i < in; i += blockDim.x) {
-        const float v = pn.x[t * pn.x_pitch + i];
-        ss += v * v;
-      }
-      ss = block_sum(ss);
-      const float inv = rsqrtf(ss / float(in) + pn.eps);
-      for (int64_t i = threadIdx.x; i < in; i += blockDim.x) {
-        const float v = pn.x[t * pn.x_pitch + i];
-        hs[t * in + i] = pn.w[i] * (v * inv);  // norm_output's formula
-        if (blockIdx.x == 0) norm_output(pn, t, i, v, inv);
-      }
-    }
-    __syncthreads();
-    x = hs;
-    xp = in;
-  }
   if (row < out) {
     float sum[TM];
 #pragma unroll
     for (int t = 0; t < TM; ++t) sum[t] = 0.0f;
-    // chunks c, c + 256, ... in order, eight loads at a time (in = 2048: the lane's whole row at once)
-    for (bool more = early; more;) {
+    if (early) {  // the same chunks in the same order as gemv_run<8> would take them
 #pragma unroll
-      for (int u = 0; u < 8; ++u) gemv_chunk<TM, W, NORM>(raw[u], x, xp, c + u * 256, sum);
+      for (int u = 0; u < 8; ++u) gemv_chunk<TM, W>(first[u], x, xp, c + u * 256, sum);
       c += 8 * 256;
-      more = c + 7 * 256 < in;
-      if (more) {
-#pragma unroll
-        for (int u = 0; u < 8; ++u) raw[u] = __ldcs(reinterpret_cast<const uint4*>(wr + c + u * 256));
-      }
     }
-    c = gemv_run<4, TM, W, NORM>(wr, c, in, x, xp, sum);
-    gemv_run<1, TM, W, NORM>(wr, c, in, x, xp, sum);
+    c = gemv_run<8, TM, W>(wr, c, in, x, xp, sum);  // in = 2048: the lane's whole row in one go
+    c = gemv_run<4, TM, W>(wr, c, in, x, xp, sum);
+    gemv_run<1, TM, W>(wr, c, in, x, xp, sum);
 #pragma unroll
     for (int t = 0; t < TM; ++t) sum[t] = warp_sum(sum[t]);
     if (lane == 0) {
@@ -374,50 +345,17 @@ __device__ __forceinline__ void gemv_body(const W* w, int64_t out, int64_t in, c
     if (threadIdx.x == 0) *ticket = 0u;  // ready for the next launch (graph replays included)
   }
 }
-template <int TM, class W, bool ROUTE, bool NORM>
-__global__ void __launch_bounds__(kGemvWarps * 32)
-    gemv_kernel(const W* w, int64_t out, int64_t in, const float* x, int64_t xp, const float* bias, const float* row_gate,
-                float* y, int64_t yp, bool acc, RouterParams rp, unsigned* ticket, RmsNormParams pn) {
-  gemv_body<TM, W, ROUTE, NORM>(w, out, in, x, xp, bias, row_gate, y, yp, acc, rp, ticket, pn);
-}
-// One row, no routing (the decode step's qkv, o and lm-head GEMVs at batch 1): at most 48 registers,
-// 10 blocks per SM, so a 5120-row GEMV (1280 blocks) is resident in one wave (unbounded: 62).
-// MOEX_CUDA_GEMV_ONE_WAVE=0 uses gemv_kernel instead (A/B).
-template <class W>
-__global__ void __launch_bounds__(kGemvWarps * 32, 10)
-    gemv_row_kernel(const W* w, int64_t out, int64_t in, const float* x, int64_t xp, const float* bias,
-                    const float* row_gate, float* y, int64_t yp, bool acc, RouterParams rp, unsigned* ticket,
-                    RmsNormParams pn) {
-  gemv_body<1, W, false, false>(w, out, in, x, xp, bias, row_gate, y, yp, acc, rp, ticket, pn);
-}
-bool gemv_one_wave() {
-  static const bool on = [] {
-    const char* e = std::getenv("MOEX_CUDA_GEMV_ONE_WAVE");
-    return !(e && std::string(e) == "0");
-  }();
-  return on;
-}
 
-template <class W, bool ROUTE, bool NORM = false>
+template <class W, bool ROUTE>
 void launch_gemv_t(const W* w, int64_t out, int64_t in, const float* x, int64_t xp, int64_t T, const float* bias,
                    const float* gate, float* y, int64_t yp, bool acc, const RouterParams& rp, unsigned* ticket,
-                   cudaStream_t s, const RmsNormParams& pn = {}) {
+                   cudaStream_t s) {
   const unsigned grid = unsigned((out + kGemvWarps - 1) / kGemvWarps);
-  const size_t smem = NORM ? size_t(T * in) * sizeof(float) : 0;
-  if (T == 1 && !ROUTE && !NORM && gemv_one_wave()) {
-    launch_pdl("gemv_kernel", gemv_row_kernel<W>, dim3(grid), dim3(kGemvWarps * 32), 0, s, w, out, in, x, xp, bias, gate,
-               y, yp, acc, rp, ticket, pn);
-    return;
-  }
   switch (T) {
-#define MOEX_GEMV_CASE(n)                                                                                         \
-  case n:                                                                                                         \
-    if (NORM && smem > 48 * 1024)                                                                                 \
-      check(cudaFuncSetAttribute(gemv_kernel<n, W, ROUTE, NORM>, cudaFuncAttributeMaxDynamicSharedMemorySize,     \
-                                 int(smem)),                                                                      \
-            "cudaFuncSetAttribute(gemv_kernel)");                                                                 \
-    launch_pdl("gemv_kernel", gemv_kernel<n, W, ROUTE, NORM>, dim3(grid), dim3(kGemvWarps * 32), smem, s, w, out, in, \
-               x, xp, bias, gate, y, yp, acc, rp, ticket, pn);                                                    \
+#define MOEX_GEMV_CASE(n)                                                                                    \
+  case n:                                                                                                    \
+    launch_pdl("gemv_kernel", gemv_kernel<n, W, ROUTE>, dim3(grid), dim3(kGemvWarps * 32), 0, s, w, out, in, x, xp, \
+               bias, gate, y, yp, acc, rp, ticket);                                                          \
     break;
     MOEX_GEMV_CASE(1)
     MOEX_GEMV_CASE(2)
@@ -483,7 +421,8 @@ __device__ void rope_to(const float* src, float* dst, const RopeParams& rp, int6
 // evaluated them per head and synchronised its block five times per head: 110 us at 2048 rows).
 constexpr int kQkvWarps = 8;
 __global__ void __launch_bounds__(kQkvWarps * 32) qkv_post_kernel(QkvPostParams p) {
-  pdl_begin(p.pdl_release_first);
+  pdl_wait();
+  pdl_launch_dependents();
   extern __shared__ double qsm[];
   const int h2 = p.rope.dim / 2;
   double* cs = qsm;                                        // [h2]: cos · factor
@@ -1036,9 +975,9 @@ __device__ unsigned long long block_max_u64(unsigned long long v) {
 
 // scratch: [rows] u32 tickets (padded to 8 bytes), then [rows, gridDim.x] u64 keys.
 __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const float* logits, int64_t V, int32_t* next,
-                                                                 unsigned* tickets, unsigned long long* keys,
-                                                                 bool release_first) {
-  pdl_begin(release_first);
+                                                                 unsigned* tickets, unsigned long long* keys) {
+  pdl_wait();
+  pdl_launch_dependents();
   const int64_t r = blockIdx.y;
   const float* row = logits + r * V;
   unsigned long long best = 0;
@@ -1125,10 +1064,8 @@ void launch_rmsnorm(float* x, int64_t xp, const float* w, float eps, int64_t T, 
   launch_rmsnorm(p, s);
 }
 
-void launch_rmsnorm(const RmsNormParams& params, cudaStream_t s) {
-  if (params.T == 0) return;
-  RmsNormParams p = params;
-  p.pdl_release_first = ::moex::cuda::pdl_release_first();
+void launch_rmsnorm(const RmsNormParams& p, cudaStream_t s) {
+  if (p.T == 0) return;
   MOEX_ASSERT(p.T < (int64_t(1) << 31));
   // the row in registers: 4 values a thread up to 4096 (<= 1024 threads), 8 up to 8192
   auto threads = [&](int per) { return unsigned(std::max<int64_t>(32, (p.n + per - 1) / per + 31) / 32 * 32); };
@@ -1181,24 +1118,6 @@ void launch_gemv(const void* w, int wdt, int64_t out, int64_t in, const float* x
                                         none, nullptr, s);
 }
 
-bool gemv_router_norm_ok(int64_t in, int64_t T) {
-  return T >= 1 && T <= kGemvMaxRows && size_t(T * in) * sizeof(float) <= kGemvNormMaxSmem;
-}
-
-void launch_gemv_router_norm(const void* w, int wdt, const RmsNormParams& pn, const float* bias, const RouterParams& p,
-                             unsigned* ticket, cudaStream_t s) {
-  if (p.T == 0) return;
-  MOEX_ASSERT(p.kind != 1 && pn.T == p.T && gemv_router_norm_ok(pn.n, p.T) && gemv_ok(w, pn.n, pn.x, pn.x_pitch, p.T) &&
-              ticket);
-  float* y = const_cast<float*>(p.logits);
-  if (wdt == 1)
-    launch_gemv_t<__half, true, true>(static_cast<const __half*>(w), p.E, pn.n, pn.x, pn.x_pitch, p.T, bias, nullptr, y,
-                                      p.E, false, p, ticket, s, pn);
-  else
-    launch_gemv_t<__nv_bfloat16, true, true>(static_cast<const __nv_bfloat16*>(w), p.E, pn.n, pn.x, pn.x_pitch, p.T,
-                                             bias, nullptr, y, p.E, false, p, ticket, s, pn);
-}
-
 void launch_gemv_router(const void* w, int wdt, int64_t in, const float* x, int64_t xp, const float* bias,
                         const RouterParams& p, unsigned* ticket, cudaStream_t s) {
   if (p.T == 0) return;
@@ -1240,10 +1159,8 @@ void launch_gated_act(const float* gu, int64_t T, int64_t I, int act, float* h, 
   check_launch("gated_act_kernel");
 }
 
-void launch_qkv_post(const QkvPostParams& params, cudaStream_t s) {
-  if (params.T == 0) return;
-  QkvPostParams p = params;
-  p.pdl_release_first = ::moex::cuda::pdl_release_first();
+void launch_qkv_post(const QkvPostParams& p, cudaStream_t s) {
+  if (p.T == 0) return;
   const int slots = p.nh + 2 * p.nkv;
   const size_t smem = size_t(p.rope.dim / 2) * 2 * sizeof(double) + size_t(kQkvWarps) * p.hd * sizeof(float);
   launch_pdl("qkv_post_kernel", qkv_post_kernel, dim3(unsigned(p.T), unsigned((slots + kQkvWarps - 1) / kQkvWarps)),
@@ -1309,7 +1226,7 @@ void launch_argmax(const float* logits, int64_t rows, int64_t V, int32_t* next, 
   auto* keys = reinterpret_cast<unsigned long long*>(tickets + (rows + 1) / 2 * 2);
   const unsigned blocks = unsigned(std::clamp<int64_t>((V + kArgmaxChunk - 1) / kArgmaxChunk, 1, kArgmaxMaxBlocks));
   launch_pdl("argmax_kernel", argmax_kernel, dim3(blocks, unsigned(rows)), dim3(kArgmaxThreads), 0, s, logits, V, next,
-             tickets, keys, ::moex::cuda::pdl_release_first());
+             tickets, keys);
 }
 
 void launch_fill_random(void* p, int dt, int64_t n, uint64_t seed, float scale, float value, cudaStream_t s) {

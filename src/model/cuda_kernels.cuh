@@ -51,7 +51,6 @@ struct RmsNormParams {
   int64_t out_pitch = 0;
   void* split = nullptr;
   int split_dtype = 0;
-  bool pdl_release_first = false;  // set by the launcher (backends/cuda/pdl.cuh)
 };
 void launch_rmsnorm(const RmsNormParams& p, cudaStream_t s);
 
@@ -103,7 +102,6 @@ struct QkvPostParams {
   float* q_out;
   float *k_cache, *v_cache;
   int64_t max_len;
-  bool pdl_release_first;  // set by the launcher (backends/cuda/pdl.cuh)
 };
 void launch_qkv_post(const QkvPostParams& p, cudaStream_t s);
 
@@ -176,15 +174,6 @@ void launch_router(const RouterParams& p, cudaStream_t s);
 // the T rows. `ticket`: one u32 in device memory, zero before the first call; left zero.
 void launch_gemv_router(const void* w, int w_dtype, int64_t in, const float* x, int64_t x_pitch, const float* bias,
                         const RouterParams& p, unsigned* ticket, cudaStream_t s);
-
-// The same with the RMSNorm in front (decode steps: the post-attention norm without a kernel of
-// its own): x = RMSNorm(pn.x rows) · pn.w, written to pn.out / pn.split as launch_rmsnorm would (pn
-// without ids, rows or add; pn.T == p.T), then routed. gemv_router_norm_ok(H, T) says whether the
-// rows fit the kernel's shared memory.
-constexpr size_t kGemvNormMaxSmem = 96 * 1024;
-bool gemv_router_norm_ok(int64_t in, int64_t T);
-void launch_gemv_router_norm(const void* w, int w_dtype, const RmsNormParams& pn, const float* bias,
-                             const RouterParams& p, unsigned* ticket, cudaStream_t s);
 
 // rows_out [n, H] = rows_in[rows[i]] (f32).
 void launch_gather_rows(const float* in, const int32_t* rows, int64_t n, int64_t H, float* out, cudaStream_t s);

@@ -39,21 +39,9 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 #endif
 }
 
-// Start of a PDL kernel's dependent part: wait for the predecessor, release the dependents —
-// or, `release_first`, release them before waiting (the next kernel becomes resident while this
-// one still waits: for one-block latency kernels; MOEX_CUDA_PDL=2, see pdl_release_first()).
-__device__ __forceinline__ void pdl_begin(bool release_first) {
-  if (release_first) pdl_launch_dependents();
-  pdl_wait();
-  if (!release_first) pdl_launch_dependents();
-}
-
 // Whether kernels on the current device are launched with the PDL attribute: compute capability
 // >= 9.0 and MOEX_CUDA_PDL not "0" (both read once per device and process).
 bool pdl_enabled();
-// MOEX_CUDA_PDL=2 (measurement): the latency kernels (norms, qkv post-processing, decode attention,
-// argmax) release their dependents before waiting.
-bool pdl_release_first();
 
 // kernel<<<grid, block, smem, stream>>>(args...) with the PDL attribute when pdl_enabled();
 // launch errors become moex::Error naming `what`.
