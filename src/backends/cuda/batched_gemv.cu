@@ -103,39 +103,8 @@ __device__ __forceinline__ float2 warp_dot2(const T* x, const T* wg, const T* wu
   return make_float2(warp_sum(g), warp_sum(u));
 }
 
-// warp_dot2 with U chunks of each row requested at once per lane (16-byte loads; chunks taken in
-// the same order, so the same f32 result): U = 8 puts a 2048-wide row pair's 16 loads in flight.
-template <class T, int U>
-__device__ __forceinline__ float2 warp_dot2_batched(const T* x, const T* wg, const T* wu, int64_t n, int lane) {
-  constexpr int V = 16 / sizeof(T);
-  const uint4* xv = reinterpret_cast<const uint4*>(x);
-  const uint4* gv = reinterpret_cast<const uint4*>(wg);
-  const uint4* uv = reinterpret_cast<const uint4*>(wu);
-  const int64_t nv = n / V;
-  float g = 0.0f, u = 0.0f;
-  for (int64_t c0 = lane; c0 < nv; c0 += 32 * U) {
-    uint4 ga[U], ua[U];  // the weights in flight; x (one row for the whole block) comes from L1
-#pragma unroll
-    for (int q = 0; q < U; ++q)
-      if (c0 + 32 * q < nv) {
-        ga[q] = __ldg(gv + c0 + 32 * q);
-        ua[q] = __ldg(uv + c0 + 32 * q);
-      }
-#pragma unroll
-    for (int q = 0; q < U; ++q)
-      if (c0 + 32 * q < nv) {
-        const uint4 xa = __ldg(xv + c0 + 32 * q);
-        g = dot_vec<T>(xa, ga[q], g);
-        u = dot_vec<T>(xa, ua[q], u);
-      }
-  }
-  return make_float2(warp_sum(g), warp_sum(u));
-}
-
 // ---- up projection, weights [E, R, H]: one warp per (pair, i) ----
-// LOADS8: the gated rows through warp_dot2_batched<T, 8> (MOEX_CUDA_UP_LOADS=16, A/B measurement),
-// (97 registers: 2 blocks per SM, against 5 at 48 for the default).
-template <class T, bool VEC, bool LOADS8 = false>
+template <class T, bool VEC>
 __global__ void __launch_bounds__(THREADS) batched_up_nt(BatchedArgs a) {
   pdl_wait();  // launched with PDL (pdl.cuh): the expert index comes from the previous kernels
   pdl_launch_dependents();
@@ -152,9 +121,7 @@ __global__ void __launch_bounds__(THREADS) batched_up_nt(BatchedArgs a) {
   float h;
   if (a.has_gate) {
     const int64_t wg = a.interleaved ? 2 * i : i, wu = a.interleaved ? 2 * i + 1 : I + i;
-    float2 gu;
-    if constexpr (VEC && LOADS8) gu = warp_dot2_batched<T, 8>(x, W + wg * H, W + wu * H, H, lane);
-    else gu = warp_dot2<T, VEC>(x, W + wg * H, W + wu * H, H, lane);
+    float2 gu = warp_dot2<T, VEC>(x, W + wg * H, W + wu * H, H, lane);
     if (bias) {
       gu.x += to_f32(bias[wg]);
       gu.y += to_f32(bias[wu]);
@@ -318,14 +285,6 @@ __global__ void __launch_bounds__(THREADS) batched_down_tn(BatchedArgs a) {
   if (ks == 0 && n < H) static_cast<T*>(a.out)[t * H + n] = from_f32<T>(acc);
 }
 
-bool up_loads16() {
-  static const bool on = [] {
-    const char* e = std::getenv("MOEX_CUDA_UP_LOADS");
-    return e && std::string(e) == "16";
-  }();
-  return on;
-}
-
 template <class T>
 void launch_typed(const BatchedArgs& a, bool vec16, cudaStream_t stream) {
   const int64_t S = a.T * a.K;
@@ -336,8 +295,7 @@ void launch_typed(const BatchedArgs& a, bool vec16, cudaStream_t stream) {
     dim3 g_down(unsigned(a.T), unsigned(ceil_div(a.H, warps)));
     MOEX_CHECK(g_up.y <= 65535 && g_down.y <= 65535, "batched_mm on CUDA: sizes H={} I={} too large", a.H, a.I);
     if (vec16) {
-      launch_pdl("batched_up_nt", up_loads16() ? batched_up_nt<T, true, true> : batched_up_nt<T, true>, g_up,
-                 dim3(THREADS), 0, stream, a);
+      launch_pdl("batched_up_nt", batched_up_nt<T, true>, g_up, dim3(THREADS), 0, stream, a);
       // slots interleaved: K itself up to 8 (rounded up to a power of two), else groups of 8
       const auto down = a.K <= 1 ? batched_down_nt<T, true, 1> : a.K <= 2 ? batched_down_nt<T, true, 2>
                         : a.K <= 4 ? batched_down_nt<T, true, 4> : batched_down_nt<T, true, 8>;
