@@ -135,10 +135,6 @@ struct CudaModel::Impl {
   CudaGenerateStats stats;
   // the skinny-linear kernel for steps of at most kGemvMaxRows rows (MOEX_CUDA_GEMV=0: cuBLAS always)
   bool gemv_enabled = true;
-  // Decode steps: the input RMSNorm done by the qkv GEMV and the previous experts output added by
-  // the o GEMV (kern::GemvExtras) — no norm kernel in front of the attention.
-  // MOEX_CUDA_FUSE_INPUT_NORM=0 keeps the norm kernel.
-  bool fuse_input_norm = true;
   // Terms of x in the cuBLAS linears of bf16/f16 models (MOEX_CUDA_LINEAR_TERMS): 1 = bf16(x) only
   // (the default: the reference library's rounding; half the FLOPs, and no finishing kernel without
   // bias/gate), 2 = x ≈ hi + lo (~16 mantissa bits, the CPU runtime's split; a GEMM of 2T columns).
@@ -155,17 +151,6 @@ struct CudaModel::Impl {
   enum SkipBits : unsigned { kSkipNorm = 1, kSkipQkv = 2, kSkipQkvPost = 4, kSkipAttn = 8, kSkipO = 16, kSkipExperts = 32,
                              kSkipLmHead = 64 };
   bool skip(int64_t T, unsigned bit) const { return (debug_skip & bit) && T <= kern::kGemvMaxRows; }
-
-  // Whether linear l on T rows of x (pitch `pitch`) goes through the skinny-linear kernel.
-  bool is_gemv(const DLinear& l, const float* x, int64_t pitch, int64_t T) const {
-    return l.defined() && l.dt != DType::f32 && T <= kern::kGemvMaxRows && gemv_enabled &&
-           kern::gemv_ok(l.w, l.in, x, pitch, T);
-  }
-  // Whether layer d's input norm is done by its qkv GEMV (fuse_input_norm; decode steps only).
-  bool input_norm_fused(const DLayer& d, int64_t T, const std::vector<Segment>* segs) const {
-    return fuse_input_norm && !mla && !segs && is_gemv(d.qkv, b.x.ptr<float>(), H, T) &&
-           is_gemv(d.o, b.attn.ptr<float>(), nh * dv, T) && !skip(T, kSkipNorm | kSkipQkv | kSkipO);
-  }
 
   ~Impl() {
     drop_graphs();
@@ -602,10 +587,7 @@ struct CudaModel::Impl {
     return true;
   }
 
-  // `fused_in` (input_norm_fused): the qkv GEMV normalises the residual rows x (+ `pending`, the
-  // previous layer's experts output, or null) itself, and the o GEMV adds `pending` to x.
-  void attention_layer(const DLayer& d, size_t l, int64_t T, int64_t n_tiles, const std::vector<Segment>* segs,
-                       bool fused_in = false, const void* pending = nullptr) {
+  void attention_layer(const DLayer& d, size_t l, int64_t T, int64_t n_tiles, const std::vector<Segment>* segs) {
     float* h = b.h.ptr<float>();
     const bool pre = dtc != 0;
     kern::AttentionParams ap{};
@@ -643,17 +625,7 @@ struct CudaModel::Impl {
       kern::launch_mla_post(mp, stream);
     } else {
       const int64_t width = (nh + 2 * nkv) * hd;
-      if (fused_in) {
-        kern::GemvExtras e;
-        e.gamma = d.input_norm;
-        e.add = pending;
-        e.add_dtype = dtc;
-        e.eps = float(t.rms_norm_eps);
-        kern::launch_gemv(d.qkv.w, code_of(d.qkv.dt), width, H, b.x.ptr<float>(), H, T, d.qkv.bias, nullptr,
-                          b.qkv.ptr<float>(), width, false, stream, e);
-      } else if (!skip(T, kSkipQkv)) {
-        linear(d.qkv, h, H, T, b.qkv.ptr<float>(), width, false, pre);
-      }
+      if (!skip(T, kSkipQkv)) linear(d.qkv, h, H, T, b.qkv.ptr<float>(), width, false, pre);
       kern::QkvPostParams qp{};
       qp.qkv = b.qkv.ptr<float>();
       qp.T = T;
@@ -704,7 +676,7 @@ struct CudaModel::Impl {
       dp.counters = b.dec_counters.ptr<int32_t>();
       dp.out = b.attn.ptr<float>();
       if (!skip(T, kSkipAttn)) kern::launch_decode_attention(dp, stream);
-      if (!skip(T, kSkipO)) o_projection(d, T, fused_in, pending);
+      if (!skip(T, kSkipO)) linear(d.o, b.attn.ptr<float>(), nh * dv, T, b.x.ptr<float>(), H, true);
       return;
     }
     ap.q = b.q.ptr<float>();
@@ -723,18 +695,6 @@ struct CudaModel::Impl {
     ap.slot = b.slot.ptr<int32_t>();
     ap.out = b.attn.ptr<float>();
     kern::launch_attention(ap, stream);
-    o_projection(d, T, fused_in, pending);
-  }
-  // x += attn · Woᵀ (+ the pending experts output when the input norm was fused: attention_layer)
-  void o_projection(const DLayer& d, int64_t T, bool fused_in, const void* pending) {
-    if (fused_in && pending) {
-      kern::GemvExtras e;
-      e.residual = pending;
-      e.residual_dtype = dtc;
-      kern::launch_gemv(d.o.w, code_of(d.o.dt), H, nh * dv, b.attn.ptr<float>(), nh * dv, T, d.o.bias, nullptr,
-                        b.x.ptr<float>(), H, true, stream, e);
-      return;
-    }
     linear(d.o, b.attn.ptr<float>(), nh * dv, T, b.x.ptr<float>(), H, true);
   }
 
@@ -807,17 +767,16 @@ struct CudaModel::Impl {
     float* h = dtc == 0 || any_f32_linear || (T <= kern::kGemvMaxRows && gemv_enabled) ? b.h.ptr<float>() : nullptr;
     for (size_t l = 0; l < layers.size(); ++l) {
       const DLayer& d = layers[l];
-      const bool fused_in = l > 0 && input_norm_fused(d, T, segs);  // the qkv GEMV normalises x itself
       if (l == 0) {  // the embedding lookup fused into the first norm: x = embed[ids], h = norm(x)
         kern::RmsNormParams p = norm_params(b.x.ptr<float>(), H, d.input_norm, T, H, h, H);
         p.ids = b.ids.ptr<int32_t>();
         p.embed = embed;
         p.embed_dtype = code_of(dt);
         kern::launch_rmsnorm(p, stream);
-      } else if (!fused_in && !skip(T, kSkipNorm)) {
+      } else if (!skip(T, kSkipNorm)) {
         norm(b.x.ptr<float>(), H, d.input_norm, T, H, h, H, pending_add ? b.xout.data() : nullptr);
       }
-      attention_layer(d, l, T, n_tiles, segs, fused_in, fused_in && pending_add ? b.xout.data() : nullptr);
+      attention_layer(d, l, T, n_tiles, segs);
       if (!skip(T, kSkipNorm)) norm(b.x.ptr<float>(), H, d.post_norm, T, H, h, H);
       mlp_layer(d, T, backend);
       pending_add = d.is_moe;
@@ -943,7 +902,6 @@ CudaModel::CudaModel(const ModelWeights& w, const TextConfig& t, Device dev) : i
   }
   m.upload(w);
   if (const char* e = std::getenv("MOEX_CUDA_GEMV")) m.gemv_enabled = std::string(e) != "0";
-  if (const char* e = std::getenv("MOEX_CUDA_FUSE_INPUT_NORM")) m.fuse_input_norm = std::string(e) != "0";
   if (const char* e = std::getenv("MOEX_CUDA_LINEAR_TERMS")) m.linear_terms = std::string(e) == "2" ? 2 : 1;
   if (const char* e = std::getenv("MOEX_CUDA_DEBUG_SKIP")) {
     std::string v = std::string(",") + e + ",";  // names separated by ',' or '+'

@@ -250,81 +250,47 @@ __device__ void route_warp(const RouterParams& p, int64_t t, int lane);  // the 
 // flight per lane (issued before their FMAs: one load in flight per lane reached only 1.8 TB/s).
 constexpr int kGemvWarps = 4;
 
-// Eight consecutive values at element i of a buffer of dtype code 0/1/2 (i % 8 == 0, the buffer
-// 16-byte aligned): two 16-byte loads (f32) or one (f16/bf16).
-__device__ __forceinline__ void load8(const void* p, int dtype, int64_t i, float* v) {
-  if (dtype == 0) {
-    const float4 a = __ldg(reinterpret_cast<const float4*>(static_cast<const float*>(p) + i));
-    const float4 b = __ldg(reinterpret_cast<const float4*>(static_cast<const float*>(p) + i + 4));
-    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-    return;
-  }
-  const uint4 u = __ldg(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p) + i));
-  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const float2 f = dtype == 1 ? __half22float2(*reinterpret_cast<const __half2*>(&w[k]))
-                                : __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[k]));
-    v[2 * k] = f.x;
-    v[2 * k + 1] = f.y;
-  }
-}
-
-// Columns c .. c+7 of the lane: sum[t] += W · x[t]; with NORM the inputs are (x + add) ⊙ gamma and
-// their unscaled squares (x + add)² go to ss[t] (GemvExtras).
-template <int TM, class W, bool NORM>
-__device__ __forceinline__ void gemv_chunk(const uint4& raw, const float* x, int64_t xp, int64_t c, int64_t in,
-                                           const GemvExtras& e, float* sum, float* ss) {
+template <int TM, class W>
+__device__ __forceinline__ void gemv_chunk(const uint4& raw, const float* x, int64_t xp, int64_t c, float* sum) {
   const W* wv = reinterpret_cast<const W*>(&raw);
   float wf[8];
 #pragma unroll
   for (int k = 0; k < 8; ++k) wf[k] = ::moex::cuda::to_f32(wv[k]);
-  float g[8];
-  if constexpr (NORM) load8(e.gamma, 0, c, g);
 #pragma unroll
   for (int t = 0; t < TM; ++t) {
-    float v[8];
-    load8(x + t * xp, 0, c, v);
-    if constexpr (NORM) {
-      if (e.add) {
-        float d[8];
-        load8(e.add, e.add_dtype, t * in + c, d);
-#pragma unroll
-        for (int k = 0; k < 8; ++k) v[k] += d[k];
-      }
-#pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        ss[t] = fmaf(v[k], v[k], ss[t]);
-        v[k] *= g[k];
-      }
-    }
-#pragma unroll
-    for (int k = 0; k < 8; ++k) sum[t] = fmaf(wf[k], v[k], sum[t]);
+    const float4 a = __ldg(reinterpret_cast<const float4*>(x + t * xp + c));
+    const float4 b = __ldg(reinterpret_cast<const float4*>(x + t * xp + c + 4));
+    sum[t] = fmaf(wf[0], a.x, sum[t]);
+    sum[t] = fmaf(wf[1], a.y, sum[t]);
+    sum[t] = fmaf(wf[2], a.z, sum[t]);
+    sum[t] = fmaf(wf[3], a.w, sum[t]);
+    sum[t] = fmaf(wf[4], b.x, sum[t]);
+    sum[t] = fmaf(wf[5], b.y, sum[t]);
+    sum[t] = fmaf(wf[6], b.z, sum[t]);
+    sum[t] = fmaf(wf[7], b.w, sum[t]);
   }
 }
 
 // Chunks c, c + 256, ... of the lane (columns in order), U 16-byte weight loads issued at a time;
 // returns the first chunk left (fewer than U remain).
-template <int U, int TM, class W, bool NORM>
-__device__ __forceinline__ int64_t gemv_run(const W* wr, int64_t c, int64_t in, const float* x, int64_t xp,
-                                            const GemvExtras& e, float* sum, float* ss) {
+template <int U, int TM, class W>
+__device__ __forceinline__ int64_t gemv_run(const W* wr, int64_t c, int64_t in, const float* x, int64_t xp, float* sum) {
   for (; c + (U - 1) * 256 < in; c += U * 256) {
     uint4 raw[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) raw[u] = __ldcs(reinterpret_cast<const uint4*>(wr + c + u * 256));
 #pragma unroll
-    for (int u = 0; u < U; ++u) gemv_chunk<TM, W, NORM>(raw[u], x, xp, c + u * 256, in, e, sum, ss);
+    for (int u = 0; u < U; ++u) gemv_chunk<TM, W>(raw[u], x, xp, c + u * 256, sum);
   }
   return c;
 }
 
 // ROUTE: y holds router logits [TM, E] (rp.logits); the last block to finish routes the TM rows
 // (the other blocks' logits made visible by their fences before the ticket).
-// NORM / e.residual: GemvExtras.
-template <int TM, class W, bool ROUTE, bool NORM>
+template <int TM, class W, bool ROUTE>
 __global__ void __launch_bounds__(kGemvWarps * 32)
     gemv_kernel(const W* w, int64_t out, int64_t in, const float* x, int64_t xp, const float* bias, const float* row_gate,
-                float* y, int64_t yp, bool acc, GemvExtras e, RouterParams rp, unsigned* ticket) {
+                float* y, int64_t yp, bool acc, RouterParams rp, unsigned* ticket) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t row = blockIdx.x * int64_t(kGemvWarps) + warp;
   // The lane's first eight weight chunks are requested before waiting for the previous kernel
@@ -340,31 +306,25 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
   pdl_wait();
   pdl_launch_dependents();
   if (row < out) {
-    float sum[TM], ss[TM];
+    float sum[TM];
 #pragma unroll
-    for (int t = 0; t < TM; ++t) sum[t] = ss[t] = 0.0f;
+    for (int t = 0; t < TM; ++t) sum[t] = 0.0f;
     if (early) {  // the same chunks in the same order as gemv_run<8> would take them
 #pragma unroll
-      for (int u = 0; u < 8; ++u) gemv_chunk<TM, W, NORM>(first[u], x, xp, c + u * 256, in, e, sum, ss);
+      for (int u = 0; u < 8; ++u) gemv_chunk<TM, W>(first[u], x, xp, c + u * 256, sum);
       c += 8 * 256;
     }
-    c = gemv_run<8, TM, W, NORM>(wr, c, in, x, xp, e, sum, ss);  // in = 2048: the lane's whole row in one go
-    c = gemv_run<4, TM, W, NORM>(wr, c, in, x, xp, e, sum, ss);
-    gemv_run<1, TM, W, NORM>(wr, c, in, x, xp, e, sum, ss);
-    float inv[TM];
+    c = gemv_run<8, TM, W>(wr, c, in, x, xp, sum);  // in = 2048: the lane's whole row in one go
+    c = gemv_run<4, TM, W>(wr, c, in, x, xp, sum);
+    gemv_run<1, TM, W>(wr, c, in, x, xp, sum);
 #pragma unroll
-    for (int t = 0; t < TM; ++t) {
-      sum[t] = warp_sum(sum[t]);
-      inv[t] = 1.0f;
-      if constexpr (NORM) inv[t] = rsqrtf(warp_sum(ss[t]) / float(in) + e.eps);
-    }
+    for (int t = 0; t < TM; ++t) sum[t] = warp_sum(sum[t]);
     if (lane == 0) {
       const float bv = bias ? bias[row] : 0.0f;
 #pragma unroll
       for (int t = 0; t < TM; ++t) {
-        float v = sum[t] * inv[t] + bv;
+        float v = sum[t] + bv;
         if (row_gate) v *= 1.0f / (1.0f + expf(-row_gate[t]));
-        if (e.residual) v += load_any(e.residual, e.residual_dtype, t * out + row);
         if (acc) y[t * yp + row] += v;
         else y[t * yp + row] = v;
       }
@@ -388,22 +348,14 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
 
 template <class W, bool ROUTE>
 void launch_gemv_t(const W* w, int64_t out, int64_t in, const float* x, int64_t xp, int64_t T, const float* bias,
-                   const float* gate, float* y, int64_t yp, bool acc, const GemvExtras& e, const RouterParams& rp,
-                   unsigned* ticket, cudaStream_t s) {
+                   const float* gate, float* y, int64_t yp, bool acc, const RouterParams& rp, unsigned* ticket,
+                   cudaStream_t s) {
   const unsigned grid = unsigned((out + kGemvWarps - 1) / kGemvWarps);
-  const bool norm = e.gamma != nullptr;  // routers never normalise here (MOEX_ASSERT in the callers)
   switch (T) {
-#define MOEX_GEMV_CASE(n)                                                                                           \
-  case n:                                                                                                           \
-    if constexpr (!ROUTE) {                                                                                         \
-      if (norm) {                                                                                                   \
-        launch_pdl("gemv_kernel", gemv_kernel<n, W, false, true>, dim3(grid), dim3(kGemvWarps * 32), 0, s, w, out,   \
-                   in, x, xp, bias, gate, y, yp, acc, e, rp, ticket);                                               \
-        break;                                                                                                      \
-      }                                                                                                             \
-    }                                                                                                               \
-    launch_pdl("gemv_kernel", gemv_kernel<n, W, ROUTE, false>, dim3(grid), dim3(kGemvWarps * 32), 0, s, w, out, in,  \
-               x, xp, bias, gate, y, yp, acc, e, rp, ticket);                                                       \
+#define MOEX_GEMV_CASE(n)                                                                                    \
+  case n:                                                                                                    \
+    launch_pdl("gemv_kernel", gemv_kernel<n, W, ROUTE>, dim3(grid), dim3(kGemvWarps * 32), 0, s, w, out, in, x, xp, \
+               bias, gate, y, yp, acc, rp, ticket);                                                          \
     break;
     MOEX_GEMV_CASE(1)
     MOEX_GEMV_CASE(2)
@@ -1156,16 +1108,14 @@ bool gemv_ok(const void* w, int64_t in, const float* x, int64_t xp, int64_t T) {
 }
 
 void launch_gemv(const void* w, int wdt, int64_t out, int64_t in, const float* x, int64_t xp, int64_t T, const float* bias,
-                 const float* gate, float* y, int64_t yp, bool acc, cudaStream_t s, const GemvExtras& e) {
+                 const float* gate, float* y, int64_t yp, bool acc, cudaStream_t s) {
   if (T == 0 || out == 0) return;
-  MOEX_ASSERT(!e.gamma || (!e.residual && (!e.add || ::moex::cuda::aligned16(e.add))));
   const RouterParams none{};
   if (wdt == 1)
-    launch_gemv_t<__half, false>(static_cast<const __half*>(w), out, in, x, xp, T, bias, gate, y, yp, acc, e, none,
-                                 nullptr, s);
+    launch_gemv_t<__half, false>(static_cast<const __half*>(w), out, in, x, xp, T, bias, gate, y, yp, acc, none, nullptr, s);
   else
     launch_gemv_t<__nv_bfloat16, false>(static_cast<const __nv_bfloat16*>(w), out, in, x, xp, T, bias, gate, y, yp, acc,
-                                        e, none, nullptr, s);
+                                        none, nullptr, s);
 }
 
 void launch_gemv_router(const void* w, int wdt, int64_t in, const float* x, int64_t xp, const float* bias,
@@ -1173,13 +1123,12 @@ void launch_gemv_router(const void* w, int wdt, int64_t in, const float* x, int6
   if (p.T == 0) return;
   MOEX_ASSERT(p.kind != 1 && p.T <= kGemvMaxRows && gemv_ok(w, in, x, xp, p.T) && ticket);
   float* y = const_cast<float*>(p.logits);
-  const GemvExtras none{};
   if (wdt == 1)
-    launch_gemv_t<__half, true>(static_cast<const __half*>(w), p.E, in, x, xp, p.T, bias, nullptr, y, p.E, false, none,
-                                p, ticket, s);
+    launch_gemv_t<__half, true>(static_cast<const __half*>(w), p.E, in, x, xp, p.T, bias, nullptr, y, p.E, false, p,
+                                ticket, s);
   else
     launch_gemv_t<__nv_bfloat16, true>(static_cast<const __nv_bfloat16*>(w), p.E, in, x, xp, p.T, bias, nullptr, y, p.E,
-                                       false, none, p, ticket, s);
+                                       false, p, ticket, s);
 }
 
 void launch_to_dtype(const float* x, int64_t T, int64_t n, void* out, int dt, cudaStream_t s) {

@@ -68,24 +68,8 @@ void launch_finish_linear(const float* g, bool two_terms, const float* bias, con
 // aligned W and x rows (x_pitch % 4 == 0); gemv_ok() says whether a call qualifies.
 constexpr int kGemvMaxRows = 8;
 bool gemv_ok(const void* w, int64_t in, const float* x, int64_t x_pitch, int64_t T);
-// Decode-step fusions of the skinny linear (GemvExtras{} = none):
-//   gamma (the input RMSNorm): the input rows are RMSNorm(x + add) ⊙ gamma — each warp sums the
-//     squares of the whole row it reads anyway and scales its dot product by 1/rms at the end, so
-//     no norm kernel runs before the qkv projection; add [T, in] (dtype code add_dtype, 16-byte
-//     aligned, contiguous) is the previous layer's experts output, or null;
-//   residual: y += residual[t, row] (dtype code residual_dtype, [T, out] contiguous) as well — the
-//     o projection folding in that same experts output, which then is in x for the next norm.
-struct GemvExtras {
-  const float* gamma = nullptr;
-  const void* add = nullptr;
-  int add_dtype = 0;
-  float eps = 0.0f;
-  const void* residual = nullptr;
-  int residual_dtype = 0;
-};
 void launch_gemv(const void* w, int w_dtype, int64_t out, int64_t in, const float* x, int64_t x_pitch, int64_t T,
-                 const float* bias, const float* row_gate, float* y, int64_t y_pitch, bool accumulate, cudaStream_t s,
-                 const GemvExtras& extras = {});
+                 const float* bias, const float* row_gate, float* y, int64_t y_pitch, bool accumulate, cudaStream_t s);
 
 // out [T, n] in dtype code (0/1/2) = x [T, n] f32; or x [T, n] f32 += in [T, n] of dtype code.
 void launch_to_dtype(const float* x, int64_t T, int64_t n, void* out, int dtype, cudaStream_t s);
