@@ -1,6 +1,7 @@
 // The CPU micro-kernels of every instruction set this CPU has, against a plain loop.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <random>
 
 #include "backends/cpu/kernels.hpp"
@@ -123,6 +124,50 @@ TEST(CpuKernels, Bf16DotMatchesWidenedProducts) {
         }
     }
   }
+}
+
+TEST(CpuKernels, PrepackedVnniRowsGiveTheSameProducts) {
+  // MatmulArgs::x_vnni (rows packed once by pack_x_vnni, as grouped_mm does per expert on AMX) gives
+  // bit-identical results to the kernel packing x itself; on every table (only AMX reads it), with m,
+  // k off the tile sizes (odd k included) and rows starting at a packed 16-row block.
+  std::mt19937 rng(23);
+  std::normal_distribution<float> nd;
+  for (const KernelTable* kt : tables()) {
+    std::printf("table %s%s\n", kt->isa, kt->bf16_dot ? "" : " (no bf16 matmul: skipped)");
+    if (!kt->bf16_dot) continue;
+    for (int iter = 0; iter < 30; ++iter) {
+      const int64_t m = 1 + rng() % 70, n = 1 + rng() % 80, k = 1 + rng() % 300, ldx = k + rng() % 3;
+      std::vector<uint16_t> xb(static_cast<size_t>(m * ldx)), wb(static_cast<size_t>(n * k));
+      for (auto& v : xb) v = float_to_bf16(nd(rng));
+      for (auto& v : wb) v = float_to_bf16(nd(rng));
+      std::vector<uint16_t> xv(static_cast<size_t>(vnni_elems(m, k)), 0xFFFF);
+      pack_x_vnni(xb.data(), ldx, m, k, xv.data());
+      // rows 16·j.. of the packed block: the rows of x from 16·j
+      const int64_t r0 = m > 16 ? 16 * int64_t(rng() % uint64_t((m - 1) / 16 + 1)) : 0;
+      std::vector<float> y0(static_cast<size_t>(m * n), -777.0f), y1 = y0;
+      MatmulArgs a;
+      a.x = xb.data() + r0 * ldx;
+      a.xdtype = DType::bf16;
+      a.ldx = ldx;
+      a.m = m - r0;
+      a.k = k;
+      a.w = wb.data();
+      a.wdtype = DType::bf16;
+      a.layout = WeightLayout::nt;
+      a.ldw = k;
+      a.ldy = n;
+      a.n0 = 0;
+      a.n1 = n;
+      a.y = y0.data();
+      kt->matmul(a);
+      a.y = y1.data();
+      a.x_vnni = xv.data() + vnni_elems(r0, k);
+      kt->matmul(a);
+      for (size_t q = 0; q < y0.size(); ++q)
+        ASSERT_EQ(y0[q], y1[q]) << kt->isa << " m" << m << " r0 " << r0 << " n" << n << " k" << k << " at " << q;
+    }
+  }
+  EXPECT_EQ(vnni_elems(17, 33), 2 * 2 * 512);
 }
 
 TEST(CpuKernels, E4m3ToF32AllCodes) {

@@ -267,11 +267,20 @@ void cpu_batched(const Experts& ex, const ExpertsCall& call, const RunContext& c
 // Per-thread scratch of the fused up projection + activation: [kFusedRows, 2 · widest h tile].
 int64_t fused_scratch_floats(int64_t I) { return kFusedRows * 2 * ((I + kTile - 1) / kTile * kTile); }
 
+// bf16 experts on AMX: the bf16 rows of every expert with >= kAmxMinRows rows, packed once in the
+// tile kernel's layout (pack_x_vnni) — at most S/16 + min(S, E) blocks of 16 rows for k columns.
+size_t vnni_bytes(const Problem& p, int64_t k) {
+  if (p.spec.dtype != DType::bf16 || p.spec.quant.quantized()) return 0;
+  const int64_t S = p.tokens * p.top_k, blocks = S / 16 + std::min<int64_t>(S, p.spec.num_experts);
+  return WorkspaceCarver::round_up(size_t(vnni_elems(16 * blocks, k)) * sizeof(uint16_t));
+}
+
 size_t cpu_grouped_workspace(const Problem& p) {
   const int64_t S = p.tokens * p.top_k, H = p.spec.hidden, I = p.spec.intermediate, R = p.spec.gate_up_rows();
   // quantized experts keep the [S, R] up-projection buffer; the others fuse the activation
   const size_t up = p.spec.quant.quantized() ? floats(S * R) : floats(int64_t(threads_of(p)) * fused_scratch_floats(I));
-  return floats(S * H) + up + floats(S * I) + floats(int64_t(threads_of(p)) * H) + QuantBuffers::bytes(p.spec, S, S, threads_of(p));
+  return floats(S * H) + up + floats(S * I) + floats(int64_t(threads_of(p)) * H) + QuantBuffers::bytes(p.spec, S, S, threads_of(p)) +
+         vnni_bytes(p, H) + vnni_bytes(p, I);
 }
 
 void cpu_grouped(const Experts& ex, const ExpertsCall& call, const RunContext& ctx) {
@@ -294,6 +303,32 @@ void cpu_grouped(const Experts& ex, const ExpertsCall& call, const RunContext& c
   float* scratch = ws.take<float>(size_t(nt) * size_t(H));
 
   const QuantBuffers q = QuantBuffers::take(ws, s, rows, rows, nt);
+  // bf16 on AMX: each expert's input rows and h rows packed once for the tile kernel (vnni_bytes),
+  // instead of once per matmul call — per column tile and per gate / up half
+  static const bool vnni_on = [] {  // MOEX_CPU_VNNI_PREPACK=0: the AMX kernel packs per call (A/B)
+    const char* v = std::getenv("MOEX_CPU_VNNI_PREPACK");
+    return !(v && std::string(v) == "0");
+  }();
+  const bool vnni = vnni_on && fused && xdt == DType::bf16 && uses_amx(kt);
+  std::vector<int64_t> xv_off(size_t(E), -1), hv_off(size_t(E), -1);
+  uint16_t* xv = nullptr;
+  uint16_t* hv = nullptr;
+  if (vnni) {
+    int64_t nx = 0, nh = 0;
+    for (int64_t e = 0; e < E; ++e)
+      if (plan.count(e) >= kAmxMinRows) {
+        xv_off[size_t(e)] = nx;
+        hv_off[size_t(e)] = nh;
+        nx += vnni_elems(plan.count(e), H);
+        nh += vnni_elems(plan.count(e), I);
+      }
+    if (nx > 0) {
+      xv = ws.take<uint16_t>(size_t(nx));
+      hv = ws.take<uint16_t>(size_t(nh));
+    }
+  }
+  const auto x_vnni = [&](int64_t e) { return xv && xv_off[size_t(e)] >= 0 ? xv + xv_off[size_t(e)] : nullptr; };
+  const auto h_vnni = [&](int64_t e) { return hv && hv_off[size_t(e)] >= 0 ? hv + hv_off[size_t(e)] : nullptr; };
   const std::shared_ptr<PackedWeights> packed = packed_for_call(ex, call, nt);
   gather_rows(kt, call, rows, [&](int64_t r) { return int64_t(plan.sorted_pairs[size_t(r)]) / K; }, x.base, xdt, nt);
   q.quantize_x(x, rows, nt);
@@ -310,13 +345,18 @@ void cpu_grouped(const Experts& ex, const ExpertsCall& call, const RunContext& c
   const auto off = [&](int64_t e) { return plan.expert_offsets[size_t(e)]; };
 #pragma omp parallel num_threads(nt)
   {
+    if (xv) {
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t e = 0; e < E; ++e)
+        if (x_vnni(e)) pack_x_vnni(static_cast<const uint16_t*>(x.row(off(e))), H, plan.count(e), H, x_vnni(e));
+    }
     // skewed routing makes tiles uneven: dynamic scheduling balances them
 #pragma omp for schedule(dynamic, 1)
     for (size_t i = 0; i < up.size(); ++i) {
       const Tile& t = up[i];
       if (fused)
         up_activation(kt, expert_view(ex, t.e, packed.get()), x.row(off(t.e)), xdt, plan.count(t.e), h.row(off(t.e)), xdt, t.n0, t.n1,
-                      gu + int64_t(omp_get_thread_num()) * fused_scratch_floats(I));
+                      gu + int64_t(omp_get_thread_num()) * fused_scratch_floats(I), x_vnni(t.e));
       else
         up_projection(kt, expert_view(ex, t.e, packed.get()), x.row(off(t.e)), xdt, plan.count(t.e), gu + off(t.e) * R, t.n0, t.n1,
                       q.x_at(off(t.e)));
@@ -328,11 +368,16 @@ void cpu_grouped(const Experts& ex, const ExpertsCall& call, const RunContext& c
         quantize_rows(static_cast<float*>(h.row(r)), 1, I, q.hs + r * q.gi);
       }
     }
+    if (hv) {  // after the up loop's barrier: every h column is written
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t e = 0; e < E; ++e)
+        if (h_vnni(e)) pack_x_vnni(static_cast<const uint16_t*>(h.row(off(e))), I, plan.count(e), I, h_vnni(e));
+    }
 #pragma omp for schedule(dynamic, 1)
     for (size_t i = 0; i < down.size(); ++i) {
       const Tile& t = down[i];
       down_projection(kt, expert_view(ex, t.e, packed.get()), h.row(off(t.e)), xdt, plan.count(t.e), y + off(t.e) * H, t.n0, t.n1,
-                      q.h_at(off(t.e)));
+                      q.h_at(off(t.e)), h_vnni(t.e));
     }
   }
   reduce_slots(kt, call, H, y, [&](int64_t p) { return int64_t(plan.pair_to_row[size_t(p)]); }, nt, scratch);

@@ -72,8 +72,10 @@ bool project_packed(const KernelTable& kt, PackedParts pk, const float* x, int64
 // y[0:m, 0:w] (row stride ldy) = x[m, K] · W[r0 : r0 + w, :]ᵀ (+ bias[r0 : r0 + w]): the weight rows
 // r0.. of the logical [N, K] matrix, written to columns 0.. of a compact buffer. With `packed` (f32
 // experts) the packed copy of W is read instead of W.
+// x_vnni: x's bf16 rows already packed for the AMX kernel (MatmulArgs::x_vnni), or null.
 void project_rows(const KernelTable& kt, const ExpertsSpec& s, const void* w, const void* bias, const void* x, DType xdt,
-                  int64_t m, int64_t N, int64_t K, int64_t r0, int64_t width, float* y, int64_t ldy, PackedParts packed = {}) {
+                  int64_t m, int64_t N, int64_t K, int64_t r0, int64_t width, float* y, int64_t ldy, PackedParts packed = {},
+                  const uint16_t* x_vnni = nullptr) {
   if (packed.count > 0 && xdt == DType::f32 &&
       project_packed(kt, packed, static_cast<const float*>(x), m, K, r0, width, y, ldy)) {
     if (bias) add_bias(static_cast<const char*>(bias) + r0 * int64_t(dtype_size(s.dtype)), s.dtype, y, ldy, m, 0, width);
@@ -95,18 +97,20 @@ void project_rows(const KernelTable& kt, const ExpertsSpec& s, const void* w, co
   a.ldy = ldy;
   a.n0 = 0;
   a.n1 = width;
+  a.x_vnni = xdt == DType::bf16 ? x_vnni : nullptr;
   kt.matmul(a);
   if (bias) add_bias(static_cast<const char*>(bias) + r0 * int64_t(esz), s.dtype, y, ldy, m, 0, width);
 }
 
 // y[m, n0:n1] = x[m, K] · Wᵀ (+ bias) for one expert matrix W of logical shape [N, K] (out × in).
 void project(const KernelTable& kt, const ExpertsSpec& s, const void* w, const QuantMatrix& wq, const void* bias, const void* x,
-             DType xdt, int64_t m, int64_t N, int64_t K, float* y, int64_t n0, int64_t n1, QuantOperand q, PackedParts packed) {
+             DType xdt, int64_t m, int64_t N, int64_t K, float* y, int64_t n0, int64_t n1, QuantOperand q, PackedParts packed,
+             const uint16_t* x_vnni = nullptr) {
   if (s.quant.quantized()) {
     quant_matmul(kt, wq, static_cast<const float*>(x), q.scales, m, y, N, n0, n1, q.scratch);
     add_bias(bias, s.dtype, y, N, m, n0, n1);
   } else {
-    project_rows(kt, s, w, bias, x, xdt, m, N, K, n0, n1 - n0, y + n0, N, packed);
+    project_rows(kt, s, w, bias, x, xdt, m, N, K, n0, n1 - n0, y + n0, N, packed, x_vnni);
   }
 }
 
@@ -118,22 +122,23 @@ PackedParts down_parts(const ExpertView& ev) { return ev.packed ? PackedParts{&e
 }  // namespace
 
 void up_activation(const KernelTable& kt, const ExpertView& ev, const void* x, DType xdt, int64_t m, void* h, DType hdt,
-                   int64_t c0, int64_t c1, float* scratch) {
+                   int64_t c0, int64_t c1, float* scratch, const uint16_t* x_vnni) {
   const ExpertsSpec& s = *ev.spec;
   const int64_t H = s.hidden, I = s.intermediate, R = s.gate_up_rows(), w = c1 - c0;
   const size_t xrow = size_t(H) * dtype_size(xdt), hsz = dtype_size(hdt);
   for (int64_t i0 = 0; i0 < m; i0 += kFusedRows) {
     const int64_t mc = std::min(kFusedRows, m - i0);
     const void* xc = static_cast<const char*>(x) + size_t(i0) * xrow;
+    const uint16_t* xv = x_vnni ? x_vnni + vnni_elems(i0, H) : nullptr;  // i0: a multiple of 16
     // scratch [mc, 2w]: gate values in columns [0, w), up values in [w, 2w) (interleaved: pairs)
     const PackedParts pk = gate_up_parts(ev);
     if (!s.has_gate) {
-      project_rows(kt, s, ev.gate_up, ev.gate_up_bias, xc, xdt, mc, R, H, c0, w, scratch, 2 * w, pk);
+      project_rows(kt, s, ev.gate_up, ev.gate_up_bias, xc, xdt, mc, R, H, c0, w, scratch, 2 * w, pk, xv);
     } else if (s.interleaved) {
-      project_rows(kt, s, ev.gate_up, ev.gate_up_bias, xc, xdt, mc, R, H, 2 * c0, 2 * w, scratch, 2 * w, pk);
+      project_rows(kt, s, ev.gate_up, ev.gate_up_bias, xc, xdt, mc, R, H, 2 * c0, 2 * w, scratch, 2 * w, pk, xv);
     } else {
-      project_rows(kt, s, ev.gate_up, ev.gate_up_bias, xc, xdt, mc, R, H, c0, w, scratch, 2 * w, pk);
-      project_rows(kt, s, ev.gate_up, ev.gate_up_bias, xc, xdt, mc, R, H, I + c0, w, scratch + w, 2 * w, pk);
+      project_rows(kt, s, ev.gate_up, ev.gate_up_bias, xc, xdt, mc, R, H, c0, w, scratch, 2 * w, pk, xv);
+      project_rows(kt, s, ev.gate_up, ev.gate_up_bias, xc, xdt, mc, R, H, I + c0, w, scratch + w, 2 * w, pk, xv);
     }
     for (int64_t i = 0; i < mc; ++i) {
       const float* g = scratch + i * 2 * w;
@@ -189,9 +194,9 @@ void activation_rows(const ExpertsSpec& s, const float* gu, int64_t m, void* h, 
 }
 
 void down_projection(const KernelTable& kt, const ExpertView& ev, const void* h, DType hdt, int64_t m, float* y, int64_t n0,
-                     int64_t n1, QuantOperand q) {
+                     int64_t n1, QuantOperand q, const uint16_t* h_vnni) {
   const ExpertsSpec& s = *ev.spec;
-  project(kt, s, ev.down, ev.down_q, ev.down_bias, h, hdt, m, s.hidden, s.intermediate, y, n0, n1, q, down_parts(ev));
+  project(kt, s, ev.down, ev.down_q, ev.down_bias, h, hdt, m, s.hidden, s.intermediate, y, n0, n1, q, down_parts(ev), h_vnni);
 }
 
 }  // namespace moex::cpu

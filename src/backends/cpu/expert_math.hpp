@@ -85,16 +85,18 @@ void up_projection(const KernelTable& kt, const ExpertView& ev, const void* x, D
 // The up projection with the gated activation fused in: h[0:m, c0:c1] = act(x · gate_upᵀ)[:, c0:c1]
 // for one expert, computing only the gate and up columns those h columns need, in chunks of 64
 // rows through `scratch` ([64, 2·(c1−c0)] floats), so no [m, 2I] intermediate is written.
-// h rows have width I (row stride I) and dtype hdt. Not for quantized experts.
+// h rows have width I (row stride I) and dtype hdt. Not for quantized experts. x_vnni (optional): the m
+// bf16 rows of x packed once by pack_x_vnni (kernels.hpp) for the AMX kernel, which then reads them
+// instead of repacking x in every call (one per column tile and per gate / up half).
 void up_activation(const KernelTable& kt, const ExpertView& ev, const void* x, DType xdt, int64_t m, void* h, DType hdt,
-                   int64_t c0, int64_t c1, float* scratch);
+                   int64_t c0, int64_t c1, float* scratch, const uint16_t* x_vnni = nullptr);
 constexpr int64_t kFusedRows = 64;  // rows per chunk of up_activation
 
 // h[m, I] = act(gu[m, R]), rounded to the activation dtype, stored as hdt (f32 or bf16).
 void activation_rows(const ExpertsSpec& s, const float* gu, int64_t m, void* h, DType hdt);
-// y[m, n0:n1] = h[m, I] · downᵀ (+ bias), f32; h of dtype hdt.
+// y[m, n0:n1] = h[m, I] · downᵀ (+ bias), f32; h of dtype hdt; h_vnni as up_activation's x_vnni.
 void down_projection(const KernelTable& kt, const ExpertView& ev, const void* h, DType hdt, int64_t m, float* y, int64_t n0,
-                     int64_t n1, QuantOperand q = {});
+                     int64_t n1, QuantOperand q = {}, const uint16_t* h_vnni = nullptr);
 
 // out[t] = Σ_j w[t, j] · y[row(t, j)] in slot order, dropped slots skipped, rounded once to the
 // activation dtype. row_of(p) gives the row of pair p = t*K + j in y [rows, H], or -1.

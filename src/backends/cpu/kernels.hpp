@@ -16,6 +16,8 @@ enum class WeightLayout { nt, nn };
 // Y[0:m, n0:n1] = X[0:m, 0:k] · op(W)[:, n0:n1]; Y is f32, W is f32/f16/bf16, X is f32 — or bf16
 // when W is bf16, the layout nt and the table has `bf16_dot` (vdpbf16ps: bf16 products, f32 sums).
 // Columns outside [n0, n1) of Y are not touched, so threads can split the n range.
+struct KernelTable;
+
 struct MatmulArgs {
   const void* x = nullptr;  // [m, k], row stride ldx
   DType xdtype = DType::f32;
@@ -28,7 +30,20 @@ struct MatmulArgs {
   float* y = nullptr;  // [m, N], row stride ldy
   int64_t ldy = 0;
   int64_t n0 = 0, n1 = 0;
+  // Optional: the bf16 rows of x already in the AMX kernel's layout (pack_x_vnni over the same m rows
+  // and k). Only the AMX path reads it (every other path reads x): a caller running several matmuls
+  // over the same rows packs them once instead of once per call.
+  const uint16_t* x_vnni = nullptr;
 };
+
+// The AMX kernel's activation layout: bf16 rows x [m, k] (row stride ldx) as (k, k+1) pairs in
+// [ceil(m/16)][ceil(k/32)][16 pairs][16 rows][2], zero-padded past m and k; vnni_elems(m, k) uint16
+// elements. Rows r0 = 16·j.. of a packed block start vnni_elems(16·j, k) elements in.
+int64_t vnni_elems(int64_t m, int64_t k);
+void pack_x_vnni(const uint16_t* x, int64_t ldx, int64_t m, int64_t k, uint16_t* out);
+// Whether `kt` runs bf16 matmuls of at least kAmxMinRows rows on AMX (and so reads x_vnni).
+constexpr int64_t kAmxMinRows = 8;  // fewer rows: the vdpbf16ps kernel (AMX would idle 15/16 of its tile)
+bool uses_amx(const KernelTable& kt);
 
 // FP8 block-scaled nt matmul (SPEC §6): W is e4m3 [N, K] (row stride ldw bytes) with one scale per
 // block_n × 128 block; X holds the e4m3 codes of the activations as f32 with one scale per row and

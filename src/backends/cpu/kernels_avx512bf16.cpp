@@ -81,7 +81,6 @@ struct Avx512Bf16 : Avx512 {
 // the nt weights), B = 16 activation rows packed in the VNNI layout [k/2][16 rows][2], so that the
 // weights, the large operand, are read as stored and only the small activations are repacked.
 
-constexpr int64_t kAmxMinRows = 8;     // fewer rows: the vdpbf16ps kernel (AMX would idle 15/16 of its tile)
 constexpr int64_t kAmxPrefetch = 256;  // elements ahead along k (512 bytes: 8 chunks)
 
 struct alignas(64) TileConfig {
@@ -107,19 +106,14 @@ void configure_tiles() {
 void amx_matmul(const MatmulArgs& a) {
   configure_tiles();
   const int64_t m = a.m, k = a.k, chunks = (k + 31) / 32, mblocks = (m + 15) / 16;
-  const uint16_t* x = static_cast<const uint16_t*>(a.x);
   const uint16_t* w = static_cast<const uint16_t*>(a.w);
-  // X in VNNI: [mblock][chunk][16 k-pairs][16 rows][2], zero-padded past m and k. Small: m × k.
-  thread_local std::vector<uint16_t> packed;
-  packed.assign(size_t(mblocks * chunks * 512), 0);
-  // as 32-bit (k, k+1) pairs: pair kp of row r lands at [r / 16][kp][r % 16], i.e. 16·kp past its row
-  uint32_t* pairs = reinterpret_cast<uint32_t*>(packed.data());
-  const int64_t kp_full = k / 2;
-  for (int64_t r = 0; r < m; ++r) {
-    const uint16_t* xr = x + r * a.ldx;
-    uint32_t* dst = pairs + (r / 16) * chunks * 256 + (r % 16);
-    for (int64_t kp = 0; kp < kp_full; ++kp) dst[16 * kp] = uint32_t(xr[2 * kp]) | (uint32_t(xr[2 * kp + 1]) << 16);
-    if (k % 2) dst[16 * kp_full] = xr[k - 1];  // the last k alone, its pair partner zero
+  // X in VNNI ([mblock][chunk][16 k-pairs][16 rows][2], pack_x_vnni): the caller's, or packed here
+  const uint16_t* xv = a.x_vnni;
+  if (!xv) {
+    thread_local std::vector<uint16_t> packed;
+    packed.resize(size_t(vnni_elems(m, k)));
+    pack_x_vnni(static_cast<const uint16_t*>(a.x), a.ldx, m, k, packed.data());
+    xv = packed.data();
   }
   alignas(64) float ct[2][256];
   alignas(64) uint16_t wpad[2][512];
@@ -143,7 +137,7 @@ void amx_matmul(const MatmulArgs& a) {
           _tile_loadd(2, wpad[0], 64);
           _tile_loadd(3, wpad[1], 64);
         }
-        _tile_loadd(4, packed.data() + (mb * chunks + c) * 512, 64);
+        _tile_loadd(4, xv + (mb * chunks + c) * 512, 64);
         _tile_dpbf16ps(0, 2, 4);
         _tile_dpbf16ps(1, 3, 4);
       }

@@ -6,6 +6,9 @@
 #include "backends/cpu/kernels_impl.hpp"
 #include "core/check.hpp"
 
+#include <algorithm>
+#include <string_view>
+
 namespace moex::cpu {
 namespace {
 
@@ -84,6 +87,24 @@ const KernelTable& choose() {
 }
 
 }  // namespace
+
+int64_t vnni_elems(int64_t m, int64_t k) { return (m + 15) / 16 * ((k + 31) / 32) * 512; }
+
+void pack_x_vnni(const uint16_t* x, int64_t ldx, int64_t m, int64_t k, uint16_t* out) {
+  const int64_t chunks = (k + 31) / 32;
+  std::fill(out, out + vnni_elems(m, k), uint16_t(0));
+  // as 32-bit (k, k+1) pairs: pair kp of row r lands at [r / 16][kp][r % 16], i.e. 16·kp past its row
+  uint32_t* pairs = reinterpret_cast<uint32_t*>(out);
+  const int64_t kp_full = k / 2;
+  for (int64_t r = 0; r < m; ++r) {
+    const uint16_t* xr = x + r * ldx;
+    uint32_t* dst = pairs + (r / 16) * chunks * 256 + (r % 16);
+    for (int64_t kp = 0; kp < kp_full; ++kp) dst[16 * kp] = uint32_t(xr[2 * kp]) | (uint32_t(xr[2 * kp + 1]) << 16);
+    if (k % 2) dst[16 * kp_full] = xr[k - 1];  // the last k alone, its pair partner zero
+  }
+}
+
+bool uses_amx(const KernelTable& kt) { return std::string_view(kt.isa) == "avx512_amx"; }
 
 const KernelTable& generic_kernels() {
   static const KernelTable table = impl::make_table<Generic>("generic");
