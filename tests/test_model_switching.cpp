@@ -38,10 +38,21 @@ void register_recorders() {
   });
 }
 
+// The test backends for the scope of one test, unregistered after it: the equivalence tests run
+// every registered backend when the whole test binary runs in one process.
+struct ScopedRecorders {
+  ScopedRecorders() { register_recorders(); }
+  ~ScopedRecorders() {
+    auto& reg = ExpertsInterface::global();
+    reg.unregister_backend("recording_mm");
+    reg.unregister_backend("failing_decode_mm");
+  }
+};
+
 }  // namespace
 
 TEST(ModelSwitching, CpuDecodesWithTheSameBackendAndTheMapStays) {
-  register_recorders();
+  ScopedRecorders recorders;
   Model m = Model::from_pretrained(fixture("qwen3_moe"), {.experts_implementation = "recording_mm"});
   int64_t moe_layers = 0;
   for (int64_t l = 0; l < m.config().text.num_hidden_layers; ++l) moe_layers += m.config().text.is_moe_layer(l);
@@ -63,7 +74,7 @@ TEST(ModelSwitching, CpuDecodesWithTheSameBackendAndTheMapStays) {
 }
 
 TEST(ModelSwitching, MapIsIntactWhenGenerationThrows) {
-  register_recorders();
+  ScopedRecorders recorders;
   Model m = Model::from_pretrained(fixture("mixtral"), {.experts_implementation = "failing_decode_mm"});
   GenerateOptions g;
   g.max_new_tokens = 3;
