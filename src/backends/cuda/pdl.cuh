@@ -9,7 +9,8 @@
 //
 // The contract of a kernel launched with `launch_pdl` (the PDL attribute set):
 //   * it calls `pdl_wait()` before its first access to memory that any earlier kernel of the stream
-//     writes or reads (reads of constant data — weights — may come before it; writes never do);
+//     writes or reads; only reads of data that no kernel still in flight on the stream writes —
+//     model weights, uploaded and synchronised at load — may come before it, writes never do;
 //   * it may call `pdl_launch_dependents()` anywhere (early: the next kernel becomes resident
 //     sooner). A kernel that never calls it lets its dependents start when its blocks exit.
 // Because every such kernel waits for its predecessor's completion, completion stays ordered down
