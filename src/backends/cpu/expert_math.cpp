@@ -129,7 +129,8 @@ void up_activation(const KernelTable& kt, const ExpertView& ev, const void* x, D
   for (int64_t i0 = 0; i0 < m; i0 += kFusedRows) {
     const int64_t mc = std::min(kFusedRows, m - i0);
     const void* xc = static_cast<const char*>(x) + size_t(i0) * xrow;
-    const uint16_t* xv = x_vnni ? x_vnni + vnni_elems(i0, H) : nullptr;  // i0: a multiple of 16
+    static_assert(kFusedRows % 16 == 0, "a chunk starts at a whole 16-row block of the packed rows");
+    const uint16_t* xv = x_vnni ? x_vnni + vnni_elems(i0, H) : nullptr;
     // scratch [mc, 2w]: gate values in columns [0, w), up values in [w, 2w) (interleaved: pairs)
     const PackedParts pk = gate_up_parts(ev);
     if (!s.has_gate) {

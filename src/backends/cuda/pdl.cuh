@@ -41,8 +41,14 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 }
 
 // Whether kernels on the current device are launched with the PDL attribute: compute capability
-// >= 9.0 and MOEX_CUDA_PDL not "0" (both read once per device and process).
-bool pdl_enabled();
+// >= 9.0 and MOEX_CUDA_PDL not "0" (read once per process).
+inline bool pdl_enabled() {
+  static const bool env_on = [] {
+    const char* s = std::getenv("MOEX_CUDA_PDL");
+    return !(s && std::string_view(s) == "0");
+  }();
+  return env_on && current_device_cc() >= 90;
+}
 
 // kernel<<<grid, block, smem, stream>>>(args...) with the PDL attribute when pdl_enabled();
 // launch errors become moex::Error naming `what`.
