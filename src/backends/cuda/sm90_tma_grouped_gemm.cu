@@ -143,6 +143,33 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map
 __device__ __forceinline__ void prefetch_tmap(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
+// ---- 2-CTA clusters (MC kernels): the weight tile multicast into both CTAs -----------------
+__device__ __forceinline__ uint32_t cluster_ctarank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+// Every thread of both CTAs that has not exited (non-aligned form: warps may arrive diverged).
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+// Arrive on the barrier at the same shared-memory offset in CTA `cta` of the cluster.
+__device__ __forceinline__ void mbar_arrive_cluster(uint32_t local_bar, uint32_t cta) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local_bar), "r"(cta));
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
+}
+// TMA load written at offset dst of every CTA in cta_mask; each destination CTA's barrier at
+// offset bar receives the complete_tx of the bytes written there.
+__device__ __forceinline__ void tma_load_3d_multicast(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1, int c2,
+                                                      uint16_t cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%3, "
+      "%4, %5}], [%2], %6;\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "h"(cta_mask)
+      : "memory");
+}
+
 template <int N>
 __device__ __forceinline__ void setmaxnreg_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
@@ -186,7 +213,8 @@ __device__ __forceinline__ float weight_scale(const TmaFp8Extra& x, int64_t idx)
 
 // T: the activation dtype (bias, the h output of bf16/f16 GEMMs). FP8: A and B are e4m3 codes with
 // the two-level accumulation (see the header).
-template <class T, int BN, bool GATHER, bool FP8>
+// MC: launched in clusters of 2 CTAs (see "2-CTA clusters" in the header comment).
+template <class T, int BN, bool GATHER, bool FP8, bool MC>
 __global__ void __launch_bounds__(THREADS, 1)
     grouped_gemm_tma(const __grid_constant__ CUtensorMap tm_b, const __grid_constant__ CUtensorMap tm_a,
                      const __grid_constant__ CUtensorMap tm_sa, const __grid_constant__ GroupedGemmArgs a,
@@ -197,6 +225,8 @@ __global__ void __launch_bounds__(THREADS, 1)
   constexpr int BKE = FP8 ? 128 : BK;          // K elements per stage (128 bytes per row either way)
   constexpr int CHUNK = 16 / int(sizeof(Elem));  // K elements per 16-byte cp.async chunk
   static_assert(!FP8 || BN == 128, "FP8 keeps two accumulator sets: 128-wide N tiles only");
+  static_assert(!(FP8 && MC), "the cluster schedule serves the bf16 / f16 kernels");
+  constexpr uint32_t HALF_B = (BN / 2) * 128;  // bytes of half a B stage (BN/2 weight rows)
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw = ptx::smem_u32(smem_raw);
@@ -209,10 +239,14 @@ __global__ void __launch_bounds__(THREADS, 1)
   auto empty_bar = [&](int s) { return bars + 8u * uint32_t(STAGES + s); };
 
   const int tid = threadIdx.x, wg = tid >> 7;
+  // MC: the cluster (2 CTAs) is the unit of the persistent schedule; rank = this CTA's half.
+  const uint32_t rank = MC ? cluster_ctarank() : 0u;
+  const int first_item = MC ? int(blockIdx.x >> 1) : int(blockIdx.x);
+  const int item_step = MC ? int(gridDim.x >> 1) : int(gridDim.x);
   if (tid == 0) {
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(full_bar(s), GATHER ? 129u : 1u);  // thread 0's expect_tx (+ 128 cp.async arrivals)
-      mbar_init(empty_bar(s), 8u);                 // one arrival per consumer warp
+      mbar_init(empty_bar(s), MC ? 16u : 8u);      // one arrival per consumer warp (of both CTAs)
     }
     mbar_fence_init();
     // valid m tiles come first in the table, then expert -1: find the first invalid one
@@ -225,11 +259,30 @@ __global__ void __launch_bounds__(THREADS, 1)
     *s_num_m = lo;
   }
   __syncthreads();
+  if constexpr (MC) cluster_sync();  // the peer's barriers exist before any multicast / remote arrive
   const int num_m = *s_num_m;
-  const int total = num_m * n_tiles;
+  const int num_pairs = (num_m + 1) >> 1;
+  const int total = (MC ? num_pairs : num_m) * n_tiles;
   const int Kdim = a.Kdim;
   const int ktiles = (Kdim + BKE - 1) / BKE;
   const bool concat = a.epi == Epi::up_concat;
+  // Work item w -> this CTA's m tile and the n tile. MC: the pair (2p, 2p+1) of m tiles; `shared`
+  // when both belong to one expert (same B tile: each CTA loads one half and multicasts it);
+  // `own` false for rank 1 of an odd last pair, which recomputes tile 2p and writes nothing.
+  auto work_item = [&](int w, int& m, int& n, bool& shared, bool& own) {
+    if constexpr (MC) {
+      int p;
+      decode_work(w, num_pairs, n_tiles, p, n);
+      const int m0 = 2 * p, m1 = min(2 * p + 1, num_m - 1);
+      own = 2 * p + int(rank) < num_m;
+      m = rank ? m1 : m0;
+      shared = a.plan.tiles[m0].x == a.plan.tiles[m1].x;
+    } else {
+      decode_work(w, num_m, n_tiles, m, n);
+      shared = false;
+      own = true;
+    }
+  };
 
   if (wg == 0) {
     // ================================ producer ================================
@@ -243,9 +296,10 @@ __global__ void __launch_bounds__(THREADS, 1)
     const Elem* A = static_cast<const Elem*>(a.A);
     int stage = 0;
     uint32_t phase = 0;
-    for (int w = blockIdx.x; w < total; w += gridDim.x) {
+    for (int w = first_item; w < total; w += item_step) {
       int m, n;
-      decode_work(w, num_m, n_tiles, m, n);
+      bool shared, own;
+      work_item(w, m, n, shared, own);
       const int4 tile = a.plan.tiles[m];
       const int e = tile.x, rb = tile.y, re = tile.z;
       // TMA A: only the boxes of ABOX rows that hold the tile's rows are loaded; the smem rows past
@@ -271,9 +325,18 @@ __global__ void __launch_bounds__(THREADS, 1)
           const uint32_t fb = full_bar(stage);
           mbar_arrive_expect_tx(fb, tx_bytes);
           const uint32_t dB = sB + uint32_t(stage) * B_BYTES;
-          if (concat) {
+          if (MC) {
+            // halves: gate / up rows (concat) or rows [n*BN, +BN/2), [n*BN + BN/2, +BN/2)
+            const int r0 = concat ? n * (BN / 2) : n * BN, r1 = concat ? a.I + n * (BN / 2) : n * BN + BN / 2;
+            if (shared) {
+              tma_load_3d_multicast(dB + rank * HALF_B, &tm_b, fb, k0, rank ? r1 : r0, e, uint16_t(3));
+            } else {
+              tma_load_3d(dB, &tm_b, fb, k0, r0, e);
+              tma_load_3d(dB + HALF_B, &tm_b, fb, k0, r1, e);
+            }
+          } else if (concat) {
             tma_load_3d(dB, &tm_b, fb, k0, n * (BN / 2), e);
-            tma_load_3d(dB + (BN / 2) * 128, &tm_b, fb, k0, a.I + n * (BN / 2), e);
+            tma_load_3d(dB + HALF_B, &tm_b, fb, k0, a.I + n * (BN / 2), e);
           } else {
             tma_load_3d(dB, &tm_b, fb, k0, n * BN, e);
           }
@@ -313,9 +376,19 @@ __global__ void __launch_bounds__(THREADS, 1)
     uint32_t phase = 0;
     float acc[NF][4];
     float part[FP8 ? NF : 1][4];  // FP8: the partial sums of one 128-K block
-    for (int w = blockIdx.x; w < total; w += gridDim.x) {
+    // a stage is refilled when the consumers of every CTA that reads it released it (MC: the
+    // peer's multicast writes into this CTA's stage too)
+    auto release = [&](int s) {
+      __syncwarp();
+      if (lane == 0) {
+        mbar_arrive(empty_bar(s));
+        if constexpr (MC) mbar_arrive_cluster(empty_bar(s), rank ^ 1u);
+      }
+    };
+    for (int w = first_item; w < total; w += item_step) {
       int m, n;
-      decode_work(w, num_m, n_tiles, m, n);
+      bool shared, own;
+      work_item(w, m, n, shared, own);
 #pragma unroll
       for (int j = 0; j < NF; ++j)
 #pragma unroll
@@ -347,8 +420,7 @@ __global__ void __launch_bounds__(THREADS, 1)
           wgmma::fence_acc(part);
           const float* sa = reinterpret_cast<const float*>(smem_raw + (sSA - raw) + stage * SA_BYTES);
           const float sa0 = sa[srow], sa1 = sa[srow + 8];
-          __syncwarp();
-          if (lane == 0) mbar_arrive(empty_bar(stage));
+          release(stage);
           if (++stage == STAGES) {
             stage = 0;
             phase ^= 1u;
@@ -378,10 +450,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         wgmma::commit();
         wgmma::wait<1>();
         wgmma::fence_acc(acc);
-        if (prev >= 0) {
-          __syncwarp();
-          if (lane == 0) mbar_arrive(empty_bar(prev));
-        }
+        if (prev >= 0) release(prev);
         prev = stage;
         if (++stage == STAGES) {
           stage = 0;
@@ -390,11 +459,9 @@ __global__ void __launch_bounds__(THREADS, 1)
       }
       wgmma::wait<0>();
       wgmma::fence_acc(acc);
-      if (prev >= 0) {
-        __syncwarp();
-        if (lane == 0) mbar_arrive(empty_bar(prev));
+      if (prev >= 0) release(prev);
       }
-      }
+      if (!own) continue;
 
       // ---- epilogue (accumulator layout: mma.sync's m16n8 layout per warp and n8 block)
       const int4 tile = a.plan.tiles[m];
@@ -473,6 +540,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       }
     }
   }
+  if constexpr (MC) cluster_sync();  // no CTA leaves while its peer may still write or arrive into it
 #else
   __trap();  // built without sm_90a: the launcher never selects this kernel then
 #endif
@@ -520,17 +588,36 @@ int sm_count() {
   return cache[dev];
 }
 
-template <class T, int BN, bool GATHER, bool FP8>
+template <class T, int BN, bool GATHER, bool FP8, bool MC>
 void launch_typed(const GroupedGemmArgs& a, DType dtype, const TmaFp8Extra& x, int64_t a_rows, int64_t E, cudaStream_t stream) {
-  auto kernel = grouped_gemm_tma<T, BN, GATHER, FP8>;
+  auto kernel = grouped_gemm_tma<T, BN, GATHER, FP8, MC>;
   constexpr int SMEM = TmaCfg<BN, FP8>::SMEM_BYTES;
   constexpr int BKE = FP8 ? 128 : BK;
   constexpr int ESZ = FP8 ? 1 : 2;
-  static thread_local int configured_device = -1;
+  static thread_local int configured_device = -1, max_clusters = 0;
   int dev = 0;
   check(cudaGetDevice(&dev), "cudaGetDevice");
+  cudaLaunchAttribute cluster_attr[1];
+  cluster_attr[0].id = cudaLaunchAttributeClusterDimension;
+  cluster_attr[0].val.clusterDim.x = 2;
+  cluster_attr[0].val.clusterDim.y = 1;
+  cluster_attr[0].val.clusterDim.z = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.blockDim = dim3(THREADS);
+  cfg.dynamicSmemBytes = SMEM;
+  cfg.stream = stream;
+  cfg.attrs = cluster_attr;
+  cfg.numAttrs = 1;
   if (configured_device != dev) {
     check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM), "cudaFuncSetAttribute");
+    if (MC) {
+      // how many 2-CTA clusters fit at once (the SMs of a GPC pair up; an odd one stays idle)
+      cfg.gridDim = dim3(unsigned(sm_count() & ~1));
+      if (cudaOccupancyMaxActiveClusters(&max_clusters, kernel, &cfg) != cudaSuccess || max_clusters <= 0) {
+        cudaGetLastError();
+        max_clusters = sm_count() / 2;
+      }
+    }
     configured_device = dev;
   }
   const CUtensorMapDataType etype = FP8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8
@@ -539,7 +626,8 @@ void launch_typed(const GroupedGemmArgs& a, DType dtype, const TmaFp8Extra& x, i
   // B: [E, N, K] as a 3-D map (K, N, E); box 128 bytes of K × rows × 1
   const cuuint64_t bdims[3] = {cuuint64_t(a.Kdim), cuuint64_t(a.N), cuuint64_t(E)};
   const cuuint64_t bstrides[2] = {cuuint64_t(a.Kdim) * ESZ, cuuint64_t(a.w_expert_stride) * ESZ};
-  const cuuint32_t bbox[3] = {cuuint32_t(BKE), cuuint32_t(a.epi == Epi::up_concat ? BN / 2 : BN), 1};
+  // MC and the concatenated gated layout load B in two halves of BN/2 rows
+  const cuuint32_t bbox[3] = {cuuint32_t(BKE), cuuint32_t(MC || a.epi == Epi::up_concat ? BN / 2 : BN), 1};
   const CUtensorMap tm_b = make_map(etype, a.W, 3, bdims, bstrides, bbox, CU_TENSOR_MAP_SWIZZLE_128B);
   CUtensorMap tm_a = tm_b, tm_sa = tm_b;
   if (!GATHER) {
@@ -555,16 +643,22 @@ void launch_typed(const GroupedGemmArgs& a, DType dtype, const TmaFp8Extra& x, i
       tm_sa = make_map(CU_TENSOR_MAP_DATA_TYPE_FLOAT32, x.a_scales, 2, sdims, sstrides, sbox, CU_TENSOR_MAP_SWIZZLE_NONE);
     }
   }
-  const int64_t work_bound = int64_t(a.plan.max_tiles) * n_tiles;
-  const unsigned grid = unsigned(std::max<int64_t>(1, std::min<int64_t>(sm_count(), work_bound)));
-  kernel<<<grid, THREADS, SMEM, stream>>>(tm_b, tm_a, tm_sa, a, x, n_tiles);
+  if constexpr (MC) {
+    const int64_t pair_bound = ceil_div(int64_t(a.plan.max_tiles), 2) * n_tiles;
+    cfg.gridDim = dim3(unsigned(2 * std::max<int64_t>(1, std::min<int64_t>(max_clusters, pair_bound))));
+    check(cudaLaunchKernelEx(&cfg, kernel, tm_b, tm_a, tm_sa, a, x, n_tiles), "cudaLaunchKernelEx (grouped_gemm_tma, clusters)");
+  } else {
+    const int64_t work_bound = int64_t(a.plan.max_tiles) * n_tiles;
+    const unsigned grid = unsigned(std::max<int64_t>(1, std::min<int64_t>(sm_count(), work_bound)));
+    kernel<<<grid, THREADS, SMEM, stream>>>(tm_b, tm_a, tm_sa, a, x, n_tiles);
+  }
   check_launch("grouped_gemm_tma");
 }
 
-template <class T, int BN, bool FP8>
+template <class T, int BN, bool FP8, bool MC = false>
 void launch_bn(const GroupedGemmArgs& a, DType dtype, const TmaFp8Extra& x, int64_t a_rows, int64_t E, cudaStream_t stream) {
-  if (a.a_gather) launch_typed<T, BN, true, FP8>(a, dtype, x, a_rows, E, stream);
-  else launch_typed<T, BN, false, FP8>(a, dtype, x, a_rows, E, stream);
+  if (a.a_gather) launch_typed<T, BN, true, FP8, MC>(a, dtype, x, a_rows, E, stream);
+  else launch_typed<T, BN, false, FP8, MC>(a, dtype, x, a_rows, E, stream);
 }
 
 }  // namespace
@@ -629,6 +723,22 @@ void launch_grouped_gemm_tma_ex(const GroupedGemmArgs& a, DType act_dtype, bool 
     return v == 128 || v == 256 ? v : 0;
   }();
   const int bn = forced ? forced : x.n_tile == 128 ? 128 : 256;
+  // 2-CTA clusters multicasting the weight tile: MOEX_CUDA_TMA_CLUSTER=1 / 0 forces on / off
+  static const int cluster_env = [] {
+    const char* s = std::getenv("MOEX_CUDA_TMA_CLUSTER");
+    return s && *s ? (*s == '0' ? 0 : 1) : -1;
+  }();
+  const bool cluster = cluster_env == 1 || (cluster_env < 0 && x.cluster);
+  if (cluster) {
+    if (bn == 128) {
+      if (act_dtype == DType::bf16) launch_bn<__nv_bfloat16, 128, false, true>(a, act_dtype, x, a_rows, E, stream);
+      else launch_bn<__half, 128, false, true>(a, act_dtype, x, a_rows, E, stream);
+    } else {
+      if (act_dtype == DType::bf16) launch_bn<__nv_bfloat16, 256, false, true>(a, act_dtype, x, a_rows, E, stream);
+      else launch_bn<__half, 256, false, true>(a, act_dtype, x, a_rows, E, stream);
+    }
+    return;
+  }
   if (bn == 128) {
     if (act_dtype == DType::bf16) launch_bn<__nv_bfloat16, 128, false>(a, act_dtype, x, a_rows, E, stream);
     else launch_bn<__half, 128, false>(a, act_dtype, x, a_rows, E, stream);

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# bench/gpu_session8.sh — one call on the GPU machine for the grouped GEMM's throughput work
+# (`run` with command `bash bench/gpu_session8.sh`), from the repository root:
+#   build   moex and moex_tests (CUDA, Release) into $BUILD
+#   xtests  the experts GPU tests ($XTEST_FILTER) once per "name:ENV=V[,ENV=V]" item of
+#           $XTEST_VARIANTS ("base:" = the defaults), each under a timeout
+#   ab      `moex bench --device cuda` of $AB_BACKENDS over the four SPEC shapes at $AB_TOKENS for
+#           "base" and every item of $AB_VARIANTS, in the same call; a table of ms per variant
+#   ncu     Nsight Compute sections (speed of light, compute and memory workload) of the grouped
+#           GEMM kernels and the dense cuBLAS GEMM of the bench's ceiling, per "shape:T:variant" item
+#           of $NCU_CASES (variant names from $AB_VARIANTS)
+# PARTS selects steps (default "build xtests ab"). Logs packed in $OUT/s8_logs.tgz.
+set -u
+OUT=${OUT:-$PWD/out}
+export MOEX_SOURCE_DIR=$PWD
+BUILD=${BUILD:-build-gpu}
+PARTS=${PARTS:-"build xtests ab"}
+SHAPES=${SHAPES:-qwen3_30b_a3b,qwen15_moe_a2_7b,mixtral_8x7b,deepseek_v3}
+has() { case " $PARTS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+t0=$(date +%s)
+stamp() { echo "== $1 ($(( $(date +%s) - t0 )) s)"; }
+L=$OUT/logs8
+mkdir -p "$L"
+envs_of() {  # variant name -> its "ENV=V ENV=V" list (from AB_VARIANTS / XTEST_VARIANTS)
+  for v in "base:" ${AB_VARIANTS:-} ${XTEST_VARIANTS:-}; do
+    [ "${v%%:*}" = "$1" ] && { echo "${v#*:}" | tr ',' ' '; return; }
+  done
+}
+
+if has build; then
+  stamp build
+  { cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOEX_CUDA=ON &&
+    cmake --build "$BUILD" -j "$(nproc)" --target moex moex_tests; } > "$L/build.log" 2>&1 ||
+    { grep -E "error" "$L/build.log" | head -30; exit 1; }
+fi
+
+if has xtests; then
+  for v in ${XTEST_VARIANTS:-"base:"}; do
+    name=${v%%:*}
+    stamp "experts tests [$name]"
+    env $(envs_of "$name") MOEX_CUDA_TEST_CASES=${MOEX_CUDA_TEST_CASES:-20} timeout ${TEST_TIMEOUT:-200} "$BUILD/moex_tests" \
+      --gtest_filter="${XTEST_FILTER:-*CudaEquivalence*:*CudaGraph*:*DeepGemm*}" > "$L/xtests_$name.log" 2>&1
+    echo "[$name] experts tests rc $?"
+    grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED  \]" "$L/xtests_$name.log" | head -20
+    grep -B3 -A12 "Failure" "$L/xtests_$name.log" | head -40
+  done
+fi
+
+if has ab; then
+  : > "$L/ab.json"
+  for v in "base:" ${AB_VARIANTS:-}; do
+    name=${v%%:*}
+    stamp "bench [$name]"
+    env $(envs_of "$name") timeout ${AB_TIMEOUT:-150} "$BUILD/moex" bench --device cuda --backends ${AB_BACKENDS:-grouped_mm} \
+      --shapes "$SHAPES" --tokens ${AB_TOKENS:-512,4096,16384} --dtype bf16 --format json --min-time-ms 30 --max-iters 10 \
+      --warmup 2 2> "$L/ab_$name.err" | sed "s/^{/{\"variant\": \"$name\", /" >> "$L/ab.json"
+    echo "[$name] rc ${PIPESTATUS[0]}"; tail -2 "$L/ab_$name.err"
+  done
+  python3 - "$L/ab.json" <<'PY' | tee "$L/ab.md"
+import json, sys
+r, names, ceil = {}, [], {}
+for l in open(sys.argv[1]):
+    if not l.startswith("{"): continue
+    try: d = json.loads(l)
+    except Exception: continue
+    if "ms" not in d: 
+        if any(k in d for k in ("copy_gbps", "dense_tflops")): ceil[d.get("variant")] = d
+        continue
+    v = d["variant"]
+    if v not in names: names.append(v)
+    r[(d["shape"], d["T"], d.get("backend", "?"), v)] = (d["ms"], d.get("tflops"))
+for v, d in ceil.items(): print(v, {k: d[k] for k in d if k != "variant"})
+print("| shape | T | backend | " + " | ".join(f"{n} ms (TF)" for n in names) + " |")
+print("|---|---|---|" + "---|" * len(names))
+for (s, T, b) in sorted({k[:3] for k in r}, key=lambda k: (k[0], k[1], k[2])):
+    cells = []
+    for n in names:
+        x = r.get((s, T, b, n))
+        cells.append("—" if not x else (f"{x[0]:.3f} ({x[1]:.0f})" if x[1] else f"{x[0]:.3f}"))
+    print(f"| {s} | {T} | {b} | " + " | ".join(cells) + " |")
+PY
+fi
+
+if has ncu; then
+  for c in ${NCU_CASES:-"mixtral_8x7b:16384:base"}; do
+    IFS=: read -r shape T name <<< "$c"
+    stamp "ncu $c"
+    env $(envs_of "$name") timeout 200 ncu --clock-control none -k regex:"${NCU_KERNELS:-grouped_gemm_tma|nvjet|gemm}" \
+      --launch-skip ${NCU_SKIP:-0} --launch-count ${NCU_COUNT:-6} \
+      --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section LaunchStats \
+      "$BUILD/moex" bench --device cuda --backends ${NCU_BACKEND:-grouped_mm} --shapes "$shape" --tokens "$T" --dtype bf16 \
+      --min-time-ms 1 --max-iters 1 --warmup 0 > "$L/ncu_${shape}_${T}_$name.txt" 2>&1
+    echo "ncu rc $?"
+    grep -E "^  [a-zA-Z_].*\(|Duration|SM Frequency|Compute \(SM\) Throughput|Memory Throughput|L2 Cache Throughput|DRAM Throughput|Executed Ipc A|Registers Per|Grid Size|Cluster Size" \
+      "$L/ncu_${shape}_${T}_$name.txt" | head -80
+  done
+fi
+tar czf "$OUT/s8_logs.tgz" -C "$OUT" logs8
+stamp done
