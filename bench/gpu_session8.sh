@@ -87,11 +87,11 @@ if has ncu; then
     stamp "ncu $c"
     env $(envs_of "$name") timeout 200 ncu --clock-control none -k regex:"${NCU_KERNELS:-grouped_gemm_tma|nvjet|gemm}" \
       --launch-skip ${NCU_SKIP:-0} --launch-count ${NCU_COUNT:-6} \
-      --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section LaunchStats \
+      --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section LaunchStats --section WarpStateStats \
       "$BUILD/moex" bench --device cuda --backends ${NCU_BACKEND:-grouped_mm} --shapes "$shape" --tokens "$T" --dtype bf16 \
       --min-time-ms 1 --max-iters 1 --warmup 0 > "$L/ncu_${shape}_${T}_$name.txt" 2>&1
     echo "ncu rc $?"
-    grep -E "^  [a-zA-Z_].*\(|Duration|SM Frequency|Compute \(SM\) Throughput|Memory Throughput|L2 Cache Throughput|DRAM Throughput|Executed Ipc A|Registers Per|Grid Size|Cluster Size" \
+    grep -E "^  [a-zA-Z_].*\(|Duration|SM Frequency|Compute \(SM\) Throughput|Memory Throughput|L2 Cache Throughput|DRAM Throughput|Executed Ipc A|Registers Per|Grid Size|Cluster Size|Warp Cycles Per Issued|Max Bandwidth|L1/TEX Hit|L2 Hit|Mem Busy|Issue Slots Busy" \
       "$L/ncu_${shape}_${T}_$name.txt" | head -80
   done
 fi
