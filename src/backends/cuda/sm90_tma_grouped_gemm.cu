@@ -701,9 +701,26 @@ void launch_grouped_gemm_tma(const GroupedGemmArgs& a, DType dtype, int64_t a_ro
   // rows) except on deepseek_v3 at T >= 4096 (8.64 vs 9.40 ms at 4096, 24.9 vs 30.4 ms at 16384), the
   // one shape whose weights are far beyond L2 with >= 128 rows per expert: there the 256-wide tile
   // halves the re-reads of the A rows.
+  //
+  // 2-CTA clusters (the weight tile loaded once per pair of m tiles, multicast) where the experts
+  // hold >= 256 rows on average, so that most pairs of m tiles share their expert: measured on the
+  // H200 (2026-11-30, eighth session, docs/PERF.md) mixtral_8x7b T = 16384 25.7 -> 21.8 ms, T = 4096
+  // 5.54 -> 5.34, qwen3_30b_a3b T = 16384 3.24 -> 3.08; slower on deepseek_v3's 256-wide tiles and at
+  // T = 512 (128 rows per expert on mixtral). Policy 3 also runs the down GEMM in clusters of 256-wide
+  // tiles (ncu, mixtral T = 16384: 6.52 -> 5.10 ms for that GEMM). MOEX_CUDA_TMA_POLICY=1 / 2 / 3:
+  // no clusters / the default / clusters with 256-wide down tiles.
+  static const int policy = [] {
+    const char* s = std::getenv("MOEX_CUDA_TMA_POLICY");
+    const int v = s ? std::atoi(s) : 0;
+    return v >= 1 && v <= 3 ? v : 2;
+  }();
   TmaFp8Extra x{};
   const double weight_elems = double(E) * double(a.N) * double(a.Kdim);
   x.n_tile = a_rows >= 128 * E && weight_elems >= 2e9 ? 256 : 128;
+  if (policy >= 2 && x.n_tile == 128 && a_rows >= 256 * E) {
+    x.cluster = true;
+    if (policy == 3 && a.epi == Epi::down) x.n_tile = 256;
+  }
   launch_grouped_gemm_tma_ex(a, dtype, false, x, a_rows, E, stream);
 }
 
