@@ -375,16 +375,6 @@ void cuda_batched(const Experts& ex, const ExpertsCall& call, const RunContext& 
 // ---- grouped_mm ------------------------------------------------------------------------------
 
 
-// MOEX_CUDA_PREGATHER=1 / 0: grouped_mm copies the token rows into sorted order before the up GEMM
-// (see cuda_grouped), or the up GEMM gathers them itself.
-static bool pregather_tokens() {
-  static const bool on = [] {
-    const char* e = std::getenv("MOEX_CUDA_PREGATHER");
-    return e && *e == '1';
-  }();
-  return on;
-}
-
 void cuda_grouped(const Experts& ex, const ExpertsCall& call, const RunContext& ctx) {
   const ExpertsSpec& s = ex.spec;
   if (s.quant.quantized()) {
@@ -456,15 +446,6 @@ void cuda_grouped(const Experts& ex, const ExpertsCall& call, const RunContext& 
     launch_grouped_gemm_f32(down, stream);
   } else {
     const bool vec = vec16_ok(ex, call);
-    if (pregather_tokens() && tma_usable(up, vec)) {
-      // token rows copied into sorted order first (into y's space: y is written only by the down
-      // GEMM, after the up GEMM has read them), so that the up GEMM loads A by TMA as the down
-      // GEMM does, instead of gathering rows with cp.async from its producer warpgroup
-      launch_gather_rows(call.hidden.data, plan.sorted_pairs, plan.offsets, E, S, K, H, s.dtype, y, stream);
-      up.A = y;
-      up.a_gather = nullptr;
-      up.a_div = 1;
-    }
     for (const GroupedGemmArgs* g : {&up, &down}) {
       // sm_90a: the warp-specialised TMA kernel first (MOEX_CUDA_NO_TMA=1 turns it off), then
       // the cp.async wgmma kernel, then mma.sync.

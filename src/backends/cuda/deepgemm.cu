@@ -386,6 +386,10 @@ void run_deepgemm(const Experts& ex, const ExpertsCall& call, const RunContext& 
       fail(ErrorCode::unsupported, "deepgemm: the TMA kernel cannot run this call (device {}, MOEX_CUDA_NO_TMA, or 16-byte "
                                    "alignment of the buffers); use grouped_mm",
            to_string(call.hidden.device));
+    // grouped_mm's measured tile / cluster choice (it used to be 256-wide tiles everywhere: slower
+    // than grouped_mm on every SPEC shape at T >= 512, H200 2026-11-30)
+    choose_tma_tile(up, z.S, z.E, xu);
+    choose_tma_tile(down, z.S, z.E, xd);
     launch_grouped_gemm_tma_ex(up, s.dtype, false, xu, T, z.E, stream);
     launch_grouped_gemm_tma_ex(down, s.dtype, false, xd, z.M, z.E, stream);
   }

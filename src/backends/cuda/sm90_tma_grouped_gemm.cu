@@ -44,10 +44,22 @@
 // [BN/2, BN); gate column c and up column c + BN/2 then live in the same thread (accumulator
 // fragment nf and nf + NF/2). Interleaved: columns (2i, 2i+1) are adjacent as in the weights.
 //
-// N tile per GEMM (grouped_mm: launch_grouped_gemm_tma; deepgemm keeps 256): 128 columns, 6 stages, unless the experts hold
-// >= 128 rows on average and the weights have >= 2e9 elements (then 256 with 4 stages). An A/B on
-// the H200 (2026-11-29, fourth session, docs/PERF.md) found 128 faster on every SPEC shape at
-// T = 512 (up to 1.4x: qwen15 0.529 -> 0.377 ms) and at T = 4096 except deepseek_v3.
+// N tile and clusters per GEMM: choose_tma_tile (grouped_mm and deepgemm's bf16 path), with the
+// measurements behind each rule.
+//
+// 2-CTA clusters (MC kernels): the two CTAs of a cluster take m tiles 2p and 2p+1 of one work item
+// (pair p, n tile). When both belong to one expert they need the same B tile: each CTA loads one
+// half (the gate / up box, or rows [n*BN, +BN/2) / [n*BN + BN/2, +BN/2)) and multicasts it into both
+// CTAs' stage, so a CTA pulls 32 KB instead of 48 KB per 256-wide stage from L2. Otherwise each loads
+// its whole B tile. The protocol does not depend on that choice: every full barrier expects the
+// whole stage, and every empty barrier counts the 8 consumer warps of BOTH CTAs (the peer's
+// multicast writes into this CTA's stage, so a stage is refilled only when neither CTA reads it);
+// rank 1 of an odd last pair recomputes tile 2p and writes nothing. The remote release is a
+// CTA-scoped arrive issued by a second lane: with a cluster-scoped release fence per stage the
+// kernel ran 1.3-1.9x slower (H200, 2026-11-30, first run of this design). ncu on mixtral_8x7b
+// T = 16384 (same day): the down GEMM 6.52 ms at 77 % SM throughput (128-wide, no cluster) against
+// 5.10 ms at 95 % (256-wide, clusters); the up GEMM is the slower one (gathered A rows, K = 4096:
+// 64 stages per tile, its epilogue not overlapped with MMAs).
 //
 // Measured (H200, 2026-11-29, one run, CUDA-graph replay of the whole grouped_mm forward in
 // CudaPerf.Shapes, bf16, median of 10; old = sm90_bf16_grouped_gemm.cu via MOEX_CUDA_NO_TMA=1):
@@ -60,13 +72,7 @@
 //   deepseek_v3    16384  33.07 (349)        25.80 (448)
 // SASS: HGMMA (4 per kernel: the k16 steps of one 64-wide stage), UTMALDG, USETMAXREG, LDGSTS in
 // the gather variants; 168 registers at entry, no local memory. The 600 / 450 TFLOP/s targets are
-// not met. Reading of the numbers (no profile taken yet): a 128×256 tile loads 48 KB per 64-deep
-// stage for 4.2 MFLOP (85 FLOP/B), i.e. ~9.4 TB/s from L2 into the 132 SMs at 800 TFLOP/s, more
-// than L2 delivers; dense libraries pair CTAs in a cluster and multicast the shared operand
-// (B here: two m tiles of one expert), halving that traffic — a 2-CTA multicast variant of this
-// kernel (commit e8fc66b) hung on its first GPU run and was removed; start from there. Second: the epilogue is not
-// overlapped with MMAs (one tile in flight per SM), which costs most where K is short
-// (qwen3's down projection, K = 768: 12 stages per tile, then 128 KB of f32 stores).
+// not met (see choose_tma_tile and docs/PERF.md for the numbers since).
 #include <cudaTypedefs.h>
 
 #include <cstdlib>
@@ -155,7 +161,7 @@ __device__ __forceinline__ void cluster_sync() {
 }
 // Arrive on the barrier at the same shared-memory offset in CTA `cta` of the cluster. CTA-scoped
 // release (the default): the arrive only has to follow this warp's finished wgmma reads of the
-// stage; a cluster-scoped release fence on every stage measured 1.5x slower (H200, 2026-11-30).
+// stage; with a cluster-scoped release on every stage the kernel ran 1.3-1.9x slower (H200, 2026-11-30).
 __device__ __forceinline__ void mbar_arrive_cluster(uint32_t local_bar, uint32_t cta) {
   uint32_t remote;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local_bar), "r"(cta));
@@ -693,34 +699,44 @@ bool tma_fp8_usable(const GroupedGemmArgs& a) {
   return encode_fn() != nullptr;
 }
 
-void launch_grouped_gemm_tma(const GroupedGemmArgs& a, DType dtype, int64_t a_rows, int64_t E, cudaStream_t stream) {
-  // grouped_mm: the N tile from the GEMM's size. 128 columns with 6 stages unless the experts hold
-  // >= 128 rows on average and the weights have >= 2e9 elements. Measured on the H200 (2026-11-29,
-  // grouped_mm, bf16, the four SPEC shapes at T = 512 / 4096 / 16384, docs/PERF.md): 128 was faster
-  // everywhere (up to 1.4x at T = 512: more work items and a deeper ring where experts hold few
-  // rows) except on deepseek_v3 at T >= 4096 (8.64 vs 9.40 ms at 4096, 24.9 vs 30.4 ms at 16384), the
-  // one shape whose weights are far beyond L2 with >= 128 rows per expert: there the 256-wide tile
-  // halves the re-reads of the A rows.
+void choose_tma_tile(const GroupedGemmArgs& a, int64_t pairs, int64_t E, TmaFp8Extra& x) {
+  // N tile: 128 columns with 6 stages unless the experts hold >= 128 rows on average and the
+  // weights have >= 2e9 elements. Measured on the H200 (2026-11-29, grouped_mm, bf16, the four SPEC
+  // shapes at T = 512 / 4096 / 16384, docs/PERF.md): 128 was faster everywhere (up to 1.4x at
+  // T = 512: more work items and a deeper ring where experts hold few rows) except on deepseek_v3 at
+  // T >= 4096 (8.64 vs 9.40 ms at 4096, 24.9 vs 30.4 ms at 16384), the one shape whose weights are far
+  // beyond L2 with >= 128 rows per expert: there the 256-wide tile halves the re-reads of the A rows.
   //
-  // 2-CTA clusters (the weight tile loaded once per pair of m tiles, multicast) where the experts
-  // hold >= 256 rows on average, so that most pairs of m tiles share their expert: measured on the
-  // H200 (2026-11-30, eighth session, docs/PERF.md) mixtral_8x7b T = 16384 25.7 -> 21.8 ms, T = 4096
-  // 5.54 -> 5.34, qwen3_30b_a3b T = 16384 3.24 -> 3.08; slower on deepseek_v3's 256-wide tiles and at
-  // T = 512 (128 rows per expert on mixtral). Policy 3 also runs the down GEMM in clusters of 256-wide
-  // tiles (ncu, mixtral T = 16384: 6.52 -> 5.10 ms for that GEMM). MOEX_CUDA_TMA_POLICY=1 / 2 / 3:
-  // no clusters / the default / clusters with 256-wide down tiles.
+  // 2-CTA clusters (the weight tile loaded once per pair of m tiles and multicast) where the experts
+  // hold >= 256 rows on average, so that most pairs of m tiles share their expert; the down GEMM then
+  // runs 256-wide tiles. One call on the H200 (2026-11-30, eighth session, docs/PERF.md), grouped_mm
+  // ms without -> with: mixtral_8x7b T = 16384 25.0 -> 22.2, T = 4096 5.46 -> 5.13, qwen3_30b_a3b
+  // T = 16384 3.25 -> 3.04, qwen15 T = 16384 2.71 -> 2.55; T = 512 unchanged (below the row bar).
+  // Clusters with 256-wide up tiles, and on deepseek_v3's 256-wide tiles, were slower (25.8 vs 24.8 ms
+  // at T = 16384). MOEX_CUDA_TMA_POLICY=1: no clusters; 2: clusters with 128-wide down tiles;
+  // 3 (default): as described; 4: also deepseek-like GEMMs' down projection in 256-wide clusters.
   static const int policy = [] {
     const char* s = std::getenv("MOEX_CUDA_TMA_POLICY");
     const int v = s ? std::atoi(s) : 0;
-    return v >= 1 && v <= 3 ? v : 2;
+    return v >= 1 && v <= 4 ? v : 3;
   }();
-  TmaFp8Extra x{};
   const double weight_elems = double(E) * double(a.N) * double(a.Kdim);
-  x.n_tile = a_rows >= 128 * E && weight_elems >= 2e9 ? 256 : 128;
-  if (policy >= 2 && x.n_tile == 128 && a_rows >= 256 * E) {
-    x.cluster = true;
-    if (policy == 3 && a.epi == Epi::down) x.n_tile = 256;
+  const bool big_weights = pairs >= 128 * E && weight_elems >= 2e9;
+  x.n_tile = big_weights ? 256 : 128;
+  x.cluster = false;
+  if (policy >= 2 && pairs >= 256 * E) {
+    if (!big_weights) {
+      x.cluster = true;
+      if (policy >= 3 && a.epi == Epi::down) x.n_tile = 256;
+    } else if (policy == 4 && a.epi == Epi::down) {
+      x.cluster = true;
+    }
   }
+}
+
+void launch_grouped_gemm_tma(const GroupedGemmArgs& a, DType dtype, int64_t a_rows, int64_t E, cudaStream_t stream) {
+  TmaFp8Extra x{};
+  choose_tma_tile(a, a_rows, E, x);
   launch_grouped_gemm_tma_ex(a, dtype, false, x, a_rows, E, stream);
 }
 

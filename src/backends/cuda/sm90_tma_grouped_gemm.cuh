@@ -44,7 +44,11 @@ void launch_grouped_gemm_tma_ex(const GroupedGemmArgs& a, DType act_dtype, bool 
                                 int64_t E, cudaStream_t stream);
 // a_rows: rows of the A buffer when it is read without a gather (the down projection's h [S, I]);
 // E: experts in the weights [E, N, K].
-// grouped_mm: N tiles of 128 or 256 columns chosen per GEMM from its size (see the .cu; MOEX_CUDA_TMA_N forces).
+// The N tile (128 / 256) and whether 2-CTA clusters share the weight tile, chosen per GEMM from the
+// pairs per expert and the weights' size (measured rules in the .cu; MOEX_CUDA_TMA_POLICY,
+// MOEX_CUDA_TMA_N and MOEX_CUDA_TMA_CLUSTER override). Sets x.n_tile and x.cluster.
+void choose_tma_tile(const GroupedGemmArgs& a, int64_t pairs, int64_t E, TmaFp8Extra& x);
+// grouped_mm: launch_grouped_gemm_tma_ex with choose_tma_tile's choice (a_rows = the pairs S).
 void launch_grouped_gemm_tma(const GroupedGemmArgs& a, DType dtype, int64_t a_rows, int64_t E, cudaStream_t stream);
 
 }  // namespace moex::cuda
