@@ -9,6 +9,10 @@
 #   ncu     Nsight Compute sections (speed of light, compute and memory workload) of the grouped
 #           GEMM kernels and the dense cuBLAS GEMM of the bench's ceiling, per "shape:T:variant" item
 #           of $NCU_CASES (variant names from $AB_VARIANTS)
+#   hf      the reference library's backends ($HF_BACKENDS) on the same shapes and $AB_TOKENS
+#           (bench/hf_experts_bench.py), then a side-by-side table: moex's best of the "base"
+#           variant against the reference's best, with TFLOP/s and % of the dense cuBLAS rate that
+#           `moex bench` measured in the same call
 # PARTS selects steps (default "build xtests ab"). Logs packed in $OUT/s8_logs.tgz.
 set -u
 OUT=${OUT:-$PWD/out}
@@ -94,6 +98,39 @@ if has ncu; then
     grep -E "^  [a-zA-Z_].*\(|Duration|SM Frequency|Compute \(SM\) Throughput|Memory Throughput|L2 Cache Throughput|DRAM Throughput|Executed Ipc A|Registers Per|Grid Size|Cluster Size|Warp Cycles Per Issued|Max Bandwidth|L1/TEX Hit|L2 Hit|Mem Busy|Issue Slots Busy" \
       "$L/ncu_${shape}_${T}_$name.txt" | head -80
   done
+fi
+if has hf; then
+  stamp "reference library"
+  PYTHONUNBUFFERED=1 SHAPES="$SHAPES" TOKENS="${AB_TOKENS:-512,4096,16384}" BACKENDS="${HF_BACKENDS:-eager,grouped_mm}" OUT="$L" \
+    timeout ${HF_TIMEOUT:-150} python3 bench/hf_experts_bench.py > "$L/hf.json" 2> "$L/hf.err"
+  echo "hf rc $? ($(grep -c '"ms"' "$L/hf.json") cases)"
+  python3 - "$L/ab.json" "$L/hf.json" <<'PY' | tee "$L/side_by_side.md"
+import json, sys
+def lines(p):
+    for l in open(p):
+        if l.startswith("{"):
+            try: yield json.loads(l)
+            except Exception: pass
+moex, hf, dense = {}, {}, None
+for d in lines(sys.argv[1]):
+    if d.get("variant") != "base": continue
+    if "peak_gflops" in d: dense = d["peak_gflops"] / 1e3
+    elif "ms" in d: moex[(d["shape"], d["T"], d["backend"])] = d
+for d in lines(sys.argv[2]):
+    if "ms" in d: hf[(d["shape"], d["T"], d["backend"])] = d
+print(f"dense cuBLAS bf16: {dense:.0f} TFLOP/s (75 %: {0.75 * dense:.0f}, 85 %: {0.85 * dense:.0f})")
+print("| shape | T | moex grouped_mm | moex deepgemm | moex eager | HF best | speed-up | moex best % of dense |")
+print("|---|---|---|---|---|---|---|---|")
+for s, T in sorted({k[:2] for k in moex}):
+    m = {b: moex.get((s, T, b)) for b in ("grouped_mm", "deepgemm", "eager")}
+    best = min((v for v in m.values() if v), key=lambda v: v["ms"])
+    h = min(((v["ms"], k[2]) for k, v in hf.items() if k[:2] == (s, T)), default=None)
+    f = lambda v: "%.3f (%.0f TF)" % (v["ms"], v["tflops"]) if v else "—"
+    hb = "%.3f %s" % h if h else "—"
+    up = "%.2fx" % (h[0] / best["ms"]) if h else "—"
+    print(f"| {s} | {T} | {f(m['grouped_mm'])} | {f(m['deepgemm'])} | {f(m['eager'])} | {hb} | {up} | "
+          f"{100 * best['tflops'] / dense:.0f}% ({best['backend']}) |")
+PY
 fi
 tar czf "$OUT/s8_logs.tgz" -C "$OUT" logs8
 stamp done
