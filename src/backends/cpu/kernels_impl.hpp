@@ -14,12 +14,14 @@
 namespace moex::cpu::impl {
 
 // Fetches the cache line at p into L1 ahead of its use. NOTE: GCC treats __builtin_prefetch as a
-// call that may touch any memory, so a loop that prefetches keeps storing its accumulator array to
-// the stack every iteration (measured: 2 stores per FMA pair in the packed kernel); the asm form
-// tells it that only the byte at p is read.
+// call that may touch any memory, and an asm with a memory operand ("m"(*p)) as a read that may
+// alias any addressable local, so around either it stores its accumulator array to the stack
+// (measured: every k step in the packed kernel, or every group of steps when the prefetches sat
+// between groups). The address goes in as a plain register operand: the asm touches no memory
+// that the compiler knows of, and the accumulators stay in registers.
 inline void prefetch_line(const void* p) {
 #if defined(__x86_64__)
-  asm volatile("prefetcht0 %0" : : "m"(*static_cast<const char*>(p)));
+  asm volatile("prefetcht0 (%0)" : : "r"(p));
 #else
   __builtin_prefetch(p, 0, 3);
 #endif
@@ -27,7 +29,7 @@ inline void prefetch_line(const void* p) {
 // The same into L2 only (data needed after what L1 holds now).
 inline void prefetch_line_l2(const void* p) {
 #if defined(__x86_64__)
-  asm volatile("prefetcht1 %0" : : "m"(*static_cast<const char*>(p)));
+  asm volatile("prefetcht1 (%0)" : : "r"(p));
 #else
   __builtin_prefetch(p, 0, 2);
 #endif
@@ -396,7 +398,6 @@ void fp8_matmul(const Fp8MatmulArgs& a) {
 // over all row blocks of this chunk so that DRAM stays busy the whole time, not only during the
 // first row block (with 16 rows = 2 blocks that halved the streaming rate).
 constexpr int64_t kPackedKChunk = 256;
-constexpr int64_t kPackedGroup = 8;  // k steps between prefetches (1 KiB of the stream)
 
 template <class Isa>
 constexpr int packed_max_rows() {
@@ -431,20 +432,22 @@ inline void packed_block(const PackedMatmulArgs& a, int64_t i0, const float* pan
   const float* xr[MR];
   for (int r = 0; r < MR; ++r) xr[r] = a.x + (i0 + r) * a.ldx;
   const float* pp = panel + k0 * kPanelCols + c0;
-  // k in groups of kPackedGroup steps with the prefetches between groups: a prefetch inside the
-  // innermost loop keeps GCC from holding acc in registers across it (see prefetch_line)
-  const int64_t groups = (k1 - k0 + kPackedGroup - 1) / kPackedGroup, per_group = (pf_lines + groups - 1) / groups;
-  int64_t pf_next = 0;
-  for (int64_t kg = k0; kg < k1; kg += kPackedGroup) {
-    for (const int64_t end = std::min(pf_lines, pf_next + per_group); pf_next < end; ++pf_next) prefetch_line_l2(pf + pf_next * 16);
-    const int64_t kend = std::min(k1, kg + kPackedGroup);
-    for (int64_t kk = kg; kk < kend; ++kk, pp += kPanelCols) {
-      V wv[NV];
-      for (int c = 0; c < NV; ++c) wv[c] = Isa::load(pp + c * W);
-      for (int r = 0; r < MR; ++r) {
-        const V xb = Isa::set1(xr[r][kk]);
-        for (int c = 0; c < NV; ++c) acc[r][c] = Isa::fma(xb, wv[c], acc[r][c]);
-      }
+  // the prefetches spread over the k steps: every `stride`-th step issues one (a branch on a
+  // counter, not a loop between k groups: around such a loop GCC kept acc on the stack, storing
+  // and reloading all MR·NV accumulators every 8 k steps)
+  const int64_t steps = k1 - k0;
+  const int64_t stride = pf_lines > 0 ? std::max<int64_t>(1, steps / pf_lines) : steps + 1;
+  int64_t pf_next = 0, countdown = stride;
+  for (int64_t kk = k0; kk < k1; ++kk, pp += kPanelCols) {
+    if (--countdown == 0) {
+      countdown = stride;
+      if (pf_next < pf_lines) prefetch_line_l2(pf + 16 * pf_next++);
+    }
+    V wv[NV];
+    for (int c = 0; c < NV; ++c) wv[c] = Isa::load(pp + c * W);
+    for (int r = 0; r < MR; ++r) {
+      const V xb = Isa::set1(xr[r][kk]);
+      for (int c = 0; c < NV; ++c) acc[r][c] = Isa::fma(xb, wv[c], acc[r][c]);
     }
   }
   for (int r = 0; r < MR; ++r) {
