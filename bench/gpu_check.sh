@@ -15,12 +15,16 @@
 #   6. quant: bf16 vs FP8 experts (QUANT_KINDS, default fp8; fp4 too with QUANT_KINDS="fp8 fp4")
 #      on the same shapes, T in QUANT_TOKENS (default 1,8,64,512,4096): batched_mm (T <= 512) and
 #      grouped_mm, and the table of bf16/quantized time ratios (quant.json, quant.md)
-# PARTS selects steps (default: all): PARTS="build tests sanitize perf bench quant hf table".
+#   7. clusters: the bf16/f16 equivalence, graph and deepgemm tests with the 2-CTA cluster GEMM forced
+#      on every TMA GEMM (MOEX_CUDA_TMA_CLUSTER=1) and deepgemm on grouped_mm's tile rule
+#      (MOEX_CUDA_DEEPGEMM_GROUPED_TILES=1), since the default rule only picks clusters for GEMMs
+#      whose experts hold >= 256 rows on average
+# PARTS selects steps (default: all): PARTS="build tests n256 clusters sanitize perf bench quant hf table".
 # TOKENS, SHAPES and PERF_TOKENS narrow the timed cases; DEADLINE (seconds) ends the reference run in time. Keep the whole run under ~9 minutes.
 set -u
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
-PARTS=${PARTS:-"build tests n256 sanitize perf perf256 bench quant hf table"}
+PARTS=${PARTS:-"build tests n256 clusters sanitize perf perf256 bench quant hf table"}
 SHAPES=${SHAPES:-qwen3_30b_a3b,qwen15_moe_a2_7b,mixtral_8x7b,deepseek_v3}
 TOKENS=${TOKENS:-1,8,64,512,4096,16384}
 BUILD=${BUILD:-build-gpu}
@@ -65,6 +69,17 @@ if has n256; then
   MOEX_CUDA_WGMMA_N=256 "$BUILD/moex_tests" --gtest_filter='Dtypes/CudaEquivalence.*/bf16:Dtypes/CudaEquivalence.*/f16:Capturable/*' 2>&1 |
     sed 's/^/[n256] /' | tee -a "$OUT/tests.log" | grep -E "^\[n256\] \[  (FAILED|PASSED) |passed of|Failure" | head -20
   echo "n256 tests exit status $?"
+  set +o pipefail
+fi
+
+if has clusters; then
+  stamp clusters
+  set -o pipefail
+  MOEX_CUDA_TMA_CLUSTER=1 MOEX_CUDA_DEEPGEMM_GROUPED_TILES=1 MOEX_CUDA_TEST_CASES=${CLUSTER_TEST_CASES:-12} timeout 300 \
+    "$BUILD/moex_tests" --gtest_filter='Dtypes/CudaEquivalence.*/bf16:Dtypes/CudaEquivalence.*/f16:Capturable/*:*DeepGemm*' 2>&1 |
+    sed 's/^/[clusters] /' | tee -a "$OUT/tests.log" | grep -E "^\[clusters\] \[  (FAILED|PASSED) |passed of|Failure" | head -20
+  rc=$?; [ $rc -ne 0 ] && status=1
+  echo "clusters tests exit status $rc"
   set +o pipefail
 fi
 
