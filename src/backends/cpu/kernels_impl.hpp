@@ -435,13 +435,15 @@ inline void packed_block(const PackedMatmulArgs& a, int64_t i0, const float* pan
   // the prefetches spread over the k steps: every `stride`-th step issues one (a branch on a
   // counter, not a loop between k groups: around such a loop GCC kept acc on the stack, storing
   // and reloading all MR·NV accumulators every 8 k steps)
+  // (one row block streams more lines than it has k steps: per_step lines at each step)
   const int64_t steps = k1 - k0;
   const int64_t stride = pf_lines > 0 ? std::max<int64_t>(1, steps / pf_lines) : steps + 1;
+  const int64_t per_step = pf_lines > 0 ? (pf_lines + steps - 1) / steps : 0;
   int64_t pf_next = 0, countdown = stride;
   for (int64_t kk = k0; kk < k1; ++kk, pp += kPanelCols) {
     if (--countdown == 0) {
       countdown = stride;
-      if (pf_next < pf_lines) prefetch_line_l2(pf + 16 * pf_next++);
+      for (int64_t j = 0; j < per_step && pf_next < pf_lines; ++j) prefetch_line_l2(pf + 16 * pf_next++);
     }
     V wv[NV];
     for (int c = 0; c < NV; ++c) wv[c] = Isa::load(pp + c * W);
