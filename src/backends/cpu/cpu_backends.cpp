@@ -192,7 +192,7 @@ void cpu_eager(const Experts& ex, const ExpertsCall& call, const RunContext& ctx
 #pragma omp for schedule(static)
       for (int64_t t = 0; t < up_tiles; ++t) up_projection(kt, ev, x.base, xdt, m, gu, t * up_w, std::min(R, (t + 1) * up_w), q.x_at(0));
 #pragma omp for schedule(static)
-      for (int64_t r = 0; r < m; ++r) activation_rows(s, gu + r * R, 1, h.row(r), xdt);
+      for (int64_t r = 0; r < m; ++r) activation_rows(kt, s, gu + r * R, 1, h.row(r), xdt);
     }
     q.quantize_h(h, m, nt);
 #pragma omp parallel num_threads(nt)
@@ -248,7 +248,7 @@ void cpu_batched(const Experts& ex, const ExpertsCall& call, const RunContext& c
 #pragma omp for schedule(static)
     for (int64_t p = 0; p < S; ++p)
       if (expert_of(call, p, E) >= 0) {
-        activation_rows(s, gu + p * R, 1, h.row(p), xdt);
+        activation_rows(kt, s, gu + p * R, 1, h.row(p), xdt);
         if (q.on) quantize_rows(static_cast<float*>(h.row(p)), 1, I, q.hs + p * q.gi);
       }
 #pragma omp for schedule(dynamic, 4) collapse(2)
@@ -364,7 +364,7 @@ void cpu_grouped(const Experts& ex, const ExpertsCall& call, const RunContext& c
     if (!fused) {
 #pragma omp for schedule(static)
       for (int64_t r = 0; r < rows; ++r) {
-        activation_rows(s, gu + r * R, 1, h.row(r), xdt);
+        activation_rows(kt, s, gu + r * R, 1, h.row(r), xdt);
         quantize_rows(static_cast<float*>(h.row(r)), 1, I, q.hs + r * q.gi);
       }
     }

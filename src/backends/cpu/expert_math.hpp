@@ -93,7 +93,7 @@ void up_activation(const KernelTable& kt, const ExpertView& ev, const void* x, D
 constexpr int64_t kFusedRows = 64;  // rows per chunk of up_activation
 
 // h[m, I] = act(gu[m, R]), rounded to the activation dtype, stored as hdt (f32 or bf16).
-void activation_rows(const ExpertsSpec& s, const float* gu, int64_t m, void* h, DType hdt);
+void activation_rows(const KernelTable& kt, const ExpertsSpec& s, const float* gu, int64_t m, void* h, DType hdt);
 // y[m, n0:n1] = h[m, I] · downᵀ (+ bias), f32; h of dtype hdt; h_vnni as up_activation's x_vnni.
 void down_projection(const KernelTable& kt, const ExpertView& ev, const void* h, DType hdt, int64_t m, float* y, int64_t n0,
                      int64_t n1, QuantOperand q = {}, const uint16_t* h_vnni = nullptr);

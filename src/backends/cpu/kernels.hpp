@@ -98,6 +98,10 @@ struct KernelTable {
   void (*e4m3_to_f32)(const uint8_t* src, float* dst, int64_t n);
   void (*fp8_matmul)(const Fp8MatmulArgs& a);
   void (*packed_matmul)(const PackedMatmulArgs& a);
+  // out[i] = silu(g[i]) · u[i] = g / (1 + e^−g) · u in f32 (the gated SiLU of the up projection);
+  // out may alias g or u. Every element takes the same path whatever n (AVX-512: masked tail), so
+  // results do not depend on how callers split the columns.
+  void (*silu_mul)(const float* g, const float* u, float* out, int64_t n);
 };
 
 // The table for this CPU. MOEX_CPU_ISA=avx512|avx2|generic forces a (supported) variant.

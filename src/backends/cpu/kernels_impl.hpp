@@ -7,6 +7,7 @@
 #pragma once
 #include <algorithm>
 #include <cstring>
+#include <cmath>
 #include <limits>
 
 #include "backends/cpu/kernels.hpp"
@@ -508,10 +509,22 @@ void packed_matmul(const PackedMatmulArgs& a) {
   }
 }
 
+// ---- gated SiLU: out = g / (1 + e^−g) · u -------------------------------------------------------
+// ISAs with a vector form provide Isa::silu_mul; the others run this scalar loop (std::exp).
+template <class Isa>
+void silu_mul(const float* g, const float* u, float* out, int64_t n) {
+  if constexpr (requires { Isa::silu_mul(g, u, out, n); }) {
+    Isa::silu_mul(g, u, out, n);
+  } else {
+    for (int64_t i = 0; i < n; ++i) out[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+  }
+}
+
 template <class Isa>
 KernelTable make_table(const char* name) {
-  return KernelTable{name,           Isa::kBf16Dot,        &matmul<Isa>,         &to_f32<Isa>, &from_f32<Isa>,
-                     &fma_probe<Isa>, &e4m3_to_f32<Isa>, &fp8_matmul<Isa>, &packed_matmul<Isa>};
+  return KernelTable{name,           Isa::kBf16Dot,        &matmul<Isa>,         &to_f32<Isa>,
+                     &from_f32<Isa>, &fma_probe<Isa>,      &e4m3_to_f32<Isa>,    &fp8_matmul<Isa>,
+                     &packed_matmul<Isa>, &silu_mul<Isa>};
 }
 
 // Scalar rounding loops shared by the traits (the compiler vectorises the bf16 one).

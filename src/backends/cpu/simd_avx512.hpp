@@ -52,6 +52,34 @@ struct Avx512 {
     }
     impl::store_as_bf16_scalar(src + i, dst + i, n - i);
   }
+  // e^x for 16 lanes: x clamped to [−104, 89] (e^x is 0 / +inf in f32 beyond, and the reduction
+  // stays exact), x = n·ln2 + r with |r| ≤ ln2/2 (ln2 in two parts), e^r by the degree-6 minimax
+  // polynomial of Cephes' expf (≈ 1 ulp), then 2^n by vscalefps (which rounds to 0 / overflows to
+  // +inf in one step). A NaN x comes out as a finite value: callers let NaN through themselves.
+  static __m512 exp_ps(__m512 x) {
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-104.0f)), _mm512_set1_ps(89.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, n);
+  }
+  static void silu_mul(const float* g, const float* u, float* out, int64_t n) {
+    for (int64_t i = 0; i < n; i += W) {
+      const __mmask16 m = n - i >= W ? __mmask16(0xffff) : __mmask16((1u << (n - i)) - 1u);
+      const __m512 gv = _mm512_maskz_loadu_ps(m, g + i), uv = _mm512_maskz_loadu_ps(m, u + i);
+      const __m512 e = exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), gv));  // NaN g: NaN / (1 + e) below
+      const __m512 s = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+      _mm512_mask_storeu_ps(out + i, m, _mm512_mul_ps(s, uv));
+    }
+  }
   static void store_as_f16(const float* src, uint16_t* dst, int64_t n) {
     int64_t i = 0;
     for (; i + W <= n; i += W)
