@@ -133,30 +133,72 @@ inline ActParams act_params(const ActivationSpec& a) {
 
 __device__ __forceinline__ float silu_fast(float x) { return __fdividef(x, 1.0f + __expf(-x)); }
 
+// The activations with the kind known at compile time (KIND: a moex::Activation as int, or
+// kSiluFast); gated_act / plain_act below pick one at run time. Kernels that apply an activation
+// to many accumulators in one unrolled epilogue dispatch once (with_act) and use these, so that
+// the epilogue is one straight run of code instead of a switch with every formula inlined at every
+// element (the TMA grouped GEMM: 19-38 k SASS instructions per kernel, and warps waiting for
+// instruction fetch, docs/PERF.md).
+template <int KIND>
+__device__ __forceinline__ float gated_act_k(const ActParams& a, float g, float u) {
+  if constexpr (KIND == int(Activation::silu)) {
+    return g / (1.0f + expf(-g)) * u;
+  } else if constexpr (KIND == kSiluFast) {
+    return silu_fast(g) * u;
+  } else if constexpr (KIND == int(Activation::gelu)) {
+    return 0.5f * g * (1.0f + erff(g * 0.70710678118654752f)) * u;
+  } else if constexpr (KIND == int(Activation::gelu_tanh)) {
+    const float c = 0.79788456080286536f;
+    return 0.5f * g * (1.0f + tanhf(c * (g + 0.044715f * g * g * g))) * u;
+  } else if constexpr (KIND == int(Activation::relu)) {
+    return (g > 0.0f ? g : (g == g ? 0.0f : g)) * u;
+  } else {  // swiglu_clamped
+    g = fminf(g, a.limit);
+    u = fmaxf(fminf(u, a.limit), -a.limit);
+    return (u + 1.0f) * (g / (1.0f + expf(-a.alpha * g)));
+  }
+}
+template <int KIND>
+__device__ __forceinline__ float plain_act_k(float x) {
+  if constexpr (KIND == int(Activation::silu)) return x / (1.0f + expf(-x));
+  else if constexpr (KIND == kSiluFast) return silu_fast(x);
+  else if constexpr (KIND == int(Activation::gelu)) return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+  else if constexpr (KIND == int(Activation::gelu_tanh))
+    return 0.5f * x * (1.0f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x)));
+  else if constexpr (KIND == int(Activation::relu)) return x > 0.0f ? x : (x == x ? 0.0f : x);
+  else return x;  // swiglu_clamped needs a gate (rejected by validation)
+}
+
+// f(std::integral_constant<int, KIND>) for the run-time kind.
+template <class F>
+__device__ __forceinline__ void with_act(int kind, F&& f) {
+  switch (kind) {
+    case int(Activation::silu): f(std::integral_constant<int, int(Activation::silu)>{}); break;
+    case kSiluFast: f(std::integral_constant<int, kSiluFast>{}); break;
+    case int(Activation::gelu): f(std::integral_constant<int, int(Activation::gelu)>{}); break;
+    case int(Activation::gelu_tanh): f(std::integral_constant<int, int(Activation::gelu_tanh)>{}); break;
+    case int(Activation::relu): f(std::integral_constant<int, int(Activation::relu)>{}); break;
+    default: f(std::integral_constant<int, int(Activation::swiglu_clamped)>{}); break;
+  }
+}
+
 __device__ __forceinline__ float gated_act(const ActParams& a, float g, float u) {
   switch (a.kind) {
-    case int(Activation::silu): return g / (1.0f + expf(-g)) * u;
-    case kSiluFast: return silu_fast(g) * u;
-    case int(Activation::gelu): return 0.5f * g * (1.0f + erff(g * 0.70710678118654752f)) * u;
-    case int(Activation::gelu_tanh): {
-      const float c = 0.79788456080286536f;
-      return 0.5f * g * (1.0f + tanhf(c * (g + 0.044715f * g * g * g))) * u;
-    }
-    case int(Activation::relu): return (g > 0.0f ? g : (g == g ? 0.0f : g)) * u;
-    default: {  // swiglu_clamped
-      g = fminf(g, a.limit);
-      u = fmaxf(fminf(u, a.limit), -a.limit);
-      return (u + 1.0f) * (g / (1.0f + expf(-a.alpha * g)));
-    }
+    case int(Activation::silu): return gated_act_k<int(Activation::silu)>(a, g, u);
+    case kSiluFast: return gated_act_k<kSiluFast>(a, g, u);
+    case int(Activation::gelu): return gated_act_k<int(Activation::gelu)>(a, g, u);
+    case int(Activation::gelu_tanh): return gated_act_k<int(Activation::gelu_tanh)>(a, g, u);
+    case int(Activation::relu): return gated_act_k<int(Activation::relu)>(a, g, u);
+    default: return gated_act_k<int(Activation::swiglu_clamped)>(a, g, u);
   }
 }
 __device__ __forceinline__ float plain_act(const ActParams& a, float x) {
   switch (a.kind) {
-    case int(Activation::silu): return x / (1.0f + expf(-x));
-    case kSiluFast: return silu_fast(x);
-    case int(Activation::gelu): return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
-    case int(Activation::gelu_tanh): return 0.5f * x * (1.0f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x)));
-    case int(Activation::relu): return x > 0.0f ? x : (x == x ? 0.0f : x);
+    case int(Activation::silu): return plain_act_k<int(Activation::silu)>(x);
+    case kSiluFast: return plain_act_k<kSiluFast>(x);
+    case int(Activation::gelu): return plain_act_k<int(Activation::gelu)>(x);
+    case int(Activation::gelu_tanh): return plain_act_k<int(Activation::gelu_tanh)>(x);
+    case int(Activation::relu): return plain_act_k<int(Activation::relu)>(x);
     default: return x;
   }
 }

@@ -219,6 +219,103 @@ __device__ __forceinline__ float weight_scale(const TmaFp8Extra& x, int64_t idx)
                    : static_cast<const float*>(x.w_scales)[idx];
 }
 
+// ---- epilogue --------------------------------------------------------------------------------
+// The activation with its kind fixed at compile time (ACT), or the run-time switch (kActRuntime).
+constexpr int kActRuntime = -1;
+template <int ACT>
+__device__ __forceinline__ float gact(const ActParams& p, float g, float u) {
+  if constexpr (ACT == kActRuntime) return gated_act(p, g, u);
+  else return gated_act_k<ACT>(p, g, u);
+}
+template <int ACT>
+__device__ __forceinline__ float pact(const ActParams& p, float v) {
+  if constexpr (ACT == kActRuntime) return plain_act(p, v);
+  else return plain_act_k<ACT>(v);
+}
+
+// Writes the 128 × BN tile (m, n) from the consumers' accumulators (mma.sync's m16n8 layout per
+// warp and n8 block; warpgroup cw holds rows [cw*64, +64)): f32 rows for the down projection (bias
+// added), the activation for the up projections, writing h in the activation dtype T.
+template <class T, int BN, int ACT>
+__device__ __forceinline__ void store_tile(const GroupedGemmArgs& a, const TmaFp8Extra& x, float (&acc)[BN / 8][4], int m, int n,
+                                           int cw, int warp_in_wg, int lane) {
+  constexpr int NF = BN / 8;
+  const int4 tile = a.plan.tiles[m];
+  const int e = tile.x, rb = tile.y, re = tile.z;
+  const T* bias = a.bias ? static_cast<const T*>(a.bias) + int64_t(e) * a.N : nullptr;
+  // h in the activation dtype, also for FP8: SPEC §6 quantizes the rounded h (as the CPU and the
+  // reference do), so the deepgemm quantizer reads it back from T.
+  using HOut = T;
+  const int I = a.I, N = a.N;
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int arow = rb + cw * 64 + warp_in_wg * 16 + (lane >> 2) + hh * 8;
+    if (arow >= re) continue;
+    const int row = x.out_rows ? x.out_rows[arow] : arow;  // the output row of this A row
+    if (row < 0) continue;
+    if (a.epi == Epi::down) {
+      float* out = static_cast<float*>(a.out) + int64_t(row) * a.ldo;
+#pragma unroll
+      for (int nf = 0; nf < NF; ++nf) {
+        const int wcol = n * BN + nf * 8 + 2 * (lane & 3);
+        if (wcol < N) {
+          float2 v = make_float2(acc[nf][2 * hh], acc[nf][2 * hh + 1]);
+          if (bias) {
+            v.x += to_f32(bias[wcol]);
+            v.y += to_f32(bias[wcol + 1]);
+          }
+          *reinterpret_cast<float2*>(out + wcol) = v;
+        }
+      }
+    } else if (a.epi == Epi::up_plain) {
+      HOut* out = static_cast<HOut*>(a.out) + int64_t(row) * a.ldo;
+#pragma unroll
+      for (int nf = 0; nf < NF; ++nf) {
+        const int wcol = n * BN + nf * 8 + 2 * (lane & 3);
+        if (wcol < N) {
+          float x0 = acc[nf][2 * hh], x1 = acc[nf][2 * hh + 1];
+          if (bias) {
+            x0 += to_f32(bias[wcol]);
+            x1 += to_f32(bias[wcol + 1]);
+          }
+          store2<HOut>(out + wcol, pact<ACT>(a.act, x0), pact<ACT>(a.act, x1));
+        }
+      }
+    } else if (a.epi == Epi::up_interleaved) {
+      HOut* out = static_cast<HOut*>(a.out) + int64_t(row) * a.ldo;
+#pragma unroll
+      for (int nf = 0; nf < NF; ++nf) {
+        const int i = (n * BN + nf * 8 + 2 * (lane & 3)) >> 1;
+        if (i < I) {
+          float g = acc[nf][2 * hh], u = acc[nf][2 * hh + 1];
+          if (bias) {
+            g += to_f32(bias[2 * i]);
+            u += to_f32(bias[2 * i + 1]);
+          }
+          out[i] = from_f32<HOut>(gact<ACT>(a.act, g, u));
+        }
+      }
+    } else {  // up_concat
+      HOut* out = static_cast<HOut*>(a.out) + int64_t(row) * a.ldo;
+#pragma unroll
+      for (int nf = 0; nf < NF / 2; ++nf) {
+        const int i = n * (BN / 2) + nf * 8 + 2 * (lane & 3);
+        if (i < I) {
+          float g0 = acc[nf][2 * hh], g1 = acc[nf][2 * hh + 1];
+          float u0 = acc[nf + NF / 2][2 * hh], u1 = acc[nf + NF / 2][2 * hh + 1];
+          if (bias) {
+            g0 += to_f32(bias[i]);
+            g1 += to_f32(bias[i + 1]);
+            u0 += to_f32(bias[I + i]);
+            u1 += to_f32(bias[I + i + 1]);
+          }
+          store2<HOut>(out + i, gact<ACT>(a.act, g0, u0), gact<ACT>(a.act, g1, u1));
+        }
+      }
+    }
+  }
+}
+
 // T: the activation dtype (bias, the h output of bf16/f16 GEMMs). FP8: A and B are e4m3 codes with
 // the two-level accumulation (see the header).
 // MC: launched in clusters of 2 CTAs (see "2-CTA clusters" in the header comment).
@@ -471,80 +568,14 @@ __global__ void __launch_bounds__(THREADS, 1)
       }
       if (!own) continue;
 
-      // ---- epilogue (accumulator layout: mma.sync's m16n8 layout per warp and n8 block)
-      const int4 tile = a.plan.tiles[m];
-      const int e = tile.x, rb = tile.y, re = tile.z;
-      const T* bias = a.bias ? static_cast<const T*>(a.bias) + int64_t(e) * a.N : nullptr;
-      // h in the activation dtype, also for FP8: SPEC §6 quantizes the rounded h (as the CPU and the
-      // reference do), so the deepgemm quantizer reads it back from T.
-      using HOut = T;
-      const int I = a.I, N = a.N;
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int arow = rb + cw * 64 + warp_in_wg * 16 + (lane >> 2) + hh * 8;
-        if (arow >= re) continue;
-        const int row = x.out_rows ? x.out_rows[arow] : arow;  // the output row of this A row
-        if (row < 0) continue;
-        if (a.epi == Epi::down) {
-          float* out = static_cast<float*>(a.out) + int64_t(row) * a.ldo;
-#pragma unroll
-          for (int nf = 0; nf < NF; ++nf) {
-            const int wcol = n * BN + nf * 8 + 2 * (lane & 3);
-            if (wcol < N) {
-              float2 v = make_float2(acc[nf][2 * hh], acc[nf][2 * hh + 1]);
-              if (bias) {
-                v.x += to_f32(bias[wcol]);
-                v.y += to_f32(bias[wcol + 1]);
-              }
-              *reinterpret_cast<float2*>(out + wcol) = v;
-            }
-          }
-        } else if (a.epi == Epi::up_plain) {
-          HOut* out = static_cast<HOut*>(a.out) + int64_t(row) * a.ldo;
-#pragma unroll
-          for (int nf = 0; nf < NF; ++nf) {
-            const int wcol = n * BN + nf * 8 + 2 * (lane & 3);
-            if (wcol < N) {
-              float x0 = acc[nf][2 * hh], x1 = acc[nf][2 * hh + 1];
-              if (bias) {
-                x0 += to_f32(bias[wcol]);
-                x1 += to_f32(bias[wcol + 1]);
-              }
-              store2<HOut>(out + wcol, plain_act(a.act, x0), plain_act(a.act, x1));
-            }
-          }
-        } else if (a.epi == Epi::up_interleaved) {
-          HOut* out = static_cast<HOut*>(a.out) + int64_t(row) * a.ldo;
-#pragma unroll
-          for (int nf = 0; nf < NF; ++nf) {
-            const int i = (n * BN + nf * 8 + 2 * (lane & 3)) >> 1;
-            if (i < I) {
-              float g = acc[nf][2 * hh], u = acc[nf][2 * hh + 1];
-              if (bias) {
-                g += to_f32(bias[2 * i]);
-                u += to_f32(bias[2 * i + 1]);
-              }
-              out[i] = from_f32<HOut>(gated_act(a.act, g, u));
-            }
-          }
-        } else {  // up_concat
-          HOut* out = static_cast<HOut*>(a.out) + int64_t(row) * a.ldo;
-#pragma unroll
-          for (int nf = 0; nf < NF / 2; ++nf) {
-            const int i = n * (BN / 2) + nf * 8 + 2 * (lane & 3);
-            if (i < I) {
-              float g0 = acc[nf][2 * hh], g1 = acc[nf][2 * hh + 1];
-              float u0 = acc[nf + NF / 2][2 * hh], u1 = acc[nf + NF / 2][2 * hh + 1];
-              if (bias) {
-                g0 += to_f32(bias[i]);
-                g1 += to_f32(bias[i + 1]);
-                u0 += to_f32(bias[I + i]);
-                u1 += to_f32(bias[I + i + 1]);
-              }
-              store2<HOut>(out + i, gated_act(a.act, g0, u0), gated_act(a.act, g1, u1));
-            }
-          }
-        }
+      // ---- epilogue: the activation's kind dispatched once per tile (x.compact_epilogue), or
+      // switched per element (the tested default until the compact form has run on a GPU)
+      // (SiLU only: every compiled kind adds a whole epilogue to each of the 22 kernels; with all six
+      // kinds this file took 12 min to compile on the 2-core development machine, with two 6.5)
+      if (x.compact_epilogue && a.epi != Epi::down && a.act.kind == int(Activation::silu)) {
+        store_tile<T, BN, int(Activation::silu)>(a, x, acc, m, n, cw, warp_in_wg, lane);
+      } else {
+        store_tile<T, BN, kActRuntime>(a, x, acc, m, n, cw, warp_in_wg, lane);
       }
     }
   }
@@ -740,9 +771,20 @@ void launch_grouped_gemm_tma(const GroupedGemmArgs& a, DType dtype, int64_t a_ro
   launch_grouped_gemm_tma_ex(a, dtype, false, x, a_rows, E, stream);
 }
 
-void launch_grouped_gemm_tma_ex(const GroupedGemmArgs& a, DType act_dtype, bool fp8, const TmaFp8Extra& x, int64_t a_rows,
+void launch_grouped_gemm_tma_ex(const GroupedGemmArgs& a, DType act_dtype, bool fp8, const TmaFp8Extra& x_in, int64_t a_rows,
                                 int64_t E, cudaStream_t stream) {
   MOEX_ASSERT(a.plan.tile_m == BM);
+  // MOEX_CUDA_COMPACT_EPILOGUE=1: the activation's kind dispatched once per tile. ncu on the H200
+  // (2026-11-30, mixtral_8x7b T = 16384, up GEMM in 256-wide clusters) put "no instruction" (warps
+  // waiting for instruction fetch) first among its stalls, 30.6 % of the cycles between issues: the
+  // per-element switch inlines every formula at every accumulator (19 k / 38 k SASS instructions per
+  // 128- / 256-wide kernel, 576 / 1 152 MUFU.EX2). Opt-in until measured and tested on a GPU.
+  static const bool compact = [] {
+    const char* e = std::getenv("MOEX_CUDA_COMPACT_EPILOGUE");
+    return e && *e == '1';
+  }();
+  TmaFp8Extra x = x_in;
+  x.compact_epilogue = compact;
   if (fp8) {
     MOEX_ASSERT(x.a_scales && x.w_scales && x.a_scales_ld % 4 == 0);
     if (act_dtype == DType::bf16) launch_bn<__nv_bfloat16, 128, true>(a, act_dtype, x, a_rows, E, stream);
