@@ -134,11 +134,11 @@ inline ActParams act_params(const ActivationSpec& a) {
 __device__ __forceinline__ float silu_fast(float x) { return __fdividef(x, 1.0f + __expf(-x)); }
 
 // The activations with the kind known at compile time (KIND: a moex::Activation as int, or
-// kSiluFast); gated_act / plain_act below pick one at run time. Kernels that apply an activation
-// to many accumulators in one unrolled epilogue dispatch once (with_act) and use these, so that
-// the epilogue is one straight run of code instead of a switch with every formula inlined at every
-// element (the TMA grouped GEMM: 19-38 k SASS instructions per kernel, and warps waiting for
-// instruction fetch, docs/PERF.md).
+// kSiluFast); gated_act / plain_act below pick one at run time. A kernel that applies an
+// activation to many accumulators in one unrolled epilogue can dispatch once per tile and use
+// these, so that the epilogue is one straight run of code instead of a switch with every formula
+// inlined at every element (the TMA grouped GEMM: 19-38 k SASS instructions per kernel, and warps
+// waiting for instruction fetch, docs/PERF.md).
 template <int KIND>
 __device__ __forceinline__ float gated_act_k(const ActParams& a, float g, float u) {
   if constexpr (KIND == int(Activation::silu)) {
@@ -167,19 +167,6 @@ __device__ __forceinline__ float plain_act_k(float x) {
     return 0.5f * x * (1.0f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x)));
   else if constexpr (KIND == int(Activation::relu)) return x > 0.0f ? x : (x == x ? 0.0f : x);
   else return x;  // swiglu_clamped needs a gate (rejected by validation)
-}
-
-// f(std::integral_constant<int, KIND>) for the run-time kind.
-template <class F>
-__device__ __forceinline__ void with_act(int kind, F&& f) {
-  switch (kind) {
-    case int(Activation::silu): f(std::integral_constant<int, int(Activation::silu)>{}); break;
-    case kSiluFast: f(std::integral_constant<int, kSiluFast>{}); break;
-    case int(Activation::gelu): f(std::integral_constant<int, int(Activation::gelu)>{}); break;
-    case int(Activation::gelu_tanh): f(std::integral_constant<int, int(Activation::gelu_tanh)>{}); break;
-    case int(Activation::relu): f(std::integral_constant<int, int(Activation::relu)>{}); break;
-    default: f(std::integral_constant<int, int(Activation::swiglu_clamped)>{}); break;
-  }
 }
 
 __device__ __forceinline__ float gated_act(const ActParams& a, float g, float u) {
