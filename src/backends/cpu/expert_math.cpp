@@ -121,25 +121,25 @@ PackedParts down_parts(const ExpertView& ev) { return ev.packed ? PackedParts{&e
 
 }  // namespace
 
-// h[0:n] = silu(g) · u rounded to hdt through the table's vector form (the SiLU-gated experts of
-// most MoE models, concatenated gate / up). False where the scalar path must run: other
-// activations, interleaved gate / up, experts whose dtype is f16 / bf16 with an f32 h.
-static bool silu_row(const KernelTable& kt, const ExpertsSpec& s, const float* g, const float* u, int64_t n, void* h, DType hdt) {
-  if (s.activation.kind != Activation::silu || !s.has_gate || s.interleaved) return false;
-  if (hdt == DType::f32 && s.dtype == DType::f32) {
+// Whether h = silu(g) · u can go through the table's vector form (the SiLU-gated experts of most MoE
+// models, concatenated gate / up): not for other activations, interleaved gate / up, or experts
+// whose dtype is f16 / bf16 with an f32 h (rounded to the dtype, kept in f32).
+static bool vector_silu(const ExpertsSpec& s, DType hdt) {
+  return s.activation.kind == Activation::silu && s.has_gate && !s.interleaved &&
+         (hdt == DType::bf16 || (hdt == DType::f32 && s.dtype == DType::f32));
+}
+// h[0:n] = silu(g) · u rounded to hdt (f32 or bf16), where vector_silu(s, hdt).
+static void silu_row(const KernelTable& kt, const float* g, const float* u, int64_t n, void* h, DType hdt) {
+  if (hdt == DType::f32) {
     kt.silu_mul(g, u, static_cast<float*>(h), n);
-    return true;
+    return;
   }
-  if (hdt == DType::bf16) {
-    float tmp[256];
-    for (int64_t c = 0; c < n; c += 256) {
-      const int64_t len = std::min<int64_t>(256, n - c);
-      kt.silu_mul(g + c, u + c, tmp, len);
-      kt.from_f32(tmp, DType::bf16, static_cast<uint16_t*>(h) + c, len);
-    }
-    return true;
+  float tmp[256];
+  for (int64_t c = 0; c < n; c += 256) {
+    const int64_t len = std::min<int64_t>(256, n - c);
+    kt.silu_mul(g + c, u + c, tmp, len);
+    kt.from_f32(tmp, DType::bf16, static_cast<uint16_t*>(h) + c, len);
   }
-  return false;
 }
 
 void up_activation(const KernelTable& kt, const ExpertView& ev, const void* x, DType xdt, int64_t m, void* h, DType hdt,
@@ -165,7 +165,10 @@ void up_activation(const KernelTable& kt, const ExpertView& ev, const void* x, D
     for (int64_t i = 0; i < mc; ++i) {
       const float* g = scratch + i * 2 * w;
       char* hr = static_cast<char*>(h) + (size_t(i0 + i) * size_t(I) + size_t(c0)) * hsz;
-      if (silu_row(kt, s, g, g + w, w, hr, hdt)) continue;
+      if (vector_silu(s, hdt)) {
+        silu_row(kt, g, g + w, w, hr, hdt);
+        continue;
+      }
       for (int64_t c = 0; c < w; ++c) {
         const float v = !s.has_gate ? plain_act(s.activation, g[c])
                         : s.interleaved ? gated_act(s.activation, g[2 * c], g[2 * c + 1])
@@ -207,12 +210,12 @@ void activation_rows_as(const ExpertsSpec& s, const float* gu, int64_t m, Store 
 }  // namespace
 
 void activation_rows(const KernelTable& kt, const ExpertsSpec& s, const float* gu, int64_t m, void* h, DType hdt) {
-  const int64_t I = s.intermediate, R = s.gate_up_rows();
-  const size_t hsz = dtype_size(hdt);
-  bool vector = m > 0;
-  for (int64_t i = 0; i < m && vector; ++i)
-    vector = silu_row(kt, s, gu + i * R, gu + i * R + I, I, static_cast<char*>(h) + size_t(i * I) * hsz, hdt);
-  if (vector) return;
+  if (vector_silu(s, hdt)) {
+    const int64_t I = s.intermediate, R = s.gate_up_rows();
+    const size_t hsz = dtype_size(hdt);
+    for (int64_t i = 0; i < m; ++i) silu_row(kt, gu + i * R, gu + i * R + I, I, static_cast<char*>(h) + size_t(i * I) * hsz, hdt);
+    return;
+  }
   if (hdt == DType::bf16) {  // only for bf16 experts: rounding to bf16 is rounding to the activation dtype
     uint16_t* hb = static_cast<uint16_t*>(h);
     activation_rows_as(s, gu, m, [&](int64_t i, float v) { hb[i] = float_to_bf16(v); });

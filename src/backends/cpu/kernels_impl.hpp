@@ -433,10 +433,9 @@ inline void packed_block(const PackedMatmulArgs& a, int64_t i0, const float* pan
   const float* xr[MR];
   for (int r = 0; r < MR; ++r) xr[r] = a.x + (i0 + r) * a.ldx;
   const float* pp = panel + k0 * kPanelCols + c0;
-  // the prefetches spread over the k steps: every `stride`-th step issues one (a branch on a
-  // counter, not a loop between k groups: around such a loop GCC kept acc on the stack, storing
-  // and reloading all MR·NV accumulators every 8 k steps)
-  // (one row block streams more lines than it has k steps: per_step lines at each step)
+  // the prefetches spread over the k steps: every `stride`-th step issues per_step of them (more
+  // than one where a row block streams more lines than it has k steps) — a branch on a counter
+  // rather than a loop between k groups, around which GCC kept acc on the stack
   const int64_t steps = k1 - k0;
   const int64_t stride = pf_lines > 0 ? std::max<int64_t>(1, steps / pf_lines) : steps + 1;
   const int64_t per_step = pf_lines > 0 ? (pf_lines + steps - 1) / steps : 0;

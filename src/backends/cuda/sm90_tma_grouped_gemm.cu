@@ -700,6 +700,13 @@ void launch_bn(const GroupedGemmArgs& a, DType dtype, const TmaFp8Extra& x, int6
   else launch_typed<T, BN, false, FP8, MC>(a, dtype, x, a_rows, E, stream);
 }
 
+// The bf16 / f16 kernels (T: the activation dtype) with BN-wide tiles, in 2-CTA clusters or not.
+template <int BN, bool MC>
+void launch_bf16_f16(const GroupedGemmArgs& a, DType dtype, const TmaFp8Extra& x, int64_t a_rows, int64_t E, cudaStream_t stream) {
+  if (dtype == DType::bf16) launch_bn<__nv_bfloat16, BN, false, MC>(a, dtype, x, a_rows, E, stream);
+  else launch_bn<__half, BN, false, MC>(a, dtype, x, a_rows, E, stream);
+}
+
 }  // namespace
 
 bool tma_disabled() {
@@ -806,22 +813,12 @@ void launch_grouped_gemm_tma_ex(const GroupedGemmArgs& a, DType act_dtype, bool 
     return s && *s ? (*s == '0' ? 0 : 1) : -1;
   }();
   const bool cluster = cluster_env == 1 || (cluster_env < 0 && x.cluster);
-  if (cluster) {
-    if (bn == 128) {
-      if (act_dtype == DType::bf16) launch_bn<__nv_bfloat16, 128, false, true>(a, act_dtype, x, a_rows, E, stream);
-      else launch_bn<__half, 128, false, true>(a, act_dtype, x, a_rows, E, stream);
-    } else {
-      if (act_dtype == DType::bf16) launch_bn<__nv_bfloat16, 256, false, true>(a, act_dtype, x, a_rows, E, stream);
-      else launch_bn<__half, 256, false, true>(a, act_dtype, x, a_rows, E, stream);
-    }
-    return;
-  }
   if (bn == 128) {
-    if (act_dtype == DType::bf16) launch_bn<__nv_bfloat16, 128, false>(a, act_dtype, x, a_rows, E, stream);
-    else launch_bn<__half, 128, false>(a, act_dtype, x, a_rows, E, stream);
+    if (cluster) launch_bf16_f16<128, true>(a, act_dtype, x, a_rows, E, stream);
+    else launch_bf16_f16<128, false>(a, act_dtype, x, a_rows, E, stream);
   } else {
-    if (act_dtype == DType::bf16) launch_bn<__nv_bfloat16, 256, false>(a, act_dtype, x, a_rows, E, stream);
-    else launch_bn<__half, 256, false>(a, act_dtype, x, a_rows, E, stream);
+    if (cluster) launch_bf16_f16<256, true>(a, act_dtype, x, a_rows, E, stream);
+    else launch_bf16_f16<256, false>(a, act_dtype, x, a_rows, E, stream);
   }
 }
 
