@@ -568,12 +568,14 @@ __global__ void __launch_bounds__(THREADS, 1)
       }
       if (!own) continue;
 
-      // ---- epilogue: the activation's kind dispatched once per tile (x.compact_epilogue), or
-      // switched per element (the tested default until the compact form has run on a GPU)
-      // (SiLU only: every compiled kind adds a whole epilogue to each of the 22 kernels; with all six
-      // kinds this file took 12 min to compile on the 2-core development machine, with two 6.5)
+      // ---- epilogue: SiLU (the activation of every SPEC §9 shape) with its kind fixed at compile
+      // time, dispatched once per tile; any other activation through the per-element switch.
+      // Compiling more kinds adds a whole epilogue to each of the 22 kernels (with all six this
+      // file took 12 min to compile on the 2-core development machine).
       if (x.compact_epilogue && a.epi != Epi::down && a.act.kind == int(Activation::silu)) {
         store_tile<T, BN, int(Activation::silu)>(a, x, acc, m, n, cw, warp_in_wg, lane);
+      } else if (x.compact_epilogue && a.epi != Epi::down && a.act.kind == kSiluFast) {
+        store_tile<T, BN, kSiluFast>(a, x, acc, m, n, cw, warp_in_wg, lane);
       } else {
         store_tile<T, BN, kActRuntime>(a, x, acc, m, n, cw, warp_in_wg, lane);
       }
@@ -781,14 +783,15 @@ void launch_grouped_gemm_tma(const GroupedGemmArgs& a, DType dtype, int64_t a_ro
 void launch_grouped_gemm_tma_ex(const GroupedGemmArgs& a, DType act_dtype, bool fp8, const TmaFp8Extra& x_in, int64_t a_rows,
                                 int64_t E, cudaStream_t stream) {
   MOEX_ASSERT(a.plan.tile_m == BM);
-  // MOEX_CUDA_COMPACT_EPILOGUE=1: the activation's kind dispatched once per tile. ncu on the H200
-  // (2026-11-30, mixtral_8x7b T = 16384, up GEMM in 256-wide clusters) put "no instruction" (warps
-  // waiting for instruction fetch) first among its stalls, 30.6 % of the cycles between issues: the
-  // per-element switch inlines every formula at every accumulator (19 k / 38 k SASS instructions per
-  // 128- / 256-wide kernel, 576 / 1 152 MUFU.EX2). Opt-in until measured and tested on a GPU.
+  // The SiLU epilogue dispatched once per tile (MOEX_CUDA_COMPACT_EPILOGUE=0: per element, for
+  // A/B runs). ncu on the H200 (2026-11-30, mixtral_8x7b T = 16384, up GEMM) put "no instruction"
+  // (warps waiting for instruction fetch) first among the per-element form's stalls, 30.6 % of the
+  // cycles between issues: its switch inlines every formula at every accumulator (19 k / 38 k SASS
+  // instructions per 128- / 256-wide kernel). The compact form measured mixtral_8x7b T = 16384
+  // 22.92 -> 18.81 ms, T = 4096 5.25 -> 4.95, qwen3_30b_a3b T = 16384 3.06 -> 2.77 (same call).
   static const bool compact = [] {
     const char* e = std::getenv("MOEX_CUDA_COMPACT_EPILOGUE");
-    return e && *e == '1';
+    return !(e && *e == '0');
   }();
   TmaFp8Extra x = x_in;
   x.compact_epilogue = compact;

@@ -33,9 +33,9 @@ struct TmaFp8Extra {
   bool w_ue8m0 = false;
   int n_tile = 0;  // bf16/f16: 128 or 256 columns per N tile (0: 256); MOEX_CUDA_TMA_N overrides
   bool cluster = false;  // bf16/f16: 2-CTA clusters sharing the weight tile; MOEX_CUDA_TMA_CLUSTER overrides
-  // The up epilogue's activation chosen once per tile instead of per element (set by the launcher
-  // from MOEX_CUDA_COMPACT_EPILOGUE=1; see gated_act_k in cuda_common.cuh)
-  bool compact_epilogue = false;
+  // The up epilogue's SiLU chosen once per tile instead of per element (set by the launcher; on
+  // unless MOEX_CUDA_COMPACT_EPILOGUE=0; see gated_act_k in cuda_common.cuh)
+  bool compact_epilogue = true;
 };
 // True when the FP8 variant can run this GEMM: compute capability 9.0, K-major weights, Kdim a
 // multiple of 16, N a multiple of 8, the gated concatenated layout with I a multiple of 64 (a
