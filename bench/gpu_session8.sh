@@ -13,7 +13,10 @@
 #           (bench/hf_experts_bench.py), then a side-by-side table: moex's best of the "base"
 #           variant against the reference's best, with TFLOP/s and % of the dense cuBLAS rate that
 #           `moex bench` measured in the same call
-# PARTS selects steps (default "build xtests ab"). Logs packed in $OUT/s8_logs.tgz.
+#   san     compute-sanitizer memcheck (then racecheck) of the experts GPU tests ($SAN_FILTER, $SAN_CASES
+#           cases) with the variables of $SAN_ENV (e.g. MOEX_CUDA_TMA_CLUSTER=1), each under $SAN_TIMEOUT
+# PARTS selects steps (default "build xtests ab"). Logs packed in $OUT/s8_logs.tgz after every step,
+# so that a call cut by its time limit still brings back what ran.
 set -u
 OUT=${OUT:-$PWD/out}
 export MOEX_SOURCE_DIR=$PWD
@@ -22,7 +25,10 @@ PARTS=${PARTS:-"build xtests ab"}
 SHAPES=${SHAPES:-qwen3_30b_a3b,qwen15_moe_a2_7b,mixtral_8x7b,deepseek_v3}
 has() { case " $PARTS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 t0=$(date +%s)
-stamp() { echo "== $1 ($(( $(date +%s) - t0 )) s)"; }
+stamp() {
+  [ -d "$OUT/logs8" ] && tar czf "$OUT/s8_logs.tgz" -C "$OUT" logs8
+  echo "== $1 ($(( $(date +%s) - t0 )) s)"
+}
 L=$OUT/logs8
 mkdir -p "$L"
 envs_of() {  # variant name -> its "ENV=V ENV=V" list (from AB_VARIANTS / XTEST_VARIANTS)
@@ -97,6 +103,15 @@ if has ncu; then
     echo "ncu rc $?"
     grep -E "^  [a-zA-Z_].*\(|Duration|SM Frequency|Compute \(SM\) Throughput|Memory Throughput|L2 Cache Throughput|DRAM Throughput|Executed Ipc A|Registers Per|Grid Size|Cluster Size|Warp Cycles Per Issued|Max Bandwidth|L1/TEX Hit|L2 Hit|Mem Busy|Issue Slots Busy" \
       "$L/ncu_${shape}_${T}_$name.txt" | head -80
+  done
+fi
+if has san; then
+  for tool in memcheck racecheck; do
+    stamp "compute-sanitizer $tool [${SAN_ENV:-}]"
+    env ${SAN_ENV:-} MOEX_CUDA_TEST_CASES=${SAN_CASES:-4} timeout ${SAN_TIMEOUT:-120} compute-sanitizer --tool $tool --error-exitcode 9 \
+      "$BUILD/moex_tests" --gtest_filter="${SAN_FILTER:-*CudaEquivalence*/bf16:*CudaGraph*grouped_mm_bf16*}" > "$L/san_$tool.log" 2>&1
+    echo "$tool rc $?"
+    grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Invalid|Race|^\[  (PASSED|FAILED) " "$L/san_$tool.log" | head -10
   done
 fi
 if has hf; then

@@ -569,12 +569,12 @@ __global__ void __launch_bounds__(THREADS, 1)
       if (!own) continue;
 
       // ---- epilogue: SiLU (the activation of every SPEC §9 shape) with its kind fixed at compile
-      // time, dispatched once per tile; any other activation through the per-element switch.
-      // Compiling more kinds adds a whole epilogue to each of the 22 kernels (with all six this
-      // file took 12 min to compile on the 2-core development machine).
-      if (x.compact_epilogue && a.epi != Epi::down && a.act.kind == int(Activation::silu)) {
-        store_tile<T, BN, int(Activation::silu)>(a, x, acc, m, n, cw, warp_in_wg, lane);
-      } else if (x.compact_epilogue && a.epi != Epi::down && a.act.kind == kSiluFast) {
+      // time, dispatched once per tile, in its fast form (__expf, __fdividef: ≤ 1e-5 relative,
+      // far below the bf16 / f16 rounding of h that follows); any other activation through the
+      // per-element switch. Compiling more kinds adds a whole epilogue to each of the 22 kernels
+      // (with all six this file took 12 min to compile on the 2-core development machine).
+      if (x.compact_epilogue && a.epi != Epi::down &&
+          (a.act.kind == int(Activation::silu) || a.act.kind == kSiluFast)) {
         store_tile<T, BN, kSiluFast>(a, x, acc, m, n, cw, warp_in_wg, lane);
       } else {
         store_tile<T, BN, kActRuntime>(a, x, acc, m, n, cw, warp_in_wg, lane);
@@ -752,13 +752,17 @@ void choose_tma_tile(const GroupedGemmArgs& a, int64_t pairs, int64_t E, TmaFp8E
   // runs 256-wide tiles. One call on the H200 (2026-11-30, eighth session, docs/PERF.md), grouped_mm
   // ms without -> with: mixtral_8x7b T = 16384 25.0 -> 22.2, T = 4096 5.46 -> 5.13, qwen3_30b_a3b
   // T = 16384 3.25 -> 3.04, qwen15 T = 16384 2.71 -> 2.55; T = 512 unchanged (below the row bar).
-  // Clusters with 256-wide up tiles, and on deepseek_v3's 256-wide tiles, were slower (25.8 vs 24.8 ms
-  // at T = 16384). MOEX_CUDA_TMA_POLICY=1: no clusters; 2: clusters with 128-wide down tiles;
-  // 3 (default): as described; 4: also deepseek-like GEMMs' down projection in 256-wide clusters.
+  // On deepseek_v3's 256-wide tiles clusters were slower (25.8 vs 24.8 ms at T = 16384). With the
+  // compact epilogue (ninth session, 2026-11-30, one call) 256-wide up tiles in clusters turned from
+  // slower to faster: mixtral_8x7b T = 4096 4.95 -> 4.33 ms, T = 16384 20.1 -> 18.3, qwen3_30b_a3b
+  // 0.87 -> 0.79 / 2.76 -> 2.48, qwen15 0.78 -> 0.70 / 2.30 -> 2.04.
+  // MOEX_CUDA_TMA_POLICY=1: no clusters; 2: clusters, 128-wide tiles; 3: clusters with 256-wide
+  // down tiles only; 4 (default): clusters with 256-wide tiles; 5: as 4, and deepseek-like GEMMs'
+  // down projection in 256-wide clusters too.
   static const int policy = [] {
     const char* s = std::getenv("MOEX_CUDA_TMA_POLICY");
     const int v = s ? std::atoi(s) : 0;
-    return v >= 1 && v <= 4 ? v : 3;
+    return v >= 1 && v <= 5 ? v : 4;
   }();
   const double weight_elems = double(E) * double(a.N) * double(a.Kdim);
   const bool big_weights = pairs >= 128 * E && weight_elems >= 2e9;
@@ -767,8 +771,8 @@ void choose_tma_tile(const GroupedGemmArgs& a, int64_t pairs, int64_t E, TmaFp8E
   if (policy >= 2 && pairs >= 256 * E) {
     if (!big_weights) {
       x.cluster = true;
-      if (policy >= 3 && a.epi == Epi::down) x.n_tile = 256;
-    } else if (policy == 4 && a.epi == Epi::down) {
+      if ((policy == 3 && a.epi == Epi::down) || policy >= 4) x.n_tile = 256;
+    } else if (policy == 5 && a.epi == Epi::down) {
       x.cluster = true;
     }
   }
@@ -788,7 +792,8 @@ void launch_grouped_gemm_tma_ex(const GroupedGemmArgs& a, DType act_dtype, bool 
   // (warps waiting for instruction fetch) first among the per-element form's stalls, 30.6 % of the
   // cycles between issues: its switch inlines every formula at every accumulator (19 k / 38 k SASS
   // instructions per 128- / 256-wide kernel). The compact form measured mixtral_8x7b T = 16384
-  // 22.92 -> 18.81 ms, T = 4096 5.25 -> 4.95, qwen3_30b_a3b T = 16384 3.06 -> 2.77 (same call).
+  // 22.92 -> 18.81 ms, T = 4096 5.25 -> 4.95, qwen3_30b_a3b T = 16384 3.06 -> 2.77 (same call);
+  // its fast SiLU 0-4 % faster again (next call, within that call's ±4 % spread).
   static const bool compact = [] {
     const char* e = std::getenv("MOEX_CUDA_COMPACT_EPILOGUE");
     return !(e && *e == '0');
