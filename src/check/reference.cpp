@@ -1,5 +1,7 @@
 // check/reference.cpp — the f64 oracle: a plain loop over tokens and slots, no intermediate
-// rounding, every layout flag read by index. It is written to be obviously right, not fast.
+// rounding, every layout flag read by index. It is written to be obviously right; the only
+// concessions to speed (the GPU suite runs it for ~100 cases per dtype) are the per-expert f64
+// weight copies and the tokens in parallel, neither of which changes a result bit.
 #include <cmath>
 
 #include "core/check.hpp"
@@ -76,47 +78,99 @@ double act_plain(const ActivationSpec& a, double x) {
   return 0.0;
 }
 
+// Expert e's logical [out, in] weight matrix in f64 (weight_at for every element), built once per
+// call for the experts the routing hits, so that the loops below are plain dot products. Falls
+// back to weight_at per use when the dense copy would pass 1 GiB.
+struct DenseWeights {
+  std::vector<std::vector<double>> w;  // [E] -> [out * in] or empty
+  bool use(int64_t E, int64_t out, int64_t in) const { return E * out * in * 8 <= (int64_t(1) << 30); }
+  void build(const ExpertsSpec& s, const TensorView& wt, const TensorView& scale, const std::vector<char>& hit, int64_t out,
+             int64_t in) {
+    const int64_t E = int64_t(hit.size());
+    w.assign(size_t(E), {});
+    if (!use(E, out, in)) return;
+    for (int64_t e = 0; e < E; ++e)
+      if (hit[size_t(e)]) w[size_t(e)].resize(size_t(out * in));
+#pragma omp parallel for collapse(2) schedule(static) if (E * out * in > (1 << 16))
+    for (int64_t e = 0; e < E; ++e)
+      for (int64_t o = 0; o < out; ++o)
+        if (hit[size_t(e)])
+          for (int64_t i = 0; i < in; ++i) w[size_t(e)][size_t(o * in + i)] = weight_at(s, wt, scale, e, out, in, o, i);
+  }
+};
+
 }  // namespace
 
+// Tokens run in parallel (OpenMP); each token's slots are summed in slot order by one thread, so
+// the result does not depend on the thread count.
 std::vector<double> reference_forward(const Experts& ex, const ExpertsCall& call) {
   const ExpertsSpec& s = ex.spec;
   MOEX_CHECK(call.hidden.device.is_cpu(), "reference: tensors must be on the CPU");
   const int64_t T = call.hidden.shape[0], K = call.top_k_index.shape[1];
   const int64_t E = s.num_experts, H = s.hidden, I = s.intermediate, R = s.gate_up_rows();
   std::vector<double> out(size_t(T * H), 0.0);
-  std::vector<double> up(static_cast<size_t>(R)), hmid(static_cast<size_t>(I)), x(static_cast<size_t>(H));
   const bool quant = s.quant.quantized();
-  for (int64_t t = 0; t < T; ++t) {
-    for (int64_t j = 0; j < K; ++j) {
-      const double ed = at(call.top_k_index, t * K + j);
-      if (ed < 0 || ed >= double(E)) continue;  // dropped slot
-      const int64_t e = int64_t(ed);
-      for (int64_t h = 0; h < H; ++h) x[size_t(h)] = at(call.hidden, t * H + h);
-      if (quant) fake_quantize(x);
-      // up[r] = Σ_h x[t, h] · gate_up[e][r, h]   (transposed: gate_up[e][h, r])
-      for (int64_t r = 0; r < R; ++r) {
-        double acc = s.has_bias ? at(ex.gate_up_bias, e * R + r) : 0.0;
-        for (int64_t h = 0; h < H; ++h) acc += x[size_t(h)] * weight_at(s, ex.gate_up, ex.gate_up_scale, e, R, H, r, h);
-        up[size_t(r)] = acc;
-      }
-      for (int64_t i = 0; i < I; ++i) {
-        if (!s.has_gate) {
-          hmid[size_t(i)] = act_plain(s.activation, up[size_t(i)]);
-        } else if (s.interleaved) {
-          hmid[size_t(i)] = act_gated(s.activation, up[size_t(2 * i)], up[size_t(2 * i + 1)]);
-        } else {
-          hmid[size_t(i)] = act_gated(s.activation, up[size_t(i)], up[size_t(I + i)]);
+  std::vector<char> hit(size_t(E), 0);
+  for (int64_t p = 0; p < T * K; ++p) {
+    const double ed = at(call.top_k_index, p);
+    if (ed >= 0 && ed < double(E)) hit[size_t(ed)] = 1;
+  }
+  if (T * K > 0) {  // at() rejects unsupported dtypes; do it here, not inside the parallel region
+    (void)at(call.hidden, 0);
+    (void)at(call.top_k_weights, 0);
+    if (s.has_bias) (void)(at(ex.gate_up_bias, 0) + at(ex.down_bias, 0));
+  }
+  DenseWeights gate_up, down;
+  gate_up.build(s, ex.gate_up, ex.gate_up_scale, hit, R, H);
+  down.build(s, ex.down, ex.down_scale, hit, H, I);
+#pragma omp parallel if (T * K * (R * H + H * I) > (1 << 20))
+  {
+    std::vector<double> up(static_cast<size_t>(R)), hmid(static_cast<size_t>(I)), x(static_cast<size_t>(H));
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t j = 0; j < K; ++j) {
+        const double ed = at(call.top_k_index, t * K + j);
+        if (ed < 0 || ed >= double(E)) continue;  // dropped slot
+        const int64_t e = int64_t(ed);
+        for (int64_t h = 0; h < H; ++h) x[size_t(h)] = at(call.hidden, t * H + h);
+        if (quant) fake_quantize(x);
+        // up[r] = Σ_h x[t, h] · gate_up[e][r, h]   (transposed: gate_up[e][h, r])
+        const std::vector<double>& gu = gate_up.w[size_t(e)];
+        for (int64_t r = 0; r < R; ++r) {
+          double acc = s.has_bias ? at(ex.gate_up_bias, e * R + r) : 0.0;
+          if (!gu.empty()) {
+            const double* row = gu.data() + r * H;
+            for (int64_t h = 0; h < H; ++h) acc += x[size_t(h)] * row[h];
+          } else {
+            for (int64_t h = 0; h < H; ++h) acc += x[size_t(h)] * weight_at(s, ex.gate_up, ex.gate_up_scale, e, R, H, r, h);
+          }
+          up[size_t(r)] = acc;
         }
-      }
-      if (quant) {  // the backends' down GEMM reads h rounded to the activation dtype, then quantized
-        for (auto& v : hmid) v = double(round_to(s.dtype, float(v)));
-        fake_quantize(hmid);
-      }
-      const double w = at(call.top_k_weights, t * K + j);
-      for (int64_t h = 0; h < H; ++h) {
-        double acc = s.has_bias ? at(ex.down_bias, e * H + h) : 0.0;
-        for (int64_t i = 0; i < I; ++i) acc += hmid[size_t(i)] * weight_at(s, ex.down, ex.down_scale, e, H, I, h, i);
-        out[size_t(t * H + h)] += w * acc;
+        for (int64_t i = 0; i < I; ++i) {
+          if (!s.has_gate) {
+            hmid[size_t(i)] = act_plain(s.activation, up[size_t(i)]);
+          } else if (s.interleaved) {
+            hmid[size_t(i)] = act_gated(s.activation, up[size_t(2 * i)], up[size_t(2 * i + 1)]);
+          } else {
+            hmid[size_t(i)] = act_gated(s.activation, up[size_t(i)], up[size_t(I + i)]);
+          }
+        }
+        if (quant) {  // the backends' down GEMM reads h rounded to the activation dtype, then quantized
+          for (auto& v : hmid) v = double(round_to(s.dtype, float(v)));
+          fake_quantize(hmid);
+        }
+        const double w = at(call.top_k_weights, t * K + j);
+        const std::vector<double>& dn = down.w[size_t(e)];
+        for (int64_t h = 0; h < H; ++h) {
+          double acc = s.has_bias ? at(ex.down_bias, e * H + h) : 0.0;
+          if (!dn.empty()) {
+            const double* row = dn.data() + h * I;
+            for (int64_t i = 0; i < I; ++i) acc += hmid[size_t(i)] * row[i];
+          } else {
+            for (int64_t i = 0; i < I; ++i) acc += hmid[size_t(i)] * weight_at(s, ex.down, ex.down_scale, e, H, I, h, i);
+          }
+          out[size_t(t * H + h)] += w * acc;
+        }
       }
     }
   }
