@@ -32,7 +32,9 @@ tmp=$OUT/cpu_raw; mkdir -p "$tmp"  # under $OUT: a run cut by its time limit sti
   echo "# CPU side by side on the device machine: $(lscpu | grep -m1 'Model name' | sed 's/ \+/ /g'), $(nproc) cores, commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
   for th in ${CPU_THREADS:-16 2}; do
     for dt in bf16 f32; do
-      OMP_WAIT_POLICY=passive timeout 60 "$BUILD/moex" bench --device cpu --backends eager,batched_mm,grouped_mm --shapes qwen3_30b_a3b,small_moe \
+      # OpenMP's default wait policy, as a user runs it (the 2026-11-30 run used passive waiting here,
+      # which puts every parallel region's threads to sleep and back: fixed costs at T = 1)
+      timeout 60 "$BUILD/moex" bench --device cpu --backends eager,batched_mm,grouped_mm --shapes qwen3_30b_a3b,small_moe \
         --tokens 1,16,256 --dtype $dt --threads $th --format json --min-time-ms 100 --max-iters 10 --warmup 2 >> "$tmp/moex_$th.jsonl"
     done
   done
