@@ -4,8 +4,9 @@
 #
 #   1. builds moex with CUDA in Release (cmake -G Ninja) into build-gpu/
 #   2. moex info; SASS check of the tensor-core kernels (HMMA / HGMMA counts)
-#   3. the GPU tests: moex_tests --gtest_filter='*Cuda*'
-#   4. compute-sanitizer memcheck and racecheck on a small subset of the CUDA tests
+#   3. the GPU tests: moex_tests --gtest_filter='*Cuda*:*DeepGemm*'
+#   4. compute-sanitizer memcheck and racecheck on a small subset of the CUDA tests, then on the
+#      bf16 cases with the 2-CTA cluster kernels forced
 #   5. timings: the CUDA-graph timings of tests/test_cuda_backends.cpp (CudaPerf.Shapes), then
 #      `moex bench --device cuda` over the SPEC §9 shapes and the reference library's backends
 #      (bench/hf_experts_bench.py) on the same shapes, and a side-by-side table
@@ -15,8 +16,9 @@
 #   6. quant: bf16 vs FP8 experts (QUANT_KINDS, default fp8; fp4 too with QUANT_KINDS="fp8 fp4")
 #      on the same shapes, T in QUANT_TOKENS (default 1,8,64,512,4096): batched_mm (T <= 512) and
 #      grouped_mm, and the table of bf16/quantized time ratios (quant.json, quant.md)
-#   7. clusters: the bf16/f16 equivalence, graph and deepgemm tests with the 2-CTA cluster GEMM forced
-#      on every TMA GEMM (MOEX_CUDA_TMA_CLUSTER=1) and deepgemm on grouped_mm's tile rule
+#   7. clusters: the bf16/f16 equivalence, graph and deepgemm tests with the 2-CTA cluster GEMM in
+#      256-wide tiles (the default rule's choice for clustered GEMMs) forced on every TMA GEMM
+#      (MOEX_CUDA_TMA_CLUSTER=1 MOEX_CUDA_TMA_N=256) and deepgemm on grouped_mm's tile rule
 #      (MOEX_CUDA_DEEPGEMM_GROUPED_TILES=1), since the default rule only picks clusters for GEMMs
 #      whose experts hold >= 256 rows on average
 # PARTS selects steps (default: all): PARTS="build tests n256 clusters sanitize perf bench quant hf table".
@@ -56,7 +58,7 @@ fi
 if has tests; then
   stamp tests
   set -o pipefail
-  "$BUILD/moex_tests" --gtest_filter='*Cuda*' 2>&1 | tee "$OUT/tests.log" | grep -E "^\[  (FAILED|PASSED|SKIPPED) |passed of|Failure|error" | head -60
+  "$BUILD/moex_tests" --gtest_filter='*Cuda*:*DeepGemm*' 2>&1 | tee "$OUT/tests.log" | grep -E "^\[  (FAILED|PASSED|SKIPPED) |passed of|Failure|error" | head -60
   rc=$?; [ $rc -ne 0 ] && status=1
   set +o pipefail
   echo "gpu tests exit status $rc"
@@ -75,7 +77,7 @@ fi
 if has clusters; then
   stamp clusters
   set -o pipefail
-  MOEX_CUDA_TMA_CLUSTER=1 MOEX_CUDA_DEEPGEMM_GROUPED_TILES=1 MOEX_CUDA_TEST_CASES=${CLUSTER_TEST_CASES:-12} timeout 300 \
+  MOEX_CUDA_TMA_CLUSTER=1 MOEX_CUDA_TMA_N=256 MOEX_CUDA_DEEPGEMM_GROUPED_TILES=1 MOEX_CUDA_TEST_CASES=${CLUSTER_TEST_CASES:-12} timeout 300 \
     "$BUILD/moex_tests" --gtest_filter='Dtypes/CudaEquivalence.*/bf16:Dtypes/CudaEquivalence.*/f16:Capturable/*:*DeepGemm*' 2>&1 |
     sed 's/^/[clusters] /' | tee -a "$OUT/tests.log" | grep -E "^\[clusters\] \[  (FAILED|PASSED) |passed of|Failure" | head -20
   rc=$?; [ $rc -ne 0 ] && status=1
@@ -94,6 +96,13 @@ if has sanitize; then
     MOEX_CUDA_TEST_CASES=${SAN_RACE_CASES:-10} compute-sanitizer --tool racecheck --error-exitcode 9 \
       "$BUILD/moex_tests" --gtest_filter="${SAN_RACECHECK:-Dtypes/CudaEquivalence.*/f16:Capturable/CudaGraph.*grouped_mm_f32}" 2>&1 | tail -25
     echo "racecheck exit status ${PIPESTATUS[0]}"
+    # the 2-CTA cluster kernels (multicast TMA, remote mbarrier arrivals) forced on every TMA GEMM
+    for tool in memcheck racecheck; do
+      echo "### $tool, clusters"
+      MOEX_CUDA_TMA_CLUSTER=1 MOEX_CUDA_TMA_N=256 MOEX_CUDA_TEST_CASES=${SAN_CLUSTER_CASES:-4} compute-sanitizer --tool $tool \
+        --error-exitcode 9 "$BUILD/moex_tests" --gtest_filter="Dtypes/CudaEquivalence.*/bf16:Capturable/CudaGraph.*grouped_mm_bf16_none" 2>&1 | tail -25
+      echo "$tool (clusters) exit status ${PIPESTATUS[0]}"
+    done
   } 2>&1 | tee "$OUT/sanitizer.log" | grep -E "exit status|ERROR SUMMARY|RACECHECK SUMMARY|Invalid|Race" | head -30
 fi
 
