@@ -4,7 +4,7 @@
 #   1. build (bench/gpu_check.sh PARTS=build: CUDA Release into build-gpu, SASS counts)
 #   2. A/B of grouped_mm variants selected by environment variables (AB_VARIANTS) at T = 512 and 4096
 #      on the four shapes ($OUT/ab.md); the fastest (summed time) is used for the table
-#   3. GPU tests: CudaEquivalence (MOEX_CUDA_TEST_CASES generated cases), CudaGraph, CudaBackends
+#   3. GPU tests: CudaEquivalence (MOEX_CUDA_TEST_CASES generated cases), CudaGraph, CudaBackends, DeepGemm*
 #   4. bench/gpu_check.sh PARTS="bench hf table": moex bench and the reference library in the same
 #      call, the side-by-side table ($OUT/side_by_side.md)
 set -u
@@ -59,7 +59,7 @@ echo "$best" > "$OUT/ab_choice.env"
 
 stamp tests
 MOEX_CUDA_TEST_CASES=${MOEX_CUDA_TEST_CASES:-60} timeout 200 "$BUILD/moex_tests" \
-  --gtest_filter="${TEST_FILTER:-*CudaEquivalence*:*CudaGraph*:CudaBackends.*}" > "$OUT/tests.log" 2>&1
+  --gtest_filter="${TEST_FILTER:-*CudaEquivalence*:*CudaGraph*:CudaBackends.*:*DeepGemm*}" > "$OUT/tests.log" 2>&1
 echo "tests rc $?"
 grep -E "^\[  (FAILED|PASSED|SKIPPED) |worst|Failure" "$OUT/tests.log" | head -30
 

@@ -78,25 +78,41 @@ double act_plain(const ActivationSpec& a, double x) {
   return 0.0;
 }
 
-// Expert e's logical [out, in] weight matrix in f64 (weight_at for every element), built once per
-// call for the experts the routing hits, so that the loops below are plain dot products. Falls
-// back to weight_at per use when the dense copy would pass 1 GiB.
-struct DenseWeights {
-  std::vector<std::vector<double>> w;  // [E] -> [out * in] or empty
-  bool use(int64_t E, int64_t out, int64_t in) const { return E * out * in * 8 <= (int64_t(1) << 30); }
-  void build(const ExpertsSpec& s, const TensorView& wt, const TensorView& scale, const std::vector<char>& hit, int64_t out,
-             int64_t in) {
+// Expert e's logical [out, in] weight matrix, dequantized to f64: copied once per call for the
+// experts the routing hits, so that the loops below are plain dot products, or read through
+// weight_at per use when the copy would pass 1 GiB.
+class ExpertWeights {
+ public:
+  ExpertWeights(const ExpertsSpec& s, const TensorView& w, const TensorView& scale, const std::vector<char>& hit, int64_t out,
+                int64_t in)
+      : s_(s), w_(w), scale_(scale), out_(out), in_(in), dense_(hit.size()) {
     const int64_t E = int64_t(hit.size());
-    w.assign(size_t(E), {});
-    if (!use(E, out, in)) return;
+    if (E * out * in * 8 > (int64_t(1) << 30)) return;
     for (int64_t e = 0; e < E; ++e)
-      if (hit[size_t(e)]) w[size_t(e)].resize(size_t(out * in));
+      if (hit[size_t(e)]) dense_[size_t(e)].resize(size_t(out * in));
 #pragma omp parallel for collapse(2) schedule(static) if (E * out * in > (1 << 16))
     for (int64_t e = 0; e < E; ++e)
       for (int64_t o = 0; o < out; ++o)
         if (hit[size_t(e)])
-          for (int64_t i = 0; i < in; ++i) w[size_t(e)][size_t(o * in + i)] = weight_at(s, wt, scale, e, out, in, o, i);
+          for (int64_t i = 0; i < in; ++i) dense_[size_t(e)][size_t(o * in + i)] = weight_at(s, w, scale, e, out, in, o, i);
   }
+  // acc + Σ_i v[i] · W[e][o, i], added in order of i
+  double dot(int64_t e, int64_t o, const std::vector<double>& v, double acc) const {
+    const std::vector<double>& d = dense_[size_t(e)];
+    if (!d.empty()) {
+      const double* row = d.data() + o * in_;
+      for (int64_t i = 0; i < in_; ++i) acc += v[size_t(i)] * row[i];
+    } else {
+      for (int64_t i = 0; i < in_; ++i) acc += v[size_t(i)] * weight_at(s_, w_, scale_, e, out_, in_, o, i);
+    }
+    return acc;
+  }
+
+ private:
+  const ExpertsSpec& s_;
+  TensorView w_, scale_;
+  int64_t out_, in_;
+  std::vector<std::vector<double>> dense_;  // [E] -> [out * in], empty where not hit or too large
 };
 
 }  // namespace
@@ -120,9 +136,7 @@ std::vector<double> reference_forward(const Experts& ex, const ExpertsCall& call
     (void)at(call.top_k_weights, 0);
     if (s.has_bias) (void)(at(ex.gate_up_bias, 0) + at(ex.down_bias, 0));
   }
-  DenseWeights gate_up, down;
-  gate_up.build(s, ex.gate_up, ex.gate_up_scale, hit, R, H);
-  down.build(s, ex.down, ex.down_scale, hit, H, I);
+  const ExpertWeights gate_up(s, ex.gate_up, ex.gate_up_scale, hit, R, H), down(s, ex.down, ex.down_scale, hit, H, I);
 #pragma omp parallel if (T * K * (R * H + H * I) > (1 << 20))
   {
     std::vector<double> up(static_cast<size_t>(R)), hmid(static_cast<size_t>(I)), x(static_cast<size_t>(H));
@@ -135,17 +149,8 @@ std::vector<double> reference_forward(const Experts& ex, const ExpertsCall& call
         for (int64_t h = 0; h < H; ++h) x[size_t(h)] = at(call.hidden, t * H + h);
         if (quant) fake_quantize(x);
         // up[r] = Σ_h x[t, h] · gate_up[e][r, h]   (transposed: gate_up[e][h, r])
-        const std::vector<double>& gu = gate_up.w[size_t(e)];
-        for (int64_t r = 0; r < R; ++r) {
-          double acc = s.has_bias ? at(ex.gate_up_bias, e * R + r) : 0.0;
-          if (!gu.empty()) {
-            const double* row = gu.data() + r * H;
-            for (int64_t h = 0; h < H; ++h) acc += x[size_t(h)] * row[h];
-          } else {
-            for (int64_t h = 0; h < H; ++h) acc += x[size_t(h)] * weight_at(s, ex.gate_up, ex.gate_up_scale, e, R, H, r, h);
-          }
-          up[size_t(r)] = acc;
-        }
+        for (int64_t r = 0; r < R; ++r)
+          up[size_t(r)] = gate_up.dot(e, r, x, s.has_bias ? at(ex.gate_up_bias, e * R + r) : 0.0);
         for (int64_t i = 0; i < I; ++i) {
           if (!s.has_gate) {
             hmid[size_t(i)] = act_plain(s.activation, up[size_t(i)]);
@@ -160,17 +165,8 @@ std::vector<double> reference_forward(const Experts& ex, const ExpertsCall& call
           fake_quantize(hmid);
         }
         const double w = at(call.top_k_weights, t * K + j);
-        const std::vector<double>& dn = down.w[size_t(e)];
-        for (int64_t h = 0; h < H; ++h) {
-          double acc = s.has_bias ? at(ex.down_bias, e * H + h) : 0.0;
-          if (!dn.empty()) {
-            const double* row = dn.data() + h * I;
-            for (int64_t i = 0; i < I; ++i) acc += hmid[size_t(i)] * row[i];
-          } else {
-            for (int64_t i = 0; i < I; ++i) acc += hmid[size_t(i)] * weight_at(s, ex.down, ex.down_scale, e, H, I, h, i);
-          }
-          out[size_t(t * H + h)] += w * acc;
-        }
+        for (int64_t h = 0; h < H; ++h)
+          out[size_t(t * H + h)] += w * down.dot(e, h, hmid, s.has_bias ? at(ex.down_bias, e * H + h) : 0.0);
       }
     }
   }
