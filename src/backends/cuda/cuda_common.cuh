@@ -110,26 +110,18 @@ __device__ __forceinline__ int64_t load_index(const void* idx, bool idx64, int64
 
 // ---- activations (f32; the formulas of SPEC §1 and backends/cpu/expert_math.hpp) ------------
 struct ActParams {
-  int kind;  // moex::Activation as int, or kSiluFast
+  int kind;  // moex::Activation as int
   float alpha, limit;
 };
 // SiLU with the hardware exponential and division (__expf: 2 + 1.16·|x| ulp; __fdividef: 2 ulp, 0
 // once 1 + e^−x passes 2^126, where the true value is below 1e-36 anyway) instead of expf and an
-// IEEE division (sm_90a SASS of a one-element kernel: 32 instructions against 152, the hot path ~5
-// against ~20). The grouped GEMM's up epilogue computes one per h element while its tensor cores
-// wait: ~15 instructions × 8 192 elements per 128 × 128 tile, a few % of a mixtral_8x7b up tile
-// (K = 4096). Opt-in (MOEX_CUDA_FAST_SILU=1) until measured on a GPU: its error (≤ 1e-5
-// relative for |x| < 80) is far below the bf16 / f16 rounding of h, but it moves f32 results in the
-// last bits.
+// IEEE division (sm_90a SASS of a one-element kernel: 32 instructions against 152). Used by the
+// TMA grouped GEMM's compiled SiLU epilogue (kind kSiluFast), whose h is rounded to bf16 / f16
+// right after: its error (≤ 1e-5 relative for |x| < 80) is far below that rounding. Measured on
+// the H200 (2026-11-30): no gain in the per-element switch of the other kernels, 0-4 % in the
+// compiled epilogue, so ActParams never carries it from the host.
 constexpr int kSiluFast = 1000;
-inline ActParams act_params(const ActivationSpec& a) {
-  static const bool fast_silu = [] {
-    const char* e = std::getenv("MOEX_CUDA_FAST_SILU");
-    return e && *e == '1';
-  }();
-  const int kind = fast_silu && a.kind == Activation::silu ? kSiluFast : int(a.kind);
-  return {kind, a.alpha, a.limit};
-}
+inline ActParams act_params(const ActivationSpec& a) { return {int(a.kind), a.alpha, a.limit}; }
 
 __device__ __forceinline__ float silu_fast(float x) { return __fdividef(x, 1.0f + __expf(-x)); }
 
@@ -172,7 +164,6 @@ __device__ __forceinline__ float plain_act_k(float x) {
 __device__ __forceinline__ float gated_act(const ActParams& a, float g, float u) {
   switch (a.kind) {
     case int(Activation::silu): return gated_act_k<int(Activation::silu)>(a, g, u);
-    case kSiluFast: return gated_act_k<kSiluFast>(a, g, u);
     case int(Activation::gelu): return gated_act_k<int(Activation::gelu)>(a, g, u);
     case int(Activation::gelu_tanh): return gated_act_k<int(Activation::gelu_tanh)>(a, g, u);
     case int(Activation::relu): return gated_act_k<int(Activation::relu)>(a, g, u);
@@ -182,7 +173,6 @@ __device__ __forceinline__ float gated_act(const ActParams& a, float g, float u)
 __device__ __forceinline__ float plain_act(const ActParams& a, float x) {
   switch (a.kind) {
     case int(Activation::silu): return plain_act_k<int(Activation::silu)>(x);
-    case kSiluFast: return plain_act_k<kSiluFast>(x);
     case int(Activation::gelu): return plain_act_k<int(Activation::gelu)>(x);
     case int(Activation::gelu_tanh): return plain_act_k<int(Activation::gelu_tanh)>(x);
     case int(Activation::relu): return plain_act_k<int(Activation::relu)>(x);

@@ -573,8 +573,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       // far below the bf16 / f16 rounding of h that follows); any other activation through the
       // per-element switch. Compiling more kinds adds a whole epilogue to each of the 22 kernels
       // (with all six this file took 12 min to compile on the 2-core development machine).
-      if (x.compact_epilogue && a.epi != Epi::down &&
-          (a.act.kind == int(Activation::silu) || a.act.kind == kSiluFast)) {
+      if (x.compact_epilogue && a.epi != Epi::down && a.act.kind == int(Activation::silu)) {
         store_tile<T, BN, kSiluFast>(a, x, acc, m, n, cw, warp_in_wg, lane);
       } else {
         store_tile<T, BN, kActRuntime>(a, x, acc, m, n, cw, warp_in_wg, lane);
@@ -793,7 +792,8 @@ void launch_grouped_gemm_tma_ex(const GroupedGemmArgs& a, DType act_dtype, bool 
   // cycles between issues: its switch inlines every formula at every accumulator (19 k / 38 k SASS
   // instructions per 128- / 256-wide kernel). The compact form measured mixtral_8x7b T = 16384
   // 22.92 -> 18.81 ms, T = 4096 5.25 -> 4.95, qwen3_30b_a3b T = 16384 3.06 -> 2.77 (same call);
-  // its fast SiLU 0-4 % faster again (next call, within that call's ±4 % spread).
+  // its fast SiLU 0-4 % faster again (next call, within that call's ±4 % spread; it was
+  // measured there as MOEX_CUDA_FAST_SILU=1, a switch since removed).
   static const bool compact = [] {
     const char* e = std::getenv("MOEX_CUDA_COMPACT_EPILOGUE");
     return !(e && *e == '0');
