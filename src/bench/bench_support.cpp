@@ -61,31 +61,24 @@ double cpu_copy_bandwidth(int threads) {
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 __attribute__((target_clones("avx512f", "default")))
 #endif
-uint64_t sum_words(const uint64_t* src, size_t w0, size_t w1) {
-  uint64_t a[8] = {};
-  for (size_t i = w0; i + 8 <= w1; i += 8)
-    for (int j = 0; j < 8; ++j) a[j] += src[i + size_t(j)];
-  uint64_t t = 0;
-  for (int j = 0; j < 8; ++j) t += a[j];
-  return t;
-}
-
 double cpu_read_bandwidth(int threads) {
-  // 512 MiB read once per repetition, each thread summing its own slice (8 independent sums: the
-  // loop is load-bound, as a decode step's weight stream); bytes read / median time
-  const size_t bytes = size_t(512) << 20, words = bytes / 8;
-  auto* src = static_cast<uint64_t*>(detail::device_alloc(Device::cpu(), bytes));
+  // 512 MiB read once per repetition, each thread summing its own slice with the kernels' widest
+  // vector loads (kernels().read_probe: load-bound, as a decode step's weight stream); bytes read /
+  // median time. Filled with 1.0f: no denormal operands to slow the adds.
+  const size_t bytes = size_t(512) << 20, words = bytes / 4;
+  auto* src = static_cast<float*>(detail::device_alloc(Device::cpu(), bytes));
 #pragma omp parallel for num_threads(threads)
-  for (int64_t i = 0; i < int64_t(words); ++i) src[i] = uint64_t(i);
-  volatile uint64_t sink = 0;
+  for (int64_t i = 0; i < int64_t(words); ++i) src[i] = 1.0f;
+  const auto& kt = cpu::kernels();
+  volatile double sink = 0;
   auto read = [&] {
-    uint64_t total = 0;
+    double total = 0;
 #pragma omp parallel num_threads(threads) reduction(+ : total)
     {
       const int n = omp_get_num_threads(), t = omp_get_thread_num();
-      const size_t chunk = (words / size_t(n) + 511) & ~size_t(511);
+      const size_t chunk = (words / size_t(n) + 1023) & ~size_t(1023);
       const size_t w0 = std::min(words, chunk * size_t(t)), w1 = std::min(words, w0 + chunk);
-      total += sum_words(src, w0, w1);
+      total += kt.read_probe(src + w0, int64_t(w1 - w0));
     }
     sink = sink + total;
   };

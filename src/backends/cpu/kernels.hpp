@@ -102,6 +102,8 @@ struct KernelTable {
   // out may alias g or u. Every element takes the same path whatever n (AVX-512: masked tail), so
   // results do not depend on how callers split the columns.
   void (*silu_mul)(const float* g, const float* u, float* out, int64_t n);
+  // Σ src[0:n] with full-width vector loads (the benchmark's streaming-read probe).
+  double (*read_probe)(const float* src, int64_t n);
 };
 
 // The table for this CPU. MOEX_CPU_ISA=avx512|avx2|generic forces a (supported) variant.
