@@ -80,6 +80,8 @@ struct Avx512Bf16 : Avx512 {
 // C^T[n, m] = W[n, :] · X[m, :] on 16×16 f32 tiles: A = 16 weight rows × 32 k (loaded in place from
 // the nt weights), B = 16 activation rows packed in the VNNI layout [k/2][16 rows][2], so that the
 // weights, the large operand, are read as stored and only the small activations are repacked.
+// Each output is summed over k in chunk order by one accumulator tile whatever m (results do not
+// depend on how rows are blocked).
 
 constexpr int64_t kAmxPrefetch = 256;  // elements ahead along k (512 bytes: 8 chunks)
 
@@ -115,18 +117,38 @@ void amx_matmul(const MatmulArgs& a) {
     pack_x_vnni(static_cast<const uint16_t*>(a.x), a.ldx, m, k, packed.data());
     xv = packed.data();
   }
-  alignas(64) float ct[2][256];
+  // C^T tiles → rows of y: row r of y is column r of each tile, 16 floats 64 bytes apart, gathered
+  // into one vector per tile (a scalar loop with its index arithmetic took ~20 % of this kernel on
+  // small_moe at T = 256)
+  alignas(64) float ct[4][256];
+  const __m512i col = _mm512_set_epi32(240, 224, 208, 192, 176, 160, 144, 128, 112, 96, 80, 64, 48, 32, 16, 0);
+  const auto write_rows = [&](int64_t mb, int64_t n, int64_t nb, const float* lo, const float* hi) {
+    const int64_t rows = std::min<int64_t>(16, m - mb * 16);
+    const __mmask16 lo_mask = nb >= 16 ? __mmask16(0xffff) : __mmask16((1u << nb) - 1);
+    const __mmask16 hi_mask = nb <= 16 ? __mmask16(0) : nb >= 32 ? __mmask16(0xffff) : __mmask16((1u << (nb - 16)) - 1);
+    for (int64_t r = 0; r < rows; ++r) {
+      float* yr = a.y + (mb * 16 + r) * a.ldy + n;
+      const __m512i at = _mm512_add_epi32(col, _mm512_set1_epi32(int(r)));
+      _mm512_mask_storeu_ps(yr, lo_mask, _mm512_i32gather_ps(at, lo, 4));
+      if (hi_mask) _mm512_mask_storeu_ps(yr + 16, hi_mask, _mm512_i32gather_ps(at, hi, 4));
+    }
+  };
   alignas(64) uint16_t wpad[2][512];
+  // Per block of 32 weight rows (two 16-row A tiles, tmm4 / tmm5) and pair of 16-row blocks of X
+  // (tmm6 / tmm7): four accumulators tmm0..3, so that each weight tile loaded serves two row blocks.
   for (int64_t n = a.n0; n < a.n1; n += 32) {
     const int64_t nb = std::min<int64_t>(32, a.n1 - n);
-    for (int64_t mb = 0; mb < mblocks; ++mb) {
+    for (int64_t mb = 0; mb < mblocks; mb += 2) {
+      const bool two = mb + 1 < mblocks;
       _tile_zero(0);
       _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
       for (int64_t c = 0; c < chunks; ++c) {
         const int64_t k0 = c * 32;
         if (mb == 0) {  // weight rows are separate pages: fetch kAmxPrefetch ahead by hand, in this
                         // block's rows, then in the next block's (short rows: k = 768 streamed at
-                        // 14.5 GB/s when each block started cold, see amx_prefetch_next)
+                        // 19 GB/s when each block started cold, 23 with this, docs/PERF.md)
           const int64_t ahead = k0 + kAmxPrefetch;
           if (ahead < k) {
             for (int64_t rr = 0; rr < nb; ++rr) impl::prefetch_line(w + (n + rr) * a.ldw + ahead);
@@ -136,34 +158,32 @@ void amx_matmul(const MatmulArgs& a) {
           }
         }
         if (nb == 32 && k0 + 32 <= k) {
-          _tile_loadd(2, w + n * a.ldw + k0, a.ldw * 2);
-          _tile_loadd(3, w + (n + 16) * a.ldw + k0, a.ldw * 2);
+          _tile_loadd(4, w + n * a.ldw + k0, a.ldw * 2);
+          _tile_loadd(5, w + (n + 16) * a.ldw + k0, a.ldw * 2);
         } else {  // partial block: copy into zero-padded 16×32 tiles (never read past a row)
           std::memset(wpad, 0, sizeof(wpad));
           const int64_t kn = std::min<int64_t>(32, k - k0);
           for (int64_t rr = 0; rr < nb; ++rr)
             std::memcpy(&wpad[rr / 16][(rr % 16) * 32], w + (n + rr) * a.ldw + k0, size_t(kn) * 2);
-          _tile_loadd(2, wpad[0], 64);
-          _tile_loadd(3, wpad[1], 64);
+          _tile_loadd(4, wpad[0], 64);
+          _tile_loadd(5, wpad[1], 64);
         }
-        _tile_loadd(4, xv + (mb * chunks + c) * 512, 64);
-        _tile_dpbf16ps(0, 2, 4);
-        _tile_dpbf16ps(1, 3, 4);
+        _tile_loadd(6, xv + (mb * chunks + c) * 512, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 5, 6);
+        if (two) {
+          _tile_loadd(7, xv + ((mb + 1) * chunks + c) * 512, 64);
+          _tile_dpbf16ps(2, 4, 7);
+          _tile_dpbf16ps(3, 5, 7);
+        }
       }
       _tile_stored(0, ct[0], 64);
       _tile_stored(1, ct[1], 64);
-      // C^T tiles → rows of y: row r of y is column r of each tile, 16 floats 64 bytes apart, gathered
-      // into one vector per tile (the scalar loop with its index arithmetic took ~20 % of this kernel
-      // on small_moe at T = 256)
-      const int64_t rows = std::min<int64_t>(16, m - mb * 16);
-      const __m512i col = _mm512_set_epi32(240, 224, 208, 192, 176, 160, 144, 128, 112, 96, 80, 64, 48, 32, 16, 0);
-      const __mmask16 lo_mask = nb >= 16 ? __mmask16(0xffff) : __mmask16((1u << nb) - 1);
-      const __mmask16 hi_mask = nb <= 16 ? __mmask16(0) : nb >= 32 ? __mmask16(0xffff) : __mmask16((1u << (nb - 16)) - 1);
-      for (int64_t r = 0; r < rows; ++r) {
-        float* yr = a.y + (mb * 16 + r) * a.ldy + n;
-        const __m512i at = _mm512_add_epi32(col, _mm512_set1_epi32(int(r)));
-        _mm512_mask_storeu_ps(yr, lo_mask, _mm512_i32gather_ps(at, ct[0], 4));
-        if (hi_mask) _mm512_mask_storeu_ps(yr + 16, hi_mask, _mm512_i32gather_ps(at, ct[1], 4));
+      write_rows(mb, n, nb, ct[0], ct[1]);
+      if (two) {
+        _tile_stored(2, ct[2], 64);
+        _tile_stored(3, ct[3], 64);
+        write_rows(mb + 1, n, nb, ct[2], ct[3]);
       }
     }
   }
