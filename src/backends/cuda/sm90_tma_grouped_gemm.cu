@@ -747,14 +747,16 @@ void choose_tma_tile(const GroupedGemmArgs& a, int64_t pairs, int64_t E, TmaFp8E
   // beyond L2 with >= 128 rows per expert: there the 256-wide tile halves the re-reads of the A rows.
   //
   // 2-CTA clusters (the weight tile loaded once per pair of m tiles and multicast) where the experts
-  // hold >= 256 rows on average, so that most pairs of m tiles share their expert; the down GEMM then
-  // runs 256-wide tiles. One call on the H200 (2026-11-30, eighth session, docs/PERF.md), grouped_mm
-  // ms without -> with: mixtral_8x7b T = 16384 25.0 -> 22.2, T = 4096 5.46 -> 5.13, qwen3_30b_a3b
-  // T = 16384 3.25 -> 3.04, qwen15 T = 16384 2.71 -> 2.55; T = 512 unchanged (below the row bar).
-  // On deepseek_v3's 256-wide tiles clusters were slower (25.8 vs 24.8 ms at T = 16384). With the
-  // compact epilogue (ninth session, 2026-11-30, one call) 256-wide up tiles in clusters turned from
-  // slower to faster: mixtral_8x7b T = 4096 4.95 -> 4.33 ms, T = 16384 20.1 -> 18.3, qwen3_30b_a3b
-  // 0.87 -> 0.79 / 2.76 -> 2.48, qwen15 0.78 -> 0.70 / 2.30 -> 2.04.
+  // hold >= 256 rows on average, so that most pairs of m tiles share their expert, with 256-wide
+  // tiles for every GEMM in clusters. Measured on the H200, grouped_mm ms (docs/PERF.md):
+  //   - clusters, 256-wide down tiles, against no clusters (2026-11-30, eighth session): mixtral_8x7b
+  //     T = 16384 25.0 -> 22.2, T = 4096 5.46 -> 5.13, qwen3_30b_a3b T = 16384 3.25 -> 3.04, qwen15
+  //     T = 16384 2.71 -> 2.55; T = 512 unchanged (below the row bar); on deepseek_v3's 256-wide
+  //     tiles clusters were slower (25.8 vs 24.8 ms at T = 16384);
+  //   - 256-wide up tiles too, once the SiLU epilogue was compiled per tile (ninth session, one call,
+  //     policy 3 -> 4): mixtral_8x7b T = 4096 4.81 -> 4.22, T = 16384 20.70 -> 16.49, qwen3_30b_a3b
+  //     0.85 -> 0.75 / 2.69 -> 2.37, qwen15 0.75 -> 0.66 / 2.23 -> 1.96 (with the per-element
+  //     epilogue 256-wide up tiles had been the slower choice).
   // MOEX_CUDA_TMA_POLICY=1: no clusters; 2: clusters, 128-wide tiles; 3: clusters with 256-wide
   // down tiles only; 4 (default): clusters with 256-wide tiles; 5: as 4, and deepseek-like GEMMs'
   // down projection in 256-wide clusters too.
