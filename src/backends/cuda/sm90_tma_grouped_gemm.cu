@@ -61,6 +61,12 @@
 // 5.10 ms at 95 % (256-wide, clusters); the up GEMM is the slower one (gathered A rows, K = 4096:
 // 64 stages per tile, its epilogue not overlapped with MMAs).
 //
+// Ping-pong (PP kernels, opt-in: MOEX_CUDA_TMA_PINGPONG=1, 128-wide tiles outside clusters): each
+// consumer warpgroup computes whole 128 × 128 tiles (two m64n128 accumulator sets: the register
+// footprint of the cooperative 256-wide kernel) on alternate work items, so that one warpgroup's
+// epilogue (the activation and the h / y stores, with the tensor cores idle in the cooperative
+// schedule) runs while the other's MMAs go on. Turn barriers order the two (see pingpong_consumer).
+//
 // Measured (H200, 2026-11-29, one run, CUDA-graph replay of the whole grouped_mm forward in
 // CudaPerf.Shapes, bf16, median of 10; old = sm90_bf16_grouped_gemm.cu via MOEX_CUDA_NO_TMA=1):
 //   shape          T      old ms (TFLOP/s)   TMA ms (TFLOP/s)
@@ -316,10 +322,99 @@ __device__ __forceinline__ void store_tile(const GroupedGemmArgs& a, const TmaFp
   }
 }
 
+// The epilogue of one 64-row half (cw) of a tile: SiLU (the activation of every SPEC §9 shape) with
+// its kind fixed at compile time, dispatched once per tile, in its fast form (__expf, __fdividef:
+// ≤ 1e-5 relative, far below the bf16 / f16 rounding of h that follows); any other activation
+// through the per-element switch. Compiling more kinds adds a whole epilogue to each kernel (with
+// all six this file took 12 min to compile on the 2-core development machine).
+template <class T, int BN>
+__device__ __forceinline__ void epilogue(const GroupedGemmArgs& a, const TmaFp8Extra& x, float (&acc)[BN / 8][4], int m, int n, int cw,
+                                         int warp_in_wg, int lane) {
+  if (x.compact_epilogue && a.epi != Epi::down && a.act.kind == int(Activation::silu))
+    store_tile<T, BN, kSiluFast>(a, x, acc, m, n, cw, warp_in_wg, lane);
+  else
+    store_tile<T, BN, kActRuntime>(a, x, acc, m, n, cw, warp_in_wg, lane);
+}
+
+// Ping-pong consumer (PP kernels): consumer warpgroup cw computes whole 128 × BN tiles (both 64-row
+// halves, two accumulator sets), the CTA's work items j = cw, cw + 2, …, so that one warpgroup's
+// epilogue runs while the other's MMAs use the tensor cores. The producer fills the ring in item
+// order; item j's stages are ring positions [j·ktiles, (j+1)·ktiles). A warpgroup starts waiting for
+// item j's stages only after the other one has seen every stage of item j − 1 (turn barriers), so the
+// full barrier of each position is at most one phase away from it and its parity is unambiguous.
+// bars: the kernel's barrier array (full[STAGES], empty[STAGES], the item count, turn[2]).
+template <class T, int BN, bool GATHER, class WorkItem>
+__device__ __forceinline__ void pingpong_consumer(const GroupedGemmArgs& a, const TmaFp8Extra& x, int cw, int tid, int first_item,
+                                                  int item_step, int total, int ktiles, uint32_t sA, uint32_t sB, uint32_t bars,
+                                                  WorkItem work_item) {
+  using Cfg = TmaCfg<BN, false>;
+  constexpr int STAGES = Cfg::STAGES, B_BYTES = Cfg::B_BYTES, NF = BN / 8;
+  auto full_bar = [&](int st) { return bars + 8u * uint32_t(st); };
+  auto empty_bar = [&](int st) { return bars + 8u * uint32_t(STAGES + st); };
+  auto turn_bar = [&](int w) { return bars + 16u * uint32_t(STAGES) + 8u + 8u * uint32_t(w); };
+  const int warp_in_wg = (tid >> 5) & 3, lane = tid & 31;
+  float acc[2][NF][4];
+  auto release = [&](int st) {
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty_bar(st));
+  };
+  int mine = 0;  // items of this warpgroup so far
+  for (int j = cw; first_item + j * item_step < total; j += 2, ++mine) {
+    int m, n;
+    bool shared, own;
+    work_item(first_item + j * item_step, m, n, shared, own);
+    // warpgroup 1's item k follows warpgroup 0's item k, warpgroup 0's item k its item k − 1 of 1
+    if (cw == 1 || mine > 0) mbar_wait(turn_bar(cw), uint32_t(cw == 1 ? mine : mine - 1) & 1u);
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int f = 0; f < NF; ++f)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) acc[h][f][q] = 0.0f;
+    const int64_t pos = int64_t(j) * ktiles;
+    int stage = int(pos % STAGES);
+    uint32_t phase = uint32_t((pos / STAGES) & 1);
+    int prev = -1;
+    for (int kt = 0; kt < ktiles; ++kt) {
+      mbar_wait(full_bar(stage), phase);
+      if constexpr (GATHER) wgmma::fence_proxy_async();  // cp.async (generic proxy) -> wgmma (async proxy)
+      const uint32_t a_tile = sA + uint32_t(stage) * A_BYTES;
+      const uint32_t b_tile = sB + uint32_t(stage) * B_BYTES;
+      wgmma::fence_acc(acc[0]);
+      wgmma::fence_acc(acc[1]);
+      wgmma::fence();
+#pragma unroll
+      for (int kk = 0; kk < BK / 16; ++kk) {
+        const uint64_t db = wgmma::desc_sw128(b_tile + kk * 32);
+        mma_k16<T, BN>(acc[0], wgmma::desc_sw128(a_tile + kk * 32), db);
+        mma_k16<T, BN>(acc[1], wgmma::desc_sw128(a_tile + 64 * 128 + kk * 32), db);
+      }
+      wgmma::commit();
+      wgmma::wait<1>();
+      wgmma::fence_acc(acc[0]);
+      wgmma::fence_acc(acc[1]);
+      if (prev >= 0) release(prev);
+      prev = stage;
+      if (++stage == STAGES) {
+        stage = 0;
+        phase ^= 1u;
+      }
+    }
+    if ((tid & 127) == 0) mbar_arrive(turn_bar(cw ^ 1));  // every stage of item j has arrived
+    wgmma::wait<0>();
+    wgmma::fence_acc(acc[0]);
+    wgmma::fence_acc(acc[1]);
+    if (prev >= 0) release(prev);
+    epilogue<T, BN>(a, x, acc[0], m, n, 0, warp_in_wg, lane);
+    epilogue<T, BN>(a, x, acc[1], m, n, 1, warp_in_wg, lane);
+  }
+}
+
 // T: the activation dtype (bias, the h output of bf16/f16 GEMMs). FP8: A and B are e4m3 codes with
 // the two-level accumulation (see the header).
 // MC: launched in clusters of 2 CTAs (see "2-CTA clusters" in the header comment).
-template <class T, int BN, bool GATHER, bool FP8, bool MC>
+// PP: ping-pong consumers (see "Ping-pong" in the header comment).
+template <class T, int BN, bool GATHER, bool FP8, bool MC, bool PP>
 __global__ void __launch_bounds__(THREADS, 1)
     grouped_gemm_tma(const __grid_constant__ CUtensorMap tm_b, const __grid_constant__ CUtensorMap tm_a,
                      const __grid_constant__ CUtensorMap tm_sa, const __grid_constant__ GroupedGemmArgs a,
@@ -331,6 +426,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   constexpr int CHUNK = 16 / int(sizeof(Elem));  // K elements per 16-byte cp.async chunk
   static_assert(!FP8 || BN == 128, "FP8 keeps two accumulator sets: 128-wide N tiles only");
   static_assert(!(FP8 && MC), "the cluster schedule serves the bf16 / f16 kernels");
+  static_assert(!PP || (!FP8 && !MC && BN == 128), "ping-pong: bf16 / f16, 128-wide tiles, no clusters");
   constexpr uint32_t HALF_B = (BN / 2) * 128;  // bytes of half a B stage (BN/2 weight rows)
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ unsigned char smem_raw[];
@@ -340,6 +436,8 @@ __global__ void __launch_bounds__(THREADS, 1)
   const uint32_t sSA = sB + STAGES * B_BYTES;                   // FP8: [STAGES][128] f32
   const uint32_t bars = sSA + (FP8 ? STAGES * SA_BYTES : 0);   // full[STAGES], empty[STAGES]
   int* s_num_m = reinterpret_cast<int*>(smem_raw + (bars - raw) + 16 * STAGES);
+  // PP: turn[w] completes each time the other consumer warpgroup has seen every stage of an item
+  auto turn_bar = [&](int w) { return bars + 16u * uint32_t(STAGES) + 8u + 8u * uint32_t(w); };
   auto full_bar = [&](int s) { return bars + 8u * uint32_t(s); };
   auto empty_bar = [&](int s) { return bars + 8u * uint32_t(STAGES + s); };
 
@@ -351,7 +449,12 @@ __global__ void __launch_bounds__(THREADS, 1)
   if (tid == 0) {
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(full_bar(s), GATHER ? 129u : 1u);  // thread 0's expect_tx (+ 128 cp.async arrivals)
-      mbar_init(empty_bar(s), MC ? 16u : 8u);      // one arrival per consumer warp (of both CTAs)
+      // one arrival per consumer warp that reads the stage: of both CTAs (MC), of one warpgroup (PP)
+      mbar_init(empty_bar(s), MC ? 16u : PP ? 4u : 8u);
+    }
+    if (PP) {
+      mbar_init(turn_bar(0), 1u);
+      mbar_init(turn_bar(1), 1u);
     }
     mbar_fence_init();
     // valid m tiles come first in the table, then expert -1: find the first invalid one
@@ -475,6 +578,10 @@ __global__ void __launch_bounds__(THREADS, 1)
   } else {
     // ================================ consumers ================================
     setmaxnreg_inc<224>();
+    if constexpr (PP) {
+      pingpong_consumer<T, BN, GATHER>(a, x, wg - 1, tid, first_item, item_step, total, ktiles, sA, sB, bars, work_item);
+      return;
+    }
     const int cw = wg - 1;                       // rows [cw*64, cw*64+64) of the tile
     const int warp_in_wg = (tid >> 5) & 3, lane = tid & 31;
     int stage = 0;
@@ -568,16 +675,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       }
       if (!own) continue;
 
-      // ---- epilogue: SiLU (the activation of every SPEC §9 shape) with its kind fixed at compile
-      // time, dispatched once per tile, in its fast form (__expf, __fdividef: ≤ 1e-5 relative,
-      // far below the bf16 / f16 rounding of h that follows); any other activation through the
-      // per-element switch. Compiling more kinds adds a whole epilogue to each of the 22 kernels
-      // (with all six this file took 12 min to compile on the 2-core development machine).
-      if (x.compact_epilogue && a.epi != Epi::down && a.act.kind == int(Activation::silu)) {
-        store_tile<T, BN, kSiluFast>(a, x, acc, m, n, cw, warp_in_wg, lane);
-      } else {
-        store_tile<T, BN, kActRuntime>(a, x, acc, m, n, cw, warp_in_wg, lane);
-      }
+      epilogue<T, BN>(a, x, acc, m, n, cw, warp_in_wg, lane);
     }
   }
   if constexpr (MC) cluster_sync();  // no CTA leaves while its peer may still write or arrive into it
@@ -628,9 +726,9 @@ int sm_count() {
   return cache[dev];
 }
 
-template <class T, int BN, bool GATHER, bool FP8, bool MC>
+template <class T, int BN, bool GATHER, bool FP8, bool MC, bool PP>
 void launch_typed(const GroupedGemmArgs& a, DType dtype, const TmaFp8Extra& x, int64_t a_rows, int64_t E, cudaStream_t stream) {
-  auto kernel = grouped_gemm_tma<T, BN, GATHER, FP8, MC>;
+  auto kernel = grouped_gemm_tma<T, BN, GATHER, FP8, MC, PP>;
   constexpr int SMEM = TmaCfg<BN, FP8>::SMEM_BYTES;
   constexpr int BKE = FP8 ? 128 : BK;
   constexpr int ESZ = FP8 ? 1 : 2;
@@ -695,17 +793,18 @@ void launch_typed(const GroupedGemmArgs& a, DType dtype, const TmaFp8Extra& x, i
   check_launch("grouped_gemm_tma");
 }
 
-template <class T, int BN, bool FP8, bool MC = false>
+template <class T, int BN, bool FP8, bool MC = false, bool PP = false>
 void launch_bn(const GroupedGemmArgs& a, DType dtype, const TmaFp8Extra& x, int64_t a_rows, int64_t E, cudaStream_t stream) {
-  if (a.a_gather) launch_typed<T, BN, true, FP8, MC>(a, dtype, x, a_rows, E, stream);
-  else launch_typed<T, BN, false, FP8, MC>(a, dtype, x, a_rows, E, stream);
+  if (a.a_gather) launch_typed<T, BN, true, FP8, MC, PP>(a, dtype, x, a_rows, E, stream);
+  else launch_typed<T, BN, false, FP8, MC, PP>(a, dtype, x, a_rows, E, stream);
 }
 
-// The bf16 / f16 kernels (T: the activation dtype) with BN-wide tiles, in 2-CTA clusters or not.
-template <int BN, bool MC>
+// The bf16 / f16 kernels (T: the activation dtype) with BN-wide tiles, in 2-CTA clusters or not,
+// with ping-pong consumers or not.
+template <int BN, bool MC, bool PP = false>
 void launch_bf16_f16(const GroupedGemmArgs& a, DType dtype, const TmaFp8Extra& x, int64_t a_rows, int64_t E, cudaStream_t stream) {
-  if (dtype == DType::bf16) launch_bn<__nv_bfloat16, BN, false, MC>(a, dtype, x, a_rows, E, stream);
-  else launch_bn<__half, BN, false, MC>(a, dtype, x, a_rows, E, stream);
+  if (dtype == DType::bf16) launch_bn<__nv_bfloat16, BN, false, MC, PP>(a, dtype, x, a_rows, E, stream);
+  else launch_bn<__half, BN, false, MC, PP>(a, dtype, x, a_rows, E, stream);
 }
 
 }  // namespace
@@ -823,8 +922,15 @@ void launch_grouped_gemm_tma_ex(const GroupedGemmArgs& a, DType act_dtype, bool 
     return s && *s ? (*s == '0' ? 0 : 1) : -1;
   }();
   const bool cluster = cluster_env == 1 || (cluster_env < 0 && x.cluster);
+  // MOEX_CUDA_TMA_PINGPONG=1: the 128-wide GEMMs outside clusters with ping-pong consumers (each
+  // consumer warpgroup a whole tile, one's epilogue under the other's MMAs). Opt-in until measured.
+  static const bool pingpong = [] {
+    const char* s = std::getenv("MOEX_CUDA_TMA_PINGPONG");
+    return s && *s == '1';
+  }();
   if (bn == 128) {
     if (cluster) launch_bf16_f16<128, true>(a, act_dtype, x, a_rows, E, stream);
+    else if (pingpong) launch_bf16_f16<128, false, true>(a, act_dtype, x, a_rows, E, stream);
     else launch_bf16_f16<128, false>(a, act_dtype, x, a_rows, E, stream);
   } else {
     if (cluster) launch_bf16_f16<256, true>(a, act_dtype, x, a_rows, E, stream);
