@@ -22,7 +22,8 @@
 #      (MOEX_CUDA_DEEPGEMM_GROUPED_TILES=1), since the default rule only picks clusters for GEMMs
 #      whose experts hold >= 256 rows on average
 #   8. pingpong: the bf16/f16 equivalence and graph tests with the opt-in ping-pong consumers
-#      (MOEX_CUDA_TMA_PINGPONG=1), and memcheck on them (not in the default PARTS)
+#      (MOEX_CUDA_TMA_PINGPONG=1), without and with clusters, and memcheck on them (not in the
+#      default PARTS)
 # PARTS selects steps (default: all but pingpong): PARTS="build tests n256 clusters pingpong sanitize perf bench quant hf table".
 # TOKENS, SHAPES and PERF_TOKENS narrow the timed cases; DEADLINE (seconds) ends the reference run in time. Keep the whole run under ~9 minutes.
 set -u
@@ -96,6 +97,12 @@ if has pingpong; then
     sed 's/^/[pingpong] /' | tee -a "$OUT/tests.log" | grep -E "^\[pingpong\] \[  (FAILED|PASSED) |passed of|Failure" | head -20
   rc=$?; [ $rc -ne 0 ] && status=1
   echo "pingpong tests exit status $rc"
+  # and in 2-CTA clusters (forced on every TMA GEMM, 128-wide)
+  MOEX_CUDA_TMA_PINGPONG=1 MOEX_CUDA_TMA_CLUSTER=1 MOEX_CUDA_TMA_N=128 MOEX_CUDA_TEST_CASES=${PP_TEST_CASES:-12} timeout ${PP_TIMEOUT:-200} \
+    "$BUILD/moex_tests" --gtest_filter='Dtypes/CudaEquivalence.*/bf16:Capturable/*' 2>&1 |
+    sed 's/^/[pingpong clusters] /' | tee -a "$OUT/tests.log" | grep -E "\[  (FAILED|PASSED) |passed of|Failure" | head -20
+  rc=$?; [ $rc -ne 0 ] && status=1
+  echo "pingpong cluster tests exit status $rc"
   MOEX_CUDA_TMA_PINGPONG=1 MOEX_CUDA_TEST_CASES=4 timeout ${PP_TIMEOUT:-200} compute-sanitizer --tool memcheck --error-exitcode 9 \
     "$BUILD/moex_tests" --gtest_filter='Dtypes/CudaEquivalence.*/bf16' 2>&1 | tail -3 | sed 's/^/[pingpong memcheck] /'
   set +o pipefail

@@ -61,7 +61,7 @@
 // 5.10 ms at 95 % (256-wide, clusters); the up GEMM is the slower one (gathered A rows, K = 4096:
 // 64 stages per tile, its epilogue not overlapped with MMAs).
 //
-// Ping-pong (PP kernels, opt-in: MOEX_CUDA_TMA_PINGPONG=1, 128-wide tiles outside clusters): each
+// Ping-pong (PP kernels, opt-in: MOEX_CUDA_TMA_PINGPONG=1, 128-wide tiles, clusters or not): each
 // consumer warpgroup computes whole 128 × 128 tiles (two m64n128 accumulator sets: the register
 // footprint of the cooperative 256-wide kernel) on alternate work items, so that one warpgroup's
 // epilogue (the activation and the h / y stores, with the tensor cores idle in the cooperative
@@ -342,11 +342,13 @@ __device__ __forceinline__ void epilogue(const GroupedGemmArgs& a, const TmaFp8E
 // order; item j's stages are ring positions [j·ktiles, (j+1)·ktiles). A warpgroup starts waiting for
 // item j's stages only after the other one has seen every stage of item j − 1 (turn barriers), so the
 // full barrier of each position is at most one phase away from it and its parity is unambiguous.
-// bars: the kernel's barrier array (full[STAGES], empty[STAGES], the item count, turn[2]).
-template <class T, int BN, bool GATHER, class WorkItem>
+// bars: the kernel's barrier array (full[STAGES], empty[STAGES], the item count, turn[2]). MC: in
+// 2-CTA clusters as the cooperative kernel (every stage released to both CTAs; the rank-1 CTA of an
+// odd last pair computes and writes nothing).
+template <class T, int BN, bool GATHER, bool MC, class WorkItem>
 __device__ __forceinline__ void pingpong_consumer(const GroupedGemmArgs& a, const TmaFp8Extra& x, int cw, int tid, int first_item,
                                                   int item_step, int total, int ktiles, uint32_t sA, uint32_t sB, uint32_t bars,
-                                                  WorkItem work_item) {
+                                                  uint32_t rank, WorkItem work_item) {
   using Cfg = TmaCfg<BN, false>;
   constexpr int STAGES = Cfg::STAGES, B_BYTES = Cfg::B_BYTES, NF = BN / 8;
   auto full_bar = [&](int st) { return bars + 8u * uint32_t(st); };
@@ -357,6 +359,9 @@ __device__ __forceinline__ void pingpong_consumer(const GroupedGemmArgs& a, cons
   auto release = [&](int st) {
     __syncwarp();
     if (lane == 0) mbar_arrive(empty_bar(st));
+    if constexpr (MC) {
+      if (lane == 1) mbar_arrive_cluster(empty_bar(st), rank ^ 1u);  // in parallel with lane 0's
+    }
   };
   int mine = 0;  // items of this warpgroup so far
   for (int j = cw; first_item + j * item_step < total; j += 2, ++mine) {
@@ -405,6 +410,7 @@ __device__ __forceinline__ void pingpong_consumer(const GroupedGemmArgs& a, cons
     wgmma::fence_acc(acc[0]);
     wgmma::fence_acc(acc[1]);
     if (prev >= 0) release(prev);
+    if (!own) continue;
     epilogue<T, BN>(a, x, acc[0], m, n, 0, warp_in_wg, lane);
     epilogue<T, BN>(a, x, acc[1], m, n, 1, warp_in_wg, lane);
   }
@@ -426,7 +432,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   constexpr int CHUNK = 16 / int(sizeof(Elem));  // K elements per 16-byte cp.async chunk
   static_assert(!FP8 || BN == 128, "FP8 keeps two accumulator sets: 128-wide N tiles only");
   static_assert(!(FP8 && MC), "the cluster schedule serves the bf16 / f16 kernels");
-  static_assert(!PP || (!FP8 && !MC && BN == 128), "ping-pong: bf16 / f16, 128-wide tiles, no clusters");
+  static_assert(!PP || (!FP8 && BN == 128), "ping-pong: bf16 / f16, 128-wide tiles");
   constexpr uint32_t HALF_B = (BN / 2) * 128;  // bytes of half a B stage (BN/2 weight rows)
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ unsigned char smem_raw[];
@@ -450,7 +456,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(full_bar(s), GATHER ? 129u : 1u);  // thread 0's expect_tx (+ 128 cp.async arrivals)
       // one arrival per consumer warp that reads the stage: of both CTAs (MC), of one warpgroup (PP)
-      mbar_init(empty_bar(s), MC ? 16u : PP ? 4u : 8u);
+      mbar_init(empty_bar(s), (MC ? 2u : 1u) * (PP ? 4u : 8u));
     }
     if (PP) {
       mbar_init(turn_bar(0), 1u);
@@ -579,7 +585,8 @@ __global__ void __launch_bounds__(THREADS, 1)
     // ================================ consumers ================================
     setmaxnreg_inc<224>();
     if constexpr (PP) {
-      pingpong_consumer<T, BN, GATHER>(a, x, wg - 1, tid, first_item, item_step, total, ktiles, sA, sB, bars, work_item);
+      pingpong_consumer<T, BN, GATHER, MC>(a, x, wg - 1, tid, first_item, item_step, total, ktiles, sA, sB, bars, rank, work_item);
+      if constexpr (MC) cluster_sync();  // as at the end of the kernel
       return;
     }
     const int cw = wg - 1;                       // rows [cw*64, cw*64+64) of the tile
@@ -922,14 +929,16 @@ void launch_grouped_gemm_tma_ex(const GroupedGemmArgs& a, DType act_dtype, bool 
     return s && *s ? (*s == '0' ? 0 : 1) : -1;
   }();
   const bool cluster = cluster_env == 1 || (cluster_env < 0 && x.cluster);
-  // MOEX_CUDA_TMA_PINGPONG=1: the 128-wide GEMMs outside clusters with ping-pong consumers (each
-  // consumer warpgroup a whole tile, one's epilogue under the other's MMAs). Opt-in until measured.
+  // MOEX_CUDA_TMA_PINGPONG=1: the 128-wide GEMMs with ping-pong consumers (each consumer warpgroup
+  // a whole tile, one's epilogue under the other's MMAs), in clusters or not. Opt-in until measured
+  // (MOEX_CUDA_TMA_POLICY=2 runs clustered GEMMs 128-wide).
   static const bool pingpong = [] {
     const char* s = std::getenv("MOEX_CUDA_TMA_PINGPONG");
     return s && *s == '1';
   }();
   if (bn == 128) {
-    if (cluster) launch_bf16_f16<128, true>(a, act_dtype, x, a_rows, E, stream);
+    if (cluster && pingpong) launch_bf16_f16<128, true, true>(a, act_dtype, x, a_rows, E, stream);
+    else if (cluster) launch_bf16_f16<128, true>(a, act_dtype, x, a_rows, E, stream);
     else if (pingpong) launch_bf16_f16<128, false, true>(a, act_dtype, x, a_rows, E, stream);
     else launch_bf16_f16<128, false>(a, act_dtype, x, a_rows, E, stream);
   } else {
