@@ -55,16 +55,12 @@ double cpu_copy_bandwidth(int threads) {
   return 2.0 * double(bytes) / secs;  // read + written
 }
 
-// Sum of words [w0, w1) with 8 independent sums, built twice (GCC target clones, picked at load
-// time): 64-byte AVX-512 loads where the CPU has them — on the development machine 16-byte loads
-// topped out at ~16 GB/s with 2 threads, 64-byte ones at ~26.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-__attribute__((target_clones("avx512f", "default")))
-#endif
 double cpu_read_bandwidth(int threads) {
   // 512 MiB read once per repetition, each thread summing its own slice with the kernels' widest
-  // vector loads (kernels().read_probe: load-bound, as a decode step's weight stream); bytes read /
-  // median time. Filled with 1.0f: no denormal operands to slow the adds.
+  // vector loads (kernels().read_probe, picked at run time like every CPU kernel; 16-byte loads
+  // topped out at ~16 GB/s with 2 threads on the development machine, 64-byte ones near the copy
+  // rate): load-bound, as a decode step's weight stream; bytes read / median time. Filled with
+  // 1.0f: no denormal operands to slow the adds.
   const size_t bytes = size_t(512) << 20, words = bytes / 4;
   auto* src = static_cast<float*>(detail::device_alloc(Device::cpu(), bytes));
 #pragma omp parallel for num_threads(threads)

@@ -268,8 +268,7 @@ double fma_probe(int64_t iters) {
 }
 
 // Sums n floats with full-width vector loads, four independent sums (the benchmark's streaming-read
-// probe: at 2 threads on the development VM a scalar / SSE loop measured 19-20 GB/s where this
-// form reads 25-30, which is what the weight streams of the decode kernels reach).
+// probe, bench_support.cpp).
 template <class Isa>
 double read_probe(const float* src, int64_t n) {
   constexpr int64_t W = Isa::W;

@@ -342,18 +342,15 @@ __device__ __forceinline__ void epilogue(const GroupedGemmArgs& a, const TmaFp8E
 // order; item j's stages are ring positions [j·ktiles, (j+1)·ktiles). A warpgroup starts waiting for
 // item j's stages only after the other one has seen every stage of item j − 1 (turn barriers), so the
 // full barrier of each position is at most one phase away from it and its parity is unambiguous.
-// bars: the kernel's barrier array (full[STAGES], empty[STAGES], the item count, turn[2]). MC: in
-// 2-CTA clusters as the cooperative kernel (every stage released to both CTAs; the rank-1 CTA of an
-// odd last pair computes and writes nothing).
-template <class T, int BN, bool GATHER, bool MC, class WorkItem>
+// full_bar / empty_bar / turn_bar: the kernel's barrier addresses. MC: in 2-CTA clusters as the
+// cooperative kernel (every stage released to both CTAs; the rank-1 CTA of an odd last pair computes
+// and writes nothing).
+template <class T, int BN, bool GATHER, bool MC, class WorkItem, class FullBar, class EmptyBar, class TurnBar>
 __device__ __forceinline__ void pingpong_consumer(const GroupedGemmArgs& a, const TmaFp8Extra& x, int cw, int tid, int first_item,
-                                                  int item_step, int total, int ktiles, uint32_t sA, uint32_t sB, uint32_t bars,
-                                                  uint32_t rank, WorkItem work_item) {
+                                                  int item_step, int total, int ktiles, uint32_t sA, uint32_t sB, uint32_t rank,
+                                                  WorkItem work_item, FullBar full_bar, EmptyBar empty_bar, TurnBar turn_bar) {
   using Cfg = TmaCfg<BN, false>;
   constexpr int STAGES = Cfg::STAGES, B_BYTES = Cfg::B_BYTES, NF = BN / 8;
-  auto full_bar = [&](int st) { return bars + 8u * uint32_t(st); };
-  auto empty_bar = [&](int st) { return bars + 8u * uint32_t(STAGES + st); };
-  auto turn_bar = [&](int w) { return bars + 16u * uint32_t(STAGES) + 8u + 8u * uint32_t(w); };
   const int warp_in_wg = (tid >> 5) & 3, lane = tid & 31;
   float acc[2][NF][4];
   auto release = [&](int st) {
@@ -585,7 +582,8 @@ __global__ void __launch_bounds__(THREADS, 1)
     // ================================ consumers ================================
     setmaxnreg_inc<224>();
     if constexpr (PP) {
-      pingpong_consumer<T, BN, GATHER, MC>(a, x, wg - 1, tid, first_item, item_step, total, ktiles, sA, sB, bars, rank, work_item);
+      pingpong_consumer<T, BN, GATHER, MC>(a, x, wg - 1, tid, first_item, item_step, total, ktiles, sA, sB, rank, work_item,
+                                           full_bar, empty_bar, turn_bar);
       if constexpr (MC) cluster_sync();  // as at the end of the kernel
       return;
     }
