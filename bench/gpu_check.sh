@@ -25,6 +25,7 @@
 #      (MOEX_CUDA_TMA_PINGPONG=1), without and with clusters, and memcheck on them (not in the
 #      default PARTS)
 # PARTS selects steps (default: all but pingpong): PARTS="build tests n256 clusters pingpong sanitize perf bench quant hf table".
+# Timeouts: TEST_TIMEOUT (tests, 480 s), CLUSTER_TIMEOUT (300 s), SAN_TIMEOUT (each sanitizer run, 200 s).
 # TOKENS, SHAPES and PERF_TOKENS narrow the timed cases; DEADLINE (seconds) ends the reference run in time. Keep the whole run under ~9 minutes.
 set -u
 OUT=${OUT:-$PWD/out}
@@ -61,7 +62,7 @@ fi
 if has tests; then
   stamp tests
   set -o pipefail
-  "$BUILD/moex_tests" --gtest_filter='*Cuda*:*DeepGemm*' 2>&1 | tee "$OUT/tests.log" | grep -E "^\[  (FAILED|PASSED|SKIPPED) |passed of|Failure|error" | head -60
+  timeout ${TEST_TIMEOUT:-480} "$BUILD/moex_tests" --gtest_filter='*Cuda*:*DeepGemm*' 2>&1 | tee "$OUT/tests.log" | grep -E "^\[  (FAILED|PASSED|SKIPPED) |passed of|Failure|error" | head -60
   rc=$?; [ $rc -ne 0 ] && status=1
   set +o pipefail
   echo "gpu tests exit status $rc"
@@ -80,7 +81,7 @@ fi
 if has clusters; then
   stamp clusters
   set -o pipefail
-  MOEX_CUDA_TMA_CLUSTER=1 MOEX_CUDA_TMA_N=256 MOEX_CUDA_DEEPGEMM_GROUPED_TILES=1 MOEX_CUDA_TEST_CASES=${CLUSTER_TEST_CASES:-12} timeout 300 \
+  MOEX_CUDA_TMA_CLUSTER=1 MOEX_CUDA_TMA_N=256 MOEX_CUDA_DEEPGEMM_GROUPED_TILES=1 MOEX_CUDA_TEST_CASES=${CLUSTER_TEST_CASES:-12} timeout ${CLUSTER_TIMEOUT:-300} \
     "$BUILD/moex_tests" --gtest_filter='Dtypes/CudaEquivalence.*/bf16:Dtypes/CudaEquivalence.*/f16:Capturable/*:*DeepGemm*' 2>&1 |
     sed 's/^/[clusters] /' | tee -a "$OUT/tests.log" | grep -E "^\[clusters\] \[  (FAILED|PASSED) |passed of|Failure" | head -20
   rc=$?; [ $rc -ne 0 ] && status=1
@@ -112,17 +113,17 @@ if has sanitize; then
   stamp sanitize
   {
     echo "### memcheck"
-    MOEX_CUDA_TEST_CASES=${SAN_CASES:-24} compute-sanitizer --tool memcheck --error-exitcode 9 \
+    MOEX_CUDA_TEST_CASES=${SAN_CASES:-24} timeout ${SAN_TIMEOUT:-200} compute-sanitizer --tool memcheck --error-exitcode 9 \
       "$BUILD/moex_tests" --gtest_filter="${SAN_MEMCHECK:-Dtypes/CudaEquivalence.*/bf16:Dtypes/CudaEquivalence.*/f32:Capturable/CudaGraph.*}" 2>&1 | tail -25
     echo "memcheck exit status ${PIPESTATUS[0]}"
     echo "### racecheck"
-    MOEX_CUDA_TEST_CASES=${SAN_RACE_CASES:-10} compute-sanitizer --tool racecheck --error-exitcode 9 \
+    MOEX_CUDA_TEST_CASES=${SAN_RACE_CASES:-10} timeout ${SAN_TIMEOUT:-200} compute-sanitizer --tool racecheck --error-exitcode 9 \
       "$BUILD/moex_tests" --gtest_filter="${SAN_RACECHECK:-Dtypes/CudaEquivalence.*/f16:Capturable/CudaGraph.*grouped_mm_f32}" 2>&1 | tail -25
     echo "racecheck exit status ${PIPESTATUS[0]}"
     # the 2-CTA cluster kernels (multicast TMA, remote mbarrier arrivals) forced on every TMA GEMM
     for tool in memcheck racecheck; do
       echo "### $tool, clusters"
-      MOEX_CUDA_TMA_CLUSTER=1 MOEX_CUDA_TMA_N=256 MOEX_CUDA_TEST_CASES=${SAN_CLUSTER_CASES:-4} compute-sanitizer --tool $tool \
+      MOEX_CUDA_TMA_CLUSTER=1 MOEX_CUDA_TMA_N=256 MOEX_CUDA_TEST_CASES=${SAN_CLUSTER_CASES:-4} timeout ${SAN_TIMEOUT:-200} compute-sanitizer --tool $tool \
         --error-exitcode 9 "$BUILD/moex_tests" --gtest_filter="Dtypes/CudaEquivalence.*/bf16:Capturable/CudaGraph.*grouped_mm_bf16_none" 2>&1 | tail -25
       echo "$tool (clusters) exit status ${PIPESTATUS[0]}"
     done
