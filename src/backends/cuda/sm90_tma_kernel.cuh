@@ -1,0 +1,695 @@
+// backends/cuda/sm90_tma_kernel.cuh — the TMA + wgmma grouped GEMM kernel for Hopper and its
+// typed launcher (tma::launch_bn). Design, measurements and the dispatch rules: the comment at the top
+// of sm90_tma_grouped_gemm.cu. Included only by the sm90_tma_kernels_*.cu files, each of which
+// instantiates a few launch_bn combinations (MOEX_TMA_INSTANTIATE) so that the kernels compile in
+// parallel.
+#pragma once
+#include <cstdlib>
+#include <type_traits>
+
+#include "backends/cuda/mma_ptx.cuh"
+#include "backends/cuda/sm90_tma_launch.cuh"
+#include "backends/cuda/wgmma_ptx.cuh"
+
+namespace moex::cuda::tma {
+
+constexpr int BK = 64, THREADS = 384, GROUP_M = 8;
+// Rows per TMA box of a non-gathered A: a tile loads only the boxes that hold its rows. 32 measured
+// as fast as one 128-row box everywhere and 3-7 % faster where experts hold few rows (H200,
+// 2026-11-29, fifth session, docs/PERF.md).
+constexpr int ABOX = 32;
+constexpr int A_BYTES = BM * BK * 2;
+
+// One pipeline stage holds 128 bytes of every row: 64 bf16/f16 or 128 e4m3 elements of K. FP8 adds
+// the stage's 128 activation scales (f32, one per A row; one 128-wide K block = one stage).
+constexpr int SA_BYTES = BM * 4;
+template <int BN, bool FP8 = false>
+struct TmaCfg {
+  static constexpr int STAGES = BN == 256 ? 4 : 6;
+  static constexpr int B_BYTES = BN * BK * 2;
+  static constexpr int STAGE_BYTES = A_BYTES + B_BYTES + (FP8 ? SA_BYTES : 0);
+  static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + 1024 + 256;  // align slack + barriers
+};
+
+// ---- PTX helpers --------------------------------------------------------------------------
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_fence_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+// 4-byte cp.async (one activation scale); valid = false writes zero.
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async_mbar_arrive_noinc(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n" ::"r"(
+          dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1)
+      : "memory");
+}
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1, int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];\n" ::
+          "r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+__device__ __forceinline__ void prefetch_tmap(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+// ---- 2-CTA clusters (MC kernels): the weight tile multicast into both CTAs -----------------
+__device__ __forceinline__ uint32_t cluster_ctarank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+// Every thread of both CTAs that has not exited (non-aligned form: warps may arrive diverged).
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+// Arrive on the barrier at the same shared-memory offset in CTA `cta` of the cluster. CTA-scoped
+// release (the default): the arrive only has to follow this warp's finished wgmma reads of the
+// stage; with a cluster-scoped release on every stage the kernel ran 1.3-1.9x slower (H200, 2026-11-30).
+__device__ __forceinline__ void mbar_arrive_cluster(uint32_t local_bar, uint32_t cta) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local_bar), "r"(cta));
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
+}
+// TMA load written at offset dst of every CTA in cta_mask; each destination CTA's barrier at
+// offset bar receives the complete_tx of the bytes written there.
+__device__ __forceinline__ void tma_load_3d_multicast(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1, int c2,
+                                                      uint16_t cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%3, "
+      "%4, %5}], [%2], %6;\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "h"(cta_mask)
+      : "memory");
+}
+
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
+template <class T, int BN>
+__device__ __forceinline__ void mma_k16(float (&d)[BN / 8][4], uint64_t da, uint64_t db) {
+  if constexpr (BN == 128) {
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) wgmma::wgmma_m64n128k16_bf16(d, da, db);
+    else wgmma::wgmma_m64n128k16_f16(d, da, db);
+  } else {
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) wgmma::wgmma_m64n256k16_bf16(d, da, db);
+    else wgmma::wgmma_m64n256k16_f16(d, da, db);
+  }
+}
+
+// Work item w -> (m tile, n tile): groups of GROUP_M m tiles, n-major inside a group.
+__device__ __forceinline__ void decode_work(int w, int num_m, int n_tiles, int& m, int& n) {
+  const int per_group = GROUP_M * n_tiles;
+  const int g = w / per_group, r = w - g * per_group;
+  const int gs = min(GROUP_M, num_m - g * GROUP_M);
+  n = r / gs;
+  m = g * GROUP_M + (r - n * gs);
+}
+
+template <class T>
+__device__ __forceinline__ void store2(T* p, float a, float b) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(a, b);
+  else if constexpr (std::is_same_v<T, __half>) *reinterpret_cast<__half2*>(p) = __floats2half2_rn(a, b);
+  else *reinterpret_cast<float2*>(p) = make_float2(a, b);
+}
+
+__device__ __forceinline__ float weight_scale(const TmaFp8Extra& x, int64_t idx) {
+  return x.w_ue8m0 ? __uint_as_float(uint32_t(static_cast<const uint8_t*>(x.w_scales)[idx]) << 23)
+                   : static_cast<const float*>(x.w_scales)[idx];
+}
+
+// ---- epilogue --------------------------------------------------------------------------------
+// The activation with its kind fixed at compile time (ACT), or the run-time switch (kActRuntime).
+constexpr int kActRuntime = -1;
+template <int ACT>
+__device__ __forceinline__ float gact(const ActParams& p, float g, float u) {
+  if constexpr (ACT == kActRuntime) return gated_act(p, g, u);
+  else return gated_act_k<ACT>(p, g, u);
+}
+template <int ACT>
+__device__ __forceinline__ float pact(const ActParams& p, float v) {
+  if constexpr (ACT == kActRuntime) return plain_act(p, v);
+  else return plain_act_k<ACT>(v);
+}
+
+// Writes the 128 × BN tile (m, n) from the consumers' accumulators (mma.sync's m16n8 layout per
+// warp and n8 block; warpgroup cw holds rows [cw*64, +64)): f32 rows for the down projection (bias
+// added), the activation for the up projections, writing h in the activation dtype T.
+template <class T, int BN, int ACT>
+__device__ __forceinline__ void store_tile(const GroupedGemmArgs& a, const TmaFp8Extra& x, float (&acc)[BN / 8][4], int m, int n,
+                                           int cw, int warp_in_wg, int lane) {
+  constexpr int NF = BN / 8;
+  const int4 tile = a.plan.tiles[m];
+  const int e = tile.x, rb = tile.y, re = tile.z;
+  const T* bias = a.bias ? static_cast<const T*>(a.bias) + int64_t(e) * a.N : nullptr;
+  // h in the activation dtype, also for FP8: SPEC §6 quantizes the rounded h (as the CPU and the
+  // reference do), so the deepgemm quantizer reads it back from T.
+  using HOut = T;
+  const int I = a.I, N = a.N;
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int arow = rb + cw * 64 + warp_in_wg * 16 + (lane >> 2) + hh * 8;
+    if (arow >= re) continue;
+    const int row = x.out_rows ? x.out_rows[arow] : arow;  // the output row of this A row
+    if (row < 0) continue;
+    if (a.epi == Epi::down) {
+      float* out = static_cast<float*>(a.out) + int64_t(row) * a.ldo;
+#pragma unroll
+      for (int nf = 0; nf < NF; ++nf) {
+        const int wcol = n * BN + nf * 8 + 2 * (lane & 3);
+        if (wcol < N) {
+          float2 v = make_float2(acc[nf][2 * hh], acc[nf][2 * hh + 1]);
+          if (bias) {
+            v.x += to_f32(bias[wcol]);
+            v.y += to_f32(bias[wcol + 1]);
+          }
+          *reinterpret_cast<float2*>(out + wcol) = v;
+        }
+      }
+    } else if (a.epi == Epi::up_plain) {
+      HOut* out = static_cast<HOut*>(a.out) + int64_t(row) * a.ldo;
+#pragma unroll
+      for (int nf = 0; nf < NF; ++nf) {
+        const int wcol = n * BN + nf * 8 + 2 * (lane & 3);
+        if (wcol < N) {
+          float x0 = acc[nf][2 * hh], x1 = acc[nf][2 * hh + 1];
+          if (bias) {
+            x0 += to_f32(bias[wcol]);
+            x1 += to_f32(bias[wcol + 1]);
+          }
+          store2<HOut>(out + wcol, pact<ACT>(a.act, x0), pact<ACT>(a.act, x1));
+        }
+      }
+    } else if (a.epi == Epi::up_interleaved) {
+      HOut* out = static_cast<HOut*>(a.out) + int64_t(row) * a.ldo;
+#pragma unroll
+      for (int nf = 0; nf < NF; ++nf) {
+        const int i = (n * BN + nf * 8 + 2 * (lane & 3)) >> 1;
+        if (i < I) {
+          float g = acc[nf][2 * hh], u = acc[nf][2 * hh + 1];
+          if (bias) {
+            g += to_f32(bias[2 * i]);
+            u += to_f32(bias[2 * i + 1]);
+          }
+          out[i] = from_f32<HOut>(gact<ACT>(a.act, g, u));
+        }
+      }
+    } else {  // up_concat
+      HOut* out = static_cast<HOut*>(a.out) + int64_t(row) * a.ldo;
+#pragma unroll
+      for (int nf = 0; nf < NF / 2; ++nf) {
+        const int i = n * (BN / 2) + nf * 8 + 2 * (lane & 3);
+        if (i < I) {
+          float g0 = acc[nf][2 * hh], g1 = acc[nf][2 * hh + 1];
+          float u0 = acc[nf + NF / 2][2 * hh], u1 = acc[nf + NF / 2][2 * hh + 1];
+          if (bias) {
+            g0 += to_f32(bias[i]);
+            g1 += to_f32(bias[i + 1]);
+            u0 += to_f32(bias[I + i]);
+            u1 += to_f32(bias[I + i + 1]);
+          }
+          store2<HOut>(out + i, gact<ACT>(a.act, g0, u0), gact<ACT>(a.act, g1, u1));
+        }
+      }
+    }
+  }
+}
+
+// The epilogue of one 64-row half (cw) of a tile: SiLU (the activation of every SPEC §9 shape) with
+// its kind fixed at compile time, dispatched once per tile, in its fast form (__expf, __fdividef:
+// ≤ 1e-5 relative, far below the bf16 / f16 rounding of h that follows); any other activation
+// through the per-element switch. Compiling more kinds adds a whole epilogue to each kernel (with
+// all six this file took 12 min to compile on the 2-core development machine).
+template <class T, int BN>
+__device__ __forceinline__ void epilogue(const GroupedGemmArgs& a, const TmaFp8Extra& x, float (&acc)[BN / 8][4], int m, int n, int cw,
+                                         int warp_in_wg, int lane) {
+  if (x.compact_epilogue && a.epi != Epi::down && a.act.kind == int(Activation::silu))
+    store_tile<T, BN, kSiluFast>(a, x, acc, m, n, cw, warp_in_wg, lane);
+  else
+    store_tile<T, BN, kActRuntime>(a, x, acc, m, n, cw, warp_in_wg, lane);
+}
+
+// Ping-pong consumer (PP kernels): consumer warpgroup cw computes whole 128 × BN tiles (both 64-row
+// halves, two accumulator sets), the CTA's work items j = cw, cw + 2, …, so that one warpgroup's
+// epilogue runs while the other's MMAs use the tensor cores. The producer fills the ring in item
+// order; item j's stages are ring positions [j·ktiles, (j+1)·ktiles). A warpgroup starts waiting for
+// item j's stages only after the other one has seen every stage of item j − 1 (turn barriers), so the
+// full barrier of each position is at most one phase away from it and its parity is unambiguous.
+// full_bar / empty_bar / turn_bar: the kernel's barrier addresses. MC: in 2-CTA clusters as the
+// cooperative kernel (every stage released to both CTAs; the rank-1 CTA of an odd last pair computes
+// and writes nothing).
+template <class T, int BN, bool GATHER, bool MC, class WorkItem, class FullBar, class EmptyBar, class TurnBar>
+__device__ __forceinline__ void pingpong_consumer(const GroupedGemmArgs& a, const TmaFp8Extra& x, int cw, int tid, int first_item,
+                                                  int item_step, int total, int ktiles, uint32_t sA, uint32_t sB, uint32_t rank,
+                                                  WorkItem work_item, FullBar full_bar, EmptyBar empty_bar, TurnBar turn_bar) {
+  using Cfg = TmaCfg<BN, false>;
+  constexpr int STAGES = Cfg::STAGES, B_BYTES = Cfg::B_BYTES, NF = BN / 8;
+  const int warp_in_wg = (tid >> 5) & 3, lane = tid & 31;
+  float acc[2][NF][4];
+  auto release = [&](int st) {
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty_bar(st));
+    if constexpr (MC) {
+      if (lane == 1) mbar_arrive_cluster(empty_bar(st), rank ^ 1u);  // in parallel with lane 0's
+    }
+  };
+  int mine = 0;  // items of this warpgroup so far
+  for (int j = cw; first_item + j * item_step < total; j += 2, ++mine) {
+    int m, n;
+    bool shared, own;
+    work_item(first_item + j * item_step, m, n, shared, own);
+    // warpgroup 1's item k follows warpgroup 0's item k, warpgroup 0's item k its item k − 1 of 1
+    if (cw == 1 || mine > 0) mbar_wait(turn_bar(cw), uint32_t(cw == 1 ? mine : mine - 1) & 1u);
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int f = 0; f < NF; ++f)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) acc[h][f][q] = 0.0f;
+    const int64_t pos = int64_t(j) * ktiles;
+    int stage = int(pos % STAGES);
+    uint32_t phase = uint32_t((pos / STAGES) & 1);
+    int prev = -1;
+    for (int kt = 0; kt < ktiles; ++kt) {
+      mbar_wait(full_bar(stage), phase);
+      if constexpr (GATHER) wgmma::fence_proxy_async();  // cp.async (generic proxy) -> wgmma (async proxy)
+      const uint32_t a_tile = sA + uint32_t(stage) * A_BYTES;
+      const uint32_t b_tile = sB + uint32_t(stage) * B_BYTES;
+      wgmma::fence_acc(acc[0]);
+      wgmma::fence_acc(acc[1]);
+      wgmma::fence();
+#pragma unroll
+      for (int kk = 0; kk < BK / 16; ++kk) {
+        const uint64_t db = wgmma::desc_sw128(b_tile + kk * 32);
+        mma_k16<T, BN>(acc[0], wgmma::desc_sw128(a_tile + kk * 32), db);
+        mma_k16<T, BN>(acc[1], wgmma::desc_sw128(a_tile + 64 * 128 + kk * 32), db);
+      }
+      wgmma::commit();
+      wgmma::wait<1>();
+      wgmma::fence_acc(acc[0]);
+      wgmma::fence_acc(acc[1]);
+      if (prev >= 0) release(prev);
+      prev = stage;
+      if (++stage == STAGES) {
+        stage = 0;
+        phase ^= 1u;
+      }
+    }
+    if ((tid & 127) == 0) mbar_arrive(turn_bar(cw ^ 1));  // every stage of item j has arrived
+    wgmma::wait<0>();
+    wgmma::fence_acc(acc[0]);
+    wgmma::fence_acc(acc[1]);
+    if (prev >= 0) release(prev);
+    if (!own) continue;
+    epilogue<T, BN>(a, x, acc[0], m, n, 0, warp_in_wg, lane);
+    epilogue<T, BN>(a, x, acc[1], m, n, 1, warp_in_wg, lane);
+  }
+}
+
+// T: the activation dtype (bias, the h output of bf16/f16 GEMMs). FP8: A and B are e4m3 codes with
+// the two-level accumulation (see the header).
+// MC: launched in clusters of 2 CTAs (see "2-CTA clusters" in the header comment).
+// PP: ping-pong consumers (see "Ping-pong" in the header comment).
+template <class T, int BN, bool GATHER, bool FP8, bool MC, bool PP>
+__global__ void __launch_bounds__(THREADS, 1)
+    grouped_gemm_tma(const __grid_constant__ CUtensorMap tm_b, const __grid_constant__ CUtensorMap tm_a,
+                     const __grid_constant__ CUtensorMap tm_sa, const __grid_constant__ GroupedGemmArgs a,
+                     const __grid_constant__ TmaFp8Extra x, int n_tiles) {
+  using Cfg = TmaCfg<BN, FP8>;
+  using Elem = std::conditional_t<FP8, uint8_t, T>;
+  constexpr int STAGES = Cfg::STAGES, B_BYTES = Cfg::B_BYTES, NF = BN / 8;
+  constexpr int BKE = FP8 ? 128 : BK;          // K elements per stage (128 bytes per row either way)
+  constexpr int CHUNK = 16 / int(sizeof(Elem));  // K elements per 16-byte cp.async chunk
+  static_assert(!FP8 || BN == 128, "FP8 keeps two accumulator sets: 128-wide N tiles only");
+  static_assert(!(FP8 && MC), "the cluster schedule serves the bf16 / f16 kernels");
+  static_assert(!PP || (!FP8 && BN == 128), "ping-pong: bf16 / f16, 128-wide tiles");
+  constexpr uint32_t HALF_B = (BN / 2) * 128;  // bytes of half a B stage (BN/2 weight rows)
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t raw = ptx::smem_u32(smem_raw);
+  const uint32_t base = (raw + 1023u) & ~1023u;
+  const uint32_t sA = base, sB = base + STAGES * A_BYTES;
+  const uint32_t sSA = sB + STAGES * B_BYTES;                   // FP8: [STAGES][128] f32
+  const uint32_t bars = sSA + (FP8 ? STAGES * SA_BYTES : 0);   // full[STAGES], empty[STAGES]
+  int* s_num_m = reinterpret_cast<int*>(smem_raw + (bars - raw) + 16 * STAGES);
+  // PP: turn[w] completes each time the other consumer warpgroup has seen every stage of an item
+  auto turn_bar = [&](int w) { return bars + 16u * uint32_t(STAGES) + 8u + 8u * uint32_t(w); };
+  auto full_bar = [&](int s) { return bars + 8u * uint32_t(s); };
+  auto empty_bar = [&](int s) { return bars + 8u * uint32_t(STAGES + s); };
+
+  const int tid = threadIdx.x, wg = tid >> 7;
+  // MC: the cluster (2 CTAs) is the unit of the persistent schedule; rank = this CTA's half.
+  const uint32_t rank = MC ? cluster_ctarank() : 0u;
+  const int first_item = MC ? int(blockIdx.x >> 1) : int(blockIdx.x);
+  const int item_step = MC ? int(gridDim.x >> 1) : int(gridDim.x);
+  if (tid == 0) {
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(full_bar(s), GATHER ? 129u : 1u);  // thread 0's expect_tx (+ 128 cp.async arrivals)
+      // one arrival per consumer warp that reads the stage: of both CTAs (MC), of one warpgroup (PP)
+      mbar_init(empty_bar(s), (MC ? 2u : 1u) * (PP ? 4u : 8u));
+    }
+    if (PP) {
+      mbar_init(turn_bar(0), 1u);
+      mbar_init(turn_bar(1), 1u);
+    }
+    mbar_fence_init();
+    // valid m tiles come first in the table, then expert -1: find the first invalid one
+    int lo = 0, hi = a.plan.max_tiles;
+    while (lo < hi) {
+      const int mid = (lo + hi) >> 1;
+      if (a.plan.tiles[mid].x >= 0) lo = mid + 1;
+      else hi = mid;
+    }
+    *s_num_m = lo;
+  }
+  __syncthreads();
+  if constexpr (MC) cluster_sync();  // the peer's barriers exist before any multicast / remote arrive
+  const int num_m = *s_num_m;
+  const int num_pairs = (num_m + 1) >> 1;
+  const int total = (MC ? num_pairs : num_m) * n_tiles;
+  const int Kdim = a.Kdim;
+  const int ktiles = (Kdim + BKE - 1) / BKE;
+  const bool concat = a.epi == Epi::up_concat;
+  // Work item w -> this CTA's m tile and the n tile. MC: the pair (2p, 2p+1) of m tiles; `shared`
+  // when both belong to one expert (same B tile: each CTA loads one half and multicasts it);
+  // `own` false for rank 1 of an odd last pair, which recomputes tile 2p and writes nothing.
+  auto work_item = [&](int w, int& m, int& n, bool& shared, bool& own) {
+    if constexpr (MC) {
+      int p;
+      decode_work(w, num_pairs, n_tiles, p, n);
+      const int m0 = 2 * p, m1 = min(2 * p + 1, num_m - 1);
+      own = 2 * p + int(rank) < num_m;
+      m = rank ? m1 : m0;
+      shared = a.plan.tiles[m0].x == a.plan.tiles[m1].x;
+    } else {
+      decode_work(w, num_m, n_tiles, m, n);
+      shared = false;
+      own = true;
+    }
+  };
+
+  if (wg == 0) {
+    // ================================ producer ================================
+    setmaxnreg_dec<56>();
+    if (!GATHER && tid != 0) return;
+    if (tid == 0) {
+      prefetch_tmap(&tm_b);
+      if (!GATHER) prefetch_tmap(&tm_a);
+      if (!GATHER && FP8) prefetch_tmap(&tm_sa);
+    }
+    const Elem* A = static_cast<const Elem*>(a.A);
+    int stage = 0;
+    uint32_t phase = 0;
+    for (int w = first_item; w < total; w += item_step) {
+      int m, n;
+      bool shared, own;
+      work_item(w, m, n, shared, own);
+      const int4 tile = a.plan.tiles[m];
+      const int e = tile.x, rb = tile.y, re = tile.z;
+      // TMA A: only the boxes of ABOX rows that hold the tile's rows are loaded; the smem rows past
+      // them keep stale data, computed and discarded like the rows past re (an MMA row depends on
+      // its own A row only). Few-row experts (decode, deepseek_v3 at T = 512: 16 rows) then stop
+      // pulling 128 rows of h through L2 per stage for every n tile.
+      const int a_boxes = GATHER ? 0 : (min(re - rb, BM) + ABOX - 1) / ABOX;
+      const uint32_t tx_bytes = B_BYTES + (GATHER ? 0 : a_boxes * ABOX * 128 + (FP8 ? SA_BYTES : 0));
+      int src[GATHER ? 8 : 1];
+      int scale_src = -1;  // FP8 gather: source row of this thread's row (tid) of the tile
+      if constexpr (GATHER) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const int sr = rb + (tid >> 3) + 16 * j;
+          src[j] = sr < re ? a.a_gather[sr] / a.a_div : -1;
+        }
+        if constexpr (FP8) scale_src = rb + tid < re ? a.a_gather[rb + tid] / a.a_div : -1;
+      }
+      for (int kt = 0; kt < ktiles; ++kt) {
+        mbar_wait(empty_bar(stage), phase ^ 1u);
+        const int k0 = kt * BKE;
+        if (tid == 0) {
+          const uint32_t fb = full_bar(stage);
+          mbar_arrive_expect_tx(fb, tx_bytes);
+          const uint32_t dB = sB + uint32_t(stage) * B_BYTES;
+          if (MC) {
+            // halves: gate / up rows (concat) or rows [n*BN, +BN/2), [n*BN + BN/2, +BN/2)
+            const int r0 = concat ? n * (BN / 2) : n * BN, r1 = concat ? a.I + n * (BN / 2) : n * BN + BN / 2;
+            if (shared) {
+              tma_load_3d_multicast(dB + rank * HALF_B, &tm_b, fb, k0, rank ? r1 : r0, e, uint16_t(3));
+            } else {
+              tma_load_3d(dB, &tm_b, fb, k0, r0, e);
+              tma_load_3d(dB + HALF_B, &tm_b, fb, k0, r1, e);
+            }
+          } else if (concat) {
+            tma_load_3d(dB, &tm_b, fb, k0, n * (BN / 2), e);
+            tma_load_3d(dB + HALF_B, &tm_b, fb, k0, a.I + n * (BN / 2), e);
+          } else {
+            tma_load_3d(dB, &tm_b, fb, k0, n * BN, e);
+          }
+          if constexpr (!GATHER) {
+            for (int b = 0; b < a_boxes; ++b)
+              tma_load_2d(sA + uint32_t(stage) * A_BYTES + uint32_t(b * ABOX * 128), &tm_a, fb, k0, rb + b * ABOX);
+            if constexpr (FP8) tma_load_2d(sSA + uint32_t(stage) * SA_BYTES, &tm_sa, fb, rb, kt);
+          }
+        }
+        if constexpr (GATHER) {
+          const int c = tid & 7, k = k0 + c * CHUNK;
+          const uint32_t dA = sA + uint32_t(stage) * A_BYTES;
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            const int r = (tid >> 3) + 16 * j;
+            const bool ok = src[j] >= 0 && k < Kdim;
+            ptx::cp_async16(dA + uint32_t(r * 128 + ((c ^ (r & 7)) << 4)), ok ? A + int64_t(src[j]) * Kdim + k : A, ok);
+          }
+          if constexpr (FP8)
+            cp_async4(sSA + uint32_t(stage) * SA_BYTES + 4u * uint32_t(tid),
+                      scale_src >= 0 ? x.a_scales + int64_t(kt) * x.a_scales_ld + scale_src : x.a_scales, scale_src >= 0);
+          cp_async_mbar_arrive_noinc(full_bar(stage));
+        }
+        if (++stage == STAGES) {
+          stage = 0;
+          phase ^= 1u;
+        }
+      }
+    }
+    if constexpr (GATHER) ptx::cp_async_wait<0>();
+  } else {
+    // ================================ consumers ================================
+    setmaxnreg_inc<224>();
+    if constexpr (PP) {
+      pingpong_consumer<T, BN, GATHER, MC>(a, x, wg - 1, tid, first_item, item_step, total, ktiles, sA, sB, rank, work_item,
+                                           full_bar, empty_bar, turn_bar);
+      if constexpr (MC) cluster_sync();  // as at the end of the kernel
+      return;
+    }
+    const int cw = wg - 1;                       // rows [cw*64, cw*64+64) of the tile
+    const int warp_in_wg = (tid >> 5) & 3, lane = tid & 31;
+    int stage = 0;
+    uint32_t phase = 0;
+    float acc[NF][4];
+    float part[FP8 ? NF : 1][4];  // FP8: the partial sums of one 128-K block
+    // a stage is refilled when the consumers of every CTA that reads it released it (MC: the
+    // peer's multicast writes into this CTA's stage too)
+    auto release = [&](int s) {
+      __syncwarp();
+      if (lane == 0) mbar_arrive(empty_bar(s));
+      if constexpr (MC) {
+        if (lane == 1) mbar_arrive_cluster(empty_bar(s), rank ^ 1u);  // in parallel with lane 0's
+      }
+    };
+    for (int w = first_item; w < total; w += item_step) {
+      int m, n;
+      bool shared, own;
+      work_item(w, m, n, shared, own);
+#pragma unroll
+      for (int j = 0; j < NF; ++j)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) acc[j][q] = 0.0f;
+      if constexpr (FP8) {
+        // ---- two-level accumulation: per 128-K block, part = A·B on the e4m3 codes (QGMMA), then
+        // acc += part × activation scale (per row) × weight block scale (per 128 outputs)
+        const int e = a.plan.tiles[m].x;
+        const int kb_count = (Kdim + 127) / 128;
+        const int64_t nb_count = (a.N + 127) / 128;
+        // weight scale rows of the tile's two column halves (gate / up in the concatenated layout)
+        const int64_t blk_lo = concat ? (int64_t(n) * (BN / 2)) / 128 : n;
+        const int64_t blk_hi = concat ? (int64_t(a.I) + int64_t(n) * (BN / 2)) / 128 : n;
+        const int64_t ws_lo = (int64_t(e) * nb_count + blk_lo) * kb_count, ws_hi = (int64_t(e) * nb_count + blk_hi) * kb_count;
+        const int srow = cw * 64 + warp_in_wg * 16 + (lane >> 2);
+        for (int kt = 0; kt < ktiles; ++kt) {
+          const float w_lo = weight_scale(x, ws_lo + kt), w_hi = weight_scale(x, ws_hi + kt);
+          mbar_wait(full_bar(stage), phase);
+          if constexpr (GATHER) wgmma::fence_proxy_async();
+          const uint32_t a_tile = sA + uint32_t(stage) * A_BYTES + uint32_t(cw) * (64 * 128);
+          const uint32_t b_tile = sB + uint32_t(stage) * B_BYTES;
+          wgmma::fence_acc(part);
+          wgmma::fence();
+#pragma unroll
+          for (int kk = 0; kk < 4; ++kk)
+            wgmma::wgmma_m64n128k32_e4m3(part, wgmma::desc_sw128(a_tile + kk * 32), wgmma::desc_sw128(b_tile + kk * 32), kk);
+          wgmma::commit();
+          wgmma::wait<0>();
+          wgmma::fence_acc(part);
+          const float* sa = reinterpret_cast<const float*>(smem_raw + (sSA - raw) + stage * SA_BYTES);
+          const float sa0 = sa[srow], sa1 = sa[srow + 8];
+          release(stage);
+          if (++stage == STAGES) {
+            stage = 0;
+            phase ^= 1u;
+          }
+#pragma unroll
+          for (int nf = 0; nf < NF; ++nf) {
+            const float ws = nf < NF / 2 ? w_lo : w_hi;
+            const float s0 = sa0 * ws, s1 = sa1 * ws;
+            acc[nf][0] += part[nf][0] * s0;
+            acc[nf][1] += part[nf][1] * s0;
+            acc[nf][2] += part[nf][2] * s1;
+            acc[nf][3] += part[nf][3] * s1;
+          }
+        }
+      } else {
+      int prev = -1;
+      for (int kt = 0; kt < ktiles; ++kt) {
+        mbar_wait(full_bar(stage), phase);
+        if constexpr (GATHER) wgmma::fence_proxy_async();  // cp.async (generic proxy) -> wgmma (async proxy)
+        const uint32_t a_tile = sA + uint32_t(stage) * A_BYTES + uint32_t(cw) * (64 * 128);
+        const uint32_t b_tile = sB + uint32_t(stage) * B_BYTES;
+        wgmma::fence_acc(acc);
+        wgmma::fence();
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; ++kk)
+          mma_k16<T, BN>(acc, wgmma::desc_sw128(a_tile + kk * 32), wgmma::desc_sw128(b_tile + kk * 32));
+        wgmma::commit();
+        wgmma::wait<1>();
+        wgmma::fence_acc(acc);
+        if (prev >= 0) release(prev);
+        prev = stage;
+        if (++stage == STAGES) {
+          stage = 0;
+          phase ^= 1u;
+        }
+      }
+      wgmma::wait<0>();
+      wgmma::fence_acc(acc);
+      if (prev >= 0) release(prev);
+      }
+      if (!own) continue;
+
+      epilogue<T, BN>(a, x, acc, m, n, cw, warp_in_wg, lane);
+    }
+  }
+  if constexpr (MC) cluster_sync();  // no CTA leaves while its peer may still write or arrive into it
+#else
+  __trap();  // built without sm_90a: the launcher never selects this kernel then
+#endif
+}
+
+// ---- typed launcher ---------------------------------------------------------------------------
+
+template <class T, int BN, bool GATHER, bool FP8, bool MC, bool PP>
+void launch_typed(const GroupedGemmArgs& a, DType dtype, const TmaFp8Extra& x, int64_t a_rows, int64_t E, cudaStream_t stream) {
+  auto kernel = grouped_gemm_tma<T, BN, GATHER, FP8, MC, PP>;
+  constexpr int SMEM = TmaCfg<BN, FP8>::SMEM_BYTES;
+  constexpr int BKE = FP8 ? 128 : BK;
+  constexpr int ESZ = FP8 ? 1 : 2;
+  static thread_local int configured_device = -1, max_clusters = 0;
+  int dev = 0;
+  check(cudaGetDevice(&dev), "cudaGetDevice");
+  cudaLaunchAttribute cluster_attr[1];
+  cluster_attr[0].id = cudaLaunchAttributeClusterDimension;
+  cluster_attr[0].val.clusterDim.x = 2;
+  cluster_attr[0].val.clusterDim.y = 1;
+  cluster_attr[0].val.clusterDim.z = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.blockDim = dim3(THREADS);
+  cfg.dynamicSmemBytes = SMEM;
+  cfg.stream = stream;
+  cfg.attrs = cluster_attr;
+  cfg.numAttrs = 1;
+  if (configured_device != dev) {
+    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM), "cudaFuncSetAttribute");
+    if (MC) {
+      // how many 2-CTA clusters fit at once (the SMs of a GPC pair up; an odd one stays idle)
+      cfg.gridDim = dim3(unsigned(sm_count() & ~1));
+      if (cudaOccupancyMaxActiveClusters(&max_clusters, kernel, &cfg) != cudaSuccess || max_clusters <= 0) {
+        cudaGetLastError();
+        max_clusters = sm_count() / 2;
+      }
+    }
+    configured_device = dev;
+  }
+  const CUtensorMapDataType etype = FP8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+                                        : dtype == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  const int n_tiles = a.epi == Epi::up_concat ? int(ceil_div(a.I, BN / 2)) : int(ceil_div(a.N, BN));
+  // B: [E, N, K] as a 3-D map (K, N, E); box 128 bytes of K × rows × 1
+  const cuuint64_t bdims[3] = {cuuint64_t(a.Kdim), cuuint64_t(a.N), cuuint64_t(E)};
+  const cuuint64_t bstrides[2] = {cuuint64_t(a.Kdim) * ESZ, cuuint64_t(a.w_expert_stride) * ESZ};
+  // MC and the concatenated gated layout load B in two halves of BN/2 rows
+  const cuuint32_t bbox[3] = {cuuint32_t(BKE), cuuint32_t(MC || a.epi == Epi::up_concat ? BN / 2 : BN), 1};
+  const CUtensorMap tm_b = make_map(etype, a.W, 3, bdims, bstrides, bbox, CU_TENSOR_MAP_SWIZZLE_128B);
+  CUtensorMap tm_a = tm_b, tm_sa = tm_b;
+  if (!GATHER) {
+    const cuuint64_t adims[2] = {cuuint64_t(a.Kdim), cuuint64_t(a_rows)};
+    const cuuint64_t astrides[1] = {cuuint64_t(a.Kdim) * ESZ};
+    const cuuint32_t abox[2] = {cuuint32_t(BKE), cuuint32_t(ABOX)};
+    tm_a = make_map(etype, a.A, 2, adims, astrides, abox, CU_TENSOR_MAP_SWIZZLE_128B);
+    if (FP8) {
+      // activation scales [kb, ld] f32: box of 128 rows of one K block
+      const cuuint64_t sdims[2] = {cuuint64_t(x.a_scales_ld), cuuint64_t(ceil_div(a.Kdim, 128))};
+      const cuuint64_t sstrides[1] = {cuuint64_t(x.a_scales_ld) * 4};
+      const cuuint32_t sbox[2] = {cuuint32_t(BM), 1};
+      tm_sa = make_map(CU_TENSOR_MAP_DATA_TYPE_FLOAT32, x.a_scales, 2, sdims, sstrides, sbox, CU_TENSOR_MAP_SWIZZLE_NONE);
+    }
+  }
+  if constexpr (MC) {
+    const int64_t pair_bound = ceil_div(int64_t(a.plan.max_tiles), 2) * n_tiles;
+    cfg.gridDim = dim3(unsigned(2 * std::max<int64_t>(1, std::min<int64_t>(max_clusters, pair_bound))));
+    check(cudaLaunchKernelEx(&cfg, kernel, tm_b, tm_a, tm_sa, a, x, n_tiles), "cudaLaunchKernelEx (grouped_gemm_tma, clusters)");
+  } else {
+    const int64_t work_bound = int64_t(a.plan.max_tiles) * n_tiles;
+    const unsigned grid = unsigned(std::max<int64_t>(1, std::min<int64_t>(sm_count(), work_bound)));
+    kernel<<<grid, THREADS, SMEM, stream>>>(tm_b, tm_a, tm_sa, a, x, n_tiles);
+  }
+  check_launch("grouped_gemm_tma");
+}
+
+template <class T, int BN, bool FP8, bool MC, bool PP>
+void launch_bn(const GroupedGemmArgs& a, DType dtype, const TmaFp8Extra& x, int64_t a_rows, int64_t E, cudaStream_t stream) {
+  if (a.a_gather) launch_typed<T, BN, true, FP8, MC, PP>(a, dtype, x, a_rows, E, stream);
+  else launch_typed<T, BN, false, FP8, MC, PP>(a, dtype, x, a_rows, E, stream);
+}
+
+}  // namespace moex::cuda::tma
+
+// Explicit instantiation of one launch_bn combination (and with it its two kernels, gathered and
+// not). Use at global scope in a sm90_tma_kernels_*.cu file.
+#define MOEX_TMA_INSTANTIATE(T, BN, FP8, MC, PP)                                                            \
+  template void moex::cuda::tma::launch_bn<T, BN, FP8, MC, PP>(const moex::cuda::GroupedGemmArgs&, moex::DType, \
+                                                               const moex::cuda::TmaFp8Extra&, int64_t, int64_t, \
+                                                               cudaStream_t)
