@@ -25,6 +25,7 @@
 #      (MOEX_CUDA_TMA_PINGPONG=1), without and with clusters, and memcheck on them (not in the
 #      default PARTS)
 # PARTS selects steps (default: all but pingpong): PARTS="build tests n256 clusters pingpong sanitize perf bench quant hf table".
+# TEST_FILTER / CLUSTER_FILTER replace the gtest filters of the tests / clusters steps.
 # Timeouts: TEST_TIMEOUT (tests, 480 s), CLUSTER_TIMEOUT (300 s), SAN_TIMEOUT (each sanitizer run, 200 s).
 # TOKENS, SHAPES and PERF_TOKENS narrow the timed cases; DEADLINE (seconds) ends the reference run in time. Keep the whole run under ~9 minutes.
 set -u
@@ -62,7 +63,7 @@ fi
 if has tests; then
   stamp tests
   set -o pipefail
-  timeout ${TEST_TIMEOUT:-480} "$BUILD/moex_tests" --gtest_filter='*Cuda*:*DeepGemm*' 2>&1 | tee "$OUT/tests.log" | grep -E "^\[  (FAILED|PASSED|SKIPPED) |passed of|Failure|error" | head -60
+  timeout ${TEST_TIMEOUT:-480} "$BUILD/moex_tests" --gtest_filter="${TEST_FILTER:-*Cuda*:*DeepGemm*}" 2>&1 | tee "$OUT/tests.log" | grep -E "^\[  (FAILED|PASSED|SKIPPED) |passed of|Failure|error" | head -60
   rc=$?; [ $rc -ne 0 ] && status=1
   set +o pipefail
   echo "gpu tests exit status $rc"
@@ -82,7 +83,7 @@ if has clusters; then
   stamp clusters
   set -o pipefail
   MOEX_CUDA_TMA_CLUSTER=1 MOEX_CUDA_TMA_N=256 MOEX_CUDA_DEEPGEMM_GROUPED_TILES=1 MOEX_CUDA_TEST_CASES=${CLUSTER_TEST_CASES:-12} timeout ${CLUSTER_TIMEOUT:-300} \
-    "$BUILD/moex_tests" --gtest_filter='Dtypes/CudaEquivalence.*/bf16:Dtypes/CudaEquivalence.*/f16:Capturable/*:*DeepGemm*' 2>&1 |
+    "$BUILD/moex_tests" --gtest_filter="${CLUSTER_FILTER:-Dtypes/CudaEquivalence.*/bf16:Dtypes/CudaEquivalence.*/f16:Capturable/*:*DeepGemm*}" 2>&1 |
     sed 's/^/[clusters] /' | tee -a "$OUT/tests.log" | grep -E "^\[clusters\] \[  (FAILED|PASSED) |passed of|Failure" | head -20
   rc=$?; [ $rc -ne 0 ] && status=1
   echo "clusters tests exit status $rc"
