@@ -7,9 +7,14 @@
 //                         128 rows: expert e owns layout rows [128·tile_off[e], +cnt[e]), the
 //                         rest of its last 128-row tile is padding (row_pair = −1, never read,
 //                         never written). Bound: S + min(S, E)·127 rows.
-//   masked (decode)       [E, max_rows] with max_rows = T (a token reaches an expert at most
-//                         once): expert e owns rows [e·T, e·T + cnt[e]); the per-expert counts
-//                         stay on the device and only ceil(cnt/128) tiles per expert are listed.
+//   masked (decode)       [E, max_rows] with max_rows = T4 = T rounded up to a multiple of 4 (a
+//                         token reaches an expert at most once): expert e owns rows
+//                         [e·T4, e·T4 + cnt[e]); the per-expert counts stay on the device and
+//                         only ceil(cnt/128) tiles per expert are listed. T4, not T: the FP8 down
+//                         GEMM loads a tile's 128 activation scales (f32, consecutive in the
+//                         MN-major scale array) as one TMA box starting at the tile's first row,
+//                         and a box whose innermost start is not 16-byte aligned faults
+//                         ("illegal instruction", H200, 2026-11-30, T = 5 etc.).
 // Default: masked for T <= 64, contiguous above; MOEX_DEEPGEMM_LAYOUT=contiguous|masked forces one.
 //
 // One forward (S = T·K pairs, M = layout rows):
@@ -62,14 +67,14 @@ Layout layout_for(int64_t T, LayoutChoice choice = LayoutChoice::by_size) {
 
 int64_t round4(int64_t v) { return (v + 3) / 4 * 4; }
 int64_t layout_rows(Layout l, int64_t T, int64_t S, int64_t E) {
-  return l == Layout::masked ? E * T : S + std::min(S, E) * (kTile - 1);
+  return l == Layout::masked ? E * round4(T) : S + std::min(S, E) * (kTile - 1);
 }
 
 // ---- layout kernels -----------------------------------------------------------------------------
 
-// tile_off[e] = Σ_{e' < e} ceil(cnt[e'] / 128); row_base[e] = the layout row of expert e's first row.
-// One block: E is at most a few thousand; a block-wide scan in chunks of blockDim.
-__global__ void layout_scan_kernel(const int* counts, int E, int T, bool masked, int* tile_off, int* row_base) {
+// tile_off[e] = Σ_{e' < e} ceil(cnt[e'] / 128); row_base[e] = the layout row of expert e's first row
+// (masked: e · masked_rows). One block: E is at most a few thousand; a block-wide scan in chunks of blockDim.
+__global__ void layout_scan_kernel(const int* counts, int E, int masked_rows, bool masked, int* tile_off, int* row_base) {
   __shared__ int carry;
   __shared__ int warp_sums[32];
   if (threadIdx.x == 0) carry = 0;
@@ -99,7 +104,7 @@ __global__ void layout_scan_kernel(const int* counts, int E, int T, bool masked,
     const int excl = carry + (warp > 0 ? warp_sums[warp - 1] : 0) + incl - v;
     if (e < E) {
       tile_off[e] = excl;
-      row_base[e] = masked ? e * T : excl * kTile;
+      row_base[e] = masked ? e * masked_rows : excl * kTile;
     }
     __syncthreads();
     if (threadIdx.x == 0) carry += warp_sums[nwarps - 1];
@@ -306,7 +311,8 @@ void run_deepgemm(const Experts& ex, const ExpertsCall& call, const RunContext& 
 
   build_plan(plan, call.top_k_index.data, idx64, z.S, z.E, stream);
   if (z.S > 0) {
-    layout_scan_kernel<<<1, 1024, 0, stream>>>(plan.counts, int(z.E), int(T), z.layout == Layout::masked, tile_off, row_base);
+    layout_scan_kernel<<<1, 1024, 0, stream>>>(plan.counts, int(z.E), int(round4(T)), z.layout == Layout::masked, tile_off,
+                                               row_base);
     check_launch("deepgemm layout_scan");
     const int64_t work = std::max<int64_t>(z.max_tiles, z.S);
     const unsigned blocks = unsigned(std::min<int64_t>(1024, ceil_div(work, 256)));
