@@ -32,8 +32,9 @@ fi
 
 if has sass; then
   stamp sass
-  o="$BUILD/CMakeFiles/moex_lib.dir/src/backends/cuda/sm90_tma_grouped_gemm.cu.o"
-  cuobjdump --dump-sass "$o" > "$OUT/dg_sass.txt" 2>&1
+  for o in "$BUILD"/CMakeFiles/moex_lib.dir/src/backends/cuda/sm90_tma_kernels_*.cu.o; do
+    cuobjdump --dump-sass "$o"
+  done > "$OUT/dg_sass.txt" 2>&1
   printf 'sm90_tma_grouped_gemm: HGMMA %s QGMMA %s UTMALDG %s\n' "$(grep -c 'HGMMA' "$OUT/dg_sass.txt")" \
     "$(grep -c 'QGMMA' "$OUT/dg_sass.txt")" "$(grep -c 'UTMALDG' "$OUT/dg_sass.txt")"
   grep -o 'QGMMA[^;]*' "$OUT/dg_sass.txt" | sort | uniq -c | head -3

@@ -1,6 +1,7 @@
 // backends/cuda/deepgemm.cu — the `deepgemm` experts backend (SPEC §2) on Hopper: bf16 or FP8
 // block-quantized experts through the warp-specialised TMA + wgmma grouped GEMM of
-// sm90_tma_grouped_gemm.cu (HGMMA for bf16, QGMMA with the two-level accumulation for FP8).
+// sm90_tma_grouped_gemm.cu / sm90_tma_kernel.cuh (HGMMA for bf16, QGMMA with the two-level
+// accumulation for FP8).
 //
 // Layouts of the A rows (one row per token-expert pair; both built on the device, no host sync):
 //   contiguous (prefill)  pairs sorted by expert, every expert's block padded to a multiple of
@@ -395,7 +396,8 @@ void run_deepgemm(const Experts& ex, const ExpertsCall& call, const RunContext& 
     // 256-wide tiles (n_tile 0), as measured and tested. MOEX_CUDA_DEEPGEMM_GROUPED_TILES=1 takes
     // grouped_mm's tile / cluster rule instead: faster on the H200 (2026-11-30, two calls, docs/PERF.md:
     // mixtral_8x7b T = 16384 26.8 -> 23.6 ms, T = 4096 6.88 -> 5.53, qwen3_30b_a3b T = 16384 4.23 -> 3.51)
-    // but this layout's GPU tests did not run to the end with it, so it stays opt-in until they have.
+    // Its GPU tests passed with it in 2-CTA clusters on 256-wide tiles (forced, 2026-11-30, tenth
+    // session); it stays opt-in until they have also run on the rule's 128-wide choice.
     static const bool grouped_tiles = [] {
       const char* e = std::getenv("MOEX_CUDA_DEEPGEMM_GROUPED_TILES");
       return e && *e == '1';
