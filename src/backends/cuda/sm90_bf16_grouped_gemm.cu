@@ -40,17 +40,6 @@ struct Cfg {
 __device__ __forceinline__ int sw64(int row, int chunk) { return row * 64 + ((chunk ^ (row & 7)) << 3); }
 
 template <class T, int BN>
-__device__ __forceinline__ void wgmma_tile(float (&d)[BN / 8][4], uint64_t da, uint64_t db) {
-  if constexpr (BN == 128) {
-    if constexpr (std::is_same_v<T, __nv_bfloat16>) wgmma::wgmma_m64n128k16_bf16(d, da, db);
-    else wgmma::wgmma_m64n128k16_f16(d, da, db);
-  } else {
-    if constexpr (std::is_same_v<T, __nv_bfloat16>) wgmma::wgmma_m64n256k16_bf16(d, da, db);
-    else wgmma::wgmma_m64n256k16_f16(d, da, db);
-  }
-}
-
-template <class T, int BN>
 __global__ void __launch_bounds__(THREADS, Cfg<BN>::MIN_BLOCKS) grouped_gemm_wgmma(GroupedGemmArgs a) {
   constexpr int STAGES = Cfg<BN>::STAGES, B_BYTES = Cfg<BN>::B_BYTES, NF = BN / 8, BJ = BN / 32;
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -132,7 +121,7 @@ __global__ void __launch_bounds__(THREADS, Cfg<BN>::MIN_BLOCKS) grouped_gemm_wgm
     wgmma::fence();
 #pragma unroll
     for (int kk = 0; kk < BK / 16; ++kk)
-      wgmma_tile<T, BN>(acc, wgmma::desc_sw128(a_tile + kk * 32), wgmma::desc_sw128(b_tile + kk * 32));
+      wgmma::mma_m64k16<T, BN>(acc, wgmma::desc_sw128(a_tile + kk * 32), wgmma::desc_sw128(b_tile + kk * 32));
     wgmma::commit();
     wgmma::wait<1>();  // the previous k tile's MMAs are done ...
     wgmma::fence_acc(acc);

@@ -114,17 +114,6 @@ __device__ __forceinline__ void setmaxnreg_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
-template <class T, int BN>
-__device__ __forceinline__ void mma_k16(float (&d)[BN / 8][4], uint64_t da, uint64_t db) {
-  if constexpr (BN == 128) {
-    if constexpr (std::is_same_v<T, __nv_bfloat16>) wgmma::wgmma_m64n128k16_bf16(d, da, db);
-    else wgmma::wgmma_m64n128k16_f16(d, da, db);
-  } else {
-    if constexpr (std::is_same_v<T, __nv_bfloat16>) wgmma::wgmma_m64n256k16_bf16(d, da, db);
-    else wgmma::wgmma_m64n256k16_f16(d, da, db);
-  }
-}
-
 // Work item w -> (m tile, n tile): groups of GROUP_M m tiles, n-major inside a group.
 __device__ __forceinline__ void decode_work(int w, int num_m, int n_tiles, int& m, int& n) {
   const int per_group = GROUP_M * n_tiles;
@@ -309,8 +298,8 @@ __device__ __forceinline__ void pingpong_consumer(const GroupedGemmArgs& a, cons
 #pragma unroll
       for (int kk = 0; kk < BK / 16; ++kk) {
         const uint64_t db = wgmma::desc_sw128(b_tile + kk * 32);
-        mma_k16<T, BN>(acc[0], wgmma::desc_sw128(a_tile + kk * 32), db);
-        mma_k16<T, BN>(acc[1], wgmma::desc_sw128(a_tile + 64 * 128 + kk * 32), db);
+        wgmma::mma_m64k16<T, BN>(acc[0], wgmma::desc_sw128(a_tile + kk * 32), db);
+        wgmma::mma_m64k16<T, BN>(acc[1], wgmma::desc_sw128(a_tile + 64 * 128 + kk * 32), db);
       }
       wgmma::commit();
       wgmma::wait<1>();
@@ -584,7 +573,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         wgmma::fence();
 #pragma unroll
         for (int kk = 0; kk < BK / 16; ++kk)
-          mma_k16<T, BN>(acc, wgmma::desc_sw128(a_tile + kk * 32), wgmma::desc_sw128(b_tile + kk * 32));
+          wgmma::mma_m64k16<T, BN>(acc, wgmma::desc_sw128(a_tile + kk * 32), wgmma::desc_sw128(b_tile + kk * 32));
         wgmma::commit();
         wgmma::wait<1>();
         wgmma::fence_acc(acc);

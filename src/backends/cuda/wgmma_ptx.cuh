@@ -2,7 +2,11 @@
 // 128-byte-swizzled K-major layout and wgmma.mma_async m64n128k16 (bf16/f16 in, f32 accumulate).
 // Generated shapes: the 64 accumulator registers of one m64n128 tile per warpgroup.
 #pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include <cstdint>
+#include <type_traits>
 
 namespace moex::cuda::wgmma {
 
@@ -233,6 +237,20 @@ __device__ __forceinline__ void wgmma_m64n256k16_f16(float (&d)[32][4], uint64_t
         "+f"(d[30][0]), "+f"(d[30][1]), "+f"(d[30][2]), "+f"(d[30][3]),
         "+f"(d[31][0]), "+f"(d[31][1]), "+f"(d[31][2]), "+f"(d[31][3])
       : "l"(desc_a), "l"(desc_b), "r"(1));
+}
+
+// One k16 step of a warpgroup's m64 × BN tile (BN = 128 or 256 accumulator columns), T the operand
+// type (__nv_bfloat16 or __half): the shape / type dispatch of the grouped GEMM kernels.
+template <class T, int BN>
+__device__ __forceinline__ void mma_m64k16(float (&d)[BN / 8][4], uint64_t desc_a, uint64_t desc_b) {
+  static_assert(BN == 128 || BN == 256, "m64n128 or m64n256");
+  if constexpr (BN == 128) {
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) wgmma_m64n128k16_bf16(d, desc_a, desc_b);
+    else wgmma_m64n128k16_f16(d, desc_a, desc_b);
+  } else {
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) wgmma_m64n256k16_bf16(d, desc_a, desc_b);
+    else wgmma_m64n256k16_f16(d, desc_a, desc_b);
+  }
 }
 
 }  // namespace moex::cuda::wgmma
