@@ -2,7 +2,8 @@
 # bench/gpu_check.sh — the GPU suite in one call, run from the repository root on a machine with
 # a CUDA GPU (the device machine: `run` with command `bash bench/gpu_check.sh`).
 #
-#   1. builds moex with CUDA in Release (cmake -G Ninja) into build-gpu/
+#   1. builds moex and moex_tests (BUILD_TARGETS) with CUDA in Release (cmake -G Ninja) into build-gpu/;
+#      the longest compile steps in build_times.txt
 #   2. moex info; SASS check of the tensor-core kernels (HMMA / HGMMA counts)
 #   3. the GPU tests: moex_tests --gtest_filter='*Cuda*:*DeepGemm*'
 #   4. compute-sanitizer memcheck and racecheck on a small subset of the CUDA tests, then on the
@@ -45,9 +46,13 @@ if has build; then
   set -o pipefail
   { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv || true
     cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOEX_CUDA=ON &&
-    cmake --build "$BUILD" -j "$(nproc)"; } 2>&1 | tee "$OUT/build.log" | grep -E "error|FAILED|warning|moex:" | head -50
+    cmake --build "$BUILD" -j "$(nproc)" --target ${BUILD_TARGETS:-moex moex_tests}; } 2>&1 | tee "$OUT/build.log" |
+    grep -E "error|FAILED|warning|moex:" | head -50
   rc=$?
   set +o pipefail
+  # seconds per compiled file, longest first (the build's critical path on this machine)
+  awk 'NR > 1 { t[$4] = ($2 - $1) / 1000 } END { for (f in t) printf "%7.1f %s\n", t[f], f }' "$BUILD/.ninja_log" 2>/dev/null |
+    sort -rn | head -12 > "$OUT/build_times.txt"
   if [ ! -x "$BUILD/moex_tests" ]; then echo "build failed"; tail -40 "$OUT/build.log"; exit 1; fi
   {
     "$BUILD/moex" info
