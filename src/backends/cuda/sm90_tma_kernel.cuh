@@ -324,9 +324,9 @@ __device__ __forceinline__ void pingpong_consumer(const GroupedGemmArgs& a, cons
 }
 
 // T: the activation dtype (bias, the h output of bf16/f16 GEMMs). FP8: A and B are e4m3 codes with
-// the two-level accumulation (see the header).
-// MC: launched in clusters of 2 CTAs (see "2-CTA clusters" in the header comment).
-// PP: ping-pong consumers (see "Ping-pong" in the header comment).
+// the two-level accumulation (see the comment at the top of sm90_tma_grouped_gemm.cu).
+// MC: launched in clusters of 2 CTAs (see "2-CTA clusters" at the top of sm90_tma_grouped_gemm.cu).
+// PP: ping-pong consumers (see "Ping-pong" there).
 template <class T, int BN, bool GATHER, bool FP8, bool MC, bool PP>
 __global__ void __launch_bounds__(THREADS, 1)
     grouped_gemm_tma(const __grid_constant__ CUtensorMap tm_b, const __grid_constant__ CUtensorMap tm_a,
