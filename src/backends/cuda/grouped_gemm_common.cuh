@@ -76,4 +76,42 @@ __device__ __forceinline__ void epi_pair(const GroupedGemmArgs& a, const ColMap&
   static_cast<T*>(a.out)[int64_t(row) * a.ldo + i] = from_f32<T>(gated_act(a.act, g, u));
 }
 
+// One warp's MF × 4 mma.sync m16n8 accumulator fragments through the epilogue: fragment (mf, nf)
+// holds rows row0 + mf·16 + lane/4 (+8: elements 2, 3) and tile columns col0 + nf·8 + 2·(lane%4) (+1);
+// rows >= row_end are not written. Gated layouts: interleaved (gate, up) are adjacent columns;
+// concatenated, fragments nf and nf + 1 hold the gate and up values of the same i.
+template <class T, int MF>
+__device__ __forceinline__ void store_fragments(const GroupedGemmArgs& a, const ColMap& cm, const T* bias, int row0, int row_end,
+                                                int col0, int lane, const float (&acc)[MF][4][4]) {
+#pragma unroll
+  for (int mf = 0; mf < MF; ++mf) {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int row = row0 + mf * 16 + (lane >> 2) + hh * 8;
+      if (row >= row_end) continue;
+      if (a.epi == Epi::down || a.epi == Epi::up_plain) {
+#pragma unroll
+        for (int nf = 0; nf < 4; ++nf) {
+          const int c = col0 + nf * 8 + 2 * (lane & 3);
+          epi_single<T>(a, cm, bias, row, c, acc[mf][nf][2 * hh]);
+          epi_single<T>(a, cm, bias, row, c + 1, acc[mf][nf][2 * hh + 1]);
+        }
+      } else if (a.epi == Epi::up_interleaved) {
+#pragma unroll
+        for (int nf = 0; nf < 4; ++nf) {
+          const int c = col0 + nf * 8 + 2 * (lane & 3);
+          epi_pair<T>(a, cm, bias, row, c, acc[mf][nf][2 * hh], acc[mf][nf][2 * hh + 1]);
+        }
+      } else {  // up_concat
+#pragma unroll
+        for (int nf = 0; nf < 4; nf += 2) {
+          const int c = col0 + nf * 8 + 2 * (lane & 3);
+          epi_pair<T>(a, cm, bias, row, c, acc[mf][nf][2 * hh], acc[mf][nf + 1][2 * hh]);
+          epi_pair<T>(a, cm, bias, row, c + 1, acc[mf][nf][2 * hh + 1], acc[mf][nf + 1][2 * hh + 1]);
+        }
+      }
+    }
+  }
+}
+
 }  // namespace moex::cuda

@@ -198,35 +198,7 @@ __global__ void __launch_bounds__(THREADS) quant_grouped_gemm(QuantGemmArgs qa) 
 
   // ---- epilogue (as grouped_gemm_tc) ----
   const T* bias = a.bias ? static_cast<const T*>(a.bias) + int64_t(e) * a.N : nullptr;
-#pragma unroll
-  for (int mf = 0; mf < 2; ++mf) {
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const int row = row_begin + wm * 32 + mf * 16 + (lane >> 2) + hh * 8;
-      if (row >= row_end) continue;
-      if (a.epi == Epi::down || a.epi == Epi::up_plain) {
-#pragma unroll
-        for (int nf = 0; nf < 4; ++nf) {
-          const int c = wn * 32 + nf * 8 + 2 * (lane & 3);
-          epi_single<T>(a, cm, bias, row, c, acc[mf][nf][2 * hh]);
-          epi_single<T>(a, cm, bias, row, c + 1, acc[mf][nf][2 * hh + 1]);
-        }
-      } else if (a.epi == Epi::up_interleaved) {
-#pragma unroll
-        for (int nf = 0; nf < 4; ++nf) {
-          const int c = wn * 32 + nf * 8 + 2 * (lane & 3);
-          epi_pair<T>(a, cm, bias, row, c, acc[mf][nf][2 * hh], acc[mf][nf][2 * hh + 1]);
-        }
-      } else {  // up_concat: fragments (0,1) and (2,3) are (gate, up) groups of the same i
-#pragma unroll
-        for (int nf = 0; nf < 4; nf += 2) {
-          const int c = wn * 32 + nf * 8 + 2 * (lane & 3);
-          epi_pair<T>(a, cm, bias, row, c, acc[mf][nf][2 * hh], acc[mf][nf + 1][2 * hh]);
-          epi_pair<T>(a, cm, bias, row, c + 1, acc[mf][nf][2 * hh + 1], acc[mf][nf + 1][2 * hh + 1]);
-        }
-      }
-    }
-  }
+  store_fragments<T, 2>(a, cm, bias, row_begin + wm * 32, row_end, wn * 32, lane, acc);
 }
 
 template <class T, bool VEC_A, bool VEC_B>
