@@ -1,6 +1,6 @@
 // backends/cuda/wgmma_ptx.cuh — Hopper (sm_90a) warpgroup MMA: smem matrix descriptors for the
-// 128-byte-swizzled K-major layout and wgmma.mma_async m64n128k16 (bf16/f16 in, f32 accumulate).
-// Generated shapes: the 64 accumulator registers of one m64n128 tile per warpgroup.
+// 128-byte-swizzled K-major layout and wgmma.mma_async with f32 accumulators: m64n128k16 and
+// m64n256k16 on bf16 / f16, m64n128k32 on FP8 e4m3; the fences around them.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -26,217 +26,142 @@ __device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned
 __device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
-// Keeps the compiler from moving accumulator accesses across wgmma issue/wait.
+// ---- operand lists -----------------------------------------------------------------------------
+// An m64nN wgmma holds N/2 f32 accumulators per thread: fragments d[N/8][4] (the mma.sync m16n8
+// layout repeated along N). The asm operand lists name every one ("+f": read and written in place).
+#define MOEX_WGMMA_ACC4(d, i) "+f"(d[i][0]), "+f"(d[i][1]), "+f"(d[i][2]), "+f"(d[i][3])
+#define MOEX_WGMMA_ACC16(d) \
+  MOEX_WGMMA_ACC4(d, 0), \
+  MOEX_WGMMA_ACC4(d, 1), \
+  MOEX_WGMMA_ACC4(d, 2), \
+  MOEX_WGMMA_ACC4(d, 3), \
+  MOEX_WGMMA_ACC4(d, 4), \
+  MOEX_WGMMA_ACC4(d, 5), \
+  MOEX_WGMMA_ACC4(d, 6), \
+  MOEX_WGMMA_ACC4(d, 7), \
+  MOEX_WGMMA_ACC4(d, 8), \
+  MOEX_WGMMA_ACC4(d, 9), \
+  MOEX_WGMMA_ACC4(d, 10), \
+  MOEX_WGMMA_ACC4(d, 11), \
+  MOEX_WGMMA_ACC4(d, 12), \
+  MOEX_WGMMA_ACC4(d, 13), \
+  MOEX_WGMMA_ACC4(d, 14), \
+  MOEX_WGMMA_ACC4(d, 15)
+#define MOEX_WGMMA_ACC32(d) \
+  MOEX_WGMMA_ACC16(d), \
+  MOEX_WGMMA_ACC4(d, 16), \
+  MOEX_WGMMA_ACC4(d, 17), \
+  MOEX_WGMMA_ACC4(d, 18), \
+  MOEX_WGMMA_ACC4(d, 19), \
+  MOEX_WGMMA_ACC4(d, 20), \
+  MOEX_WGMMA_ACC4(d, 21), \
+  MOEX_WGMMA_ACC4(d, 22), \
+  MOEX_WGMMA_ACC4(d, 23), \
+  MOEX_WGMMA_ACC4(d, 24), \
+  MOEX_WGMMA_ACC4(d, 25), \
+  MOEX_WGMMA_ACC4(d, 26), \
+  MOEX_WGMMA_ACC4(d, 27), \
+  MOEX_WGMMA_ACC4(d, 28), \
+  MOEX_WGMMA_ACC4(d, 29), \
+  MOEX_WGMMA_ACC4(d, 30), \
+  MOEX_WGMMA_ACC4(d, 31)
+#define MOEX_WGMMA_REGS64 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define MOEX_WGMMA_REGS128 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}"
+// One wgmma.mma_async with D in %0..%(R-1), the A / B descriptors in %R / %R+1 and scale-d (0: D = A·B,
+// 1: D += A·B) in %R+2 as a predicate; SHAPE_TYPES e.g. "m64n128k16.f32.bf16.bf16"; TAIL the scale and
+// transpose immediates (bf16 / f16: "1, 1, 0, 0"; e4m3 has no transpose operands: "1, 1").
+#define MOEX_WGMMA_ASM(SHAPE_TYPES, REGS, A, B, PRED, TAIL)                                             \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, " PRED ", 0;\nwgmma.mma_async.sync.aligned." SHAPE_TYPES " " REGS ", " A \
+  ", " B ", p, " TAIL ";\n}\n"
+
+// Keeps the compiler from moving accumulator accesses across wgmma issue / wait: an empty asm that
+// reads and writes every accumulator, one statement per fragment in order (a loop over the
+// fragments compiled the 256-wide kernels to different SASS).
+#define MOEX_WGMMA_FENCE4(d, i) asm volatile("" : MOEX_WGMMA_ACC4(d, i)::"memory")
 __device__ __forceinline__ void fence_acc(float (&d)[16][4]) {
-  asm volatile("" : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3])::"memory");
-  asm volatile("" : "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3])::"memory");
-  asm volatile("" : "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3])::"memory");
-  asm volatile("" : "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])::"memory");
-  asm volatile("" : "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3])::"memory");
-  asm volatile("" : "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3])::"memory");
-  asm volatile("" : "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3])::"memory");
-  asm volatile("" : "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])::"memory");
-  asm volatile("" : "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3])::"memory");
-  asm volatile("" : "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3])::"memory");
-  asm volatile("" : "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3])::"memory");
-  asm volatile("" : "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3])::"memory");
-  asm volatile("" : "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3])::"memory");
-  asm volatile("" : "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3])::"memory");
-  asm volatile("" : "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3])::"memory");
-  asm volatile("" : "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])::"memory");
+  MOEX_WGMMA_FENCE4(d, 0);
+  MOEX_WGMMA_FENCE4(d, 1);
+  MOEX_WGMMA_FENCE4(d, 2);
+  MOEX_WGMMA_FENCE4(d, 3);
+  MOEX_WGMMA_FENCE4(d, 4);
+  MOEX_WGMMA_FENCE4(d, 5);
+  MOEX_WGMMA_FENCE4(d, 6);
+  MOEX_WGMMA_FENCE4(d, 7);
+  MOEX_WGMMA_FENCE4(d, 8);
+  MOEX_WGMMA_FENCE4(d, 9);
+  MOEX_WGMMA_FENCE4(d, 10);
+  MOEX_WGMMA_FENCE4(d, 11);
+  MOEX_WGMMA_FENCE4(d, 12);
+  MOEX_WGMMA_FENCE4(d, 13);
+  MOEX_WGMMA_FENCE4(d, 14);
+  MOEX_WGMMA_FENCE4(d, 15);
+}
+__device__ __forceinline__ void fence_acc(float (&d)[32][4]) {
+  MOEX_WGMMA_FENCE4(d, 0);
+  MOEX_WGMMA_FENCE4(d, 1);
+  MOEX_WGMMA_FENCE4(d, 2);
+  MOEX_WGMMA_FENCE4(d, 3);
+  MOEX_WGMMA_FENCE4(d, 4);
+  MOEX_WGMMA_FENCE4(d, 5);
+  MOEX_WGMMA_FENCE4(d, 6);
+  MOEX_WGMMA_FENCE4(d, 7);
+  MOEX_WGMMA_FENCE4(d, 8);
+  MOEX_WGMMA_FENCE4(d, 9);
+  MOEX_WGMMA_FENCE4(d, 10);
+  MOEX_WGMMA_FENCE4(d, 11);
+  MOEX_WGMMA_FENCE4(d, 12);
+  MOEX_WGMMA_FENCE4(d, 13);
+  MOEX_WGMMA_FENCE4(d, 14);
+  MOEX_WGMMA_FENCE4(d, 15);
+  MOEX_WGMMA_FENCE4(d, 16);
+  MOEX_WGMMA_FENCE4(d, 17);
+  MOEX_WGMMA_FENCE4(d, 18);
+  MOEX_WGMMA_FENCE4(d, 19);
+  MOEX_WGMMA_FENCE4(d, 20);
+  MOEX_WGMMA_FENCE4(d, 21);
+  MOEX_WGMMA_FENCE4(d, 22);
+  MOEX_WGMMA_FENCE4(d, 23);
+  MOEX_WGMMA_FENCE4(d, 24);
+  MOEX_WGMMA_FENCE4(d, 25);
+  MOEX_WGMMA_FENCE4(d, 26);
+  MOEX_WGMMA_FENCE4(d, 27);
+  MOEX_WGMMA_FENCE4(d, 28);
+  MOEX_WGMMA_FENCE4(d, 29);
+  MOEX_WGMMA_FENCE4(d, 30);
+  MOEX_WGMMA_FENCE4(d, 31);
 }
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
+// ---- m64n128: 64 accumulators per thread -----------------------------------------------------
 __device__ __forceinline__ void wgmma_m64n128k16_bf16(float (&d)[16][4], uint64_t desc_a, uint64_t desc_b) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
-        "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
-        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
-        "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
-        "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
-        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
-        "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
-        "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
-        "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
-        "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]),
-        "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
-        "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),
-        "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
-        "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
-        "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
-      : "l"(desc_a), "l"(desc_b), "r"(1));
+  asm volatile(MOEX_WGMMA_ASM("m64n128k16.f32.bf16.bf16", MOEX_WGMMA_REGS64, "%64", "%65", "%66", "1, 1, 0, 0")
+               : MOEX_WGMMA_ACC16(d)
+               : "l"(desc_a), "l"(desc_b), "r"(1));
 }
-
 __device__ __forceinline__ void wgmma_m64n128k16_f16(float (&d)[16][4], uint64_t desc_a, uint64_t desc_b) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
-        "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
-        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
-        "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
-        "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
-        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
-        "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
-        "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
-        "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
-        "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]),
-        "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
-        "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),
-        "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
-        "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
-        "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
-      : "l"(desc_a), "l"(desc_b), "r"(1));
+  asm volatile(MOEX_WGMMA_ASM("m64n128k16.f32.f16.f16", MOEX_WGMMA_REGS64, "%64", "%65", "%66", "1, 1, 0, 0")
+               : MOEX_WGMMA_ACC16(d)
+               : "l"(desc_a), "l"(desc_b), "r"(1));
 }
-
-
 // FP8 (e4m3 x e4m3, f32 accumulate), m64n128k32: one K step of 32 bytes (the same 32-byte
 // descriptor advance as a bf16 k16 step). FP8 wgmma reads both operands K-major only (no
 // transpose). accumulate = 0 overwrites d (D = A·B), 1 adds (D += A·B).
 __device__ __forceinline__ void wgmma_m64n128k32_e4m3(float (&d)[16][4], uint64_t desc_a, uint64_t desc_b, int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1;\n}\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
-        "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
-        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
-        "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
-        "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
-        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
-        "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
-        "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
-        "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
-        "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]),
-        "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
-        "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),
-        "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
-        "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
-        "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
-      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+  asm volatile(MOEX_WGMMA_ASM("m64n128k32.f32.e4m3.e4m3", MOEX_WGMMA_REGS64, "%64", "%65", "%66", "1, 1")
+               : MOEX_WGMMA_ACC16(d)
+               : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 
-
-// m64n256: 128 accumulators per thread.
-__device__ __forceinline__ void fence_acc(float (&d)[32][4]) {
-  asm volatile("" : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3])::"memory");
-  asm volatile("" : "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3])::"memory");
-  asm volatile("" : "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3])::"memory");
-  asm volatile("" : "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])::"memory");
-  asm volatile("" : "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3])::"memory");
-  asm volatile("" : "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3])::"memory");
-  asm volatile("" : "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3])::"memory");
-  asm volatile("" : "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])::"memory");
-  asm volatile("" : "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3])::"memory");
-  asm volatile("" : "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3])::"memory");
-  asm volatile("" : "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3])::"memory");
-  asm volatile("" : "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3])::"memory");
-  asm volatile("" : "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3])::"memory");
-  asm volatile("" : "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3])::"memory");
-  asm volatile("" : "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3])::"memory");
-  asm volatile("" : "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])::"memory");
-  asm volatile("" : "+f"(d[16][0]), "+f"(d[16][1]), "+f"(d[16][2]), "+f"(d[16][3])::"memory");
-  asm volatile("" : "+f"(d[17][0]), "+f"(d[17][1]), "+f"(d[17][2]), "+f"(d[17][3])::"memory");
-  asm volatile("" : "+f"(d[18][0]), "+f"(d[18][1]), "+f"(d[18][2]), "+f"(d[18][3])::"memory");
-  asm volatile("" : "+f"(d[19][0]), "+f"(d[19][1]), "+f"(d[19][2]), "+f"(d[19][3])::"memory");
-  asm volatile("" : "+f"(d[20][0]), "+f"(d[20][1]), "+f"(d[20][2]), "+f"(d[20][3])::"memory");
-  asm volatile("" : "+f"(d[21][0]), "+f"(d[21][1]), "+f"(d[21][2]), "+f"(d[21][3])::"memory");
-  asm volatile("" : "+f"(d[22][0]), "+f"(d[22][1]), "+f"(d[22][2]), "+f"(d[22][3])::"memory");
-  asm volatile("" : "+f"(d[23][0]), "+f"(d[23][1]), "+f"(d[23][2]), "+f"(d[23][3])::"memory");
-  asm volatile("" : "+f"(d[24][0]), "+f"(d[24][1]), "+f"(d[24][2]), "+f"(d[24][3])::"memory");
-  asm volatile("" : "+f"(d[25][0]), "+f"(d[25][1]), "+f"(d[25][2]), "+f"(d[25][3])::"memory");
-  asm volatile("" : "+f"(d[26][0]), "+f"(d[26][1]), "+f"(d[26][2]), "+f"(d[26][3])::"memory");
-  asm volatile("" : "+f"(d[27][0]), "+f"(d[27][1]), "+f"(d[27][2]), "+f"(d[27][3])::"memory");
-  asm volatile("" : "+f"(d[28][0]), "+f"(d[28][1]), "+f"(d[28][2]), "+f"(d[28][3])::"memory");
-  asm volatile("" : "+f"(d[29][0]), "+f"(d[29][1]), "+f"(d[29][2]), "+f"(d[29][3])::"memory");
-  asm volatile("" : "+f"(d[30][0]), "+f"(d[30][1]), "+f"(d[30][2]), "+f"(d[30][3])::"memory");
-  asm volatile("" : "+f"(d[31][0]), "+f"(d[31][1]), "+f"(d[31][2]), "+f"(d[31][3])::"memory");
-}
+// ---- m64n256: 128 accumulators per thread ----------------------------------------------------
 __device__ __forceinline__ void wgmma_m64n256k16_bf16(float (&d)[32][4], uint64_t desc_a, uint64_t desc_b) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
-        "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
-        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
-        "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
-        "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
-        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
-        "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
-        "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
-        "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
-        "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]),
-        "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
-        "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),
-        "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
-        "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
-        "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]),
-        "+f"(d[16][0]), "+f"(d[16][1]), "+f"(d[16][2]), "+f"(d[16][3]),
-        "+f"(d[17][0]), "+f"(d[17][1]), "+f"(d[17][2]), "+f"(d[17][3]),
-        "+f"(d[18][0]), "+f"(d[18][1]), "+f"(d[18][2]), "+f"(d[18][3]),
-        "+f"(d[19][0]), "+f"(d[19][1]), "+f"(d[19][2]), "+f"(d[19][3]),
-        "+f"(d[20][0]), "+f"(d[20][1]), "+f"(d[20][2]), "+f"(d[20][3]),
-        "+f"(d[21][0]), "+f"(d[21][1]), "+f"(d[21][2]), "+f"(d[21][3]),
-        "+f"(d[22][0]), "+f"(d[22][1]), "+f"(d[22][2]), "+f"(d[22][3]),
-        "+f"(d[23][0]), "+f"(d[23][1]), "+f"(d[23][2]), "+f"(d[23][3]),
-        "+f"(d[24][0]), "+f"(d[24][1]), "+f"(d[24][2]), "+f"(d[24][3]),
-        "+f"(d[25][0]), "+f"(d[25][1]), "+f"(d[25][2]), "+f"(d[25][3]),
-        "+f"(d[26][0]), "+f"(d[26][1]), "+f"(d[26][2]), "+f"(d[26][3]),
-        "+f"(d[27][0]), "+f"(d[27][1]), "+f"(d[27][2]), "+f"(d[27][3]),
-        "+f"(d[28][0]), "+f"(d[28][1]), "+f"(d[28][2]), "+f"(d[28][3]),
-        "+f"(d[29][0]), "+f"(d[29][1]), "+f"(d[29][2]), "+f"(d[29][3]),
-        "+f"(d[30][0]), "+f"(d[30][1]), "+f"(d[30][2]), "+f"(d[30][3]),
-        "+f"(d[31][0]), "+f"(d[31][1]), "+f"(d[31][2]), "+f"(d[31][3])
-      : "l"(desc_a), "l"(desc_b), "r"(1));
+  asm volatile(MOEX_WGMMA_ASM("m64n256k16.f32.bf16.bf16", MOEX_WGMMA_REGS128, "%128", "%129", "%130", "1, 1, 0, 0")
+               : MOEX_WGMMA_ACC32(d)
+               : "l"(desc_a), "l"(desc_b), "r"(1));
 }
-
 __device__ __forceinline__ void wgmma_m64n256k16_f16(float (&d)[32][4], uint64_t desc_a, uint64_t desc_b) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
-        "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
-        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
-        "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
-        "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
-        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
-        "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
-        "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
-        "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
-        "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]),
-        "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
-        "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),
-        "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
-        "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
-        "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]),
-        "+f"(d[16][0]), "+f"(d[16][1]), "+f"(d[16][2]), "+f"(d[16][3]),
-        "+f"(d[17][0]), "+f"(d[17][1]), "+f"(d[17][2]), "+f"(d[17][3]),
-        "+f"(d[18][0]), "+f"(d[18][1]), "+f"(d[18][2]), "+f"(d[18][3]),
-        "+f"(d[19][0]), "+f"(d[19][1]), "+f"(d[19][2]), "+f"(d[19][3]),
-        "+f"(d[20][0]), "+f"(d[20][1]), "+f"(d[20][2]), "+f"(d[20][3]),
-        "+f"(d[21][0]), "+f"(d[21][1]), "+f"(d[21][2]), "+f"(d[21][3]),
-        "+f"(d[22][0]), "+f"(d[22][1]), "+f"(d[22][2]), "+f"(d[22][3]),
-        "+f"(d[23][0]), "+f"(d[23][1]), "+f"(d[23][2]), "+f"(d[23][3]),
-        "+f"(d[24][0]), "+f"(d[24][1]), "+f"(d[24][2]), "+f"(d[24][3]),
-        "+f"(d[25][0]), "+f"(d[25][1]), "+f"(d[25][2]), "+f"(d[25][3]),
-        "+f"(d[26][0]), "+f"(d[26][1]), "+f"(d[26][2]), "+f"(d[26][3]),
-        "+f"(d[27][0]), "+f"(d[27][1]), "+f"(d[27][2]), "+f"(d[27][3]),
-        "+f"(d[28][0]), "+f"(d[28][1]), "+f"(d[28][2]), "+f"(d[28][3]),
-        "+f"(d[29][0]), "+f"(d[29][1]), "+f"(d[29][2]), "+f"(d[29][3]),
-        "+f"(d[30][0]), "+f"(d[30][1]), "+f"(d[30][2]), "+f"(d[30][3]),
-        "+f"(d[31][0]), "+f"(d[31][1]), "+f"(d[31][2]), "+f"(d[31][3])
-      : "l"(desc_a), "l"(desc_b), "r"(1));
+  asm volatile(MOEX_WGMMA_ASM("m64n256k16.f32.f16.f16", MOEX_WGMMA_REGS128, "%128", "%129", "%130", "1, 1, 0, 0")
+               : MOEX_WGMMA_ACC32(d)
+               : "l"(desc_a), "l"(desc_b), "r"(1));
 }
 
 // One k16 step of a warpgroup's m64 × BN tile (BN = 128 or 256 accumulator columns), T the operand
@@ -254,3 +179,11 @@ __device__ __forceinline__ void mma_m64k16(float (&d)[BN / 8][4], uint64_t desc_
 }
 
 }  // namespace moex::cuda::wgmma
+
+#undef MOEX_WGMMA_ASM
+#undef MOEX_WGMMA_FENCE4
+#undef MOEX_WGMMA_REGS128
+#undef MOEX_WGMMA_REGS64
+#undef MOEX_WGMMA_ACC32
+#undef MOEX_WGMMA_ACC16
+#undef MOEX_WGMMA_ACC4
