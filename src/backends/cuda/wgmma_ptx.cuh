@@ -78,41 +78,26 @@ __device__ __forceinline__ void wait() { asm volatile("wgmma.wait_group.sync.ali
 // reads and writes every accumulator, one statement per fragment in order (a loop over the
 // fragments compiled the 256-wide kernels to different SASS).
 #define MOEX_WGMMA_FENCE4(d, i) asm volatile("" : MOEX_WGMMA_ACC4(d, i)::"memory")
-__device__ __forceinline__ void fence_acc(float (&d)[16][4]) {
-  MOEX_WGMMA_FENCE4(d, 0);
-  MOEX_WGMMA_FENCE4(d, 1);
-  MOEX_WGMMA_FENCE4(d, 2);
-  MOEX_WGMMA_FENCE4(d, 3);
-  MOEX_WGMMA_FENCE4(d, 4);
-  MOEX_WGMMA_FENCE4(d, 5);
-  MOEX_WGMMA_FENCE4(d, 6);
-  MOEX_WGMMA_FENCE4(d, 7);
-  MOEX_WGMMA_FENCE4(d, 8);
-  MOEX_WGMMA_FENCE4(d, 9);
-  MOEX_WGMMA_FENCE4(d, 10);
-  MOEX_WGMMA_FENCE4(d, 11);
-  MOEX_WGMMA_FENCE4(d, 12);
-  MOEX_WGMMA_FENCE4(d, 13);
-  MOEX_WGMMA_FENCE4(d, 14);
+#define MOEX_WGMMA_FENCE16(d) \
+  MOEX_WGMMA_FENCE4(d, 0); \
+  MOEX_WGMMA_FENCE4(d, 1); \
+  MOEX_WGMMA_FENCE4(d, 2); \
+  MOEX_WGMMA_FENCE4(d, 3); \
+  MOEX_WGMMA_FENCE4(d, 4); \
+  MOEX_WGMMA_FENCE4(d, 5); \
+  MOEX_WGMMA_FENCE4(d, 6); \
+  MOEX_WGMMA_FENCE4(d, 7); \
+  MOEX_WGMMA_FENCE4(d, 8); \
+  MOEX_WGMMA_FENCE4(d, 9); \
+  MOEX_WGMMA_FENCE4(d, 10); \
+  MOEX_WGMMA_FENCE4(d, 11); \
+  MOEX_WGMMA_FENCE4(d, 12); \
+  MOEX_WGMMA_FENCE4(d, 13); \
+  MOEX_WGMMA_FENCE4(d, 14); \
   MOEX_WGMMA_FENCE4(d, 15);
-}
+__device__ __forceinline__ void fence_acc(float (&d)[16][4]) { MOEX_WGMMA_FENCE16(d); }
 __device__ __forceinline__ void fence_acc(float (&d)[32][4]) {
-  MOEX_WGMMA_FENCE4(d, 0);
-  MOEX_WGMMA_FENCE4(d, 1);
-  MOEX_WGMMA_FENCE4(d, 2);
-  MOEX_WGMMA_FENCE4(d, 3);
-  MOEX_WGMMA_FENCE4(d, 4);
-  MOEX_WGMMA_FENCE4(d, 5);
-  MOEX_WGMMA_FENCE4(d, 6);
-  MOEX_WGMMA_FENCE4(d, 7);
-  MOEX_WGMMA_FENCE4(d, 8);
-  MOEX_WGMMA_FENCE4(d, 9);
-  MOEX_WGMMA_FENCE4(d, 10);
-  MOEX_WGMMA_FENCE4(d, 11);
-  MOEX_WGMMA_FENCE4(d, 12);
-  MOEX_WGMMA_FENCE4(d, 13);
-  MOEX_WGMMA_FENCE4(d, 14);
-  MOEX_WGMMA_FENCE4(d, 15);
+  MOEX_WGMMA_FENCE16(d)
   MOEX_WGMMA_FENCE4(d, 16);
   MOEX_WGMMA_FENCE4(d, 17);
   MOEX_WGMMA_FENCE4(d, 18);
@@ -182,6 +167,7 @@ __device__ __forceinline__ void mma_m64k16(float (&d)[BN / 8][4], uint64_t desc_
 
 #undef MOEX_WGMMA_ASM
 #undef MOEX_WGMMA_FENCE4
+#undef MOEX_WGMMA_FENCE16
 #undef MOEX_WGMMA_REGS128
 #undef MOEX_WGMMA_REGS64
 #undef MOEX_WGMMA_ACC32
