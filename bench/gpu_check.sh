@@ -26,14 +26,17 @@
 #   8. pingpong: the bf16/f16 equivalence and graph tests with the opt-in ping-pong consumers
 #      (MOEX_CUDA_TMA_PINGPONG=1), without and with clusters, and memcheck on them (not in the
 #      default PARTS)
-# PARTS selects steps (default: all but pingpong): PARTS="build tests n256 clusters pingpong sanitize perf bench quant hf table".
+#   9. hfc: the reference's compiled variants beside its plain backends (batched_mm as a CUDA graph via
+#      torch.compile(mode="reduce-overhead") at T <= 64, grouped_mm under torch.compile), so that the
+#      table's "HF best" is the reference's best including them
+# PARTS selects steps (default: all but pingpong): PARTS="build tests n256 clusters pingpong sanitize perf bench quant hf hfc table".
 # TEST_FILTER / CLUSTER_FILTER replace the gtest filters of the tests / clusters steps.
 # Timeouts: TEST_TIMEOUT (tests, 480 s), CLUSTER_TIMEOUT (300 s), SAN_TIMEOUT (each sanitizer run, 200 s).
 # TOKENS, SHAPES and PERF_TOKENS narrow the timed cases; DEADLINE (seconds) ends the reference run in time. Keep the whole run under ~9 minutes.
 set -u
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
-PARTS=${PARTS:-"build tests n256 clusters sanitize perf perf256 bench quant hf table"}
+PARTS=${PARTS:-"build tests n256 clusters sanitize perf perf256 bench quant hf hfc table"}
 SHAPES=${SHAPES:-qwen3_30b_a3b,qwen15_moe_a2_7b,mixtral_8x7b,deepseek_v3}
 TOKENS=${TOKENS:-1,8,64,512,4096,16384}
 BUILD=${BUILD:-build-gpu}
@@ -216,6 +219,24 @@ if has hf; then
   if [ -n "${DEADLINE:-}" ]; then left=$(( DEADLINE - ($(date +%s) - t0) - 8 )); [ $left -lt $hf_t ] && hf_t=$left; fi
   PYTHONUNBUFFERED=1 SHAPES="$SHAPES" TOKENS="$TOKENS" OUT="$OUT" timeout $hf_t python3 bench/hf_experts_bench.py > "$OUT/hf.json" 2>&1
   grep -c '"ms"' "$OUT/hf.json"
+fi
+
+if has hfc; then
+  # The reference's compiled variants, appended to hf.json (the table takes the reference's best over
+  # all its lines): batched_mm under torch.compile(mode="reduce-overhead"), i.e. replayed as a CUDA
+  # graph, at T <= 64 (beyond, its per-pair weight copies outgrow memory), then grouped_mm under
+  # torch.compile (default mode) at HFC_GROUPED_TOKENS. Each compile takes seconds to minutes:
+  # HFC_TIMEOUT bounds both (DEADLINE too).
+  stamp hfc
+  hfc_t=${HFC_TIMEOUT:-300}
+  if [ -n "${DEADLINE:-}" ]; then left=$(( DEADLINE - ($(date +%s) - t0) - 8 )); [ $left -lt $hfc_t ] && hfc_t=$left; fi
+  hfc_end=$(( $(date +%s) + hfc_t ))
+  small=$(echo "$TOKENS" | tr ',' '\n' | awk '$1 <= 64' | paste -sd,)
+  [ -n "$small" ] && PYTHONUNBUFFERED=1 SHAPES="$SHAPES" TOKENS="$small" BACKENDS=batched_mm COMPILE_MODE=reduce-overhead \
+    timeout $(( hfc_end - $(date +%s) > 1 ? hfc_end - $(date +%s) : 1 )) python3 bench/hf_experts_bench.py >> "$OUT/hf.json" 2>> "$OUT/hfc.err"
+  PYTHONUNBUFFERED=1 SHAPES="$SHAPES" TOKENS="${HFC_GROUPED_TOKENS:-$TOKENS}" BACKENDS=grouped_mm COMPILE_MODE=default \
+    timeout $(( hfc_end - $(date +%s) > 1 ? hfc_end - $(date +%s) : 1 )) python3 bench/hf_experts_bench.py >> "$OUT/hf.json" 2>> "$OUT/hfc.err"
+  grep -c 'compile:' "$OUT/hf.json"
 fi
 
 if has table; then

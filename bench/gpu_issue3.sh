@@ -6,8 +6,9 @@
 #      on the four shapes ($OUT/ab.md); the fastest (summed time) is used for the table
 #   3. GPU tests: CudaEquivalence (MOEX_CUDA_TEST_CASES generated cases), CudaGraph, CudaBackends, DeepGemm*
 #      (TEST_TIMEOUT, default 200 s; SKIP_TESTS=1 skips them)
-#   4. bench/gpu_check.sh PARTS="bench hf table": moex bench and the reference library in the same
-#      call, the side-by-side table ($OUT/side_by_side.md)
+#   4. bench/gpu_check.sh PARTS="bench hf hfc table": moex bench and the reference library (its plain
+#      backends, then its CUDA-graph batched_mm and compiled grouped_mm) in the same call, the
+#      side-by-side table ($OUT/side_by_side.md)
 set -u
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
@@ -67,7 +68,7 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then  # SKIP_TESTS=1 when the suite runs in a ca
 fi
 
 stamp "bench + reference"
-BUILD=$BUILD PARTS="bench hf table" SHAPES=$SHAPES DEADLINE=$(( ${DEADLINE:-560} - ($(date +%s) - t0) )) bash bench/gpu_check.sh
+BUILD=$BUILD PARTS="bench hf hfc table" SHAPES=$SHAPES DEADLINE=$(( ${DEADLINE:-560} - ($(date +%s) - t0) )) bash bench/gpu_check.sh
 logs=$(cd "$OUT" && ls build.log build_step.log tests.log perf.log ab.json ab_choice.env 2>/dev/null)
 [ -n "$logs" ] && tar czf "$OUT/issue3_logs.tgz" -C "$OUT" $logs && (cd "$OUT" && rm -f $logs)
 stamp done
