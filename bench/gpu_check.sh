@@ -22,7 +22,9 @@
 #      256-wide tiles (the default rule's choice for clustered GEMMs) forced on every TMA GEMM
 #      (MOEX_CUDA_TMA_CLUSTER=1 MOEX_CUDA_TMA_N=256) and deepgemm on grouped_mm's tile rule
 #      (MOEX_CUDA_DEEPGEMM_GROUPED_TILES=1), since the default rule only picks clusters for GEMMs
-#      whose experts hold >= 256 rows on average; then the deepgemm tests on that rule unforced
+#      whose experts hold >= 256 rows on average; then the same tests with the opt-in idle-warpgroup
+#      skip (MOEX_CUDA_TMA_SKIP_IDLE=1, without and with clusters) and the deepgemm tests on grouped_mm's
+#      tile rule unforced
 #   8. pingpong: the bf16/f16 equivalence and graph tests with the opt-in ping-pong consumers
 #      (MOEX_CUDA_TMA_PINGPONG=1), without and with clusters, and memcheck on them (not in the
 #      default PARTS)
@@ -96,6 +98,14 @@ if has clusters; then
     sed 's/^/[clusters] /' | tee -a "$OUT/tests.log" | grep -E "^\[clusters\] \[  (FAILED|PASSED) |passed of|Failure" | head -20
   rc=$?; [ $rc -ne 0 ] && status=1
   echo "clusters tests exit status $rc"
+  # the opt-in idle-warpgroup skip (MOEX_CUDA_TMA_SKIP_IDLE=1), without and with the clusters forced
+  for v in "" "MOEX_CUDA_TMA_CLUSTER=1 MOEX_CUDA_TMA_N=256"; do
+    env $v MOEX_CUDA_TMA_SKIP_IDLE=1 MOEX_CUDA_TEST_CASES=${CLUSTER_TEST_CASES:-12} timeout ${CLUSTER_TIMEOUT:-300} "$BUILD/moex_tests" \
+      --gtest_filter='Dtypes/CudaEquivalence.*/bf16:Dtypes/CudaEquivalence.*/f16:Capturable/*:*DeepGemm*' 2>&1 |
+      sed "s/^/[skip idle${v:+, clusters}] /" | tee -a "$OUT/tests.log" | grep -E "\[  (FAILED|PASSED) |passed of|Failure" | head -10
+    rc=$?; [ $rc -ne 0 ] && status=1
+    echo "skip-idle${v:+ (clusters)} tests exit status $rc"
+  done
   # deepgemm bf16 on grouped_mm's tile rule unforced: what it picks for the tests' small experts
   # (128-wide tiles, no clusters), the remaining condition for making that rule deepgemm's default
   MOEX_CUDA_DEEPGEMM_GROUPED_TILES=1 timeout ${CLUSTER_TIMEOUT:-300} "$BUILD/moex_tests" --gtest_filter='*DeepGemm*' 2>&1 |

@@ -563,6 +563,26 @@ __global__ void __launch_bounds__(THREADS, 1)
           }
         }
       } else {
+      // x.skip_idle (MOEX_CUDA_TMA_SKIP_IDLE=1, opt-in until timed): a warpgroup whose 64 rows all lie
+      // past the tile's last row (the short tail tile of an expert) only passes the stages on, in
+      // step with the fills, and leaves the tensor cores to the other one. The flag is broadcast from
+      // lane 0 so that the compiler sees a warp-uniform branch (read per thread, it put convergence
+      // barriers all through the kernel).
+      if (x.skip_idle) {
+        const int4 tinfo = a.plan.tiles[m];
+        const bool idle = __shfl_sync(0xffffffffu, int(tinfo.y + cw * 64 >= tinfo.z), 0) != 0;
+        if (idle) {
+          for (int kt = 0; kt < ktiles; ++kt) {
+            mbar_wait(full_bar(stage), phase);
+            release(stage);
+            if (++stage == STAGES) {
+              stage = 0;
+              phase ^= 1u;
+            }
+          }
+          continue;  // none of this warpgroup's rows is written
+        }
+      }
       int prev = -1;
       for (int kt = 0; kt < ktiles; ++kt) {
         mbar_wait(full_bar(stage), phase);
