@@ -90,29 +90,31 @@ if has n256; then
   set +o pipefail
 fi
 
+# variant_tests LABEL FILTER [VAR=VALUE ...]: the GPU tests matching FILTER with the variables set
+# (CLUSTER_TEST_CASES generated cases, CLUSTER_TIMEOUT), tagged [LABEL] in tests.log; status=1 when
+# the test binary fails
+variant_tests() {
+  local label=$1 filter=$2 rc
+  shift 2
+  env "$@" MOEX_CUDA_TEST_CASES=${CLUSTER_TEST_CASES:-12} timeout ${CLUSTER_TIMEOUT:-300} "$BUILD/moex_tests" \
+    --gtest_filter="$filter" > "$OUT/variant.log" 2>&1
+  rc=$?
+  sed "s/^/[$label] /" "$OUT/variant.log" >> "$OUT/tests.log"
+  grep -E "^\[  (FAILED|PASSED) |passed of|Failure" "$OUT/variant.log" | head -10 | sed "s/^/[$label] /"
+  [ $rc -ne 0 ] && status=1
+  echo "$label tests exit status $rc"
+}
+
 if has clusters; then
   stamp clusters
-  set -o pipefail
-  MOEX_CUDA_TMA_CLUSTER=1 MOEX_CUDA_TMA_N=256 MOEX_CUDA_DEEPGEMM_GROUPED_TILES=1 MOEX_CUDA_TEST_CASES=${CLUSTER_TEST_CASES:-12} timeout ${CLUSTER_TIMEOUT:-300} \
-    "$BUILD/moex_tests" --gtest_filter="${CLUSTER_FILTER:-Dtypes/CudaEquivalence.*/bf16:Dtypes/CudaEquivalence.*/f16:Capturable/*:*DeepGemm*}" 2>&1 |
-    sed 's/^/[clusters] /' | tee -a "$OUT/tests.log" | grep -E "^\[clusters\] \[  (FAILED|PASSED) |passed of|Failure" | head -20
-  rc=$?; [ $rc -ne 0 ] && status=1
-  echo "clusters tests exit status $rc"
-  # the opt-in idle-warpgroup skip (MOEX_CUDA_TMA_SKIP_IDLE=1), without and with the clusters forced
-  for v in "" "MOEX_CUDA_TMA_CLUSTER=1 MOEX_CUDA_TMA_N=256"; do
-    env $v MOEX_CUDA_TMA_SKIP_IDLE=1 MOEX_CUDA_TEST_CASES=${CLUSTER_TEST_CASES:-12} timeout ${CLUSTER_TIMEOUT:-300} "$BUILD/moex_tests" \
-      --gtest_filter='Dtypes/CudaEquivalence.*/bf16:Dtypes/CudaEquivalence.*/f16:Capturable/*:*DeepGemm*' 2>&1 |
-      sed "s/^/[skip idle${v:+, clusters}] /" | tee -a "$OUT/tests.log" | grep -E "\[  (FAILED|PASSED) |passed of|Failure" | head -10
-    rc=$?; [ $rc -ne 0 ] && status=1
-    echo "skip-idle${v:+ (clusters)} tests exit status $rc"
-  done
+  experts='Dtypes/CudaEquivalence.*/bf16:Dtypes/CudaEquivalence.*/f16:Capturable/*:*DeepGemm*'
+  variant_tests clusters "${CLUSTER_FILTER:-$experts}" MOEX_CUDA_TMA_CLUSTER=1 MOEX_CUDA_TMA_N=256 MOEX_CUDA_DEEPGEMM_GROUPED_TILES=1
+  # the opt-in idle-warpgroup skip, without and with the clusters forced
+  variant_tests "skip idle" "$experts" MOEX_CUDA_TMA_SKIP_IDLE=1
+  variant_tests "skip idle, clusters" "$experts" MOEX_CUDA_TMA_SKIP_IDLE=1 MOEX_CUDA_TMA_CLUSTER=1 MOEX_CUDA_TMA_N=256
   # deepgemm bf16 on grouped_mm's tile rule unforced: what it picks for the tests' small experts
   # (128-wide tiles, no clusters), the remaining condition for making that rule deepgemm's default
-  MOEX_CUDA_DEEPGEMM_GROUPED_TILES=1 timeout ${CLUSTER_TIMEOUT:-300} "$BUILD/moex_tests" --gtest_filter='*DeepGemm*' 2>&1 |
-    sed 's/^/[deepgemm grouped tiles] /' | tee -a "$OUT/tests.log" | grep -E "\[  (FAILED|PASSED) |Failure" | head -10
-  rc=$?; [ $rc -ne 0 ] && status=1
-  echo "deepgemm grouped-tiles tests exit status $rc"
-  set +o pipefail
+  variant_tests "deepgemm grouped tiles" '*DeepGemm*' MOEX_CUDA_DEEPGEMM_GROUPED_TILES=1
 fi
 
 if has pingpong; then

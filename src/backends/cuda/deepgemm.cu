@@ -312,8 +312,7 @@ void run_deepgemm(const Experts& ex, const ExpertsCall& call, const RunContext& 
 
   build_plan(plan, call.top_k_index.data, idx64, z.S, z.E, stream);
   if (z.S > 0) {
-    layout_scan_kernel<<<1, 1024, 0, stream>>>(plan.counts, int(z.E), int(round4(T)), z.layout == Layout::masked, tile_off,
-                                               row_base);
+    layout_scan_kernel<<<1, 1024, 0, stream>>>(plan.counts, int(z.E), int(z.T4), z.layout == Layout::masked, tile_off, row_base);
     check_launch("deepgemm layout_scan");
     const int64_t work = std::max<int64_t>(z.max_tiles, z.S);
     const unsigned blocks = unsigned(std::min<int64_t>(1024, ceil_div(work, 256)));

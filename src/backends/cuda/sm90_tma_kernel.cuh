@@ -4,7 +4,6 @@
 // instantiates a few launch_bn combinations (MOEX_TMA_INSTANTIATE) so that the kernels compile in
 // parallel.
 #pragma once
-#include <cstdlib>
 #include <type_traits>
 
 #include "backends/cuda/mma_ptx.cuh"
@@ -112,6 +111,15 @@ __device__ __forceinline__ void setmaxnreg_inc() {
 template <int N>
 __device__ __forceinline__ void setmaxnreg_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
+// The next position of a STAGES-deep ring: stage + 1, the barrier parity flipping at each wrap.
+template <int STAGES>
+__device__ __forceinline__ void next_stage(int& stage, uint32_t& phase) {
+  if (++stage == STAGES) {
+    stage = 0;
+    phase ^= 1u;
+  }
 }
 
 // Work item w -> (m tile, n tile): groups of GROUP_M m tiles, n-major inside a group.
@@ -307,10 +315,7 @@ __device__ __forceinline__ void pingpong_consumer(const GroupedGemmArgs& a, cons
       wgmma::fence_acc(acc[1]);
       if (prev >= 0) release(prev);
       prev = stage;
-      if (++stage == STAGES) {
-        stage = 0;
-        phase ^= 1u;
-      }
+      next_stage<STAGES>(stage, phase);
     }
     if ((tid & 127) == 0) mbar_arrive(turn_bar(cw ^ 1));  // every stage of item j has arrived
     wgmma::wait<0>();
@@ -481,10 +486,7 @@ __global__ void __launch_bounds__(THREADS, 1)
                       scale_src >= 0 ? x.a_scales + int64_t(kt) * x.a_scales_ld + scale_src : x.a_scales, scale_src >= 0);
           cp_async_mbar_arrive_noinc(full_bar(stage));
         }
-        if (++stage == STAGES) {
-          stage = 0;
-          phase ^= 1u;
-        }
+        next_stage<STAGES>(stage, phase);
       }
     }
     if constexpr (GATHER) ptx::cp_async_wait<0>();
@@ -548,10 +550,7 @@ __global__ void __launch_bounds__(THREADS, 1)
           const float* sa = reinterpret_cast<const float*>(smem_raw + (sSA - raw) + stage * SA_BYTES);
           const float sa0 = sa[srow], sa1 = sa[srow + 8];
           release(stage);
-          if (++stage == STAGES) {
-            stage = 0;
-            phase ^= 1u;
-          }
+          next_stage<STAGES>(stage, phase);
 #pragma unroll
           for (int nf = 0; nf < NF; ++nf) {
             const float ws = nf < NF / 2 ? w_lo : w_hi;
@@ -575,10 +574,7 @@ __global__ void __launch_bounds__(THREADS, 1)
           for (int kt = 0; kt < ktiles; ++kt) {
             mbar_wait(full_bar(stage), phase);
             release(stage);
-            if (++stage == STAGES) {
-              stage = 0;
-              phase ^= 1u;
-            }
+            next_stage<STAGES>(stage, phase);
           }
           continue;  // none of this warpgroup's rows is written
         }
@@ -599,10 +595,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         wgmma::fence_acc(acc);
         if (prev >= 0) release(prev);
         prev = stage;
-        if (++stage == STAGES) {
-          stage = 0;
-          phase ^= 1u;
-        }
+        next_stage<STAGES>(stage, phase);
       }
       wgmma::wait<0>();
       wgmma::fence_acc(acc);

@@ -30,41 +30,26 @@ __device__ __forceinline__ void wait() { asm volatile("wgmma.wait_group.sync.ali
 // An m64nN wgmma holds N/2 f32 accumulators per thread: fragments d[N/8][4] (the mma.sync m16n8
 // layout repeated along N). The asm operand lists name every one ("+f": read and written in place).
 #define MOEX_WGMMA_ACC4(d, i) "+f"(d[i][0]), "+f"(d[i][1]), "+f"(d[i][2]), "+f"(d[i][3])
-#define MOEX_WGMMA_ACC16(d) \
-  MOEX_WGMMA_ACC4(d, 0), \
-  MOEX_WGMMA_ACC4(d, 1), \
-  MOEX_WGMMA_ACC4(d, 2), \
-  MOEX_WGMMA_ACC4(d, 3), \
-  MOEX_WGMMA_ACC4(d, 4), \
-  MOEX_WGMMA_ACC4(d, 5), \
-  MOEX_WGMMA_ACC4(d, 6), \
-  MOEX_WGMMA_ACC4(d, 7), \
-  MOEX_WGMMA_ACC4(d, 8), \
-  MOEX_WGMMA_ACC4(d, 9), \
-  MOEX_WGMMA_ACC4(d, 10), \
-  MOEX_WGMMA_ACC4(d, 11), \
-  MOEX_WGMMA_ACC4(d, 12), \
-  MOEX_WGMMA_ACC4(d, 13), \
-  MOEX_WGMMA_ACC4(d, 14), \
-  MOEX_WGMMA_ACC4(d, 15)
-#define MOEX_WGMMA_ACC32(d) \
-  MOEX_WGMMA_ACC16(d), \
-  MOEX_WGMMA_ACC4(d, 16), \
-  MOEX_WGMMA_ACC4(d, 17), \
-  MOEX_WGMMA_ACC4(d, 18), \
-  MOEX_WGMMA_ACC4(d, 19), \
-  MOEX_WGMMA_ACC4(d, 20), \
-  MOEX_WGMMA_ACC4(d, 21), \
-  MOEX_WGMMA_ACC4(d, 22), \
-  MOEX_WGMMA_ACC4(d, 23), \
-  MOEX_WGMMA_ACC4(d, 24), \
-  MOEX_WGMMA_ACC4(d, 25), \
-  MOEX_WGMMA_ACC4(d, 26), \
-  MOEX_WGMMA_ACC4(d, 27), \
-  MOEX_WGMMA_ACC4(d, 28), \
-  MOEX_WGMMA_ACC4(d, 29), \
-  MOEX_WGMMA_ACC4(d, 30), \
-  MOEX_WGMMA_ACC4(d, 31)
+// fragments d[b .. b+15], then the m64n128 (16 fragments) and m64n256 (32) lists
+#define MOEX_WGMMA_ACC16_AT(d, b) \
+  MOEX_WGMMA_ACC4(d, (b) + 0), \
+  MOEX_WGMMA_ACC4(d, (b) + 1), \
+  MOEX_WGMMA_ACC4(d, (b) + 2), \
+  MOEX_WGMMA_ACC4(d, (b) + 3), \
+  MOEX_WGMMA_ACC4(d, (b) + 4), \
+  MOEX_WGMMA_ACC4(d, (b) + 5), \
+  MOEX_WGMMA_ACC4(d, (b) + 6), \
+  MOEX_WGMMA_ACC4(d, (b) + 7), \
+  MOEX_WGMMA_ACC4(d, (b) + 8), \
+  MOEX_WGMMA_ACC4(d, (b) + 9), \
+  MOEX_WGMMA_ACC4(d, (b) + 10), \
+  MOEX_WGMMA_ACC4(d, (b) + 11), \
+  MOEX_WGMMA_ACC4(d, (b) + 12), \
+  MOEX_WGMMA_ACC4(d, (b) + 13), \
+  MOEX_WGMMA_ACC4(d, (b) + 14), \
+  MOEX_WGMMA_ACC4(d, (b) + 15)
+#define MOEX_WGMMA_ACC16(d) MOEX_WGMMA_ACC16_AT(d, 0)
+#define MOEX_WGMMA_ACC32(d) MOEX_WGMMA_ACC16_AT(d, 0), MOEX_WGMMA_ACC16_AT(d, 16)
 #define MOEX_WGMMA_REGS64 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
 #define MOEX_WGMMA_REGS128 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}"
 // One wgmma.mma_async with D in %0..%(R-1), the A / B descriptors in %R / %R+1 and scale-d (0: D = A·B,
@@ -78,42 +63,27 @@ __device__ __forceinline__ void wait() { asm volatile("wgmma.wait_group.sync.ali
 // reads and writes every accumulator, one statement per fragment in order (a loop over the
 // fragments compiled the 256-wide kernels to different SASS).
 #define MOEX_WGMMA_FENCE4(d, i) asm volatile("" : MOEX_WGMMA_ACC4(d, i)::"memory")
-#define MOEX_WGMMA_FENCE16(d) \
-  MOEX_WGMMA_FENCE4(d, 0); \
-  MOEX_WGMMA_FENCE4(d, 1); \
-  MOEX_WGMMA_FENCE4(d, 2); \
-  MOEX_WGMMA_FENCE4(d, 3); \
-  MOEX_WGMMA_FENCE4(d, 4); \
-  MOEX_WGMMA_FENCE4(d, 5); \
-  MOEX_WGMMA_FENCE4(d, 6); \
-  MOEX_WGMMA_FENCE4(d, 7); \
-  MOEX_WGMMA_FENCE4(d, 8); \
-  MOEX_WGMMA_FENCE4(d, 9); \
-  MOEX_WGMMA_FENCE4(d, 10); \
-  MOEX_WGMMA_FENCE4(d, 11); \
-  MOEX_WGMMA_FENCE4(d, 12); \
-  MOEX_WGMMA_FENCE4(d, 13); \
-  MOEX_WGMMA_FENCE4(d, 14); \
-  MOEX_WGMMA_FENCE4(d, 15);
-__device__ __forceinline__ void fence_acc(float (&d)[16][4]) { MOEX_WGMMA_FENCE16(d); }
+#define MOEX_WGMMA_FENCE16_AT(d, b) \
+  MOEX_WGMMA_FENCE4(d, (b) + 0); \
+  MOEX_WGMMA_FENCE4(d, (b) + 1); \
+  MOEX_WGMMA_FENCE4(d, (b) + 2); \
+  MOEX_WGMMA_FENCE4(d, (b) + 3); \
+  MOEX_WGMMA_FENCE4(d, (b) + 4); \
+  MOEX_WGMMA_FENCE4(d, (b) + 5); \
+  MOEX_WGMMA_FENCE4(d, (b) + 6); \
+  MOEX_WGMMA_FENCE4(d, (b) + 7); \
+  MOEX_WGMMA_FENCE4(d, (b) + 8); \
+  MOEX_WGMMA_FENCE4(d, (b) + 9); \
+  MOEX_WGMMA_FENCE4(d, (b) + 10); \
+  MOEX_WGMMA_FENCE4(d, (b) + 11); \
+  MOEX_WGMMA_FENCE4(d, (b) + 12); \
+  MOEX_WGMMA_FENCE4(d, (b) + 13); \
+  MOEX_WGMMA_FENCE4(d, (b) + 14); \
+  MOEX_WGMMA_FENCE4(d, (b) + 15);
+__device__ __forceinline__ void fence_acc(float (&d)[16][4]) { MOEX_WGMMA_FENCE16_AT(d, 0) }
 __device__ __forceinline__ void fence_acc(float (&d)[32][4]) {
-  MOEX_WGMMA_FENCE16(d)
-  MOEX_WGMMA_FENCE4(d, 16);
-  MOEX_WGMMA_FENCE4(d, 17);
-  MOEX_WGMMA_FENCE4(d, 18);
-  MOEX_WGMMA_FENCE4(d, 19);
-  MOEX_WGMMA_FENCE4(d, 20);
-  MOEX_WGMMA_FENCE4(d, 21);
-  MOEX_WGMMA_FENCE4(d, 22);
-  MOEX_WGMMA_FENCE4(d, 23);
-  MOEX_WGMMA_FENCE4(d, 24);
-  MOEX_WGMMA_FENCE4(d, 25);
-  MOEX_WGMMA_FENCE4(d, 26);
-  MOEX_WGMMA_FENCE4(d, 27);
-  MOEX_WGMMA_FENCE4(d, 28);
-  MOEX_WGMMA_FENCE4(d, 29);
-  MOEX_WGMMA_FENCE4(d, 30);
-  MOEX_WGMMA_FENCE4(d, 31);
+  MOEX_WGMMA_FENCE16_AT(d, 0)
+  MOEX_WGMMA_FENCE16_AT(d, 16)
 }
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
@@ -167,9 +137,10 @@ __device__ __forceinline__ void mma_m64k16(float (&d)[BN / 8][4], uint64_t desc_
 
 #undef MOEX_WGMMA_ASM
 #undef MOEX_WGMMA_FENCE4
-#undef MOEX_WGMMA_FENCE16
+#undef MOEX_WGMMA_FENCE16_AT
 #undef MOEX_WGMMA_REGS128
 #undef MOEX_WGMMA_REGS64
 #undef MOEX_WGMMA_ACC32
 #undef MOEX_WGMMA_ACC16
+#undef MOEX_WGMMA_ACC16_AT
 #undef MOEX_WGMMA_ACC4
