@@ -22,9 +22,8 @@
 #      256-wide tiles (the default rule's choice for clustered GEMMs) forced on every TMA GEMM
 #      (MOEX_CUDA_TMA_CLUSTER=1 MOEX_CUDA_TMA_N=256) and deepgemm on grouped_mm's tile rule
 #      (MOEX_CUDA_DEEPGEMM_GROUPED_TILES=1), since the default rule only picks clusters for GEMMs
-#      whose experts hold >= 256 rows on average; then the same tests with the opt-in idle-warpgroup
-#      skip (MOEX_CUDA_TMA_SKIP_IDLE=1, without and with clusters) and the deepgemm tests on grouped_mm's
-#      tile rule unforced
+#      whose experts hold >= 256 rows on average; then the same tests with the static schedule
+#      (MOEX_CUDA_TMA_DYNAMIC=0) and the deepgemm tests on grouped_mm's tile rule unforced
 #   8. pingpong: the bf16/f16 equivalence and graph tests with the opt-in ping-pong consumers
 #      (MOEX_CUDA_TMA_PINGPONG=1), without and with clusters, and memcheck on them (not in the
 #      default PARTS)
@@ -109,9 +108,8 @@ if has clusters; then
   stamp clusters
   experts='Dtypes/CudaEquivalence.*/bf16:Dtypes/CudaEquivalence.*/f16:Capturable/*:*DeepGemm*'
   variant_tests clusters "${CLUSTER_FILTER:-$experts}" MOEX_CUDA_TMA_CLUSTER=1 MOEX_CUDA_TMA_N=256 MOEX_CUDA_DEEPGEMM_GROUPED_TILES=1
-  # the opt-in idle-warpgroup skip, without and with the clusters forced
-  variant_tests "skip idle" "$experts" MOEX_CUDA_TMA_SKIP_IDLE=1
-  variant_tests "skip idle, clusters" "$experts" MOEX_CUDA_TMA_SKIP_IDLE=1 MOEX_CUDA_TMA_CLUSTER=1 MOEX_CUDA_TMA_N=256
+  # the static schedule (the A/B alternative to the default dynamic one)
+  variant_tests "static schedule" "$experts" MOEX_CUDA_TMA_DYNAMIC=0
   # deepgemm bf16 on grouped_mm's tile rule unforced: what it picks for the tests' small experts
   # (128-wide tiles, no clusters), the remaining condition for making that rule deepgemm's default
   variant_tests "deepgemm grouped tiles" '*DeepGemm*' MOEX_CUDA_DEEPGEMM_GROUPED_TILES=1
@@ -277,8 +275,9 @@ hf = {}
 for r in rows(os.path.join(out, "hf.json")):
     if "ms" in r: hf[(r["shape"], r["T"], r["backend"])] = r
 keys = sorted({(k[0], k[1]) for k in list(moex) + list(hf) + list(perf)}, key=lambda k: (k[0], k[1]))
-print("| shape | T | floor ms | moex batched_mm | moex grouped_mm | moex eager | moex graph (best) | HF best | speed-up | moex %floor |")
-print("|---|---|---|---|---|---|---|---|---|---|")
+# dense: the dense cuBLAS GEMMs of the case's FLOPs on random data, timed by moex bench in this run
+print("| shape | T | floor ms | moex batched_mm | moex grouped_mm | moex eager | moex graph (best) | HF best | speed-up | moex %floor | dense cuBLAS same FLOPs | moex % of dense |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|")
 for s, T in keys:
     m = {b: moex.get((s, T, b)) for b in ("batched_mm", "grouped_mm", "eager")}
     g = {b: perf.get((s, T, b)) for b in ("batched_mm", "grouped_mm")}
@@ -289,9 +288,12 @@ for s, T in keys:
     best = min(cands) if cands else None
     fmt = lambda v: f"{v['ms']:.3f} ({v['tflops']:.0f} TF)" if v else "—"
     gb = min([v for v in g.values() if v], default=None)
+    dn = next((v for v in m.values() if v and v.get("dense_ms")), None)
+    dense = f"{dn['dense_ms']:.3f} ({dn['dense_tflops']:.0f} TF)" if dn else "—"
+    pct_dense = f"{100 * dn['dense_ms'] / best:.0f}%" if dn and best else "—"
     print(f"| {s} | {T} | {floor if floor is not None else '—'} | {fmt(m['batched_mm'])} | {fmt(m['grouped_mm'])} | {fmt(m['eager'])} | "
           f"{f'{gb:.3f}' if gb else '—'} | {f'{hb[0]:.3f} {hb[1]}' if hb else '—'} | "
-          f"{f'{hb[0]/best:.2f}x' if hb and best else '—'} | {f'{100*floor/best:.0f}%' if floor and best else '—'} |")
+          f"{f'{hb[0]/best:.2f}x' if hb and best else '—'} | {f'{100*floor/best:.0f}%' if floor and best else '—'} | {dense} | {pct_dense} |")
 EOF
 fi
 stamp done

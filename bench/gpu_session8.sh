@@ -63,7 +63,7 @@ if has ab; then
     stamp "bench [$name]"
     env $(envs_of "$name") timeout ${AB_TIMEOUT:-150} "$BUILD/moex" bench --device cuda --backends ${AB_BACKENDS:-grouped_mm} \
       --shapes "$SHAPES" --tokens ${AB_TOKENS:-512,4096,16384} --dtype bf16 --format json --min-time-ms 30 --max-iters 10 \
-      --warmup 2 2> "$L/ab_$name.err" | sed "s/^{/{\"variant\": \"$name\", /" >> "$L/ab.json"
+      --warmup 2 ${AB_FLAGS:-} 2> "$L/ab_$name.err" | sed "s/^{/{\"variant\": \"$name\", /" >> "$L/ab.json"
     echo "[$name] rc ${PIPESTATUS[0]}"; tail -2 "$L/ab_$name.err"
   done
   python3 - "$L/ab.json" <<'PY' | tee "$L/ab.md"

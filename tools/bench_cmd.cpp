@@ -6,7 +6,9 @@
 //
 // The floor of a case is max(bytes / copy bandwidth, FLOPs / peak rate), where bytes are the
 // distinct experts' weights that must be read plus the input and output, and both ceilings are
-// measured on this machine at the start of the run.
+// measured on this machine at the start of the run (on CUDA: a device copy, and a cuBLAS 8192^3
+// GEMM on random data). On CUDA each case also times the dense cuBLAS GEMMs of the same FLOPs
+// (dense_ms: [S, H] x [H, 2I] and [S, I] x [I, H], S the routed pairs; --no-dense skips them).
 #include <fmt/format.h>
 #include <omp.h>
 #include <unistd.h>
@@ -52,6 +54,7 @@ struct BenchOptions {
   uint64_t seed = 0;
   bool check = false;
   std::string quant = "none";  // none | fp8 | fp8-ue8m0 | fp4
+  bool dense = true;            // CUDA bf16/f16: time the dense cuBLAS GEMMs of each case's FLOPs
 };
 
 
@@ -170,6 +173,7 @@ struct Row {
   int64_t T = 0, distinct = 0;
   int threads = 0;
   double ms = 0, tflops = 0, gbps = 0, extra_mb = 0, floor_ms = 0, pct_floor = 0, rel_err = -1;
+  double dense_ms = 0, dense_tflops = 0;  // the dense cuBLAS GEMMs of the same FLOPs (0: not measured)
 };
 
 nlohmann::json to_json(const Row& r) {
@@ -183,6 +187,7 @@ nlohmann::json to_json(const Row& r) {
   j.update({{"ms", round3(r.ms)}, {"tflops", round3(r.tflops)}, {"gbps", round3(r.gbps)}, {"extra_mb", round3(r.extra_mb)},
             {"floor_ms", round3(r.floor_ms)}, {"pct_floor", round3(r.pct_floor)}, {"distinct_experts", r.distinct}});
   if (r.rel_err >= 0) j["rel_err"] = r.rel_err;
+  if (r.dense_ms > 0) j.update({{"dense_ms", round3(r.dense_ms)}, {"dense_tflops", round3(r.dense_tflops)}});
   return j;
 }
 
@@ -290,6 +295,13 @@ int run_bench(BenchOptions o) {
       const double flops = 2.0 * double(inputs[0].valid_pairs) * double(R * sh.H + sh.I * sh.H);
       const double bytes = double(inputs[0].distinct) * double(R * sh.H + sh.H * sh.I) * wbytes + 2.0 * double(T * sh.H) * double(esz);
       const double floor_ms = std::max(bytes / bw, flops / peak) * 1e3;
+      // the dense cuBLAS GEMMs of the same FLOPs on random data, as if one expert held every routed
+      // pair: [S, H] x [H, R] then [S, I] x [I, H] (the rate a grouped GEMM is measured against)
+      double dense_ms = 0;
+      if (o.dense && dev.is_cuda() && !o.check && dt != DType::f32 && inputs[0].valid_pairs > 0) {
+        if (progress) fmt::print(stderr, "{:60}\r{} T={} dense cuBLAS GEMMs...\r", "", sh.name, T);
+        dense_ms = bench::cuda_dense_pair_ms(dev.index, dt, inputs[0].valid_pairs, R, sh.H, sh.H, sh.I);
+      }
       std::vector<double> ref;
       for (const auto& b : backends) {
         Row r{b, sh.name, std::string(dtype_name(dt)), to_string(dev), ""};
@@ -297,6 +309,8 @@ int run_bench(BenchOptions o) {
         r.T = T;
         r.threads = threads;
         r.distinct = inputs[0].distinct;
+        r.dense_ms = dense_ms;
+        r.dense_tflops = dense_ms > 0 ? flops / (dense_ms * 1e-3) / 1e12 : 0;
         auto call_of = [&](int s) { return ExpertsCall{inputs[size_t(s)].hidden, inputs[size_t(s)].idx, inputs[size_t(s)].weights, out}; };
         Problem p = Problem::from(ex, call_of(0));
         p.cpu_threads = threads;
@@ -372,7 +386,9 @@ int run_bench(BenchOptions o) {
           fmt::print("{:<16} {:>6} {:<12} skipped: {}\n", sh.name, T, b, r.skipped);
         } else {
           fmt::print("{:<16} {:>6} {:<12} {:>10.3f} {:>9.3f} {:>9.1f} {:>10.3f} {:>6.1f}% {:>9.1f}{}\n", sh.name, T, b, r.ms, r.tflops,
-                     r.gbps, r.floor_ms, r.pct_floor, r.extra_mb, r.rel_err >= 0 ? fmt::format("  rel_err {:.1e}", r.rel_err) : "");
+                     r.gbps, r.floor_ms, r.pct_floor, r.extra_mb,
+                     (r.rel_err >= 0 ? fmt::format("  rel_err {:.1e}", r.rel_err) : std::string()) +
+                         (r.dense_ms > 0 ? fmt::format("  dense cuBLAS {:.3f} ms ({:.0f} TF)", r.dense_ms, r.dense_tflops) : std::string()));
         }
         std::fflush(stdout);
       }
@@ -400,6 +416,8 @@ void add_bench(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--max-iters", o->max_iters, "at most this many timed calls per case")->capture_default_str();
   cmd->add_option("--warmup", o->warmup, "untimed calls first")->capture_default_str();
   cmd->add_option("--seed", o->seed, "seed of the random weights and inputs")->capture_default_str();
+  cmd->add_flag("!--no-dense", o->dense,
+                "CUDA: skip the dense cuBLAS GEMMs of each case's FLOPs (timed by default, reported as dense_ms / dense_tflops)");
   cmd->add_option("--quant", o->quant, "expert weights: none, fp8 (128x128 blocks, f32 scales), fp8-ue8m0, fp4 (1x32 UE8M0 groups)")
       ->capture_default_str();
   cmd->add_flag("--check", o->check, "quick self-test on tiny sizes: every backend runs and matches the f64 reference");

@@ -152,6 +152,7 @@ namespace {
 }  // namespace
 double cuda_copy_bandwidth(int) { no_cuda(); }
 double cuda_peak_flops(int, DType) { no_cuda(); }
+double cuda_dense_pair_ms(int, DType, int64_t, int64_t, int64_t, int64_t, int64_t) { no_cuda(); }
 void cuda_synchronize(int) { no_cuda(); }
 void* cuda_event_create() { no_cuda(); }
 void cuda_event_destroy(void*) {}

@@ -37,6 +37,10 @@ class Timer {
 // CUDA halves (bench_cuda.cu, or stand-ins without CUDA).
 double cuda_copy_bandwidth(int device);
 double cuda_peak_flops(int device, DType dtype);
+// Milliseconds of two dense cuBLAS GEMMs on random data, C1 [M, N1] = A1 [M, K1] · B1ᵀ then
+// C2 [M, N2] = A2 [M, K2] · B2ᵀ (median of 7): the dense GEMMs of the same FLOPs as an experts
+// forward (M = the routed pairs, as if one expert held them all), the bench's "dense" column.
+double cuda_dense_pair_ms(int device, DType dtype, int64_t M, int64_t N1, int64_t K1, int64_t N2, int64_t K2);
 void cuda_synchronize(int device);
 void* cuda_event_create();
 void cuda_event_destroy(void* e);

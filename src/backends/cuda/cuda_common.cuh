@@ -193,6 +193,7 @@ struct DevicePlan {
   int4* tiles;        // [max_tiles] (expert, row_begin, row_end, 0) of each M tile; expert -1 = none
   int max_tiles;      // static bound on the number of M tiles
   int tile_m;         // rows per M tile
+  int* sched;         // [2]   the TMA grouped GEMM's dynamic schedule (claims, finished CTAs), zeroed here
 };
 // Static bound on the number of M tiles of `tile_m` rows over all experts' row blocks.
 inline int64_t max_m_tiles(int64_t S, int64_t E, int64_t tile_m) { return ceil_div(S, tile_m) + (S < E ? S : E); }

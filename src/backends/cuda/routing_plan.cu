@@ -77,6 +77,10 @@ __global__ void __launch_bounds__(kScanThreads) plan_scan(DevicePlan plan, int E
     plan.offsets[E] = part_rows[tid];
     tile_off[E] = part_tiles[tid];
   }
+  if (tid == 0) {  // the grouped GEMM's work counter starts each forward at zero
+    plan.sched[0] = 0;
+    plan.sched[1] = 0;
+  }
   __syncthreads();
   const int total = tile_off[E];
   for (int t = tid; t < plan.max_tiles; t += kScanThreads) {
@@ -125,7 +129,7 @@ __global__ void plan_scatter(const void* idx, bool idx64, int64_t S, int E, Devi
 size_t plan_workspace_bytes(int64_t S, int64_t E, int64_t tile_m) {
   using W = WorkspaceCarver;
   return W::round_up(size_t(E) * 4) * 2 + W::round_up(size_t(E + 1) * 4) + W::round_up(size_t(S) * 4) * 2 +
-         W::round_up(size_t(max_m_tiles(S, E, tile_m)) * sizeof(int4));
+         W::round_up(size_t(max_m_tiles(S, E, tile_m)) * sizeof(int4)) + W::round_up(2 * sizeof(int));
 }
 
 DevicePlan carve_plan(WorkspaceCarver& ws, int64_t S, int64_t E, int64_t tile_m) {
@@ -138,6 +142,7 @@ DevicePlan carve_plan(WorkspaceCarver& ws, int64_t S, int64_t E, int64_t tile_m)
   p.max_tiles = int(max_m_tiles(S, E, tile_m));
   p.tiles = ws.take<int4>(size_t(p.max_tiles));
   p.tile_m = int(tile_m);
+  p.sched = ws.take<int>(2);
   return p;
 }
 

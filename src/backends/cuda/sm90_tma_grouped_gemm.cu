@@ -232,18 +232,15 @@ void launch_grouped_gemm_tma_ex(const GroupedGemmArgs& a, DType act_dtype, bool 
     const char* e = std::getenv("MOEX_CUDA_COMPACT_EPILOGUE");
     return !(e && *e == '0');
   }();
-  // MOEX_CUDA_TMA_SKIP_IDLE=1: the warpgroup of a tile's rows [64, 128) skips its MMAs when the tile
-  // holds at most 64 rows. An expert's rows cost MMAs in units of 64 (one warpgroup's m64 wgmma) but
-  // are tiled by 128: at deepseek_v3 T = 4096 (~128 ± 11 rows per expert) about half the experts end
-  // in a tail tile of a few rows that costs a full tile; skipping makes that Σ ceil(rows / 64) units
-  // instead of 2 · Σ ceil(rows / 128) (≈ 19 % fewer there). Opt-in until timed.
-  static const bool skip_idle = [] {
-    const char* e = std::getenv("MOEX_CUDA_TMA_SKIP_IDLE");
-    return e && *e == '1';
+  // The dynamic schedule (work items claimed in order from the plan's counter; see the kernel) for
+  // the cooperative kernels outside clusters; MOEX_CUDA_TMA_DYNAMIC=0: the static stride.
+  static const bool dynamic = [] {
+    const char* e = std::getenv("MOEX_CUDA_TMA_DYNAMIC");
+    return !(e && *e == '0');
   }();
   TmaFp8Extra x = x_in;
   x.compact_epilogue = compact;
-  x.skip_idle = skip_idle;
+  x.work_counter = dynamic ? a.plan.sched : nullptr;  // the kernels in clusters / ping-pong ignore it
   if (fp8) {
     MOEX_ASSERT(x.a_scales && x.w_scales && x.a_scales_ld % 4 == 0);
     if (act_dtype == DType::bf16) tma::launch_bn<__nv_bfloat16, 128, true, false, false>(a, act_dtype, x, a_rows, E, stream);

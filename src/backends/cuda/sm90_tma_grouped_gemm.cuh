@@ -36,9 +36,10 @@ struct TmaFp8Extra {
   // The up epilogue's SiLU chosen once per tile instead of per element (set by the launcher; on
   // unless MOEX_CUDA_COMPACT_EPILOGUE=0; see gated_act_k in cuda_common.cuh)
   bool compact_epilogue = true;
-  // bf16/f16 cooperative kernels: a consumer warpgroup without a valid row in the tile skips its MMAs
-  // (set by the launcher from MOEX_CUDA_TMA_SKIP_IDLE=1; opt-in until timed)
-  bool skip_idle = false;
+  // The dynamic schedule of the cooperative kernels outside clusters: [2] ints (claims, finished
+  // CTAs), zero at launch and reset by the kernel's last CTA (set by the launcher from the routing
+  // plan's `sched` unless MOEX_CUDA_TMA_DYNAMIC=0; nullptr: the static stride). See the kernel.
+  int* work_counter = nullptr;
 };
 // True when the FP8 variant can run this GEMM: compute capability 9.0, K-major weights, Kdim a
 // multiple of 16, N a multiple of 8, the gated concatenated layout with I a multiple of 64 (a

@@ -13,6 +13,8 @@
 namespace moex::cuda::tma {
 
 constexpr int BK = 64, THREADS = 384, GROUP_M = 8;
+// Work items in flight between the producer and the consumers under the dynamic schedule.
+constexpr int ITEM_SLOTS = 4;
 // Rows per TMA box of a non-gathered A: a tile loads only the boxes that hold its rows. 32 measured
 // as fast as one 128-row box everywhere and 3-7 % faster where experts hold few rows (H200,
 // 2026-11-29, fifth session, docs/PERF.md).
@@ -352,12 +354,32 @@ __global__ void __launch_bounds__(THREADS, 1)
   const uint32_t base = (raw + 1023u) & ~1023u;
   const uint32_t sA = base, sB = base + STAGES * A_BYTES;
   const uint32_t sSA = sB + STAGES * B_BYTES;                   // FP8: [STAGES][128] f32
-  const uint32_t bars = sSA + (FP8 ? STAGES * SA_BYTES : 0);   // full[STAGES], empty[STAGES]
+  // barriers and small shared values, in this order: full[STAGES], empty[STAGES], num_m (8 bytes),
+  // turn[2] (PP), item_full[ITEM_SLOTS], item_empty[ITEM_SLOTS], items[ITEM_SLOTS] (dynamic schedule)
+  const uint32_t bars = sSA + (FP8 ? STAGES * SA_BYTES : 0);
   int* s_num_m = reinterpret_cast<int*>(smem_raw + (bars - raw) + 16 * STAGES);
   // PP: turn[w] completes each time the other consumer warpgroup has seen every stage of an item
   auto turn_bar = [&](int w) { return bars + 16u * uint32_t(STAGES) + 8u + 8u * uint32_t(w); };
   auto full_bar = [&](int s) { return bars + 8u * uint32_t(s); };
   auto empty_bar = [&](int s) { return bars + 8u * uint32_t(STAGES + s); };
+  auto item_full = [&](int s) { return bars + 16u * uint32_t(STAGES) + 24u + 8u * uint32_t(s); };
+  auto item_empty = [&](int s) { return bars + 16u * uint32_t(STAGES) + 24u + 8u * uint32_t(ITEM_SLOTS + s); };
+  int* s_items = reinterpret_cast<int*>(smem_raw + (bars - raw) + 16 * STAGES + 24 + 16 * ITEM_SLOTS);
+  static_assert(16 * (STAGES + ITEM_SLOTS) + 24 + 4 * ITEM_SLOTS <= 256, "the barriers outgrow SMEM_BYTES' 256-byte reserve");
+
+  // The dynamic schedule (x.work_counter set; cooperative kernels outside clusters): after its first
+  // item (blockIdx.x) a CTA claims the next from a global counter as soon as its producer has issued
+  // the current item's stages, so items are begun in order however the CTAs drift apart. Items with neighbouring indices share
+  // their weight tile (the m tiles of one expert, same n tile) or their A rows (the n tiles of one
+  // group): begun within microseconds of each other, the second reader finds the data in L2. Under
+  // the static stride (w += gridDim.x) the CTAs drift apart over the waves; ncu on deepseek_v3
+  // T = 4096 (H200, 2026-12-01) measured 24.1 GB of DRAM reads in the up GEMM whose weights are 15.0
+  // GB, i.e. the second m tile of an expert re-read its weights from DRAM. The producer's thread 0
+  // claims and publishes each item into a ring of ITEM_SLOTS shared slots (item_full / item_empty
+  // barriers) where the consumers (and the gather producer's other warps) read it. The counter pair
+  // (claims, finished CTAs) is zero at launch: the routing plan zeroes it, and the last CTA to finish
+  // resets it for the next launch on the same plan.
+  const bool dyn = !MC && !PP && x.work_counter != nullptr;
 
   const int tid = threadIdx.x, wg = tid >> 7;
   // MC: the cluster (2 CTAs) is the unit of the persistent schedule; rank = this CTA's half.
@@ -374,6 +396,14 @@ __global__ void __launch_bounds__(THREADS, 1)
       mbar_init(turn_bar(0), 1u);
       mbar_init(turn_bar(1), 1u);
     }
+    if (dyn) {
+      for (int s = 0; s < ITEM_SLOTS; ++s) {
+        mbar_init(item_full(s), 1u);
+        // read by the 8 consumer warps and, in the gather variant, producer warps 1-3 (warp 0 gets
+        // the item from thread 0 by a shuffle)
+        mbar_init(item_empty(s), GATHER ? 11u : 8u);
+      }
+    }
     mbar_fence_init();
     // valid m tiles come first in the table, then expert -1: find the first invalid one
     int lo = 0, hi = a.plan.max_tiles;
@@ -386,9 +416,12 @@ __global__ void __launch_bounds__(THREADS, 1)
   }
   __syncthreads();
   if constexpr (MC) cluster_sync();  // the peer's barriers exist before any multicast / remote arrive
-  const int num_m = *s_num_m;
-  const int num_pairs = (num_m + 1) >> 1;
-  const int total = (MC ? num_pairs : num_m) * n_tiles;
+  // The valid m tiles, their pairs (MC) and the work items: read from shared memory where used
+  // rather than held from here, across the roles' register reallocation (held, the gather producer
+  // spilled them to local memory).
+  const volatile int* v_num_m = s_num_m;
+  auto num_m_now = [&] { return *v_num_m; };
+  auto total_items = [&] { return (MC ? (num_m_now() + 1) >> 1 : num_m_now()) * n_tiles; };
   const int Kdim = a.Kdim;
   const int ktiles = (Kdim + BKE - 1) / BKE;
   const bool concat = a.epi == Epi::up_concat;
@@ -396,9 +429,10 @@ __global__ void __launch_bounds__(THREADS, 1)
   // when both belong to one expert (same B tile: each CTA loads one half and multicasts it);
   // `own` false for rank 1 of an odd last pair, which recomputes tile 2p and writes nothing.
   auto work_item = [&](int w, int& m, int& n, bool& shared, bool& own) {
+    const int num_m = num_m_now();
     if constexpr (MC) {
       int p;
-      decode_work(w, num_pairs, n_tiles, p, n);
+      decode_work(w, (num_m + 1) >> 1, n_tiles, p, n);
       const int m0 = 2 * p, m1 = min(2 * p + 1, num_m - 1);
       own = 2 * p + int(rank) < num_m;
       m = rank ? m1 : m0;
@@ -422,7 +456,30 @@ __global__ void __launch_bounds__(THREADS, 1)
     const Elem* A = static_cast<const Elem*>(a.A);
     int stage = 0;
     uint32_t phase = 0;
-    for (int w = first_item; w < total; w += item_step) {
+    int items = 0;  // items through the ring so far (dynamic schedule): slot items % ITEM_SLOTS
+    for (int w = MC ? first_item : int(blockIdx.x);;) {
+      if (dyn) {
+        const int islot = items % ITEM_SLOTS;
+        const uint32_t iphase = uint32_t(items / ITEM_SLOTS) & 1u;
+        ++items;
+        // publish item w (thread 0 holds it: blockIdx.x first, then its claims)
+        if (tid == 0) {
+          mbar_wait(item_empty(islot), iphase ^ 1u);
+          s_items[islot] = w;
+          mbar_arrive(item_full(islot));  // release: the consumers' wait acquires the slot's value
+        }
+        if constexpr (GATHER) {
+          if (tid < 32) {
+            w = __shfl_sync(0xffffffffu, w, 0);
+          } else {
+            mbar_wait(item_full(islot), iphase);
+            w = s_items[islot];
+            __syncwarp();
+            if ((tid & 31) == 0) mbar_arrive(item_empty(islot));
+          }
+        }
+      }
+      if (w >= total_items()) break;  // re-read: the gather producer has no register to spare
       int m, n;
       bool shared, own;
       work_item(w, m, n, shared, own);
@@ -488,11 +545,26 @@ __global__ void __launch_bounds__(THREADS, 1)
         }
         next_stage<STAGES>(stage, phase);
       }
+      // the next item: claimed once this one's stages are issued (the ring's STAGES filled stages
+      // keep the consumers busy over the atomic's round trip; claimed earlier, the result held a
+      // register across the loop and the gather producer spilled)
+      if (!dyn) w += item_step;
+      else if (tid == 0) w = int(gridDim.x) + atomicAdd(x.work_counter, 1);
+    }
+    if (dyn && tid == 0) {
+      // every claim of this CTA has returned (its last one ended the loop); the last CTA to get
+      // here resets the counters for the next launch
+      __threadfence();
+      if (atomicAdd(x.work_counter + 1, 1) == int(gridDim.x) - 1) {
+        atomicExch(x.work_counter, 0);
+        atomicExch(x.work_counter + 1, 0);
+      }
     }
     if constexpr (GATHER) ptx::cp_async_wait<0>();
   } else {
     // ================================ consumers ================================
     setmaxnreg_inc<224>();
+    const int total = total_items();
     if constexpr (PP) {
       pingpong_consumer<T, BN, GATHER, MC>(a, x, wg - 1, tid, first_item, item_step, total, ktiles, sA, sB, rank, work_item,
                                            full_bar, empty_bar, turn_bar);
@@ -514,7 +586,17 @@ __global__ void __launch_bounds__(THREADS, 1)
         if (lane == 1) mbar_arrive_cluster(empty_bar(s), rank ^ 1u);  // in parallel with lane 0's
       }
     };
-    for (int w = first_item; w < total; w += item_step) {
+    int items = 0;  // items through the ring so far (dynamic schedule): slot items % ITEM_SLOTS
+    for (int w = MC ? first_item : int(blockIdx.x);; w += item_step) {
+      if (dyn) {
+        const int islot = items % ITEM_SLOTS;
+        mbar_wait(item_full(islot), uint32_t(items / ITEM_SLOTS) & 1u);
+        ++items;
+        w = s_items[islot];
+        __syncwarp();
+        if (lane == 0) mbar_arrive(item_empty(islot));
+      }
+      if (w >= total) break;
       int m, n;
       bool shared, own;
       work_item(w, m, n, shared, own);
@@ -562,23 +644,6 @@ __global__ void __launch_bounds__(THREADS, 1)
           }
         }
       } else {
-      // x.skip_idle (MOEX_CUDA_TMA_SKIP_IDLE=1, opt-in until timed): a warpgroup whose 64 rows all lie
-      // past the tile's last row (the short tail tile of an expert) only passes the stages on, in
-      // step with the fills, and leaves the tensor cores to the other one. The flag is broadcast from
-      // lane 0 so that the compiler sees a warp-uniform branch (read per thread, it put convergence
-      // barriers all through the kernel).
-      if (x.skip_idle) {
-        const int4 tinfo = a.plan.tiles[m];
-        const bool idle = __shfl_sync(0xffffffffu, int(tinfo.y + cw * 64 >= tinfo.z), 0) != 0;
-        if (idle) {
-          for (int kt = 0; kt < ktiles; ++kt) {
-            mbar_wait(full_bar(stage), phase);
-            release(stage);
-            next_stage<STAGES>(stage, phase);
-          }
-          continue;  // none of this warpgroup's rows is written
-        }
-      }
       int prev = -1;
       for (int kt = 0; kt < ktiles; ++kt) {
         mbar_wait(full_bar(stage), phase);
