@@ -26,6 +26,8 @@
 
 #ifdef MOEX_WITH_CUDA
 #include <cuda_runtime.h>
+
+#include "backends/cuda/plan_probe.hpp"
 #endif
 
 using namespace moex;
@@ -322,6 +324,79 @@ void random_routing(const check::Case& c, uint64_t seed, std::vector<char>& idx_
   }
 }
 
+
+// The device plan's tile table in both tile orders: every routed row of every expert lies in
+// exactly one tile of its expert, tiles hold at most tile_m consecutive rows of one expert, valid
+// tiles come first; in the paired order tiles 2p and 2p + 1 of the pair region share their expert
+// and each expert has at most one tile (its last) among the singles that follow.
+TEST(CudaRoutingPlan, TileTableInBothOrders) {
+  SKIP_WITHOUT_CUDA();
+  std::mt19937 rng(20261201);
+  for (int iter = 0; iter < 60; ++iter) {
+    const int64_t E = iter == 0 ? 1 : 1 + rng() % (iter < 40 ? 40 : 300);
+    const int64_t tile_m = iter % 3 == 0 ? 64 : 128;
+    const int64_t S = iter == 1 ? 0 : rng() % (iter < 30 ? 2000 : 40000);
+    std::vector<int32_t> idx(static_cast<size_t>(S));
+    const bool skewed = iter % 4 == 1;  // most pairs on a few experts: many tiles per expert
+    for (auto& v : idx) {
+      v = int32_t(skewed ? (rng() % 8 == 0 ? rng() % E : rng() % std::min<int64_t>(E, 3)) : rng() % E);
+      if (rng() % 17 == 0) v = (rng() & 1) ? -1 : int32_t(E + 2);  // dropped
+    }
+    std::vector<int64_t> count(static_cast<size_t>(E), 0);
+    for (auto v : idx)
+      if (v >= 0 && v < E) ++count[size_t(v)];
+    size_t tiles_plain = 0;
+    for (bool paired : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "iter " << iter << " E " << E << " S " << S << " tile_m " << tile_m
+                                        << " paired " << paired);
+      const cuda::PlanProbe pr = cuda::probe_device_plan(idx, E, tile_m, paired);
+      std::vector<int64_t> covered(static_cast<size_t>(E), 0), singles(static_cast<size_t>(E), 0);
+      size_t valid = 0;
+      bool seen_invalid = false;
+      std::vector<std::vector<std::pair<int, int>>> ranges(static_cast<size_t>(E));
+      for (const auto& t : pr.tiles) {
+        if (t[0] < 0) {
+          seen_invalid = true;
+          continue;
+        }
+        ASSERT_FALSE(seen_invalid) << "a valid tile after an empty one";
+        ASSERT_LT(t[0], E);
+        const int e = t[0];
+        EXPECT_GE(t[1], pr.offsets[size_t(e)]);
+        EXPECT_LE(t[2], pr.offsets[size_t(e + 1)]);
+        EXPECT_LT(t[1], t[2]);
+        EXPECT_LE(t[2] - t[1], tile_m);
+        EXPECT_EQ((t[1] - pr.offsets[size_t(e)]) % tile_m, 0);
+        covered[size_t(e)] += t[2] - t[1];
+        ranges[size_t(e)].push_back({t[1], t[2]});
+        ++valid;
+      }
+      for (int64_t e = 0; e < E; ++e) {
+        EXPECT_EQ(pr.offsets[size_t(e + 1)] - pr.offsets[size_t(e)], count[size_t(e)]);
+        EXPECT_EQ(covered[size_t(e)], count[size_t(e)]) << "expert " << e;
+        auto r = ranges[size_t(e)];
+        std::sort(r.begin(), r.end());
+        for (size_t i = 1; i < r.size(); ++i) EXPECT_EQ(r[i - 1].second, r[i].first) << "expert " << e;
+      }
+      if (!paired) {
+        tiles_plain = valid;
+        for (size_t t = 1; t < valid; ++t) EXPECT_LE(pr.tiles[t - 1][0], pr.tiles[t][0]) << "plain order: expert by expert";
+      } else {
+        EXPECT_EQ(valid, tiles_plain);
+        // the pair region: tiles of experts with 2 or more tiles, an even count each, pairs shared
+        size_t in_pairs = 0;
+        for (int64_t e = 0; e < E; ++e) in_pairs += size_t(((count[size_t(e)] + tile_m - 1) / tile_m) & ~int64_t(1));
+        ASSERT_LE(in_pairs, valid);
+        for (size_t t = 0; t + 1 < in_pairs; t += 2) EXPECT_EQ(pr.tiles[t][0], pr.tiles[t + 1][0]) << "pair " << t / 2;
+        for (size_t t = in_pairs; t < valid; ++t) {
+          const int e = pr.tiles[t][0];
+          EXPECT_EQ(++singles[size_t(e)], 1) << "expert " << e << " has two singles";
+          EXPECT_EQ(pr.tiles[t][2], pr.offsets[size_t(e + 1)]) << "a single is its expert's last tile";
+        }
+      }
+    }
+  }
+}
 
 // (backend, dtype, quantization: "none", "fp8" (128x128, f32 scales) or "fp4" (1x32 groups))
 class CudaGraph : public ::testing::TestWithParam<std::tuple<std::string, DType, std::string>> {};

@@ -9,7 +9,10 @@
 // inside one expert's block can differ from run to run. Results do not: every sorted row is
 // computed on its own with the same arithmetic wherever it lands, and the final reduction over
 // the K slots reads rows through pair_to_row in slot order.
+#include <vector>
+
 #include "backends/cuda/cuda_common.cuh"
+#include "backends/cuda/plan_probe.hpp"
 
 namespace moex::cuda {
 
@@ -37,62 +40,93 @@ __global__ void plan_histogram(const void* idx, bool idx64, int64_t S, int E, in
 }
 
 // One block: offsets = exclusive scan of counts, cursors, M-tile offsets and the tile table.
-__global__ void __launch_bounds__(kScanThreads) plan_scan(DevicePlan plan, int E) {
-  extern __shared__ int tile_off[];  // [E + 1]
-  __shared__ int part_rows[kScanThreads], part_tiles[kScanThreads];
+//
+// Tile order. Plain (paired = false): expert by expert, each expert's tiles in row order. Paired:
+// first every expert's tiles but its last one of an odd count ("pair region", expert by expert, so
+// that tiles 2p and 2p + 1 always belong to one expert), then those odd last tiles ("singles"). The
+// 2-CTA cluster kernels of the TMA grouped GEMM take the m tiles 2p and 2p + 1 as a pair and load a
+// weight tile once for both when they share the expert: in the paired order every pair of the pair
+// region does, where in the plain order a pair straddles two experts whenever an expert starts at
+// an odd tile (deepseek_v3 at T = 4096: ~1.5 tiles per expert, a third of the pairs shared).
+__global__ void __launch_bounds__(kScanThreads) plan_scan(DevicePlan plan, int E, bool paired) {
+  extern __shared__ int tile_off[];  // [2 (E + 1)]: pair-region offsets, then the singles' offsets
+  int* single_off = tile_off + (E + 1);
+  __shared__ int part_rows[kScanThreads], part_tiles[kScanThreads], part_single[kScanThreads];
   const int tid = threadIdx.x;
   const int per = (E + kScanThreads - 1) / kScanThreads;
   const int e0 = min(E, tid * per), e1 = min(E, e0 + per);
-  int rows = 0, tiles = 0;
+  // the tiles of expert e in the pair region / among the singles
+  auto region_tiles = [&](int c, int& in_pairs, int& single) {
+    const int t = (c + plan.tile_m - 1) / plan.tile_m;
+    single = paired ? (t & 1) : 0;
+    in_pairs = t - single;
+  };
+  int rows = 0, tiles = 0, singles = 0;
   for (int e = e0; e < e1; ++e) {
     const int c = plan.counts[e];
+    int tp, ts;
+    region_tiles(c, tp, ts);
     rows += c;
-    tiles += (c + plan.tile_m - 1) / plan.tile_m;
+    tiles += tp;
+    singles += ts;
   }
   part_rows[tid] = rows;
   part_tiles[tid] = tiles;
+  part_single[tid] = singles;
   __syncthreads();
   // inclusive Hillis–Steele scan of the per-thread partial sums
   for (int d = 1; d < kScanThreads; d <<= 1) {
-    int r = 0, t = 0;
+    int r = 0, t = 0, u = 0;
     if (tid >= d) {
       r = part_rows[tid - d];
       t = part_tiles[tid - d];
+      u = part_single[tid - d];
     }
     __syncthreads();
     part_rows[tid] += r;
     part_tiles[tid] += t;
+    part_single[tid] += u;
     __syncthreads();
   }
-  int row = tid ? part_rows[tid - 1] : 0, tile = tid ? part_tiles[tid - 1] : 0;
+  int row = tid ? part_rows[tid - 1] : 0, tile = tid ? part_tiles[tid - 1] : 0, single = tid ? part_single[tid - 1] : 0;
   for (int e = e0; e < e1; ++e) {
     const int c = plan.counts[e];
+    int tp, ts;
+    region_tiles(c, tp, ts);
     plan.offsets[e] = row;
     plan.cursor[e] = row;
     tile_off[e] = tile;
+    single_off[e] = single;
     row += c;
-    tile += (c + plan.tile_m - 1) / plan.tile_m;
+    tile += tp;
+    single += ts;
   }
   if (tid == kScanThreads - 1) {
     plan.offsets[E] = part_rows[tid];
     tile_off[E] = part_tiles[tid];
+    single_off[E] = part_single[tid];
   }
   if (tid == 0) {  // the grouped GEMM's work counter starts each forward at zero
     plan.sched[0] = 0;
     plan.sched[1] = 0;
   }
   __syncthreads();
-  const int total = tile_off[E];
+  const int in_pairs = tile_off[E], total = in_pairs + single_off[E];
   for (int t = tid; t < plan.max_tiles; t += kScanThreads) {
     int4 info = make_int4(-1, 0, 0, 0);
     if (t < total) {
-      int lo = 0, hi = E - 1;  // the last e with tile_off[e] <= t (its block is non-empty)
+      // the last e with off[e] <= u (its block in that region is non-empty)
+      const int* off = t < in_pairs ? tile_off : single_off;
+      const int u = t < in_pairs ? t : t - in_pairs;
+      int lo = 0, hi = E - 1;
       while (lo < hi) {
         const int mid = (lo + hi + 1) >> 1;
-        if (tile_off[mid] <= t) lo = mid; else hi = mid - 1;
+        if (off[mid] <= u) lo = mid; else hi = mid - 1;
       }
       const int e = lo;
-      const int begin = plan.offsets[e] + (t - tile_off[e]) * plan.tile_m;
+      // the tile's index within its expert: its place in the pair region, or the expert's last tile
+      const int j = t < in_pairs ? u - tile_off[e] : tile_off[e + 1] - tile_off[e];
+      const int begin = plan.offsets[e] + j * plan.tile_m;
       const int end = min(begin + plan.tile_m, plan.offsets[e] + plan.counts[e]);
       info = make_int4(e, begin, end, 0);
     }
@@ -143,6 +177,7 @@ DevicePlan carve_plan(WorkspaceCarver& ws, int64_t S, int64_t E, int64_t tile_m)
   p.tiles = ws.take<int4>(size_t(p.max_tiles));
   p.tile_m = int(tile_m);
   p.sched = ws.take<int>(2);
+  p.pair_aligned = false;
   return p;
 }
 
@@ -152,7 +187,7 @@ void build_plan(const DevicePlan& plan, const void* idx, bool idx64, int64_t S, 
   const unsigned blocks = unsigned(ceil_div(S, 256));
   plan_histogram<<<blocks, 256, 0, stream>>>(idx, idx64, S, int(E), plan.counts);
   check_launch("plan_histogram");
-  const size_t smem = size_t(E + 1) * sizeof(int);
+  const size_t smem = 2 * size_t(E + 1) * sizeof(int);
   if (smem > 48 * 1024) {
     static thread_local size_t raised = 0;  // per thread, cheap; the attribute is per device+function
     if (raised < smem) {
@@ -160,10 +195,36 @@ void build_plan(const DevicePlan& plan, const void* idx, bool idx64, int64_t S, 
       raised = smem;
     }
   }
-  plan_scan<<<1, kScanThreads, smem, stream>>>(plan, int(E));
+  plan_scan<<<1, kScanThreads, smem, stream>>>(plan, int(E), plan.pair_aligned);
   check_launch("plan_scan");
   plan_scatter<<<blocks, 256, 0, stream>>>(idx, idx64, S, int(E), plan);
   check_launch("plan_scatter");
+}
+
+PlanProbe probe_device_plan(const std::vector<int32_t>& top_k_index, int64_t E, int64_t tile_m, bool paired) {
+  const int64_t S = int64_t(top_k_index.size());
+  const size_t ws_bytes = plan_workspace_bytes(S, E, tile_m) + size_t(S) * 4 + 256;
+  void* ws_mem = nullptr;
+  check(cudaMalloc(&ws_mem, ws_bytes), "cudaMalloc (plan probe)");
+  PlanProbe out;
+  try {
+    WorkspaceCarver ws(ws_mem, ws_bytes);
+    int* idx = ws.take<int>(size_t(std::max<int64_t>(S, 1)));
+    DevicePlan plan = carve_plan(ws, S, E, tile_m);
+    plan.pair_aligned = paired;
+    if (S > 0) check(cudaMemcpy(idx, top_k_index.data(), size_t(S) * 4, cudaMemcpyHostToDevice), "cudaMemcpy (plan probe)");
+    build_plan(plan, idx, false, S, E, nullptr);
+    std::vector<int4> tiles(size_t(plan.max_tiles));
+    out.offsets.resize(size_t(E + 1));
+    check(cudaMemcpy(tiles.data(), plan.tiles, tiles.size() * sizeof(int4), cudaMemcpyDeviceToHost), "cudaMemcpy (plan probe)");
+    check(cudaMemcpy(out.offsets.data(), plan.offsets, out.offsets.size() * 4, cudaMemcpyDeviceToHost), "cudaMemcpy (plan probe)");
+    for (const int4& t : tiles) out.tiles.push_back({t.x, t.y, t.z});
+  } catch (...) {
+    cudaFree(ws_mem);
+    throw;
+  }
+  cudaFree(ws_mem);
+  return out;
 }
 
 }  // namespace moex::cuda
