@@ -327,8 +327,9 @@ void random_routing(const check::Case& c, uint64_t seed, std::vector<char>& idx_
 
 // The device plan's tile table in both tile orders: every routed row of every expert lies in
 // exactly one tile of its expert, tiles hold at most tile_m consecutive rows of one expert, valid
-// tiles come first; in the paired order tiles 2p and 2p + 1 of the pair region share their expert
-// and each expert has at most one tile (its last) among the singles that follow.
+// tiles come first, each expert's tiles sit at consecutive positions; in the paired order every pair
+// of tiles (2p, 2p + 1) shares its expert except one "mixed" pair per two experts with an odd tile
+// count, made of those two experts' last tiles.
 TEST(CudaRoutingPlan, TileTableInBothOrders) {
   SKIP_WITHOUT_CUDA();
   std::mt19937 rng(20261201);
@@ -378,21 +379,34 @@ TEST(CudaRoutingPlan, TileTableInBothOrders) {
         std::sort(r.begin(), r.end());
         for (size_t i = 1; i < r.size(); ++i) EXPECT_EQ(r[i - 1].second, r[i].first) << "expert " << e;
       }
+      // each expert's tiles at consecutive positions
+      std::vector<int64_t> first_pos(static_cast<size_t>(E), -1), last_pos(static_cast<size_t>(E), -1);
+      for (size_t t = 0; t < valid; ++t) {
+        const int e = pr.tiles[t][0];
+        if (first_pos[size_t(e)] < 0) first_pos[size_t(e)] = int64_t(t);
+        last_pos[size_t(e)] = int64_t(t);
+      }
+      for (int64_t e = 0; e < E; ++e)
+        if (first_pos[size_t(e)] >= 0)
+          EXPECT_EQ(last_pos[size_t(e)] - first_pos[size_t(e)] + 1, int64_t(ranges[size_t(e)].size())) << "expert " << e;
       if (!paired) {
         tiles_plain = valid;
         for (size_t t = 1; t < valid; ++t) EXPECT_LE(pr.tiles[t - 1][0], pr.tiles[t][0]) << "plain order: expert by expert";
       } else {
         EXPECT_EQ(valid, tiles_plain);
-        // the pair region: tiles of experts with 2 or more tiles, an even count each, pairs shared
-        size_t in_pairs = 0;
-        for (int64_t e = 0; e < E; ++e) in_pairs += size_t(((count[size_t(e)] + tile_m - 1) / tile_m) & ~int64_t(1));
-        ASSERT_LE(in_pairs, valid);
-        for (size_t t = 0; t + 1 < in_pairs; t += 2) EXPECT_EQ(pr.tiles[t][0], pr.tiles[t + 1][0]) << "pair " << t / 2;
-        for (size_t t = in_pairs; t < valid; ++t) {
-          const int e = pr.tiles[t][0];
-          EXPECT_EQ(++singles[size_t(e)], 1) << "expert " << e << " has two singles";
-          EXPECT_EQ(pr.tiles[t][2], pr.offsets[size_t(e + 1)]) << "a single is its expert's last tile";
+        int64_t odd_experts = 0;
+        for (int64_t e = 0; e < E; ++e) odd_experts += ((count[size_t(e)] + tile_m - 1) / tile_m) & 1;
+        int64_t mixed = 0;
+        for (size_t t = 0; t + 1 < valid; t += 2) {
+          const auto &u = pr.tiles[t], &v = pr.tiles[t + 1];
+          if (u[0] == v[0]) continue;
+          ++mixed;
+          EXPECT_EQ(u[2], pr.offsets[size_t(u[0] + 1)]) << "a mixed pair holds its experts' last tiles (pair " << t / 2 << ")";
+          EXPECT_EQ(v[2], pr.offsets[size_t(v[0] + 1)]) << "a mixed pair holds its experts' last tiles (pair " << t / 2 << ")";
+          EXPECT_EQ(++singles[size_t(u[0])], 1);
+          EXPECT_EQ(++singles[size_t(v[0])], 1);
         }
+        EXPECT_EQ(mixed, odd_experts / 2);
       }
     }
   }

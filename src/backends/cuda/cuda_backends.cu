@@ -269,9 +269,6 @@ Support cuda_supports(const Problem& p, std::string_view backend) {
   if (S >= limit - 1024 || p.spec.hidden >= limit || p.spec.gate_up_rows() >= limit)
     return Support::no(format("{} on CUDA: T*K = {} pairs or the sizes H={} I={} exceed 2^31; split the call", backend, S,
                                    p.spec.hidden, p.spec.intermediate));
-  if (p.spec.num_experts > kMaxPlanExperts)
-    return Support::no(format("{} on CUDA: the device routing plan handles at most {} experts (got {}); use device cpu",
-                              backend, kMaxPlanExperts, p.spec.num_experts));
   if (backend == "grouped_mm" && max_m_tiles(S, p.spec.num_experts, tile_m_of(p.spec)) > 65535)
     return Support::no(format("grouped_mm on CUDA: T*K = {} pairs need more than 65535 row tiles; split the call into "
                                    "fewer tokens",
@@ -399,11 +396,11 @@ void cuda_grouped(const Experts& ex, const ExpertsCall& call, const RunContext& 
   const size_t esz = dtype_size(s.dtype);
   WorkspaceCarver ws(ctx.workspace.data(), ctx.workspace.capacity());
   DevicePlan plan = carve_plan(ws, S, E, tile_m_of(s));
-  // MOEX_CUDA_PLAN_PAIRED=1: the paired tile order (routing_plan.cu), so that the 2-CTA cluster
-  // GEMMs share every weight tile they can; opt-in until measured
+  // The paired tile order (routing_plan.cu), so that the 2-CTA cluster GEMMs share every weight
+  // tile they can; MOEX_CUDA_PLAN_PAIRED=0: expert by expert (A/B runs)
   static const bool paired_order = [] {
     const char* e = std::getenv("MOEX_CUDA_PLAN_PAIRED");
-    return e && *e == '1';
+    return !(e && *e == '0');
   }();
   plan.pair_aligned = paired_order;
   void* h = ws.take_bytes(size_t(S * I) * esz);

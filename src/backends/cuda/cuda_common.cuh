@@ -198,8 +198,6 @@ struct DevicePlan {
   // expert except the odd last tiles, which follow at the end (routing_plan.cu). Set before build_plan.
   bool pair_aligned;
 };
-// Most experts the device plan handles: plan_scan holds two offsets per expert in shared memory.
-constexpr int64_t kMaxPlanExperts = 24576;
 // Static bound on the number of M tiles of `tile_m` rows over all experts' row blocks.
 inline int64_t max_m_tiles(int64_t S, int64_t E, int64_t tile_m) { return ceil_div(S, tile_m) + (S < E ? S : E); }
 size_t plan_workspace_bytes(int64_t S, int64_t E, int64_t tile_m);

@@ -39,99 +39,121 @@ __global__ void plan_histogram(const void* idx, bool idx64, int64_t S, int E, in
   if (key >= 0 && lane == __ffs(peers) - 1) atomicAdd(&counts[key], __popc(peers));
 }
 
-// One block: offsets = exclusive scan of counts, cursors, M-tile offsets and the tile table.
+// One block: offsets = exclusive scan of counts, cursors and the M-tile table.
 //
 // Tile order. Plain (paired = false): expert by expert, each expert's tiles in row order. Paired:
-// first every expert's tiles but its last one of an odd count ("pair region", expert by expert, so
-// that tiles 2p and 2p + 1 always belong to one expert), then those odd last tiles ("singles"). The
-// 2-CTA cluster kernels of the TMA grouped GEMM take the m tiles 2p and 2p + 1 as a pair and load a
-// weight tile once for both when they share the expert: in the paired order every pair of the pair
-// region does, where in the plain order a pair straddles two experts whenever an expert starts at
-// an odd tile (deepseek_v3 at T = 4096: ~1.5 tiles per expert, a third of the pairs shared).
+// the 2-CTA cluster kernels of the TMA grouped GEMM take the m tiles 2p and 2p + 1 as a pair and
+// load a weight tile once for both when they share the expert, so the paired order keeps every
+// expert's tiles in pairs: an expert with an even tile count is its pairs; the experts with an odd
+// count are taken two at a time, A and B in expert order, as [A's pairs][A's last, B's last][B's
+// pairs], so that the one mixed pair sits between the two experts' own tiles (both experts' weights
+// are read within a few work items: L2 still holds them for the mixed pair); an odd one left over
+// goes last. Layout: the odd experts' blocks, then the even experts, then the one left over. In the
+// plain order a pair straddles two experts wherever an expert starts at an odd tile (deepseek_v3 at
+// T = 4096, ~1.5 tiles per expert: a third of the pairs shared).
 __global__ void __launch_bounds__(kScanThreads) plan_scan(DevicePlan plan, int E, bool paired) {
-  extern __shared__ int tile_off[];  // [2 (E + 1)]: pair-region offsets, then the singles' offsets
-  int* single_off = tile_off + (E + 1);
-  __shared__ int part_rows[kScanThreads], part_tiles[kScanThreads], part_single[kScanThreads];
+  // per-thread partial sums over the thread's experts: rows; tiles of odd-count / even-count
+  // experts; odd-count experts
+  __shared__ int part_rows[kScanThreads], part_odd_tiles[kScanThreads], part_even_tiles[kScanThreads],
+      part_odd[kScanThreads];
+  __shared__ int s_lone_tiles;  // paired: tiles of the odd expert left over (0: none)
   const int tid = threadIdx.x;
   const int per = (E + kScanThreads - 1) / kScanThreads;
   const int e0 = min(E, tid * per), e1 = min(E, e0 + per);
-  // the tiles of expert e in the pair region / among the singles
-  auto region_tiles = [&](int c, int& in_pairs, int& single) {
-    const int t = (c + plan.tile_m - 1) / plan.tile_m;
-    single = paired ? (t & 1) : 0;
-    in_pairs = t - single;
-  };
-  int rows = 0, tiles = 0, singles = 0;
+  auto tiles_of = [&](int c) { return (c + plan.tile_m - 1) / plan.tile_m; };
+  int rows = 0, odd_tiles = 0, even_tiles = 0, odd = 0;
   for (int e = e0; e < e1; ++e) {
-    const int c = plan.counts[e];
-    int tp, ts;
-    region_tiles(c, tp, ts);
+    const int c = plan.counts[e], t = tiles_of(c);
     rows += c;
-    tiles += tp;
-    singles += ts;
+    if (t & 1) {
+      odd_tiles += t;
+      ++odd;
+    } else {
+      even_tiles += t;
+    }
   }
   part_rows[tid] = rows;
-  part_tiles[tid] = tiles;
-  part_single[tid] = singles;
+  part_odd_tiles[tid] = odd_tiles;
+  part_even_tiles[tid] = even_tiles;
+  part_odd[tid] = odd;
+  if (tid == 0) s_lone_tiles = 0;
   __syncthreads();
   // inclusive Hillis–Steele scan of the per-thread partial sums
   for (int d = 1; d < kScanThreads; d <<= 1) {
-    int r = 0, t = 0, u = 0;
+    int r = 0, ot = 0, et = 0, o = 0;
     if (tid >= d) {
       r = part_rows[tid - d];
-      t = part_tiles[tid - d];
-      u = part_single[tid - d];
+      ot = part_odd_tiles[tid - d];
+      et = part_even_tiles[tid - d];
+      o = part_odd[tid - d];
     }
     __syncthreads();
     part_rows[tid] += r;
-    part_tiles[tid] += t;
-    part_single[tid] += u;
+    part_odd_tiles[tid] += ot;
+    part_even_tiles[tid] += et;
+    part_odd[tid] += o;
     __syncthreads();
   }
-  int row = tid ? part_rows[tid - 1] : 0, tile = tid ? part_tiles[tid - 1] : 0, single = tid ? part_single[tid - 1] : 0;
-  for (int e = e0; e < e1; ++e) {
-    const int c = plan.counts[e];
-    int tp, ts;
-    region_tiles(c, tp, ts);
-    plan.offsets[e] = row;
-    plan.cursor[e] = row;
-    tile_off[e] = tile;
-    single_off[e] = single;
-    row += c;
-    tile += tp;
-    single += ts;
+  const int total_odd = part_odd[kScanThreads - 1];
+  const int total_tiles = part_odd_tiles[kScanThreads - 1] + part_even_tiles[kScanThreads - 1];
+  const int total_even_tiles = part_even_tiles[kScanThreads - 1];
+  // exclusive prefixes at this thread's first expert
+  int row = tid ? part_rows[tid - 1] : 0, ot = tid ? part_odd_tiles[tid - 1] : 0, et = tid ? part_even_tiles[tid - 1] : 0,
+      rank = tid ? part_odd[tid - 1] : 0;
+  // the odd expert left over (paired order, odd count of odd experts): its tile count, for the
+  // offset of the even experts' block
+  if (paired && (total_odd & 1)) {
+    int r = rank;
+    for (int e = e0; e < e1; ++e) {
+      const int t = tiles_of(plan.counts[e]);
+      if (t & 1) {
+        if (r == total_odd - 1) s_lone_tiles = t;
+        ++r;
+      }
+    }
   }
-  if (tid == kScanThreads - 1) {
-    plan.offsets[E] = part_rows[tid];
-    tile_off[E] = part_tiles[tid];
-    single_off[E] = part_single[tid];
-  }
+  if (tid == kScanThreads - 1) plan.offsets[E] = part_rows[tid];
   if (tid == 0) {  // the grouped GEMM's work counter starts each forward at zero
     plan.sched[0] = 0;
     plan.sched[1] = 0;
   }
   __syncthreads();
-  const int in_pairs = tile_off[E], total = in_pairs + single_off[E];
-  for (int t = tid; t < plan.max_tiles; t += kScanThreads) {
-    int4 info = make_int4(-1, 0, 0, 0);
-    if (t < total) {
-      // the last e with off[e] <= u (its block in that region is non-empty)
-      const int* off = t < in_pairs ? tile_off : single_off;
-      const int u = t < in_pairs ? t : t - in_pairs;
-      int lo = 0, hi = E - 1;
-      while (lo < hi) {
-        const int mid = (lo + hi + 1) >> 1;
-        if (off[mid] <= u) lo = mid; else hi = mid - 1;
-      }
-      const int e = lo;
-      // the tile's index within its expert: its place in the pair region, or the expert's last tile
-      const int j = t < in_pairs ? u - tile_off[e] : tile_off[e + 1] - tile_off[e];
-      const int begin = plan.offsets[e] + j * plan.tile_m;
-      const int end = min(begin + plan.tile_m, plan.offsets[e] + plan.counts[e]);
-      info = make_int4(e, begin, end, 0);
+  const int odd_region = part_odd_tiles[kScanThreads - 1] - s_lone_tiles;  // the paired odd experts' blocks
+  for (int e = e0; e < e1; ++e) {
+    const int c = plan.counts[e], t = tiles_of(c);
+    plan.offsets[e] = row;
+    plan.cursor[e] = row;
+    // position of tile 0 of the expert's pairs, and of its odd last tile (t odd)
+    int first = 0, last = 0;
+    if (!paired) {
+      first = ot + et;
+    } else if (!(t & 1)) {
+      first = odd_region + et;
+    } else if (rank == total_odd - 1 && (total_odd & 1)) {  // left over: after the even experts
+      first = odd_region + total_even_tiles;
+      last = first + t - 1;
+    } else if (!(rank & 1)) {  // A: [pairs][last | B's last]
+      first = ot;
+      last = ot + t - 1;
+    } else {  // B: [A's last | last][pairs]
+      last = ot;
+      first = ot + 1;
     }
-    plan.tiles[t] = info;
+    const int pairs = paired && (t & 1) ? t - 1 : t;  // tiles placed from `first` on
+    for (int j = 0; j < t; ++j) {
+      const int begin = row + j * plan.tile_m;
+      const int pos = j < pairs ? first + j : last;
+      plan.tiles[pos] = make_int4(e, begin, min(begin + plan.tile_m, row + c), 0);
+    }
+    row += c;
+    if (t & 1) {
+      ot += t;
+      ++rank;
+    } else {
+      et += t;
+    }
   }
+  for (int t = total_tiles + tid; t < plan.max_tiles; t += kScanThreads) plan.tiles[t] = make_int4(-1, 0, 0, 0);
 }
 
 __global__ void plan_scatter(const void* idx, bool idx64, int64_t S, int E, DevicePlan plan) {
@@ -185,19 +207,13 @@ void build_plan(const DevicePlan& plan, const void* idx, bool idx64, int64_t S, 
   MOEX_CHECK(S < (int64_t(1) << 31) - 1024, "CUDA routing plan: T*K = {} pairs exceeds 2^31", S);
   check(cudaMemsetAsync(plan.counts, 0, size_t(E) * sizeof(int), stream), "cudaMemsetAsync (routing plan)");
   const unsigned blocks = unsigned(ceil_div(S, 256));
-  plan_histogram<<<blocks, 256, 0, stream>>>(idx, idx64, S, int(E), plan.counts);
-  check_launch("plan_histogram");
-  const size_t smem = 2 * size_t(E + 1) * sizeof(int);
-  if (smem > 48 * 1024) {
-    static thread_local size_t raised = 0;  // per thread, cheap; the attribute is per device+function
-    if (raised < smem) {
-      check(cudaFuncSetAttribute(plan_scan, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)), "cudaFuncSetAttribute");
-      raised = smem;
-    }
+  if (blocks > 0) {
+    plan_histogram<<<blocks, 256, 0, stream>>>(idx, idx64, S, int(E), plan.counts);
+    check_launch("plan_histogram");
   }
-  plan_scan<<<1, kScanThreads, smem, stream>>>(plan, int(E), plan.pair_aligned);
+  plan_scan<<<1, kScanThreads, 0, stream>>>(plan, int(E), plan.pair_aligned);
   check_launch("plan_scan");
-  plan_scatter<<<blocks, 256, 0, stream>>>(idx, idx64, S, int(E), plan);
+  if (blocks > 0) plan_scatter<<<blocks, 256, 0, stream>>>(idx, idx64, S, int(E), plan);
   check_launch("plan_scatter");
 }
 

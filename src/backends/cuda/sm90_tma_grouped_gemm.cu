@@ -191,11 +191,12 @@ void choose_tma_tile(const GroupedGemmArgs& a, int64_t pairs, int64_t E, TmaFp8E
   //     epilogue 256-wide up tiles had been the slower choice).
   // MOEX_CUDA_TMA_POLICY=1: no clusters; 2: clusters, 128-wide tiles; 3: clusters with 256-wide
   // down tiles only; 4 (default): clusters with 256-wide tiles; 5: as 4, and deepseek-like GEMMs'
-  // down projection in 256-wide clusters too.
+  // down projection in 256-wide clusters too; 6: as 4, and deepseek-like up projections in
+  // 256-wide clusters; 7: as 4, and both deepseek-like GEMMs in 256-wide clusters.
   static const int policy = [] {
     const char* s = std::getenv("MOEX_CUDA_TMA_POLICY");
     const int v = s ? std::atoi(s) : 0;
-    return v >= 1 && v <= 5 ? v : 4;
+    return v >= 1 && v <= 7 ? v : 4;
   }();
   const double weight_elems = double(E) * double(a.N) * double(a.Kdim);
   const bool big_weights = pairs >= 128 * E && weight_elems >= 2e9;
@@ -209,6 +210,9 @@ void choose_tma_tile(const GroupedGemmArgs& a, int64_t pairs, int64_t E, TmaFp8E
       x.cluster = true;
     }
   }
+  // policies 6 / 7: deepseek-like GEMMs (big weights, >= 128 rows per expert) in clusters, where the
+  // paired tile order shares every two-tile expert's weight tile (T = 4096: ~128 rows, 1-2 tiles)
+  if (big_weights && ((policy == 6 && a.epi != Epi::down) || policy == 7)) x.cluster = true;
 }
 
 void launch_grouped_gemm_tma(const GroupedGemmArgs& a, DType dtype, int64_t a_rows, int64_t E, cudaStream_t stream) {
