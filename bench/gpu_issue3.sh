@@ -19,6 +19,7 @@ stamp() { echo "== $1 ($(( $(date +%s) - t0 )) s)"; }
 [ -n "${SKIP_BUILD:-}" ] || PARTS=build bash bench/gpu_check.sh > "$OUT/build_step.log" 2>&1 || { tail -30 "$OUT/build_step.log"; exit 1; }
 grep -E "HGMMA|moex:|error" "$OUT/build.log" | head -20
 
+if [ "${SKIP_AB:-0}" = 1 ]; then AB_VARIANTS=" "; AB_TOKENS=1; fi  # SKIP_AB=1: the defaults only, one tiny A/B case
 stamp "A/B variants"
 # AB_VARIANTS: space-separated "name:ENV=VALUE[,ENV=VALUE]" items timed against the default build
 # ("base"); the table below uses the fastest by summed time over the A/B cases.

@@ -189,14 +189,18 @@ void choose_tma_tile(const GroupedGemmArgs& a, int64_t pairs, int64_t E, TmaFp8E
   //     policy 3 -> 4): mixtral_8x7b T = 4096 4.81 -> 4.22, T = 16384 20.70 -> 16.49, qwen3_30b_a3b
   //     0.85 -> 0.75 / 2.69 -> 2.37, qwen15 0.75 -> 0.66 / 2.23 -> 1.96 (with the per-element
   //     epilogue 256-wide up tiles had been the slower choice).
+  //   - deepseek-like up projections in 256-wide clusters too (2026-12-01, with the paired tile order
+  //     and the dynamic schedule of the unclustered kernels; one call, policy 4 -> 6 / 7): deepseek_v3
+  //     T = 4096 7.83 -> 7.32 / 7.50 ms, T = 16384 22.1 -> 19.0 / 20.6 (the large-T figures move by
+  //     ±10 % between runs with the clock); the other shapes unchanged (their GEMMs are not big).
   // MOEX_CUDA_TMA_POLICY=1: no clusters; 2: clusters, 128-wide tiles; 3: clusters with 256-wide
-  // down tiles only; 4 (default): clusters with 256-wide tiles; 5: as 4, and deepseek-like GEMMs'
-  // down projection in 256-wide clusters too; 6: as 4, and deepseek-like up projections in
+  // down tiles only; 4: clusters with 256-wide tiles; 5: as 4, and deepseek-like GEMMs' down
+  // projection in 256-wide clusters too; 6 (default): as 4, and deepseek-like up projections in
   // 256-wide clusters; 7: as 4, and both deepseek-like GEMMs in 256-wide clusters.
   static const int policy = [] {
     const char* s = std::getenv("MOEX_CUDA_TMA_POLICY");
     const int v = s ? std::atoi(s) : 0;
-    return v >= 1 && v <= 7 ? v : 4;
+    return v >= 1 && v <= 7 ? v : 6;
   }();
   const double weight_elems = double(E) * double(a.N) * double(a.Kdim);
   const bool big_weights = pairs >= 128 * E && weight_elems >= 2e9;
