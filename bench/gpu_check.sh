@@ -241,7 +241,8 @@ if has hfc; then
   hfc_t=${HFC_TIMEOUT:-300}
   if [ -n "${DEADLINE:-}" ]; then left=$(( DEADLINE - ($(date +%s) - t0) - 8 )); [ $left -lt $hfc_t ] && hfc_t=$left; fi
   hfc_end=$(( $(date +%s) + hfc_t ))
-  small=$(echo "$TOKENS" | tr ',' '\n' | awk '$1 <= 64' | paste -sd,)
+  # HFC_BATCHED_MAX_T: the largest T of the CUDA-graph batched_mm (default 64)
+  small=$(echo "$TOKENS" | tr ',' '\n' | awk -v m="${HFC_BATCHED_MAX_T:-64}" '$1 <= m' | paste -sd,)
   [ -n "$small" ] && PYTHONUNBUFFERED=1 SHAPES="$SHAPES" TOKENS="$small" BACKENDS=batched_mm COMPILE_MODE=reduce-overhead \
     timeout $(( hfc_end - $(date +%s) > 1 ? hfc_end - $(date +%s) : 1 )) python3 bench/hf_experts_bench.py >> "$OUT/hf.json" 2>> "$OUT/hfc.err"
   PYTHONUNBUFFERED=1 SHAPES="$SHAPES" TOKENS="${HFC_GROUPED_TOKENS:-$TOKENS}" BACKENDS=grouped_mm COMPILE_MODE=default \
