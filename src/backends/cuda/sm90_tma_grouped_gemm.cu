@@ -193,14 +193,20 @@ void choose_tma_tile(const GroupedGemmArgs& a, int64_t pairs, int64_t E, TmaFp8E
   //     and the dynamic schedule of the unclustered kernels; one call, policy 4 -> 6 / 7): deepseek_v3
   //     T = 4096 7.83 -> 7.32 / 7.50 ms, T = 16384 22.1 -> 19.0 / 20.6 (the large-T figures move by
   //     ±10 % between runs with the clock); the other shapes unchanged (their GEMMs are not big).
+  //   - 128-wide clusters below 256 rows per expert too, from 1024 pairs and 16 rows per expert on
+  //     (2026-12-01, two calls, MOEX_CUDA_TMA_CLUSTER=1 against the unclustered kernels at T = 512):
+  //     deepseek_v3 5.84 / 5.88 -> 5.44 / 5.46 ms, mixtral_8x7b 1.11 / 1.13 -> 1.01 / 1.01, qwen3_30b_a3b
+  //     0.396 / 0.400 -> 0.371 / 0.373, qwen15_moe_a2_7b 0.340 / 0.350 -> 0.324 / 0.339 (policy 8).
+  //     T <= 64 (fewer pairs) is not measured in clusters and keeps the unclustered kernels.
   // MOEX_CUDA_TMA_POLICY=1: no clusters; 2: clusters, 128-wide tiles; 3: clusters with 256-wide
   // down tiles only; 4: clusters with 256-wide tiles; 5: as 4, and deepseek-like GEMMs' down
-  // projection in 256-wide clusters too; 6 (default): as 4, and deepseek-like up projections in
-  // 256-wide clusters; 7: as 4, and both deepseek-like GEMMs in 256-wide clusters.
+  // projection in 256-wide clusters too; 6: as 4, and deepseek-like up projections in 256-wide
+  // clusters; 7: as 4, and both deepseek-like GEMMs in 256-wide clusters; 8 (default): as 6, and
+  // 128-wide clusters for GEMMs of >= 1024 pairs and >= 16 rows per expert below the other bars.
   static const int policy = [] {
     const char* s = std::getenv("MOEX_CUDA_TMA_POLICY");
     const int v = s ? std::atoi(s) : 0;
-    return v >= 1 && v <= 7 ? v : 6;
+    return v >= 1 && v <= 8 ? v : 8;
   }();
   const double weight_elems = double(E) * double(a.N) * double(a.Kdim);
   const bool big_weights = pairs >= 128 * E && weight_elems >= 2e9;
@@ -214,9 +220,11 @@ void choose_tma_tile(const GroupedGemmArgs& a, int64_t pairs, int64_t E, TmaFp8E
       x.cluster = true;
     }
   }
-  // policies 6 / 7: deepseek-like GEMMs (big weights, >= 128 rows per expert) in clusters, where the
+  // policies 6 - 8: deepseek-like GEMMs (big weights, >= 128 rows per expert) in clusters, where the
   // paired tile order shares every two-tile expert's weight tile (T = 4096: ~128 rows, 1-2 tiles)
-  if (big_weights && ((policy == 6 && a.epi != Epi::down) || policy == 7)) x.cluster = true;
+  if (big_weights && (((policy == 6 || policy == 8) && a.epi != Epi::down) || policy == 7)) x.cluster = true;
+  // policy 8: fewer rows per expert (T = 512 on the SPEC shapes) in 128-wide clusters
+  if (policy == 8 && !big_weights && !x.cluster && pairs >= 1024 && pairs >= 16 * E) x.cluster = true;
 }
 
 void launch_grouped_gemm_tma(const GroupedGemmArgs& a, DType dtype, int64_t a_rows, int64_t E, cudaStream_t stream) {
