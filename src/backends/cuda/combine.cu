@@ -12,6 +12,12 @@ namespace {
 
 constexpr int THREADS = 256, COLS = 4;
 
+// One block per (token, 1024 columns); each thread 4 columns. The slots are taken in chunks of
+// SLOT_CHUNK: the chunk's rows and weights first, then all of its y loads (in flight together
+// instead of one row's latency after another's), then the sum in slot order, one slot at a time —
+// the same arithmetic as a plain loop over j.
+constexpr int SLOT_CHUNK = 8;
+
 template <class T>
 __global__ void __launch_bounds__(THREADS) combine_kernel(CombineArgs a) {
   const int64_t t = blockIdx.x;
@@ -19,31 +25,61 @@ __global__ void __launch_bounds__(THREADS) combine_kernel(CombineArgs a) {
   if (n0 >= a.H) return;
   const bool full = n0 + COLS <= a.H && (a.H % COLS) == 0;
   float acc[COLS] = {};
-  for (int64_t j = 0; j < a.K; ++j) {
-    const int64_t p = t * a.K + j;
-    const int row = a.pair_to_row[p];
-    if (row < 0) continue;
-    const float w = load_any(a.topw, a.topw_code, p);
-    const float* y = a.y + int64_t(row) * a.H + n0;
-    float v[COLS];
-    if (full) {
-      const float4 q = *reinterpret_cast<const float4*>(y);
-      v[0] = q.x; v[1] = q.y; v[2] = q.z; v[3] = q.w;
-    } else {
+  for (int64_t j0 = 0; j0 < a.K; j0 += SLOT_CHUNK) {
+    const int64_t nj = a.K - j0 < SLOT_CHUNK ? a.K - j0 : SLOT_CHUNK;
+    int row[SLOT_CHUNK];
+    float w[SLOT_CHUNK], v[SLOT_CHUNK][COLS];
 #pragma unroll
-      for (int c = 0; c < COLS; ++c) v[c] = n0 + c < a.H ? y[c] : 0.0f;
+    for (int q = 0; q < SLOT_CHUNK; ++q) {
+      const int64_t p = t * a.K + j0 + q;
+      row[q] = q < nj ? a.pair_to_row[p] : -1;  // -1: dropped slot (or past K): adds nothing
+      w[q] = row[q] >= 0 ? load_any(a.topw, a.topw_code, p) : 0.0f;
+    }
+#pragma unroll
+    for (int q = 0; q < SLOT_CHUNK; ++q) {
+      const float* y = a.y + int64_t(row[q] >= 0 ? row[q] : 0) * a.H + n0;
+      if (row[q] >= 0 && full) {
+        const float4 f = *reinterpret_cast<const float4*>(y);
+        v[q][0] = f.x;
+        v[q][1] = f.y;
+        v[q][2] = f.z;
+        v[q][3] = f.w;
+      } else {
+#pragma unroll
+        for (int c = 0; c < COLS; ++c) v[q][c] = row[q] >= 0 && n0 + c < a.H ? y[c] : 0.0f;
+      }
     }
     if (a.down_bias) {
-      const int64_t e = load_index(a.idx, a.idx64, p);
-      const T* b = static_cast<const T*>(a.down_bias) + e * a.H + n0;
 #pragma unroll
-      for (int c = 0; c < COLS; ++c)
-        if (n0 + c < a.H) v[c] += to_f32(b[c]);
+      for (int q = 0; q < SLOT_CHUNK; ++q) {
+        if (row[q] < 0) continue;
+        const int64_t e = load_index(a.idx, a.idx64, t * a.K + j0 + q);
+        const T* b = static_cast<const T*>(a.down_bias) + e * a.H + n0;
+#pragma unroll
+        for (int c = 0; c < COLS; ++c)
+          if (n0 + c < a.H) v[q][c] += to_f32(b[c]);
+      }
     }
 #pragma unroll
-    for (int c = 0; c < COLS; ++c) acc[c] += w * v[c];
+    for (int q = 0; q < SLOT_CHUNK; ++q) {
+      if (row[q] < 0) continue;
+#pragma unroll
+      for (int c = 0; c < COLS; ++c) acc[c] += w[q] * v[q][c];
+    }
   }
   T* out = static_cast<T*>(a.out) + t * a.H + n0;
+  if (full && (reinterpret_cast<uintptr_t>(out) % (COLS * sizeof(T))) == 0) {
+    // one 8-byte (16-bit types) or 16-byte (f32) store per thread
+    if constexpr (sizeof(T) == 4) {
+      *reinterpret_cast<float4*>(out) = make_float4(acc[0], acc[1], acc[2], acc[3]);
+    } else {
+      alignas(8) T q[COLS];
+#pragma unroll
+      for (int c = 0; c < COLS; ++c) q[c] = from_f32<T>(acc[c]);
+      *reinterpret_cast<uint2*>(out) = *reinterpret_cast<const uint2*>(q);
+    }
+    return;
+  }
 #pragma unroll
   for (int c = 0; c < COLS; ++c)
     if (n0 + c < a.H) out[c] = from_f32<T>(acc[c]);
