@@ -22,8 +22,9 @@
 #      256-wide tiles (the default rule's choice for clustered GEMMs) forced on every TMA GEMM
 #      (MOEX_CUDA_TMA_CLUSTER=1 MOEX_CUDA_TMA_N=256) and deepgemm on grouped_mm's tile rule
 #      (MOEX_CUDA_DEEPGEMM_GROUPED_TILES=1), since the default rule only picks clusters for GEMMs
-#      whose experts hold >= 256 rows on average; then the same tests with the static schedule
-#      (MOEX_CUDA_TMA_DYNAMIC=0) and the deepgemm tests on grouped_mm's tile rule unforced
+#      whose experts hold >= 256 rows on average; then the same tests in 128-wide clusters
+#      (MOEX_CUDA_TMA_CLUSTER=1 alone), with the static schedule (MOEX_CUDA_TMA_DYNAMIC=0), and the
+#      deepgemm tests on grouped_mm's tile rule unforced
 #   8. pingpong: the bf16/f16 equivalence and graph tests with the opt-in ping-pong consumers
 #      (MOEX_CUDA_TMA_PINGPONG=1), without and with clusters, and memcheck on them (not in the
 #      default PARTS)
@@ -58,7 +59,9 @@ if has build; then
   # seconds per compiled file, longest first (the build's critical path on this machine)
   awk 'NR > 1 { t[$4] = ($2 - $1) / 1000 } END { for (f in t) printf "%7.1f %s\n", t[f], f }' "$BUILD/.ninja_log" 2>/dev/null |
     sort -rn | head -12 > "$OUT/build_times.txt"
-  if [ ! -x "$BUILD/moex_tests" ]; then echo "build failed"; tail -40 "$OUT/build.log"; exit 1; fi
+  for target in ${BUILD_TARGETS:-moex moex_tests}; do
+    if [ ! -x "$BUILD/$target" ]; then echo "build failed ($target)"; tail -40 "$OUT/build.log"; exit 1; fi
+  done
   {
     "$BUILD/moex" info
     for o in "$BUILD"/CMakeFiles/moex_lib.dir/src/backends/cuda/*.o; do
@@ -108,6 +111,9 @@ if has clusters; then
   stamp clusters
   experts='Dtypes/CudaEquivalence.*/bf16:Dtypes/CudaEquivalence.*/f16:Capturable/*:*DeepGemm*'
   variant_tests clusters "${CLUSTER_FILTER:-$experts}" MOEX_CUDA_TMA_CLUSTER=1 MOEX_CUDA_TMA_N=256 MOEX_CUDA_DEEPGEMM_GROUPED_TILES=1
+  # 128-wide clusters (the tile rule's choice from 1024 pairs and 16 rows per expert, which the
+  # tests' small cases do not reach unforced)
+  variant_tests "clusters 128" "${CLUSTER_FILTER:-$experts}" MOEX_CUDA_TMA_CLUSTER=1
   # the static schedule (the A/B alternative to the default dynamic one)
   variant_tests "static schedule" "$experts" MOEX_CUDA_TMA_DYNAMIC=0
   # deepgemm bf16 on grouped_mm's tile rule unforced: what it picks for the tests' small experts
