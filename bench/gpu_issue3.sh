@@ -6,8 +6,8 @@
 #      on the four shapes ($OUT/ab.md); the fastest (summed time) is used for the table (SKIP_AB=1:
 #      the defaults)
 #   3. GPU tests: CudaEquivalence (MOEX_CUDA_TEST_CASES generated cases), CudaGraph, CudaBackends, DeepGemm*,
-#      CudaRoutingPlan (TEST_TIMEOUT, default 200 s; SKIP_TESTS=1 skips them), then the XTESTS variants
-#      (settings the defaults do not reach on the tests' small cases)
+#      CudaRoutingPlan (TEST_TIMEOUT, default 200 s; SKIP_TESTS=1 skips them), then gpu_check.sh's
+#      clusters step (settings the defaults do not reach on the tests' small cases; SKIP_CLUSTER_TESTS=1)
 #   4. bench/gpu_check.sh PARTS="bench hf hfc table": moex bench and the reference library (its plain
 #      backends, then its CUDA-graph batched_mm and compiled grouped_mm) in the same call, the
 #      side-by-side table ($OUT/side_by_side.md)
@@ -68,18 +68,9 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then  # SKIP_TESTS=1 when the suite runs in a ca
     --gtest_filter="${TEST_FILTER:-*CudaEquivalence*:*CudaGraph*:CudaBackends.*:*DeepGemm*:CudaRoutingPlan.*}" > "$OUT/tests.log" 2>&1
   echo "tests rc $?"
   grep -E "^\[  (FAILED|PASSED|SKIPPED) |worst|Failure" "$OUT/tests.log" | head -30
-  # XTESTS: space-separated "name:ENV=VALUE[,ENV=VALUE]" items, each running the bf16/f16 experts
-  # tests and graph replays with those settings (e.g. the cluster kernels the small test cases do
-  # not reach unforced: "c128:MOEX_CUDA_TMA_CLUSTER=1 c256:MOEX_CUDA_TMA_CLUSTER=1,MOEX_CUDA_TMA_N=256")
-  for v in ${XTESTS:-}; do
-    name=${v%%:*}; envs=${v#*:}
-    env $(echo "$envs" | tr ',' ' ') MOEX_CUDA_TEST_CASES=${XTEST_CASES:-12} timeout ${XTEST_TIMEOUT:-90} "$BUILD/moex_tests" \
-      --gtest_filter='Dtypes/CudaEquivalence.*/bf16:Dtypes/CudaEquivalence.*/f16:Capturable/*:CudaRoutingPlan.*' > "$OUT/xtests.log" 2>&1
-    echo "[$name] tests rc $?"
-    grep -E "^\[  (FAILED|PASSED) |passed of|Failure" "$OUT/xtests.log" | head -8 | sed "s/^/[$name] /"
-    sed "s/^/[$name] /" "$OUT/xtests.log" >> "$OUT/tests.log"
-  done
-  rm -f "$OUT/xtests.log"
+  # the cluster kernels and the static schedule, which the tests' small cases do not reach unforced
+  # (gpu_check.sh's clusters step; CLUSTER_TEST_CASES, CLUSTER_TIMEOUT)
+  [ "${SKIP_CLUSTER_TESTS:-0}" = 1 ] || BUILD=$BUILD PARTS=clusters bash bench/gpu_check.sh | grep -v "^== "
 fi
 
 stamp "bench + reference"

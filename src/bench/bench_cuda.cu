@@ -1,4 +1,4 @@
-// bench/bench_cuda.cu — GPU probes for the benchmark: device copy bandwidth and cuBLAS GEMM rate.
+// bench/bench_cuda.cu — GPU probes for the benchmark: device copy bandwidth, cuBLAS GEMM rates.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -83,67 +83,72 @@ double cuda_copy_bandwidth(int device) {
   return 2.0 * double(bytes) / (ms * 1e-3);
 }
 
-double cuda_peak_flops(int device, DType dtype) {
-  ck(cudaSetDevice(device), "cudaSetDevice");
-  const int n = 8192;
-  const size_t esz = dtype == DType::f32 ? 4 : 2;
-  void *a = nullptr, *b = nullptr, *c = nullptr;
-  ck(cudaMalloc(&a, size_t(n) * n * esz), "cudaMalloc (GEMM probe)");
-  ck(cudaMalloc(&b, size_t(n) * n * esz), "cudaMalloc (GEMM probe)");
-  ck(cudaMalloc(&c, size_t(n) * n * esz), "cudaMalloc (GEMM probe)");
-  fill_random(a, size_t(n) * n, dtype, 1);
-  fill_random(b, size_t(n) * n, dtype, 2);
+namespace {
+
+// One dense GEMM on random operands, row-major C [M, N] = A [M, K] · Bᵀ (B [N, K]), in cuBLAS's
+// column-major terms Cᵀ = B · Aᵀ; the buffers are freed with it.
+class DenseGemm {
+ public:
+  DenseGemm(DType dtype, int64_t M, int64_t N, int64_t K, uint64_t seed) : t_(cublas_type(dtype)), M_(M), N_(N), K_(K) {
+    const size_t esz = dtype_size(dtype);
+    try {
+      ck(cudaMalloc(&a_, size_t(M) * K * esz), "cudaMalloc (dense GEMM probe)");
+      ck(cudaMalloc(&b_, size_t(N) * K * esz), "cudaMalloc (dense GEMM probe)");
+      ck(cudaMalloc(&c_, size_t(M) * N * esz), "cudaMalloc (dense GEMM probe)");
+      fill_random(a_, size_t(M) * K, dtype, seed);
+      fill_random(b_, size_t(N) * K, dtype, seed + 1);
+    } catch (...) {
+      release();
+      throw;
+    }
+  }
+  ~DenseGemm() { release(); }
+  DenseGemm(const DenseGemm&) = delete;
+  DenseGemm& operator=(const DenseGemm&) = delete;
+  double flops() const { return 2.0 * double(M_) * double(N_) * double(K_); }
+  void run(cublasHandle_t h) const {
+    const float alpha = 1.0f, beta = 0.0f;
+    ck(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(N_), int(M_), int(K_), &alpha, b_, t_, int(K_), a_, t_, int(K_), &beta, c_, t_,
+                    int(N_), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+       "cublasGemmEx (dense GEMM probe)");
+  }
+
+ private:
+  void release() {
+    for (void* p : {a_, b_, c_}) cudaFree(p);  // cudaFree(nullptr) is a no-op
+  }
+  cudaDataType_t t_;
+  int64_t M_, N_, K_;
+  void *a_ = nullptr, *b_ = nullptr, *c_ = nullptr;
+};
+
+// Median milliseconds of running `gemms` one after the other (reps timed calls after a warm-up).
+float time_gemms(std::initializer_list<const DenseGemm*> gemms, int reps) {
   cublasHandle_t h;
   ck(cublasCreate(&h), "cublasCreate");
-  const float alpha = 1.0f, beta = 0.0f;
-  const cudaDataType_t t = cublas_type(dtype);
-  auto gemm = [&] {
-    ck(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &alpha, a, t, n, b, t, n, &beta, c, t, n, CUBLAS_COMPUTE_32F,
-                    CUBLAS_GEMM_DEFAULT),
-       "cublasGemmEx");
-  };
-  const float ms = time_ms(gemm, 10);
+  float ms = 0;
+  try {
+    ms = time_ms([&] { for (const DenseGemm* g : gemms) g->run(h); }, reps);
+  } catch (...) {
+    cublasDestroy(h);
+    throw;
+  }
   cublasDestroy(h);
-  cudaFree(a);
-  cudaFree(b);
-  cudaFree(c);
-  return 2.0 * double(n) * n * n / (ms * 1e-3);
+  return ms;
+}
+
+}  // namespace
+
+double cuda_peak_flops(int device, DType dtype) {
+  ck(cudaSetDevice(device), "cudaSetDevice");
+  const DenseGemm g(dtype, 8192, 8192, 8192, 1);
+  return g.flops() / (time_gemms({&g}, 10) * 1e-3);
 }
 
 double cuda_dense_pair_ms(int device, DType dtype, int64_t M, int64_t N1, int64_t K1, int64_t N2, int64_t K2) {
   ck(cudaSetDevice(device), "cudaSetDevice");
-  const size_t esz = dtype_size(dtype);
-  // C1 [M, N1] = A1 [M, K1] · B1ᵀ (B1 [N1, K1]), C2 [M, N2] = A2 [M, K2] · B2ᵀ: row-major operands
-  // as cuBLAS column-major transposes (C1ᵀ = B1 · A1ᵀ)
-  const size_t n_a1 = size_t(M) * K1, n_b1 = size_t(N1) * K1, n_c1 = size_t(M) * N1;
-  const size_t n_a2 = size_t(M) * K2, n_b2 = size_t(N2) * K2, n_c2 = size_t(M) * N2;
-  void *a1, *b1, *c1, *a2, *b2, *c2;
-  ck(cudaMalloc(&a1, n_a1 * esz), "cudaMalloc (dense probe)");
-  ck(cudaMalloc(&b1, n_b1 * esz), "cudaMalloc (dense probe)");
-  ck(cudaMalloc(&c1, n_c1 * esz), "cudaMalloc (dense probe)");
-  ck(cudaMalloc(&a2, n_a2 * esz), "cudaMalloc (dense probe)");
-  ck(cudaMalloc(&b2, n_b2 * esz), "cudaMalloc (dense probe)");
-  ck(cudaMalloc(&c2, n_c2 * esz), "cudaMalloc (dense probe)");
-  fill_random(a1, n_a1, dtype, 11);
-  fill_random(b1, n_b1, dtype, 12);
-  fill_random(a2, n_a2, dtype, 13);
-  fill_random(b2, n_b2, dtype, 14);
-  cublasHandle_t h;
-  ck(cublasCreate(&h), "cublasCreate");
-  const float alpha = 1.0f, beta = 0.0f;
-  const cudaDataType_t t = cublas_type(dtype);
-  auto pair = [&] {
-    ck(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(N1), int(M), int(K1), &alpha, b1, t, int(K1), a1, t, int(K1), &beta, c1, t,
-                    int(N1), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-       "cublasGemmEx (dense probe)");
-    ck(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(N2), int(M), int(K2), &alpha, b2, t, int(K2), a2, t, int(K2), &beta, c2, t,
-                    int(N2), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-       "cublasGemmEx (dense probe)");
-  };
-  const float ms = time_ms(pair, 7);
-  cublasDestroy(h);
-  for (void* p : {a1, b1, c1, a2, b2, c2}) cudaFree(p);
-  return ms;
+  const DenseGemm up(dtype, M, N1, K1, 11), down(dtype, M, N2, K2, 13);
+  return time_gemms({&up, &down}, 7);
 }
 
 void cuda_synchronize(int device) {

@@ -194,8 +194,8 @@ struct DevicePlan {
   int max_tiles;      // static bound on the number of M tiles
   int tile_m;         // rows per M tile
   int* sched;         // [2]   the TMA grouped GEMM's dynamic schedule (claims, finished CTAs), zeroed here
-  // Tile order: false = expert by expert; true = "paired", every pair of tiles (2p, 2p + 1) of one
-  // expert except the odd last tiles, which follow at the end (routing_plan.cu). Set before build_plan.
+  // Tile order: false = expert by expert; true = "paired": tiles (2p, 2p + 1) share their expert but
+  // for one mixed pair per two experts with an odd tile count (routing_plan.cu). Set before build_plan.
   bool pair_aligned;
 };
 // Static bound on the number of M tiles of `tile_m` rows over all experts' row blocks.

@@ -369,9 +369,10 @@ __global__ void __launch_bounds__(THREADS, 1)
 
   // The dynamic schedule (x.work_counter set; cooperative kernels outside clusters): after its first
   // item (blockIdx.x) a CTA claims the next from a global counter as soon as its producer has issued
-  // the current item's stages, so items are begun in order however the CTAs drift apart. Items with neighbouring indices share
-  // their weight tile (the m tiles of one expert, same n tile) or their A rows (the n tiles of one
-  // group): begun within microseconds of each other, the second reader finds the data in L2. Under
+  // the current item's stages, so items are begun in order however the CTAs drift apart. Items with
+  // neighbouring indices share their weight tile (the m tiles of one expert, same n tile) or their A
+  // rows (the n tiles of one group): begun within microseconds of each other, the second reader finds
+  // the data in L2. Under
   // the static stride (w += gridDim.x) the CTAs drift apart over the waves; ncu on deepseek_v3
   // T = 4096 (H200, 2026-12-01) measured 24.1 GB of DRAM reads in the up GEMM whose weights are 15.0
   // GB, i.e. the second m tile of an expert re-read its weights from DRAM. The producer's thread 0
