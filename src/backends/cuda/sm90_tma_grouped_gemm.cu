@@ -254,8 +254,14 @@ void launch_grouped_gemm_tma_ex(const GroupedGemmArgs& a, DType act_dtype, bool 
     const char* e = std::getenv("MOEX_CUDA_TMA_DYNAMIC");
     return !(e && *e == '0');
   }();
+  // Idle consumer warpgroups skip their MMAs (see the kernel); MOEX_CUDA_TMA_IDLE_SKIP=0 turns it off
+  static const bool idle_skip = [] {
+    const char* e = std::getenv("MOEX_CUDA_TMA_IDLE_SKIP");
+    return !(e && *e == '0');
+  }();
   TmaFp8Extra x = x_in;
   x.compact_epilogue = compact;
+  x.skip_idle_rows = idle_skip;
   x.work_counter = dynamic ? a.plan.sched : nullptr;  // the kernels in clusters / ping-pong ignore it
   if (fp8) {
     MOEX_ASSERT(x.a_scales && x.w_scales && x.a_scales_ld % 4 == 0);

@@ -40,6 +40,9 @@ struct TmaFp8Extra {
   // CTAs), zero at launch and reset by the kernel's last CTA (set by the launcher from the routing
   // plan's `sched` unless MOEX_CUDA_TMA_DYNAMIC=0; nullptr: the static stride). See the kernel.
   int* work_counter = nullptr;
+  // A consumer warpgroup with no row of its own in a tile (an expert's last tile of <= 64 rows; rank 1
+  // of an odd last pair) skips its MMAs (set by the launcher unless MOEX_CUDA_TMA_IDLE_SKIP=0)
+  bool skip_idle_rows = false;
 };
 // True when the FP8 variant can run this GEMM: compute capability 9.0, K-major weights, Kdim a
 // multiple of 16, N a multiple of 8, the gated concatenated layout with I a multiple of 64 (a

@@ -601,11 +601,28 @@ __global__ void __launch_bounds__(THREADS, 1)
       int m, n;
       bool shared, own;
       work_item(w, m, n, shared, own);
+      // A warpgroup with no row of its own in this tile (an expert's last tile holding <= 64 rows, or
+      // rank 1 of an odd last pair, which writes nothing) only follows the ring: it waits for each
+      // stage and releases it without MMAs, leaving the tensor cores to the other warpgroup. Its
+      // accumulators stay zero and its epilogue writes nothing (every row is past re).
+      // The flag is broadcast from lane 0 so that the compiler sees a warp-uniform branch (computed
+      // per thread, it put convergence barriers around the MMAs: the tenth session's form, 1.4x slower).
+      bool idle = false;
+      if (x.skip_idle_rows) {
+        const int4 tile_rows = a.plan.tiles[m];
+        idle = __shfl_sync(0xffffffffu, int(!own || tile_rows.z - tile_rows.y <= cw * 64), 0) != 0;
+      }
 #pragma unroll
       for (int j = 0; j < NF; ++j)
 #pragma unroll
         for (int q = 0; q < 4; ++q) acc[j][q] = 0.0f;
-      if constexpr (FP8) {
+      if (idle) {
+        for (int kt = 0; kt < ktiles; ++kt) {
+          mbar_wait(full_bar(stage), phase);
+          release(stage);
+          next_stage<STAGES>(stage, phase);
+        }
+      } else if constexpr (FP8) {
         // ---- two-level accumulation: per 128-K block, part = A·B on the e4m3 codes (QGMMA), then
         // acc += part × activation scale (per row) × weight block scale (per 128 outputs)
         const int e = a.plan.tiles[m].x;
