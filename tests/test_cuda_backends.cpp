@@ -334,9 +334,11 @@ TEST(CudaRoutingPlan, TileTableInBothOrders) {
   SKIP_WITHOUT_CUDA();
   std::mt19937 rng(20261201);
   for (int iter = 0; iter < 60; ++iter) {
-    const int64_t E = iter == 0 ? 1 : 1 + rng() % (iter < 40 ? 40 : 300);
+    // iter 2: more experts than the shared-memory counts hold (the global-atomic kernels); iter 3:
+    // few experts, many pairs (shared atomics under contention, many blocks)
+    const int64_t E = iter == 0 ? 1 : iter == 2 ? 7000 : iter == 3 ? 8 : 1 + rng() % (iter < 40 ? 40 : 300);
     const int64_t tile_m = iter % 3 == 0 ? 64 : 128;
-    const int64_t S = iter == 1 ? 0 : rng() % (iter < 30 ? 2000 : 40000);
+    const int64_t S = iter == 1 ? 0 : iter == 2 || iter == 3 ? 30011 : rng() % (iter < 30 ? 2000 : 40000);
     std::vector<int32_t> idx(static_cast<size_t>(S));
     const bool skewed = iter % 4 == 1;  // most pairs on a few experts: many tiles per expert
     for (auto& v : idx) {
@@ -351,6 +353,20 @@ TEST(CudaRoutingPlan, TileTableInBothOrders) {
       SCOPED_TRACE(::testing::Message() << "iter " << iter << " E " << E << " S " << S << " tile_m " << tile_m
                                         << " paired " << paired);
       const cuda::PlanProbe pr = cuda::probe_device_plan(idx, E, tile_m, paired);
+      // the permutation: every kept pair in one row of its expert's block, dropped pairs in none
+      ASSERT_EQ(pr.pair_to_row.size(), idx.size());
+      std::vector<int> row_seen(pr.sorted_pairs.size(), 0);
+      for (size_t p = 0; p < idx.size(); ++p) {
+        const int v = idx[p], row = pr.pair_to_row[p];
+        if (v < 0 || v >= E) {
+          EXPECT_EQ(row, -1) << "dropped pair " << p;
+          continue;
+        }
+        ASSERT_GE(row, pr.offsets[size_t(v)]) << "pair " << p;
+        ASSERT_LT(row, pr.offsets[size_t(v + 1)]) << "pair " << p;
+        EXPECT_EQ(pr.sorted_pairs[size_t(row)], int(p));
+        EXPECT_EQ(++row_seen[size_t(row)], 1) << "row " << row << " holds two pairs";
+      }
       std::vector<int64_t> covered(static_cast<size_t>(E), 0), singles(static_cast<size_t>(E), 0);
       size_t valid = 0;
       bool seen_invalid = false;

@@ -10,10 +10,13 @@ namespace moex::cuda {
 // Builds the device routing plan of top_k_index [S] (int32 on the host; values outside [0, E)
 // are dropped pairs) with `tile_m`-row tiles in the plain or the paired tile order
 // (DevicePlan::pair_aligned) on the current CUDA device, and returns its tile table, every entry
-// {expert, row_begin, row_end} (expert -1: no tile), and the expert offsets [E + 1].
+// {expert, row_begin, row_end} (expert -1: no tile), the expert offsets [E + 1], the sorted rows'
+// pairs [offsets[E]] and each pair's sorted row [S] (-1: dropped).
 struct PlanProbe {
   std::vector<std::array<int, 3>> tiles;
   std::vector<int> offsets;
+  std::vector<int> sorted_pairs;
+  std::vector<int> pair_to_row;
 };
 PlanProbe probe_device_plan(const std::vector<int32_t>& top_k_index, int64_t E, int64_t tile_m, bool paired);
 
