@@ -259,7 +259,15 @@ void launch_grouped_gemm_tma_ex(const GroupedGemmArgs& a, DType act_dtype, bool 
     const char* e = std::getenv("MOEX_CUDA_TMA_IDLE_SKIP");
     return !(e && *e == '0');
   }();
+  // Work-order groups (see decode_work): 8 m tiles (pairs in clusters) unless MOEX_CUDA_TMA_GROUP_M
+  // (1 - 64) says otherwise, for A/B runs
+  static const int group_m = [] {
+    const char* e = std::getenv("MOEX_CUDA_TMA_GROUP_M");
+    const int v = e ? std::atoi(e) : 0;
+    return v >= 1 && v <= 64 ? v : 8;
+  }();
   TmaFp8Extra x = x_in;
+  x.group_m = group_m;
   x.compact_epilogue = compact;
   x.skip_idle_rows = idle_skip;
   x.work_counter = dynamic ? a.plan.sched : nullptr;  // the kernels in clusters / ping-pong ignore it

@@ -43,6 +43,9 @@ struct TmaFp8Extra {
   // A consumer warpgroup with no row of its own in a tile (an expert's last tile of <= 64 rows; rank 1
   // of an odd last pair) skips its MMAs (set by the launcher unless MOEX_CUDA_TMA_IDLE_SKIP=0)
   bool skip_idle_rows = false;
+  // m tiles (m-tile pairs in clusters) per group of the work order (set by the launcher: 8, or
+  // MOEX_CUDA_TMA_GROUP_M in [1, 64])
+  int group_m = 8;
 };
 // True when the FP8 variant can run this GEMM: compute capability 9.0, K-major weights, Kdim a
 // multiple of 16, N a multiple of 8, the gated concatenated layout with I a multiple of 64 (a

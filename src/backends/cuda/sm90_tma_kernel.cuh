@@ -12,7 +12,7 @@
 
 namespace moex::cuda::tma {
 
-constexpr int BK = 64, THREADS = 384, GROUP_M = 8;
+constexpr int BK = 64, THREADS = 384;
 // Work items in flight between the producer and the consumers under the dynamic schedule.
 constexpr int ITEM_SLOTS = 4;
 // Rows per TMA box of a non-gathered A: a tile loads only the boxes that hold its rows. 32 measured
@@ -124,13 +124,15 @@ __device__ __forceinline__ void next_stage(int& stage, uint32_t& phase) {
   }
 }
 
-// Work item w -> (m tile, n tile): groups of GROUP_M m tiles, n-major inside a group.
-__device__ __forceinline__ void decode_work(int w, int num_m, int n_tiles, int& m, int& n) {
-  const int per_group = GROUP_M * n_tiles;
+// Work item w -> (m tile, n tile): groups of group_m m tiles (m-tile pairs in clusters), n-major
+// inside a group, so that the CTAs running at one time share a group's A rows and each n tile's
+// weights in L2 (TmaFp8Extra::group_m).
+__device__ __forceinline__ void decode_work(int w, int num_m, int n_tiles, int group_m, int& m, int& n) {
+  const int per_group = group_m * n_tiles;
   const int g = w / per_group, r = w - g * per_group;
-  const int gs = min(GROUP_M, num_m - g * GROUP_M);
+  const int gs = min(group_m, num_m - g * group_m);
   n = r / gs;
-  m = g * GROUP_M + (r - n * gs);
+  m = g * group_m + (r - n * gs);
 }
 
 template <class T>
@@ -433,13 +435,13 @@ __global__ void __launch_bounds__(THREADS, 1)
     const int num_m = num_m_now();
     if constexpr (MC) {
       int p;
-      decode_work(w, (num_m + 1) >> 1, n_tiles, p, n);
+      decode_work(w, (num_m + 1) >> 1, n_tiles, x.group_m, p, n);
       const int m0 = 2 * p, m1 = min(2 * p + 1, num_m - 1);
       own = 2 * p + int(rank) < num_m;
       m = rank ? m1 : m0;
       shared = a.plan.tiles[m0].x == a.plan.tiles[m1].x;
     } else {
-      decode_work(w, num_m, n_tiles, m, n);
+      decode_work(w, num_m, n_tiles, x.group_m, m, n);
       shared = false;
       own = true;
     }
