@@ -197,6 +197,8 @@ void choose_tma_tile(const GroupedGemmArgs& a, int64_t pairs, int64_t E, TmaFp8E
   //     (2026-12-01, two calls, MOEX_CUDA_TMA_CLUSTER=1 against the unclustered kernels at T = 512):
   //     deepseek_v3 5.84 / 5.88 -> 5.44 / 5.46 ms, mixtral_8x7b 1.11 / 1.13 -> 1.01 / 1.01, qwen3_30b_a3b
   //     0.396 / 0.400 -> 0.371 / 0.373, qwen15_moe_a2_7b 0.340 / 0.350 -> 0.324 / 0.339 (policy 8).
+  //     As the default against policy 6 (2026-12-01, twelfth session, two interleaved rounds):
+  //     mixtral_8x7b T = 512 1.006 vs 1.118 ms, deepseek_v3 5.46 vs 5.54, the others within 1-3 %.
   //     T <= 64 (fewer pairs) is not measured in clusters and keeps the unclustered kernels.
   // MOEX_CUDA_TMA_POLICY=1: no clusters; 2: clusters, 128-wide tiles; 3: clusters with 256-wide
   // down tiles only; 4: clusters with 256-wide tiles; 5: as 4, and deepseek-like GEMMs' down
