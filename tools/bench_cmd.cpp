@@ -228,7 +228,7 @@ int run_bench(BenchOptions o) {
   const double peak = o.check ? 1e11 : bench::peak_flops(dev, dt, threads);
   const double read_bw = o.check ? 0.0 : bench::read_bandwidth(dev, threads);
   const std::string devname = dev.is_cpu() ? fmt::format("cpu ({}, {} threads)", cpu_info().isa, threads) : to_string(dev);
-  const std::string peak_what = dev.is_cpu() ? "f32 FMA rate" : fmt::format("cuBLAS dense {} GEMM", dtype_name(dt));
+  const std::string peak_what = bench::peak_what(dev, dt);
   if (o.format == "table")
     fmt::print("# {}: copy bandwidth {:.1f} GB/s{}, peak {:.1f} GFLOP/s ({}){}\n", devname, bw / 1e9,
                read_bw > 0 ? fmt::format(" (streaming read {:.1f} GB/s)", read_bw / 1e9) : std::string(), peak / 1e9, peak_what,

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <string_view>
 #include <vector>
 
 #include "backends/cpu/kernels.hpp"
@@ -83,19 +84,34 @@ double cpu_read_bandwidth(int threads) {
   return double(bytes) / secs;
 }
 
-double cpu_peak_flops(int threads) {
-  const auto& kt = cpu::kernels();
+// flop/s of `probe` (iters rounds per thread) on `threads` threads, after a short warm-up
+double cpu_probe_rate(double (*probe)(int64_t), int threads) {
   const int64_t iters = 20'000'000;
-  kt.fma_probe(iters / 10);
+  probe(iters / 10);
   double flops = 0;
   auto t0 = std::chrono::steady_clock::now();
 #pragma omp parallel num_threads(threads) reduction(+ : flops)
-  flops += kt.fma_probe(iters);
+  flops += probe(iters);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return flops / s;
 }
 
 }  // namespace
+
+double cpu_fma_flops(int threads) { return cpu_probe_rate(cpu::kernels().fma_probe, threads); }
+
+double cpu_bf16_dot_flops(int threads) {
+  const auto& kt = cpu::kernels();
+  return kt.bf16_dot && kt.bf16_dot_probe ? cpu_probe_rate(kt.bf16_dot_probe, threads) : 0.0;
+}
+
+const char* peak_what(Device dev, DType dtype) {
+  if (!dev.is_cpu()) return dtype == DType::bf16 ? "cuBLAS dense bf16 GEMM" : dtype == DType::f16 ? "cuBLAS dense f16 GEMM" : "cuBLAS dense f32 GEMM";
+  const auto& kt = cpu::kernels();
+  if (dtype != DType::bf16 || !kt.bf16_dot || !kt.bf16_dot_probe) return "f32 FMA rate";
+  return std::string_view(kt.isa) == "avx512_amx" ? "max of the f32 FMA and vdpbf16ps rates; AMX tiles not probed"
+                                                  : "max of the f32 FMA and vdpbf16ps rates";
+}
 
 double copy_bandwidth(Device dev, int threads) {
   return dev.is_cpu() ? cpu_copy_bandwidth(threads) : cuda_copy_bandwidth(dev.index);
@@ -104,7 +120,9 @@ double copy_bandwidth(Device dev, int threads) {
 double read_bandwidth(Device dev, int threads) { return dev.is_cpu() ? cpu_read_bandwidth(threads) : 0.0; }
 
 double peak_flops(Device dev, DType dtype, int threads) {
-  return dev.is_cpu() ? cpu_peak_flops(threads) : cuda_peak_flops(dev.index, dtype);
+  if (!dev.is_cpu()) return cuda_peak_flops(dev.index, dtype);
+  const double fma = cpu_fma_flops(threads);
+  return dtype == DType::bf16 ? std::max(fma, cpu_bf16_dot_flops(threads)) : fma;
 }
 
 void synchronize(Device dev) {

@@ -15,8 +15,16 @@ double copy_bandwidth(Device dev, int threads);
 // the ceiling of a decode step, which only reads its weights (reported beside the copy rate).
 double read_bandwidth(Device dev, int threads);
 // Peak rate in flop/s: on the CPU the FMA rate of this CPU's kernel ISA in f32 with `threads`
-// threads; on CUDA a large dense GEMM of `dtype` through cuBLAS (bf16/f16 tensor cores, f32 no TF32).
+// threads — for bf16 the larger of that and the vdpbf16ps rate where the kernels use it (AMX tiles
+// are not probed); on CUDA a large dense GEMM of `dtype` through cuBLAS (bf16/f16 tensor cores, f32
+// no TF32).
 double peak_flops(Device dev, DType dtype, int threads);
+// The CPU probes behind peak_flops: the f32 FMA rate and the vdpbf16ps rate (0 where this CPU's
+// kernels have no bf16 dot product), flop/s with `threads` threads.
+double cpu_fma_flops(int threads);
+double cpu_bf16_dot_flops(int threads);
+// What peak_flops measured, in words (the benchmark's header).
+const char* peak_what(Device dev, DType dtype);
 
 void synchronize(Device dev);
 

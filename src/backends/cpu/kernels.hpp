@@ -104,6 +104,9 @@ struct KernelTable {
   void (*silu_mul)(const float* g, const float* u, float* out, int64_t n);
   // Σ src[0:n] with full-width vector loads (the benchmark's streaming-read probe).
   double (*read_probe)(const float* src, int64_t n);
+  // Runs `iters` rounds of independent vdpbf16ps chains on one thread; returns the flops done (two
+  // per bf16 product and sum). nullptr where the table has no bf16 dot product.
+  double (*bf16_dot_probe)(int64_t iters);
 };
 
 // The table for this CPU. MOEX_CPU_ISA=avx512|avx2|generic forces a (supported) variant.

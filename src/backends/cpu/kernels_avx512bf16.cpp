@@ -64,6 +64,25 @@ inline void dot_rows(const MatmulArgs& a, int64_t i0, int64_t n, int nr, const c
 
 struct Avx512Bf16 : Avx512 {
   static constexpr bool kBf16Dot = true;
+  // The benchmark's bf16 peak probe: 12 independent vdpbf16ps chains (64 flops per instruction).
+  // It issues at the rate of a 512-bit FMA on the AMD EPYC development VM, so the bf16 peak is twice
+  // the f32 one there (2026-12-01, one idle core: 227-232 vs 115 GFLOP/s).
+  static double bf16_dot_probe(int64_t iters) {
+    constexpr int kChains = 12;
+    __m512 acc[kChains];
+    for (int c = 0; c < kChains; ++c) acc[c] = _mm512_set1_ps(float(c) * 1e-3f);
+    __m512i a = _mm512_set1_epi16(0x3f80);  // bf16 1.0 pairs
+    const __m512i b = _mm512_set1_epi16(0x3380);  // bf16 ~6e-8 pairs
+    for (int64_t i = 0; i < iters; ++i) {
+      for (int c = 0; c < kChains; ++c) acc[c] = _mm512_dpbf16_ps(acc[c], (__m512bh)a, (__m512bh)b);
+      asm volatile("" : "+v"(a));  // keeps the operands in registers and the loop from folding
+    }
+    float sink = 0;
+    for (int c = 0; c < kChains; ++c) sink += _mm512_reduce_add_ps(acc[c]);
+    volatile float keep = sink;
+    (void)keep;
+    return 64.0 * double(iters) * kChains;
+  }
   static void matmul_nt_bf16_dot(const MatmulArgs& a) {
     impl::walk_nt<4, 4>(a, 2, [&](int64_t i, int64_t n, int nr, int mr, const char* pf) {
       switch (mr) {

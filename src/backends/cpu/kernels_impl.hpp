@@ -537,9 +537,11 @@ void silu_mul(const float* g, const float* u, float* out, int64_t n) {
 
 template <class Isa>
 KernelTable make_table(const char* name) {
+  double (*dot_probe)(int64_t) = nullptr;
+  if constexpr (requires { Isa::bf16_dot_probe(int64_t(1)); }) dot_probe = &Isa::bf16_dot_probe;
   return KernelTable{name,           Isa::kBf16Dot,        &matmul<Isa>,         &to_f32<Isa>,
                      &from_f32<Isa>, &fma_probe<Isa>,      &e4m3_to_f32<Isa>,    &fp8_matmul<Isa>,
-                     &packed_matmul<Isa>, &silu_mul<Isa>,  &read_probe<Isa>};
+                     &packed_matmul<Isa>, &silu_mul<Isa>,  &read_probe<Isa>,     dot_probe};
 }
 
 // Scalar rounding loops shared by the traits (the compiler vectorises the bf16 one).
