@@ -29,10 +29,10 @@ ap.add_argument("--dtype", default=None, help="dtype of the reference rows when 
 a = ap.parse_args()
 
 moex = collections.defaultdict(dict)
-machine = {}
+machines = []  # one header per moex bench run (per dtype: the bf16 run may name a different peak)
 for r in load(a.moex):
     if "machine" in r:
-        machine = r
+        machines.append(r)
         continue
     if "ms" not in r:
         continue
@@ -46,10 +46,12 @@ for r in load(a.ref):
     dt = norm_dtype(r.get("dtype", a.dtype or "bf16"))
     ref[(r["shape"], dt, int(r["T"]))][r["backend"]] = r["ms"]
 
-if machine:
+for machine in machines:
     read = f" (streaming read {machine['read_gbps']:.1f} GB/s)" if machine.get('read_gbps') else ""
     print(f"machine: {machine.get('machine')}, copy {machine.get('copy_gbps', 0):.1f} GB/s{read}, "
-          f"peak {machine.get('peak_gflops', 0):.1f} GFLOP/s ({machine.get('peak_what')})\n")
+          f"peak {machine.get('peak_gflops', 0):.1f} GFLOP/s ({machine.get('peak_what')})")
+if machines:
+    print()
 print("| shape | dtype | T | floor ms | moex: " + " / ".join(["eager", "batched_mm", "grouped_mm"]) +
       " ms | reference: eager / batched_mm / grouped_mm ms | moex best | ref best | speed-up | moex % of floor |")
 print("|---|---|---|---|---|---|---|---|---|---|")
