@@ -397,3 +397,16 @@ TEST(CpuKernels, PackedWeightsFollowNewWeightsAtTheSameAddress) {
   EXPECT_EQ(PackedWeights::total_bytes(), 0u);
   EXPECT_EQ(forward(gate_up, down), fresh);
 }
+
+// The benchmark's peak probes: present where the table's kernels use the instruction, and counting
+// the flops of what they ran (FMA: 2 per lane; vdpbf16ps: 2 products and sums per bf16 pair = 64 per
+// 512-bit instruction, 12 chains).
+TEST(CpuKernels, PeakProbesCountTheirFlops) {
+  for (const KernelTable* kt : tables()) {
+    SCOPED_TRACE(kt->isa);
+    ASSERT_NE(kt->fma_probe, nullptr);
+    EXPECT_GT(kt->fma_probe(1000), 0.0);
+    EXPECT_EQ(kt->bf16_dot_probe != nullptr, kt->bf16_dot) << "a vdpbf16ps probe exactly where the bf16 dot kernels are";
+    if (kt->bf16_dot_probe) EXPECT_DOUBLE_EQ(kt->bf16_dot_probe(1000), 64.0 * 1000 * 12);
+  }
+}
