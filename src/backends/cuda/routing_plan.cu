@@ -5,8 +5,9 @@
 // Everything runs on the caller's stream with sizes fixed by T, K, E: no host synchronisation,
 // so batched/grouped forwards can be captured in a CUDA graph and replayed with new routing.
 //
-// NOTE: the scatter reserves row ranges with warp-aggregated atomics, so the order of pairs
-// inside one expert's block can differ from run to run. Results do not: every sorted row is
+// NOTE: the scatter reserves row ranges with atomics (per block and expert, then per warp and
+// expert inside the block), so the order of pairs inside one expert's block can differ from run to
+// run. Results do not: every sorted row is
 // computed on its own with the same arithmetic wherever it lands, and the final reduction over
 // the K slots reads rows through pair_to_row in slot order.
 #include <vector>
