@@ -2,6 +2,7 @@
 // the peak arithmetic rate (the two ceilings of a floor), and a device timer.
 #pragma once
 #include <memory>
+#include <string>
 
 #include "moex/device.hpp"
 #include "moex/dtype.hpp"
@@ -19,12 +20,8 @@ double read_bandwidth(Device dev, int threads);
 // are not probed); on CUDA a large dense GEMM of `dtype` through cuBLAS (bf16/f16 tensor cores, f32
 // no TF32).
 double peak_flops(Device dev, DType dtype, int threads);
-// The CPU probes behind peak_flops: the f32 FMA rate and the vdpbf16ps rate (0 where this CPU's
-// kernels have no bf16 dot product), flop/s with `threads` threads.
-double cpu_fma_flops(int threads);
-double cpu_bf16_dot_flops(int threads);
-// What peak_flops measured, in words (the benchmark's header).
-const char* peak_what(Device dev, DType dtype);
+// What peak_flops measures, in words (the benchmark's header).
+std::string peak_what(Device dev, DType dtype);
 
 void synchronize(Device dev);
 
