@@ -24,7 +24,7 @@ BUILD=${BUILD:-build-gpu}
 SHAPES=${SHAPES:-qwen3_30b_a3b,mixtral_8x7b,deepseek_v3,qwen15_moe_a2_7b}
 TOKENS=${TOKENS:-1,8,64}
 COMPARE_OLD=${COMPARE_OLD:-1}
-PARTS=${PARTS:-"build sass tests sanitize perf"}
+PARTS=${PARTS:-"build sass tests sanitize perf"}  # also: ncu
 has() { case " $PARTS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 t0=$(date +%s)
 stamp() { echo "== $1 ($(( $(date +%s) - t0 )) s)"; }
@@ -51,7 +51,7 @@ fi
 if has tests; then
 stamp tests
 OMP_WAIT_POLICY=passive "$BUILD/moex_tests" \
-  --gtest_filter='*CudaFp8Decode*:*CudaGraph*:*CudaEquivalence*:*CudaFp8MmaGemv*:CudaBackends.*' > "$OUT/tests.log" 2>&1
+  --gtest_filter="${TEST_FILTER:-*CudaFp8Decode*:*CudaGraph*:*CudaEquivalence*:*CudaFp8MmaGemv*:CudaBackends.*}" > "$OUT/tests.log" 2>&1
 rc=$?
 grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED  \]|worst rel L2|FP8 decode path" "$OUT/tests.log" | head -60
 [ $rc -eq 0 ] || grep -B2 -A10 "Failure" "$OUT/tests.log" | head -80
@@ -68,19 +68,24 @@ fi
 
 if has perf; then
 stamp timings
-perf() {  # $1 = MOEX_CUDA_FP8_DECODE value ("" = default), $2 = log
-  MOEX_CUDA_FP8_DECODE=$1 MOEX_CUDA_PERF=1 MOEX_CUDA_PERF_QUANT=none,fp8 MOEX_CUDA_PERF_TOKENS="$TOKENS" \
-    MOEX_CUDA_PERF_SHAPES="$SHAPES" MOEX_CUDA_PERF_BACKENDS=batched_mm,grouped_mm \
+perf() {  # $1 = "ENV=V,ENV=V" of the variant ("" = default), $2 = log
+  env MOEX_CUDA_PERF=1 MOEX_CUDA_PERF_QUANT=none,fp8 MOEX_CUDA_PERF_TOKENS="$TOKENS" \
+    MOEX_CUDA_PERF_SHAPES="$SHAPES" MOEX_CUDA_PERF_BACKENDS=batched_mm,grouped_mm $(echo "$1" | tr ',' ' ') \
     timeout 240 "$BUILD/moex_tests" --gtest_filter='CudaPerf.Shapes' > "$2" 2>&1
 }
-perf "" "$OUT/perf.log"
-[ "$COMPARE_OLD" = 1 ] && perf 0 "$OUT/perf_old.log"
-python3 - "$OUT" <<'PY' | tee "$OUT/fp8_decode.md"
-import os, sys
-out = sys.argv[1]
-def read(name):
+# AB_VARIANTS: "name:ENV=V[,ENV=V]" ... timed after the default ("base"), AB_ROUNDS rounds interleaved;
+# COMPARE_OLD=1 adds "old:MOEX_CUDA_FP8_DECODE=0" (the FP8 kernels used above T = 64)
+VARIANTS="base:"
+[ "$COMPARE_OLD" = 1 ] && VARIANTS="$VARIANTS old:MOEX_CUDA_FP8_DECODE=0"
+VARIANTS="$VARIANTS ${AB_VARIANTS:-}"
+for round in $(seq 1 "${AB_ROUNDS:-1}"); do
+  for v in $VARIANTS; do perf "${v#*:}" "$OUT/perf_${v%%:*}_$round.log"; done
+done
+python3 - "$OUT" "$VARIANTS" "${AB_ROUNDS:-1}" <<'PY' | tee "$OUT/fp8_decode.md"
+import os, sys, statistics
+out, variants, rounds = sys.argv[1], [v.split(":")[0] for v in sys.argv[2].split()], int(sys.argv[3])
+def read(path):
     rows = {}
-    path = os.path.join(out, name)
     if not os.path.exists(path): return rows
     for line in open(path):
         f = line.split()
@@ -88,21 +93,60 @@ def read(name):
             try: rows[(f[1], int(f[2]), f[3])] = float(f[4])
             except ValueError: pass
     return rows
-new, old = read("perf.log"), read("perf_old.log")
-cases = sorted({(k[0], k[1]) for k in new})
-print("| shape | T | bf16 batched | bf16 grouped | FP8 batched | FP8 grouped | old FP8 best | best bf16 / best FP8 | >= 1.6x |")
-print("|---|---|---|---|---|---|---|---|---|")
-f = lambda v: f"{v:.4f}" if v else "—"
+runs = {v: [read(os.path.join(out, f"perf_{v}_{r}.log")) for r in range(1, rounds + 1)] for v in variants}
+def med(v, key):
+    xs = [r[key] for r in runs[v] if key in r]
+    return statistics.median(xs) if xs else 0
+cases = sorted({(k[0], k[1]) for r in runs["base"] for k in r})
+fmt = lambda x: f"{x:.4f}" if x else "—"
+print(f"CUDA-graph replay of one forward, ms (median of {rounds} round(s)); best FP8 = min(batched_mm, grouped_mm)")
+print("| shape | T | bf16 batched | bf16 grouped | FP8 batched | FP8 grouped | best bf16 / best FP8 | >= 1.6x | " +
+      " | ".join(f"FP8 best {v}" for v in variants[1:]) + " |")
+print("|---|---|---|---|---|---|---|---|" + "---|" * (len(variants) - 1))
 for s, T in cases:
-    bb, bg = new.get((s, T, "batched_mm")), new.get((s, T, "grouped_mm"))
-    qb, qg = new.get((s, T, "batched_mm/fp8")), new.get((s, T, "grouped_mm/fp8"))
-    ob = min([v for v in (old.get((s, T, "batched_mm/fp8")), old.get((s, T, "grouped_mm/fp8"))) if v] or [0])
-    best_bf16 = min([v for v in (bb, bg) if v] or [0])
-    best_fp8 = min([v for v in (qb, qg) if v] or [0])
-    ratio = best_bf16 / best_fp8 if best_bf16 and best_fp8 else 0
-    print(f"| {s} | {T} | {f(bb)} | {f(bg)} | {f(qb)} | {f(qg)} | {f(ob)} | " + (f"{ratio:.2f}x" if ratio else "—") +
-          f" | {'yes' if ratio >= 1.6 else 'NO'} |")
+    bb, bg = med("base", (s, T, "batched_mm")), med("base", (s, T, "grouped_mm"))
+    best = lambda v: min([x for x in (med(v, (s, T, "batched_mm/fp8")), med(v, (s, T, "grouped_mm/fp8"))) if x] or [0])
+    best_bf16 = min([x for x in (bb, bg) if x] or [0])
+    ratio = best_bf16 / best("base") if best_bf16 and best("base") else 0
+    print(f"| {s} | {T} | {fmt(bb)} | {fmt(bg)} | {fmt(med('base', (s, T, 'batched_mm/fp8')))} | "
+          f"{fmt(med('base', (s, T, 'grouped_mm/fp8')))} | " + (f"{ratio:.2f}x" if ratio else "—") +
+          f" | {'yes' if ratio >= 1.6 else 'NO'} | " + " | ".join(fmt(best(v)) for v in variants[1:]) + " |")
 PY
-grep -h "error" "$OUT/perf.log" | grep PERF | head
+grep -h "error" "$OUT"/perf_*.log | grep PERF | head
+fi
+
+# ncu: GPU time of each FP8 decode kernel of one forward (serialised, no PDL overlap) per NCU_CASES
+# "shape:T" (default: the 12 cells of the table), grouped_mm FP8
+if has ncu && command -v ncu > /dev/null; then
+  stamp ncu
+  for c in ${NCU_CASES:-$(for s in ${SHAPES//,/ }; do for t in ${TOKENS//,/ }; do echo "$s:$t"; done; done)}; do
+    MOEX_CUDA_PERF=1 MOEX_CUDA_PERF_QUANT=fp8 MOEX_CUDA_PERF_TOKENS="${c#*:}" MOEX_CUDA_PERF_SHAPES="${c%%:*}" \
+      MOEX_CUDA_PERF_BACKENDS=grouped_mm MOEX_CUDA_PERF_REPS=2 timeout 120 ncu --clock-control none --csv --print-units base \
+      --kernel-name regex:decode_ --metrics gpu__time_duration.sum,dram__bytes_read.sum \
+      "$BUILD/moex_tests" --gtest_filter='CudaPerf.Shapes' > "$OUT/ncu_${c/:/_}.csv" 2> /dev/null
+  done
+  python3 - "$OUT" <<'PY' | tee "$OUT/ncu.md"
+import csv, sys, os, glob, collections, statistics
+print("| case | kernel | µs (median) | DRAM MB | TB/s |")
+print("|---|---|---|---|---|")
+for path in sorted(glob.glob(os.path.join(sys.argv[1], "ncu_*.csv"))):
+    case = os.path.basename(path)[4:-4]
+    rows = list(csv.reader(open(path)))
+    try: hdr = next(i for i, r in enumerate(rows) if "Kernel Name" in r)
+    except StopIteration: print(f"| {case} | no kernels | | | |"); continue
+    h = rows[hdr]; ii, ki, mi, vi = h.index("ID"), h.index("Kernel Name"), h.index("Metric Name"), h.index("Metric Value")
+    k = {}
+    for r in rows[hdr + 1:]:
+        if len(r) > vi:
+            name = next((n for n in ("decode_prep", "decode_up", "decode_down") if n in r[ki]), r[ki][:30])
+            k.setdefault(r[ii], {"name": name})[r[mi]] = float(r[vi].replace(",", ""))
+    per = collections.defaultdict(lambda: ([], []))
+    for d in k.values():
+        per[d["name"]][0].append(d.get("gpu__time_duration.sum", 0) / 1e3)
+        per[d["name"]][1].append(d.get("dram__bytes_read.sum", 0) / 1e6)
+    for name, (ts, bs) in per.items():
+        us, mb = statistics.median(ts), statistics.median(bs)
+        print(f"| {case} | {name} | {us:.1f} | {mb:.1f} | {mb / us:.2f} |" if us else f"| {case} | {name} | 0 | | |")
+PY
 fi
 stamp done

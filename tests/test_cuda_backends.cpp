@@ -721,7 +721,9 @@ TEST(CudaPerf, Shapes) {
         double ms = -1;
         try {
           for (int i = 0; i < 3; ++i) experts_forward(name, ex, call, opts);
-          const int reps = T >= 4096 ? 10 : 30;
+          // MOEX_CUDA_PERF_REPS: timed replays per case (default 30, 10 at T >= 4096; small under ncu)
+          const char* reps_env = std::getenv("MOEX_CUDA_PERF_REPS");
+          const int reps = reps_env ? std::max(1, std::atoi(reps_env)) : T >= 4096 ? 10 : 30;
           std::vector<float> times;
           // graph replay for the capturable backends (launch overhead out of the decode numbers)
           cudaGraphExec_t exec = nullptr;

@@ -51,6 +51,7 @@
 #include <cstring>
 
 #include "backends/cuda/mma_ptx.cuh"
+#include "backends/cuda/pdl.cuh"
 #include "backends/cuda/quant_common.cuh"
 
 namespace moex::cuda {
@@ -162,6 +163,8 @@ __device__ __forceinline__ void quantize_group_warp(const T* row, int K, int g, 
 template <class T>
 __global__ void __launch_bounds__(THREADS) decode_prep(DecodeParams a) {
   const int tid = threadIdx.x;
+  pdl_wait();  // hidden states and routing come from the previous kernels
+  pdl_launch_dependents();  // after the wait: decode_up may read the routing before its own wait
   if (blockIdx.x > 0) {  // tokens: one warp per (row, 128-group)
     const int64_t item = int64_t(blockIdx.x - 1) * WARPS + (tid >> 5);
     if (item >= int64_t(a.T) * a.gH) return;
@@ -308,14 +311,19 @@ __device__ __forceinline__ void compute_stage(const TileArgs<NT>& t, int kb, con
 }
 
 // The warp's k blocks [kb0, kb1) through a 3-stage register ring: two blocks of loads in flight
-// while the third is computed.
+// while the third is computed. ring_prologue issues the first two (weights only: it may run
+// before pdl_wait), ring_run the rest and all the MMAs.
 template <int NT>
-__device__ __forceinline__ void warp_tile(const TileArgs<NT>& t, int kb0, int kb1, float (&acc)[NT][4]) {
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
-  Stage s0, s1, s2;
+__device__ __forceinline__ void ring_prologue(const TileArgs<NT>& t, int kb0, int kb1, Stage& s0, Stage& s1) {
   if (kb0 < kb1) load_stage(t, kb0, s0);
   if (kb0 + 1 < kb1) load_stage(t, kb0 + 1, s1);
+}
+
+template <int NT>
+__device__ __forceinline__ void ring_run(const TileArgs<NT>& t, int kb0, int kb1, Stage& s0, Stage& s1, float (&acc)[NT][4]) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+  Stage s2;
   for (int kb = kb0; kb < kb1; kb += 3) {
     if (kb + 2 < kb1) load_stage(t, kb + 2, s2);
     compute_stage(t, kb, s0, acc);
@@ -337,14 +345,21 @@ struct TileSmem {
   int last;                       // this block finished a counter
 };
 
-// Runs one pass (columns = pair-list entries [r, min(r + 8·NT, r_end))) of the block's tile and
-// leaves the KS-reduced values readable through tile_value(). Syncs before returning.
+// The warp's share of one block tile, weights side only (no access to activations: may run
+// before pdl_wait): its two weight rows, their scale rows, its k slice.
 template <int NT>
-__device__ __forceinline__ void block_pass(TileSmem<NT>& sm, const QuantWeights& w, int e, const int* rows_of_m, int K,
-                                           const uint8_t* act, const float* act_s, int ks_count, int ncols) {
+struct WarpTile {
+  TileArgs<NT> t;
+  int kb0, kb1;
+  Stage s0, s1;  // the ring's first two stages
+};
+
+template <int NT>
+__device__ __forceinline__ void tile_setup(WarpTile<NT>& wt, const QuantWeights& w, int e, const int* rows_of_m, int K,
+                                           int ks_count) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int mt_count = WARPS / ks_count, mt = warp % mt_count, ks = warp / mt_count;
-  TileArgs<NT> t;
+  TileArgs<NT>& t = wt.t;
   t.g = lane >> 2;
   t.q = lane & 3;
   const int n_lo = rows_of_m[mt * 16 + t.g], n_hi = rows_of_m[mt * 16 + t.g + 8];
@@ -363,14 +378,23 @@ __device__ __forceinline__ void block_pass(TileSmem<NT>& sm, const QuantWeights&
     t.ws_lo = static_cast<const float*>(w.scales) + s_lo;
     t.ws_hi = static_cast<const float*>(w.scales) + s_hi;
   }
+  wt.kb0 = ks * t.gK / ks_count;
+  wt.kb1 = (ks + 1) * t.gK / ks_count;
+}
+
+// Runs the pass (columns = pair-list entries [r, min(r + 8·NT, r_end))) from the issued
+// prologue and leaves the KS-reduced values readable through tile_value(). Syncs before returning.
+template <int NT>
+__device__ __forceinline__ void tile_finish(TileSmem<NT>& sm, WarpTile<NT>& wt, const uint8_t* act, const float* act_s,
+                                            int ncols) {
+  const int warp = threadIdx.x >> 5;
+  TileArgs<NT>& t = wt.t;
   t.act = act;
   t.act_s = act_s;
   t.s_arow = sm.arow;
   t.nt_used = (ncols + 7) / 8;
-  const int nb = t.gK;
-  const int kb0 = ks * nb / ks_count, kb1 = (ks + 1) * nb / ks_count;
   float acc[NT][4];
-  warp_tile<NT>(t, kb0, kb1, acc);
+  ring_run<NT>(t, wt.kb0, wt.kb1, wt.s0, wt.s1, acc);
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
     const int c = nt * 8 + 2 * t.q;
@@ -403,6 +427,50 @@ __device__ __forceinline__ void set_columns(TileSmem<NT>& sm, const DecodeParams
   __syncthreads();
 }
 
+// Routing index p read through L2 (pre-wait reads must not hit a stale L1 line).
+__device__ __forceinline__ int64_t load_index_cg(const void* idx, bool idx64, int64_t p) {
+  return idx64 ? int64_t(__ldcg(static_cast<const long long*>(idx) + p)) : int64_t(__ldcg(static_cast<const int*>(idx) + p));
+}
+
+// The expert of slot b — the b-th expert, ascending, with at least one valid pair: decode_prep's
+// order — or -1, computed by the block from the routing indices alone, so that decode_up can
+// request its weights before pdl_wait (decode_prep released its dependents only after its own
+// wait, so the indices are final). Block-uniform result; syncs.
+__device__ int slot_expert_from_idx(const DecodeParams& a, int b, unsigned* s_bits, int* s_expert) {
+  const int tid = threadIdx.x, words = (a.E + 31) / 32;
+  for (int i = tid; i < words; i += THREADS) s_bits[i] = 0u;
+  if (tid == 0) *s_expert = -1;
+  __syncthreads();
+  for (int p = tid; p < a.S; p += THREADS) {
+    const int64_t e = load_index_cg(a.idx, a.idx64, p);
+    if (e >= 0 && e < a.E) atomicOr(&s_bits[e >> 5], 1u << (e & 31));
+  }
+  __syncthreads();
+  if (tid < 32) {
+    int before = 0;  // hit experts in the words already scanned
+    for (int base = 0; base < words; base += 32) {
+      const unsigned w = base + tid < words ? s_bits[base + tid] : 0u;
+      const int c = __popc(w);
+      int incl = c;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const int v = __shfl_up_sync(0xffffffffu, incl, o);
+        if (tid >= o) incl += v;
+      }
+      const int k = b - before - (incl - c);  // rank of slot b inside this lane's word
+      if (k >= 0 && k < c) {
+        unsigned rest = w;
+        for (int j = 0; j < k; ++j) rest &= rest - 1u;  // drop the k lowest set bits
+        *s_expert = (base + tid) * 32 + __ffs(rest) - 1;
+      }
+      before += __shfl_sync(0xffffffffu, incl, 31);
+      if (before > b) break;
+    }
+  }
+  __syncthreads();
+  return *s_expert;
+}
+
 // ---- 2. up projection + gated activation + quantization of h ---------------------------------
 // Column block bx covers outputs i in [i0, i0 + BI): BI = BM/2 gated (local rows [0, BI) gate,
 // [BI, BM) up for the concatenated layout; rows 2i, 2i+1 interleaved), BI = BM otherwise.
@@ -410,10 +478,9 @@ template <class T, int NT>
 __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_up(DecodeParams a, int ks_count) {
   __shared__ TileSmem<NT> sm;
   __shared__ int rows_of_m[16 * WARPS];
+  __shared__ unsigned s_bits[kDecodeMaxExperts / 32];
+  __shared__ int s_expert;
   const int b = blockIdx.y;
-  const int n_hit = __ldg(a.n_hit);
-  if (b >= n_hit) return;
-  const int e = __ldg(a.hit_expert + b), r_begin = __ldg(a.slot_off + b), r_end = __ldg(a.slot_off + b + 1);
   const int BM = 16 * (WARPS / ks_count);
   const bool gated = a.up_epi != Epi::up_plain;
   const int BI = gated ? BM / 2 : BM, i0 = int(blockIdx.x) * BI;
@@ -426,12 +493,24 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_up(DecodePara
     else row = min(i0 + m, a.I - 1);
     rows_of_m[m] = row;
   }
+  // Before pdl_wait: the slot's expert, the warp's weight rows, the first two stages of loads.
+  const int e = slot_expert_from_idx(a, b, s_bits, &s_expert);  // syncs: rows_of_m is ready
+  WarpTile<NT> wt;
+  if (e >= 0) {
+    tile_setup<NT>(wt, a.up, e, rows_of_m, a.H, ks_count);
+    ring_prologue<NT>(wt.t, wt.kb0, wt.kb1, wt.s0, wt.s1);
+  }
+  pdl_wait();  // decode_prep's plan and quantized tokens
+  pdl_launch_dependents();
+  if (e < 0) return;  // b >= number of hit experts (block-uniform)
+  const int r_begin = __ldg(a.slot_off + b), r_end = __ldg(a.slot_off + b + 1);
   const T* bias = a.up_bias ? static_cast<const T*>(a.up_bias) + int64_t(e) * a.R : nullptr;
   T* h = static_cast<T*>(a.h);
   for (int r = r_begin; r < r_end; r += 8 * NT) {
     const int ncols = min(8 * NT, r_end - r);
     set_columns(sm, a, r, ncols, true);
-    block_pass<NT>(sm, a.up, e, rows_of_m, a.H, a.xq, a.xs, ks_count, ncols);
+    if (r != r_begin) ring_prologue<NT>(wt.t, wt.kb0, wt.kb1, wt.s0, wt.s1);  // the pass re-reads the rows
+    tile_finish<NT>(sm, wt, a.xq, a.xs, ncols);
     for (int item = tid; item < BI * ncols; item += THREADS) {
       const int il = item / ncols, c = item % ncols, i = i0 + il;
       if (i >= a.I) continue;
@@ -498,18 +577,28 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_down(DecodePa
   __shared__ int rows_of_m[16 * WARPS];
   const int b = blockIdx.y, tid = threadIdx.x;
   const int BM = 16 * (WARPS / ks_count), n0 = int(blockIdx.x) * BM, n1 = min(a.H, n0 + BM);
-  const int n_hit = __ldg(a.n_hit);
+  if (tid < BM) rows_of_m[tid] = min(n0 + tid, a.H - 1);
+  // Before pdl_wait: decode_prep's plan (two kernels back: decode_up released its dependents only
+  // after its own wait), the warp's weight rows and the first two stages of loads.
+  const int n_hit = __ldcg(a.n_hit);
+  __syncthreads();  // rows_of_m
   if (b >= n_hit) {
+    pdl_wait();
     if (b == 0) combine_columns<T>(a, n0, n1);  // every slot dropped: the output is zero
     return;
   }
-  const int e = __ldg(a.hit_expert + b), r_begin = __ldg(a.slot_off + b), r_end = __ldg(a.slot_off + b + 1);
-  if (tid < BM) rows_of_m[tid] = min(n0 + tid, a.H - 1);
+  const int e = __ldcg(a.hit_expert + b), r_begin = __ldcg(a.slot_off + b), r_end = __ldcg(a.slot_off + b + 1);
+  WarpTile<NT> wt;
+  tile_setup<NT>(wt, a.down, e, rows_of_m, a.I, ks_count);
+  ring_prologue<NT>(wt.t, wt.kb0, wt.kb1, wt.s0, wt.s1);
+  pdl_wait();  // decode_up's quantized h
+  pdl_launch_dependents();
   const T* bias = a.down_bias ? static_cast<const T*>(a.down_bias) + int64_t(e) * a.H : nullptr;
   for (int r = r_begin; r < r_end; r += 8 * NT) {
     const int ncols = min(8 * NT, r_end - r);
     set_columns(sm, a, r, ncols, false);
-    block_pass<NT>(sm, a.down, e, rows_of_m, a.I, a.hq, a.hs, ks_count, ncols);
+    if (r != r_begin) ring_prologue<NT>(wt.t, wt.kb0, wt.kb1, wt.s0, wt.s1);
+    tile_finish<NT>(sm, wt, a.hq, a.hs, ncols);
     for (int item = tid; item < BM * ncols; item += THREADS) {
       const int m = item / ncols, c = item % ncols, n = n0 + m;
       if (n >= a.H) continue;
@@ -547,9 +636,14 @@ int sm_count() {
 
 // K slices per block: split the k blocks of each m16 tile over more warps (smaller column blocks,
 // more blocks) until ~2 blocks per SM are expected, keeping >= 2 k blocks per warp.
+// MOEX_CUDA_FP8_DECODE_BLOCKS (A/B measurement) changes that target of blocks per SM.
 int choose_ks(int64_t slots, int64_t out_rows, bool gated_pairs, int64_t k_blocks) {
   (void)gated_pairs;
-  const int64_t target = 2 * int64_t(sm_count());
+  static const int64_t per_sm = [] {
+    const char* s = std::getenv("MOEX_CUDA_FP8_DECODE_BLOCKS");
+    return s && std::atoi(s) > 0 ? int64_t(std::atoi(s)) : int64_t(2);
+  }();
+  const int64_t target = per_sm * int64_t(sm_count());
   int ks = 1;
   while (ks < WARPS && k_blocks >= 4 * ks) {
     const int64_t bm = 16 * (WARPS / ks);
@@ -590,22 +684,17 @@ template <class T>
 void launch_typed(const DecodeParams& p, int nt, int ks_up, int ks_down, cudaStream_t stream) {
   const int64_t prep_blocks = 1 + ceil_div(int64_t(p.T) * p.gH, WARPS);
   MOEX_CHECK(prep_blocks < (int64_t(1) << 31), "FP8 decode path: {} tokens are too many", p.T);
-  decode_prep<T><<<unsigned(prep_blocks), THREADS, 0, stream>>>(p);
-  check_launch("decode_prep");
+  launch_pdl("decode_prep", decode_prep<T>, dim3(unsigned(prep_blocks)), dim3(THREADS), 0, stream, p);
   const bool gated = p.up_epi != Epi::up_plain;
   const int bm_up = 16 * (WARPS / ks_up), bi = gated ? bm_up / 2 : bm_up;
   const dim3 g_up(unsigned(ceil_div(p.I, bi)), unsigned(p.slots));
   const dim3 g_down(unsigned(ceil_div(p.H, 16 * (WARPS / ks_down))), unsigned(p.slots));
   if (nt == 1) {
-    decode_up<T, 1><<<g_up, THREADS, 0, stream>>>(p, ks_up);
-    check_launch("decode_up");
-    decode_down<T, 1><<<g_down, THREADS, 0, stream>>>(p, ks_down);
-    check_launch("decode_down");
+    launch_pdl("decode_up", decode_up<T, 1>, g_up, dim3(THREADS), 0, stream, p, ks_up);
+    launch_pdl("decode_down", decode_down<T, 1>, g_down, dim3(THREADS), 0, stream, p, ks_down);
   } else {
-    decode_up<T, 4><<<g_up, THREADS, 0, stream>>>(p, ks_up);
-    check_launch("decode_up");
-    decode_down<T, 4><<<g_down, THREADS, 0, stream>>>(p, ks_down);
-    check_launch("decode_down");
+    launch_pdl("decode_up", decode_up<T, 4>, g_up, dim3(THREADS), 0, stream, p, ks_up);
+    launch_pdl("decode_down", decode_down<T, 4>, g_down, dim3(THREADS), 0, stream, p, ks_down);
   }
 }
 
