@@ -554,20 +554,44 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_up(DecodePara
 }
 
 // ---- 3. down projection + slot-order combine -------------------------------------------------
+// out[t, n0..n1) = Σ_j w[t, j] · y[t·K + j, n0..n1) over the valid slots j in slot order, in f32.
+// Four columns per item (y rows are 16-byte aligned: H and n0 are multiples of 16), and the loads
+// of up to 8 slots issued before the first add: this runs in one block per column block at the
+// end of the kernel, so its round trips are on the critical path.
 template <class T>
 __device__ __forceinline__ void combine_columns(const DecodeParams& a, int n0, int n1) {
-  const int width = n1 - n0;
+  constexpr int kSlotsInFlight = 8;
+  const int quads = (n1 - n0) / 4;
   T* out = static_cast<T*>(a.out);
-  for (int item = threadIdx.x; item < a.T * width; item += THREADS) {
-    const int t = item / width, n = n0 + item % width;
-    float acc = 0.0f;
-    for (int j = 0; j < a.K; ++j) {
-      const int p = t * a.K + j;
-      const int64_t e = load_index(a.idx, a.idx64, p);
-      if (e < 0 || e >= a.E) continue;  // dropped slot: adds nothing
-      acc += load_any(a.topw, a.topw_code, p) * __ldcg(a.y + int64_t(p) * a.H + n);
+  for (int item = threadIdx.x; item < a.T * quads; item += THREADS) {
+    const int t = item / quads, n = n0 + 4 * (item % quads);
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int j0 = 0; j0 < a.K; j0 += kSlotsInFlight) {
+      float4 v[kSlotsInFlight];
+      float w[kSlotsInFlight];
+      bool valid[kSlotsInFlight];
+#pragma unroll
+      for (int u = 0; u < kSlotsInFlight; ++u) {
+        const int j = j0 + u, p = t * a.K + j;
+        const int64_t e = j < a.K ? load_index(a.idx, a.idx64, p) : -1;
+        valid[u] = e >= 0 && e < a.E;  // a dropped slot adds nothing
+        w[u] = valid[u] ? load_any(a.topw, a.topw_code, p) : 0.0f;
+        v[u] = valid[u] ? __ldcg(reinterpret_cast<const float4*>(a.y + int64_t(p) * a.H + n)) : make_float4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int u = 0; u < kSlotsInFlight; ++u) {
+        if (!valid[u]) continue;
+        acc.x = fmaf(w[u], v[u].x, acc.x);
+        acc.y = fmaf(w[u], v[u].y, acc.y);
+        acc.z = fmaf(w[u], v[u].z, acc.z);
+        acc.w = fmaf(w[u], v[u].w, acc.w);
+      }
     }
-    out[int64_t(t) * a.H + n] = from_f32<T>(acc);
+    T* o = out + int64_t(t) * a.H + n;
+    o[0] = from_f32<T>(acc.x);
+    o[1] = from_f32<T>(acc.y);
+    o[2] = from_f32<T>(acc.z);
+    o[3] = from_f32<T>(acc.w);
   }
 }
 
