@@ -242,8 +242,9 @@ struct TileArgs {
   const void* ws_hi;
   bool ue8m0;
   int K, gK;
-  const uint8_t* act;     // activation codes [*, K]
-  const float* act_s;     // activation scales [*, gK]
+  const uint8_t* act;     // activation codes, row r at act + r·act_stride (global or shared memory)
+  const float* act_s;     // activation scales, row r at act_s + r·gK
+  int act_stride;
   const int* s_arow;      // shared: activation row per column
   int nt_used;            // n8 tiles with at least one row in this pass
   int q, g;
@@ -274,13 +275,14 @@ __device__ __forceinline__ void compute_stage(const TileArgs<NT>& t, int kb, con
     if (nt < t.nt_used) {
       const int ar = t.s_arow[nt * 8 + t.g];
       if (ar >= 0) {
-        const uint8_t* x = t.act + int64_t(ar) * t.K;
-        if (k0 < t.K) xb[nt][0] = __ldg(reinterpret_cast<const uint4*>(x + k0));
-        if (k1 < t.K) xb[nt][1] = __ldg(reinterpret_cast<const uint4*>(x + k1));
+        // generic loads: the activations are in shared memory (staged per pass) or global memory
+        const uint8_t* x = t.act + int64_t(ar) * t.act_stride;
+        if (k0 < t.K) xb[nt][0] = *reinterpret_cast<const uint4*>(x + k0);
+        if (k1 < t.K) xb[nt][1] = *reinterpret_cast<const uint4*>(x + k1);
       }
       const int c0 = t.s_arow[nt * 8 + 2 * t.q], c1 = t.s_arow[nt * 8 + 2 * t.q + 1];
-      if (c0 >= 0) xsc[nt][0] = __ldg(t.act_s + int64_t(c0) * t.gK + kb);
-      if (c1 >= 0) xsc[nt][1] = __ldg(t.act_s + int64_t(c1) * t.gK + kb);
+      if (c0 >= 0) xsc[nt][0] = t.act_s[int64_t(c0) * t.gK + kb];
+      if (c1 >= 0) xsc[nt][1] = t.act_s[int64_t(c1) * t.gK + kb];
     }
   }
   float d[NT][4];
@@ -341,6 +343,7 @@ template <int NT>
 struct TileSmem {
   float part[WARPS][16][8 * NT];  // per-warp partial tiles
   int arow[8 * NT];               // activation row of each column (token / pair), -1 = none
+  int col[8 * NT];                // c for the columns with a row, -1 = none (rows staged in shared memory)
   int pair[8 * NT];               // pair of each column, -1 = none
   int last;                       // this block finished a counter
 };
@@ -386,12 +389,13 @@ __device__ __forceinline__ void tile_setup(WarpTile<NT>& wt, const QuantWeights&
 // prologue and leaves the KS-reduced values readable through tile_value(). Syncs before returning.
 template <int NT>
 __device__ __forceinline__ void tile_finish(TileSmem<NT>& sm, WarpTile<NT>& wt, const uint8_t* act, const float* act_s,
-                                            int ncols) {
+                                            int act_stride, bool staged, int ncols) {
   const int warp = threadIdx.x >> 5;
   TileArgs<NT>& t = wt.t;
   t.act = act;
   t.act_s = act_s;
-  t.s_arow = sm.arow;
+  t.act_stride = act_stride;
+  t.s_arow = staged ? sm.col : sm.arow;
   t.nt_used = (ncols + 7) / 8;
   float acc[NT][4];
   ring_run<NT>(t, wt.kb0, wt.kb1, wt.s0, wt.s1, acc);
@@ -403,6 +407,33 @@ __device__ __forceinline__ void tile_finish(TileSmem<NT>& sm, WarpTile<NT>& wt, 
     sm.part[warp][t.g + 8][c] = acc[nt][2];
     sm.part[warp][t.g + 8][c + 1] = acc[nt][3];
   }
+  __syncthreads();
+}
+
+// Shared-memory staging of a pass' activation rows (written by the previous kernel; after
+// pdl_wait): codes of column c at s_act + c·staged_stride(K), its scales at s_act_s + c·gK. The
+// stride is K + 16 so that the 8 rows a warp reads in one instruction fall on different banks.
+// Staged when the pass' rows fit (staged_smem_bytes <= the kernel's limit): the MMAs of each k
+// block then wait for the weights only, not for an L1/L2 round trip of the activations.
+__host__ __device__ constexpr int staged_stride(int K) { return K + 16; }
+inline size_t staged_smem_bytes(int nt, int K) {
+  return size_t(8 * nt) * size_t(staged_stride(K)) + size_t(8 * nt) * size_t(quant_groups(K)) * sizeof(float);
+}
+
+template <int NT>
+__device__ __forceinline__ void stage_activations(const TileSmem<NT>& sm, uint8_t* s_act, float* s_act_s, const uint8_t* act,
+                                                  const float* act_s, int K, int ncols) {
+  const int chunks = K / 16, gK = int(quant_groups(K)), stride = staged_stride(K);
+  for (int i = threadIdx.x; i < ncols * chunks; i += THREADS) {
+    const int c = i / chunks, k = 16 * (i % chunks), r = sm.arow[c];
+    ptx::cp_async16(uint32_t(__cvta_generic_to_shared(s_act + c * stride + k)), act + int64_t(r < 0 ? 0 : r) * K + k, r >= 0);
+  }
+  ptx::cp_async_commit();
+  for (int i = threadIdx.x; i < ncols * gK; i += THREADS) {
+    const int c = i / gK, g = i % gK, r = sm.arow[c];
+    s_act_s[c * gK + g] = r < 0 ? 0.0f : __ldcg(act_s + int64_t(r) * gK + g);
+  }
+  ptx::cp_async_wait<0>();
   __syncthreads();
 }
 
@@ -423,6 +454,7 @@ __device__ __forceinline__ void set_columns(TileSmem<NT>& sm, const DecodeParams
     const int p = c < ncols ? __ldg(a.pairs + r + c) : -1;
     sm.pair[c] = p;
     sm.arow[c] = p < 0 ? -1 : by_token ? p / a.K : p;
+    sm.col[c] = p < 0 ? -1 : c;
   }
   __syncthreads();
 }
@@ -474,7 +506,13 @@ __device__ int slot_expert_from_idx(const DecodeParams& a, int b, unsigned* s_bi
 // ---- 2. up projection + gated activation + quantization of h ---------------------------------
 // Column block bx covers outputs i in [i0, i0 + BI): BI = BM/2 gated (local rows [0, BI) gate,
 // [BI, BM) up for the concatenated layout; rows 2i, 2i+1 interleaved), BI = BM otherwise.
-template <class T, int NT>
+// The dynamic shared memory of the staged kernels (one declaration for every instantiation).
+__device__ __forceinline__ uint8_t* dynamic_smem() {
+  extern __shared__ uint4 s_dynamic[];
+  return reinterpret_cast<uint8_t*>(s_dynamic);
+}
+
+template <class T, int NT, bool kStaged>
 __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_up(DecodeParams a, int ks_count) {
   __shared__ TileSmem<NT> sm;
   __shared__ int rows_of_m[16 * WARPS];
@@ -510,7 +548,14 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_up(DecodePara
     const int ncols = min(8 * NT, r_end - r);
     set_columns(sm, a, r, ncols, true);
     if (r != r_begin) ring_prologue<NT>(wt.t, wt.kb0, wt.kb1, wt.s0, wt.s1);  // the pass re-reads the rows
-    tile_finish<NT>(sm, wt, a.xq, a.xs, ncols);
+    if constexpr (kStaged) {
+      uint8_t* s_act = dynamic_smem();
+      float* s_act_s = reinterpret_cast<float*>(s_act + 8 * NT * staged_stride(a.H));
+      stage_activations<NT>(sm, s_act, s_act_s, a.xq, a.xs, a.H, ncols);
+      tile_finish<NT>(sm, wt, s_act, s_act_s, staged_stride(a.H), true, ncols);
+    } else {
+      tile_finish<NT>(sm, wt, a.xq, a.xs, a.H, false, ncols);
+    }
     for (int item = tid; item < BI * ncols; item += THREADS) {
       const int il = item / ncols, c = item % ncols, i = i0 + il;
       if (i >= a.I) continue;
@@ -595,7 +640,7 @@ __device__ __forceinline__ void combine_columns(const DecodeParams& a, int n0, i
   }
 }
 
-template <class T, int NT>
+template <class T, int NT, bool kStaged>
 __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_down(DecodeParams a, int ks_count) {
   __shared__ TileSmem<NT> sm;
   __shared__ int rows_of_m[16 * WARPS];
@@ -622,7 +667,14 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_down(DecodePa
     const int ncols = min(8 * NT, r_end - r);
     set_columns(sm, a, r, ncols, false);
     if (r != r_begin) ring_prologue<NT>(wt.t, wt.kb0, wt.kb1, wt.s0, wt.s1);
-    tile_finish<NT>(sm, wt, a.hq, a.hs, ncols);
+    if constexpr (kStaged) {
+      uint8_t* s_act = dynamic_smem();
+      float* s_act_s = reinterpret_cast<float*>(s_act + 8 * NT * staged_stride(a.I));
+      stage_activations<NT>(sm, s_act, s_act_s, a.hq, a.hs, a.I, ncols);
+      tile_finish<NT>(sm, wt, s_act, s_act_s, staged_stride(a.I), true, ncols);
+    } else {
+      tile_finish<NT>(sm, wt, a.hq, a.hs, a.I, false, ncols);
+    }
     for (int item = tid; item < BM * ncols; item += THREADS) {
       const int m = item / ncols, c = item % ncols, n = n0 + m;
       if (n >= a.H) continue;
@@ -659,14 +711,16 @@ int sm_count() {
 }
 
 // K slices per block: split the k blocks of each m16 tile over more warps (smaller column blocks,
-// more blocks) until ~2 blocks per SM are expected, keeping >= 2 k blocks per warp.
-// MOEX_CUDA_FP8_DECODE_BLOCKS (A/B measurement) changes that target of blocks per SM.
-int choose_ks(int64_t slots, int64_t out_rows, bool gated_pairs, int64_t k_blocks) {
-  (void)gated_pairs;
-  static const int64_t per_sm = [] {
+// more blocks) until the target number of blocks is reached, keeping >= 2 k blocks per warp.
+// Target: one block per SM at NT = 1 (measured on the H200, 2026-12-01: at T = 1 a second,
+// partial wave of blocks cost more than the longer k loops; no change at T = 8 / 64), two at
+// NT = 4 (fewer blocks were slower there). MOEX_CUDA_FP8_DECODE_BLOCKS=n sets n per SM (A/B).
+int choose_ks(int64_t slots, int64_t out_rows, int nt, int64_t k_blocks) {
+  static const int64_t per_sm_env = [] {
     const char* s = std::getenv("MOEX_CUDA_FP8_DECODE_BLOCKS");
-    return s && std::atoi(s) > 0 ? int64_t(std::atoi(s)) : int64_t(2);
+    return s && std::atoi(s) > 0 ? int64_t(std::atoi(s)) : int64_t(0);
   }();
+  const int64_t per_sm = per_sm_env > 0 ? per_sm_env : nt == 1 ? 1 : 2;
   const int64_t target = per_sm * int64_t(sm_count());
   int ks = 1;
   while (ks < WARPS && k_blocks >= 4 * ks) {
@@ -704,6 +758,33 @@ Carved carve(void* base, size_t capacity, int64_t T, int64_t S, int64_t slots, i
   return c;
 }
 
+// Largest staged activation tile per block: 2 blocks per SM at NT = 1 (each keeps < 100 KB), one
+// at NT = 4. MOEX_CUDA_FP8_DECODE_STAGE=0 never stages (A/B measurement).
+size_t staged_limit(int nt) {
+  static const bool on = [] {
+    const char* s = std::getenv("MOEX_CUDA_FP8_DECODE_STAGE");
+    return !(s && std::strcmp(s, "0") == 0);
+  }();
+  return on ? (nt == 1 ? size_t(72) << 10 : size_t(160) << 10) : 0;
+}
+
+// One GEMV kernel of the path: the staged instantiation where the pass' activation rows fit in
+// shared memory (the attribute for > 48 KB set once per instantiation), else the plain one.
+template <auto kPlain, auto kStaged>
+void launch_gemv(const char* what, int nt, int K, dim3 grid, const DecodeParams& p, int ks, cudaStream_t stream) {
+  const size_t smem = staged_smem_bytes(nt, K);
+  if (smem > staged_limit(nt)) {
+    launch_pdl(what, kPlain, grid, dim3(THREADS), 0, stream, p, ks);
+    return;
+  }
+  static const bool attr_set = [] {
+    check(cudaFuncSetAttribute(kStaged, cudaFuncAttributeMaxDynamicSharedMemorySize, int(160 << 10)), "decode kernel attribute");
+    return true;
+  }();
+  (void)attr_set;
+  launch_pdl(what, kStaged, grid, dim3(THREADS), smem, stream, p, ks);
+}
+
 template <class T>
 void launch_typed(const DecodeParams& p, int nt, int ks_up, int ks_down, cudaStream_t stream) {
   const int64_t prep_blocks = 1 + ceil_div(int64_t(p.T) * p.gH, WARPS);
@@ -714,11 +795,11 @@ void launch_typed(const DecodeParams& p, int nt, int ks_up, int ks_down, cudaStr
   const dim3 g_up(unsigned(ceil_div(p.I, bi)), unsigned(p.slots));
   const dim3 g_down(unsigned(ceil_div(p.H, 16 * (WARPS / ks_down))), unsigned(p.slots));
   if (nt == 1) {
-    launch_pdl("decode_up", decode_up<T, 1>, g_up, dim3(THREADS), 0, stream, p, ks_up);
-    launch_pdl("decode_down", decode_down<T, 1>, g_down, dim3(THREADS), 0, stream, p, ks_down);
+    launch_gemv<decode_up<T, 1, false>, decode_up<T, 1, true>>("decode_up", 1, p.H, g_up, p, ks_up, stream);
+    launch_gemv<decode_down<T, 1, false>, decode_down<T, 1, true>>("decode_down", 1, p.I, g_down, p, ks_down, stream);
   } else {
-    launch_pdl("decode_up", decode_up<T, 4>, g_up, dim3(THREADS), 0, stream, p, ks_up);
-    launch_pdl("decode_down", decode_down<T, 4>, g_down, dim3(THREADS), 0, stream, p, ks_down);
+    launch_gemv<decode_up<T, 4, false>, decode_up<T, 4, true>>("decode_up", 4, p.H, g_up, p, ks_up, stream);
+    launch_gemv<decode_down<T, 4, false>, decode_down<T, 4, true>>("decode_down", 4, p.I, g_down, p, ks_down, stream);
   }
 }
 
@@ -798,8 +879,8 @@ void launch_quant_decode(const QuantDecodeArgs& a, cudaStream_t stream) {
   // T = 64: few experts need a second pass, and the NT = 1 kernel runs 2 blocks per SM, 64 KB of
   // loads in flight); else 32 rows (mixtral at T = 64: ~16 rows per expert).
   const int nt = a.T <= 8 || S <= 5 * slots ? 1 : 4;
-  const int ks_up = choose_ks(slots, a.up.N, p.up_epi != Epi::up_plain, p.gH);
-  const int ks_down = choose_ks(slots, a.H, false, p.gI);
+  const int ks_up = choose_ks(slots, a.up.N, nt, p.gH);
+  const int ks_down = choose_ks(slots, a.H, nt, p.gI);
   switch (a.dtype) {
     case DType::f32: launch_typed<float>(p, nt, ks_up, ks_down, stream); break;
     case DType::f16: launch_typed<__half>(p, nt, ks_up, ks_down, stream); break;
