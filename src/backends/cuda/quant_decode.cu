@@ -359,14 +359,13 @@ struct WarpTile {
 
 template <int NT>
 __device__ __forceinline__ void tile_setup(WarpTile<NT>& wt, const QuantWeights& w, int e, const int* rows_of_m, int K,
-                                           int ks_count, int row_offset = 0, int row_max = 0x7fffffff) {
+                                           int ks_count) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int mt_count = WARPS / ks_count, mt = warp % mt_count, ks = warp / mt_count;
   TileArgs<NT>& t = wt.t;
   t.g = lane >> 2;
   t.q = lane & 3;
-  const int n_lo = min(rows_of_m[mt * 16 + t.g] + row_offset, row_max);
-  const int n_hi = min(rows_of_m[mt * 16 + t.g + 8] + row_offset, row_max);
+  const int n_lo = rows_of_m[mt * 16 + t.g], n_hi = rows_of_m[mt * 16 + t.g + 8];
   const uint8_t* base = w.data + int64_t(e) * w.data_stride;
   t.row_lo = base + int64_t(n_lo) * K;
   t.row_hi = base + int64_t(n_hi) * K;
@@ -641,33 +640,25 @@ __device__ __forceinline__ void combine_columns(const DecodeParams& a, int n0, i
   }
 }
 
-// Grid (column group, slot): a group is `cpb` consecutive column blocks of BM output rows. The
-// block reads the plan, its columns' pair ids and their staged h rows once, then streams the
-// weight rows of each column block in turn; the next block's first two stages are requested
-// before the epilogue of the current one, so the ring does not drain between column blocks.
 template <class T, int NT, bool kStaged>
-__global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_down(DecodeParams a, int ks_count, int cpb) {
+__global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_down(DecodeParams a, int ks_count) {
   __shared__ TileSmem<NT> sm;
   __shared__ int rows_of_m[16 * WARPS];
   const int b = blockIdx.y, tid = threadIdx.x;
-  const int BM = 16 * (WARPS / ks_count), n_cb = (a.H + BM - 1) / BM;
-  const int cb0 = int(blockIdx.x) * cpb, cb1 = min(n_cb, cb0 + cpb);
-  const int g0 = cb0 * BM, g1 = min(a.H, cb1 * BM);  // the group's output rows
-  if (tid < BM) rows_of_m[tid] = tid;
+  const int BM = 16 * (WARPS / ks_count), n0 = int(blockIdx.x) * BM, n1 = min(a.H, n0 + BM);
+  if (tid < BM) rows_of_m[tid] = min(n0 + tid, a.H - 1);
   // Before pdl_wait: decode_prep's plan (two kernels back: decode_up released its dependents only
-  // after its own wait; the four loads are independent, b < slots), the warp's weight rows and
-  // the first two stages of loads.
+  // after its own wait), the warp's weight rows and the first two stages of loads.
   const int n_hit = __ldcg(a.n_hit);
-  const int e_b = __ldcg(a.hit_expert + b), r_begin = __ldcg(a.slot_off + b), r_end_b = __ldcg(a.slot_off + b + 1);
   __syncthreads();  // rows_of_m
   if (b >= n_hit) {
     pdl_wait();
-    if (b == 0) combine_columns<T>(a, g0, g1);  // every slot dropped: the output is zero
+    if (b == 0) combine_columns<T>(a, n0, n1);  // every slot dropped: the output is zero
     return;
   }
-  const int e = e_b, r_end = r_end_b;
+  const int e = __ldcg(a.hit_expert + b), r_begin = __ldcg(a.slot_off + b), r_end = __ldcg(a.slot_off + b + 1);
   WarpTile<NT> wt;
-  tile_setup<NT>(wt, a.down, e, rows_of_m, a.I, ks_count, cb0 * BM, a.H - 1);
+  tile_setup<NT>(wt, a.down, e, rows_of_m, a.I, ks_count);
   ring_prologue<NT>(wt.t, wt.kb0, wt.kb1, wt.s0, wt.s1);
   pdl_wait();  // decode_up's quantized h
   pdl_launch_dependents();
@@ -675,28 +666,23 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_down(DecodePa
   for (int r = r_begin; r < r_end; r += 8 * NT) {
     const int ncols = min(8 * NT, r_end - r);
     set_columns(sm, a, r, ncols, false);
-    uint8_t* s_act = dynamic_smem();
-    float* s_act_s = reinterpret_cast<float*>(s_act + 8 * NT * staged_stride(a.I));
-    if constexpr (kStaged) stage_activations<NT>(sm, s_act, s_act_s, a.hq, a.hs, a.I, ncols);
-    for (int cb = cb0; cb < cb1; ++cb) {
-      if constexpr (kStaged) tile_finish<NT>(sm, wt, s_act, s_act_s, staged_stride(a.I), true, ncols);
-      else tile_finish<NT>(sm, wt, a.hq, a.hs, a.I, false, ncols);
-      // the next tile of this block (next column block, or the first one again for the next pass)
-      const int next = cb + 1 < cb1 ? cb + 1 : r + 8 * NT < r_end ? cb0 : -1;
-      if (next >= 0) {
-        tile_setup<NT>(wt, a.down, e, rows_of_m, a.I, ks_count, next * BM, a.H - 1);
-        ring_prologue<NT>(wt.t, wt.kb0, wt.kb1, wt.s0, wt.s1);
-      }
-      const int n0 = cb * BM;
-      for (int item = tid; item < BM * ncols; item += THREADS) {
-        const int m = item / ncols, c = item % ncols, n = n0 + m;
-        if (n >= a.H) continue;
-        a.y[int64_t(sm.pair[c]) * a.H + n] = tile_value(sm, ks_count, m, c) + (bias ? to_f32(bias[n]) : 0.0f);
-      }
-      __syncthreads();
+    if (r != r_begin) ring_prologue<NT>(wt.t, wt.kb0, wt.kb1, wt.s0, wt.s1);
+    if constexpr (kStaged) {
+      uint8_t* s_act = dynamic_smem();
+      float* s_act_s = reinterpret_cast<float*>(s_act + 8 * NT * staged_stride(a.I));
+      stage_activations<NT>(sm, s_act, s_act_s, a.hq, a.hs, a.I, ncols);
+      tile_finish<NT>(sm, wt, s_act, s_act_s, staged_stride(a.I), true, ncols);
+    } else {
+      tile_finish<NT>(sm, wt, a.hq, a.hs, a.I, false, ncols);
     }
+    for (int item = tid; item < BM * ncols; item += THREADS) {
+      const int m = item / ncols, c = item % ncols, n = n0 + m;
+      if (n >= a.H) continue;
+      a.y[int64_t(sm.pair[c]) * a.H + n] = tile_value(sm, ks_count, m, c) + (bias ? to_f32(bias[n]) : 0.0f);
+    }
+    __syncthreads();
   }
-  // The last expert block of this column group sums the slots of every token.
+  // The last expert block of this column block sums the slots of every token.
   __threadfence();
   __syncthreads();
   if (tid == 0) {
@@ -708,7 +694,7 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_down(DecodePa
   __syncthreads();
   if (!sm.last) return;
   __threadfence();
-  combine_columns<T>(a, g0, g1);
+  combine_columns<T>(a, n0, n1);
 }
 
 // ---- host side -------------------------------------------------------------------------------
@@ -743,18 +729,6 @@ int choose_ks(int64_t slots, int64_t out_rows, int nt, int64_t k_blocks) {
     ks *= 2;
   }
   return ks;
-}
-
-// Column blocks per down block: enough that the down grid is about `waves` × 2 blocks per SM
-// (the block's plan, pair ids, staged h rows and counter are paid once per group instead of once
-// per column block), at least 1. MOEX_CUDA_FP8_DECODE_DOWN_WAVES sets `waves` (default 2; A/B).
-int down_blocks_per_group(int64_t n_col_blocks, int64_t slots) {
-  static const int64_t waves = [] {
-    const char* s = std::getenv("MOEX_CUDA_FP8_DECODE_DOWN_WAVES");
-    return s && std::atoi(s) > 0 ? int64_t(std::atoi(s)) : int64_t(2);
-  }();
-  const int64_t cpb = n_col_blocks * slots / (waves * 2 * int64_t(sm_count()));
-  return int(std::clamp<int64_t>(cpb, 1, n_col_blocks));
 }
 
 struct Carved {
@@ -796,12 +770,11 @@ size_t staged_limit(int nt) {
 
 // One GEMV kernel of the path: the staged instantiation where the pass' activation rows fit in
 // shared memory (the attribute for > 48 KB set once per instantiation), else the plain one.
-template <auto kPlain, auto kStaged, class... Extra>
-void launch_gemv(const char* what, int nt, int K, dim3 grid, const DecodeParams& p, int ks, cudaStream_t stream,
-                 Extra... extra) {
+template <auto kPlain, auto kStaged>
+void launch_gemv(const char* what, int nt, int K, dim3 grid, const DecodeParams& p, int ks, cudaStream_t stream) {
   const size_t smem = staged_smem_bytes(nt, K);
   if (smem > staged_limit(nt)) {
-    launch_pdl(what, kPlain, grid, dim3(THREADS), 0, stream, p, ks, extra...);
+    launch_pdl(what, kPlain, grid, dim3(THREADS), 0, stream, p, ks);
     return;
   }
   static const bool attr_set = [] {
@@ -809,7 +782,7 @@ void launch_gemv(const char* what, int nt, int K, dim3 grid, const DecodeParams&
     return true;
   }();
   (void)attr_set;
-  launch_pdl(what, kStaged, grid, dim3(THREADS), smem, stream, p, ks, extra...);
+  launch_pdl(what, kStaged, grid, dim3(THREADS), smem, stream, p, ks);
 }
 
 template <class T>
@@ -820,15 +793,13 @@ void launch_typed(const DecodeParams& p, int nt, int ks_up, int ks_down, cudaStr
   const bool gated = p.up_epi != Epi::up_plain;
   const int bm_up = 16 * (WARPS / ks_up), bi = gated ? bm_up / 2 : bm_up;
   const dim3 g_up(unsigned(ceil_div(p.I, bi)), unsigned(p.slots));
-  const int64_t n_cb = ceil_div(p.H, 16 * (WARPS / ks_down));
-  const int cpb = down_blocks_per_group(n_cb, p.slots);
-  const dim3 g_down(unsigned(ceil_div(n_cb, cpb)), unsigned(p.slots));
+  const dim3 g_down(unsigned(ceil_div(p.H, 16 * (WARPS / ks_down))), unsigned(p.slots));
   if (nt == 1) {
     launch_gemv<decode_up<T, 1, false>, decode_up<T, 1, true>>("decode_up", 1, p.H, g_up, p, ks_up, stream);
-    launch_gemv<decode_down<T, 1, false>, decode_down<T, 1, true>>("decode_down", 1, p.I, g_down, p, ks_down, stream, cpb);
+    launch_gemv<decode_down<T, 1, false>, decode_down<T, 1, true>>("decode_down", 1, p.I, g_down, p, ks_down, stream);
   } else {
     launch_gemv<decode_up<T, 4, false>, decode_up<T, 4, true>>("decode_up", 4, p.H, g_up, p, ks_up, stream);
-    launch_gemv<decode_down<T, 4, false>, decode_down<T, 4, true>>("decode_down", 4, p.I, g_down, p, ks_down, stream, cpb);
+    launch_gemv<decode_down<T, 4, false>, decode_down<T, 4, true>>("decode_down", 4, p.I, g_down, p, ks_down, stream);
   }
 }
 
