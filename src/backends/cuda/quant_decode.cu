@@ -88,6 +88,7 @@ struct DecodeParams {
   int* up_ctr;          // [slots * gI] finished up blocks per (slot, 128-group of I)
   int* down_ctr;        // [ceil(H / kMinBlockRows)] finished down blocks per column block
   int n_ctr;            // total counters (zeroed by decode_prep)
+  bool combine_tail;    // the slot-order sum by decode_down's last blocks (else decode_combine)
   void* out;            // [T, H]
 };
 
@@ -599,45 +600,57 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_up(DecodePara
 }
 
 // ---- 3. down projection + slot-order combine -------------------------------------------------
-// out[t, n0..n1) = Σ_j w[t, j] · y[t·K + j, n0..n1) over the valid slots j in slot order, in f32.
-// Four columns per item (y rows are 16-byte aligned: H and n0 are multiples of 16), and the loads
-// of up to 8 slots issued before the first add: this runs in one block per column block at the
-// end of the kernel, so its round trips are on the critical path.
+// out[t, n..n+4) = Σ_j w[t, j] · y[t·K + j, n..n+4) over the valid slots j in slot order, in f32.
+// y rows are 16-byte aligned (H and n are multiples of 4, the workspace 256-byte aligned); the
+// loads of up to 8 slots are issued before the first add.
+template <class T>
+__device__ __forceinline__ void combine_quad(const DecodeParams& a, int t, int n) {
+  constexpr int kSlotsInFlight = 8;
+  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  for (int j0 = 0; j0 < a.K; j0 += kSlotsInFlight) {
+    float4 v[kSlotsInFlight];
+    float w[kSlotsInFlight];
+    bool valid[kSlotsInFlight];
+#pragma unroll
+    for (int u = 0; u < kSlotsInFlight; ++u) {
+      const int j = j0 + u, p = t * a.K + j;
+      const int64_t e = j < a.K ? load_index(a.idx, a.idx64, p) : -1;
+      valid[u] = e >= 0 && e < a.E;  // a dropped slot adds nothing
+      w[u] = valid[u] ? load_any(a.topw, a.topw_code, p) : 0.0f;
+      v[u] = valid[u] ? __ldcg(reinterpret_cast<const float4*>(a.y + int64_t(p) * a.H + n)) : make_float4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kSlotsInFlight; ++u) {
+      if (!valid[u]) continue;
+      acc.x = fmaf(w[u], v[u].x, acc.x);
+      acc.y = fmaf(w[u], v[u].y, acc.y);
+      acc.z = fmaf(w[u], v[u].z, acc.z);
+      acc.w = fmaf(w[u], v[u].w, acc.w);
+    }
+  }
+  T* o = static_cast<T*>(a.out) + int64_t(t) * a.H + n;
+  o[0] = from_f32<T>(acc.x);
+  o[1] = from_f32<T>(acc.y);
+  o[2] = from_f32<T>(acc.z);
+  o[3] = from_f32<T>(acc.w);
+}
+
+// Columns [n0, n1) of every token, by one block (decode_down's tail at small T).
 template <class T>
 __device__ __forceinline__ void combine_columns(const DecodeParams& a, int n0, int n1) {
-  constexpr int kSlotsInFlight = 8;
   const int quads = (n1 - n0) / 4;
-  T* out = static_cast<T*>(a.out);
-  for (int item = threadIdx.x; item < a.T * quads; item += THREADS) {
-    const int t = item / quads, n = n0 + 4 * (item % quads);
-    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (int j0 = 0; j0 < a.K; j0 += kSlotsInFlight) {
-      float4 v[kSlotsInFlight];
-      float w[kSlotsInFlight];
-      bool valid[kSlotsInFlight];
-#pragma unroll
-      for (int u = 0; u < kSlotsInFlight; ++u) {
-        const int j = j0 + u, p = t * a.K + j;
-        const int64_t e = j < a.K ? load_index(a.idx, a.idx64, p) : -1;
-        valid[u] = e >= 0 && e < a.E;  // a dropped slot adds nothing
-        w[u] = valid[u] ? load_any(a.topw, a.topw_code, p) : 0.0f;
-        v[u] = valid[u] ? __ldcg(reinterpret_cast<const float4*>(a.y + int64_t(p) * a.H + n)) : make_float4(0, 0, 0, 0);
-      }
-#pragma unroll
-      for (int u = 0; u < kSlotsInFlight; ++u) {
-        if (!valid[u]) continue;
-        acc.x = fmaf(w[u], v[u].x, acc.x);
-        acc.y = fmaf(w[u], v[u].y, acc.y);
-        acc.z = fmaf(w[u], v[u].z, acc.z);
-        acc.w = fmaf(w[u], v[u].w, acc.w);
-      }
-    }
-    T* o = out + int64_t(t) * a.H + n;
-    o[0] = from_f32<T>(acc.x);
-    o[1] = from_f32<T>(acc.y);
-    o[2] = from_f32<T>(acc.z);
-    o[3] = from_f32<T>(acc.w);
-  }
+  for (int item = threadIdx.x; item < a.T * quads; item += THREADS) combine_quad<T>(a, item / quads, n0 + 4 * (item % quads));
+}
+
+// ---- 4. the slot-order sum as its own kernel (larger T: one quad per thread over the GPU) ---
+template <class T>
+__global__ void __launch_bounds__(THREADS) decode_combine(DecodeParams a) {
+  pdl_wait();  // decode_down's y
+  pdl_launch_dependents();
+  const int quads = a.H / 4;
+  const int64_t item = int64_t(blockIdx.x) * THREADS + threadIdx.x;
+  if (item >= int64_t(a.T) * quads) return;
+  combine_quad<T>(a, int(item / quads), 4 * int(item % quads));
 }
 
 template <class T, int NT, bool kStaged>
@@ -649,14 +662,15 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_down(DecodePa
   if (tid < BM) rows_of_m[tid] = min(n0 + tid, a.H - 1);
   // Before pdl_wait: decode_prep's plan (two kernels back: decode_up released its dependents only
   // after its own wait), the warp's weight rows and the first two stages of loads.
+  // (four independent loads: b < slots, so every address is inside the plan)
   const int n_hit = __ldcg(a.n_hit);
+  const int e = __ldcg(a.hit_expert + b), r_begin = __ldcg(a.slot_off + b), r_end = __ldcg(a.slot_off + b + 1);
   __syncthreads();  // rows_of_m
   if (b >= n_hit) {
     pdl_wait();
-    if (b == 0) combine_columns<T>(a, n0, n1);  // every slot dropped: the output is zero
+    if (b == 0 && a.combine_tail) combine_columns<T>(a, n0, n1);  // every slot dropped: the output is zero
     return;
   }
-  const int e = __ldcg(a.hit_expert + b), r_begin = __ldcg(a.slot_off + b), r_end = __ldcg(a.slot_off + b + 1);
   WarpTile<NT> wt;
   tile_setup<NT>(wt, a.down, e, rows_of_m, a.I, ks_count);
   ring_prologue<NT>(wt.t, wt.kb0, wt.kb1, wt.s0, wt.s1);
@@ -682,6 +696,7 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_down(DecodePa
     }
     __syncthreads();
   }
+  if (!a.combine_tail) return;  // decode_combine sums the slots
   // The last expert block of this column block sums the slots of every token.
   __threadfence();
   __syncthreads();
@@ -801,6 +816,11 @@ void launch_typed(const DecodeParams& p, int nt, int ks_up, int ks_down, cudaStr
     launch_gemv<decode_up<T, 4, false>, decode_up<T, 4, true>>("decode_up", 4, p.H, g_up, p, ks_up, stream);
     launch_gemv<decode_down<T, 4, false>, decode_down<T, 4, true>>("decode_down", 4, p.I, g_down, p, ks_down, stream);
   }
+  if (!p.combine_tail) {
+    const int64_t blocks = ceil_div(int64_t(p.T) * (p.H / 4), THREADS);
+    MOEX_CHECK(blocks < (int64_t(1) << 31), "FP8 decode path: {} tokens are too many", p.T);
+    launch_pdl("decode_combine", decode_combine<T>, dim3(unsigned(blocks)), dim3(THREADS), 0, stream, p);
+  }
 }
 
 }  // namespace
@@ -881,6 +901,16 @@ void launch_quant_decode(const QuantDecodeArgs& a, cudaStream_t stream) {
   const int nt = a.T <= 8 || S <= 5 * slots ? 1 : 4;
   const int ks_up = choose_ks(slots, a.up.N, nt, p.gH);
   const int ks_down = choose_ks(slots, a.H, nt, p.gI);
+  // The slot-order sum: in decode_down's last block of each column block while that is at most
+  // one quad of columns per thread (T · BM / 4 <= 256: T <= 8 at BM = 128), else its own kernel —
+  // at T = 64 the tail's 8 rounds of loads per thread were on the critical path (measured on the
+  // H200, 2026-12-01). MOEX_CUDA_FP8_DECODE_COMBINE=tail|kernel forces one (A/B, tests).
+  static const int combine_env = [] {
+    const char* s = std::getenv("MOEX_CUDA_FP8_DECODE_COMBINE");
+    return !s ? 0 : std::strcmp(s, "tail") == 0 ? 1 : std::strcmp(s, "kernel") == 0 ? 2 : 0;
+  }();
+  const int64_t bm_down = 16 * (WARPS / ks_down);
+  p.combine_tail = combine_env == 1 || (combine_env == 0 && a.T * bm_down / 4 <= THREADS);
   switch (a.dtype) {
     case DType::f32: launch_typed<float>(p, nt, ks_up, ks_down, stream); break;
     case DType::f16: launch_typed<__half>(p, nt, ks_up, ks_down, stream); break;
