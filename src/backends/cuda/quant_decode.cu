@@ -59,7 +59,6 @@ namespace moex::cuda {
 namespace {
 
 constexpr int THREADS = 256, WARPS = THREADS / 32;
-constexpr int kMinBlockRows = 16;  // BM at KS = 8: bounds the number of down column blocks
 
 // Everything the three kernels read; passed by value.
 struct DecodeParams {
@@ -86,9 +85,8 @@ struct DecodeParams {
   int* slot_off;        // [slots + 1] slot b owns pair-list entries [slot_off[b], slot_off[b+1])
   int* pairs;           // [S]     pair ids grouped by expert
   int* up_ctr;          // [slots * gI] finished up blocks per (slot, 128-group of I)
-  int* down_ctr;        // [ceil(H / kMinBlockRows)] finished down blocks per column block
-  int n_ctr;            // total counters (zeroed by decode_prep)
-  bool combine_tail;    // the slot-order sum by decode_down's last blocks (else decode_combine)
+  int n_ctr;            // counters (zeroed by decode_prep)
+  bool h_quant_in_down; // decode_down quantizes h while staging it (else decode_up's last blocks)
   void* out;            // [T, H]
 };
 
@@ -140,14 +138,16 @@ __device__ __forceinline__ float block_scale(const void* row, bool ue8m0, int kb
 
 // One warp quantizes channels [128g, 128g+128) ∩ [0, K) of one row (quant_activation.cu's math):
 // scale = amax / 448 (1 when amax is 0 or not finite), codes = e4m3(v / scale), saturating.
-template <class T>
+// kShared: the row is in shared memory (staged by decode_down), else global memory.
+template <class T, bool kShared = false>
 __device__ __forceinline__ void quantize_group_warp(const T* row, int K, int g, uint8_t* codes, float* scale_out, int lane) {
   float v[kQuantGroup / 32];
   float amax = 0.0f;
 #pragma unroll
   for (int q = 0; q < kQuantGroup / 32; ++q) {
     const int c = g * kQuantGroup + q * 32 + lane;
-    v[q] = c < K ? ld_cg(row + c) : 0.0f;
+    if constexpr (kShared) v[q] = c < K ? to_f32(row[c]) : 0.0f;
+    else v[q] = c < K ? ld_cg(row + c) : 0.0f;
     amax = fmaxf(amax, fabsf(v[q]));
   }
   amax = warp_max(amax);
@@ -178,7 +178,7 @@ __global__ void __launch_bounds__(THREADS) decode_prep(DecodeParams a) {
   __shared__ int s_cursor[kDecodeMaxExperts];
   __shared__ int s_rows[THREADS], s_hits[THREADS];
   for (int e = tid; e < a.E; e += THREADS) s_count[e] = 0;
-  for (int i = tid; i < a.n_ctr; i += THREADS) a.up_ctr[i] = 0;  // up_ctr and down_ctr are contiguous
+  for (int i = tid; i < a.n_ctr; i += THREADS) a.up_ctr[i] = 0;
   __syncthreads();
   for (int p = tid; p < a.S; p += THREADS) {
     const int64_t e = load_index(a.idx, a.idx64, p);
@@ -417,7 +417,7 @@ __device__ __forceinline__ void tile_finish(TileSmem<NT>& sm, WarpTile<NT>& wt, 
 // Staged when the pass' rows fit (staged_smem_bytes <= the kernel's limit): the MMAs of each k
 // block then wait for the weights only, not for an L1/L2 round trip of the activations.
 __host__ __device__ constexpr int staged_stride(int K) { return K + 16; }
-inline size_t staged_smem_bytes(int nt, int K) {
+__host__ __device__ inline size_t staged_smem_bytes(int nt, int K) {
   return size_t(8 * nt) * size_t(staged_stride(K)) + size_t(8 * nt) * size_t(quant_groups(K)) * sizeof(float);
 }
 
@@ -435,6 +435,34 @@ __device__ __forceinline__ void stage_activations(const TileSmem<NT>& sm, uint8_
     s_act_s[c * gK + g] = r < 0 ? 0.0f : __ldcg(act_s + int64_t(r) * gK + g);
   }
   ptx::cp_async_wait<0>();
+  __syncthreads();
+}
+
+// decode_down's staging when it quantizes h itself: the pass' h rows (activation dtype) copied
+// to `raw` [8·NT, K], then one warp per (row, 128-group) quantizes from shared memory with
+// decode_up's arithmetic (quantize_group_warp): the same codes and scales, without decode_up's
+// per-block counter and its last block's extra round trips.
+inline size_t staged_h_smem_bytes(int nt, int K, size_t esz) {
+  return staged_smem_bytes(nt, K) + size_t(8 * nt) * size_t(K) * esz;
+}
+
+template <class T, int NT>
+__device__ __forceinline__ void stage_h_quantized(const TileSmem<NT>& sm, uint8_t* s_act, float* s_act_s, T* raw, const T* h,
+                                                  int K, int ncols) {
+  const int chunks = K * int(sizeof(T)) / 16, gK = int(quant_groups(K)), stride = staged_stride(K);
+  for (int i = threadIdx.x; i < ncols * chunks; i += THREADS) {
+    const int c = i / chunks, k = i % chunks, r = sm.arow[c];
+    ptx::cp_async16(uint32_t(__cvta_generic_to_shared(reinterpret_cast<uint4*>(raw + c * K) + k)),
+                    reinterpret_cast<const uint4*>(h + int64_t(r < 0 ? 0 : r) * K) + k, r >= 0);
+  }
+  ptx::cp_async_commit();
+  ptx::cp_async_wait<0>();
+  __syncthreads();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  for (int item = warp; item < ncols * gK; item += WARPS) {
+    const int c = item / gK, g = item % gK;
+    quantize_group_warp<T, true>(raw + c * K, K, g, s_act + c * stride, s_act_s + c * gK + g, lane);
+  }
   __syncthreads();
 }
 
@@ -577,6 +605,7 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_up(DecodePara
     }
     __syncthreads();  // the tables and partial tiles are rewritten by the next pass
   }
+  if (a.h_quant_in_down) return;  // decode_down quantizes the h rows it stages
   // The last block of this 128-wide group of h (for this expert) quantizes the group's rows.
   const int per_group = kQuantGroup / BI, grp = i0 / kQuantGroup;
   const int first = grp * per_group, n_blocks = int(gridDim.x);
@@ -635,14 +664,7 @@ __device__ __forceinline__ void combine_quad(const DecodeParams& a, int t, int n
   o[3] = from_f32<T>(acc.w);
 }
 
-// Columns [n0, n1) of every token, by one block (decode_down's tail at small T).
-template <class T>
-__device__ __forceinline__ void combine_columns(const DecodeParams& a, int n0, int n1) {
-  const int quads = (n1 - n0) / 4;
-  for (int item = threadIdx.x; item < a.T * quads; item += THREADS) combine_quad<T>(a, item / quads, n0 + 4 * (item % quads));
-}
-
-// ---- 4. the slot-order sum as its own kernel (larger T: one quad per thread over the GPU) ---
+// ---- 4. the slot-order sum: one quad of columns per thread over the whole GPU ---------------
 template <class T>
 __global__ void __launch_bounds__(THREADS) decode_combine(DecodeParams a) {
   pdl_wait();  // decode_down's y
@@ -666,11 +688,7 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_down(DecodePa
   const int n_hit = __ldcg(a.n_hit);
   const int e = __ldcg(a.hit_expert + b), r_begin = __ldcg(a.slot_off + b), r_end = __ldcg(a.slot_off + b + 1);
   __syncthreads();  // rows_of_m
-  if (b >= n_hit) {
-    pdl_wait();
-    if (b == 0 && a.combine_tail) combine_columns<T>(a, n0, n1);  // every slot dropped: the output is zero
-    return;
-  }
+  if (b >= n_hit) return;  // (block-uniform; decode_combine writes the output of dropped slots)
   WarpTile<NT> wt;
   tile_setup<NT>(wt, a.down, e, rows_of_m, a.I, ks_count);
   ring_prologue<NT>(wt.t, wt.kb0, wt.kb1, wt.s0, wt.s1);
@@ -684,7 +702,12 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_down(DecodePa
     if constexpr (kStaged) {
       uint8_t* s_act = dynamic_smem();
       float* s_act_s = reinterpret_cast<float*>(s_act + 8 * NT * staged_stride(a.I));
-      stage_activations<NT>(sm, s_act, s_act_s, a.hq, a.hs, a.I, ncols);
+      if (a.h_quant_in_down) {
+        T* raw = reinterpret_cast<T*>(s_act + staged_smem_bytes(NT, a.I));
+        stage_h_quantized<T, NT>(sm, s_act, s_act_s, raw, static_cast<const T*>(a.h), a.I, ncols);
+      } else {
+        stage_activations<NT>(sm, s_act, s_act_s, a.hq, a.hs, a.I, ncols);
+      }
       tile_finish<NT>(sm, wt, s_act, s_act_s, staged_stride(a.I), true, ncols);
     } else {
       tile_finish<NT>(sm, wt, a.hq, a.hs, a.I, false, ncols);
@@ -696,20 +719,6 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_down(DecodePa
     }
     __syncthreads();
   }
-  if (!a.combine_tail) return;  // decode_combine sums the slots
-  // The last expert block of this column block sums the slots of every token.
-  __threadfence();
-  __syncthreads();
-  if (tid == 0) {
-    int* ctr = a.down_ctr + blockIdx.x;
-    const int prev = atomicAdd(ctr, 1);
-    sm.last = prev == n_hit - 1;
-    if (sm.last) *ctr = 0;
-  }
-  __syncthreads();
-  if (!sm.last) return;
-  __threadfence();
-  combine_columns<T>(a, n0, n1);
 }
 
 // ---- host side -------------------------------------------------------------------------------
@@ -757,7 +766,7 @@ struct Carved {
 };
 
 int64_t plan_ints(int64_t S, int64_t slots, int64_t gI, int64_t H) {
-  return 1 + slots + (slots + 1) + S + slots * gI + ceil_div(H, kMinBlockRows);
+  return 1 + slots + (slots + 1) + S + slots * gI;
 }
 
 Carved carve(void* base, size_t capacity, int64_t T, int64_t S, int64_t slots, int64_t H, int64_t I, size_t esz) {
@@ -786,8 +795,7 @@ size_t staged_limit(int nt) {
 // One GEMV kernel of the path: the staged instantiation where the pass' activation rows fit in
 // shared memory (the attribute for > 48 KB set once per instantiation), else the plain one.
 template <auto kPlain, auto kStaged>
-void launch_gemv(const char* what, int nt, int K, dim3 grid, const DecodeParams& p, int ks, cudaStream_t stream) {
-  const size_t smem = staged_smem_bytes(nt, K);
+void launch_gemv(const char* what, int nt, size_t smem, dim3 grid, const DecodeParams& p, int ks, cudaStream_t stream) {
   if (smem > staged_limit(nt)) {
     launch_pdl(what, kPlain, grid, dim3(THREADS), 0, stream, p, ks);
     return;
@@ -809,18 +817,18 @@ void launch_typed(const DecodeParams& p, int nt, int ks_up, int ks_down, cudaStr
   const int bm_up = 16 * (WARPS / ks_up), bi = gated ? bm_up / 2 : bm_up;
   const dim3 g_up(unsigned(ceil_div(p.I, bi)), unsigned(p.slots));
   const dim3 g_down(unsigned(ceil_div(p.H, 16 * (WARPS / ks_down))), unsigned(p.slots));
+  const size_t smem_up = staged_smem_bytes(nt, p.H);
+  const size_t smem_down = p.h_quant_in_down ? staged_h_smem_bytes(nt, p.I, sizeof(T)) : staged_smem_bytes(nt, p.I);
   if (nt == 1) {
-    launch_gemv<decode_up<T, 1, false>, decode_up<T, 1, true>>("decode_up", 1, p.H, g_up, p, ks_up, stream);
-    launch_gemv<decode_down<T, 1, false>, decode_down<T, 1, true>>("decode_down", 1, p.I, g_down, p, ks_down, stream);
+    launch_gemv<decode_up<T, 1, false>, decode_up<T, 1, true>>("decode_up", 1, smem_up, g_up, p, ks_up, stream);
+    launch_gemv<decode_down<T, 1, false>, decode_down<T, 1, true>>("decode_down", 1, smem_down, g_down, p, ks_down, stream);
   } else {
-    launch_gemv<decode_up<T, 4, false>, decode_up<T, 4, true>>("decode_up", 4, p.H, g_up, p, ks_up, stream);
-    launch_gemv<decode_down<T, 4, false>, decode_down<T, 4, true>>("decode_down", 4, p.I, g_down, p, ks_down, stream);
+    launch_gemv<decode_up<T, 4, false>, decode_up<T, 4, true>>("decode_up", 4, smem_up, g_up, p, ks_up, stream);
+    launch_gemv<decode_down<T, 4, false>, decode_down<T, 4, true>>("decode_down", 4, smem_down, g_down, p, ks_down, stream);
   }
-  if (!p.combine_tail) {
-    const int64_t blocks = ceil_div(int64_t(p.T) * (p.H / 4), THREADS);
-    MOEX_CHECK(blocks < (int64_t(1) << 31), "FP8 decode path: {} tokens are too many", p.T);
-    launch_pdl("decode_combine", decode_combine<T>, dim3(unsigned(blocks)), dim3(THREADS), 0, stream, p);
-  }
+  const int64_t blocks = ceil_div(int64_t(p.T) * (p.H / 4), THREADS);
+  MOEX_CHECK(blocks < (int64_t(1) << 31), "FP8 decode path: {} tokens are too many", p.T);
+  launch_pdl("decode_combine", decode_combine<T>, dim3(unsigned(blocks)), dim3(THREADS), 0, stream, p);
 }
 
 }  // namespace
@@ -890,8 +898,7 @@ void launch_quant_decode(const QuantDecodeArgs& a, cudaStream_t stream) {
   p.slot_off = p.hit_expert + slots;
   p.pairs = p.slot_off + slots + 1;
   p.up_ctr = p.pairs + S;
-  p.down_ctr = p.up_ctr + slots * p.gI;
-  p.n_ctr = int(slots * p.gI + ceil_div(a.H, kMinBlockRows));
+  p.n_ctr = int(slots * p.gI);
   p.out = a.out;
   MOEX_CHECK(slots <= 65535, "FP8 decode path: {} expert slots exceed the grid limit", slots);
   // Rows per pass: 8 (one n8 tile) when T <= 8 (an expert gets at most one row per token with
@@ -901,16 +908,14 @@ void launch_quant_decode(const QuantDecodeArgs& a, cudaStream_t stream) {
   const int nt = a.T <= 8 || S <= 5 * slots ? 1 : 4;
   const int ks_up = choose_ks(slots, a.up.N, nt, p.gH);
   const int ks_down = choose_ks(slots, a.H, nt, p.gI);
-  // The slot-order sum: in decode_down's last block of each column block while that is at most
-  // one quad of columns per thread (T · BM / 4 <= 256: T <= 8 at BM = 128), else its own kernel —
-  // at T = 64 the tail's 8 rounds of loads per thread were on the critical path (measured on the
-  // H200, 2026-12-01). MOEX_CUDA_FP8_DECODE_COMBINE=tail|kernel forces one (A/B, tests).
-  static const int combine_env = [] {
-    const char* s = std::getenv("MOEX_CUDA_FP8_DECODE_COMBINE");
-    return !s ? 0 : std::strcmp(s, "tail") == 0 ? 1 : std::strcmp(s, "kernel") == 0 ? 2 : 0;
+  // h quantized by decode_down while staging it, where the raw rows fit beside the codes (then
+  // decode_up has no counters and no last-block work). MOEX_CUDA_FP8_DECODE_HQ=up keeps it in
+  // decode_up (A/B measurement).
+  static const bool hq_in_up = [] {
+    const char* s = std::getenv("MOEX_CUDA_FP8_DECODE_HQ");
+    return s && std::strcmp(s, "up") == 0;
   }();
-  const int64_t bm_down = 16 * (WARPS / ks_down);
-  p.combine_tail = combine_env == 1 || (combine_env == 0 && a.T * bm_down / 4 <= THREADS);
+  p.h_quant_in_down = !hq_in_up && staged_h_smem_bytes(nt, p.I, dtype_size(a.dtype)) <= staged_limit(nt);
   switch (a.dtype) {
     case DType::f32: launch_typed<float>(p, nt, ks_up, ks_down, stream); break;
     case DType::f16: launch_typed<__half>(p, nt, ks_up, ks_down, stream); break;
