@@ -1,17 +1,26 @@
 // backends/cuda/quant_decode.cu — FP8 block-scaled experts at decode / small batch (SPEC §6):
 // each routed expert's weights are read ONCE for all the rows routed to it, at memory speed,
-// in three kernels per forward (grouped_mm and batched_mm on FP8 both route here when T is small).
+// in four kernels per forward (grouped_mm and batched_mm on FP8 both route here when T is small):
 //
-//   1. decode_prep   block 0: the routing plan in shared memory (hit experts, per-expert row
-//                    ranges, pair list), the counters of kernels 2/3 zeroed; blocks 1..: the
-//                    tokens quantized per 128 channels (xq [T, H] e4m3, xs [T, ceil(H/128)] f32).
-//   2. decode_up     grid (column block, hit-expert slot): W_up[e] rows × the expert's token rows,
-//                    gated activation in the epilogue, h [S, I] written in the activation dtype;
-//                    the last block of each 128-wide group of h (an integer counter) quantizes
-//                    that group of the expert's rows: hq [S, I] e4m3, hs [S, ceil(I/128)] f32.
-//   3. decode_down   grid (column block, slot): W_down[e] rows × hq rows → y [S, H] f32 (+ bias);
-//                    the last block of each column block (counter = number of hit experts) sums
-//                    out[t, n] = Σ_j w[t, j] · y[t·K + j, n] over the slots in slot order, in f32.
+//   1. decode_prep    block 0: the routing plan in shared memory (hit experts, per-expert row
+//                     ranges, pair list), decode_up's counters zeroed; blocks 1..: the tokens
+//                     quantized per 128 channels (xq [T, H] e4m3, xs [T, ceil(H/128)] f32).
+//   2. decode_up      grid (column block, hit-expert slot): W_up[e] rows × the expert's token rows,
+//                     gated activation in the epilogue, h [S, I] written in the activation dtype.
+//                     Above T = 8 the last block of each 128-wide group of h (an integer counter)
+//                     quantizes that group of the expert's rows: hq [S, I] e4m3, hs [S, ceil(I/128)].
+//   3. decode_down    grid (column block, slot): W_down[e] rows × the quantized h rows → y [S, H]
+//                     f32 (+ bias). At T <= 8 it quantizes the h rows itself while staging them.
+//   4. decode_combine one quad of columns per thread: out[t, n] = Σ_j w[t, j] · y[t·K + j, n]
+//                     over the valid slots in slot order, in f32.
+//
+// The four are chained with programmatic dependent launch (pdl.cuh): each becomes resident while
+// its predecessor runs. decode_up finds its slot's expert from the routing indices and decode_down
+// reads decode_prep's plan — both written at least two kernels back, final once the predecessor
+// has passed its own pdl_wait (each kernel releases its dependents only after that wait) — so
+// both request their first weight stages before pdl_wait. A pass' activation rows (8·NT codes
+// rows + scales) are staged in shared memory with cp.async where they fit, so the MMAs of a k
+// block wait for the weights only.
 //
 // Rows are indexed by pair p = t·K + j (h, hq, y), so no inverse permutation is needed; the
 // order of pairs inside an expert's block depends on shared-memory atomics, but every column is
@@ -32,7 +41,7 @@
 // a0/a1/b0 (logical k 2q, 2q+1), bytes 2-3 → a2/a3/b1 (k 2q+8, 2q+9), identical for A and B.
 //
 // A block is 8 warps = (8/KS) m16 tiles × KS slices of the K blocks (KS chosen on the host so
-// that there are enough blocks to keep ~2 per SM busy); the KS partial sums meet in shared memory
+// that there are about one (NT = 1) or two (NT = 4) blocks per SM); the KS partial sums meet in shared memory
 // and are added in slice order. Each warp keeps two K blocks of weight loads in flight while it
 // computes a third (3-stage register ring, 64 bytes per lane per stage: 4 KB per warp in flight).
 //
@@ -908,14 +917,17 @@ void launch_quant_decode(const QuantDecodeArgs& a, cudaStream_t stream) {
   const int nt = a.T <= 8 || S <= 5 * slots ? 1 : 4;
   const int ks_up = choose_ks(slots, a.up.N, nt, p.gH);
   const int ks_down = choose_ks(slots, a.H, nt, p.gI);
-  // h quantized by decode_down while staging it, where the raw rows fit beside the codes (then
-  // decode_up has no counters and no last-block work). MOEX_CUDA_FP8_DECODE_HQ=up keeps it in
-  // decode_up (A/B measurement).
-  static const bool hq_in_up = [] {
+  // Who quantizes h: decode_down while staging it at T <= 8 (decode_up then has no counters and
+  // no last-block work: its one or two waves would end on that tail), decode_up's last blocks
+  // above (every down column block of a slot would quantize the same rows again: at T = 64 that
+  // cost 3-4 % on the H200, 2026-12-01). Only where the raw rows fit beside the staged codes.
+  // MOEX_CUDA_FP8_DECODE_HQ=up|down forces one (A/B measurement, tests).
+  static const int hq_env = [] {
     const char* s = std::getenv("MOEX_CUDA_FP8_DECODE_HQ");
-    return s && std::strcmp(s, "up") == 0;
+    return !s ? 0 : std::strcmp(s, "up") == 0 ? 1 : std::strcmp(s, "down") == 0 ? 2 : 0;
   }();
-  p.h_quant_in_down = !hq_in_up && staged_h_smem_bytes(nt, p.I, dtype_size(a.dtype)) <= staged_limit(nt);
+  const bool hq_fits = staged_h_smem_bytes(nt, p.I, dtype_size(a.dtype)) <= staged_limit(nt);
+  p.h_quant_in_down = hq_fits && (hq_env == 2 || (hq_env == 0 && a.T <= 8));
   switch (a.dtype) {
     case DType::f32: launch_typed<float>(p, nt, ks_up, ks_down, stream); break;
     case DType::f16: launch_typed<__half>(p, nt, ks_up, ks_down, stream); break;
