@@ -96,6 +96,7 @@ struct DecodeParams {
   int* up_ctr;          // [slots * gI] finished up blocks per (slot, 128-group of I)
   int n_ctr;            // counters (zeroed by decode_prep)
   bool h_quant_in_down; // decode_down quantizes h while staging it (else decode_up's last blocks)
+  bool early_plan;      // decode_up / decode_down read the routing / plan before pdl_wait
   void* out;            // [T, H]
 };
 
@@ -569,14 +570,22 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_up(DecodePara
     else row = min(i0 + m, a.I - 1);
     rows_of_m[m] = row;
   }
-  // Before pdl_wait: the slot's expert, the warp's weight rows, the first two stages of loads.
-  const int e = slot_expert_from_idx(a, b, s_bits, &s_expert);  // syncs: rows_of_m is ready
+  // early_plan: before pdl_wait the slot's expert, the warp's weight rows, the first two stages
+  // of loads; else all after it.
+  int e;
+  if (a.early_plan) {
+    e = slot_expert_from_idx(a, b, s_bits, &s_expert);  // syncs: rows_of_m is ready
+  } else {
+    pdl_wait();  // decode_prep's plan and quantized tokens
+    e = b < __ldcg(a.n_hit) ? __ldcg(a.hit_expert + b) : -1;
+    __syncthreads();  // rows_of_m
+  }
   WarpTile<NT> wt;
   if (e >= 0) {
     tile_setup<NT>(wt, a.up, e, rows_of_m, a.H, ks_count);
     ring_prologue<NT>(wt.t, wt.kb0, wt.kb1, wt.s0, wt.s1);
   }
-  pdl_wait();  // decode_prep's plan and quantized tokens
+  if (a.early_plan) pdl_wait();
   pdl_launch_dependents();
   if (e < 0) return;  // b >= number of hit experts (block-uniform)
   const int r_begin = __ldg(a.slot_off + b), r_end = __ldg(a.slot_off + b + 1);
@@ -693,7 +702,9 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_down(DecodePa
   if (tid < BM) rows_of_m[tid] = min(n0 + tid, a.H - 1);
   // Before pdl_wait: decode_prep's plan (two kernels back: decode_up released its dependents only
   // after its own wait), the warp's weight rows and the first two stages of loads.
-  // (four independent loads: b < slots, so every address is inside the plan)
+  // (four independent loads: b < slots, so every address is inside the plan). Without early_plan
+  // everything waits for decode_up first.
+  if (!a.early_plan) pdl_wait();
   const int n_hit = __ldcg(a.n_hit);
   const int e = __ldcg(a.hit_expert + b), r_begin = __ldcg(a.slot_off + b), r_end = __ldcg(a.slot_off + b + 1);
   __syncthreads();  // rows_of_m
@@ -701,7 +712,7 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_down(DecodePa
   WarpTile<NT> wt;
   tile_setup<NT>(wt, a.down, e, rows_of_m, a.I, ks_count);
   ring_prologue<NT>(wt.t, wt.kb0, wt.kb1, wt.s0, wt.s1);
-  pdl_wait();  // decode_up's quantized h
+  if (a.early_plan) pdl_wait();  // decode_up's h
   pdl_launch_dependents();
   const T* bias = a.down_bias ? static_cast<const T*>(a.down_bias) + int64_t(e) * a.H : nullptr;
   for (int r = r_begin; r < r_end; r += 8 * NT) {
@@ -928,6 +939,14 @@ void launch_quant_decode(const QuantDecodeArgs& a, cudaStream_t stream) {
   }();
   const bool hq_fits = staged_h_smem_bytes(nt, p.I, dtype_size(a.dtype)) <= staged_limit(nt);
   p.h_quant_in_down = hq_fits && (hq_env == 2 || (hq_env == 0 && a.T <= 8));
+  // MOEX_CUDA_FP8_DECODE_EARLY=1: decode_up and decode_down read the routing / the plan before
+  // pdl_wait (both written two kernels back). Off by default: compute-sanitizer memcheck found a
+  // weight read out of bounds with it (a stale plan), 2026-12-01.
+  static const bool early_env = [] {
+    const char* s = std::getenv("MOEX_CUDA_FP8_DECODE_EARLY");
+    return s && std::strcmp(s, "1") == 0;
+  }();
+  p.early_plan = early_env;
   switch (a.dtype) {
     case DType::f32: launch_typed<float>(p, nt, ks_up, ks_down, stream); break;
     case DType::f16: launch_typed<__half>(p, nt, ks_up, ks_down, stream); break;
