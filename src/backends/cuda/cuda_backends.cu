@@ -279,9 +279,11 @@ Support cuda_supports(const Problem& p, std::string_view backend) {
 // ---- workspace -------------------------------------------------------------------------------
 
 // grouped_mm with FP8 128x128 experts on Hopper runs deepgemm.cu's QGMMA kernel when
-// MOEX_CUDA_FP8_TMA=1 (on the H200 it ran 1.2-1.8x faster than bf16 grouped_mm at 8 <= T <= 4096;
-// the default path's FP8 speed is not measured yet), but Hopper's FP8 MMA accumulation measures 3.9e-3..8.7e-3 against the same-quantization reference
-// where SPEC §8 asks 2e-3 (sm90_tma_grouped_gemm.cu), so the exact path is the default.
+// MOEX_CUDA_FP8_TMA=1, but Hopper's FP8 MMA accumulation measures 3.9e-3..8.7e-3 against the
+// same-quantization reference where SPEC §8 asks 2e-3 (sm90_tma_grouped_gemm.cu), so the exact
+// path is the default. Measured on the H200 (2026-12-01, docs/PERF.md, thirteenth session): at
+// T = 512 / 4096 the exact default path is 5-14x SLOWER than bf16 grouped_mm (CUDA cores); the
+// QGMMA kernel runs 0.92-1.68x the bf16 speed. An exact tensor-core FP8 prefill path is missing.
 static bool fp8_on_tma(const Problem& p) {
   static const bool enabled = [] {
     const char* e = std::getenv("MOEX_CUDA_FP8_TMA");
