@@ -282,8 +282,9 @@ Support cuda_supports(const Problem& p, std::string_view backend) {
 // MOEX_CUDA_FP8_TMA=1, but Hopper's FP8 MMA accumulation measures 3.9e-3..8.7e-3 against the
 // same-quantization reference where SPEC §8 asks 2e-3 (sm90_tma_grouped_gemm.cu), so the exact
 // path is the default. Measured on the H200 (2026-12-01, docs/PERF.md, thirteenth session): at
-// T = 512 / 4096 the exact default path is 5-14x SLOWER than bf16 grouped_mm (CUDA cores); the
-// QGMMA kernel runs 0.92-1.68x the bf16 speed. An exact tensor-core FP8 prefill path is missing.
+// T = 512 / 4096 the exact default path (quant_grouped_gemm.cu: mma.sync, one synchronous shared
+// stage) is 5-14x SLOWER than bf16 grouped_mm (the TMA + wgmma kernel); the
+// QGMMA kernel runs 0.92-1.68x the bf16 speed. A fast exact FP8 prefill path is still missing.
 static bool fp8_on_tma(const Problem& p) {
   static const bool enabled = [] {
     const char* e = std::getenv("MOEX_CUDA_FP8_TMA");
