@@ -3,17 +3,22 @@
 # machine, one command from the repository root (`run` with `bash bench/gpu_fp8_decode.sh`):
 #
 #   1. builds moex + moex_tests with CUDA into $BUILD (default build-gpu; SKIP_BUILD=1 reuses it)
-#   2. SASS of the decode kernels: HMMA / F2FP (e4m3x2 -> f16x2) counts, local memory (must be 0)
+#   2. SASS of the decode kernels: HMMA / F2FP (e4m3x2 -> f16x2) counts, local memory (must be 0),
+#      streaming weight loads without a predicate (must be 0)
 #   3. tests: CudaFp8Decode.* (T 1/3/8/64/200, partial blocks, skewed/dropped routing, f32/f16/bf16,
 #      f32/UE8M0 scales), CudaGraph.* (incl. fp8_t1 / fp8_t64: replay with new routing == direct call,
-#      bit for bit), CudaEquivalence.*, CudaFp8MmaGemv.*, CudaBackends.*; compute-sanitizer memcheck
-#      and racecheck on the bf16 decode cases
+#      bit for bit), CudaEquivalence.*, CudaFp8MmaGemv.*, CudaBackends.* (TEST_FILTER overrides);
+#      compute-sanitizer memcheck and racecheck on the bf16 decode cases
 #   4. timings, CUDA-graph replay (CudaPerf.Shapes): bf16 and FP8 experts side by side in one run,
-#      batched_mm and grouped_mm, SHAPES x TOKENS (default the 4 SPEC §9 shapes x 1,8,64); with
-#      COMPARE_OLD=1 (default) a second run with MOEX_CUDA_FP8_DECODE=0 times the previous FP8 kernels
+#      batched_mm and grouped_mm, SHAPES x TOKENS (default the 4 SPEC §9 shapes x 1,8,64), then
+#      every "name:ENV=V[,ENV=V]" of AB_VARIANTS (COMPARE_OLD=1, the default, adds
+#      "old:MOEX_CUDA_FP8_DECODE=0"), the whole list AB_ROUNDS times (medians in the table)
+#   5. ncu (PARTS must name it): each FP8 decode kernel's GPU time and DRAM bytes alone for every
+#      NCU_CASES "shape:T" (default SHAPES x TOKENS) → $OUT/ncu.md
 #
-# PARTS selects steps (default all: "build sass tests sanitize perf"); the whole run with the build
-# should stay under the 10-minute limit of one command (tests ~2 min, sanitizers <= 2x150 s, timings ~2 min).
+# PARTS selects steps (default "build sass tests sanitize perf"); the whole run with the build
+# should stay under the 10-minute limit of one command (on the H200, 2026-12-01: an incremental
+# build ~60 s, these tests ~30 s, sanitizers ~15 s, one timing round ~10-20 s, ncu ~5 s per case).
 #
 # Output: "== step" lines, test PASSED/FAILED lines, the table (also $OUT/fp8_decode.md) with the
 # ratio best bf16 / best FP8 per (shape, T) — issue 6 asks >= 1.6x at T <= 64; logs under $OUT.
@@ -43,6 +48,9 @@ if command -v cuobjdump > /dev/null && [ -n "$obj" ]; then
   awk '/Function :/{f=$3} /HMMA/{h[f]++} /F2FP.F16.E4M3/{c[f]++} /LDL|STL/{l[f]++}
        END{for (k in h) printf "%s: %d HMMA, %d F2FP.F16.E4M3, %d local-memory\n", k, h[k], c[k], l[k]}' "$OUT/quant_decode.sass" |
     sed -E 's/_ZN4moex4cuda[^_]*_GLOBAL__N__[0-9a-f_]*quant_decode_cu_[0-9a-f]*//' | sort
+  # every streaming weight load is guarded by k < K: an unpredicated one reads past the last row
+  # (what compute-sanitizer found on 2026-12-01 before ld_stream16 became asm volatile)
+  echo "streaming weight loads: $(grep -c 'LDG.E.NA.LTC256B' "$OUT/quant_decode.sass"), unpredicated: $(grep 'LDG.E.NA.LTC256B' "$OUT/quant_decode.sass" | grep -vc '@')"
 else
   echo "no cuobjdump or object: skipped"
 fi
