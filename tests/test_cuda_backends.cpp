@@ -191,6 +191,31 @@ TEST_P(CudaFp8Decode, MatchesTheReference) {
   std::printf("FP8 decode path: worst rel L2 %.2e\n", worst);
 }
 
+// The path's A/B switches each select other kernels than the default on these small shapes: the
+// unstaged activations (the default for rows too long to stage, e.g. mixtral's down projection),
+// the plan read after pdl_wait, h quantized by decode_up at every T, and by decode_down at every T.
+TEST_P(CudaFp8Decode, EverySwitchMatchesTheReference) {
+  SKIP_WITHOUT_CUDA();
+  const DType dt = GetParam();
+  ScopedEnv force("MOEX_CUDA_FP8_DECODE", "1");
+  const uint64_t seed = seed_from_env();
+  const std::pair<const char*, const char*> switches[] = {{"MOEX_CUDA_FP8_DECODE_STAGE", "0"},
+                                                          {"MOEX_CUDA_FP8_DECODE_EARLY", "0"},
+                                                          {"MOEX_CUDA_FP8_DECODE_HQ", "up"},
+                                                          {"MOEX_CUDA_FP8_DECODE_HQ", "down"}};
+  for (const auto& [name, value] : switches) {
+    ScopedEnv variant(name, value);
+    double worst = 0;
+    for (const auto& c : decode_cases(seed, dt)) {
+      const auto r = check::run_case("grouped_mm", c, Device::cuda());
+      EXPECT_EQ(r.status, check::Result::Status::passed)
+          << name << "=" << value << " " << c.describe() << ": " << check::status_name(r.status) << ": " << r.message;
+      worst = std::max(worst, r.rel_l2);
+    }
+    std::printf("FP8 decode path, %s=%s: worst rel L2 %.2e\n", name, value, worst);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Dtypes, CudaFp8Decode, ::testing::Values(DType::f32, DType::f16, DType::bf16),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
 

@@ -744,6 +744,17 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_down(DecodePa
 }
 
 // ---- host side -------------------------------------------------------------------------------
+// The path's A/B switches (MOEX_CUDA_FP8_DECODE_*) are read at every launch, like
+// MOEX_CUDA_FP8_DECODE itself, so that one process (the tests) can run each variant.
+const char* decode_env(const char* name) {
+  const char* s = std::getenv(name);
+  return s && *s ? s : nullptr;
+}
+bool decode_env_is(const char* name, const char* value) {
+  const char* s = decode_env(name);
+  return s && std::strcmp(s, value) == 0;
+}
+
 int sm_count() {
   static int n = [] {
     int dev = 0, v = 0;
@@ -762,10 +773,8 @@ int sm_count() {
 // partial wave of blocks cost more than the longer k loops; no change at T = 8 / 64), two at
 // NT = 4 (fewer blocks were slower there). MOEX_CUDA_FP8_DECODE_BLOCKS=n sets n per SM (A/B).
 int choose_ks(int64_t slots, int64_t out_rows, int nt, int64_t k_blocks) {
-  static const int64_t per_sm_env = [] {
-    const char* s = std::getenv("MOEX_CUDA_FP8_DECODE_BLOCKS");
-    return s && std::atoi(s) > 0 ? int64_t(std::atoi(s)) : int64_t(0);
-  }();
+  const char* blocks = decode_env("MOEX_CUDA_FP8_DECODE_BLOCKS");
+  const int64_t per_sm_env = blocks && std::atoi(blocks) > 0 ? int64_t(std::atoi(blocks)) : int64_t(0);
   const int64_t per_sm = per_sm_env > 0 ? per_sm_env : nt == 1 ? 1 : 2;
   const int64_t target = per_sm * int64_t(sm_count());
   int ks = 1;
@@ -807,10 +816,7 @@ Carved carve(void* base, size_t capacity, int64_t T, int64_t S, int64_t slots, i
 // Largest staged activation tile per block: 2 blocks per SM at NT = 1 (each keeps < 100 KB), one
 // at NT = 4. MOEX_CUDA_FP8_DECODE_STAGE=0 never stages (A/B measurement).
 size_t staged_limit(int nt) {
-  static const bool on = [] {
-    const char* s = std::getenv("MOEX_CUDA_FP8_DECODE_STAGE");
-    return !(s && std::strcmp(s, "0") == 0);
-  }();
+  const bool on = !decode_env_is("MOEX_CUDA_FP8_DECODE_STAGE", "0");
   return on ? (nt == 1 ? size_t(72) << 10 : size_t(160) << 10) : 0;
 }
 
@@ -935,20 +941,13 @@ void launch_quant_decode(const QuantDecodeArgs& a, cudaStream_t stream) {
   // above (every down column block of a slot would quantize the same rows again: at T = 64 that
   // cost 3-4 % on the H200, 2026-12-01). Only where the raw rows fit beside the staged codes.
   // MOEX_CUDA_FP8_DECODE_HQ=up|down forces one (A/B measurement, tests).
-  static const int hq_env = [] {
-    const char* s = std::getenv("MOEX_CUDA_FP8_DECODE_HQ");
-    return !s ? 0 : std::strcmp(s, "up") == 0 ? 1 : std::strcmp(s, "down") == 0 ? 2 : 0;
-  }();
+  const int hq_env = decode_env_is("MOEX_CUDA_FP8_DECODE_HQ", "up") ? 1 : decode_env_is("MOEX_CUDA_FP8_DECODE_HQ", "down") ? 2 : 0;
   const bool hq_fits = staged_h_smem_bytes(nt, p.I, dtype_size(a.dtype)) <= staged_limit(nt);
   p.h_quant_in_down = hq_fits && (hq_env == 2 || (hq_env == 0 && a.T <= 8));
   // decode_up and decode_down read the routing / the plan before pdl_wait (both written at least
   // two kernels back; measured 2-9 % faster at T = 1 on the H200, 2026-12-01).
   // MOEX_CUDA_FP8_DECODE_EARLY=0 reads them after it (A/B measurement, debugging).
-  static const bool early_env = [] {
-    const char* s = std::getenv("MOEX_CUDA_FP8_DECODE_EARLY");
-    return !(s && std::strcmp(s, "0") == 0);
-  }();
-  p.early_plan = early_env;
+  p.early_plan = !decode_env_is("MOEX_CUDA_FP8_DECODE_EARLY", "0");
   switch (a.dtype) {
     case DType::f32: launch_typed<float>(p, nt, ks_up, ks_down, stream); break;
     case DType::f16: launch_typed<__half>(p, nt, ks_up, ks_down, stream); break;
