@@ -5,6 +5,7 @@
 //   gather_rows: xs[r] = hidden[token of sorted row r]            (eager, before cuBLAS)
 //   act_rows:    h[r, i] = round(act(gu[r, gate] + b, gu[r, up] + b))  (eager, after cuBLAS)
 #include "backends/cuda/cuda_common.cuh"
+#include "backends/cuda/pdl.cuh"
 
 namespace moex::cuda {
 
@@ -20,6 +21,8 @@ constexpr int SLOT_CHUNK = 8;
 
 template <class T>
 __global__ void __launch_bounds__(THREADS) combine_kernel(CombineArgs a) {
+  pdl_wait();  // no-op unless launched with PDL (launch_combine's `pdl`): y is the previous kernel's
+  pdl_launch_dependents();
   const int64_t t = blockIdx.x;
   const int64_t n0 = (int64_t(blockIdx.y) * THREADS + threadIdx.x) * COLS;
   if (n0 >= a.H) return;
@@ -137,13 +140,17 @@ void by_dtype(DType dt, F&& f) {
 
 }  // namespace
 
-void launch_combine(const CombineArgs& a, DType dtype, cudaStream_t stream) {
+void launch_combine(const CombineArgs& a, DType dtype, cudaStream_t stream, bool pdl) {
   dim3 grid(unsigned(a.T), unsigned(ceil_div(a.H, THREADS * COLS)));
   by_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
+    if (pdl) {
+      launch_pdl("combine", combine_kernel<T>, grid, dim3(THREADS), 0, stream, a);
+      return;
+    }
     combine_kernel<T><<<grid, THREADS, 0, stream>>>(a);
+    check_launch("combine");
   });
-  check_launch("combine");
 }
 
 void launch_combine_call(const ExpertsCall& call, const float* y, const int* pair_to_row, int64_t H, const void* down_bias,

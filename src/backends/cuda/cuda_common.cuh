@@ -274,7 +274,8 @@ struct CombineArgs {
   int64_t T, K, H;
   void* out;
 };
-void launch_combine(const CombineArgs& a, DType dtype, cudaStream_t stream);
+// pdl: launched with programmatic dependent launch (pdl.cuh), as a link of a PDL chain.
+void launch_combine(const CombineArgs& a, DType dtype, cudaStream_t stream, bool pdl = false);
 // The combine of an experts call (its routing, weights and output; T, K from top_k_index):
 // y [rows, H] f32 with pair p in row pair_to_row[p]; down_bias [E, H] or nullptr.
 void launch_combine_call(const ExpertsCall& call, const float* y, const int* pair_to_row, int64_t H, const void* down_bias,

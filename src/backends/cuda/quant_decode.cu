@@ -11,8 +11,8 @@
 //                     quantizes that group of the expert's rows: hq [S, I] e4m3, hs [S, ceil(I/128)].
 //   3. decode_down    grid (column block, slot): W_down[e] rows × the quantized h rows → y [S, H]
 //                     f32 (+ bias). At T <= 8 it quantizes the h rows itself while staging them.
-//   4. decode_combine one quad of columns per thread: out[t, n] = Σ_j w[t, j] · y[t·K + j, n]
-//                     over the valid slots in slot order, in f32.
+//   4. combine        (combine.cu's kernel) out[t, n] = Σ_j w[t, j] · y[t·K + j, n] over the
+//                     valid slots in slot order, in f32.
 //
 // The four are chained with programmatic dependent launch (pdl.cuh): each becomes resident while
 // its predecessor runs. decode_up finds its slot's expert from the routing indices and decode_down
@@ -93,6 +93,7 @@ struct DecodeParams {
   int* hit_expert;      // [slots] expert of slot b
   int* slot_off;        // [slots + 1] slot b owns pair-list entries [slot_off[b], slot_off[b+1])
   int* pairs;           // [S]     pair ids grouped by expert
+  int* pair_row;        // [S]     row of y of pair p: p, or -1 for a dropped slot (launch_combine)
   int* up_ctr;          // [slots * gI] finished up blocks per (slot, 128-group of I)
   int n_ctr;            // counters (zeroed by decode_prep)
   bool h_quant_in_down; // decode_down quantizes h while staging it (else decode_up's last blocks)
@@ -233,7 +234,9 @@ __global__ void __launch_bounds__(THREADS) decode_prep(DecodeParams a) {
   __syncthreads();
   for (int p = tid; p < a.S; p += THREADS) {
     const int64_t e = load_index(a.idx, a.idx64, p);
-    if (e >= 0 && e < a.E) a.pairs[atomicAdd(&s_cursor[e], 1)] = p;
+    const bool valid = e >= 0 && e < a.E;
+    if (valid) a.pairs[atomicAdd(&s_cursor[e], 1)] = p;
+    a.pair_row[p] = valid ? p : -1;
   }
 }
 
@@ -433,15 +436,25 @@ __host__ __device__ inline size_t staged_smem_bytes(int nt, int K) {
   return size_t(8 * nt) * size_t(staged_stride(K)) + size_t(8 * nt) * size_t(quant_groups(K)) * sizeof(float);
 }
 
+// Columns c < ncols: row sm.arow[c] of `src` (row_bytes each, a multiple of 16) to dst + c·dst_stride
+// with cp.async, zeros for a column without a row; committed, not waited for.
+template <int NT>
+__device__ __forceinline__ void copy_rows_async(const TileSmem<NT>& sm, uint8_t* dst, int dst_stride, const void* src,
+                                                int row_bytes, int ncols) {
+  const int chunks = row_bytes / 16;
+  for (int i = threadIdx.x; i < ncols * chunks; i += THREADS) {
+    const int c = i / chunks, k = 16 * (i % chunks), r = sm.arow[c];
+    ptx::cp_async16(uint32_t(__cvta_generic_to_shared(dst + c * dst_stride + k)),
+                    static_cast<const uint8_t*>(src) + int64_t(r < 0 ? 0 : r) * row_bytes + k, r >= 0);
+  }
+  ptx::cp_async_commit();
+}
+
 template <int NT>
 __device__ __forceinline__ void stage_activations(const TileSmem<NT>& sm, uint8_t* s_act, float* s_act_s, const uint8_t* act,
                                                   const float* act_s, int K, int ncols) {
-  const int chunks = K / 16, gK = int(quant_groups(K)), stride = staged_stride(K);
-  for (int i = threadIdx.x; i < ncols * chunks; i += THREADS) {
-    const int c = i / chunks, k = 16 * (i % chunks), r = sm.arow[c];
-    ptx::cp_async16(uint32_t(__cvta_generic_to_shared(s_act + c * stride + k)), act + int64_t(r < 0 ? 0 : r) * K + k, r >= 0);
-  }
-  ptx::cp_async_commit();
+  const int gK = int(quant_groups(K));
+  copy_rows_async(sm, s_act, staged_stride(K), act, K, ncols);
   for (int i = threadIdx.x; i < ncols * gK; i += THREADS) {
     const int c = i / gK, g = i % gK, r = sm.arow[c];
     s_act_s[c * gK + g] = r < 0 ? 0.0f : __ldcg(act_s + int64_t(r) * gK + g);
@@ -461,13 +474,8 @@ inline size_t staged_h_smem_bytes(int nt, int K, size_t esz) {
 template <class T, int NT>
 __device__ __forceinline__ void stage_h_quantized(const TileSmem<NT>& sm, uint8_t* s_act, float* s_act_s, T* raw, const T* h,
                                                   int K, int ncols) {
-  const int chunks = K * int(sizeof(T)) / 16, gK = int(quant_groups(K)), stride = staged_stride(K);
-  for (int i = threadIdx.x; i < ncols * chunks; i += THREADS) {
-    const int c = i / chunks, k = i % chunks, r = sm.arow[c];
-    ptx::cp_async16(uint32_t(__cvta_generic_to_shared(reinterpret_cast<uint4*>(raw + c * K) + k)),
-                    reinterpret_cast<const uint4*>(h + int64_t(r < 0 ? 0 : r) * K) + k, r >= 0);
-  }
-  ptx::cp_async_commit();
+  const int gK = int(quant_groups(K)), stride = staged_stride(K), row_bytes = K * int(sizeof(T));
+  copy_rows_async(sm, reinterpret_cast<uint8_t*>(raw), row_bytes, h, row_bytes, ncols);
   ptx::cp_async_wait<0>();
   __syncthreads();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -544,15 +552,15 @@ __device__ int slot_expert_from_idx(const DecodeParams& a, int b, unsigned* s_bi
   return *s_expert;
 }
 
-// ---- 2. up projection + gated activation + quantization of h ---------------------------------
-// Column block bx covers outputs i in [i0, i0 + BI): BI = BM/2 gated (local rows [0, BI) gate,
-// [BI, BM) up for the concatenated layout; rows 2i, 2i+1 interleaved), BI = BM otherwise.
 // The dynamic shared memory of the staged kernels (one declaration for every instantiation).
 __device__ __forceinline__ uint8_t* dynamic_smem() {
   extern __shared__ uint4 s_dynamic[];
   return reinterpret_cast<uint8_t*>(s_dynamic);
 }
 
+// ---- 2. up projection + gated activation + quantization of h ---------------------------------
+// Column block bx covers outputs i in [i0, i0 + BI): BI = BM/2 gated (local rows [0, BI) gate,
+// [BI, BM) up for the concatenated layout; rows 2i, 2i+1 interleaved), BI = BM otherwise.
 template <class T, int NT, bool kStaged>
 __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_up(DecodeParams a, int ks_count) {
   __shared__ TileSmem<NT> sm;
@@ -648,53 +656,7 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_up(DecodePara
   }
 }
 
-// ---- 3. down projection + slot-order combine -------------------------------------------------
-// out[t, n..n+4) = Σ_j w[t, j] · y[t·K + j, n..n+4) over the valid slots j in slot order, in f32.
-// y rows are 16-byte aligned (H and n are multiples of 4, the workspace 256-byte aligned); the
-// loads of up to 8 slots are issued before the first add.
-template <class T>
-__device__ __forceinline__ void combine_quad(const DecodeParams& a, int t, int n) {
-  constexpr int kSlotsInFlight = 8;
-  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  for (int j0 = 0; j0 < a.K; j0 += kSlotsInFlight) {
-    float4 v[kSlotsInFlight];
-    float w[kSlotsInFlight];
-    bool valid[kSlotsInFlight];
-#pragma unroll
-    for (int u = 0; u < kSlotsInFlight; ++u) {
-      const int j = j0 + u, p = t * a.K + j;
-      const int64_t e = j < a.K ? load_index(a.idx, a.idx64, p) : -1;
-      valid[u] = e >= 0 && e < a.E;  // a dropped slot adds nothing
-      w[u] = valid[u] ? load_any(a.topw, a.topw_code, p) : 0.0f;
-      v[u] = valid[u] ? __ldcg(reinterpret_cast<const float4*>(a.y + int64_t(p) * a.H + n)) : make_float4(0, 0, 0, 0);
-    }
-#pragma unroll
-    for (int u = 0; u < kSlotsInFlight; ++u) {
-      if (!valid[u]) continue;
-      acc.x = fmaf(w[u], v[u].x, acc.x);
-      acc.y = fmaf(w[u], v[u].y, acc.y);
-      acc.z = fmaf(w[u], v[u].z, acc.z);
-      acc.w = fmaf(w[u], v[u].w, acc.w);
-    }
-  }
-  T* o = static_cast<T*>(a.out) + int64_t(t) * a.H + n;
-  o[0] = from_f32<T>(acc.x);
-  o[1] = from_f32<T>(acc.y);
-  o[2] = from_f32<T>(acc.z);
-  o[3] = from_f32<T>(acc.w);
-}
-
-// ---- 4. the slot-order sum: one quad of columns per thread over the whole GPU ---------------
-template <class T>
-__global__ void __launch_bounds__(THREADS) decode_combine(DecodeParams a) {
-  pdl_wait();  // decode_down's y
-  pdl_launch_dependents();
-  const int quads = a.H / 4;
-  const int64_t item = int64_t(blockIdx.x) * THREADS + threadIdx.x;
-  if (item >= int64_t(a.T) * quads) return;
-  combine_quad<T>(a, int(item / quads), 4 * int(item % quads));
-}
-
+// ---- 3. down projection ------------------------------------------------------------------------
 template <class T, int NT, bool kStaged>
 __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_down(DecodeParams a, int ks_count) {
   __shared__ TileSmem<NT> sm;
@@ -710,7 +672,7 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_down(DecodePa
   const int n_hit = __ldcg(a.n_hit);
   const int e = __ldcg(a.hit_expert + b), r_begin = __ldcg(a.slot_off + b), r_end = __ldcg(a.slot_off + b + 1);
   __syncthreads();  // rows_of_m
-  if (b >= n_hit) return;  // (block-uniform; decode_combine writes the output of dropped slots)
+  if (b >= n_hit) return;  // (block-uniform; the combine writes the output of dropped slots)
   WarpTile<NT> wt;
   tile_setup<NT>(wt, a.down, e, rows_of_m, a.I, ks_count);
   ring_prologue<NT>(wt.t, wt.kb0, wt.kb1, wt.s0, wt.s1);
@@ -797,7 +759,7 @@ struct Carved {
 };
 
 int64_t plan_ints(int64_t S, int64_t slots, int64_t gI, int64_t H) {
-  return 1 + slots + (slots + 1) + S + slots * gI;
+  return 1 + slots + (slots + 1) + 2 * S + slots * gI;
 }
 
 Carved carve(void* base, size_t capacity, int64_t T, int64_t S, int64_t slots, int64_t H, int64_t I, size_t esz) {
@@ -837,7 +799,7 @@ void launch_gemv(const char* what, int nt, size_t smem, dim3 grid, const DecodeP
 }
 
 template <class T>
-void launch_typed(const DecodeParams& p, int nt, int ks_up, int ks_down, cudaStream_t stream) {
+void launch_typed(const DecodeParams& p, DType dtype, int nt, int ks_up, int ks_down, cudaStream_t stream) {
   const int64_t prep_blocks = 1 + ceil_div(int64_t(p.T) * p.gH, WARPS);
   MOEX_CHECK(prep_blocks < (int64_t(1) << 31), "FP8 decode path: {} tokens are too many", p.T);
   launch_pdl("decode_prep", decode_prep<T>, dim3(unsigned(prep_blocks)), dim3(THREADS), 0, stream, p);
@@ -854,9 +816,20 @@ void launch_typed(const DecodeParams& p, int nt, int ks_up, int ks_down, cudaStr
     launch_gemv<decode_up<T, 4, false>, decode_up<T, 4, true>>("decode_up", 4, smem_up, g_up, p, ks_up, stream);
     launch_gemv<decode_down<T, 4, false>, decode_down<T, 4, true>>("decode_down", 4, smem_down, g_down, p, ks_down, stream);
   }
-  const int64_t blocks = ceil_div(int64_t(p.T) * (p.H / 4), THREADS);
-  MOEX_CHECK(blocks < (int64_t(1) << 31), "FP8 decode path: {} tokens are too many", p.T);
-  launch_pdl("decode_combine", decode_combine<T>, dim3(unsigned(blocks)), dim3(THREADS), 0, stream, p);
+  // 4. the slot-order sum: combine.cu's kernel, y rows indexed by pair (pair_row), as a PDL link
+  CombineArgs c{};
+  c.y = p.y;
+  c.pair_to_row = p.pair_row;
+  c.idx = p.idx;
+  c.idx64 = p.idx64;
+  c.topw = p.topw;
+  c.topw_code = p.topw_code;
+  c.down_bias = nullptr;  // added by decode_down
+  c.T = p.T;
+  c.K = p.K;
+  c.H = p.H;
+  c.out = p.out;
+  launch_combine(c, dtype, stream, /*pdl=*/true);
 }
 
 }  // namespace
@@ -925,7 +898,8 @@ void launch_quant_decode(const QuantDecodeArgs& a, cudaStream_t stream) {
   p.hit_expert = p.n_hit + 1;
   p.slot_off = p.hit_expert + slots;
   p.pairs = p.slot_off + slots + 1;
-  p.up_ctr = p.pairs + S;
+  p.pair_row = p.pairs + S;
+  p.up_ctr = p.pair_row + S;
   p.n_ctr = int(slots * p.gI);
   p.out = a.out;
   MOEX_CHECK(slots <= 65535, "FP8 decode path: {} expert slots exceed the grid limit", slots);
@@ -941,17 +915,18 @@ void launch_quant_decode(const QuantDecodeArgs& a, cudaStream_t stream) {
   // above (every down column block of a slot would quantize the same rows again: at T = 64 that
   // cost 3-4 % on the H200, 2026-12-01). Only where the raw rows fit beside the staged codes.
   // MOEX_CUDA_FP8_DECODE_HQ=up|down forces one (A/B measurement, tests).
-  const int hq_env = decode_env_is("MOEX_CUDA_FP8_DECODE_HQ", "up") ? 1 : decode_env_is("MOEX_CUDA_FP8_DECODE_HQ", "down") ? 2 : 0;
+  const char* hq = decode_env("MOEX_CUDA_FP8_DECODE_HQ");
   const bool hq_fits = staged_h_smem_bytes(nt, p.I, dtype_size(a.dtype)) <= staged_limit(nt);
-  p.h_quant_in_down = hq_fits && (hq_env == 2 || (hq_env == 0 && a.T <= 8));
+  const bool hq_down = hq && std::strcmp(hq, "up") == 0 ? false : hq && std::strcmp(hq, "down") == 0 ? true : a.T <= 8;
+  p.h_quant_in_down = hq_fits && hq_down;
   // decode_up and decode_down read the routing / the plan before pdl_wait (both written at least
   // two kernels back; measured 2-9 % faster at T = 1 on the H200, 2026-12-01).
   // MOEX_CUDA_FP8_DECODE_EARLY=0 reads them after it (A/B measurement, debugging).
   p.early_plan = !decode_env_is("MOEX_CUDA_FP8_DECODE_EARLY", "0");
   switch (a.dtype) {
-    case DType::f32: launch_typed<float>(p, nt, ks_up, ks_down, stream); break;
-    case DType::f16: launch_typed<__half>(p, nt, ks_up, ks_down, stream); break;
-    case DType::bf16: launch_typed<__nv_bfloat16>(p, nt, ks_up, ks_down, stream); break;
+    case DType::f32: launch_typed<float>(p, a.dtype, nt, ks_up, ks_down, stream); break;
+    case DType::f16: launch_typed<__half>(p, a.dtype, nt, ks_up, ks_down, stream); break;
+    case DType::bf16: launch_typed<__nv_bfloat16>(p, a.dtype, nt, ks_up, ks_down, stream); break;
     default: detail::fail(ErrorCode::internal, "FP8 decode path: unexpected dtype {}", dtype_name(a.dtype));
   }
 }
