@@ -8,7 +8,7 @@
 #   3. tests: CudaFp8Decode.* (T 1/3/8/64/200, partial blocks, skewed/dropped routing, f32/f16/bf16,
 #      f32/UE8M0 scales), CudaGraph.* (incl. fp8_t1 / fp8_t64: replay with new routing == direct call,
 #      bit for bit), CudaEquivalence.*, CudaFp8MmaGemv.*, CudaBackends.* (TEST_FILTER overrides);
-#      compute-sanitizer memcheck and racecheck on the bf16 decode cases
+#      compute-sanitizer memcheck and racecheck on the bf16 decode cases (SANITIZE_FILTER, SANITIZE_TOOLS)
 #   4. timings, CUDA-graph replay (CudaPerf.Shapes): bf16 and FP8 experts side by side in one run,
 #      batched_mm and grouped_mm, SHAPES x TOKENS (default the 4 SPEC §9 shapes x 1,8,64), then
 #      every "name:ENV=V[,ENV=V]" of AB_VARIANTS (COMPARE_OLD=1, the default, adds
@@ -54,6 +54,11 @@ if command -v cuobjdump > /dev/null && [ -n "$obj" ]; then
 else
   echo "no cuobjdump or object: skipped"
 fi
+xobj=$(find "$BUILD" -name 'sm90_tma_kernels_fp8_exact.cu.o' | head -1)
+if command -v cuobjdump > /dev/null && [ -n "$xobj" ]; then  # the exact FP8 prefill kernels
+  cuobjdump -sass "$xobj" | awk '/HGMMA/{h++} /F2FP.F16.E4M3/{c++} /LDL|STL/{l++} /QGMMA/{q++}
+    END{printf "exact FP8 TMA kernels: %d HGMMA, %d QGMMA, %d F2FP.F16.E4M3, %d local-memory\n", h, q, c, l}'
+fi
 fi
 
 if has tests; then
@@ -61,17 +66,18 @@ stamp tests
 OMP_WAIT_POLICY=passive "$BUILD/moex_tests" \
   --gtest_filter="${TEST_FILTER:-*CudaFp8Decode*:*CudaGraph*:*CudaEquivalence*:*CudaFp8MmaGemv*:CudaBackends.*}" > "$OUT/tests.log" 2>&1
 rc=$?
-grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED  \]|worst rel L2|FP8 decode path" "$OUT/tests.log" | head -60
+grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED  \]|worst rel L2|FP8 decode path|FP8 prefill" "$OUT/tests.log" | head -60
 [ $rc -eq 0 ] || grep -B2 -A10 "Failure" "$OUT/tests.log" | head -80
 fi
+# SANITIZE_FILTER: the gtest filter run under each of SANITIZE_TOOLS (default: the bf16 decode tests,
+# memcheck and racecheck), at most SANITIZE_TIMEOUT s each
 if has sanitize && command -v compute-sanitizer > /dev/null; then
   stamp sanitizer
-  timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 "$BUILD/moex_tests" \
-    --gtest_filter='Dtypes/CudaFp8Decode.*/bf16' > "$OUT/memcheck.log" 2>&1
-  echo "memcheck rc $? ($(grep -c 'Invalid' "$OUT/memcheck.log") invalid accesses)"
-  timeout 150 compute-sanitizer --tool racecheck --error-exitcode 9 "$BUILD/moex_tests" \
-    --gtest_filter='Dtypes/CudaFp8Decode.*/bf16' > "$OUT/racecheck.log" 2>&1
-  echo "racecheck rc $? ($(grep -ci 'hazard' "$OUT/racecheck.log") hazard lines)"
+  for tool in ${SANITIZE_TOOLS:-memcheck racecheck}; do
+    timeout "${SANITIZE_TIMEOUT:-150}" compute-sanitizer --tool "$tool" --error-exitcode 9 "$BUILD/moex_tests" \
+      --gtest_filter="${SANITIZE_FILTER:-Dtypes/CudaFp8Decode.*/bf16}" > "$OUT/$tool.log" 2>&1
+    echo "$tool rc $? ($(grep -c 'Invalid' "$OUT/$tool.log") invalid accesses, $(grep -ci 'hazard' "$OUT/$tool.log") hazard lines)"
+  done
 fi
 
 if has perf; then

@@ -29,10 +29,11 @@ void cuda_grouped(const Experts& ex, const ExpertsCall& call, const RunContext& 
 Support cuda_deepgemm_supports(const Problem& p);
 size_t cuda_deepgemm_workspace(const Problem& p);
 void cuda_deepgemm(const Experts& ex, const ExpertsCall& call, const RunContext& ctx);
-// grouped_mm's FP8 (128x128 blocks) route on Hopper: deepgemm's QGMMA kernel, contiguous layout.
+// grouped_mm's FP8 (128x128 blocks) route on Hopper: deepgemm's TMA kernels in the contiguous
+// layout; exact = the exact variant (f16 codes, HGMMA; SPEC §8's 2e-3), else QGMMA.
 // p.compute_capability must hold the device's (no device query here).
 bool cuda_fp8_tma_route(const Problem& p);
-size_t cuda_fp8_tma_workspace(const Problem& p);
-void cuda_fp8_tma_grouped(const Experts& ex, const ExpertsCall& call, const RunContext& ctx);
+size_t cuda_fp8_tma_workspace(const Problem& p, bool exact);
+void cuda_fp8_tma_grouped(const Experts& ex, const ExpertsCall& call, const RunContext& ctx, bool exact);
 
 }  // namespace moex::detail

@@ -18,8 +18,8 @@
 // MOEX_CUDA_FP8_DECODE=0/1 turns it off / on for any T) FP8 [E, out, in] experts on sm_89+ take
 // quant_decode.cu in both batched_mm and grouped_mm: each routed expert's weights read once for
 // all its rows, three kernels per forward. Otherwise batched_mm runs quant_gemv.cu, grouped_mm the tensor-
-// core kernel of quant_grouped_gemm.cu (its own plan, 64-row tiles; MOEX_CUDA_FP8_TMA=1 sends FP8
-// 128x128 experts on Hopper to deepgemm.cu's TMA + QGMMA kernel instead); eager dequantizes one
+// core kernel of quant_grouped_gemm.cu (its own plan, 64-row tiles), except FP8 128x128 experts on
+// Hopper: deepgemm.cu's TMA kernels, exact variant (see fp8_tma_mode below); eager dequantizes one
 // expert at a time to f32 [N, K] and runs cuBLAS in f32 (pedantic) on the dequantized activations
 // codes·scale: Σ_k (cx·sx)(cw·sw) equals the CPU's Σ_kb sx·sw·Σ cx·cw up to f32 rounding
 // (~1e-6 relative), far inside the 2e-3 bar of the harness's quantized cases.
@@ -37,6 +37,8 @@
 #include <cublas_v2.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <map>
 #include <sstream>
 #include <mutex>
@@ -278,19 +280,24 @@ Support cuda_supports(const Problem& p, std::string_view backend) {
 
 // ---- workspace -------------------------------------------------------------------------------
 
-// grouped_mm with FP8 128x128 experts on Hopper runs deepgemm.cu's QGMMA kernel when
-// MOEX_CUDA_FP8_TMA=1, but Hopper's FP8 MMA accumulation measures 3.9e-3..8.7e-3 against the
-// same-quantization reference where SPEC §8 asks 2e-3 (sm90_tma_grouped_gemm.cu), so the exact
-// path is the default. Measured on the H200 (2026-12-01, docs/PERF.md, thirteenth session): at
-// T = 512 / 4096 the exact default path (quant_grouped_gemm.cu: mma.sync, one synchronous shared
-// stage) is 5-14x SLOWER than bf16 grouped_mm (the TMA + wgmma kernel); the
-// QGMMA kernel runs 0.92-1.68x the bf16 speed. A fast exact FP8 prefill path is still missing.
+// grouped_mm with FP8 128x128 experts on Hopper above the decode path's T: deepgemm.cu's TMA kernels
+// in the contiguous layout, by default their exact variant (f16 codes of both operands, HGMMA, the
+// two-level accumulation in f32: the same sums as the CPU; sm90_tma_grouped_gemm.cu).
+// MOEX_CUDA_FP8_TMA=qgmma (or 1) takes the QGMMA kernel instead (Hopper's FP8 MMA accumulation:
+// 3.9e-3..8.7e-3 against the same-quantization reference where SPEC §8 asks 2e-3); =0 the portable
+// mma.sync path of quant_grouped_gemm.cu (measured 5-14x slower than bf16 at T = 512 / 4096, H200,
+// 2026-12-01, docs/PERF.md, thirteenth session).
+enum class Fp8TmaMode { off, exact, qgmma };
+// Read at every call (the tests switch it; a getenv per forward costs nothing next to the GEMMs).
+static Fp8TmaMode fp8_tma_mode() {
+  const char* e = std::getenv("MOEX_CUDA_FP8_TMA");
+  if (!e || !*e) return Fp8TmaMode::exact;
+  if (std::strcmp(e, "0") == 0 || std::strcmp(e, "off") == 0) return Fp8TmaMode::off;
+  if (std::strcmp(e, "1") == 0 || std::strcmp(e, "qgmma") == 0) return Fp8TmaMode::qgmma;
+  return Fp8TmaMode::exact;
+}
 static bool fp8_on_tma(const Problem& p) {
-  static const bool enabled = [] {
-    const char* e = std::getenv("MOEX_CUDA_FP8_TMA");
-    return e && *e == '1';
-  }();
-  if (!enabled) return false;
+  if (fp8_tma_mode() == Fp8TmaMode::off) return false;
   Problem q = p;
   if (q.compute_capability < 0) q.compute_capability = device_cc(p.device.index);
   return cuda_fp8_tma_route(q);
@@ -310,7 +317,7 @@ size_t cuda_grouped_workspace(const Problem& p) {
   // FP8 on Hopper runs deepgemm.cu's QGMMA kernel (or this file's path when the buffers' alignment
   // rules it out at run time): room for either
   const size_t with_decode = std::max(own, decode_workspace(p));
-  return fp8_on_tma(p) ? std::max(with_decode, cuda_fp8_tma_workspace(p)) : with_decode;
+  return fp8_on_tma(p) ? std::max(with_decode, cuda_fp8_tma_workspace(p, fp8_tma_mode() == Fp8TmaMode::exact)) : with_decode;
 }
 
 size_t cuda_eager_workspace(const Problem& p) {
@@ -389,7 +396,7 @@ void cuda_grouped(const Experts& ex, const ExpertsCall& call, const RunContext& 
     }
   }
   if (s.quant.quantized() && aligned16(ex.gate_up.data) && aligned16(ex.down.data) && fp8_on_tma(Problem::from(ex, call))) {
-    cuda_fp8_tma_grouped(ex, call, ctx);  // TMA + QGMMA, contiguous layout (deepgemm.cu)
+    cuda_fp8_tma_grouped(ex, call, ctx, fp8_tma_mode() == Fp8TmaMode::exact);  // TMA kernels, contiguous layout (deepgemm.cu)
     return;
   }
   DeviceGuard guard(call.hidden.device.index);

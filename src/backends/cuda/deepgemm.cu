@@ -192,6 +192,48 @@ __global__ void quantize_rows_kernel(const T* in, int64_t rows, int K, const int
   if (lane == 0) scales[int64_t(kb) * ld + dst] = scale;
 }
 
+// The exact FP8 kernel's A operand (TmaFp8Extra::exact): the same codes as f16 values (exact), rows of
+// ld = ceil(K/128)·128 columns, zero past K, the k order inside every 64 columns permuted so that the
+// kernel's register fragments of the weights (4 consecutive code bytes per k16 step: k pairs 2c and
+// 2c+8 of the wgmma A layout) meet the matching A-row columns: column p = 16c + 4s + 2b1 + b0 of a
+// 64-group (thread c of the quad, k16 step s, byte b) is stored at 16s + 8b1 + 2c + b0.
+__host__ __device__ constexpr int x_code_col(int p) { return ((p >> 2) & 3) * 16 + ((p >> 1) & 1) * 8 + (p >> 4) * 2 + (p & 1); }
+
+template <class T>
+__global__ void quantize_rows_f16_kernel(const T* in, int64_t rows, int K, const int* row_map, uint16_t* codes, int ld,
+                                         float* scales, int sld) {
+  const int kb_count = (K + kKBlock - 1) / kKBlock;
+  const int64_t warp_id = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  const int lane = threadIdx.x & 31;
+  if (warp_id >= rows * kb_count) return;
+  const int64_t s = warp_id / kb_count;
+  const int kb = int(warp_id - s * kb_count);
+  const int dst = row_map ? row_map[s] : int(s);
+  if (dst < 0) return;
+  const T* x = in + s * K;
+  float v[4];
+  float amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int c = kb * kKBlock + lane * 4 + i;
+    v[i] = c < K ? to_f32(x[c]) : 0.0f;
+    amax = fmaxf(amax, fabsf(v[i]));
+  }
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, d));
+  const float scale = amax > 0.0f && isfinite(amax) ? amax / 448.0f : 1.0f;
+  uint16_t* q = codes + int64_t(dst) * ld + kb * kKBlock;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int p = lane * 4 + i;  // column inside the 128-block: every one is written (zero past K)
+    const __nv_fp8_storage_t code =
+        kb * kKBlock + p < K ? __nv_cvt_float_to_fp8(v[i] / scale, __NV_SATFINITE, __NV_E4M3) : __nv_fp8_storage_t(0);
+    const __half_raw h = __nv_cvt_fp8_to_halfraw(code, __NV_E4M3);
+    q[(p & ~63) + x_code_col(p & 63)] = h.x;
+  }
+  if (lane == 0) scales[int64_t(kb) * sld + dst] = scale;
+}
+
 template <class T>
 void launch_quantize_rows(const void* in, int64_t rows, int K, const int* row_map, uint8_t* codes, float* scales, int ld,
                           cudaStream_t stream) {
@@ -201,6 +243,28 @@ void launch_quantize_rows(const void* in, int64_t rows, int K, const int* row_ma
   const int64_t blocks = (warps * 32 + threads - 1) / threads;
   quantize_rows_kernel<T><<<unsigned(blocks), threads, 0, stream>>>(static_cast<const T*>(in), rows, K, row_map, codes, scales, ld);
   check_launch("deepgemm quantize_rows");
+}
+
+// Columns of a row of f16 codes (x_code_col): K rounded up to the 128-wide blocks.
+int64_t x_code_ld(int64_t K) { return ceil_div(K, kKBlock) * kKBlock; }
+
+template <class T>
+void launch_quantize_rows_f16(const void* in, int64_t rows, int K, const int* row_map, uint16_t* codes, float* scales, int sld,
+                              cudaStream_t stream) {
+  const int64_t warps = rows * ((K + kKBlock - 1) / kKBlock);
+  if (warps == 0) return;
+  const int threads = 256;
+  const int64_t blocks = (warps * 32 + threads - 1) / threads;
+  quantize_rows_f16_kernel<T><<<unsigned(blocks), threads, 0, stream>>>(static_cast<const T*>(in), rows, K, row_map, codes,
+                                                                         int(x_code_ld(K)), scales, sld);
+  check_launch("grouped_mm FP8 quantize_rows_f16");
+}
+
+void quantize_rows_f16(DType dt, const void* in, int64_t rows, int K, const int* row_map, uint16_t* codes, float* scales,
+                       int sld, cudaStream_t stream) {
+  if (dt == DType::bf16) launch_quantize_rows_f16<__nv_bfloat16>(in, rows, K, row_map, codes, scales, sld, stream);
+  else if (dt == DType::f16) launch_quantize_rows_f16<__half>(in, rows, K, row_map, codes, scales, sld, stream);
+  else launch_quantize_rows_f16<float>(in, rows, K, row_map, codes, scales, sld, stream);
 }
 
 void quantize_rows(DType dt, const void* in, int64_t rows, int K, const int* row_map, uint8_t* codes, float* scales, int ld,
@@ -216,9 +280,10 @@ struct Sizes {
   int64_t T, K, S, E, H, I, R, M, M4, T4, max_tiles;
   Layout layout;
   bool fp8;
+  bool exact;  // FP8 through the exact kernel (f16 codes, rows of x_code_ld columns)
 };
 
-Sizes sizes_of(const ExpertsSpec& s, int64_t T, int64_t K, LayoutChoice choice = LayoutChoice::by_size) {
+Sizes sizes_of(const ExpertsSpec& s, int64_t T, int64_t K, LayoutChoice choice = LayoutChoice::by_size, bool exact = false) {
   Sizes z{};
   z.T = T;
   z.K = K;
@@ -232,6 +297,7 @@ Sizes sizes_of(const ExpertsSpec& s, int64_t T, int64_t K, LayoutChoice choice =
   z.M4 = round4(z.M);
   z.T4 = round4(T);
   z.fp8 = s.quant.kind == QuantKind::fp8_block;
+  z.exact = z.fp8 && exact;
   // tiles: contiguous Σ ceil(cnt/128) <= ceil(S/128) + min(S, E); masked the same sum
   z.max_tiles = max_m_tiles(z.S, z.E, kTile);
   return z;
@@ -241,7 +307,10 @@ size_t workspace_of(const Sizes& z, DType act) {
   size_t b = plan_workspace_bytes(z.S, z.E, kTile);
   b += bytes_of(z.E + 1, 4) + bytes_of(z.E, 4) + bytes_of(z.max_tiles, 16) + bytes_of(z.M, 4) + 2 * bytes_of(z.S, 4);
   b += bytes_of(z.S * z.H, 4);  // y
-  if (z.fp8) {
+  if (z.exact) {
+    b += bytes_of(z.T * x_code_ld(z.H), 2) + bytes_of(ceil_div(z.H, kKBlock) * z.T4, 4);
+    b += bytes_of(z.S * z.I, dtype_size(act)) + bytes_of(z.M * x_code_ld(z.I), 2) + bytes_of(ceil_div(z.I, kKBlock) * z.M4, 4);
+  } else if (z.fp8) {
     b += bytes_of(z.T * z.H, 1) + bytes_of(ceil_div(z.H, kKBlock) * z.T4, 4);
     b += bytes_of(z.S * z.I, dtype_size(act)) + bytes_of(z.M * z.I, 1) + bytes_of(ceil_div(z.I, kKBlock) * z.M4, 4);
   } else {
@@ -292,12 +361,13 @@ size_t cuda_deepgemm_workspace(const Problem& p) { return workspace_of(sizes_of(
 
 namespace {
 
-void run_deepgemm(const Experts& ex, const ExpertsCall& call, const RunContext& ctx, LayoutChoice choice) {
+// exact: FP8 through the exact kernel (grouped_mm), else QGMMA (deepgemm).
+void run_deepgemm(const Experts& ex, const ExpertsCall& call, const RunContext& ctx, LayoutChoice choice, bool exact) {
   const ExpertsSpec& s = ex.spec;
   DeviceGuard guard(call.hidden.device.index);
   cudaStream_t stream = static_cast<cudaStream_t>(ctx.options.stream);
   const int64_t T = call.hidden.shape[0], K = call.top_k_index.shape[1];
-  const Sizes z = sizes_of(s, T, K, choice);
+  const Sizes z = sizes_of(s, T, K, choice, exact);
   const bool idx64 = call.top_k_index.dtype == DType::i64;
 
   WorkspaceCarver ws(ctx.workspace.data(), ctx.workspace.capacity());
@@ -356,13 +426,23 @@ void run_deepgemm(const Experts& ex, const ExpertsCall& call, const RunContext& 
   TmaFp8Extra xu{}, xd{};
   xd.out_rows = row_pair;  // y rows are pair ids
   if (z.fp8) {
-    uint8_t* xq = ws.take<uint8_t>(size_t(z.T * z.H));
+    // codes: e4m3 bytes [rows, K] (QGMMA) or f16 values [rows, x_code_ld(K)] (exact)
+    const int64_t xld = z.exact ? x_code_ld(z.H) : z.H, hld = z.exact ? x_code_ld(z.I) : z.I;
+    const size_t code_bytes = z.exact ? 2 : 1;
+    void* xq = ws.take_bytes(size_t(z.T * xld) * code_bytes);
     float* xs = ws.take<float>(size_t(ceil_div(z.H, kKBlock) * z.T4));
     void* hp = ws.take_bytes(size_t(z.S * z.I) * dtype_size(s.dtype));  // h at the pair rows
-    uint8_t* hq = ws.take<uint8_t>(size_t(z.M * z.I));
+    void* hq = ws.take_bytes(size_t(z.M * hld) * code_bytes);
     float* hs = ws.take<float>(size_t(ceil_div(z.I, kKBlock) * z.M4));
     const bool ue8m0 = s.quant.scale_format == ScaleFormat::ue8m0;
-    quantize_rows(s.dtype, call.hidden.data, T, int(z.H), nullptr, xq, xs, int(z.T4), stream);
+    if (z.exact) {
+      quantize_rows_f16(s.dtype, call.hidden.data, T, int(z.H), nullptr, static_cast<uint16_t*>(xq), xs, int(z.T4), stream);
+      xu.exact = xd.exact = true;
+      xu.a_ld = int(xld);
+      xd.a_ld = int(hld);
+    } else {
+      quantize_rows(s.dtype, call.hidden.data, T, int(z.H), nullptr, static_cast<uint8_t*>(xq), xs, int(z.T4), stream);
+    }
     up.A = xq;
     up.out = hp;
     xu.out_rows = row_pair;  // h at the pair row
@@ -380,7 +460,8 @@ void run_deepgemm(const Experts& ex, const ExpertsCall& call, const RunContext& 
                                    "use grouped_mm",
            to_string(call.hidden.device));
     launch_grouped_gemm_tma_ex(up, s.dtype, true, xu, z.T, z.E, stream);
-    quantize_rows(s.dtype, hp, z.S, int(z.I), pair_lrow, hq, hs, int(z.M4), stream);
+    if (z.exact) quantize_rows_f16(s.dtype, hp, z.S, int(z.I), pair_lrow, static_cast<uint16_t*>(hq), hs, int(z.M4), stream);
+    else quantize_rows(s.dtype, hp, z.S, int(z.I), pair_lrow, static_cast<uint8_t*>(hq), hs, int(z.M4), stream);
     launch_grouped_gemm_tma_ex(down, s.dtype, true, xd, z.M, z.E, stream);
   } else {
     void* h = ws.take_bytes(size_t(z.M * z.I) * dtype_size(s.dtype));
@@ -415,10 +496,11 @@ void run_deepgemm(const Experts& ex, const ExpertsCall& call, const RunContext& 
 }  // namespace
 
 void cuda_deepgemm(const Experts& ex, const ExpertsCall& call, const RunContext& ctx) {
-  run_deepgemm(ex, call, ctx, LayoutChoice::by_size);
+  run_deepgemm(ex, call, ctx, LayoutChoice::by_size, false);
 }
 
-// grouped_mm's FP8 path on Hopper: the same QGMMA kernel in the contiguous layout.
+// grouped_mm's FP8 path on Hopper: the same kernels in the contiguous layout, exact (f16 codes and
+// HGMMA; the default) or QGMMA.
 bool cuda_fp8_tma_route(const Problem& p) {
   const QuantSpec& q = p.spec.quant;
   if (q.kind != QuantKind::fp8_block || q.block_n != 128 || q.block_k != 128 || q.activation_scheme != ActivationScheme::dynamic)
@@ -427,11 +509,11 @@ bool cuda_fp8_tma_route(const Problem& p) {
   if (!p.device.is_cuda() || p.compute_capability < 0) return false;  // the caller fills in the device's
   return cuda_deepgemm_supports(p).ok;
 }
-size_t cuda_fp8_tma_workspace(const Problem& p) {
-  return workspace_of(sizes_of(p.spec, p.tokens, p.top_k, LayoutChoice::contiguous), p.spec.dtype);
+size_t cuda_fp8_tma_workspace(const Problem& p, bool exact) {
+  return workspace_of(sizes_of(p.spec, p.tokens, p.top_k, LayoutChoice::contiguous, exact), p.spec.dtype);
 }
-void cuda_fp8_tma_grouped(const Experts& ex, const ExpertsCall& call, const RunContext& ctx) {
-  run_deepgemm(ex, call, ctx, LayoutChoice::contiguous);
+void cuda_fp8_tma_grouped(const Experts& ex, const ExpertsCall& call, const RunContext& ctx, bool exact) {
+  run_deepgemm(ex, call, ctx, LayoutChoice::contiguous, exact);
 }
 
 }  // namespace moex::detail

@@ -46,6 +46,12 @@ struct TmaFp8Extra {
   // m tiles (m-tile pairs in clusters) per group of the work order (set by the launcher: 8, or
   // MOEX_CUDA_TMA_GROUP_M in [1, 64])
   int group_m = 8;
+  // FP8 only. exact: the exact variant (grouped_mm's FP8 path on Hopper; see sm90_tma_grouped_gemm.cu).
+  // a.A then holds f16 codes [rows, a_ld] (a_ld = Kdim rounded up to 128, zero past Kdim) whose k
+  // order inside every 64 is permuted as deepgemm.cu's quantizer writes it (x_code_col); the
+  // weights stay e4m3 and are converted in registers. false: QGMMA on e4m3 codes (deepgemm).
+  bool exact = false;
+  int a_ld = 0;
 };
 // True when the FP8 variant can run this GEMM: compute capability 9.0, K-major weights, Kdim a
 // multiple of 16, N a multiple of 8, the gated concatenated layout with I a multiple of 64 (a

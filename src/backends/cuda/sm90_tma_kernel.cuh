@@ -23,12 +23,16 @@ constexpr int A_BYTES = BM * BK * 2;
 
 // One pipeline stage holds 128 bytes of every row: 64 bf16/f16 or 128 e4m3 elements of K. FP8 adds
 // the stage's 128 activation scales (f32, one per A row; one 128-wide K block = one stage).
+// X (exact FP8): the A rows are f16 codes, 128 of K = 256 bytes per row, stored as two 128-byte
+// swizzled sub-tiles [128 rows][64 k] (A_STAGE = 32 KB); four stages fit.
 constexpr int SA_BYTES = BM * 4;
-template <int BN, bool FP8 = false>
+constexpr int X_SUB_BYTES = BM * 128;  // one [128 rows][64 f16] sub-tile of an X stage
+template <int BN, bool FP8 = false, bool X = false>
 struct TmaCfg {
-  static constexpr int STAGES = BN == 256 ? 4 : 6;
+  static constexpr int STAGES = X ? 4 : BN == 256 ? 4 : 6;
+  static constexpr int A_STAGE = X ? 2 * X_SUB_BYTES : A_BYTES;
   static constexpr int B_BYTES = BN * BK * 2;
-  static constexpr int STAGE_BYTES = A_BYTES + B_BYTES + (FP8 ? SA_BYTES : 0);
+  static constexpr int STAGE_BYTES = A_STAGE + B_BYTES + (FP8 ? SA_BYTES : 0);
   static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + 1024 + 256;  // align slack + barriers
 };
 
@@ -258,6 +262,88 @@ __device__ __forceinline__ void epilogue(const GroupedGemmArgs& a, const TmaFp8E
     store_tile<T, BN, kActRuntime>(a, x, acc, m, n, cw, warp_in_wg, lane);
 }
 
+// ---- the exact FP8 variant (X) ------------------------------------------------------------------
+// The two weight rows (of the stage's 128-row weight tile) whose products this thread holds: the
+// A fragment rows g and g + 8 of its warp. Gated layouts pair the gate and up rows of one
+// intermediate channel i (concatenated: tile rows i and 64 + i; interleaved: 2i and 2i + 1) so
+// that both results land in one thread; i = 32·cw + 8·warp + g. Down / plain: rows in order.
+__device__ __forceinline__ void x_weight_rows(Epi epi, int cw, int warp_in_wg, int g, int& row_lo, int& row_hi) {
+  const int i = 32 * cw + 8 * warp_in_wg + g;
+  if (epi == Epi::up_concat) {
+    row_lo = i;
+    row_hi = 64 + i;
+  } else if (epi == Epi::up_interleaved) {
+    row_lo = 2 * i;
+    row_hi = 2 * i + 1;
+  } else {
+    row_lo = 64 * cw + 16 * warp_in_wg + g;
+    row_hi = row_lo + 8;
+  }
+}
+
+// Writes a warpgroup's part of the (transposed) tile: acc[j][q] (q = 0, 1) is weight row row_lo
+// and A row 8j + 2c + q of the tile (c = lane % 4), acc[j][q + 2] the same A row and row_hi. Down:
+// f32 y (+ bias); up: the activation, h in T. Each store writes one element (consecutive lanes g
+// write consecutive columns of one output row).
+template <class T, int ACT>
+__device__ __forceinline__ void store_tile_x(const GroupedGemmArgs& a, const TmaFp8Extra& x, float (&acc)[16][4], int m, int n,
+                                             int cw, int warp_in_wg, int lane, int row_lo, int row_hi) {
+  const int4 tile = a.plan.tiles[m];
+  const int e = tile.x, rb = tile.y, re = tile.z;
+  const T* bias = a.bias ? static_cast<const T*>(a.bias) + int64_t(e) * a.N : nullptr;
+  const int c4 = lane & 3;
+  const int i = n * 64 + 32 * cw + 8 * warp_in_wg + (lane >> 2);  // gated: the intermediate channel
+  const int col_lo = n * 128 + row_lo, col_hi = n * 128 + row_hi;  // down / plain: the output columns
+  float b_lo = 0.0f, b_hi = 0.0f;
+  if (bias) {
+    if (a.epi == Epi::up_concat) {
+      if (i < a.I) {
+        b_lo = to_f32(bias[i]);
+        b_hi = to_f32(bias[a.I + i]);
+      }
+    } else if (a.epi == Epi::up_interleaved) {
+      if (i < a.I) {
+        b_lo = to_f32(bias[2 * i]);
+        b_hi = to_f32(bias[2 * i + 1]);
+      }
+    } else {
+      if (col_lo < a.N) b_lo = to_f32(bias[col_lo]);
+      if (col_hi < a.N) b_hi = to_f32(bias[col_hi]);
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < 16; ++j)
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      const int arow = rb + 8 * j + 2 * c4 + q;
+      if (arow >= re) continue;
+      const int row = x.out_rows ? x.out_rows[arow] : arow;
+      if (row < 0) continue;
+      const float lo = acc[j][q] + b_lo, hi = acc[j][q + 2] + b_hi;
+      if (a.epi == Epi::down) {
+        float* out = static_cast<float*>(a.out) + int64_t(row) * a.ldo;
+        if (col_lo < a.N) out[col_lo] = lo;
+        if (col_hi < a.N) out[col_hi] = hi;
+      } else if (a.epi == Epi::up_plain) {
+        T* out = static_cast<T*>(a.out) + int64_t(row) * a.ldo;
+        if (col_lo < a.N) out[col_lo] = from_f32<T>(pact<ACT>(a.act, lo));
+        if (col_hi < a.N) out[col_hi] = from_f32<T>(pact<ACT>(a.act, hi));
+      } else if (i < a.I) {
+        T* out = static_cast<T*>(a.out) + int64_t(row) * a.ldo;
+        out[i] = from_f32<T>(gact<ACT>(a.act, lo, hi));
+      }
+    }
+}
+
+template <class T>
+__device__ __forceinline__ void epilogue_x(const GroupedGemmArgs& a, const TmaFp8Extra& x, float (&acc)[16][4], int m, int n, int cw,
+                                           int warp_in_wg, int lane, int row_lo, int row_hi) {
+  if (x.compact_epilogue && a.epi != Epi::down && a.act.kind == int(Activation::silu))
+    store_tile_x<T, kSiluFast>(a, x, acc, m, n, cw, warp_in_wg, lane, row_lo, row_hi);
+  else
+    store_tile_x<T, kActRuntime>(a, x, acc, m, n, cw, warp_in_wg, lane, row_lo, row_hi);
+}
+
 // Ping-pong consumer (PP kernels): consumer warpgroup cw computes whole 128 × BN tiles (both 64-row
 // halves, two accumulator sets), the CTA's work items j = cw, cw + 2, …, so that one warpgroup's
 // epilogue runs while the other's MMAs use the tensor cores. The producer fills the ring in item
@@ -336,25 +422,27 @@ __device__ __forceinline__ void pingpong_consumer(const GroupedGemmArgs& a, cons
 // the two-level accumulation (see the comment at the top of sm90_tma_grouped_gemm.cu).
 // MC: launched in clusters of 2 CTAs (see "2-CTA clusters" at the top of sm90_tma_grouped_gemm.cu).
 // PP: ping-pong consumers (see "Ping-pong" there).
-template <class T, int BN, bool GATHER, bool FP8, bool MC, bool PP>
+template <class T, int BN, bool GATHER, bool FP8, bool MC, bool PP, bool X>
 __global__ void __launch_bounds__(THREADS, 1)
     grouped_gemm_tma(const __grid_constant__ CUtensorMap tm_b, const __grid_constant__ CUtensorMap tm_a,
                      const __grid_constant__ CUtensorMap tm_sa, const __grid_constant__ GroupedGemmArgs a,
                      const __grid_constant__ TmaFp8Extra x, int n_tiles) {
-  using Cfg = TmaCfg<BN, FP8>;
-  using Elem = std::conditional_t<FP8, uint8_t, T>;
-  constexpr int STAGES = Cfg::STAGES, B_BYTES = Cfg::B_BYTES, NF = BN / 8;
+  using Cfg = TmaCfg<BN, FP8, X>;
+  // A elements: bf16 / f16 (T), e4m3 codes (FP8), f16 codes (X)
+  using Elem = std::conditional_t<X, uint16_t, std::conditional_t<FP8, uint8_t, T>>;
+  constexpr int STAGES = Cfg::STAGES, B_BYTES = Cfg::B_BYTES, A_STAGE = Cfg::A_STAGE, NF = BN / 8;
   constexpr int BKE = FP8 ? 128 : BK;          // K elements per stage (128 bytes per row either way)
   constexpr int CHUNK = 16 / int(sizeof(Elem));  // K elements per 16-byte cp.async chunk
   static_assert(!FP8 || BN == 128, "FP8 keeps two accumulator sets: 128-wide N tiles only");
   static_assert(!(FP8 && MC), "the cluster schedule serves the bf16 / f16 kernels");
   static_assert(!PP || (!FP8 && BN == 128), "ping-pong: bf16 / f16, 128-wide tiles");
+  static_assert(!X || (FP8 && !MC && !PP), "the exact FP8 variant: FP8, cooperative, no clusters");
   constexpr uint32_t HALF_B = (BN / 2) * 128;  // bytes of half a B stage (BN/2 weight rows)
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw = ptx::smem_u32(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;
-  const uint32_t sA = base, sB = base + STAGES * A_BYTES;
+  const uint32_t sA = base, sB = base + STAGES * A_STAGE;
   const uint32_t sSA = sB + STAGES * B_BYTES;                   // FP8: [STAGES][128] f32
   // barriers and small shared values, in this order: full[STAGES], empty[STAGES], num_m (8 bytes),
   // turn[2] (PP), item_full[ITEM_SLOTS], item_empty[ITEM_SLOTS], items[ITEM_SLOTS] (dynamic schedule)
@@ -427,6 +515,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   auto total_items = [&] { return (MC ? (num_m_now() + 1) >> 1 : num_m_now()) * n_tiles; };
   const int Kdim = a.Kdim;
   const int ktiles = (Kdim + BKE - 1) / BKE;
+  const int a_ld = X ? x.a_ld : Kdim;  // elements per A row in memory (X: padded to a multiple of 128)
   const bool concat = a.epi == Epi::up_concat;
   // Work item w -> this CTA's m tile and the n tile. MC: the pair (2p, 2p+1) of m tiles; `shared`
   // when both belong to one expert (same B tile: each CTA loads one half and multicasts it);
@@ -493,7 +582,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       // its own A row only). Few-row experts (decode, deepseek_v3 at T = 512: 16 rows) then stop
       // pulling 128 rows of h through L2 per stage for every n tile.
       const int a_boxes = GATHER ? 0 : (min(re - rb, BM) + ABOX - 1) / ABOX;
-      const uint32_t tx_bytes = B_BYTES + (GATHER ? 0 : a_boxes * ABOX * 128 + (FP8 ? SA_BYTES : 0));
+      const uint32_t tx_bytes = B_BYTES + (GATHER ? 0 : a_boxes * ABOX * 128 * (X ? 2 : 1) + (FP8 ? SA_BYTES : 0));
       int src[GATHER ? 8 : 1];
       int scale_src = -1;  // FP8 gather: source row of this thread's row (tid) of the tile
       if constexpr (GATHER) {
@@ -527,19 +616,26 @@ __global__ void __launch_bounds__(THREADS, 1)
             tma_load_3d(dB, &tm_b, fb, k0, n * BN, e);
           }
           if constexpr (!GATHER) {
-            for (int b = 0; b < a_boxes; ++b)
-              tma_load_2d(sA + uint32_t(stage) * A_BYTES + uint32_t(b * ABOX * 128), &tm_a, fb, k0, rb + b * ABOX);
+            for (int b = 0; b < a_boxes; ++b) {
+              const uint32_t dA = sA + uint32_t(stage) * A_STAGE + uint32_t(b * ABOX * 128);
+              tma_load_2d(dA, &tm_a, fb, k0, rb + b * ABOX);
+              if constexpr (X) tma_load_2d(dA + X_SUB_BYTES, &tm_a, fb, k0 + 64, rb + b * ABOX);  // k 64-127
+            }
             if constexpr (FP8) tma_load_2d(sSA + uint32_t(stage) * SA_BYTES, &tm_sa, fb, rb, kt);
           }
         }
         if constexpr (GATHER) {
-          const int c = tid & 7, k = k0 + c * CHUNK;
-          const uint32_t dA = sA + uint32_t(stage) * A_BYTES;
+          const int c = tid & 7;
 #pragma unroll
-          for (int j = 0; j < 8; ++j) {
-            const int r = (tid >> 3) + 16 * j;
-            const bool ok = src[j] >= 0 && k < Kdim;
-            ptx::cp_async16(dA + uint32_t(r * 128 + ((c ^ (r & 7)) << 4)), ok ? A + int64_t(src[j]) * Kdim + k : A, ok);
+          for (int h = 0; h < (X ? 2 : 1); ++h) {  // X: the two 64-k sub-tiles
+            const int k = k0 + h * 64 + c * CHUNK;
+            const uint32_t dA = sA + uint32_t(stage) * A_STAGE + uint32_t(h * X_SUB_BYTES);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+              const int r = (tid >> 3) + 16 * j;
+              const bool ok = src[j] >= 0 && k < a_ld;
+              ptx::cp_async16(dA + uint32_t(r * 128 + ((c ^ (r & 7)) << 4)), ok ? A + int64_t(src[j]) * a_ld + k : A, ok);
+            }
           }
           if constexpr (FP8)
             cp_async4(sSA + uint32_t(stage) * SA_BYTES + 4u * uint32_t(tid),
@@ -579,7 +675,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     int stage = 0;
     uint32_t phase = 0;
     float acc[NF][4];
-    float part[FP8 ? NF : 1][4];  // FP8: the partial sums of one 128-K block
+    float part[FP8 && !X ? NF : 1][4];  // FP8: the partial sums of one 128-K block
     // a stage is refilled when the consumers of every CTA that reads it released it (MC: the
     // peer's multicast writes into this CTA's stage too)
     auto release = [&](int s) {
@@ -610,7 +706,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       // The flag is broadcast from lane 0 so that the compiler sees a warp-uniform branch (no extra
       // convergence barriers around the MMAs; the SASS keeps its 168 registers).
       bool idle = false;
-      if (x.skip_idle_rows) {
+      if (x.skip_idle_rows && !X) {  // X: both warpgroups read every A row
         const int4 tile_rows = a.plan.tiles[m];
         idle = __shfl_sync(0xffffffffu, int(!own || tile_rows.z - tile_rows.y <= cw * 64), 0) != 0;
       }
@@ -624,6 +720,102 @@ __global__ void __launch_bounds__(THREADS, 1)
           release(stage);
           next_stage<STAGES>(stage, phase);
         }
+      } else if constexpr (X) {
+        // ---- exact FP8, transposed: this warpgroup computes D[w row][tile row] for 64 weight rows
+        // of the 128-row weight tile and every A row of the tile (up to 128, the wgmma N), per 128-K
+        // block: part = W·Aᵀ on the codes in f16 (exact: e4m3 ⊂ f16, products exact, f32 sums),
+        // then acc += part × activation scale (per A row) × weight block scale (per weight row).
+        // W: e4m3 from the stage, converted in registers into the A fragments; A rows: f16 codes
+        // in the stage (wgmma B by descriptor), their k order within each 64 permuted by the
+        // quantizer (deepgemm.cu, x_code_col) so that each thread's fragment bytes are 16
+        // contiguous bytes per row and 64 k.
+        const int4 tile_rows = a.plan.tiles[m];
+        const int e = tile_rows.x;
+        const int rows = min(tile_rows.z - tile_rows.y, BM);
+        const int g = lane >> 2, c4 = lane & 3;
+        int row_lo, row_hi;
+        x_weight_rows(a.epi, cw, warp_in_wg, g, row_lo, row_hi);
+        const int kb_count = (Kdim + 127) / 128;
+        const int64_t nb_count = (a.N + 127) / 128;
+        const int64_t blk_lo = concat ? (int64_t(n) * (BN / 2)) / 128 : n;
+        const int64_t blk_hi = concat ? (int64_t(a.I) + int64_t(n) * (BN / 2)) / 128 : n;
+        const int64_t ws_lo = (int64_t(e) * nb_count + blk_lo) * kb_count, ws_hi = (int64_t(e) * nb_count + blk_hi) * kb_count;
+        // which 64-k half each row loads first: the two rows of one 8-thread phase of the 16-byte
+        // loads then fall into different halves of the swizzled 128-byte row (no bank conflict)
+        const int first_lo = (g & 1) ^ ((row_lo >> 2) & 1), first_hi = (g & 1) ^ ((row_hi >> 2) & 1);
+        auto w_chunk = [&](uint32_t w_tile, int row, int half) {
+          return w_tile + uint32_t(row * 128 + (((4 * half + c4) ^ (row & 7)) << 4));
+        };
+        // NB: the A rows computed (wgmma N), in passes of at most 64 (PN) so that the partial sums
+        // (32 registers), the A fragments (32) and the accumulators (64) fit the consumers' registers
+        // with all 8 MMAs of a pass in flight (with 64 partial registers ptxas serialized them)
+        auto kloop = [&](auto nb_tag) {
+          constexpr int NB = decltype(nb_tag)::value, PN = NB < 64 ? NB : 64, PASSES = NB / PN, NFP = PN / 8;
+          for (int kt = 0; kt < ktiles; ++kt) {
+            const float w_lo = weight_scale(x, ws_lo + kt), w_hi = concat ? weight_scale(x, ws_hi + kt) : w_lo;
+            mbar_wait(full_bar(stage), phase);
+            if constexpr (GATHER) wgmma::fence_proxy_async();
+            const uint32_t w_tile = sB + uint32_t(stage) * B_BYTES;
+            const uint32_t x_tile = sA + uint32_t(stage) * A_STAGE;
+            uint4 lo[2], hi[2];  // [64-k half] 16 code bytes of row_lo / row_hi
+            {
+              const uint4 la = ptx::lds128(w_chunk(w_tile, row_lo, first_lo));
+              const uint4 lb = ptx::lds128(w_chunk(w_tile, row_lo, first_lo ^ 1));
+              const uint4 ha = ptx::lds128(w_chunk(w_tile, row_hi, first_hi));
+              const uint4 hb = ptx::lds128(w_chunk(w_tile, row_hi, first_hi ^ 1));
+              lo[0] = first_lo ? lb : la;
+              lo[1] = first_lo ? la : lb;
+              hi[0] = first_hi ? hb : ha;
+              hi[1] = first_hi ? ha : hb;
+            }
+            uint32_t af[8][4];  // [k16 step] the A fragment
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const uint32_t wl[4] = {lo[h].x, lo[h].y, lo[h].z, lo[h].w};
+              const uint32_t wh[4] = {hi[h].x, hi[h].y, hi[h].z, hi[h].w};
+#pragma unroll
+              for (int st = 0; st < 4; ++st) {
+                wgmma::e4m3x4_to_f16x2x2(wl[st], af[4 * h + st][0], af[4 * h + st][2]);
+                wgmma::e4m3x4_to_f16x2x2(wh[st], af[4 * h + st][1], af[4 * h + st][3]);
+              }
+            }
+            const float* sa = reinterpret_cast<const float*>(smem_raw + (sSA - raw) + stage * SA_BYTES);
+#pragma unroll
+            for (int ps = 0; ps < PASSES; ++ps) {  // A rows [64·ps, +PN) of the tile
+              float xpart[NFP][4];
+              wgmma::fence_acc_first<NFP>(xpart);
+              wgmma::fence();
+#pragma unroll
+              for (int kk = 0; kk < 8; ++kk)
+                wgmma::mma_rega_f16<PN>(
+                    xpart, af[kk],
+                    wgmma::desc_sw128(x_tile + uint32_t((kk >> 2) * X_SUB_BYTES + ps * 64 * 128 + (kk & 3) * 32)), kk);
+              wgmma::commit();
+              wgmma::wait<0>();
+              wgmma::fence_acc_first<NFP>(xpart);
+#pragma unroll
+              for (int j = 0; j < NFP; ++j) {
+                const float2 s2 = *reinterpret_cast<const float2*>(sa + 64 * ps + 8 * j + 2 * c4);
+                float(&d)[4] = acc[ps * NFP + j];
+                d[0] += xpart[j][0] * (s2.x * w_lo);
+                d[1] += xpart[j][1] * (s2.y * w_lo);
+                d[2] += xpart[j][2] * (s2.x * w_hi);
+                d[3] += xpart[j][3] * (s2.y * w_hi);
+              }
+            }
+            release(stage);
+            next_stage<STAGES>(stage, phase);
+          }
+        };
+        // the wgmma N: the tile's A rows rounded up to 16 / 32 / 64 / 128 (few-row experts then do
+        // not pay for 128 columns; the CTA-uniform choice keeps the wgmma aligned)
+        if (rows <= 16) kloop(std::integral_constant<int, 16>{});
+        else if (rows <= 32) kloop(std::integral_constant<int, 32>{});
+        else if (rows <= 64) kloop(std::integral_constant<int, 64>{});
+        else kloop(std::integral_constant<int, 128>{});
+        if (!own) continue;
+        epilogue_x<T>(a, x, acc, m, n, cw, warp_in_wg, lane, row_lo, row_hi);
+        continue;
       } else if constexpr (FP8) {
         // ---- two-level accumulation: per 128-K block, part = A·B on the e4m3 codes (QGMMA), then
         // acc += part × activation scale (per row) × weight block scale (per 128 outputs)
@@ -699,10 +891,10 @@ __global__ void __launch_bounds__(THREADS, 1)
 
 // ---- typed launcher ---------------------------------------------------------------------------
 
-template <class T, int BN, bool GATHER, bool FP8, bool MC, bool PP>
+template <class T, int BN, bool GATHER, bool FP8, bool MC, bool PP, bool X>
 void launch_typed(const GroupedGemmArgs& a, DType dtype, const TmaFp8Extra& x, int64_t a_rows, int64_t E, cudaStream_t stream) {
-  auto kernel = grouped_gemm_tma<T, BN, GATHER, FP8, MC, PP>;
-  constexpr int SMEM = TmaCfg<BN, FP8>::SMEM_BYTES;
+  auto kernel = grouped_gemm_tma<T, BN, GATHER, FP8, MC, PP, X>;
+  constexpr int SMEM = TmaCfg<BN, FP8, X>::SMEM_BYTES;
   constexpr int BKE = FP8 ? 128 : BK;
   constexpr int ESZ = FP8 ? 1 : 2;
   static thread_local int configured_device = -1, max_clusters = 0;
@@ -741,11 +933,19 @@ void launch_typed(const GroupedGemmArgs& a, DType dtype, const TmaFp8Extra& x, i
   const cuuint32_t bbox[3] = {cuuint32_t(BKE), cuuint32_t(MC || a.epi == Epi::up_concat ? BN / 2 : BN), 1};
   const CUtensorMap tm_b = make_map(etype, a.W, 3, bdims, bstrides, bbox, CU_TENSOR_MAP_SWIZZLE_128B);
   CUtensorMap tm_a = tm_b, tm_sa = tm_b;
-  if (!GATHER) {
+  if (!GATHER && X) {
+    // f16 codes [a_rows, a_ld]: boxes of 64 k (128 bytes) x ABOX rows
+    const cuuint64_t adims[2] = {cuuint64_t(x.a_ld), cuuint64_t(a_rows)};
+    const cuuint64_t astrides[1] = {cuuint64_t(x.a_ld) * 2};
+    const cuuint32_t abox[2] = {64, cuuint32_t(ABOX)};
+    tm_a = make_map(CU_TENSOR_MAP_DATA_TYPE_FLOAT16, a.A, 2, adims, astrides, abox, CU_TENSOR_MAP_SWIZZLE_128B);
+  } else if (!GATHER) {
     const cuuint64_t adims[2] = {cuuint64_t(a.Kdim), cuuint64_t(a_rows)};
     const cuuint64_t astrides[1] = {cuuint64_t(a.Kdim) * ESZ};
     const cuuint32_t abox[2] = {cuuint32_t(BKE), cuuint32_t(ABOX)};
     tm_a = make_map(etype, a.A, 2, adims, astrides, abox, CU_TENSOR_MAP_SWIZZLE_128B);
+  }
+  if (!GATHER) {
     if (FP8) {
       // activation scales [kb, ld] f32: box of 128 rows of one K block
       const cuuint64_t sdims[2] = {cuuint64_t(x.a_scales_ld), cuuint64_t(ceil_div(a.Kdim, 128))};
@@ -766,17 +966,19 @@ void launch_typed(const GroupedGemmArgs& a, DType dtype, const TmaFp8Extra& x, i
   check_launch("grouped_gemm_tma");
 }
 
-template <class T, int BN, bool FP8, bool MC, bool PP>
+template <class T, int BN, bool FP8, bool MC, bool PP, bool X>
 void launch_bn(const GroupedGemmArgs& a, DType dtype, const TmaFp8Extra& x, int64_t a_rows, int64_t E, cudaStream_t stream) {
-  if (a.a_gather) launch_typed<T, BN, true, FP8, MC, PP>(a, dtype, x, a_rows, E, stream);
-  else launch_typed<T, BN, false, FP8, MC, PP>(a, dtype, x, a_rows, E, stream);
+  if (a.a_gather) launch_typed<T, BN, true, FP8, MC, PP, X>(a, dtype, x, a_rows, E, stream);
+  else launch_typed<T, BN, false, FP8, MC, PP, X>(a, dtype, x, a_rows, E, stream);
 }
 
 }  // namespace moex::cuda::tma
 
 // Explicit instantiation of one launch_bn combination (and with it its two kernels, gathered and
 // not). Use at global scope in a sm90_tma_kernels_*.cu file.
-#define MOEX_TMA_INSTANTIATE(T, BN, FP8, MC, PP)                                                            \
-  template void moex::cuda::tma::launch_bn<T, BN, FP8, MC, PP>(const moex::cuda::GroupedGemmArgs&, moex::DType, \
+#define MOEX_TMA_INSTANTIATE(T, BN, FP8, MC, PP) MOEX_TMA_INSTANTIATE_X(T, BN, FP8, MC, PP, false)
+// ... with the exact FP8 variant chosen (X)
+#define MOEX_TMA_INSTANTIATE_X(T, BN, FP8, MC, PP, X)                                                         \
+  template void moex::cuda::tma::launch_bn<T, BN, FP8, MC, PP, X>(const moex::cuda::GroupedGemmArgs&, moex::DType, \
                                                                const moex::cuda::TmaFp8Extra&, int64_t, int64_t, \
                                                                cudaStream_t)

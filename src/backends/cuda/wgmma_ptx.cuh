@@ -119,6 +119,77 @@ __device__ __forceinline__ void wgmma_m64n256k16_f16(float (&d)[32][4], uint64_t
                : "l"(desc_a), "l"(desc_b), "r"(1));
 }
 
+// ---- A from registers (f16), m64nNk16 for N = 16 / 32 / 64 / 128 ----------------------------------
+// The exact FP8 kernel (sm90_tma_kernel.cuh, X) converts e4m3 weight codes to f16 in registers and
+// passes them as A: a[0..3] = the mma.sync m16n8k16 A fragment of this thread's warp (rows g, g+8 of
+// the warp's 16, k pairs 2c, 2c+8; g = lane / 4, c = lane % 4). B from shared memory by descriptor.
+// d: its first N/8 fragments are written (NFA >= N/8); accumulate 0: D = A·B, 1: D += A·B.
+// The A registers must not change until the group has been waited for.
+#define MOEX_WGMMA_REGS8 "{%0, %1, %2, %3, %4, %5, %6, %7}"
+#define MOEX_WGMMA_REGS16 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
+#define MOEX_WGMMA_REGS32 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define MOEX_WGMMA_ACC2(d) MOEX_WGMMA_ACC4(d, 0), MOEX_WGMMA_ACC4(d, 1)
+#define MOEX_WGMMA_ACC4F(d) MOEX_WGMMA_ACC2(d), MOEX_WGMMA_ACC4(d, 2), MOEX_WGMMA_ACC4(d, 3)
+#define MOEX_WGMMA_ACC8F(d) \
+  MOEX_WGMMA_ACC4F(d), MOEX_WGMMA_ACC4(d, 4), MOEX_WGMMA_ACC4(d, 5), MOEX_WGMMA_ACC4(d, 6), MOEX_WGMMA_ACC4(d, 7)
+template <int N, int NFA>
+__device__ __forceinline__ void mma_rega_f16(float (&d)[NFA][4], const uint32_t (&a)[4], uint64_t desc_b, int accumulate) {
+  static_assert(N == 16 || N == 32 || N == 64 || N == 128, "m64n16 / 32 / 64 / 128");
+  static_assert(N / 8 <= NFA, "the accumulator set holds fewer fragments than the wgmma writes");
+  if constexpr (N == 16) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\nwgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 " MOEX_WGMMA_REGS8
+        ", {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
+        : MOEX_WGMMA_ACC2(d)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+  } else if constexpr (N == 32) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\nwgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 " MOEX_WGMMA_REGS16
+        ", {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
+        : MOEX_WGMMA_ACC4F(d)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+  } else if constexpr (N == 64) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\nwgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " MOEX_WGMMA_REGS32
+        ", {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+        : MOEX_WGMMA_ACC8F(d)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\nwgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " MOEX_WGMMA_REGS64
+        ", {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+        : MOEX_WGMMA_ACC16(d)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+  }
+}
+// fence_acc over the first NF fragments only (the ones an m64n(8·NF) wgmma writes).
+template <int NF, int NFA>
+__device__ __forceinline__ void fence_acc_first(float (&d)[NFA][4]) {
+  static_assert(NF <= NFA && (NF == 2 || NF == 4 || NF == 8 || NF == 16), "2, 4, 8 or 16 fragments");
+  MOEX_WGMMA_FENCE4(d, 0);
+  MOEX_WGMMA_FENCE4(d, 1);
+  if constexpr (NF > 2) {
+    MOEX_WGMMA_FENCE4(d, 2);
+    MOEX_WGMMA_FENCE4(d, 3);
+  }
+  if constexpr (NF > 4) {
+    MOEX_WGMMA_FENCE4(d, 4);
+    MOEX_WGMMA_FENCE4(d, 5);
+    MOEX_WGMMA_FENCE4(d, 6);
+    MOEX_WGMMA_FENCE4(d, 7);
+  }
+  if constexpr (NF > 8) {
+    MOEX_WGMMA_FENCE16_AT(d, 0)
+  }
+}
+// Four e4m3 codes (bytes b0..b3 of w, b0 lowest) as two f16x2 (exact): lo = (b0, b1), hi = (b2, b3),
+// the first of each pair in the low half.
+__device__ __forceinline__ void e4m3x4_to_f16x2x2(uint32_t w, uint32_t& lo, uint32_t& hi) {
+  asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, %2;\ncvt.rn.f16x2.e4m3x2 %0, l;\ncvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
+      : "=r"(lo), "=r"(hi)
+      : "r"(w));
+}
+
 // One k16 step of a warpgroup's m64 × BN tile (BN = 128 or 256 accumulator columns), T the operand
 // type (__nv_bfloat16 or __half): the shape / type dispatch of the grouped GEMM kernels.
 template <class T, int BN>
@@ -136,6 +207,12 @@ __device__ __forceinline__ void mma_m64k16(float (&d)[BN / 8][4], uint64_t desc_
 }  // namespace moex::cuda::wgmma
 
 #undef MOEX_WGMMA_ASM
+#undef MOEX_WGMMA_REGS8
+#undef MOEX_WGMMA_REGS16
+#undef MOEX_WGMMA_REGS32
+#undef MOEX_WGMMA_ACC2
+#undef MOEX_WGMMA_ACC4F
+#undef MOEX_WGMMA_ACC8F
 #undef MOEX_WGMMA_FENCE4
 #undef MOEX_WGMMA_FENCE16_AT
 #undef MOEX_WGMMA_REGS128
