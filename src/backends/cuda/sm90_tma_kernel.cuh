@@ -335,11 +335,14 @@ __device__ __forceinline__ void store_tile_x(const GroupedGemmArgs& a, const Tma
     }
 }
 
+// SiLU compiled in, in its accurate form (expf): h is quantized to e4m3 again before the down GEMM,
+// and the fast form's ~1e-5 moved enough elements across a code boundary to measure 3.4e-4 against
+// the reference on f32 activations (H200, 2026-12-01), where the portable path measured 1.2e-5.
 template <class T>
 __device__ __forceinline__ void epilogue_x(const GroupedGemmArgs& a, const TmaFp8Extra& x, float (&acc)[16][4], int m, int n, int cw,
                                            int warp_in_wg, int lane, int row_lo, int row_hi) {
   if (x.compact_epilogue && a.epi != Epi::down && a.act.kind == int(Activation::silu))
-    store_tile_x<T, kSiluFast>(a, x, acc, m, n, cw, warp_in_wg, lane, row_lo, row_hi);
+    store_tile_x<T, int(Activation::silu)>(a, x, acc, m, n, cw, warp_in_wg, lane, row_lo, row_hi);
   else
     store_tile_x<T, kActRuntime>(a, x, acc, m, n, cw, warp_in_wg, lane, row_lo, row_hi);
 }
@@ -625,17 +628,17 @@ __global__ void __launch_bounds__(THREADS, 1)
           }
         }
         if constexpr (GATHER) {
-          const int c = tid & 7;
+          const int c = tid & 7, k = k0 + c * CHUNK;
+          const uint32_t dA = sA + uint32_t(stage) * A_STAGE;
 #pragma unroll
-          for (int h = 0; h < (X ? 2 : 1); ++h) {  // X: the two 64-k sub-tiles
-            const int k = k0 + h * 64 + c * CHUNK;
-            const uint32_t dA = sA + uint32_t(stage) * A_STAGE + uint32_t(h * X_SUB_BYTES);
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-              const int r = (tid >> 3) + 16 * j;
-              const bool ok = src[j] >= 0 && k < a_ld;
-              ptx::cp_async16(dA + uint32_t(r * 128 + ((c ^ (r & 7)) << 4)), ok ? A + int64_t(src[j]) * a_ld + k : A, ok);
-            }
+          for (int j = 0; j < 8; ++j) {
+            const int r = (tid >> 3) + 16 * j;
+            const uint32_t d = dA + uint32_t(r * 128 + ((c ^ (r & 7)) << 4));
+            const bool ok = src[j] >= 0 && k < a_ld;
+            const Elem* p = ok ? A + int64_t(src[j]) * a_ld + k : A;
+            ptx::cp_async16(d, p, ok);
+            // X: the same row's k + 64 in the second sub-tile (a_ld is a multiple of 128: in range)
+            if constexpr (X) ptx::cp_async16(d + X_SUB_BYTES, ok ? p + 64 : A, ok);
           }
           if constexpr (FP8)
             cp_async4(sSA + uint32_t(stage) * SA_BYTES + 4u * uint32_t(tid),
@@ -746,28 +749,31 @@ __global__ void __launch_bounds__(THREADS, 1)
         auto w_chunk = [&](uint32_t w_tile, int row, int half) {
           return w_tile + uint32_t(row * 128 + (((4 * half + c4) ^ (row & 7)) << 4));
         };
-        // NB: the A rows computed (wgmma N), in passes of at most 64 (PN) so that the partial sums
-        // (32 registers), the A fragments (32) and the accumulators (64) fit the consumers' registers
-        // with all 8 MMAs of a pass in flight (with 64 partial registers ptxas serialized them)
+        // the 16 code bytes of each 64-k half of row_lo / row_hi in a stage
+        auto load_w = [&](int st, uint4 (&lo)[2], uint4 (&hi)[2]) {
+          const uint32_t w_tile = sB + uint32_t(st) * B_BYTES;
+          const uint4 la = ptx::lds128(w_chunk(w_tile, row_lo, first_lo));
+          const uint4 lb = ptx::lds128(w_chunk(w_tile, row_lo, first_lo ^ 1));
+          const uint4 ha = ptx::lds128(w_chunk(w_tile, row_hi, first_hi));
+          const uint4 hb = ptx::lds128(w_chunk(w_tile, row_hi, first_hi ^ 1));
+          lo[0] = first_lo ? lb : la;
+          lo[1] = first_lo ? la : lb;
+          hi[0] = first_hi ? hb : ha;
+          hi[1] = first_hi ? ha : hb;
+        };
+        // NB: the A rows computed (wgmma N). One pass per stage: the 8 MMAs in flight, the next
+        // stage's weight bytes loaded from shared memory under them. Registers: partial sums
+        // (NB/2), A fragments (32), the next stage's bytes (16), accumulators (64): 176 at NB = 128,
+        // within the consumers' 224 (two passes of 64 measured slower; H200, 2026-12-01).
         auto kloop = [&](auto nb_tag) {
-          constexpr int NB = decltype(nb_tag)::value, PN = NB < 64 ? NB : 64, PASSES = NB / PN, NFP = PN / 8;
+          constexpr int NB = decltype(nb_tag)::value, NFP = NB / 8;
+          uint4 lo[2], hi[2];
+          mbar_wait(full_bar(stage), phase);
+          if constexpr (GATHER) wgmma::fence_proxy_async();
+          load_w(stage, lo, hi);
           for (int kt = 0; kt < ktiles; ++kt) {
             const float w_lo = weight_scale(x, ws_lo + kt), w_hi = concat ? weight_scale(x, ws_hi + kt) : w_lo;
-            mbar_wait(full_bar(stage), phase);
-            if constexpr (GATHER) wgmma::fence_proxy_async();
-            const uint32_t w_tile = sB + uint32_t(stage) * B_BYTES;
             const uint32_t x_tile = sA + uint32_t(stage) * A_STAGE;
-            uint4 lo[2], hi[2];  // [64-k half] 16 code bytes of row_lo / row_hi
-            {
-              const uint4 la = ptx::lds128(w_chunk(w_tile, row_lo, first_lo));
-              const uint4 lb = ptx::lds128(w_chunk(w_tile, row_lo, first_lo ^ 1));
-              const uint4 ha = ptx::lds128(w_chunk(w_tile, row_hi, first_hi));
-              const uint4 hb = ptx::lds128(w_chunk(w_tile, row_hi, first_hi ^ 1));
-              lo[0] = first_lo ? lb : la;
-              lo[1] = first_lo ? la : lb;
-              hi[0] = first_hi ? hb : ha;
-              hi[1] = first_hi ? ha : hb;
-            }
             uint32_t af[8][4];  // [k16 step] the A fragment
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
@@ -779,32 +785,36 @@ __global__ void __launch_bounds__(THREADS, 1)
                 wgmma::e4m3x4_to_f16x2x2(wh[st], af[4 * h + st][1], af[4 * h + st][3]);
               }
             }
+            float xpart[NFP][4];
+            wgmma::fence_acc_first<NFP>(xpart);
+            wgmma::fence();
+#pragma unroll
+            for (int kk = 0; kk < 8; ++kk)
+              wgmma::mma_rega_f16<NB>(xpart, af[kk],
+                                      wgmma::desc_sw128(x_tile + uint32_t((kk >> 2) * X_SUB_BYTES + (kk & 3) * 32)), kk);
+            wgmma::commit();
+            int next = stage;
+            uint32_t next_phase = phase;
+            next_stage<STAGES>(next, next_phase);
+            if (kt + 1 < ktiles) {  // the next stage's weight bytes, under this stage's MMAs
+              mbar_wait(full_bar(next), next_phase);
+              if constexpr (GATHER) wgmma::fence_proxy_async();
+              load_w(next, lo, hi);
+            }
+            wgmma::wait<0>();
+            wgmma::fence_acc_first<NFP>(xpart);
             const float* sa = reinterpret_cast<const float*>(smem_raw + (sSA - raw) + stage * SA_BYTES);
 #pragma unroll
-            for (int ps = 0; ps < PASSES; ++ps) {  // A rows [64·ps, +PN) of the tile
-              float xpart[NFP][4];
-              wgmma::fence_acc_first<NFP>(xpart);
-              wgmma::fence();
-#pragma unroll
-              for (int kk = 0; kk < 8; ++kk)
-                wgmma::mma_rega_f16<PN>(
-                    xpart, af[kk],
-                    wgmma::desc_sw128(x_tile + uint32_t((kk >> 2) * X_SUB_BYTES + ps * 64 * 128 + (kk & 3) * 32)), kk);
-              wgmma::commit();
-              wgmma::wait<0>();
-              wgmma::fence_acc_first<NFP>(xpart);
-#pragma unroll
-              for (int j = 0; j < NFP; ++j) {
-                const float2 s2 = *reinterpret_cast<const float2*>(sa + 64 * ps + 8 * j + 2 * c4);
-                float(&d)[4] = acc[ps * NFP + j];
-                d[0] += xpart[j][0] * (s2.x * w_lo);
-                d[1] += xpart[j][1] * (s2.y * w_lo);
-                d[2] += xpart[j][2] * (s2.x * w_hi);
-                d[3] += xpart[j][3] * (s2.y * w_hi);
-              }
+            for (int j = 0; j < NFP; ++j) {
+              const float2 s2 = *reinterpret_cast<const float2*>(sa + 8 * j + 2 * c4);
+              acc[j][0] += xpart[j][0] * (s2.x * w_lo);
+              acc[j][1] += xpart[j][1] * (s2.y * w_lo);
+              acc[j][2] += xpart[j][2] * (s2.x * w_hi);
+              acc[j][3] += xpart[j][3] * (s2.y * w_hi);
             }
             release(stage);
-            next_stage<STAGES>(stage, phase);
+            stage = next;
+            phase = next_phase;
           }
         };
         // the wgmma N: the tile's A rows rounded up to 16 / 32 / 64 / 128 (few-row experts then do
