@@ -311,13 +311,22 @@ __device__ __forceinline__ void store_tile_x(const GroupedGemmArgs& a, const Tma
       if (col_hi < a.N) b_hi = to_f32(bias[col_hi]);
     }
   }
+  // The 32 output rows first, all loads in flight together: read between the stores (which the
+  // compiler cannot prove do not alias out_rows) they were 32 dependent round trips per tile, about
+  // the time of the tile's MMAs at K = 2048.
+  int orow[16][2];
 #pragma unroll
   for (int j = 0; j < 16; ++j)
 #pragma unroll
     for (int q = 0; q < 2; ++q) {
       const int arow = rb + 8 * j + 2 * c4 + q;
-      if (arow >= re) continue;
-      const int row = x.out_rows ? x.out_rows[arow] : arow;
+      orow[j][q] = arow >= re ? -1 : x.out_rows ? __ldg(x.out_rows + arow) : arow;
+    }
+#pragma unroll
+  for (int j = 0; j < 16; ++j)
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      const int row = orow[j][q];
       if (row < 0) continue;
       const float lo = acc[j][q] + b_lo, hi = acc[j][q + 2] + b_hi;
       if (a.epi == Epi::down) {
