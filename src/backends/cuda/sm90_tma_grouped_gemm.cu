@@ -35,9 +35,27 @@
 //
 // Accuracy (same day): Hopper's FP8 MMA adds into its accumulator with reduced precision, so this
 // path measures 3.9e-3..8.7e-3 relative L2 against the f64 reference with the same quantization
-// (bf16-MMA-on-codes paths: ~2e-4); SPEC §8 asks 2e-3. grouped_mm therefore keeps FP8 on the exact
-// mma.sync path by default (MOEX_CUDA_FP8_TMA=1 opts in here) and this kernel serves `deepgemm`
-// (DeepGEMM's own choice of a 128-K interval), whose tests state the wider bar they hold it to.
+// (bf16-MMA-on-codes paths: ~2e-4); SPEC §8 asks 2e-3. It serves `deepgemm` (DeepGEMM's own choice
+// of a 128-K interval), whose tests state the wider bar they hold it to, and grouped_mm only with
+// MOEX_CUDA_FP8_TMA=qgmma.
+//
+// Exact FP8 variant (X; TmaFp8Extra::exact; grouped_mm's FP8 path on Hopper above the decode path's
+// T): the same producer, ring and schedule, the product computed transposed, D[weight row][A row]:
+//   * the weights stay e4m3 (TMA, 128 rows x 128 k per stage); each consumer thread loads its two
+//     weight rows' 16-byte chunks from the stage and converts them in registers (F2FP e4m3x2 ->
+//     f16x2, exact) into the A fragments of wgmma m64nNk16 with A from registers; gated layouts
+//     pair each channel's gate and up rows in one thread (x_weight_rows);
+//   * the A rows (tokens / h) are f16 values of the e4m3 codes (exact), written by deepgemm.cu's
+//     quantizer with the k order inside every 64 permuted (x_code_col) so that those register
+//     fragments are contiguous bytes; a stage holds them as two 128B-swizzled [128][64] sub-tiles,
+//     the wgmma B operand; N = the tile's rows rounded up to 16 / 32 / 64 / 128;
+//   * per 128-k block: fresh partial sums (HGMMA, f32), then acc += part x activation scale (per A
+//     row) x weight block scale (per weight row): the CPU's sums up to f32 rounding (measured 1.2e-5
+//     on f32 activations, the portable mma.sync path's figure).
+// Measured (H200, 2026-12-01, docs/PERF.md, fourteenth session): 0.57-1.39x the bf16 grouped_mm
+// speed at T = 512 / 4096 (QGMMA 0.92-1.68x), 5-10x the portable path; ncu on qwen3_30b_a3b
+// T = 4096: tensor pipe active 20-38 %, issue slots 34-43 %, no pipe saturated, 0.5-0.7 eligible
+// warps per scheduler: latency-bound, each warpgroup waits for a stage's MMAs before promoting them.
 //
 // Gated up projection in the concatenated layout: the B tile is loaded as two TMA boxes, gate
 // rows [n*BN/2, +BN/2) into tile columns [0, BN/2) and up rows [I + n*BN/2, +BN/2) into

@@ -770,14 +770,15 @@ __global__ void __launch_bounds__(THREADS, 1)
           hi[0] = first_hi ? hb : ha;
           hi[1] = first_hi ? ha : hb;
         };
-        // NB: the A rows computed (wgmma N). Per stage the MMAs go out in HALVES commit groups of
-        // NB / HALVES rows each (two at NB = 128): the first half's partial sums are promoted while
-        // the second half's MMAs run, and the next stage's weight bytes are loaded from shared
-        // memory under them. Registers at NB = 128: partial sums 64, A fragments 32, the next
-        // stage's bytes 16, accumulators 64 (with all 8 MMAs of a stage in one group and the
-        // promotion after it the tensor pipe was active 31-38 % of the up GEMMs; H200, 2026-12-01).
+        // NB: the A rows computed (wgmma N). One commit group per stage: the 8 MMAs in flight, the
+        // next stage's weight bytes loaded from shared memory under them. Registers: partial sums
+        // (NB/2), A fragments (32), the next stage's bytes (16), accumulators (64): 176 at NB = 128,
+        // within the consumers' 224. Measured on the H200 (2026-12-01): two passes of 64 rows, each
+        // waited for, without that load ahead: 7-25 % slower; two commit groups of 64 rows with the first promoted under the
+        // second no faster (within 2 %). With the partial sums declared outside the item loop ptxas
+        // serialized the wgmmas (C7511).
         auto kloop = [&](auto nb_tag) {
-          constexpr int NB = decltype(nb_tag)::value, HALVES = NB == 128 ? 2 : 1, HN = NB / HALVES, NFH = HN / 8;
+          constexpr int NB = decltype(nb_tag)::value, NFP = NB / 8;
           uint4 lo[2], hi[2];
           mbar_wait(full_bar(stage), phase);
           if constexpr (GATHER) wgmma::fence_proxy_async();
@@ -796,35 +797,14 @@ __global__ void __launch_bounds__(THREADS, 1)
                 wgmma::e4m3x4_to_f16x2x2(wh[st], af[4 * h + st][1], af[4 * h + st][3]);
               }
             }
-            float xpart[HALVES][NFH][4];
+            float xpart[NFP][4];
+            wgmma::fence_acc_first<NFP>(xpart);
+            wgmma::fence();
 #pragma unroll
-            for (int hv = 0; hv < HALVES; ++hv) {
-              wgmma::fence_acc_first<NFH>(xpart[hv]);
-              wgmma::fence();
-#pragma unroll
-              for (int kk = 0; kk < 8; ++kk)
-                wgmma::mma_rega_f16<HN>(
-                    xpart[hv], af[kk],
-                    wgmma::desc_sw128(x_tile + uint32_t((kk >> 2) * X_SUB_BYTES + hv * HN * 128 + (kk & 3) * 32)), kk);
-              wgmma::commit();
-            }
-            const float* sa = reinterpret_cast<const float*>(smem_raw + (sSA - raw) + stage * SA_BYTES);
-            auto promote = [&](float (&part)[NFH][4], int hv) {
-#pragma unroll
-              for (int j = 0; j < NFH; ++j) {
-                const float2 s2 = *reinterpret_cast<const float2*>(sa + hv * HN + 8 * j + 2 * c4);
-                float(&d)[4] = acc[hv * NFH + j];
-                d[0] += part[j][0] * (s2.x * w_lo);
-                d[1] += part[j][1] * (s2.y * w_lo);
-                d[2] += part[j][2] * (s2.x * w_hi);
-                d[3] += part[j][3] * (s2.y * w_hi);
-              }
-            };
-            if constexpr (HALVES == 2) {
-              wgmma::wait<1>();  // the first half has retired
-              wgmma::fence_acc_first<NFH>(xpart[0]);
-              promote(xpart[0], 0);
-            }
+            for (int kk = 0; kk < 8; ++kk)
+              wgmma::mma_rega_f16<NB>(xpart, af[kk],
+                                      wgmma::desc_sw128(x_tile + uint32_t((kk >> 2) * X_SUB_BYTES + (kk & 3) * 32)), kk);
+            wgmma::commit();
             int next = stage;
             uint32_t next_phase = phase;
             next_stage<STAGES>(next, next_phase);
@@ -834,8 +814,16 @@ __global__ void __launch_bounds__(THREADS, 1)
               load_w(next, lo, hi);
             }
             wgmma::wait<0>();
-            wgmma::fence_acc_first<NFH>(xpart[HALVES - 1]);
-            promote(xpart[HALVES - 1], HALVES - 1);
+            wgmma::fence_acc_first<NFP>(xpart);
+            const float* sa = reinterpret_cast<const float*>(smem_raw + (sSA - raw) + stage * SA_BYTES);
+#pragma unroll
+            for (int j = 0; j < NFP; ++j) {
+              const float2 s2 = *reinterpret_cast<const float2*>(sa + 8 * j + 2 * c4);
+              acc[j][0] += xpart[j][0] * (s2.x * w_lo);
+              acc[j][1] += xpart[j][1] * (s2.y * w_lo);
+              acc[j][2] += xpart[j][2] * (s2.x * w_hi);
+              acc[j][3] += xpart[j][3] * (s2.y * w_hi);
+            }
             release(stage);
             stage = next;
             phase = next_phase;

@@ -1,6 +1,7 @@
 // backends/cuda/wgmma_ptx.cuh — Hopper (sm_90a) warpgroup MMA: smem matrix descriptors for the
 // 128-byte-swizzled K-major layout and wgmma.mma_async with f32 accumulators: m64n128k16 and
-// m64n256k16 on bf16 / f16, m64n128k32 on FP8 e4m3; the fences around them.
+// m64n256k16 on bf16 / f16, m64n128k32 on FP8 e4m3, m64n{16,32,64,128}k16 f16 with A from
+// registers (and the e4m3 -> f16 register conversion that feeds them); the fences around them.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
