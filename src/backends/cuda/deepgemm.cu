@@ -438,9 +438,6 @@ void run_deepgemm(const Experts& ex, const ExpertsCall& call, const RunContext& 
     if (z.exact) {
       quantize_rows_f16(s.dtype, call.hidden.data, T, int(z.H), nullptr, static_cast<uint16_t*>(xq), xs, int(z.T4), stream);
       xu.exact = xd.exact = true;
-      // MOEX_CUDA_FP8_EXACT_TILE=64: the double-buffered 64-row tiles (sm90_tma_kernel.cuh, X64)
-      const char* tile = std::getenv("MOEX_CUDA_FP8_EXACT_TILE");
-      xu.exact_tile = xd.exact_tile = tile && std::strcmp(tile, "64") == 0 ? 64 : 128;
       xu.a_ld = int(xld);
       xd.a_ld = int(hld);
     } else {

@@ -294,13 +294,7 @@ void launch_grouped_gemm_tma_ex(const GroupedGemmArgs& a, DType act_dtype, bool 
   if (fp8) {
     MOEX_ASSERT(x.a_scales && x.w_scales && x.a_scales_ld % 4 == 0);
     if (x.exact) {
-      MOEX_ASSERT(x.a_ld % 128 == 0 && x.a_ld >= a.Kdim && (x.exact_tile == 64 || x.exact_tile == 128));
-      if (x.exact_tile == 64) {
-        if (act_dtype == DType::bf16) tma::launch_bn<__nv_bfloat16, 64, true, false, false, true>(a, act_dtype, x, a_rows, E, stream);
-        else if (act_dtype == DType::f16) tma::launch_bn<__half, 64, true, false, false, true>(a, act_dtype, x, a_rows, E, stream);
-        else tma::launch_bn<float, 64, true, false, false, true>(a, act_dtype, x, a_rows, E, stream);
-        return;
-      }
+      MOEX_ASSERT(x.a_ld % 128 == 0 && x.a_ld >= a.Kdim);
       if (act_dtype == DType::bf16) tma::launch_bn<__nv_bfloat16, 128, true, false, false, true>(a, act_dtype, x, a_rows, E, stream);
       else if (act_dtype == DType::f16) tma::launch_bn<__half, 128, true, false, false, true>(a, act_dtype, x, a_rows, E, stream);
       else tma::launch_bn<float, 128, true, false, false, true>(a, act_dtype, x, a_rows, E, stream);

@@ -52,10 +52,6 @@ struct TmaFp8Extra {
   // weights stay e4m3 and are converted in registers. false: QGMMA on e4m3 codes (deepgemm).
   bool exact = false;
   int a_ld = 0;
-  // exact only: weight rows per tile, 128 (both warpgroups split them, one commit group per stage) or
-  // 64 (both take all 64 against their half of the A rows, two partial-sum sets so that the next
-  // stage's MMAs run during a promotion). Set from MOEX_CUDA_FP8_EXACT_TILE by deepgemm.cu.
-  int exact_tile = 128;
 };
 // True when the FP8 variant can run this GEMM: compute capability 9.0, K-major weights, Kdim a
 // multiple of 16, N a multiple of 8, the gated concatenated layout with I a multiple of 64 (a

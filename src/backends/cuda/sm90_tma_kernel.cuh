@@ -29,7 +29,7 @@ constexpr int SA_BYTES = BM * 4;
 constexpr int X_SUB_BYTES = BM * 128;  // one [128 rows][64 f16] sub-tile of an X stage
 template <int BN, bool FP8 = false, bool X = false>
 struct TmaCfg {
-  static constexpr int STAGES = X ? (BN == 64 ? 5 : 4) : BN == 256 ? 4 : 6;
+  static constexpr int STAGES = X ? 4 : BN == 256 ? 4 : 6;
   static constexpr int A_STAGE = X ? 2 * X_SUB_BYTES : A_BYTES;
   static constexpr int B_BYTES = BN * BK * 2;
   static constexpr int STAGE_BYTES = A_STAGE + B_BYTES + (FP8 ? SA_BYTES : 0);
@@ -267,41 +267,33 @@ __device__ __forceinline__ void epilogue(const GroupedGemmArgs& a, const TmaFp8E
 // A fragment rows g and g + 8 of its warp. Gated layouts pair the gate and up rows of one
 // intermediate channel i (concatenated: tile rows i and 64 + i; interleaved: 2i and 2i + 1) so
 // that both results land in one thread; i = 32·cw + 8·warp + g. Down / plain: rows in order.
-// BN = 64 (the double-buffered tile, X64 below): both warpgroups hold all 64 weight rows, so cw
-// plays no part; i = 8·warp + g, concatenated rows i and 32 + i.
-template <int BN>
-__device__ __forceinline__ int x_channel(int cw, int warp_in_wg, int g) {
-  return BN == 128 ? 32 * cw + 8 * warp_in_wg + g : 8 * warp_in_wg + g;
-}
-template <int BN>
 __device__ __forceinline__ void x_weight_rows(Epi epi, int cw, int warp_in_wg, int g, int& row_lo, int& row_hi) {
-  const int i = x_channel<BN>(cw, warp_in_wg, g);
+  const int i = 32 * cw + 8 * warp_in_wg + g;
   if (epi == Epi::up_concat) {
     row_lo = i;
-    row_hi = BN / 2 + i;
+    row_hi = 64 + i;
   } else if (epi == Epi::up_interleaved) {
     row_lo = 2 * i;
     row_hi = 2 * i + 1;
   } else {
-    row_lo = (BN == 128 ? 64 * cw : 0) + 16 * warp_in_wg + g;
+    row_lo = 64 * cw + 16 * warp_in_wg + g;
     row_hi = row_lo + 8;
   }
 }
 
-// Writes a warpgroup's part of the (transposed) tile of BN weight rows: acc[j][q] (q = 0, 1) is
-// weight row row_lo and A row a0 + 8j + 2c + q of the tile (c = lane % 4; a0 = 0 at BN = 128, 64·cw
-// at BN = 64), acc[j][q + 2] the same A row and row_hi. Down: f32 y (+ bias); up: the activation,
-// h in T. Each store writes one element (consecutive lanes g write consecutive columns of one row).
-template <class T, int ACT, int BN, int NJ>
-__device__ __forceinline__ void store_tile_x(const GroupedGemmArgs& a, const TmaFp8Extra& x, float (&acc)[NJ][4], int m, int n,
+// Writes a warpgroup's part of the (transposed) tile: acc[j][q] (q = 0, 1) is weight row row_lo
+// and A row 8j + 2c + q of the tile (c = lane % 4), acc[j][q + 2] the same A row and row_hi. Down:
+// f32 y (+ bias); up: the activation, h in T. Each store writes one element (consecutive lanes g
+// write consecutive columns of one output row).
+template <class T, int ACT>
+__device__ __forceinline__ void store_tile_x(const GroupedGemmArgs& a, const TmaFp8Extra& x, float (&acc)[16][4], int m, int n,
                                              int cw, int warp_in_wg, int lane, int row_lo, int row_hi) {
   const int4 tile = a.plan.tiles[m];
-  const int e = tile.x, re = tile.z;
-  const int rb = tile.y + (BN == 64 ? 64 * cw : 0);
+  const int e = tile.x, rb = tile.y, re = tile.z;
   const T* bias = a.bias ? static_cast<const T*>(a.bias) + int64_t(e) * a.N : nullptr;
   const int c4 = lane & 3;
-  const int i = n * (BN / 2) + x_channel<BN>(cw, warp_in_wg, lane >> 2);  // gated: the intermediate channel
-  const int col_lo = n * BN + row_lo, col_hi = n * BN + row_hi;           // down / plain: the output columns
+  const int i = n * 64 + 32 * cw + 8 * warp_in_wg + (lane >> 2);  // gated: the intermediate channel
+  const int col_lo = n * 128 + row_lo, col_hi = n * 128 + row_hi;  // down / plain: the output columns
   float b_lo = 0.0f, b_hi = 0.0f;
   if (bias) {
     if (a.epi == Epi::up_concat) {
@@ -322,16 +314,16 @@ __device__ __forceinline__ void store_tile_x(const GroupedGemmArgs& a, const Tma
   // The 32 output rows first, all loads in flight together: read between the stores (which the
   // compiler cannot prove do not alias out_rows) they were 32 dependent round trips per tile, about
   // the time of the tile's MMAs at K = 2048.
-  int orow[NJ][2];
+  int orow[16][2];
 #pragma unroll
-  for (int j = 0; j < NJ; ++j)
+  for (int j = 0; j < 16; ++j)
 #pragma unroll
     for (int q = 0; q < 2; ++q) {
       const int arow = rb + 8 * j + 2 * c4 + q;
       orow[j][q] = arow >= re ? -1 : x.out_rows ? __ldg(x.out_rows + arow) : arow;
     }
 #pragma unroll
-  for (int j = 0; j < NJ; ++j)
+  for (int j = 0; j < 16; ++j)
 #pragma unroll
     for (int q = 0; q < 2; ++q) {
       const int row = orow[j][q];
@@ -355,13 +347,13 @@ __device__ __forceinline__ void store_tile_x(const GroupedGemmArgs& a, const Tma
 // SiLU compiled in, in its accurate form (expf): h is quantized to e4m3 again before the down GEMM,
 // and the fast form's ~1e-5 moved enough elements across a code boundary to measure 3.4e-4 against
 // the reference on f32 activations (H200, 2026-12-01), where the portable path measured 1.2e-5.
-template <class T, int BN, int NJ>
-__device__ __forceinline__ void epilogue_x(const GroupedGemmArgs& a, const TmaFp8Extra& x, float (&acc)[NJ][4], int m, int n, int cw,
+template <class T>
+__device__ __forceinline__ void epilogue_x(const GroupedGemmArgs& a, const TmaFp8Extra& x, float (&acc)[16][4], int m, int n, int cw,
                                            int warp_in_wg, int lane, int row_lo, int row_hi) {
   if (x.compact_epilogue && a.epi != Epi::down && a.act.kind == int(Activation::silu))
-    store_tile_x<T, int(Activation::silu), BN>(a, x, acc, m, n, cw, warp_in_wg, lane, row_lo, row_hi);
+    store_tile_x<T, int(Activation::silu)>(a, x, acc, m, n, cw, warp_in_wg, lane, row_lo, row_hi);
   else
-    store_tile_x<T, kActRuntime, BN>(a, x, acc, m, n, cw, warp_in_wg, lane, row_lo, row_hi);
+    store_tile_x<T, kActRuntime>(a, x, acc, m, n, cw, warp_in_wg, lane, row_lo, row_hi);
 }
 
 // Ping-pong consumer (PP kernels): consumer warpgroup cw computes whole 128 × BN tiles (both 64-row
@@ -453,7 +445,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   constexpr int STAGES = Cfg::STAGES, B_BYTES = Cfg::B_BYTES, A_STAGE = Cfg::A_STAGE, NF = BN / 8;
   constexpr int BKE = FP8 ? 128 : BK;          // K elements per stage (128 bytes per row either way)
   constexpr int CHUNK = 16 / int(sizeof(Elem));  // K elements per 16-byte cp.async chunk
-  static_assert(!FP8 || BN == 128 || (X && BN == 64), "FP8 keeps two accumulator sets: 128-wide N tiles (X: 64 too)");
+  static_assert(!FP8 || BN == 128, "FP8 keeps two accumulator sets: 128-wide N tiles only");
   static_assert(!(FP8 && MC), "the cluster schedule serves the bf16 / f16 kernels");
   static_assert(!PP || (!FP8 && BN == 128), "ping-pong: bf16 / f16, 128-wide tiles");
   static_assert(!X || (FP8 && !MC && !PP), "the exact FP8 variant: FP8, cooperative, no clusters");
@@ -740,129 +732,7 @@ __global__ void __launch_bounds__(THREADS, 1)
           release(stage);
           next_stage<STAGES>(stage, phase);
         }
-      } else if constexpr (X && BN == 64) {
-        // ---- exact FP8 on 64 weight rows, double-buffered (X64; TmaFp8Extra::exact_tile = 64): both
-        // warpgroups convert the tile's 64 weight rows; warpgroup cw computes them against A rows
-        // [64·cw, +64) of the tile. Two partial-sum sets: stage s + 1's MMAs are issued before stage
-        // s's partial sums are promoted, so that a warpgroup keeps the tensor pipe busy through its
-        // own promotion. Registers: accumulators 32, partial sums 2 x NB/2, A fragments 32, the next
-        // stage's bytes 16 (two A-fragment sets, converted under the MMAs, ptxas could not fit: C7511).
-        const int4 tile_rows = a.plan.tiles[m];
-        const int e = tile_rows.x;
-        // broadcast from lane 0: a warp-uniform value to ptxas (depending on cw, it is not provably
-        // uniform otherwise, and ptxas serialized the wgmmas behind the branches on it: C7518)
-        const int my_rows = __shfl_sync(0xffffffffu, min(tile_rows.z - tile_rows.y - 64 * cw, 64), 0);
-        const int g = lane >> 2, c4 = lane & 3;
-        int row_lo, row_hi;
-        x_weight_rows<BN>(a.epi, cw, warp_in_wg, g, row_lo, row_hi);
-        const int kb_count = (Kdim + 127) / 128;
-        const int64_t nb_count = (a.N + 127) / 128;
-        const int64_t blk_lo = (concat ? int64_t(n) * (BN / 2) : int64_t(n) * BN) / 128;
-        const int64_t blk_hi = concat ? (int64_t(a.I) + int64_t(n) * (BN / 2)) / 128 : blk_lo;
-        const int64_t ws_lo = (int64_t(e) * nb_count + blk_lo) * kb_count, ws_hi = (int64_t(e) * nb_count + blk_hi) * kb_count;
-        const int first_lo = (g & 1) ^ ((row_lo >> 2) & 1), first_hi = (g & 1) ^ ((row_hi >> 2) & 1);
-        auto w_chunk = [&](uint32_t w_tile, int row, int half) {
-          return w_tile + uint32_t(row * 128 + (((4 * half + c4) ^ (row & 7)) << 4));
-        };
-        auto load_w = [&](int st, uint4 (&lo)[2], uint4 (&hi)[2]) {
-          const uint32_t w_tile = sB + uint32_t(st) * B_BYTES;
-          const uint4 la = ptx::lds128(w_chunk(w_tile, row_lo, first_lo));
-          const uint4 lb = ptx::lds128(w_chunk(w_tile, row_lo, first_lo ^ 1));
-          const uint4 ha = ptx::lds128(w_chunk(w_tile, row_hi, first_hi));
-          const uint4 hb = ptx::lds128(w_chunk(w_tile, row_hi, first_hi ^ 1));
-          lo[0] = first_lo ? lb : la;
-          lo[1] = first_lo ? la : lb;
-          hi[0] = first_hi ? hb : ha;
-          hi[1] = first_hi ? ha : hb;
-        };
-        auto convert = [&](const uint4 (&lo)[2], const uint4 (&hi)[2], uint32_t (&af)[8][4]) {
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const uint32_t wl[4] = {lo[h].x, lo[h].y, lo[h].z, lo[h].w};
-            const uint32_t wh[4] = {hi[h].x, hi[h].y, hi[h].z, hi[h].w};
-#pragma unroll
-            for (int st = 0; st < 4; ++st) {
-              wgmma::e4m3x4_to_f16x2x2(wl[st], af[4 * h + st][0], af[4 * h + st][2]);
-              wgmma::e4m3x4_to_f16x2x2(wh[st], af[4 * h + st][1], af[4 * h + st][3]);
-            }
-          }
-        };
-        if (my_rows <= 0) {  // no A row of its own: follow the ring
-          for (int kt = 0; kt < ktiles; ++kt) {
-            mbar_wait(full_bar(stage), phase);
-            release(stage);
-            next_stage<STAGES>(stage, phase);
-          }
-        } else {
-          auto kloop = [&](auto nb_tag) {
-            constexpr int NB = decltype(nb_tag)::value, NFP = NB / 8;
-            uint4 lo[2], hi[2];
-            uint32_t af[8][4];
-            float xp[2][NFP][4];
-            float wsc[2][2];  // [set] the weight block scales of the stage in flight in that set
-            auto issue = [&](int st, int kt, uint32_t (&a8)[8][4], float (&d)[NFP][4], float (&w)[2]) {
-              w[0] = weight_scale(x, ws_lo + kt);
-              w[1] = concat ? weight_scale(x, ws_hi + kt) : w[0];
-              const uint32_t x_tile = sA + uint32_t(st) * A_STAGE + uint32_t(cw * 64 * 128);
-              wgmma::fence_acc_first<NFP>(d);
-              wgmma::fence();
-#pragma unroll
-              for (int kk = 0; kk < 8; ++kk)
-                wgmma::mma_rega_f16<NB>(d, a8[kk], wgmma::desc_sw128(x_tile + uint32_t((kk >> 2) * X_SUB_BYTES + (kk & 3) * 32)),
-                                        kk);
-              wgmma::commit();
-            };
-            auto promote = [&](int st, float (&d)[NFP][4], const float (&w)[2]) {
-              wgmma::fence_acc_first<NFP>(d);
-              const float* sa = reinterpret_cast<const float*>(smem_raw + (sSA - raw) + st * SA_BYTES) + 64 * cw;
-#pragma unroll
-              for (int j = 0; j < NFP; ++j) {
-                const float2 s2 = *reinterpret_cast<const float2*>(sa + 8 * j + 2 * c4);
-                acc[j][0] += d[j][0] * (s2.x * w[0]);
-                acc[j][1] += d[j][1] * (s2.y * w[0]);
-                acc[j][2] += d[j][2] * (s2.x * w[1]);
-                acc[j][3] += d[j][3] * (s2.y * w[1]);
-              }
-            };
-            // stage kt's MMAs are in flight in set B: issue kt + 1's into set B ^ 1, then promote kt
-            auto step = [&](auto set_tag, int kt) {
-              constexpr int B = decltype(set_tag)::value;
-              int next = stage;
-              uint32_t next_phase = phase;
-              next_stage<STAGES>(next, next_phase);
-              if (kt + 1 < ktiles) {
-                mbar_wait(full_bar(next), next_phase);
-                if constexpr (GATHER) wgmma::fence_proxy_async();
-                load_w(next, lo, hi);
-                wgmma::wait<0>();  // stage kt's MMAs: the A fragments are free, set B is final
-                convert(lo, hi, af);
-                issue(next, kt + 1, af, xp[B ^ 1], wsc[B ^ 1]);
-              } else {
-                wgmma::wait<0>();
-              }
-              promote(stage, xp[B], wsc[B]);  // under stage kt + 1's MMAs
-              release(stage);
-              stage = next;
-              phase = next_phase;
-            };
-            mbar_wait(full_bar(stage), phase);
-            if constexpr (GATHER) wgmma::fence_proxy_async();
-            load_w(stage, lo, hi);
-            convert(lo, hi, af);
-            issue(stage, 0, af, xp[0], wsc[0]);
-            for (int kt = 0; kt < ktiles; kt += 2) {
-              step(std::integral_constant<int, 0>{}, kt);
-              if (kt + 1 < ktiles) step(std::integral_constant<int, 1>{}, kt + 1);
-            }
-          };
-          // always 64 A rows: with the 16 / 32-row variants in the same kernel ptxas serialized
-          // every wgmma (C7512, insufficient registers); few-row tiles take the 128-row kernel
-          kloop(std::integral_constant<int, 64>{});
-        }
-        if (!own) continue;
-        epilogue_x<T, BN>(a, x, acc, m, n, cw, warp_in_wg, lane, row_lo, row_hi);
-        continue;
-      } else if constexpr (X && BN == 128) {
+      } else if constexpr (X) {
         // ---- exact FP8, transposed: this warpgroup computes D[w row][tile row] for 64 weight rows
         // of the 128-row weight tile and every A row of the tile (up to 128, the wgmma N), per 128-K
         // block: part = W·Aᵀ on the codes in f16 (exact: e4m3 ⊂ f16, products exact, f32 sums),
@@ -876,7 +746,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         const int rows = min(tile_rows.z - tile_rows.y, BM);
         const int g = lane >> 2, c4 = lane & 3;
         int row_lo, row_hi;
-        x_weight_rows<BN>(a.epi, cw, warp_in_wg, g, row_lo, row_hi);
+        x_weight_rows(a.epi, cw, warp_in_wg, g, row_lo, row_hi);
         const int kb_count = (Kdim + 127) / 128;
         const int64_t nb_count = (a.N + 127) / 128;
         const int64_t blk_lo = concat ? (int64_t(n) * (BN / 2)) / 128 : n;
@@ -966,7 +836,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         else if (rows <= 64) kloop(std::integral_constant<int, 64>{});
         else kloop(std::integral_constant<int, 128>{});
         if (!own) continue;
-        epilogue_x<T, BN>(a, x, acc, m, n, cw, warp_in_wg, lane, row_lo, row_hi);
+        epilogue_x<T>(a, x, acc, m, n, cw, warp_in_wg, lane, row_lo, row_hi);
         continue;
       } else if constexpr (FP8) {
         // ---- two-level accumulation: per 128-K block, part = A·B on the e4m3 codes (QGMMA), then
