@@ -56,6 +56,8 @@
 // speed at T = 512 / 4096 (QGMMA 0.92-1.68x), 5-10x the portable path; ncu on qwen3_30b_a3b
 // T = 4096: tensor pipe active 20-38 %, issue slots 34-43 %, no pipe saturated, 0.5-0.7 eligible
 // warps per scheduler: latency-bound, each warpgroup waits for a stage's MMAs before promoting them.
+// A 64-row double-buffered variant (next stage's MMAs in flight during a promotion; both warpgroups
+// converting the same weights) measured 1.3-1.8x slower and was reverted (commit c1ac57b, PERF.md).
 //
 // Gated up projection in the concatenated layout: the B tile is loaded as two TMA boxes, gate
 // rows [n*BN/2, +BN/2) into tile columns [0, BN/2) and up rows [I + n*BN/2, +BN/2) into
