@@ -52,7 +52,7 @@
 //   * per 128-k block: fresh partial sums (HGMMA, f32), then acc += part x activation scale (per A
 //     row) x weight block scale (per weight row): the CPU's sums up to f32 rounding (measured 1.2e-5
 //     on f32 activations, the portable mma.sync path's figure).
-// Measured (H200, 2026-12-01, docs/PERF.md, fourteenth session): 0.57-1.39x the bf16 grouped_mm
+// Measured (H200, 2026-12-01, docs/PERF.md, fourteenth session): 0.52-1.39x the bf16 grouped_mm
 // speed at T = 512 / 4096 (QGMMA 0.92-1.68x), 5-10x the portable path; ncu on qwen3_30b_a3b
 // T = 4096: tensor pipe active 20-38 %, issue slots 34-43 %, no pipe saturated, 0.5-0.7 eligible
 // warps per scheduler: latency-bound, each warpgroup waits for a stage's MMAs before promoting them.
