@@ -36,6 +36,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
+#include <type_traits>
 
 #include <cuda_fp8.h>
 
@@ -157,12 +158,21 @@ __global__ void layout_fill_kernel(const int* counts, const int* offsets, const 
 }
 
 // ---- dynamic FP8 activation quantization (SPEC §6; the CPU's quantize_activation_row) ------------
+// The exact FP8 kernel's A operand (TmaFp8Extra::exact) holds the codes as f16 values (exact), rows of
+// x_code_ld(K) = ceil(K/128)·128 columns, zero past K, the k order inside every 64 columns permuted so
+// that the kernel's register fragments of the weights (4 consecutive code bytes per k16 step: k pairs
+// 2c and 2c+8 of the wgmma A layout) meet the matching A-row columns: column p = 16c + 4s + 2b1 + b0 of
+// a 64-group (thread c of the quad, k16 step s, byte b) is stored at 16s + 8b1 + 2c + b0.
+__host__ __device__ constexpr int x_code_col(int p) { return ((p >> 2) & 3) * 16 + ((p >> 1) & 1) * 8 + (p >> 4) * 2 + (p & 1); }
+int64_t x_code_ld(int64_t K) { return ceil_div(K, kKBlock) * kKBlock; }
+
 // One warp per (row, 128-channel block): scale = amax / 448 (1 when amax is 0 or not finite),
 // code = e4m3(x / scale) saturated. src row s of `in` [rows, K] goes to dst row (row_map ? row_map[s]
-// : s) of codes [*, K] and scales [ceil(K/128), ld] (MN-major); row_map[s] < 0 skips the row.
-template <class T>
-__global__ void quantize_rows_kernel(const T* in, int64_t rows, int K, const int* row_map, uint8_t* codes, float* scales,
-                                     int ld) {
+// : s) of the codes and of scales [ceil(K/128), ld] (MN-major); row_map[s] < 0 skips the row.
+// Code = uint8_t: e4m3 bytes [*, K] in order (QGMMA); uint16_t: f16 values [*, x_code_ld(K)] in the
+// x_code_col order (the exact kernel).
+template <class T, class Code>
+__global__ void quantize_rows_kernel(const T* in, int64_t rows, int K, const int* row_map, Code* codes, float* scales, int ld) {
   const int kb_count = (K + kKBlock - 1) / kKBlock;
   const int64_t warp_id = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
@@ -183,91 +193,41 @@ __global__ void quantize_rows_kernel(const T* in, int64_t rows, int K, const int
 #pragma unroll
   for (int d = 16; d > 0; d >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, d));
   const float scale = amax > 0.0f && isfinite(amax) ? amax / 448.0f : 1.0f;
-  uint8_t* q = codes + int64_t(dst) * K;
+  if constexpr (std::is_same_v<Code, uint8_t>) {
+    uint8_t* q = codes + int64_t(dst) * K;
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int c = kb * kKBlock + lane * 4 + i;
-    if (c < K) q[c] = uint8_t(__nv_cvt_float_to_fp8(v[i] / scale, __NV_SATFINITE, __NV_E4M3));
+    for (int i = 0; i < 4; ++i) {
+      const int c = kb * kKBlock + lane * 4 + i;
+      if (c < K) q[c] = uint8_t(__nv_cvt_float_to_fp8(v[i] / scale, __NV_SATFINITE, __NV_E4M3));
+    }
+  } else {
+    uint16_t* q = codes + int64_t(dst) * (int64_t(kb_count) * kKBlock) + kb * kKBlock;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int p = lane * 4 + i;  // column inside the 128-block: every one is written (zero past K)
+      const __nv_fp8_storage_t code =
+          kb * kKBlock + p < K ? __nv_cvt_float_to_fp8(v[i] / scale, __NV_SATFINITE, __NV_E4M3) : __nv_fp8_storage_t(0);
+      q[(p & ~63) + x_code_col(p & 63)] = __nv_cvt_fp8_to_halfraw(code, __NV_E4M3).x;
+    }
   }
   if (lane == 0) scales[int64_t(kb) * ld + dst] = scale;
 }
 
-// The exact FP8 kernel's A operand (TmaFp8Extra::exact): the same codes as f16 values (exact), rows of
-// ld = ceil(K/128)·128 columns, zero past K, the k order inside every 64 columns permuted so that the
-// kernel's register fragments of the weights (4 consecutive code bytes per k16 step: k pairs 2c and
-// 2c+8 of the wgmma A layout) meet the matching A-row columns: column p = 16c + 4s + 2b1 + b0 of a
-// 64-group (thread c of the quad, k16 step s, byte b) is stored at 16s + 8b1 + 2c + b0.
-__host__ __device__ constexpr int x_code_col(int p) { return ((p >> 2) & 3) * 16 + ((p >> 1) & 1) * 8 + (p >> 4) * 2 + (p & 1); }
-
-template <class T>
-__global__ void quantize_rows_f16_kernel(const T* in, int64_t rows, int K, const int* row_map, uint16_t* codes, int ld,
-                                         float* scales, int sld) {
-  const int kb_count = (K + kKBlock - 1) / kKBlock;
-  const int64_t warp_id = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
-  const int lane = threadIdx.x & 31;
-  if (warp_id >= rows * kb_count) return;
-  const int64_t s = warp_id / kb_count;
-  const int kb = int(warp_id - s * kb_count);
-  const int dst = row_map ? row_map[s] : int(s);
-  if (dst < 0) return;
-  const T* x = in + s * K;
-  float v[4];
-  float amax = 0.0f;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int c = kb * kKBlock + lane * 4 + i;
-    v[i] = c < K ? to_f32(x[c]) : 0.0f;
-    amax = fmaxf(amax, fabsf(v[i]));
-  }
-#pragma unroll
-  for (int d = 16; d > 0; d >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, d));
-  const float scale = amax > 0.0f && isfinite(amax) ? amax / 448.0f : 1.0f;
-  uint16_t* q = codes + int64_t(dst) * ld + kb * kKBlock;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int p = lane * 4 + i;  // column inside the 128-block: every one is written (zero past K)
-    const __nv_fp8_storage_t code =
-        kb * kKBlock + p < K ? __nv_cvt_float_to_fp8(v[i] / scale, __NV_SATFINITE, __NV_E4M3) : __nv_fp8_storage_t(0);
-    const __half_raw h = __nv_cvt_fp8_to_halfraw(code, __NV_E4M3);
-    q[(p & ~63) + x_code_col(p & 63)] = h.x;
-  }
-  if (lane == 0) scales[int64_t(kb) * sld + dst] = scale;
-}
-
-template <class T>
-void launch_quantize_rows(const void* in, int64_t rows, int K, const int* row_map, uint8_t* codes, float* scales, int ld,
+template <class T, class Code>
+void launch_quantize_rows(const void* in, int64_t rows, int K, const int* row_map, Code* codes, float* scales, int ld,
                           cudaStream_t stream) {
   const int64_t warps = rows * ((K + kKBlock - 1) / kKBlock);
   if (warps == 0) return;
   const int threads = 256;
   const int64_t blocks = (warps * 32 + threads - 1) / threads;
-  quantize_rows_kernel<T><<<unsigned(blocks), threads, 0, stream>>>(static_cast<const T*>(in), rows, K, row_map, codes, scales, ld);
+  quantize_rows_kernel<T, Code>
+      <<<unsigned(blocks), threads, 0, stream>>>(static_cast<const T*>(in), rows, K, row_map, codes, scales, ld);
   check_launch("deepgemm quantize_rows");
 }
 
-// Columns of a row of f16 codes (x_code_col): K rounded up to the 128-wide blocks.
-int64_t x_code_ld(int64_t K) { return ceil_div(K, kKBlock) * kKBlock; }
-
-template <class T>
-void launch_quantize_rows_f16(const void* in, int64_t rows, int K, const int* row_map, uint16_t* codes, float* scales, int sld,
-                              cudaStream_t stream) {
-  const int64_t warps = rows * ((K + kKBlock - 1) / kKBlock);
-  if (warps == 0) return;
-  const int threads = 256;
-  const int64_t blocks = (warps * 32 + threads - 1) / threads;
-  quantize_rows_f16_kernel<T><<<unsigned(blocks), threads, 0, stream>>>(static_cast<const T*>(in), rows, K, row_map, codes,
-                                                                         int(x_code_ld(K)), scales, sld);
-  check_launch("grouped_mm FP8 quantize_rows_f16");
-}
-
-void quantize_rows_f16(DType dt, const void* in, int64_t rows, int K, const int* row_map, uint16_t* codes, float* scales,
-                       int sld, cudaStream_t stream) {
-  if (dt == DType::bf16) launch_quantize_rows_f16<__nv_bfloat16>(in, rows, K, row_map, codes, scales, sld, stream);
-  else if (dt == DType::f16) launch_quantize_rows_f16<__half>(in, rows, K, row_map, codes, scales, sld, stream);
-  else launch_quantize_rows_f16<float>(in, rows, K, row_map, codes, scales, sld, stream);
-}
-
-void quantize_rows(DType dt, const void* in, int64_t rows, int K, const int* row_map, uint8_t* codes, float* scales, int ld,
+// codes: uint8_t* (e4m3, QGMMA) or uint16_t* (f16 values in the exact kernel's order).
+template <class Code>
+void quantize_rows(DType dt, const void* in, int64_t rows, int K, const int* row_map, Code* codes, float* scales, int ld,
                    cudaStream_t stream) {
   if (dt == DType::bf16) launch_quantize_rows<__nv_bfloat16>(in, rows, K, row_map, codes, scales, ld, stream);
   else if (dt == DType::f16) launch_quantize_rows<__half>(in, rows, K, row_map, codes, scales, ld, stream);
@@ -436,7 +396,7 @@ void run_deepgemm(const Experts& ex, const ExpertsCall& call, const RunContext& 
     float* hs = ws.take<float>(size_t(ceil_div(z.I, kKBlock) * z.M4));
     const bool ue8m0 = s.quant.scale_format == ScaleFormat::ue8m0;
     if (z.exact) {
-      quantize_rows_f16(s.dtype, call.hidden.data, T, int(z.H), nullptr, static_cast<uint16_t*>(xq), xs, int(z.T4), stream);
+      quantize_rows(s.dtype, call.hidden.data, T, int(z.H), nullptr, static_cast<uint16_t*>(xq), xs, int(z.T4), stream);
       xu.exact = xd.exact = true;
       xu.a_ld = int(xld);
       xd.a_ld = int(hld);
@@ -460,7 +420,7 @@ void run_deepgemm(const Experts& ex, const ExpertsCall& call, const RunContext& 
                                    "use grouped_mm",
            to_string(call.hidden.device));
     launch_grouped_gemm_tma_ex(up, s.dtype, true, xu, z.T, z.E, stream);
-    if (z.exact) quantize_rows_f16(s.dtype, hp, z.S, int(z.I), pair_lrow, static_cast<uint16_t*>(hq), hs, int(z.M4), stream);
+    if (z.exact) quantize_rows(s.dtype, hp, z.S, int(z.I), pair_lrow, static_cast<uint16_t*>(hq), hs, int(z.M4), stream);
     else quantize_rows(s.dtype, hp, z.S, int(z.I), pair_lrow, static_cast<uint8_t*>(hq), hs, int(z.M4), stream);
     launch_grouped_gemm_tma_ex(down, s.dtype, true, xd, z.M, z.E, stream);
   } else {
