@@ -22,7 +22,8 @@
 //   plan       routing_plan.cu's counting sort, then the layout: tile table (expert, row begin,
 //              row end) over 128-row tiles, row_pair [M] (layout row -> pair), pair_lrow [S]
 //              (pair -> layout row or -1), pair_rows [S] (p or -1: the combine's y row)
-//   FP8        x -> e4m3 codes xq [T, H] + scales [ceil(H/128), T4] (per token per 128 channels)
+//   FP8        x -> e4m3 codes xq [T, H] + scales [ceil(H/128), T4] (per token per 128 channels);
+//              grouped_mm's exact variant: the codes as f16 values [T, x_code_ld(H)] (x_code_col order)
 //   up         grouped GEMM, A rows gathered from x (bf16) or xq (FP8) through row_pair; gated
 //              activation in the epilogue -> h in the activation dtype: at the layout row (bf16)
 //              or at the pair row (FP8)
@@ -31,7 +32,8 @@
 //   down       grouped GEMM, A = h / hq rows by TMA, y[pair] = f32 (+ bias)
 //   combine    out[t] = Σ_j w[t, j] · y[t·K + j] in slot order (combine.cu)
 // Workspace (all static bounds from T, K, E): plan + layout arrays (~16·M + 16·S bytes) + y [S, H]
-// f32 + bf16: h [M, I]; FP8: xq [T, H] + h [S, I] (act dtype) + hq [M, I] + scales.
+// f32 + bf16: h [M, I]; FP8: xq [T, H] + h [S, I] (act dtype) + hq [M, I] + scales (exact variant: xq and
+// hq as f16 rows of x_code_ld columns, 2 bytes per element).
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
