@@ -774,9 +774,9 @@ __global__ void __launch_bounds__(THREADS, 1)
         // next stage's weight bytes loaded from shared memory under them. Registers: partial sums
         // (NB/2), A fragments (32), the next stage's bytes (16), accumulators (64): 176 at NB = 128,
         // within the consumers' 224. Measured on the H200 (2026-12-01): two passes of 64 rows, each
-        // waited for, without that load ahead: 7-25 % slower; two commit groups of 64 rows with the first promoted under the
-        // second no faster (within 2 %). With the partial sums declared outside the item loop ptxas
-        // serialized the wgmmas (C7511).
+        // waited for, without that load ahead: 7-25 % slower; two commit groups of 64 rows with the
+        // first promoted under the second: no faster (within 2 %). With the partial sums declared
+        // outside the item loop ptxas serialized the wgmmas (C7511).
         auto kloop = [&](auto nb_tag) {
           constexpr int NB = decltype(nb_tag)::value, NFP = NB / 8;
           uint4 lo[2], hi[2];
