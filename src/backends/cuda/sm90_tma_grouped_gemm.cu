@@ -160,6 +160,14 @@ void launch_bf16_f16(const GroupedGemmArgs& a, DType dtype, const TmaFp8Extra& x
   else tma::launch_bn<__half, BN, false, MC, PP>(a, dtype, x, a_rows, E, stream);
 }
 
+// The FP8 kernels (128-wide tiles, no clusters) per activation dtype: exact (X) or QGMMA.
+template <bool X>
+void launch_fp8(const GroupedGemmArgs& a, DType dtype, const TmaFp8Extra& x, int64_t a_rows, int64_t E, cudaStream_t stream) {
+  if (dtype == DType::bf16) tma::launch_bn<__nv_bfloat16, 128, true, false, false, X>(a, dtype, x, a_rows, E, stream);
+  else if (dtype == DType::f16) tma::launch_bn<__half, 128, true, false, false, X>(a, dtype, x, a_rows, E, stream);
+  else tma::launch_bn<float, 128, true, false, false, X>(a, dtype, x, a_rows, E, stream);
+}
+
 }  // namespace
 
 bool tma_disabled() {
@@ -295,16 +303,9 @@ void launch_grouped_gemm_tma_ex(const GroupedGemmArgs& a, DType act_dtype, bool 
   x.work_counter = dynamic ? a.plan.sched : nullptr;  // the kernels in clusters / ping-pong ignore it
   if (fp8) {
     MOEX_ASSERT(x.a_scales && x.w_scales && x.a_scales_ld % 4 == 0);
-    if (x.exact) {
-      MOEX_ASSERT(x.a_ld % 128 == 0 && x.a_ld >= a.Kdim);
-      if (act_dtype == DType::bf16) tma::launch_bn<__nv_bfloat16, 128, true, false, false, true>(a, act_dtype, x, a_rows, E, stream);
-      else if (act_dtype == DType::f16) tma::launch_bn<__half, 128, true, false, false, true>(a, act_dtype, x, a_rows, E, stream);
-      else tma::launch_bn<float, 128, true, false, false, true>(a, act_dtype, x, a_rows, E, stream);
-      return;
-    }
-    if (act_dtype == DType::bf16) tma::launch_bn<__nv_bfloat16, 128, true, false, false>(a, act_dtype, x, a_rows, E, stream);
-    else if (act_dtype == DType::f16) tma::launch_bn<__half, 128, true, false, false>(a, act_dtype, x, a_rows, E, stream);
-    else tma::launch_bn<float, 128, true, false, false>(a, act_dtype, x, a_rows, E, stream);
+    MOEX_ASSERT(!x.exact || (x.a_ld % 128 == 0 && x.a_ld >= a.Kdim));
+    if (x.exact) launch_fp8<true>(a, act_dtype, x, a_rows, E, stream);
+    else launch_fp8<false>(a, act_dtype, x, a_rows, E, stream);
     return;
   }
   // N tile: x.n_tile (grouped_mm sets it from the GEMM's size, see launch_grouped_gemm_tma), 256

@@ -151,6 +151,19 @@ __device__ __forceinline__ float weight_scale(const TmaFp8Extra& x, int64_t idx)
                    : static_cast<const float*>(x.w_scales)[idx];
 }
 
+// Index of the first weight block scale (k block 0) of the 128 x BN tile n of expert e, for the tile's two
+// column halves: ws_lo for columns [0, BN/2), ws_hi for [BN/2, BN) (gate / up in the concatenated gated
+// layout, the same block otherwise). w_scales is [E, ceil(N/128), ceil(Kdim/128)]; k block kt adds kt.
+template <int BN>
+__device__ __forceinline__ void weight_scale_rows(const GroupedGemmArgs& a, int e, int n, int64_t& ws_lo, int64_t& ws_hi) {
+  const int64_t kb_count = (a.Kdim + 127) / 128, nb_count = (a.N + 127) / 128;
+  const bool concat = a.epi == Epi::up_concat;
+  const int64_t blk_lo = concat ? (int64_t(n) * (BN / 2)) / 128 : n;
+  const int64_t blk_hi = concat ? (int64_t(a.I) + int64_t(n) * (BN / 2)) / 128 : n;
+  ws_lo = (int64_t(e) * nb_count + blk_lo) * kb_count;
+  ws_hi = (int64_t(e) * nb_count + blk_hi) * kb_count;
+}
+
 // ---- epilogue --------------------------------------------------------------------------------
 // The activation with its kind fixed at compile time (ACT), or the run-time switch (kActRuntime).
 constexpr int kActRuntime = -1;
@@ -747,11 +760,8 @@ __global__ void __launch_bounds__(THREADS, 1)
         const int g = lane >> 2, c4 = lane & 3;
         int row_lo, row_hi;
         x_weight_rows(a.epi, cw, warp_in_wg, g, row_lo, row_hi);
-        const int kb_count = (Kdim + 127) / 128;
-        const int64_t nb_count = (a.N + 127) / 128;
-        const int64_t blk_lo = concat ? (int64_t(n) * (BN / 2)) / 128 : n;
-        const int64_t blk_hi = concat ? (int64_t(a.I) + int64_t(n) * (BN / 2)) / 128 : n;
-        const int64_t ws_lo = (int64_t(e) * nb_count + blk_lo) * kb_count, ws_hi = (int64_t(e) * nb_count + blk_hi) * kb_count;
+        int64_t ws_lo, ws_hi;
+        weight_scale_rows<BN>(a, e, n, ws_lo, ws_hi);
         // which 64-k half each row loads first: the two rows of one 8-thread phase of the 16-byte
         // loads then fall into different halves of the swizzled 128-byte row (no bank conflict)
         const int first_lo = (g & 1) ^ ((row_lo >> 2) & 1), first_hi = (g & 1) ^ ((row_hi >> 2) & 1);
@@ -842,12 +852,8 @@ __global__ void __launch_bounds__(THREADS, 1)
         // ---- two-level accumulation: per 128-K block, part = A·B on the e4m3 codes (QGMMA), then
         // acc += part × activation scale (per row) × weight block scale (per 128 outputs)
         const int e = a.plan.tiles[m].x;
-        const int kb_count = (Kdim + 127) / 128;
-        const int64_t nb_count = (a.N + 127) / 128;
-        // weight scale rows of the tile's two column halves (gate / up in the concatenated layout)
-        const int64_t blk_lo = concat ? (int64_t(n) * (BN / 2)) / 128 : n;
-        const int64_t blk_hi = concat ? (int64_t(a.I) + int64_t(n) * (BN / 2)) / 128 : n;
-        const int64_t ws_lo = (int64_t(e) * nb_count + blk_lo) * kb_count, ws_hi = (int64_t(e) * nb_count + blk_hi) * kb_count;
+        int64_t ws_lo, ws_hi;
+        weight_scale_rows<BN>(a, e, n, ws_lo, ws_hi);
         const int srow = cw * 64 + warp_in_wg * 16 + (lane >> 2);
         for (int kt = 0; kt < ktiles; ++kt) {
           const float w_lo = weight_scale(x, ws_lo + kt), w_hi = weight_scale(x, ws_hi + kt);
