@@ -17,6 +17,7 @@
 #include <random>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "moex/check.hpp"
@@ -262,16 +263,21 @@ TEST_P(CudaFp8Prefill, TmaAndPortablePathsMatchTheReference) {
   const DType dt = GetParam();
   ScopedEnv no_decode("MOEX_CUDA_FP8_DECODE", "0");
   const uint64_t seed = seed_from_env();
-  for (const char* mode : {"exact", "0"}) {
+  // {MOEX_CUDA_FP8_TMA, MOEX_CUDA_FP8_X_ORDER}: the exact kernel with both issue orders, the hybrid
+  // (exact up, QGMMA down), the portable path
+  const std::pair<const char*, const char*> modes[] = {{"exact", "0"}, {"exact", "1"}, {"hybrid", "1"}, {"0", "0"}};
+  for (const auto& [mode, order] : modes) {
     ScopedEnv path("MOEX_CUDA_FP8_TMA", mode);
+    ScopedEnv issue_order("MOEX_CUDA_FP8_X_ORDER", order);
     double worst = 0;
     for (const auto& c : fp8_prefill_cases(seed, dt)) {
       const auto r = check::run_case("grouped_mm", c, Device::cuda());
-      EXPECT_EQ(r.status, check::Result::Status::passed)
-          << "MOEX_CUDA_FP8_TMA=" << mode << " " << c.describe() << ": " << check::status_name(r.status) << ": " << r.message;
+      EXPECT_EQ(r.status, check::Result::Status::passed) << "MOEX_CUDA_FP8_TMA=" << mode << " MOEX_CUDA_FP8_X_ORDER=" << order
+                                                         << " " << c.describe() << ": " << check::status_name(r.status)
+                                                         << ": " << r.message;
       worst = std::max(worst, r.rel_l2);
     }
-    std::printf("FP8 prefill, MOEX_CUDA_FP8_TMA=%s: worst rel L2 %.2e\n", mode, worst);
+    std::printf("FP8 prefill, MOEX_CUDA_FP8_TMA=%s MOEX_CUDA_FP8_X_ORDER=%s: worst rel L2 %.2e\n", mode, order, worst);
   }
 }
 

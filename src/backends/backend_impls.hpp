@@ -30,10 +30,14 @@ Support cuda_deepgemm_supports(const Problem& p);
 size_t cuda_deepgemm_workspace(const Problem& p);
 void cuda_deepgemm(const Experts& ex, const ExpertsCall& call, const RunContext& ctx);
 // grouped_mm's FP8 (128x128 blocks) route on Hopper: deepgemm's TMA kernels in the contiguous
-// layout; exact = the exact variant (f16 codes, HGMMA; SPEC §8's 2e-3), else QGMMA.
-// p.compute_capability must hold the device's (no device query here).
+// layout. Per GEMM, the exact variant (f16 codes, HGMMA; SPEC §8's 2e-3) or QGMMA (Hopper's FP8
+// MMA accumulation). p.compute_capability must hold the device's (no device query here).
+struct Fp8TmaKernels {
+  bool up_exact = true;    // the up GEMM, whose h is quantized again: exact
+  bool down_exact = true;  // the down GEMM, whose y is the output
+};
 bool cuda_fp8_tma_route(const Problem& p);
-size_t cuda_fp8_tma_workspace(const Problem& p, bool exact);
-void cuda_fp8_tma_grouped(const Experts& ex, const ExpertsCall& call, const RunContext& ctx, bool exact);
+size_t cuda_fp8_tma_workspace(const Problem& p, Fp8TmaKernels k);
+void cuda_fp8_tma_grouped(const Experts& ex, const ExpertsCall& call, const RunContext& ctx, Fp8TmaKernels k);
 
 }  // namespace moex::detail

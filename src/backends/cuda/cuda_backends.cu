@@ -287,14 +287,24 @@ Support cuda_supports(const Problem& p, std::string_view backend) {
 // 3.9e-3..8.7e-3 against the same-quantization reference where SPEC §8 asks 2e-3); =0 the portable
 // mma.sync path of quant_grouped_gemm.cu (measured 5-14x slower than bf16 at T = 512 / 4096, H200,
 // 2026-12-01, docs/PERF.md, thirteenth session).
-enum class Fp8TmaMode { off, exact, qgmma };
+// MOEX_CUDA_FP8_TMA=hybrid: the exact up GEMM and QGMMA's down GEMM (the QGMMA accumulation error
+// reaches y directly instead of moving h across e4m3 code boundaries before the requantization).
+enum class Fp8TmaMode { off, exact, qgmma, hybrid };
 // Read at every call (the tests switch it; a getenv per forward costs nothing next to the GEMMs).
 static Fp8TmaMode fp8_tma_mode() {
   const char* e = std::getenv("MOEX_CUDA_FP8_TMA");
   if (!e || !*e) return Fp8TmaMode::exact;
   if (std::strcmp(e, "0") == 0 || std::strcmp(e, "off") == 0) return Fp8TmaMode::off;
   if (std::strcmp(e, "1") == 0 || std::strcmp(e, "qgmma") == 0) return Fp8TmaMode::qgmma;
+  if (std::strcmp(e, "hybrid") == 0) return Fp8TmaMode::hybrid;
   return Fp8TmaMode::exact;
+}
+static Fp8TmaKernels fp8_tma_kernels() {
+  const Fp8TmaMode m = fp8_tma_mode();
+  Fp8TmaKernels k;
+  k.up_exact = m == Fp8TmaMode::exact || m == Fp8TmaMode::hybrid;
+  k.down_exact = m == Fp8TmaMode::exact;
+  return k;
 }
 static bool fp8_on_tma(const Problem& p) {
   if (fp8_tma_mode() == Fp8TmaMode::off) return false;
@@ -317,7 +327,7 @@ size_t cuda_grouped_workspace(const Problem& p) {
   // FP8 on Hopper runs deepgemm.cu's QGMMA kernel (or this file's path when the buffers' alignment
   // rules it out at run time): room for either
   const size_t with_decode = std::max(own, decode_workspace(p));
-  return fp8_on_tma(p) ? std::max(with_decode, cuda_fp8_tma_workspace(p, fp8_tma_mode() == Fp8TmaMode::exact)) : with_decode;
+  return fp8_on_tma(p) ? std::max(with_decode, cuda_fp8_tma_workspace(p, fp8_tma_kernels())) : with_decode;
 }
 
 size_t cuda_eager_workspace(const Problem& p) {
@@ -396,7 +406,7 @@ void cuda_grouped(const Experts& ex, const ExpertsCall& call, const RunContext& 
     }
   }
   if (s.quant.quantized() && aligned16(ex.gate_up.data) && aligned16(ex.down.data) && fp8_on_tma(Problem::from(ex, call))) {
-    cuda_fp8_tma_grouped(ex, call, ctx, fp8_tma_mode() == Fp8TmaMode::exact);  // TMA kernels, contiguous layout (deepgemm.cu)
+    cuda_fp8_tma_grouped(ex, call, ctx, fp8_tma_kernels());  // TMA kernels, contiguous layout (deepgemm.cu)
     return;
   }
   DeviceGuard guard(call.hidden.device.index);

@@ -242,10 +242,12 @@ struct Sizes {
   int64_t T, K, S, E, H, I, R, M, M4, T4, max_tiles;
   Layout layout;
   bool fp8;
-  bool exact;  // FP8 through the exact kernel (f16 codes, rows of x_code_ld columns)
+  // FP8 GEMMs through the exact kernel (f16 codes, rows of x_code_ld columns), else QGMMA (e4m3 codes)
+  bool up_exact, down_exact;
 };
 
-Sizes sizes_of(const ExpertsSpec& s, int64_t T, int64_t K, LayoutChoice choice = LayoutChoice::by_size, bool exact = false) {
+Sizes sizes_of(const ExpertsSpec& s, int64_t T, int64_t K, LayoutChoice choice = LayoutChoice::by_size,
+               Fp8TmaKernels kernels = {false, false}) {
   Sizes z{};
   z.T = T;
   z.K = K;
@@ -259,7 +261,8 @@ Sizes sizes_of(const ExpertsSpec& s, int64_t T, int64_t K, LayoutChoice choice =
   z.M4 = round4(z.M);
   z.T4 = round4(T);
   z.fp8 = s.quant.kind == QuantKind::fp8_block;
-  z.exact = z.fp8 && exact;
+  z.up_exact = z.fp8 && kernels.up_exact;
+  z.down_exact = z.fp8 && kernels.down_exact;
   // tiles: contiguous Σ ceil(cnt/128) <= ceil(S/128) + min(S, E); masked the same sum
   z.max_tiles = max_m_tiles(z.S, z.E, kTile);
   return z;
@@ -269,12 +272,11 @@ size_t workspace_of(const Sizes& z, DType act) {
   size_t b = plan_workspace_bytes(z.S, z.E, kTile);
   b += bytes_of(z.E + 1, 4) + bytes_of(z.E, 4) + bytes_of(z.max_tiles, 16) + bytes_of(z.M, 4) + 2 * bytes_of(z.S, 4);
   b += bytes_of(z.S * z.H, 4);  // y
-  if (z.exact) {
-    b += bytes_of(z.T * x_code_ld(z.H), 2) + bytes_of(ceil_div(z.H, kKBlock) * z.T4, 4);
-    b += bytes_of(z.S * z.I, dtype_size(act)) + bytes_of(z.M * x_code_ld(z.I), 2) + bytes_of(ceil_div(z.I, kKBlock) * z.M4, 4);
-  } else if (z.fp8) {
-    b += bytes_of(z.T * z.H, 1) + bytes_of(ceil_div(z.H, kKBlock) * z.T4, 4);
-    b += bytes_of(z.S * z.I, dtype_size(act)) + bytes_of(z.M * z.I, 1) + bytes_of(ceil_div(z.I, kKBlock) * z.M4, 4);
+  if (z.fp8) {
+    // x codes [T, H] and h codes [M, I]: e4m3 bytes (QGMMA) or f16 values in rows of x_code_ld (exact)
+    b += z.up_exact ? bytes_of(z.T * x_code_ld(z.H), 2) : bytes_of(z.T * z.H, 1);
+    b += z.down_exact ? bytes_of(z.M * x_code_ld(z.I), 2) : bytes_of(z.M * z.I, 1);
+    b += bytes_of(ceil_div(z.H, kKBlock) * z.T4, 4) + bytes_of(z.S * z.I, dtype_size(act)) + bytes_of(ceil_div(z.I, kKBlock) * z.M4, 4);
   } else {
     b += bytes_of(z.M * z.I, dtype_size(act));
   }
@@ -323,13 +325,13 @@ size_t cuda_deepgemm_workspace(const Problem& p) { return workspace_of(sizes_of(
 
 namespace {
 
-// exact: FP8 through the exact kernel (grouped_mm), else QGMMA (deepgemm).
-void run_deepgemm(const Experts& ex, const ExpertsCall& call, const RunContext& ctx, LayoutChoice choice, bool exact) {
+// kernels: per FP8 GEMM, the exact kernel (grouped_mm) or QGMMA (deepgemm: both).
+void run_deepgemm(const Experts& ex, const ExpertsCall& call, const RunContext& ctx, LayoutChoice choice, Fp8TmaKernels kernels) {
   const ExpertsSpec& s = ex.spec;
   DeviceGuard guard(call.hidden.device.index);
   cudaStream_t stream = static_cast<cudaStream_t>(ctx.options.stream);
   const int64_t T = call.hidden.shape[0], K = call.top_k_index.shape[1];
-  const Sizes z = sizes_of(s, T, K, choice, exact);
+  const Sizes z = sizes_of(s, T, K, choice, kernels);
   const bool idx64 = call.top_k_index.dtype == DType::i64;
 
   WorkspaceCarver ws(ctx.workspace.data(), ctx.workspace.capacity());
@@ -389,22 +391,21 @@ void run_deepgemm(const Experts& ex, const ExpertsCall& call, const RunContext& 
   xd.out_rows = row_pair;  // y rows are pair ids
   if (z.fp8) {
     // codes: e4m3 bytes [rows, K] (QGMMA) or f16 values [rows, x_code_ld(K)] (exact)
-    const int64_t xld = z.exact ? x_code_ld(z.H) : z.H, hld = z.exact ? x_code_ld(z.I) : z.I;
-    const size_t code_bytes = z.exact ? 2 : 1;
-    void* xq = ws.take_bytes(size_t(z.T * xld) * code_bytes);
+    const int64_t xld = z.up_exact ? x_code_ld(z.H) : z.H, hld = z.down_exact ? x_code_ld(z.I) : z.I;
+    void* xq = ws.take_bytes(size_t(z.T * xld) * (z.up_exact ? 2 : 1));
     float* xs = ws.take<float>(size_t(ceil_div(z.H, kKBlock) * z.T4));
     void* hp = ws.take_bytes(size_t(z.S * z.I) * dtype_size(s.dtype));  // h at the pair rows
-    void* hq = ws.take_bytes(size_t(z.M * hld) * code_bytes);
+    void* hq = ws.take_bytes(size_t(z.M * hld) * (z.down_exact ? 2 : 1));
     float* hs = ws.take<float>(size_t(ceil_div(z.I, kKBlock) * z.M4));
     const bool ue8m0 = s.quant.scale_format == ScaleFormat::ue8m0;
-    if (z.exact) {
+    if (z.up_exact)
       quantize_rows(s.dtype, call.hidden.data, T, int(z.H), nullptr, static_cast<uint16_t*>(xq), xs, int(z.T4), stream);
-      xu.exact = xd.exact = true;
-      xu.a_ld = int(xld);
-      xd.a_ld = int(hld);
-    } else {
+    else
       quantize_rows(s.dtype, call.hidden.data, T, int(z.H), nullptr, static_cast<uint8_t*>(xq), xs, int(z.T4), stream);
-    }
+    xu.exact = z.up_exact;
+    xd.exact = z.down_exact;
+    xu.a_ld = z.up_exact ? int(xld) : 0;
+    xd.a_ld = z.down_exact ? int(hld) : 0;
     up.A = xq;
     up.out = hp;
     xu.out_rows = row_pair;  // h at the pair row
@@ -422,7 +423,7 @@ void run_deepgemm(const Experts& ex, const ExpertsCall& call, const RunContext& 
                                    "use grouped_mm",
            to_string(call.hidden.device));
     launch_grouped_gemm_tma_ex(up, s.dtype, true, xu, z.T, z.E, stream);
-    if (z.exact) quantize_rows(s.dtype, hp, z.S, int(z.I), pair_lrow, static_cast<uint16_t*>(hq), hs, int(z.M4), stream);
+    if (z.down_exact) quantize_rows(s.dtype, hp, z.S, int(z.I), pair_lrow, static_cast<uint16_t*>(hq), hs, int(z.M4), stream);
     else quantize_rows(s.dtype, hp, z.S, int(z.I), pair_lrow, static_cast<uint8_t*>(hq), hs, int(z.M4), stream);
     launch_grouped_gemm_tma_ex(down, s.dtype, true, xd, z.M, z.E, stream);
   } else {
@@ -458,7 +459,7 @@ void run_deepgemm(const Experts& ex, const ExpertsCall& call, const RunContext& 
 }  // namespace
 
 void cuda_deepgemm(const Experts& ex, const ExpertsCall& call, const RunContext& ctx) {
-  run_deepgemm(ex, call, ctx, LayoutChoice::by_size, false);
+  run_deepgemm(ex, call, ctx, LayoutChoice::by_size, Fp8TmaKernels{false, false});
 }
 
 // grouped_mm's FP8 path on Hopper: the same kernels in the contiguous layout, exact (f16 codes and
@@ -471,11 +472,11 @@ bool cuda_fp8_tma_route(const Problem& p) {
   if (!p.device.is_cuda() || p.compute_capability < 0) return false;  // the caller fills in the device's
   return cuda_deepgemm_supports(p).ok;
 }
-size_t cuda_fp8_tma_workspace(const Problem& p, bool exact) {
-  return workspace_of(sizes_of(p.spec, p.tokens, p.top_k, LayoutChoice::contiguous, exact), p.spec.dtype);
+size_t cuda_fp8_tma_workspace(const Problem& p, Fp8TmaKernels kernels) {
+  return workspace_of(sizes_of(p.spec, p.tokens, p.top_k, LayoutChoice::contiguous, kernels), p.spec.dtype);
 }
-void cuda_fp8_tma_grouped(const Experts& ex, const ExpertsCall& call, const RunContext& ctx, bool exact) {
-  run_deepgemm(ex, call, ctx, LayoutChoice::contiguous, exact);
+void cuda_fp8_tma_grouped(const Experts& ex, const ExpertsCall& call, const RunContext& ctx, Fp8TmaKernels kernels) {
+  run_deepgemm(ex, call, ctx, LayoutChoice::contiguous, kernels);
 }
 
 }  // namespace moex::detail

@@ -296,8 +296,13 @@ void launch_grouped_gemm_tma_ex(const GroupedGemmArgs& a, DType act_dtype, bool 
     const int v = e ? std::atoi(e) : 0;
     return v >= 1 && v <= 64 ? v : 8;
   }();
+  // The exact FP8 kernel's alternating MMA issue order (see TmaFp8Extra::x_order):
+  // MOEX_CUDA_FP8_X_ORDER=1 turns it on (read per launch: the tests switch it)
+  const char* x_order_env = std::getenv("MOEX_CUDA_FP8_X_ORDER");
+  const bool x_order = x_order_env && *x_order_env == '1';
   TmaFp8Extra x = x_in;
   x.group_m = group_m;
+  x.x_order = x_order;
   x.compact_epilogue = compact;
   x.skip_idle_rows = idle_skip;
   x.work_counter = dynamic ? a.plan.sched : nullptr;  // the kernels in clusters / ping-pong ignore it
