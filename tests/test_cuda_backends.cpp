@@ -17,7 +17,6 @@
 #include <random>
 #include <string>
 #include <tuple>
-#include <utility>
 #include <vector>
 
 #include "moex/check.hpp"
@@ -225,9 +224,10 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, CudaFp8Decode, ::testing::Values(DType::f32, DT
 // above the decode path's T, or at any T with that path turned off. Experts holding 1-16, 17-32,
 // 33-64, 65-128 and more rows (each wgmma N of the exact kernel, several M tiles per expert),
 // partial 128-k blocks on both GEMMs (H = 208, I = 704), skewed / dropped / one-expert / empty
-// routing, every epilogue with and without bias, f32 and UE8M0 scales. Both the exact variant
-// (the default) and the portable mma.sync path (MOEX_CUDA_FP8_TMA=0) must meet SPEC §8 (2e-3
-// against the same-quantization f64 reference, 8e-2 against the unquantized one).
+// routing, every epilogue with and without bias, f32 and UE8M0 scales. The default (the exact up
+// GEMM, the QGMMA down GEMM), both GEMMs exact (MOEX_CUDA_FP8_TMA=exact) and the portable mma.sync
+// path (=0) must meet SPEC §8 (2e-3 against the same-quantization f64 reference, 8e-2 against the
+// unquantized one).
 std::vector<check::Case> fp8_prefill_cases(uint64_t seed, DType dt) {
   std::vector<check::Case> out;
   auto add = [&](check::Case c, QuantSpec q) {
@@ -263,21 +263,17 @@ TEST_P(CudaFp8Prefill, TmaAndPortablePathsMatchTheReference) {
   const DType dt = GetParam();
   ScopedEnv no_decode("MOEX_CUDA_FP8_DECODE", "0");
   const uint64_t seed = seed_from_env();
-  // {MOEX_CUDA_FP8_TMA, MOEX_CUDA_FP8_X_ORDER}: the exact kernel with both issue orders, the hybrid
-  // (exact up, QGMMA down), the portable path
-  const std::pair<const char*, const char*> modes[] = {{"exact", "0"}, {"exact", "1"}, {"hybrid", "1"}, {"0", "0"}};
-  for (const auto& [mode, order] : modes) {
+  // the default (exact up GEMM, QGMMA down GEMM), both GEMMs exact, the portable path
+  for (const char* mode : {"hybrid", "exact", "0"}) {
     ScopedEnv path("MOEX_CUDA_FP8_TMA", mode);
-    ScopedEnv issue_order("MOEX_CUDA_FP8_X_ORDER", order);
     double worst = 0;
     for (const auto& c : fp8_prefill_cases(seed, dt)) {
       const auto r = check::run_case("grouped_mm", c, Device::cuda());
-      EXPECT_EQ(r.status, check::Result::Status::passed) << "MOEX_CUDA_FP8_TMA=" << mode << " MOEX_CUDA_FP8_X_ORDER=" << order
-                                                         << " " << c.describe() << ": " << check::status_name(r.status)
-                                                         << ": " << r.message;
+      EXPECT_EQ(r.status, check::Result::Status::passed)
+          << "MOEX_CUDA_FP8_TMA=" << mode << " " << c.describe() << ": " << check::status_name(r.status) << ": " << r.message;
       worst = std::max(worst, r.rel_l2);
     }
-    std::printf("FP8 prefill, MOEX_CUDA_FP8_TMA=%s MOEX_CUDA_FP8_X_ORDER=%s: worst rel L2 %.2e\n", mode, order, worst);
+    std::printf("FP8 prefill, MOEX_CUDA_FP8_TMA=%s: worst rel L2 %.2e\n", mode, worst);
   }
 }
 

@@ -19,7 +19,8 @@
 // quant_decode.cu in both batched_mm and grouped_mm: each routed expert's weights read once for
 // all its rows, three kernels per forward. Otherwise batched_mm runs quant_gemv.cu, grouped_mm the tensor-
 // core kernel of quant_grouped_gemm.cu (its own plan, 64-row tiles), except FP8 128x128 experts on
-// Hopper: deepgemm.cu's TMA kernels, exact variant (see fp8_tma_mode below); eager dequantizes one
+// Hopper: deepgemm.cu's TMA kernels, the exact variant for the up GEMM and QGMMA for the down GEMM
+// (see fp8_tma_mode below); eager dequantizes one
 // expert at a time to f32 [N, K] and runs cuBLAS in f32 (pedantic) on the dequantized activations
 // codes·scale: Σ_k (cx·sx)(cw·sw) equals the CPU's Σ_kb sx·sw·Σ cx·cw up to f32 rounding
 // (~1e-6 relative), far inside the 2e-3 bar of the harness's quantized cases.
@@ -281,23 +282,25 @@ Support cuda_supports(const Problem& p, std::string_view backend) {
 // ---- workspace -------------------------------------------------------------------------------
 
 // grouped_mm with FP8 128x128 experts on Hopper above the decode path's T: deepgemm.cu's TMA kernels
-// in the contiguous layout, by default their exact variant (f16 codes of both operands, HGMMA, the
-// two-level accumulation in f32: the same sums as the CPU; sm90_tma_grouped_gemm.cu).
-// MOEX_CUDA_FP8_TMA=qgmma (or 1) takes the QGMMA kernel instead (Hopper's FP8 MMA accumulation:
-// 3.9e-3..8.7e-3 against the same-quantization reference where SPEC §8 asks 2e-3); =0 the portable
-// mma.sync path of quant_grouped_gemm.cu (measured 5-14x slower than bf16 at T = 512 / 4096, H200,
-// 2026-12-01, docs/PERF.md, thirteenth session).
-// MOEX_CUDA_FP8_TMA=hybrid: the exact up GEMM and QGMMA's down GEMM (the QGMMA accumulation error
-// reaches y directly instead of moving h across e4m3 code boundaries before the requantization).
+// in the contiguous layout (sm90_tma_grouped_gemm.cu). By default (MOEX_CUDA_FP8_TMA unset or
+// `hybrid`) the up GEMM runs the exact variant (f16 codes of both operands, HGMMA, the two-level
+// accumulation in f32: the CPU's sums) and the down GEMM the QGMMA kernel: the up GEMM's h is
+// quantized to e4m3 again, where QGMMA's reduced-precision accumulation moves elements across code
+// boundaries (both GEMMs on QGMMA: 3.9e-3..8.7e-3 against the same-quantization reference where
+// SPEC §8 asks 2e-3), while the down GEMM's error reaches y directly (hybrid: 1.9e-4 / 2.8e-4 /
+// 1.7e-3 on f32 / f16 / bf16 activations, 10-18 % faster than both GEMMs exact; H200, 2026-12-01,
+// docs/PERF.md, fifteenth session). `exact`: both GEMMs exact; `qgmma` (or 1): both QGMMA; `0`
+// (or off): the portable mma.sync path of quant_grouped_gemm.cu (5-14x slower than bf16 at
+// T = 512 / 4096, thirteenth session).
 enum class Fp8TmaMode { off, exact, qgmma, hybrid };
 // Read at every call (the tests switch it; a getenv per forward costs nothing next to the GEMMs).
 static Fp8TmaMode fp8_tma_mode() {
   const char* e = std::getenv("MOEX_CUDA_FP8_TMA");
-  if (!e || !*e) return Fp8TmaMode::exact;
+  if (!e || !*e) return Fp8TmaMode::hybrid;
   if (std::strcmp(e, "0") == 0 || std::strcmp(e, "off") == 0) return Fp8TmaMode::off;
   if (std::strcmp(e, "1") == 0 || std::strcmp(e, "qgmma") == 0) return Fp8TmaMode::qgmma;
-  if (std::strcmp(e, "hybrid") == 0) return Fp8TmaMode::hybrid;
-  return Fp8TmaMode::exact;
+  if (std::strcmp(e, "exact") == 0) return Fp8TmaMode::exact;
+  return Fp8TmaMode::hybrid;
 }
 static Fp8TmaKernels fp8_tma_kernels() {
   const Fp8TmaMode m = fp8_tma_mode();

@@ -52,11 +52,6 @@ struct TmaFp8Extra {
   // weights stay e4m3 and are converted in registers. false: QGMMA on e4m3 codes (deepgemm).
   bool exact = false;
   int a_ld = 0;
-  // exact only: the two consumer warpgroups issue their stages' MMAs in alternation (warpgroup 0's
-  // stage s, then 1's stage s, then 0's s + 1, ...; two named barriers), so that one warpgroup's
-  // promotion and conversion run under the other's MMAs (set by the launcher unless
-  // MOEX_CUDA_FP8_X_ORDER=0)
-  bool x_order = false;
 };
 // True when the FP8 variant can run this GEMM: compute capability 9.0, K-major weights, Kdim a
 // multiple of 16, N a multiple of 8, the gated concatenated layout with I a multiple of 64 (a

@@ -110,15 +110,6 @@ __device__ __forceinline__ void tma_load_3d_multicast(uint32_t dst, const CUtens
       : "memory");
 }
 
-// Named barriers (ids 1.., 0 is __syncthreads): `threads` arrivals complete one phase; sync waits
-// for it, arrive does not.
-__device__ __forceinline__ void named_bar_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void named_bar_arrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-
 template <int N>
 __device__ __forceinline__ void setmaxnreg_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
@@ -720,12 +711,6 @@ __global__ void __launch_bounds__(THREADS, 1)
       }
     };
     int items = 0;  // items through the ring so far (dynamic schedule): slot items % ITEM_SLOTS
-    // X with x.x_order: the MMA issue order alternates between the warpgroups, stage by stage across
-    // every item (both warpgroups walk the same items and stages). Barrier 1: warpgroup 0 has issued
-    // stage s (warpgroup 1 waits before its stage s); barrier 2: warpgroup 1 has issued stage s
-    // (warpgroup 0 waits before its stage s + 1, and once after its last item).
-    const bool x_order = X && x.x_order;
-    bool x_issued = false;  // warpgroup 0: a stage issued, so warpgroup 1 will arrive on barrier 2
     for (int w = MC ? first_item : int(blockIdx.x);; w += item_step) {
       if (dyn) {
         const int islot = items % ITEM_SLOTS;
@@ -735,10 +720,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         __syncwarp();
         if (lane == 0) mbar_arrive(item_empty(islot));
       }
-      if (w >= total) {
-        if (x_order && cw == 0 && x_issued) named_bar_sync(2, 256);  // warpgroup 1's last arrival
-        break;
-      }
+      if (w >= total) break;
       int m, n;
       bool shared, own;
       work_item(w, m, n, shared, own);
@@ -826,10 +808,6 @@ __global__ void __launch_bounds__(THREADS, 1)
               }
             }
             float xpart[NFP][4];
-            if (x_order) {
-              if (cw == 1) named_bar_sync(1, 256);
-              else if (x_issued) named_bar_sync(2, 256);
-            }
             wgmma::fence_acc_first<NFP>(xpart);
             wgmma::fence();
 #pragma unroll
@@ -837,10 +815,6 @@ __global__ void __launch_bounds__(THREADS, 1)
               wgmma::mma_rega_f16<NB>(xpart, af[kk],
                                       wgmma::desc_sw128(x_tile + uint32_t((kk >> 2) * X_SUB_BYTES + (kk & 3) * 32)), kk);
             wgmma::commit();
-            if (x_order) {
-              named_bar_arrive(cw == 0 ? 1 : 2, 256);
-              x_issued = true;
-            }
             int next = stage;
             uint32_t next_phase = phase;
             next_stage<STAGES>(next, next_phase);
