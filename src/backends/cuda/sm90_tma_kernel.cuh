@@ -276,12 +276,6 @@ __device__ __forceinline__ void epilogue(const GroupedGemmArgs& a, const TmaFp8E
 }
 
 // ---- the exact FP8 variant (X) ------------------------------------------------------------------
-// ABLATION (timing experiments only, wrong results): bits of MOEX_X_ABLATE, set by a build of
-// sm90_tma_kernels_fp8_exact.cu with x_ablate.inc: 1 no e4m3 conversion, 2 no scales in the
-// promotion, 4 no epilogue, 8 no MMAs.
-#ifndef MOEX_X_ABLATE
-#define MOEX_X_ABLATE 0
-#endif
 // The two weight rows (of the stage's 128-row weight tile) whose products this thread holds: the
 // A fragment rows g and g + 8 of its warp. Gated layouts pair the gate and up rows of one
 // intermediate channel i (concatenated: tile rows i and 64 + i; interleaved: 2i and 2i + 1) so
@@ -809,19 +803,11 @@ __global__ void __launch_bounds__(THREADS, 1)
               const uint32_t wh[4] = {hi[h].x, hi[h].y, hi[h].z, hi[h].w};
 #pragma unroll
               for (int st = 0; st < 4; ++st) {
-                if constexpr ((MOEX_X_ABLATE & 1) != 0) {
-                  af[4 * h + st][0] = wl[st] & 0x3f3f3f3fu;
-                  af[4 * h + st][2] = (wl[st] >> 8) & 0x3f3f3f3fu;
-                  af[4 * h + st][1] = wh[st] & 0x3f3f3f3fu;
-                  af[4 * h + st][3] = (wh[st] >> 8) & 0x3f3f3f3fu;
-                } else {
-                  wgmma::e4m3x4_to_f16x2x2(wl[st], af[4 * h + st][0], af[4 * h + st][2]);
-                  wgmma::e4m3x4_to_f16x2x2(wh[st], af[4 * h + st][1], af[4 * h + st][3]);
-                }
+                wgmma::e4m3x4_to_f16x2x2(wl[st], af[4 * h + st][0], af[4 * h + st][2]);
+                wgmma::e4m3x4_to_f16x2x2(wh[st], af[4 * h + st][1], af[4 * h + st][3]);
               }
             }
             float xpart[NFP][4];
-            if constexpr ((MOEX_X_ABLATE & 8) == 0) {
             wgmma::fence_acc_first<NFP>(xpart);
             wgmma::fence();
 #pragma unroll
@@ -829,7 +815,6 @@ __global__ void __launch_bounds__(THREADS, 1)
               wgmma::mma_rega_f16<NB>(xpart, af[kk],
                                       wgmma::desc_sw128(x_tile + uint32_t((kk >> 2) * X_SUB_BYTES + (kk & 3) * 32)), kk);
             wgmma::commit();
-            }
             int next = stage;
             uint32_t next_phase = phase;
             next_stage<STAGES>(next, next_phase);
@@ -838,22 +823,9 @@ __global__ void __launch_bounds__(THREADS, 1)
               if constexpr (GATHER) wgmma::fence_proxy_async();
               load_w(next, lo, hi);
             }
-            const float* sa = reinterpret_cast<const float*>(smem_raw + (sSA - raw) + stage * SA_BYTES);
-            if constexpr ((MOEX_X_ABLATE & 8) != 0) {
-#pragma unroll
-              for (int j = 0; j < NFP; ++j)
-#pragma unroll
-                for (int q = 0; q < 4; ++q) acc[j][q] += __uint_as_float(af[j & 7][q]) * sa[8 * j + 2 * c4];
-            } else if constexpr ((MOEX_X_ABLATE & 2) != 0) {
-              wgmma::wait<0>();
-              wgmma::fence_acc_first<NFP>(xpart);
-#pragma unroll
-              for (int j = 0; j < NFP; ++j)
-#pragma unroll
-                for (int q = 0; q < 4; ++q) acc[j][q] += xpart[j][q];
-            } else {
             wgmma::wait<0>();
             wgmma::fence_acc_first<NFP>(xpart);
+            const float* sa = reinterpret_cast<const float*>(smem_raw + (sSA - raw) + stage * SA_BYTES);
 #pragma unroll
             for (int j = 0; j < NFP; ++j) {
               const float2 s2 = *reinterpret_cast<const float2*>(sa + 8 * j + 2 * c4);
@@ -861,7 +833,6 @@ __global__ void __launch_bounds__(THREADS, 1)
               acc[j][1] += xpart[j][1] * (s2.y * w_lo);
               acc[j][2] += xpart[j][2] * (s2.x * w_hi);
               acc[j][3] += xpart[j][3] * (s2.y * w_hi);
-            }
             }
             release(stage);
             stage = next;
@@ -874,7 +845,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         else if (rows <= 32) kloop(std::integral_constant<int, 32>{});
         else if (rows <= 64) kloop(std::integral_constant<int, 64>{});
         else kloop(std::integral_constant<int, 128>{});
-        if (!own || (MOEX_X_ABLATE & 4) != 0) continue;
+        if (!own) continue;
         epilogue_x<T>(a, x, acc, m, n, cw, warp_in_wg, lane, row_lo, row_hi);
         continue;
       } else if constexpr (FP8) {

@@ -1,9 +1,6 @@
 // backends/cuda/sm90_tma_kernels_fp8_exact.cu — the exact FP8 kernels (e4m3 weights converted to f16 in
 // registers, f16 activation codes, HGMMA, two-level accumulation), 128-wide tiles, per activation dtype.
 // (kernels of the TMA grouped GEMM, split over several files to compile in parallel: sm90_tma_launch.cuh)
-#if __has_include("backends/cuda/x_ablate.inc")
-#include "backends/cuda/x_ablate.inc"  // ABLATION builds only (see sm90_tma_kernel.cuh)
-#endif
 #include "backends/cuda/sm90_tma_kernel.cuh"
 
 MOEX_TMA_INSTANTIATE_X(__nv_bfloat16, 128, true, false, false, true);
