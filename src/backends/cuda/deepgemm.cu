@@ -436,14 +436,15 @@ void run_deepgemm(const Experts& ex, const ExpertsCall& call, const RunContext& 
       fail(ErrorCode::unsupported, "deepgemm: the TMA kernel cannot run this call (device {}, MOEX_CUDA_NO_TMA, or 16-byte "
                                    "alignment of the buffers); use grouped_mm",
            to_string(call.hidden.device));
-    // 256-wide tiles (n_tile 0), as measured and tested. MOEX_CUDA_DEEPGEMM_GROUPED_TILES=1 takes
-    // grouped_mm's tile / cluster rule instead: faster on the H200 (2026-11-30, two calls, docs/PERF.md:
-    // mixtral_8x7b T = 16384 26.8 -> 23.6 ms, T = 4096 6.88 -> 5.53, qwen3_30b_a3b T = 16384 4.23 -> 3.51)
-    // Its GPU tests passed with it in 2-CTA clusters on 256-wide tiles (forced, 2026-11-30, tenth
-    // session); it stays opt-in until they have also run on the rule's 128-wide choice.
+    // grouped_mm's tile / cluster rule (choose_tma_tile): faster than the 256-wide tiles without
+    // clusters that this path had until 2026-12-01 (H200, 2026-11-30, two calls, docs/PERF.md:
+    // mixtral_8x7b T = 16384 26.8 -> 23.6 ms, T = 4096 6.88 -> 5.53, qwen3_30b_a3b T = 16384 4.23 -> 3.51).
+    // Its GPU tests passed in 2-CTA clusters on 256-wide tiles (forced, tenth session), unforced
+    // (twelfth) and with 128-wide tiles forced (fifteenth). MOEX_CUDA_DEEPGEMM_GROUPED_TILES=0: the
+    // 256-wide tiles without clusters.
     static const bool grouped_tiles = [] {
       const char* e = std::getenv("MOEX_CUDA_DEEPGEMM_GROUPED_TILES");
-      return e && *e == '1';
+      return !(e && *e == '0');
     }();
     if (grouped_tiles) {
       choose_tma_tile(up, z.S, z.E, xu);
