@@ -20,8 +20,8 @@
 #      grouped_mm, and the table of bf16/quantized time ratios (quant.json, quant.md)
 #   7. clusters: the bf16/f16 equivalence, graph and deepgemm tests with the 2-CTA cluster GEMM in
 #      256-wide tiles (the default rule's choice for clustered GEMMs) forced on every TMA GEMM
-#      (MOEX_CUDA_TMA_CLUSTER=1 MOEX_CUDA_TMA_N=256) and deepgemm on grouped_mm's tile rule
-#      (MOEX_CUDA_DEEPGEMM_GROUPED_TILES=1), since the default rule only picks clusters for GEMMs
+#      (MOEX_CUDA_TMA_CLUSTER=1 MOEX_CUDA_TMA_N=256; deepgemm follows grouped_mm's tile rule by
+#      default), since the default rule only picks clusters for GEMMs
 #      whose experts hold >= 256 rows on average; then the same tests in 128-wide clusters
 #      (MOEX_CUDA_TMA_CLUSTER=1 alone), with the static schedule (MOEX_CUDA_TMA_DYNAMIC=0), and the
 #      deepgemm tests on grouped_mm's tile rule unforced
@@ -116,9 +116,10 @@ if has clusters; then
   variant_tests "clusters 128" "${CLUSTER_FILTER:-$experts}" MOEX_CUDA_TMA_CLUSTER=1
   # the static schedule (the A/B alternative to the default dynamic one)
   variant_tests "static schedule" "$experts" MOEX_CUDA_TMA_DYNAMIC=0
-  # deepgemm bf16 on grouped_mm's tile rule unforced: what it picks for the tests' small experts
-  # (128-wide tiles, no clusters), the remaining condition for making that rule deepgemm's default
-  variant_tests "deepgemm grouped tiles" '*DeepGemm*' MOEX_CUDA_DEEPGEMM_GROUPED_TILES=1
+  # deepgemm bf16 on its former 256-wide tiles without clusters (the default is grouped_mm's tile
+  # rule since 2026-12-01), and with 128-wide tiles forced
+  variant_tests "deepgemm 256-wide tiles" '*DeepGemm*' MOEX_CUDA_DEEPGEMM_GROUPED_TILES=0
+  variant_tests "deepgemm 128-wide tiles" '*DeepGemm*' MOEX_CUDA_TMA_N=128
 fi
 
 if has pingpong; then

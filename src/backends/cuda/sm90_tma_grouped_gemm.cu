@@ -54,7 +54,14 @@
 //     row) x weight block scale (per weight row): the CPU's sums up to f32 rounding (measured 1.2e-5
 //     on f32 activations, the portable mma.sync path's figure).
 // Measured (H200, 2026-12-01, docs/PERF.md, fourteenth session): 0.52-1.39x the bf16 grouped_mm
-// speed at T = 512 / 4096 (QGMMA 0.92-1.68x), 5-10x the portable path; ncu on qwen3_30b_a3b
+// speed at T = 512 / 4096 (QGMMA 0.92-1.68x), 5-10x the portable path. With the QGMMA down GEMM
+// (grouped_mm's default since the fifteenth session): 1.02-1.43x at T = 512, 0.63-0.92x at 4096.
+// Without its MMAs (a timing-only build, commit 7d9079a) the up GEMM left the FP8 forward at 77 %
+// (mixtral_8x7b) / 91 % (qwen3_30b_a3b) of its time at T = 4096, without the e4m3 conversion at
+// 98-100 %: what bounds the up GEMM is not the tensor cores or the conversion but the rest, most
+// likely its operand feed (an f16 A tile of 128 rows per 128 weight rows: 3 bytes per 128 MACs
+// through L2 into shared memory, where the bf16 kernel's 256-wide clustered tiles take 2; the
+// epilogue was not ablated separately). ncu on qwen3_30b_a3b
 // T = 4096: tensor pipe active 20-38 %, issue slots 34-43 %, no pipe saturated, 0.5-0.7 eligible
 // warps per scheduler: latency-bound, each warpgroup waits for a stage's MMAs before promoting them.
 // A 64-row double-buffered variant (next stage's MMAs in flight during a promotion; both warpgroups
