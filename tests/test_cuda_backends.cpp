@@ -263,17 +263,22 @@ TEST_P(CudaFp8Prefill, TmaAndPortablePathsMatchTheReference) {
   const DType dt = GetParam();
   ScopedEnv no_decode("MOEX_CUDA_FP8_DECODE", "0");
   const uint64_t seed = seed_from_env();
-  // the default (exact up GEMM, QGMMA down GEMM), both GEMMs exact, the portable path
-  for (const char* mode : {"hybrid", "exact", "0"}) {
-    ScopedEnv path("MOEX_CUDA_FP8_TMA", mode);
+  // {MOEX_CUDA_FP8_TMA, MOEX_CUDA_FP8_X_PREGATHER}: the default (exact up GEMM, QGMMA down GEMM)
+  // with the token codes gathered by the up GEMM or written at the layout rows by the quantizer, both
+  // GEMMs exact, the portable path
+  const char* const modes[][2] = {{"hybrid", "0"}, {"hybrid", "1"}, {"exact", "0"}, {"0", "0"}};
+  for (const auto& mode : modes) {
+    ScopedEnv path("MOEX_CUDA_FP8_TMA", mode[0]);
+    ScopedEnv pregather("MOEX_CUDA_FP8_X_PREGATHER", mode[1]);
     double worst = 0;
     for (const auto& c : fp8_prefill_cases(seed, dt)) {
       const auto r = check::run_case("grouped_mm", c, Device::cuda());
-      EXPECT_EQ(r.status, check::Result::Status::passed)
-          << "MOEX_CUDA_FP8_TMA=" << mode << " " << c.describe() << ": " << check::status_name(r.status) << ": " << r.message;
+      EXPECT_EQ(r.status, check::Result::Status::passed) << "MOEX_CUDA_FP8_TMA=" << mode[0] << " MOEX_CUDA_FP8_X_PREGATHER="
+                                                         << mode[1] << " " << c.describe() << ": "
+                                                         << check::status_name(r.status) << ": " << r.message;
       worst = std::max(worst, r.rel_l2);
     }
-    std::printf("FP8 prefill, MOEX_CUDA_FP8_TMA=%s: worst rel L2 %.2e\n", mode, worst);
+    std::printf("FP8 prefill, MOEX_CUDA_FP8_TMA=%s MOEX_CUDA_FP8_X_PREGATHER=%s: worst rel L2 %.2e\n", mode[0], mode[1], worst);
   }
 }
 

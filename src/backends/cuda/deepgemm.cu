@@ -169,12 +169,14 @@ __host__ __device__ constexpr int x_code_col(int p) { return ((p >> 2) & 3) * 16
 int64_t x_code_ld(int64_t K) { return ceil_div(K, kKBlock) * kKBlock; }
 
 // One warp per (row, 128-channel block): scale = amax / 448 (1 when amax is 0 or not finite),
-// code = e4m3(x / scale) saturated. src row s of `in` [rows, K] goes to dst row (row_map ? row_map[s]
-// : s) of the codes and of scales [ceil(K/128), ld] (MN-major); row_map[s] < 0 skips the row.
+// code = e4m3(x / scale) saturated. Row s (of `rows`) reads row s / in_div of `in` [rows / in_div, K]
+// (in_div = top_k: pair s's token) and goes to dst row (row_map ? row_map[s] : s) of the codes and of
+// scales [ceil(K/128), ld] (MN-major); row_map[s] < 0 skips the row.
 // Code = uint8_t: e4m3 bytes [*, K] in order (QGMMA); uint16_t: f16 values [*, x_code_ld(K)] in the
 // x_code_col order (the exact kernel).
 template <class T, class Code>
-__global__ void quantize_rows_kernel(const T* in, int64_t rows, int K, const int* row_map, Code* codes, float* scales, int ld) {
+__global__ void quantize_rows_kernel(const T* in, int64_t rows, int K, const int* row_map, Code* codes, float* scales, int ld,
+                                     int in_div) {
   const int kb_count = (K + kKBlock - 1) / kKBlock;
   const int64_t warp_id = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
@@ -183,7 +185,7 @@ __global__ void quantize_rows_kernel(const T* in, int64_t rows, int K, const int
   const int kb = int(warp_id - s * kb_count);
   const int dst = row_map ? row_map[s] : int(s);
   if (dst < 0) return;
-  const T* x = in + s * K;
+  const T* x = in + (s / in_div) * K;
   float v[4];
   float amax = 0.0f;
 #pragma unroll
@@ -217,23 +219,23 @@ __global__ void quantize_rows_kernel(const T* in, int64_t rows, int K, const int
 
 template <class T, class Code>
 void launch_quantize_rows(const void* in, int64_t rows, int K, const int* row_map, Code* codes, float* scales, int ld,
-                          cudaStream_t stream) {
+                          int in_div, cudaStream_t stream) {
   const int64_t warps = rows * ((K + kKBlock - 1) / kKBlock);
   if (warps == 0) return;
   const int threads = 256;
   const int64_t blocks = (warps * 32 + threads - 1) / threads;
   quantize_rows_kernel<T, Code>
-      <<<unsigned(blocks), threads, 0, stream>>>(static_cast<const T*>(in), rows, K, row_map, codes, scales, ld);
+      <<<unsigned(blocks), threads, 0, stream>>>(static_cast<const T*>(in), rows, K, row_map, codes, scales, ld, in_div);
   check_launch("deepgemm quantize_rows");
 }
 
 // codes: uint8_t* (e4m3, QGMMA) or uint16_t* (f16 values in the exact kernel's order).
 template <class Code>
 void quantize_rows(DType dt, const void* in, int64_t rows, int K, const int* row_map, Code* codes, float* scales, int ld,
-                   cudaStream_t stream) {
-  if (dt == DType::bf16) launch_quantize_rows<__nv_bfloat16>(in, rows, K, row_map, codes, scales, ld, stream);
-  else if (dt == DType::f16) launch_quantize_rows<__half>(in, rows, K, row_map, codes, scales, ld, stream);
-  else launch_quantize_rows<float>(in, rows, K, row_map, codes, scales, ld, stream);
+                   cudaStream_t stream, int in_div = 1) {
+  if (dt == DType::bf16) launch_quantize_rows<__nv_bfloat16>(in, rows, K, row_map, codes, scales, ld, in_div, stream);
+  else if (dt == DType::f16) launch_quantize_rows<__half>(in, rows, K, row_map, codes, scales, ld, in_div, stream);
+  else launch_quantize_rows<float>(in, rows, K, row_map, codes, scales, ld, in_div, stream);
 }
 
 // ---- workspace ---------------------------------------------------------------------------------
@@ -244,6 +246,9 @@ struct Sizes {
   bool fp8;
   // FP8 GEMMs through the exact kernel (f16 codes, rows of x_code_ld columns), else QGMMA (e4m3 codes)
   bool up_exact, down_exact;
+  // exact up GEMM: the quantizer writes the token codes at the layout rows ([M, x_code_ld(H)], one
+  // copy per pair) and the up GEMM reads them by TMA instead of gathering them (MOEX_CUDA_FP8_X_PREGATHER=1)
+  bool x_pregather;
 };
 
 Sizes sizes_of(const ExpertsSpec& s, int64_t T, int64_t K, LayoutChoice choice = LayoutChoice::by_size,
@@ -263,6 +268,8 @@ Sizes sizes_of(const ExpertsSpec& s, int64_t T, int64_t K, LayoutChoice choice =
   z.fp8 = s.quant.kind == QuantKind::fp8_block;
   z.up_exact = z.fp8 && kernels.up_exact;
   z.down_exact = z.fp8 && kernels.down_exact;
+  const char* pre = std::getenv("MOEX_CUDA_FP8_X_PREGATHER");  // read per call, as the route
+  z.x_pregather = z.up_exact && pre && *pre == '1';
   // tiles: contiguous Σ ceil(cnt/128) <= ceil(S/128) + min(S, E); masked the same sum
   z.max_tiles = max_m_tiles(z.S, z.E, kTile);
   return z;
@@ -274,9 +281,11 @@ size_t workspace_of(const Sizes& z, DType act) {
   b += bytes_of(z.S * z.H, 4);  // y
   if (z.fp8) {
     // x codes [T, H] and h codes [M, I]: e4m3 bytes (QGMMA) or f16 values in rows of x_code_ld (exact)
-    b += z.up_exact ? bytes_of(z.T * x_code_ld(z.H), 2) : bytes_of(z.T * z.H, 1);
+    const int64_t x_rows = z.x_pregather ? z.M : z.T, x_scale_ld = z.x_pregather ? z.M4 : z.T4;
+    b += z.up_exact ? bytes_of(x_rows * x_code_ld(z.H), 2) : bytes_of(z.T * z.H, 1);
     b += z.down_exact ? bytes_of(z.M * x_code_ld(z.I), 2) : bytes_of(z.M * z.I, 1);
-    b += bytes_of(ceil_div(z.H, kKBlock) * z.T4, 4) + bytes_of(z.S * z.I, dtype_size(act)) + bytes_of(ceil_div(z.I, kKBlock) * z.M4, 4);
+    b += bytes_of(ceil_div(z.H, kKBlock) * x_scale_ld, 4) + bytes_of(z.S * z.I, dtype_size(act)) +
+         bytes_of(ceil_div(z.I, kKBlock) * z.M4, 4);
   } else {
     b += bytes_of(z.M * z.I, dtype_size(act));
   }
@@ -392,13 +401,17 @@ void run_deepgemm(const Experts& ex, const ExpertsCall& call, const RunContext& 
   if (z.fp8) {
     // codes: e4m3 bytes [rows, K] (QGMMA) or f16 values [rows, x_code_ld(K)] (exact)
     const int64_t xld = z.up_exact ? x_code_ld(z.H) : z.H, hld = z.down_exact ? x_code_ld(z.I) : z.I;
-    void* xq = ws.take_bytes(size_t(z.T * xld) * (z.up_exact ? 2 : 1));
-    float* xs = ws.take<float>(size_t(ceil_div(z.H, kKBlock) * z.T4));
+    const int64_t x_rows = z.x_pregather ? z.M : z.T, x_scale_ld = z.x_pregather ? z.M4 : z.T4;
+    void* xq = ws.take_bytes(size_t(x_rows * xld) * (z.up_exact ? 2 : 1));
+    float* xs = ws.take<float>(size_t(ceil_div(z.H, kKBlock) * x_scale_ld));
     void* hp = ws.take_bytes(size_t(z.S * z.I) * dtype_size(s.dtype));  // h at the pair rows
     void* hq = ws.take_bytes(size_t(z.M * hld) * (z.down_exact ? 2 : 1));
     float* hs = ws.take<float>(size_t(ceil_div(z.I, kKBlock) * z.M4));
     const bool ue8m0 = s.quant.scale_format == ScaleFormat::ue8m0;
-    if (z.up_exact)
+    if (z.x_pregather)  // pair p's token row p / K at its layout row (padding rows stay unwritten: discarded)
+      quantize_rows(s.dtype, call.hidden.data, z.S, int(z.H), pair_lrow, static_cast<uint16_t*>(xq), xs, int(x_scale_ld),
+                    stream, int(K));
+    else if (z.up_exact)
       quantize_rows(s.dtype, call.hidden.data, T, int(z.H), nullptr, static_cast<uint16_t*>(xq), xs, int(z.T4), stream);
     else
       quantize_rows(s.dtype, call.hidden.data, T, int(z.H), nullptr, static_cast<uint8_t*>(xq), xs, int(z.T4), stream);
@@ -410,7 +423,8 @@ void run_deepgemm(const Experts& ex, const ExpertsCall& call, const RunContext& 
     up.out = hp;
     xu.out_rows = row_pair;  // h at the pair row
     xu.a_scales = xs;
-    xu.a_scales_ld = int(z.T4);
+    xu.a_scales_ld = int(x_scale_ld);
+    if (z.x_pregather) up.a_gather = nullptr;  // A rows by TMA, at the layout rows
     xu.w_scales = ex.gate_up_scale.data;
     xu.w_ue8m0 = ue8m0;
     down.A = hq;
@@ -422,7 +436,7 @@ void run_deepgemm(const Experts& ex, const ExpertsCall& call, const RunContext& 
       fail(ErrorCode::unsupported, "deepgemm: the FP8 TMA kernel cannot run this call (device {} / alignment of the buffers); "
                                    "use grouped_mm",
            to_string(call.hidden.device));
-    launch_grouped_gemm_tma_ex(up, s.dtype, true, xu, z.T, z.E, stream);
+    launch_grouped_gemm_tma_ex(up, s.dtype, true, xu, x_rows, z.E, stream);
     if (z.down_exact) quantize_rows(s.dtype, hp, z.S, int(z.I), pair_lrow, static_cast<uint16_t*>(hq), hs, int(z.M4), stream);
     else quantize_rows(s.dtype, hp, z.S, int(z.I), pair_lrow, static_cast<uint8_t*>(hq), hs, int(z.M4), stream);
     launch_grouped_gemm_tma_ex(down, s.dtype, true, xd, z.M, z.E, stream);
