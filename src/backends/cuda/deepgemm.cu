@@ -247,9 +247,17 @@ struct Sizes {
   // FP8 GEMMs through the exact kernel (f16 codes, rows of x_code_ld columns), else QGMMA (e4m3 codes)
   bool up_exact, down_exact;
   // exact up GEMM: the quantizer writes the token codes at the layout rows ([M, x_code_ld(H)], one
-  // copy per pair) and the up GEMM reads them by TMA instead of gathering them (MOEX_CUDA_FP8_X_PREGATHER=1)
+  // copy per pair) and the up GEMM reads them by TMA instead of gathering them with cp.async. Where
+  // S = T·K <= 8192 (kPregatherMaxPairs); MOEX_CUDA_FP8_X_PREGATHER=1 / 0 forces it on / off.
   bool x_pregather;
 };
+
+// The pre-gathered token codes of the exact up GEMM (Sizes::x_pregather) up to this many pairs. H200,
+// 2026-12-01 (docs/PERF.md, fifteenth session, one round): 3-10 % faster at T = 512 on the four SPEC §9
+// shapes (S = 1024..4096) and on mixtral_8x7b T = 4096 (S = 8192: 6.84 -> 6.29 ms); at S = 16384 /
+// 32768 within 2 % (qwen15_moe_a2_7b, deepseek_v3 T = 4096) or 9 % slower (qwen3_30b_a3b: 1.047 ->
+// 1.141 ms), where the K copies of every token's codes cost more than the gather they replace.
+constexpr int64_t kPregatherMaxPairs = 8192;
 
 Sizes sizes_of(const ExpertsSpec& s, int64_t T, int64_t K, LayoutChoice choice = LayoutChoice::by_size,
                Fp8TmaKernels kernels = {false, false}) {
@@ -269,7 +277,8 @@ Sizes sizes_of(const ExpertsSpec& s, int64_t T, int64_t K, LayoutChoice choice =
   z.up_exact = z.fp8 && kernels.up_exact;
   z.down_exact = z.fp8 && kernels.down_exact;
   const char* pre = std::getenv("MOEX_CUDA_FP8_X_PREGATHER");  // read per call, as the route
-  z.x_pregather = z.up_exact && pre && *pre == '1';
+  const bool by_size = z.S <= kPregatherMaxPairs;
+  z.x_pregather = z.up_exact && (pre && *pre ? *pre == '1' : by_size);
   // tiles: contiguous Σ ceil(cnt/128) <= ceil(S/128) + min(S, E); masked the same sum
   z.max_tiles = max_m_tiles(z.S, z.E, kTile);
   return z;
