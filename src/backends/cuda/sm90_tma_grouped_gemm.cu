@@ -55,7 +55,9 @@
 //     on f32 activations, the portable mma.sync path's figure).
 // Measured (H200, 2026-12-01, docs/PERF.md, fourteenth session): 0.52-1.39x the bf16 grouped_mm
 // speed at T = 512 / 4096 (QGMMA 0.92-1.68x), 5-10x the portable path. With the QGMMA down GEMM
-// (grouped_mm's default since the fifteenth session): 1.02-1.43x at T = 512, 0.63-0.92x at 4096.
+// (grouped_mm's default since the fifteenth session) and, up to 8192 pairs, the token codes
+// pre-gathered by the quantizer (TMA A instead of the cp.async gather): 1.07-1.69x at T = 512,
+// 0.61-0.87x at 4096.
 // Without its MMAs (a timing-only build, commit 7d9079a) the up GEMM left the FP8 forward at 77 %
 // (mixtral_8x7b) / 91 % (qwen3_30b_a3b) of its time at T = 4096, without the e4m3 conversion at
 // 98-100 %: what bounds the up GEMM is not the tensor cores or the conversion but the rest, most
