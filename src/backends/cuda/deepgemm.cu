@@ -250,6 +250,10 @@ struct Sizes {
   // copy per pair) and the up GEMM reads them by TMA instead of gathering them with cp.async. Where
   // S = T·K <= 8192 (kPregatherMaxPairs); MOEX_CUDA_FP8_X_PREGATHER=1 / 0 forces it on / off.
   bool x_pregather;
+  // FP8 code buffers (derived from the flags above): x codes [x_rows, x_ld] and their scales
+  // [ceil(H/128), x_scale_ld]; h codes [M, h_ld]. Code bytes: 2 (exact, f16 values) or 1 (e4m3).
+  int64_t x_rows, x_ld, x_scale_ld, h_ld;
+  int x_code_bytes, h_code_bytes;
 };
 
 // The pre-gathered token codes of the exact up GEMM (Sizes::x_pregather) up to this many pairs. H200,
@@ -276,9 +280,16 @@ Sizes sizes_of(const ExpertsSpec& s, int64_t T, int64_t K, LayoutChoice choice =
   z.fp8 = s.quant.kind == QuantKind::fp8_block;
   z.up_exact = z.fp8 && kernels.up_exact;
   z.down_exact = z.fp8 && kernels.down_exact;
-  const char* pre = std::getenv("MOEX_CUDA_FP8_X_PREGATHER");  // read per call, as the route
-  const bool by_size = z.S <= kPregatherMaxPairs;
-  z.x_pregather = z.up_exact && (pre && *pre ? *pre == '1' : by_size);
+  if (z.up_exact) {
+    const char* pre = std::getenv("MOEX_CUDA_FP8_X_PREGATHER");  // read per call, as the route
+    z.x_pregather = pre && *pre ? *pre == '1' : z.S <= kPregatherMaxPairs;
+  }
+  z.x_rows = z.x_pregather ? z.M : z.T;
+  z.x_scale_ld = z.x_pregather ? z.M4 : z.T4;
+  z.x_ld = z.up_exact ? x_code_ld(z.H) : z.H;
+  z.h_ld = z.down_exact ? x_code_ld(z.I) : z.I;
+  z.x_code_bytes = z.up_exact ? 2 : 1;
+  z.h_code_bytes = z.down_exact ? 2 : 1;
   // tiles: contiguous Σ ceil(cnt/128) <= ceil(S/128) + min(S, E); masked the same sum
   z.max_tiles = max_m_tiles(z.S, z.E, kTile);
   return z;
@@ -289,12 +300,9 @@ size_t workspace_of(const Sizes& z, DType act) {
   b += bytes_of(z.E + 1, 4) + bytes_of(z.E, 4) + bytes_of(z.max_tiles, 16) + bytes_of(z.M, 4) + 2 * bytes_of(z.S, 4);
   b += bytes_of(z.S * z.H, 4);  // y
   if (z.fp8) {
-    // x codes [T, H] and h codes [M, I]: e4m3 bytes (QGMMA) or f16 values in rows of x_code_ld (exact)
-    const int64_t x_rows = z.x_pregather ? z.M : z.T, x_scale_ld = z.x_pregather ? z.M4 : z.T4;
-    b += z.up_exact ? bytes_of(x_rows * x_code_ld(z.H), 2) : bytes_of(z.T * z.H, 1);
-    b += z.down_exact ? bytes_of(z.M * x_code_ld(z.I), 2) : bytes_of(z.M * z.I, 1);
-    b += bytes_of(ceil_div(z.H, kKBlock) * x_scale_ld, 4) + bytes_of(z.S * z.I, dtype_size(act)) +
-         bytes_of(ceil_div(z.I, kKBlock) * z.M4, 4);
+    // x codes, their scales, h at the pair rows, h codes, their scales (run_deepgemm's order)
+    b += bytes_of(z.x_rows * z.x_ld, z.x_code_bytes) + bytes_of(ceil_div(z.H, kKBlock) * z.x_scale_ld, 4);
+    b += bytes_of(z.S * z.I, dtype_size(act)) + bytes_of(z.M * z.h_ld, z.h_code_bytes) + bytes_of(ceil_div(z.I, kKBlock) * z.M4, 4);
   } else {
     b += bytes_of(z.M * z.I, dtype_size(act));
   }
@@ -409,16 +417,14 @@ void run_deepgemm(const Experts& ex, const ExpertsCall& call, const RunContext& 
   xd.out_rows = row_pair;  // y rows are pair ids
   if (z.fp8) {
     // codes: e4m3 bytes [rows, K] (QGMMA) or f16 values [rows, x_code_ld(K)] (exact)
-    const int64_t xld = z.up_exact ? x_code_ld(z.H) : z.H, hld = z.down_exact ? x_code_ld(z.I) : z.I;
-    const int64_t x_rows = z.x_pregather ? z.M : z.T, x_scale_ld = z.x_pregather ? z.M4 : z.T4;
-    void* xq = ws.take_bytes(size_t(x_rows * xld) * (z.up_exact ? 2 : 1));
-    float* xs = ws.take<float>(size_t(ceil_div(z.H, kKBlock) * x_scale_ld));
+    void* xq = ws.take_bytes(size_t(z.x_rows * z.x_ld) * size_t(z.x_code_bytes));
+    float* xs = ws.take<float>(size_t(ceil_div(z.H, kKBlock) * z.x_scale_ld));
     void* hp = ws.take_bytes(size_t(z.S * z.I) * dtype_size(s.dtype));  // h at the pair rows
-    void* hq = ws.take_bytes(size_t(z.M * hld) * (z.down_exact ? 2 : 1));
+    void* hq = ws.take_bytes(size_t(z.M * z.h_ld) * size_t(z.h_code_bytes));
     float* hs = ws.take<float>(size_t(ceil_div(z.I, kKBlock) * z.M4));
     const bool ue8m0 = s.quant.scale_format == ScaleFormat::ue8m0;
     if (z.x_pregather)  // pair p's token row p / K at its layout row (padding rows stay unwritten: discarded)
-      quantize_rows(s.dtype, call.hidden.data, z.S, int(z.H), pair_lrow, static_cast<uint16_t*>(xq), xs, int(x_scale_ld),
+      quantize_rows(s.dtype, call.hidden.data, z.S, int(z.H), pair_lrow, static_cast<uint16_t*>(xq), xs, int(z.x_scale_ld),
                     stream, int(K));
     else if (z.up_exact)
       quantize_rows(s.dtype, call.hidden.data, T, int(z.H), nullptr, static_cast<uint16_t*>(xq), xs, int(z.T4), stream);
@@ -426,13 +432,13 @@ void run_deepgemm(const Experts& ex, const ExpertsCall& call, const RunContext& 
       quantize_rows(s.dtype, call.hidden.data, T, int(z.H), nullptr, static_cast<uint8_t*>(xq), xs, int(z.T4), stream);
     xu.exact = z.up_exact;
     xd.exact = z.down_exact;
-    xu.a_ld = z.up_exact ? int(xld) : 0;
-    xd.a_ld = z.down_exact ? int(hld) : 0;
+    xu.a_ld = z.up_exact ? int(z.x_ld) : 0;
+    xd.a_ld = z.down_exact ? int(z.h_ld) : 0;
     up.A = xq;
     up.out = hp;
     xu.out_rows = row_pair;  // h at the pair row
     xu.a_scales = xs;
-    xu.a_scales_ld = int(x_scale_ld);
+    xu.a_scales_ld = int(z.x_scale_ld);
     if (z.x_pregather) up.a_gather = nullptr;  // A rows by TMA, at the layout rows
     xu.w_scales = ex.gate_up_scale.data;
     xu.w_ue8m0 = ue8m0;
@@ -445,7 +451,7 @@ void run_deepgemm(const Experts& ex, const ExpertsCall& call, const RunContext& 
       fail(ErrorCode::unsupported, "deepgemm: the FP8 TMA kernel cannot run this call (device {} / alignment of the buffers); "
                                    "use grouped_mm",
            to_string(call.hidden.device));
-    launch_grouped_gemm_tma_ex(up, s.dtype, true, xu, x_rows, z.E, stream);
+    launch_grouped_gemm_tma_ex(up, s.dtype, true, xu, z.x_rows, z.E, stream);
     if (z.down_exact) quantize_rows(s.dtype, hp, z.S, int(z.I), pair_lrow, static_cast<uint16_t*>(hq), hs, int(z.M4), stream);
     else quantize_rows(s.dtype, hp, z.S, int(z.I), pair_lrow, static_cast<uint8_t*>(hq), hs, int(z.M4), stream);
     launch_grouped_gemm_tma_ex(down, s.dtype, true, xd, z.M, z.E, stream);
