@@ -250,10 +250,6 @@ struct Sizes {
   // copy per pair) and the up GEMM reads them by TMA instead of gathering them with cp.async. Where
   // S = T·K <= 8192 (kPregatherMaxPairs); MOEX_CUDA_FP8_X_PREGATHER=1 / 0 forces it on / off.
   bool x_pregather;
-  // the exact GEMMs whose A codes come by TMA (the pre-gathered up GEMM, the exact down GEMM) in 2-CTA
-  // clusters that share those codes (TmaFp8Extra::cluster): MOEX_CUDA_FP8_X_CLUSTER=1; opt-in until
-  // measured
-  bool x_cluster;
   // FP8 code buffers (derived from the flags above): x codes [x_rows, x_ld] and their scales
   // [ceil(H/128), x_scale_ld]; h codes [M, h_ld]. Code bytes: 2 (exact, f16 values) or 1 (e4m3).
   int64_t x_rows, x_ld, x_scale_ld, h_ld;
@@ -287,10 +283,6 @@ Sizes sizes_of(const ExpertsSpec& s, int64_t T, int64_t K, LayoutChoice choice =
   if (z.up_exact) {
     const char* pre = std::getenv("MOEX_CUDA_FP8_X_PREGATHER");  // read per call, as the route
     z.x_pregather = pre && *pre ? *pre == '1' : z.S <= kPregatherMaxPairs;
-  }
-  if (z.up_exact || z.down_exact) {
-    const char* cl = std::getenv("MOEX_CUDA_FP8_X_CLUSTER");
-    z.x_cluster = cl && *cl == '1';
   }
   z.x_rows = z.x_pregather ? z.M : z.T;
   z.x_scale_ld = z.x_pregather ? z.M4 : z.T4;
@@ -440,8 +432,6 @@ void run_deepgemm(const Experts& ex, const ExpertsCall& call, const RunContext& 
       quantize_rows(s.dtype, call.hidden.data, T, int(z.H), nullptr, static_cast<uint8_t*>(xq), xs, int(z.T4), stream);
     xu.exact = z.up_exact;
     xd.exact = z.down_exact;
-    xu.cluster = z.up_exact && z.x_pregather && z.x_cluster;
-    xd.cluster = z.down_exact && z.x_cluster;
     xu.a_ld = z.up_exact ? int(z.x_ld) : 0;
     xd.a_ld = z.down_exact ? int(z.h_ld) : 0;
     up.A = xq;

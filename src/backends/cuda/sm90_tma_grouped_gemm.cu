@@ -170,13 +170,12 @@ void launch_bf16_f16(const GroupedGemmArgs& a, DType dtype, const TmaFp8Extra& x
   else tma::launch_bn<__half, BN, false, MC, PP>(a, dtype, x, a_rows, E, stream);
 }
 
-// The FP8 kernels (128-wide tiles) per activation dtype: exact (X) or QGMMA; the exact one also in
-// 2-CTA clusters sharing the A codes (MC; TMA A rows only).
-template <bool X, bool MC = false>
+// The FP8 kernels (128-wide tiles, no clusters) per activation dtype: exact (X) or QGMMA.
+template <bool X>
 void launch_fp8(const GroupedGemmArgs& a, DType dtype, const TmaFp8Extra& x, int64_t a_rows, int64_t E, cudaStream_t stream) {
-  if (dtype == DType::bf16) tma::launch_bn<__nv_bfloat16, 128, true, MC, false, X>(a, dtype, x, a_rows, E, stream);
-  else if (dtype == DType::f16) tma::launch_bn<__half, 128, true, MC, false, X>(a, dtype, x, a_rows, E, stream);
-  else tma::launch_bn<float, 128, true, MC, false, X>(a, dtype, x, a_rows, E, stream);
+  if (dtype == DType::bf16) tma::launch_bn<__nv_bfloat16, 128, true, false, false, X>(a, dtype, x, a_rows, E, stream);
+  else if (dtype == DType::f16) tma::launch_bn<__half, 128, true, false, false, X>(a, dtype, x, a_rows, E, stream);
+  else tma::launch_bn<float, 128, true, false, false, X>(a, dtype, x, a_rows, E, stream);
 }
 
 }  // namespace
@@ -315,9 +314,7 @@ void launch_grouped_gemm_tma_ex(const GroupedGemmArgs& a, DType act_dtype, bool 
   if (fp8) {
     MOEX_ASSERT(x.a_scales && x.w_scales && x.a_scales_ld % 4 == 0);
     MOEX_ASSERT(!x.exact || (x.a_ld % 128 == 0 && x.a_ld >= a.Kdim));
-    // the exact kernel in clusters where its A rows come by TMA (x.cluster: deepgemm.cu's choice)
-    if (x.exact && x.cluster && !a.a_gather) launch_fp8<true, true>(a, act_dtype, x, a_rows, E, stream);
-    else if (x.exact) launch_fp8<true>(a, act_dtype, x, a_rows, E, stream);
+    if (x.exact) launch_fp8<true>(a, act_dtype, x, a_rows, E, stream);
     else launch_fp8<false>(a, act_dtype, x, a_rows, E, stream);
     return;
   }

@@ -32,9 +32,7 @@ struct TmaFp8Extra {
   const void* w_scales = nullptr;
   bool w_ue8m0 = false;
   int n_tile = 0;  // bf16/f16: 128 or 256 columns per N tile (0: 256); MOEX_CUDA_TMA_N overrides
-  // bf16/f16: 2-CTA clusters sharing the weight tile (MOEX_CUDA_TMA_CLUSTER overrides). Exact FP8 with
-  // TMA A rows (no a_gather): 2-CTA clusters taking two n tiles of one m tile, sharing the A codes.
-  bool cluster = false;
+  bool cluster = false;  // bf16/f16: 2-CTA clusters sharing the weight tile; MOEX_CUDA_TMA_CLUSTER overrides
   // The up epilogue's SiLU chosen once per tile instead of per element (set by the launcher; on
   // unless MOEX_CUDA_COMPACT_EPILOGUE=0; see gated_act_k in cuda_common.cuh)
   bool compact_epilogue = true;

@@ -101,15 +101,6 @@ __device__ __forceinline__ void mbar_arrive_cluster(uint32_t local_bar, uint32_t
 }
 // TMA load written at offset dst of every CTA in cta_mask; each destination CTA's barrier at
 // offset bar receives the complete_tx of the bytes written there.
-// The 2-D form (the exact FP8 kernel in clusters: the A codes shared by both CTAs).
-__device__ __forceinline__ void tma_load_2d_multicast(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1,
-                                                      uint16_t cta_mask) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%3, "
-      "%4}], [%2], %5;\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "h"(cta_mask)
-      : "memory");
-}
 __device__ __forceinline__ void tma_load_3d_multicast(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1, int c2,
                                                       uint16_t cta_mask) {
   asm volatile(
@@ -454,8 +445,7 @@ __device__ __forceinline__ void pingpong_consumer(const GroupedGemmArgs& a, cons
 
 // T: the activation dtype (bias, the h output of bf16/f16 GEMMs). FP8: A and B are e4m3 codes with
 // the two-level accumulation (see the comment at the top of sm90_tma_grouped_gemm.cu).
-// MC: launched in clusters of 2 CTAs (see "2-CTA clusters" at the top of sm90_tma_grouped_gemm.cu);
-// with X the pair takes two n tiles of one m tile and shares the A codes instead of the weights.
+// MC: launched in clusters of 2 CTAs (see "2-CTA clusters" at the top of sm90_tma_grouped_gemm.cu).
 // PP: ping-pong consumers (see "Ping-pong" there).
 template <class T, int BN, bool GATHER, bool FP8, bool MC, bool PP, bool X>
 __global__ void __launch_bounds__(THREADS, 1)
@@ -469,10 +459,9 @@ __global__ void __launch_bounds__(THREADS, 1)
   constexpr int BKE = FP8 ? 128 : BK;          // K elements per stage (128 bytes per row either way)
   constexpr int CHUNK = 16 / int(sizeof(Elem));  // K elements per 16-byte cp.async chunk
   static_assert(!FP8 || BN == 128, "FP8 keeps two accumulator sets: 128-wide N tiles only");
-  static_assert(!(FP8 && MC) || X, "clusters: the bf16 / f16 kernels and the exact FP8 one");
-  static_assert(!(X && MC && GATHER), "the exact FP8 kernel in clusters multicasts its A rows by TMA: no gather");
+  static_assert(!(FP8 && MC), "the cluster schedule serves the bf16 / f16 kernels");
   static_assert(!PP || (!FP8 && BN == 128), "ping-pong: bf16 / f16, 128-wide tiles");
-  static_assert(!X || (FP8 && !PP), "the exact FP8 variant: FP8, cooperative");
+  static_assert(!X || (FP8 && !MC && !PP), "the exact FP8 variant: FP8, cooperative, no clusters");
   constexpr uint32_t HALF_B = (BN / 2) * 128;  // bytes of half a B stage (BN/2 weight rows)
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ unsigned char smem_raw[];
@@ -548,12 +537,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   // spilled them to local memory).
   const volatile int* v_num_m = s_num_m;
   auto num_m_now = [&] { return *v_num_m; };
-  // X in clusters: pairs of n tiles (2p, 2p + 1) of one m tile
-  const int n_pairs = (n_tiles + 1) >> 1;
-  auto total_items = [&] {
-    if constexpr (MC && X) return num_m_now() * n_pairs;
-    else return (MC ? (num_m_now() + 1) >> 1 : num_m_now()) * n_tiles;
-  };
+  auto total_items = [&] { return (MC ? (num_m_now() + 1) >> 1 : num_m_now()) * n_tiles; };
   const int Kdim = a.Kdim;
   const int ktiles = (Kdim + BKE - 1) / BKE;
   const int a_ld = X ? x.a_ld : Kdim;  // elements per A row in memory (X: padded to a multiple of 128)
@@ -561,19 +545,9 @@ __global__ void __launch_bounds__(THREADS, 1)
   // Work item w -> this CTA's m tile and the n tile. MC: the pair (2p, 2p+1) of m tiles; `shared`
   // when both belong to one expert (same B tile: each CTA loads one half and multicasts it);
   // `own` false for rank 1 of an odd last pair, which recomputes tile 2p and writes nothing.
-  // MC with X: the pair (2p, 2p+1) of n tiles of m tile m, one per CTA, the A codes (the same rows)
-  // loaded half by each CTA and multicast; rank 1 of an odd last pair recomputes tile n_tiles - 1
-  // and writes nothing.
   auto work_item = [&](int w, int& m, int& n, bool& shared, bool& own) {
     const int num_m = num_m_now();
-    if constexpr (MC && X) {
-      int p;
-      decode_work(w, num_m, n_pairs, x.group_m, m, p);
-      n = 2 * p + int(rank);
-      own = n < n_tiles;
-      if (!own) n = n_tiles - 1;
-      shared = true;
-    } else if constexpr (MC) {
+    if constexpr (MC) {
       int p;
       decode_work(w, (num_m + 1) >> 1, n_tiles, x.group_m, p, n);
       const int m0 = 2 * p, m1 = min(2 * p + 1, num_m - 1);
@@ -651,7 +625,7 @@ __global__ void __launch_bounds__(THREADS, 1)
           const uint32_t fb = full_bar(stage);
           mbar_arrive_expect_tx(fb, tx_bytes);
           const uint32_t dB = sB + uint32_t(stage) * B_BYTES;
-          if constexpr (MC && !X) {
+          if (MC) {
             // halves: gate / up rows (concat) or rows [n*BN, +BN/2), [n*BN + BN/2, +BN/2)
             const int r0 = concat ? n * (BN / 2) : n * BN, r1 = concat ? a.I + n * (BN / 2) : n * BN + BN / 2;
             if (shared) {
@@ -669,13 +643,8 @@ __global__ void __launch_bounds__(THREADS, 1)
           if constexpr (!GATHER) {
             for (int b = 0; b < a_boxes; ++b) {
               const uint32_t dA = sA + uint32_t(stage) * A_STAGE + uint32_t(b * ABOX * 128);
-              if constexpr (X && MC) {
-                // this CTA's 64-k half (sub-tile `rank`) into both CTAs; the peer writes the other
-                tma_load_2d_multicast(dA + rank * X_SUB_BYTES, &tm_a, fb, k0 + 64 * int(rank), rb + b * ABOX, uint16_t(3));
-              } else {
-                tma_load_2d(dA, &tm_a, fb, k0, rb + b * ABOX);
-                if constexpr (X) tma_load_2d(dA + X_SUB_BYTES, &tm_a, fb, k0 + 64, rb + b * ABOX);  // k 64-127
-              }
+              tma_load_2d(dA, &tm_a, fb, k0, rb + b * ABOX);
+              if constexpr (X) tma_load_2d(dA + X_SUB_BYTES, &tm_a, fb, k0 + 64, rb + b * ABOX);  // k 64-127
             }
             if constexpr (FP8) tma_load_2d(sSA + uint32_t(stage) * SA_BYTES, &tm_sa, fb, rb, kt);
           }
@@ -1014,8 +983,7 @@ void launch_typed(const GroupedGemmArgs& a, DType dtype, const TmaFp8Extra& x, i
     }
   }
   if constexpr (MC) {
-    const int64_t pair_bound =
-        X ? int64_t(a.plan.max_tiles) * ceil_div(n_tiles, 2) : ceil_div(int64_t(a.plan.max_tiles), 2) * n_tiles;
+    const int64_t pair_bound = ceil_div(int64_t(a.plan.max_tiles), 2) * n_tiles;
     cfg.gridDim = dim3(unsigned(2 * std::max<int64_t>(1, std::min<int64_t>(max_clusters, pair_bound))));
     check(cudaLaunchKernelEx(&cfg, kernel, tm_b, tm_a, tm_sa, a, x, n_tiles), "cudaLaunchKernelEx (grouped_gemm_tma, clusters)");
   } else {
@@ -1028,13 +996,8 @@ void launch_typed(const GroupedGemmArgs& a, DType dtype, const TmaFp8Extra& x, i
 
 template <class T, int BN, bool FP8, bool MC, bool PP, bool X>
 void launch_bn(const GroupedGemmArgs& a, DType dtype, const TmaFp8Extra& x, int64_t a_rows, int64_t E, cudaStream_t stream) {
-  if constexpr (X && MC) {
-    MOEX_ASSERT(!a.a_gather);  // the A codes are multicast by TMA (deepgemm.cu pre-gathers them)
-    launch_typed<T, BN, false, FP8, MC, PP, X>(a, dtype, x, a_rows, E, stream);
-  } else {
-    if (a.a_gather) launch_typed<T, BN, true, FP8, MC, PP, X>(a, dtype, x, a_rows, E, stream);
-    else launch_typed<T, BN, false, FP8, MC, PP, X>(a, dtype, x, a_rows, E, stream);
-  }
+  if (a.a_gather) launch_typed<T, BN, true, FP8, MC, PP, X>(a, dtype, x, a_rows, E, stream);
+  else launch_typed<T, BN, false, FP8, MC, PP, X>(a, dtype, x, a_rows, E, stream);
 }
 
 }  // namespace moex::cuda::tma
