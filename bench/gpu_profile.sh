@@ -8,8 +8,10 @@
 #      SKIP_BUILD=1 reuses it)
 #   2. model: per-kernel GPU time of the random Qwen3-30B-A3B model (2 layers) — a 1x2048 prefill and
 #      batch-1 decode steps — summed by kernel name ($OUT/model_prefill.txt, model_decode.txt)
-#   3. gemm: ncu's SpeedOfLight / memory / warp-state sections for the grouped GEMMs of the cases
-#      that miss their bars (GEMM_CASES, "shape:T:backend:quant" items) → $OUT/gemm_<case>.txt
+#   3. gemm: ncu's SpeedOfLight / memory / warp-state / compute / instruction sections for the
+#      grouped GEMMs of the cases that miss their bars (GEMM_CASES, "shape:T:backend:quant" items)
+#      → $OUT/gemm_<case>.txt; NCU_KERNELS (default regex:grouped_gemm; e.g. "regex:decode_|grouped_gemm"
+#      for the FP8 decode kernels too), NCU_SKIP / NCU_COUNT (default 2 / 2) pick the launches
 #
 # Logs: $OUT/profile_logs.tgz. Whole run: ~5 minutes with the build.
 set -u
@@ -75,13 +77,13 @@ if has gemm; then
   for c in $GEMM_CASES; do
     IFS=: read -r shape T backend quant <<< "$c"
     stamp "gemm $c (ncu)"
-    timeout 200 $NCU -k regex:grouped_gemm --launch-skip 2 --launch-count 2 \
+    timeout 200 $NCU -k "${NCU_KERNELS:-regex:grouped_gemm}" --launch-skip "${NCU_SKIP:-2}" --launch-count "${NCU_COUNT:-2}" \
       --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
-      --section ComputeWorkloadAnalysis --section LaunchStats \
+      --section ComputeWorkloadAnalysis --section LaunchStats --section InstructionStats \
       "$BUILD/moex" bench --device cuda --backends "$backend" --shapes "$shape" --tokens "$T" --quant "$quant" \
       --min-time-ms 0 --max-iters 2 --warmup 1 > "$OUT/gemm_${shape}_${T}_${backend}_${quant}.txt" 2>&1
     echo "ncu rc $?"
-    grep -E "grouped_gemm|Duration|Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|L2 Cache Throughput|L1/TEX Cache Throughput|Registers Per|Achieved Occupancy|Stall|Issued Ipc|Executed Ipc" \
+    grep -E "grouped_gemm|decode_|highest-utilized|Issue Slots Busy|Duration|Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|L2 Cache Throughput|L1/TEX Cache Throughput|Registers Per|Achieved Occupancy|Stall|Issued Ipc|Executed Ipc" \
       "$OUT/gemm_${shape}_${T}_${backend}_${quant}.txt" | head -40
   done
 fi
