@@ -262,9 +262,41 @@ struct TileArgs {
   const float* act_s;     // activation scales, row r at act_s + r·gK
   int act_stride;
   const int* s_arow;      // shared: activation row per column
-  int nt_used;            // n8 tiles with at least one row in this pass
   int q, g;
 };
+
+// This lane's activation operands of a pass, found once per pass (the pass' columns are the same
+// for every k block): x[nt] the codes of column 8·nt + g (its B fragment), s[nt][0..1] the scale
+// rows of columns 8·nt + 2q, 8·nt + 2q + 1 (its accumulators); nullptr = no row. Looked up per k
+// block instead, the table reads, the address arithmetic and the branches around them were half
+// of the k loop's ~400 warp instructions (SASS of decode_up<bf16, 4, staged>, 2026-12-01).
+template <int NU>
+struct PassCols {
+  const uint8_t* x[NU];
+  const float* s[NU][2];
+};
+
+// kStaged: the pass' rows are staged in shared memory, where the columns past the pass' last row
+// (up to 8·NU) hold zero codes and zero scales (stage_activations), so every pointer is valid.
+template <int NT, int NU, bool kStaged>
+__device__ __forceinline__ PassCols<NU> pass_cols(const TileArgs<NT>& t) {
+  PassCols<NU> c;
+#pragma unroll
+  for (int nt = 0; nt < NU; ++nt) {
+    const int col = nt * 8 + t.g, c0 = nt * 8 + 2 * t.q, c1 = c0 + 1;
+    if constexpr (kStaged) {
+      c.x[nt] = t.act + int64_t(col) * t.act_stride;
+      c.s[nt][0] = t.act_s + int64_t(c0) * t.gK;
+      c.s[nt][1] = t.act_s + int64_t(c1) * t.gK;
+    } else {
+      const int ar = t.s_arow[col], r0 = t.s_arow[c0], r1 = t.s_arow[c1];
+      c.x[nt] = ar < 0 ? nullptr : t.act + int64_t(ar) * t.act_stride;
+      c.s[nt][0] = r0 < 0 ? nullptr : t.act_s + int64_t(r0) * t.gK;
+      c.s[nt][1] = r1 < 0 ? nullptr : t.act_s + int64_t(r1) * t.gK;
+    }
+  }
+  return c;
+}
 
 template <int NT>
 __device__ __forceinline__ void load_stage(const TileArgs<NT>& t, int kb, Stage& s) {
@@ -278,49 +310,43 @@ __device__ __forceinline__ void load_stage(const TileArgs<NT>& t, int kb, Stage&
   s.ws_hi = block_scale(t.ws_hi, t.ue8m0, kb);
 }
 
-template <int NT>
-__device__ __forceinline__ void compute_stage(const TileArgs<NT>& t, int kb, const Stage& s, float (&acc)[NT][4]) {
+// One k block of the pass: NU n8 tiles (the pass' columns rounded up to 8), all computed.
+template <int NU, bool kStaged, class Args>
+__device__ __forceinline__ void compute_stage(const Args& t, const PassCols<NU>& cols, int kb, const Stage& s,
+                                              float (&acc)[NU][4]) {
   const int k0 = kb * kQuantGroup + 16 * t.q, k1 = k0 + 64;
+  const bool in0 = k0 < t.K, in1 = k1 < t.K;
   const uint4 z = make_uint4(0, 0, 0, 0);
-  uint4 xb[NT][2];
-  float xsc[NT][2];
+  uint4 xb[NU][2];
+  float xsc[NU][2];
 #pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
-    xb[nt][0] = xb[nt][1] = z;
-    xsc[nt][0] = xsc[nt][1] = 0.0f;
-    if (nt < t.nt_used) {
-      const int ar = t.s_arow[nt * 8 + t.g];
-      if (ar >= 0) {
-        // generic loads: the activations are in shared memory (staged per pass) or global memory
-        const uint8_t* x = t.act + int64_t(ar) * t.act_stride;
-        if (k0 < t.K) xb[nt][0] = *reinterpret_cast<const uint4*>(x + k0);
-        if (k1 < t.K) xb[nt][1] = *reinterpret_cast<const uint4*>(x + k1);
-      }
-      const int c0 = t.s_arow[nt * 8 + 2 * t.q], c1 = t.s_arow[nt * 8 + 2 * t.q + 1];
-      if (c0 >= 0) xsc[nt][0] = t.act_s[int64_t(c0) * t.gK + kb];
-      if (c1 >= 0) xsc[nt][1] = t.act_s[int64_t(c1) * t.gK + kb];
-    }
+  for (int nt = 0; nt < NU; ++nt) {
+    // generic loads: the activations are in shared memory (staged per pass) or global memory
+    const uint8_t* x = cols.x[nt];
+    const bool has = kStaged || x != nullptr;
+    xb[nt][0] = has && in0 ? *reinterpret_cast<const uint4*>(x + k0) : z;
+    xb[nt][1] = has && in1 ? *reinterpret_cast<const uint4*>(x + k1) : z;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) xsc[nt][h] = kStaged || cols.s[nt][h] ? cols.s[nt][h][kb] : 0.0f;
   }
-  float d[NT][4];
+  float d[NU][4];
 #pragma unroll
-  for (int nt = 0; nt < NT; ++nt) d[nt][0] = d[nt][1] = d[nt][2] = d[nt][3] = 0.0f;
+  for (int nt = 0; nt < NU; ++nt) d[nt][0] = d[nt][1] = d[nt][2] = d[nt][3] = 0.0f;
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     uint32_t a[4];
     e4m3x4_to_f16x2(word_of(j < 4 ? s.lo0 : s.lo1, j & 3), a[0], a[2]);
     e4m3x4_to_f16x2(word_of(j < 4 ? s.hi0 : s.hi1, j & 3), a[1], a[3]);
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      if (nt < t.nt_used) {
-        uint32_t b[2];
-        e4m3x4_to_f16x2(word_of(xb[nt][j >> 2], j & 3), b[0], b[1]);
-        ptx::mma16816<__half>(d[nt], a, b);
-      }
+    for (int nt = 0; nt < NU; ++nt) {
+      uint32_t b[2];
+      e4m3x4_to_f16x2(word_of(xb[nt][j >> 2], j & 3), b[0], b[1]);
+      ptx::mma16816<__half>(d[nt], a, b);
     }
   }
   // promotion, as the CPU: acc += block sum · (activation scale × weight block scale)
 #pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
+  for (int nt = 0; nt < NU; ++nt) {
     acc[nt][0] = fmaf(d[nt][0], xsc[nt][0] * s.ws_lo, acc[nt][0]);
     acc[nt][1] = fmaf(d[nt][1], xsc[nt][1] * s.ws_lo, acc[nt][1]);
     acc[nt][2] = fmaf(d[nt][2], xsc[nt][0] * s.ws_hi, acc[nt][2]);
@@ -337,20 +363,21 @@ __device__ __forceinline__ void ring_prologue(const TileArgs<NT>& t, int kb0, in
   if (kb0 + 1 < kb1) load_stage(t, kb0 + 1, s1);
 }
 
-template <int NT>
-__device__ __forceinline__ void ring_run(const TileArgs<NT>& t, int kb0, int kb1, Stage& s0, Stage& s1, float (&acc)[NT][4]) {
+template <int NT, int NU, bool kStaged>
+__device__ __forceinline__ void ring_run(const TileArgs<NT>& t, int kb0, int kb1, Stage& s0, Stage& s1, float (&acc)[NU][4]) {
 #pragma unroll
-  for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+  for (int nt = 0; nt < NU; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+  const PassCols<NU> cols = pass_cols<NT, NU, kStaged>(t);
   Stage s2;
   for (int kb = kb0; kb < kb1; kb += 3) {
     if (kb + 2 < kb1) load_stage(t, kb + 2, s2);
-    compute_stage(t, kb, s0, acc);
+    compute_stage<NU, kStaged>(t, cols, kb, s0, acc);
     if (kb + 1 >= kb1) break;
     if (kb + 3 < kb1) load_stage(t, kb + 3, s0);
-    compute_stage(t, kb + 1, s1, acc);
+    compute_stage<NU, kStaged>(t, cols, kb + 1, s1, acc);
     if (kb + 2 >= kb1) break;
     if (kb + 4 < kb1) load_stage(t, kb + 4, s1);
-    compute_stage(t, kb + 2, s2, acc);
+    compute_stage<NU, kStaged>(t, cols, kb + 2, s2, acc);
   }
 }
 
@@ -403,25 +430,39 @@ __device__ __forceinline__ void tile_setup(WarpTile<NT>& wt, const QuantWeights&
 
 // Runs the pass (columns = pair-list entries [r, min(r + 8·NT, r_end))) from the issued
 // prologue and leaves the KS-reduced values readable through tile_value(). Syncs before returning.
-template <int NT>
+template <int NT, bool kStaged>
 __device__ __forceinline__ void tile_finish(TileSmem<NT>& sm, WarpTile<NT>& wt, const uint8_t* act, const float* act_s,
-                                            int act_stride, bool staged, int ncols) {
+                                            int act_stride, int ncols) {
   const int warp = threadIdx.x >> 5;
   TileArgs<NT>& t = wt.t;
   t.act = act;
   t.act_s = act_s;
   t.act_stride = act_stride;
-  t.s_arow = staged ? sm.col : sm.arow;
-  t.nt_used = (ncols + 7) / 8;
-  float acc[NT][4];
-  ring_run<NT>(t, wt.kb0, wt.kb1, wt.s0, wt.s1, acc);
+  t.s_arow = kStaged ? sm.col : sm.arow;
+  // the pass' n8 tiles as a compile-time count: every MMA issued is needed (a run-time bound left
+  // the unused tiles' instructions predicated off, still issued)
+  auto run = [&](auto nu_tag) {
+    constexpr int NU = decltype(nu_tag)::value;
+    float acc[NU][4];
+    ring_run<NT, NU, kStaged>(t, wt.kb0, wt.kb1, wt.s0, wt.s1, acc);
 #pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
-    const int c = nt * 8 + 2 * t.q;
-    sm.part[warp][t.g][c] = acc[nt][0];
-    sm.part[warp][t.g][c + 1] = acc[nt][1];
-    sm.part[warp][t.g + 8][c] = acc[nt][2];
-    sm.part[warp][t.g + 8][c + 1] = acc[nt][3];
+    for (int nt = 0; nt < NU; ++nt) {
+      const int c = nt * 8 + 2 * t.q;
+      sm.part[warp][t.g][c] = acc[nt][0];
+      sm.part[warp][t.g][c + 1] = acc[nt][1];
+      sm.part[warp][t.g + 8][c] = acc[nt][2];
+      sm.part[warp][t.g + 8][c + 1] = acc[nt][3];
+    }
+  };
+  const int nu = (ncols + 7) / 8;  // 1..NT (block-uniform)
+  if constexpr (NT == 1) {
+    run(std::integral_constant<int, 1>{});
+  } else {
+    static_assert(NT == 4, "decode tiles: NT = 1 or 4");
+    if (nu <= 1) run(std::integral_constant<int, 1>{});
+    else if (nu == 2) run(std::integral_constant<int, 2>{});
+    else if (nu == 3) run(std::integral_constant<int, 3>{});
+    else run(std::integral_constant<int, 4>{});
   }
   __syncthreads();
 }
@@ -435,6 +476,10 @@ __host__ __device__ constexpr int staged_stride(int K) { return K + 16; }
 __host__ __device__ inline size_t staged_smem_bytes(int nt, int K) {
   return size_t(8 * nt) * size_t(staged_stride(K)) + size_t(8 * nt) * size_t(quant_groups(K)) * sizeof(float);
 }
+
+// The pass' columns rounded up to whole n8 tiles: the staging writes zero rows (and zero scales)
+// for the columns past the pass' last row, which the MMAs of its last tile then read.
+__device__ __forceinline__ int pad8(int ncols) { return (ncols + 7) & ~7; }
 
 // Columns c < ncols: row sm.arow[c] of `src` (row_bytes each, a multiple of 16) to dst + c·dst_stride
 // with cp.async, zeros for a column without a row; committed, not waited for.
@@ -608,10 +653,10 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_up(DecodePara
     if constexpr (kStaged) {
       uint8_t* s_act = dynamic_smem();
       float* s_act_s = reinterpret_cast<float*>(s_act + 8 * NT * staged_stride(a.H));
-      stage_activations<NT>(sm, s_act, s_act_s, a.xq, a.xs, a.H, ncols);
-      tile_finish<NT>(sm, wt, s_act, s_act_s, staged_stride(a.H), true, ncols);
+      stage_activations<NT>(sm, s_act, s_act_s, a.xq, a.xs, a.H, pad8(ncols));
+      tile_finish<NT, true>(sm, wt, s_act, s_act_s, staged_stride(a.H), ncols);
     } else {
-      tile_finish<NT>(sm, wt, a.xq, a.xs, a.H, false, ncols);
+      tile_finish<NT, false>(sm, wt, a.xq, a.xs, a.H, ncols);
     }
     for (int item = tid; item < BI * ncols; item += THREADS) {
       const int il = item / ncols, c = item % ncols, i = i0 + il;
@@ -688,13 +733,13 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_down(DecodePa
       float* s_act_s = reinterpret_cast<float*>(s_act + 8 * NT * staged_stride(a.I));
       if (a.h_quant_in_down) {
         T* raw = reinterpret_cast<T*>(s_act + staged_smem_bytes(NT, a.I));
-        stage_h_quantized<T, NT>(sm, s_act, s_act_s, raw, static_cast<const T*>(a.h), a.I, ncols);
+        stage_h_quantized<T, NT>(sm, s_act, s_act_s, raw, static_cast<const T*>(a.h), a.I, pad8(ncols));
       } else {
-        stage_activations<NT>(sm, s_act, s_act_s, a.hq, a.hs, a.I, ncols);
+        stage_activations<NT>(sm, s_act, s_act_s, a.hq, a.hs, a.I, pad8(ncols));
       }
-      tile_finish<NT>(sm, wt, s_act, s_act_s, staged_stride(a.I), true, ncols);
+      tile_finish<NT, true>(sm, wt, s_act, s_act_s, staged_stride(a.I), ncols);
     } else {
-      tile_finish<NT>(sm, wt, a.hq, a.hs, a.I, false, ncols);
+      tile_finish<NT, false>(sm, wt, a.hq, a.hs, a.I, ncols);
     }
     for (int item = tid; item < BM * ncols; item += THREADS) {
       const int m = item / ncols, c = item % ncols, n = n0 + m;
