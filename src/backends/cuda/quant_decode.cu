@@ -276,24 +276,19 @@ struct PassCols {
   const float* s[NU][2];
 };
 
-// kStaged: the pass' rows are staged in shared memory, where the columns past the pass' last row
-// (up to 8·NU) hold zero codes and zero scales (stage_activations), so every pointer is valid.
-template <int NT, int NU, bool kStaged>
+// (The columns past the pass' last row stay nullptr rather than pointing at zero rows staged for
+// them: at T = 1 staging and quantizing the 7 padding rows of every block cost 10-35 % of the
+// forward, H200, 2026-12-01.)
+template <int NT, int NU>
 __device__ __forceinline__ PassCols<NU> pass_cols(const TileArgs<NT>& t) {
   PassCols<NU> c;
 #pragma unroll
   for (int nt = 0; nt < NU; ++nt) {
     const int col = nt * 8 + t.g, c0 = nt * 8 + 2 * t.q, c1 = c0 + 1;
-    if constexpr (kStaged) {
-      c.x[nt] = t.act + int64_t(col) * t.act_stride;
-      c.s[nt][0] = t.act_s + int64_t(c0) * t.gK;
-      c.s[nt][1] = t.act_s + int64_t(c1) * t.gK;
-    } else {
-      const int ar = t.s_arow[col], r0 = t.s_arow[c0], r1 = t.s_arow[c1];
-      c.x[nt] = ar < 0 ? nullptr : t.act + int64_t(ar) * t.act_stride;
-      c.s[nt][0] = r0 < 0 ? nullptr : t.act_s + int64_t(r0) * t.gK;
-      c.s[nt][1] = r1 < 0 ? nullptr : t.act_s + int64_t(r1) * t.gK;
-    }
+    const int ar = t.s_arow[col], r0 = t.s_arow[c0], r1 = t.s_arow[c1];
+    c.x[nt] = ar < 0 ? nullptr : t.act + int64_t(ar) * t.act_stride;
+    c.s[nt][0] = r0 < 0 ? nullptr : t.act_s + int64_t(r0) * t.gK;
+    c.s[nt][1] = r1 < 0 ? nullptr : t.act_s + int64_t(r1) * t.gK;
   }
   return c;
 }
@@ -311,7 +306,7 @@ __device__ __forceinline__ void load_stage(const TileArgs<NT>& t, int kb, Stage&
 }
 
 // One k block of the pass: NU n8 tiles (the pass' columns rounded up to 8), all computed.
-template <int NU, bool kStaged, class Args>
+template <int NU, class Args>
 __device__ __forceinline__ void compute_stage(const Args& t, const PassCols<NU>& cols, int kb, const Stage& s,
                                               float (&acc)[NU][4]) {
   const int k0 = kb * kQuantGroup + 16 * t.q, k1 = k0 + 64;
@@ -323,11 +318,11 @@ __device__ __forceinline__ void compute_stage(const Args& t, const PassCols<NU>&
   for (int nt = 0; nt < NU; ++nt) {
     // generic loads: the activations are in shared memory (staged per pass) or global memory
     const uint8_t* x = cols.x[nt];
-    const bool has = kStaged || x != nullptr;
+    const bool has = x != nullptr;
     xb[nt][0] = has && in0 ? *reinterpret_cast<const uint4*>(x + k0) : z;
     xb[nt][1] = has && in1 ? *reinterpret_cast<const uint4*>(x + k1) : z;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) xsc[nt][h] = kStaged || cols.s[nt][h] ? cols.s[nt][h][kb] : 0.0f;
+    for (int h = 0; h < 2; ++h) xsc[nt][h] = cols.s[nt][h] ? cols.s[nt][h][kb] : 0.0f;
   }
   float d[NU][4];
 #pragma unroll
@@ -363,21 +358,21 @@ __device__ __forceinline__ void ring_prologue(const TileArgs<NT>& t, int kb0, in
   if (kb0 + 1 < kb1) load_stage(t, kb0 + 1, s1);
 }
 
-template <int NT, int NU, bool kStaged>
+template <int NT, int NU>
 __device__ __forceinline__ void ring_run(const TileArgs<NT>& t, int kb0, int kb1, Stage& s0, Stage& s1, float (&acc)[NU][4]) {
 #pragma unroll
   for (int nt = 0; nt < NU; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
-  const PassCols<NU> cols = pass_cols<NT, NU, kStaged>(t);
+  const PassCols<NU> cols = pass_cols<NT, NU>(t);
   Stage s2;
   for (int kb = kb0; kb < kb1; kb += 3) {
     if (kb + 2 < kb1) load_stage(t, kb + 2, s2);
-    compute_stage<NU, kStaged>(t, cols, kb, s0, acc);
+    compute_stage<NU>(t, cols, kb, s0, acc);
     if (kb + 1 >= kb1) break;
     if (kb + 3 < kb1) load_stage(t, kb + 3, s0);
-    compute_stage<NU, kStaged>(t, cols, kb + 1, s1, acc);
+    compute_stage<NU>(t, cols, kb + 1, s1, acc);
     if (kb + 2 >= kb1) break;
     if (kb + 4 < kb1) load_stage(t, kb + 4, s1);
-    compute_stage<NU, kStaged>(t, cols, kb + 2, s2, acc);
+    compute_stage<NU>(t, cols, kb + 2, s2, acc);
   }
 }
 
@@ -444,7 +439,7 @@ __device__ __forceinline__ void tile_finish(TileSmem<NT>& sm, WarpTile<NT>& wt, 
   auto run = [&](auto nu_tag) {
     constexpr int NU = decltype(nu_tag)::value;
     float acc[NU][4];
-    ring_run<NT, NU, kStaged>(t, wt.kb0, wt.kb1, wt.s0, wt.s1, acc);
+    ring_run<NT, NU>(t, wt.kb0, wt.kb1, wt.s0, wt.s1, acc);
 #pragma unroll
     for (int nt = 0; nt < NU; ++nt) {
       const int c = nt * 8 + 2 * t.q;
@@ -476,10 +471,6 @@ __host__ __device__ constexpr int staged_stride(int K) { return K + 16; }
 __host__ __device__ inline size_t staged_smem_bytes(int nt, int K) {
   return size_t(8 * nt) * size_t(staged_stride(K)) + size_t(8 * nt) * size_t(quant_groups(K)) * sizeof(float);
 }
-
-// The pass' columns rounded up to whole n8 tiles: the staging writes zero rows (and zero scales)
-// for the columns past the pass' last row, which the MMAs of its last tile then read.
-__device__ __forceinline__ int pad8(int ncols) { return (ncols + 7) & ~7; }
 
 // Columns c < ncols: row sm.arow[c] of `src` (row_bytes each, a multiple of 16) to dst + c·dst_stride
 // with cp.async, zeros for a column without a row; committed, not waited for.
@@ -653,7 +644,7 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_up(DecodePara
     if constexpr (kStaged) {
       uint8_t* s_act = dynamic_smem();
       float* s_act_s = reinterpret_cast<float*>(s_act + 8 * NT * staged_stride(a.H));
-      stage_activations<NT>(sm, s_act, s_act_s, a.xq, a.xs, a.H, pad8(ncols));
+      stage_activations<NT>(sm, s_act, s_act_s, a.xq, a.xs, a.H, ncols);
       tile_finish<NT, true>(sm, wt, s_act, s_act_s, staged_stride(a.H), ncols);
     } else {
       tile_finish<NT, false>(sm, wt, a.xq, a.xs, a.H, ncols);
@@ -733,9 +724,9 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_down(DecodePa
       float* s_act_s = reinterpret_cast<float*>(s_act + 8 * NT * staged_stride(a.I));
       if (a.h_quant_in_down) {
         T* raw = reinterpret_cast<T*>(s_act + staged_smem_bytes(NT, a.I));
-        stage_h_quantized<T, NT>(sm, s_act, s_act_s, raw, static_cast<const T*>(a.h), a.I, pad8(ncols));
+        stage_h_quantized<T, NT>(sm, s_act, s_act_s, raw, static_cast<const T*>(a.h), a.I, ncols);
       } else {
-        stage_activations<NT>(sm, s_act, s_act_s, a.hq, a.hs, a.I, pad8(ncols));
+        stage_activations<NT>(sm, s_act, s_act_s, a.hq, a.hs, a.I, ncols);
       }
       tile_finish<NT, true>(sm, wt, s_act, s_act_s, staged_stride(a.I), ncols);
     } else {
