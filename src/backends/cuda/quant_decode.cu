@@ -45,10 +45,13 @@
 // and are added in slice order. Each warp keeps two K blocks of weight loads in flight while it
 // computes a third (3-stage register ring, 64 bytes per lane per stage: 4 KB per warp in flight).
 //
-// Budget per 128-k block and m16 tile (2 KB of weights, one warp): 4 LDG.128 of weights, 32
-// F2FP (A) + 16·NT F2FP (B), 8·NT HMMA, ~12·NT FMUL/FFMA of promotion and a few scalar loads:
-// ~60 warp instructions per 2 KB at NT = 1, ~0.03 warp-instructions per weight byte where the
-// H200 issues ~0.25 per byte of DRAM bandwidth: the kernel is bound by memory, not by issue.
+// Budget per 128-k block and m16 tile (2 KB of weights, one warp) with NU n8 tiles of rows: 4
+// LDG.128 of weights, 32 F2FP (A) + 16·NU F2FP (B), 8·NU HMMA, 8·NU FMUL/FFMA of promotion, the
+// activation and scale loads. The SASS (2026-12-01) has 134-148 warp instructions at NU = 1 and
+// 170-190 at NU = 2 (0.07-0.09 per weight byte, where the H200 issues ~0.25 per byte of DRAM
+// bandwidth). Before the pass' columns were hoisted out of the k loop (PassCols) and NU made a
+// compile-time count it was 163-194 at NT = 1 and 404 at NT = 4: at mixtral T = 64 (8 warps per SM,
+// 4.7 cycles per issued instruction) that stream, not DRAM, set decode_up's pace (ncu, H200).
 //
 // Requirements (checked by quant_decode_usable): FP8 block-scaled weights in the default
 // [E, out, in] layout with 128-wide k blocks, H and I multiples of 16 (16-byte rows), 16-byte
@@ -277,8 +280,8 @@ struct PassCols {
 };
 
 // (The columns past the pass' last row stay nullptr rather than pointing at zero rows staged for
-// them: at T = 1 staging and quantizing the 7 padding rows of every block cost 10-35 % of the
-// forward, H200, 2026-12-01.)
+// them: with those rows staged, and at T <= 8 quantized, by every block — 8 rows where one expert
+// row needs 1 — T = 1 / 8 measured 16-37 % slower on the deepseek / qwen shapes, H200, 2026-12-01.)
 template <int NT, int NU>
 __device__ __forceinline__ PassCols<NU> pass_cols(const TileArgs<NT>& t) {
   PassCols<NU> c;
