@@ -794,7 +794,6 @@ __global__ void __launch_bounds__(THREADS, 1)
           if constexpr (GATHER) wgmma::fence_proxy_async();
           load_w(stage, lo, hi);
           for (int kt = 0; kt < ktiles; ++kt) {
-            const float w_lo = weight_scale(x, ws_lo + kt), w_hi = concat ? weight_scale(x, ws_hi + kt) : w_lo;
             const uint32_t x_tile = sA + uint32_t(stage) * A_STAGE;
             uint32_t af[8][4];  // [k16 step] the A fragment
 #pragma unroll
@@ -823,6 +822,11 @@ __global__ void __launch_bounds__(THREADS, 1)
               if constexpr (GATHER) wgmma::fence_proxy_async();
               load_w(next, lo, hi);
             }
+            // this block's weight scales, requested after the proxy fence: the fence (MEMBAR.ALL.CTA
+            // in the SASS) waits for this thread's outstanding loads, so requested before it they put
+            // a global round trip into every stage of the gather variant; here they arrive under the
+            // MMAs (the asm's memory clobbers keep them after the fence)
+            const float w_lo = weight_scale(x, ws_lo + kt), w_hi = concat ? weight_scale(x, ws_hi + kt) : w_lo;
             wgmma::wait<0>();
             wgmma::fence_acc_first<NFP>(xpart);
             const float* sa = reinterpret_cast<const float*>(smem_raw + (sSA - raw) + stage * SA_BYTES);
@@ -856,9 +860,11 @@ __global__ void __launch_bounds__(THREADS, 1)
         weight_scale_rows<BN>(a, e, n, ws_lo, ws_hi);
         const int srow = cw * 64 + warp_in_wg * 16 + (lane >> 2);
         for (int kt = 0; kt < ktiles; ++kt) {
-          const float w_lo = weight_scale(x, ws_lo + kt), w_hi = weight_scale(x, ws_hi + kt);
           mbar_wait(full_bar(stage), phase);
           if constexpr (GATHER) wgmma::fence_proxy_async();
+          // after the proxy fence, which waits for this thread's outstanding loads (see the exact
+          // variant): they arrive under the MMAs
+          const float w_lo = weight_scale(x, ws_lo + kt), w_hi = weight_scale(x, ws_hi + kt);
           const uint32_t a_tile = sA + uint32_t(stage) * A_BYTES + uint32_t(cw) * (64 * 128);
           const uint32_t b_tile = sB + uint32_t(stage) * B_BYTES;
           wgmma::fence_acc(part);
