@@ -822,10 +822,11 @@ __global__ void __launch_bounds__(THREADS, 1)
               if constexpr (GATHER) wgmma::fence_proxy_async();
               load_w(next, lo, hi);
             }
-            // this block's weight scales, requested after the proxy fence: the fence (MEMBAR.ALL.CTA
-            // in the SASS) waits for this thread's outstanding loads, so requested before it they put
-            // a global round trip into every stage of the gather variant; here they arrive under the
-            // MMAs (the asm's memory clobbers keep them after the fence)
+            // this block's weight scales, requested after the proxy fence rather than at the top of
+            // the iteration: the fence is a MEMBAR.ALL.CTA in the SASS of the gather variant, which
+            // can hold the warp until its outstanding loads return (a global round trip per stage);
+            // here they arrive under the MMAs. (Not yet timed against the old order; see PERF.md,
+            // sixteenth session.)
             const float w_lo = weight_scale(x, ws_lo + kt), w_hi = concat ? weight_scale(x, ws_hi + kt) : w_lo;
             wgmma::wait<0>();
             wgmma::fence_acc_first<NFP>(xpart);
@@ -862,8 +863,8 @@ __global__ void __launch_bounds__(THREADS, 1)
         for (int kt = 0; kt < ktiles; ++kt) {
           mbar_wait(full_bar(stage), phase);
           if constexpr (GATHER) wgmma::fence_proxy_async();
-          // after the proxy fence, which waits for this thread's outstanding loads (see the exact
-          // variant): they arrive under the MMAs
+          // after the proxy fence (a MEMBAR in the gather variant, see the exact variant): they
+          // arrive under the MMAs
           const float w_lo = weight_scale(x, ws_lo + kt), w_hi = weight_scale(x, ws_hi + kt);
           const uint32_t a_tile = sA + uint32_t(stage) * A_BYTES + uint32_t(cw) * (64 * 128);
           const uint32_t b_tile = sB + uint32_t(stage) * B_BYTES;
