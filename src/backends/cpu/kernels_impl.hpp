@@ -6,8 +6,9 @@
 // read once per 4 rows of x; the nn kernel broadcasts x and runs FMAs along n, 6 rows × 2 vectors.
 #pragma once
 #include <algorithm>
-#include <cstring>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
 
 #include "backends/cpu/kernels.hpp"
@@ -420,6 +421,16 @@ template <class Isa>
 constexpr int packed_max_rows() {
   return Isa::W >= 16 ? 12 : 6;  // accumulators + NV weights + 1 broadcast within 32 (AVX-512) or 16 registers
 }
+// The row block used by default. AVX-512: 8, not 12. Twelve rows' accumulators fit the 32 vector
+// registers, but their 12 row pointers do not fit the 16 general ones beside the loop's own: GCC kept
+// some on the stack or in xmm registers, 5 extra moves per 24 FMAs (perf annotate). Measured on the
+// AMD EPYC development VM, 2 threads, 2026-12-01, interleaved pairs (12 / 8 rows, medians; the VM's
+// noise is ±10 %): small_moe f32 T = 256 11.66 / 10.42 ms (8 faster in 8 of 10 pairs), qwen3_30b_a3b
+// f32 T = 256 119.7 / 115.5 ms (5 of 6). Not measured on the Intel (AMX) machines.
+template <class Isa>
+constexpr int packed_default_rows() {
+  return Isa::W >= 16 ? 8 : packed_max_rows<Isa>();
+}
 
 // Rows [i0, i0 + MR) × columns [c0, c0 + ncols) of a panel (c0 relative to the panel, ncols ≤ NV·W), k in
 // [k0, k1); `first`: start from zero, else continue the sums stored in y (the same f32 sum in k order).
@@ -500,7 +511,12 @@ void packed_matmul(const PackedMatmulArgs& a) {
   }
   constexpr int NV = 2, NC = NV * Isa::W;  // columns per micro-kernel call; a panel is kPanelCols / NC calls
   static_assert(kPanelCols % NC == 0, "a panel is a whole number of micro-kernel column groups");
-  constexpr int64_t MRmax = packed_max_rows<Isa>();
+  // The largest row block: packed_default_rows, or MOEX_CPU_PACKED_ROWS (1 .. packed_max_rows; A/B).
+  static const int64_t MRmax = [] {
+    const char* e = std::getenv("MOEX_CPU_PACKED_ROWS");
+    const int v = e ? std::atoi(e) : 0;
+    return int64_t(v >= 1 && v <= packed_max_rows<Isa>() ? v : packed_default_rows<Isa>());
+  }();
   // rows in blocks of near-equal size (16 rows: 8 + 8 rather than 12 + 4)
   const int64_t blocks = (a.m + MRmax - 1) / MRmax;
   for (int64_t n = a.n0; n < a.n1; n += kPanelCols) {
