@@ -309,8 +309,8 @@ __device__ __forceinline__ void load_stage(const TileArgs<NT>& t, int kb, Stage&
 }
 
 // One k block of the pass: NU n8 tiles (the pass' columns rounded up to 8), all computed.
-template <int NU, class Args>
-__device__ __forceinline__ void compute_stage(const Args& t, const PassCols<NU>& cols, int kb, const Stage& s,
+template <int NT, int NU>
+__device__ __forceinline__ void compute_stage(const TileArgs<NT>& t, const PassCols<NU>& cols, int kb, const Stage& s,
                                               float (&acc)[NU][4]) {
   const int k0 = kb * kQuantGroup + 16 * t.q, k1 = k0 + 64;
   const bool in0 = k0 < t.K, in1 = k1 < t.K;
@@ -369,13 +369,13 @@ __device__ __forceinline__ void ring_run(const TileArgs<NT>& t, int kb0, int kb1
   Stage s2;
   for (int kb = kb0; kb < kb1; kb += 3) {
     if (kb + 2 < kb1) load_stage(t, kb + 2, s2);
-    compute_stage<NU>(t, cols, kb, s0, acc);
+    compute_stage<NT, NU>(t, cols, kb, s0, acc);
     if (kb + 1 >= kb1) break;
     if (kb + 3 < kb1) load_stage(t, kb + 3, s0);
-    compute_stage<NU>(t, cols, kb + 1, s1, acc);
+    compute_stage<NT, NU>(t, cols, kb + 1, s1, acc);
     if (kb + 2 >= kb1) break;
     if (kb + 4 < kb1) load_stage(t, kb + 4, s1);
-    compute_stage<NU>(t, cols, kb + 2, s2, acc);
+    compute_stage<NT, NU>(t, cols, kb + 2, s2, acc);
   }
 }
 
