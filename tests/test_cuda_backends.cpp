@@ -193,7 +193,8 @@ TEST_P(CudaFp8Decode, MatchesTheReference) {
 
 // The path's A/B switches each select other kernels than the default on these small shapes: the
 // unstaged activations (the default for rows too long to stage, e.g. mixtral's down projection),
-// the plan read after pdl_wait, h quantized by decode_up at every T, and by decode_down at every T.
+// the plan read after pdl_wait, h quantized by decode_up at every T, and by decode_down at every T,
+// and at T <= 8 the four-kernel chain (decode_prep and the combine kernel, not fused away).
 TEST_P(CudaFp8Decode, EverySwitchMatchesTheReference) {
   SKIP_WITHOUT_CUDA();
   const DType dt = GetParam();
@@ -202,7 +203,8 @@ TEST_P(CudaFp8Decode, EverySwitchMatchesTheReference) {
   const std::pair<const char*, const char*> switches[] = {{"MOEX_CUDA_FP8_DECODE_STAGE", "0"},
                                                           {"MOEX_CUDA_FP8_DECODE_EARLY", "0"},
                                                           {"MOEX_CUDA_FP8_DECODE_HQ", "up"},
-                                                          {"MOEX_CUDA_FP8_DECODE_HQ", "down"}};
+                                                          {"MOEX_CUDA_FP8_DECODE_HQ", "down"},
+                                                          {"MOEX_CUDA_FP8_DECODE_FUSE", "0"}};
   for (const auto& [name, value] : switches) {
     ScopedEnv variant(name, value);
     double worst = 0;
@@ -213,6 +215,36 @@ TEST_P(CudaFp8Decode, EverySwitchMatchesTheReference) {
       worst = std::max(worst, r.rel_l2);
     }
     std::printf("FP8 decode path, %s=%s: worst rel L2 %.2e\n", name, value, worst);
+  }
+}
+
+// Every slot dropped (index -1): no expert is hit, no down block reaches the combine's counter;
+// the output must still be written, all zeros (poisoned with NaN first), fused chain or not.
+TEST_P(CudaFp8Decode, AllSlotsDroppedGiveZeros) {
+  SKIP_WITHOUT_CUDA();
+  const DType dt = GetParam();
+  ScopedEnv force("MOEX_CUDA_FP8_DECODE", "1");
+  for (const char* fuse : {"1", "0"}) {
+    ScopedEnv variant("MOEX_CUDA_FP8_DECODE_FUSE", fuse);
+    for (const int64_t T : {1, 3, 8}) {
+      check::Case c = make_case(97, dt, 8, 256, 128, T, 2);
+      c.spec.quant = QuantSpec::fp8_block();
+      check::Instance host = check::make_instance(c);
+      int32_t* idx = static_cast<int32_t*>(host.top_k_index.data());
+      for (int64_t i = 0; i < host.top_k_index.numel(); ++i) idx[i] = -1;
+      const check::Instance dev = host.to(Device::cuda());
+      Tensor poison = Tensor::empty(dt, {T, c.spec.hidden}, Device::cpu());
+      std::memset(poison.data(), 0xff, size_t(poison.nbytes()));  // NaN in every dtype
+      for (const std::string name : {"batched_mm", "grouped_mm"}) {
+        Tensor out = poison.to(Device::cuda());
+        experts_forward(name, dev.experts(), dev.call(out));
+        const Tensor back = out.to(Device::cpu());  // (the copy waits for the forward)
+        const uint8_t* bytes = static_cast<const uint8_t*>(back.data());  // +0 is all zero bytes in every dtype
+        int64_t nonzero = 0;
+        for (int64_t i = 0; i < back.nbytes(); ++i) nonzero += bytes[i] != 0;
+        EXPECT_EQ(nonzero, 0) << name << " T=" << T << " FUSE=" << fuse << ": bytes not zero";
+      }
+    }
   }
 }
 
@@ -816,6 +848,15 @@ TEST(CudaPerf, Shapes) {
           const char* reps_env = std::getenv("MOEX_CUDA_PERF_REPS");
           const int reps = reps_env ? std::max(1, std::atoi(reps_env)) : T >= 4096 ? 10 : 30;
           std::vector<float> times;
+          // MOEX_CUDA_PERF_BATCH=n: n forwards back to back between the two events, the time per
+          // forward reported (the host's launch latency hidden, as in a decode loop that enqueues
+          // ahead); default 1. MOEX_CUDA_PERF_FLUSH=1: 256 MiB written before each timed forward,
+          // so that no weight is left in L2 by the previous replay (a model's next layer never finds
+          // its experts there). Both are for A/B measurement; the default is neither.
+          const char* batch_env = std::getenv("MOEX_CUDA_PERF_BATCH");
+          const int batch = batch_env ? std::max(1, std::atoi(batch_env)) : 1;
+          const bool flush = std::getenv("MOEX_CUDA_PERF_FLUSH") && std::atoi(std::getenv("MOEX_CUDA_PERF_FLUSH")) != 0;
+          Tensor scrub = flush ? Tensor::empty(DType::u8, {int64_t(256) << 20}, Device::cuda()) : Tensor();
           // graph replay for the capturable backends (launch overhead out of the decode numbers)
           cudaGraphExec_t exec = nullptr;
           if (backend->graph_capturable()) {
@@ -827,14 +868,17 @@ TEST(CudaPerf, Shapes) {
             cudaGraphDestroy(g);
           }
           for (int i = 0; i < reps; ++i) {
+            if (flush) cuda_ok(cudaMemsetAsync(scrub.data(), i & 0xff, size_t(scrub.nbytes()), stream));
             cudaEventRecord(e0, stream);
-            if (exec) cudaGraphLaunch(exec, stream);
-            else experts_forward(name, ex, call, opts);
+            for (int b = 0; b < batch; ++b) {
+              if (exec) cudaGraphLaunch(exec, stream);
+              else experts_forward(name, ex, call, opts);
+            }
             cudaEventRecord(e1, stream);
             cudaEventSynchronize(e1);
             float t = 0;
             cudaEventElapsedTime(&t, e0, e1);
-            times.push_back(t);
+            times.push_back(t / float(batch));
           }
           if (exec) cudaGraphExecDestroy(exec);
           std::sort(times.begin(), times.end());

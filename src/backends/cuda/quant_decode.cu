@@ -85,11 +85,12 @@ struct DecodeParams {
   Epi up_epi;
   ActParams act;
   int T, K, E, H, I, R, S, slots, gH, gI;
+  int Hp, Ip;           // H, I rounded up to 128: the code rows' stride (zeros past H / I)
   // workspace
-  uint8_t* xq;          // [T, H]
+  uint8_t* xq;          // [T, Hp]
   float* xs;            // [T, gH]
   void* h;              // [S, I] activation dtype
-  uint8_t* hq;          // [S, I]
+  uint8_t* hq;          // [S, Ip]
   float* hs;            // [S, gI]
   float* y;             // [S, H]
   int* n_hit;           // [1]     number of experts with rows
@@ -98,9 +99,15 @@ struct DecodeParams {
   int* pairs;           // [S]     pair ids grouped by expert
   int* pair_row;        // [S]     row of y of pair p: p, or -1 for a dropped slot (launch_combine)
   int* up_ctr;          // [slots * gI] finished up blocks per (slot, 128-group of I)
-  int n_ctr;            // counters (zeroed by decode_prep)
+  int* down_ctr;        // [down column blocks] finished down blocks (combine_in_down)
+  int n_ctr;            // counters up_ctr..down_ctr (zeroed by decode_prep, or decode_up's first block)
+  int n_down_ctr;
   bool h_quant_in_down; // decode_down quantizes h while staging it (else decode_up's last blocks)
   bool early_plan;      // decode_up / decode_down read the routing / plan before pdl_wait
+  bool prep_in_up;      // no decode_prep: each block finds its slot's pairs in the routing and
+                        // quantizes its tokens itself (T <= 8); implies combine_in_down
+  bool combine_in_down; // no combine kernel: the last down block of each column block sums the
+                        // tokens' slots of those columns (T <= 8)
   void* out;            // [T, H]
 };
 
@@ -154,6 +161,8 @@ __device__ __forceinline__ float block_scale(const void* row, bool ue8m0, int kb
 
 // One warp quantizes channels [128g, 128g+128) ∩ [0, K) of one row (quant_activation.cu's math):
 // scale = amax / 448 (1 when amax is 0 or not finite), codes = e4m3(v / scale), saturating.
+// The whole group of codes is written, zeros past K: every code row is padded to a multiple of
+// 128 (padded_k), so that the MMA loops read whole 128-k blocks of activations without a guard.
 // kShared: the row is in shared memory (staged by decode_down), else global memory.
 template <class T, bool kShared = false>
 __device__ __forceinline__ void quantize_group_warp(const T* row, int K, int g, uint8_t* codes, float* scale_out, int lane) {
@@ -170,10 +179,7 @@ __device__ __forceinline__ void quantize_group_warp(const T* row, int K, int g, 
   const float scale = amax > 0.0f && isfinite(amax) ? __fdiv_rn(amax, 448.0f) : 1.0f;
   if (lane == 0) *scale_out = scale;
 #pragma unroll
-  for (int q = 0; q < kQuantGroup / 32; ++q) {
-    const int c = g * kQuantGroup + q * 32 + lane;
-    if (c < K) codes[c] = e4m3_code_sat(__fdiv_rn(v[q], scale));
-  }
+  for (int q = 0; q < kQuantGroup / 32; ++q) codes[g * kQuantGroup + q * 32 + lane] = e4m3_code_sat(__fdiv_rn(v[q], scale));
 }
 
 // ---- 1. plan + token quantization ----------------------------------------------------------
@@ -186,7 +192,7 @@ __global__ void __launch_bounds__(THREADS) decode_prep(DecodeParams a) {
     const int64_t item = int64_t(blockIdx.x - 1) * WARPS + (tid >> 5);
     if (item >= int64_t(a.T) * a.gH) return;
     const int r = int(item / a.gH), g = int(item % a.gH);
-    quantize_group_warp<T>(static_cast<const T*>(a.hidden) + int64_t(r) * a.H, a.H, g, a.xq + int64_t(r) * a.H,
+    quantize_group_warp<T>(static_cast<const T*>(a.hidden) + int64_t(r) * a.H, a.H, g, a.xq + int64_t(r) * a.Hp,
                            a.xs + int64_t(r) * a.gH + g, tid & 31);
     return;
   }
@@ -261,7 +267,8 @@ struct TileArgs {
   const void* ws_hi;
   bool ue8m0;
   int K, gK;
-  const uint8_t* act;     // activation codes, row r at act + r·act_stride (global or shared memory)
+  const uint8_t* act;     // activation codes, row r at act + r·act_stride (global or shared memory;
+                          // rows padded with zero codes to a multiple of 128)
   const float* act_s;     // activation scales, row r at act_s + r·gK
   int act_stride;
   const int* s_arow;      // shared: activation row per column
@@ -270,40 +277,46 @@ struct TileArgs {
 
 // This lane's activation operands of a pass, found once per pass (the pass' columns are the same
 // for every k block): x[nt] the codes of column 8·nt + g (its B fragment), s[nt][0..1] the scale
-// rows of columns 8·nt + 2q, 8·nt + 2q + 1 (its accumulators); nullptr = no row. Looked up per k
-// block instead, the table reads, the address arithmetic and the branches around them were half
-// of the k loop's ~400 warp instructions (SASS of decode_up<bf16, 4, staged>, 2026-12-01).
+// rows of columns 8·nt + 2q, 8·nt + 2q + 1 (its accumulators). Looked up per k block instead, the
+// table reads, the address arithmetic and the branches around them were half of the k loop's ~400
+// warp instructions (SASS of decode_up<bf16, 4, staged>, 2026-12-01).
 template <int NU>
 struct PassCols {
   const uint8_t* x[NU];
   const float* s[NU][2];
 };
 
-// (The columns past the pass' last row stay nullptr rather than pointing at zero rows staged for
-// them: with those rows staged, and at T <= 8 quantized, by every block — 8 rows where one expert
-// row needs 1 — T = 1 / 8 measured 16-37 % slower on the deepseek / qwen shapes, H200, 2026-12-01.)
+// A column past the pass' last row computes column 0's row again (the epilogue writes columns
+// < ncols only): the k loop then has no branch and no zero fallback per operand. (Zero rows staged
+// for those columns instead cost 16-37 % at T = 1 / 8 on the deepseek / qwen shapes: every block
+// staged, and at T <= 8 quantized, 8 rows where one expert row needs 1; H200, 2026-12-01.)
 template <int NT, int NU>
 __device__ __forceinline__ PassCols<NU> pass_cols(const TileArgs<NT>& t) {
   PassCols<NU> c;
+  const int first = t.s_arow[0];  // column 0 always has a row (ncols >= 1)
 #pragma unroll
   for (int nt = 0; nt < NU; ++nt) {
     const int col = nt * 8 + t.g, c0 = nt * 8 + 2 * t.q, c1 = c0 + 1;
     const int ar = t.s_arow[col], r0 = t.s_arow[c0], r1 = t.s_arow[c1];
-    c.x[nt] = ar < 0 ? nullptr : t.act + int64_t(ar) * t.act_stride;
-    c.s[nt][0] = r0 < 0 ? nullptr : t.act_s + int64_t(r0) * t.gK;
-    c.s[nt][1] = r1 < 0 ? nullptr : t.act_s + int64_t(r1) * t.gK;
+    c.x[nt] = t.act + int64_t(ar < 0 ? first : ar) * t.act_stride;
+    c.s[nt][0] = t.act_s + int64_t(r0 < 0 ? first : r0) * t.gK;
+    c.s[nt][1] = t.act_s + int64_t(r1 < 0 ? first : r1) * t.gK;
   }
   return c;
 }
 
+// A chunk at k >= K (the last k block when K is not a multiple of 128) is read from the row's
+// last 16 bytes instead: real weights, finite (or a NaN the row's own position already gives the
+// output), times activation codes that are zero there, so they add exactly 0 — no guard, no zero
+// fallback, no branch in the k loop (the guarded loads and their branches were ~20 of its ~200
+// warp instructions per k block at NU = 2).
 template <int NT>
 __device__ __forceinline__ void load_stage(const TileArgs<NT>& t, int kb, Stage& s) {
-  const int k0 = kb * kQuantGroup + 16 * t.q, k1 = k0 + 64;
-  const uint4 z = make_uint4(0, 0, 0, 0);
-  s.lo0 = k0 < t.K ? ld_stream16(t.row_lo + k0) : z;
-  s.hi0 = k0 < t.K ? ld_stream16(t.row_hi + k0) : z;
-  s.lo1 = k1 < t.K ? ld_stream16(t.row_lo + k1) : z;
-  s.hi1 = k1 < t.K ? ld_stream16(t.row_hi + k1) : z;
+  const int k0 = min(kb * kQuantGroup + 16 * t.q, t.K - 16), k1 = min(kb * kQuantGroup + 64 + 16 * t.q, t.K - 16);
+  s.lo0 = ld_stream16(t.row_lo + k0);
+  s.hi0 = ld_stream16(t.row_hi + k0);
+  s.lo1 = ld_stream16(t.row_lo + k1);
+  s.hi1 = ld_stream16(t.row_hi + k1);
   s.ws_lo = block_scale(t.ws_lo, t.ue8m0, kb);
   s.ws_hi = block_scale(t.ws_hi, t.ue8m0, kb);
 }
@@ -313,19 +326,17 @@ template <int NT, int NU>
 __device__ __forceinline__ void compute_stage(const TileArgs<NT>& t, const PassCols<NU>& cols, int kb, const Stage& s,
                                               float (&acc)[NU][4]) {
   const int k0 = kb * kQuantGroup + 16 * t.q, k1 = k0 + 64;
-  const bool in0 = k0 < t.K, in1 = k1 < t.K;
-  const uint4 z = make_uint4(0, 0, 0, 0);
   uint4 xb[NU][2];
   float xsc[NU][2];
 #pragma unroll
   for (int nt = 0; nt < NU; ++nt) {
-    // generic loads: the activations are in shared memory (staged per pass) or global memory
+    // generic loads: the activations are in shared memory (staged per pass) or global memory,
+    // their rows padded with zero codes to a multiple of 128 (no guard at a partial k block)
     const uint8_t* x = cols.x[nt];
-    const bool has = x != nullptr;
-    xb[nt][0] = has && in0 ? *reinterpret_cast<const uint4*>(x + k0) : z;
-    xb[nt][1] = has && in1 ? *reinterpret_cast<const uint4*>(x + k1) : z;
+    xb[nt][0] = *reinterpret_cast<const uint4*>(x + k0);
+    xb[nt][1] = *reinterpret_cast<const uint4*>(x + k1);
 #pragma unroll
-    for (int h = 0; h < 2; ++h) xsc[nt][h] = cols.s[nt][h] ? cols.s[nt][h][kb] : 0.0f;
+    for (int h = 0; h < 2; ++h) xsc[nt][h] = cols.s[nt][h][kb];
   }
   float d[NU][4];
 #pragma unroll
@@ -465,12 +476,15 @@ __device__ __forceinline__ void tile_finish(TileSmem<NT>& sm, WarpTile<NT>& wt, 
   __syncthreads();
 }
 
+// Code rows (xq, hq, the staged rows) are padded with zeros to a multiple of 128 codes.
+__host__ __device__ constexpr int padded_k(int K) { return (K + kQuantGroup - 1) / kQuantGroup * kQuantGroup; }
+
 // Shared-memory staging of a pass' activation rows (written by the previous kernel; after
 // pdl_wait): codes of column c at s_act + c·staged_stride(K), its scales at s_act_s + c·gK. The
-// stride is K + 16 so that the 8 rows a warp reads in one instruction fall on different banks.
+// stride is padded_k(K) + 16 so that the 8 rows a warp reads in one instruction fall on different banks.
 // Staged when the pass' rows fit (staged_smem_bytes <= the kernel's limit): the MMAs of each k
 // block then wait for the weights only, not for an L1/L2 round trip of the activations.
-__host__ __device__ constexpr int staged_stride(int K) { return K + 16; }
+__host__ __device__ constexpr int staged_stride(int K) { return padded_k(K) + 16; }
 __host__ __device__ inline size_t staged_smem_bytes(int nt, int K) {
   return size_t(8 * nt) * size_t(staged_stride(K)) + size_t(8 * nt) * size_t(quant_groups(K)) * sizeof(float);
 }
@@ -493,7 +507,7 @@ template <int NT>
 __device__ __forceinline__ void stage_activations(const TileSmem<NT>& sm, uint8_t* s_act, float* s_act_s, const uint8_t* act,
                                                   const float* act_s, int K, int ncols) {
   const int gK = int(quant_groups(K));
-  copy_rows_async(sm, s_act, staged_stride(K), act, K, ncols);
+  copy_rows_async(sm, s_act, staged_stride(K), act, padded_k(K), ncols);
   for (int i = threadIdx.x; i < ncols * gK; i += THREADS) {
     const int c = i / gK, g = i % gK, r = sm.arow[c];
     s_act_s[c * gK + g] = r < 0 ? 0.0f : __ldcg(act_s + int64_t(r) * gK + g);
@@ -534,12 +548,14 @@ __device__ __forceinline__ float tile_value(const TileSmem<NT>& sm, int ks_count
   return v;
 }
 
-// Fills the pass' column tables: pair-list entries [r, r + ncols).
+// Fills the pass' column tables: pair-list entries [r, r + ncols) of `pairs` (decode_prep's list
+// in global memory, or the block's own in shared memory when prep_in_up).
 template <int NT>
-__device__ __forceinline__ void set_columns(TileSmem<NT>& sm, const DecodeParams& a, int r, int ncols, bool by_token) {
+__device__ __forceinline__ void set_columns(TileSmem<NT>& sm, const DecodeParams& a, const int* pairs, int r, int ncols,
+                                            bool by_token) {
   if (threadIdx.x < 8 * NT) {
     const int c = threadIdx.x;
-    const int p = c < ncols ? __ldg(a.pairs + r + c) : -1;
+    const int p = c < ncols ? pairs[r + c] : -1;
     sm.pair[c] = p;
     sm.arow[c] = p < 0 ? -1 : by_token ? p / a.K : p;
     sm.col[c] = p < 0 ? -1 : c;
@@ -555,8 +571,9 @@ __device__ __forceinline__ int64_t load_index_cg(const void* idx, bool idx64, in
 // The expert of slot b — the b-th expert, ascending, with at least one valid pair: decode_prep's
 // order — or -1, computed by the block from the routing indices alone, so that decode_up can
 // request its weights before pdl_wait (decode_prep released its dependents only after its own
-// wait, so the indices are final). Block-uniform result; syncs.
-__device__ int slot_expert_from_idx(const DecodeParams& a, int b, unsigned* s_bits, int* s_expert) {
+// wait, so the indices are final). s_nhit (optional): the number of hit experts. Block-uniform
+// result; syncs.
+__device__ int slot_expert_from_idx(const DecodeParams& a, int b, unsigned* s_bits, int* s_expert, int* s_nhit = nullptr) {
   const int tid = threadIdx.x, words = (a.E + 31) / 32;
   for (int i = tid; i < words; i += THREADS) s_bits[i] = 0u;
   if (tid == 0) *s_expert = -1;
@@ -566,6 +583,13 @@ __device__ int slot_expert_from_idx(const DecodeParams& a, int b, unsigned* s_bi
     if (e >= 0 && e < a.E) atomicOr(&s_bits[e >> 5], 1u << (e & 31));
   }
   __syncthreads();
+  if (tid < 32 && s_nhit) {
+    int n = 0;
+    for (int i = tid; i < words; i += 32) n += __popc(s_bits[i]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) n += __shfl_xor_sync(0xffffffffu, n, o);
+    if (tid == 0) *s_nhit = n;
+  }
   if (tid < 32) {
     int before = 0;  // hit experts in the words already scanned
     for (int base = 0; base < words; base += 32) {
@@ -591,6 +615,29 @@ __device__ int slot_expert_from_idx(const DecodeParams& a, int b, unsigned* s_bi
   return *s_expert;
 }
 
+// prep_in_up: the pairs routed to expert e, ascending (the order of decode_prep's list does not
+// matter: every column is computed on its own), into s_pairs; returns their count. One warp,
+// a ballot per 32 pairs; the host allows this mode only for S <= kFusedMaxPairs. Syncs.
+constexpr int kFusedMaxPairs = 256;
+__device__ int slot_pairs_from_idx(const DecodeParams& a, int e, int* s_pairs, int* s_count) {
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    unsigned lt;
+    asm("mov.u32 %0, %%lanemask_lt;" : "=r"(lt));
+    int count = 0;
+    for (int base = 0; base < a.S; base += 32) {
+      const int p = base + lane;
+      const bool mine = p < a.S && load_index_cg(a.idx, a.idx64, p) == e;
+      const unsigned m = __ballot_sync(0xffffffffu, mine);
+      if (mine) s_pairs[count + __popc(m & lt)] = p;
+      count += __popc(m);
+    }
+    if (lane == 0) *s_count = count;
+  }
+  __syncthreads();
+  return *s_count;
+}
+
 // The dynamic shared memory of the staged kernels (one declaration for every instantiation).
 __device__ __forceinline__ uint8_t* dynamic_smem() {
   extern __shared__ uint4 s_dynamic[];
@@ -605,7 +652,8 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_up(DecodePara
   __shared__ TileSmem<NT> sm;
   __shared__ int rows_of_m[16 * WARPS];
   __shared__ unsigned s_bits[kDecodeMaxExperts / 32];
-  __shared__ int s_expert;
+  __shared__ int s_expert, s_count;
+  __shared__ int s_pairs[kFusedMaxPairs];  // prep_in_up: the slot's pairs
   const int b = blockIdx.y;
   const int BM = 16 * (WARPS / ks_count);
   const bool gated = a.up_epi != Epi::up_plain;
@@ -620,9 +668,13 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_up(DecodePara
     rows_of_m[m] = row;
   }
   // early_plan: before pdl_wait the slot's expert, the warp's weight rows, the first two stages
-  // of loads; else all after it.
+  // of loads; else all after it. prep_in_up: this kernel is the first, the routing comes from the
+  // previous kernel: everything after pdl_wait.
   int e;
-  if (a.early_plan) {
+  if (a.prep_in_up) {
+    pdl_wait();
+    e = slot_expert_from_idx(a, b, s_bits, &s_expert);  // syncs: rows_of_m is ready
+  } else if (a.early_plan) {
     e = slot_expert_from_idx(a, b, s_bits, &s_expert);  // syncs: rows_of_m is ready
   } else {
     pdl_wait();  // decode_prep's plan and quantized tokens
@@ -634,23 +686,39 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_up(DecodePara
     tile_setup<NT>(wt, a.up, e, rows_of_m, a.H, ks_count);
     ring_prologue<NT>(wt.t, wt.kb0, wt.kb1, wt.s0, wt.s1);
   }
-  if (a.early_plan) pdl_wait();
+  if (a.early_plan && !a.prep_in_up) pdl_wait();
   pdl_launch_dependents();
+  if (a.prep_in_up && blockIdx.x == 0 && blockIdx.y == 0)  // decode_prep's other job: the counters
+    for (int i = tid; i < a.n_ctr; i += THREADS) a.up_ctr[i] = 0;
   if (e < 0) return;  // b >= number of hit experts (block-uniform)
-  const int r_begin = __ldg(a.slot_off + b), r_end = __ldg(a.slot_off + b + 1);
+  const int* pairs = a.pairs;
+  int r_begin, r_end;
+  if (a.prep_in_up) {
+    pairs = s_pairs;
+    r_begin = 0;
+    r_end = slot_pairs_from_idx(a, e, s_pairs, &s_count);
+  } else {
+    r_begin = __ldg(a.slot_off + b);
+    r_end = __ldg(a.slot_off + b + 1);
+  }
   const T* bias = a.up_bias ? static_cast<const T*>(a.up_bias) + int64_t(e) * a.R : nullptr;
   T* h = static_cast<T*>(a.h);
   for (int r = r_begin; r < r_end; r += 8 * NT) {
     const int ncols = min(8 * NT, r_end - r);
-    set_columns(sm, a, r, ncols, true);
+    set_columns(sm, a, pairs, r, ncols, true);
     if (r != r_begin) ring_prologue<NT>(wt.t, wt.kb0, wt.kb1, wt.s0, wt.s1);  // the pass re-reads the rows
     if constexpr (kStaged) {
       uint8_t* s_act = dynamic_smem();
       float* s_act_s = reinterpret_cast<float*>(s_act + 8 * NT * staged_stride(a.H));
-      stage_activations<NT>(sm, s_act, s_act_s, a.xq, a.xs, a.H, ncols);
+      if (a.prep_in_up) {  // the pass' token rows, quantized here with decode_prep's arithmetic
+        T* raw = reinterpret_cast<T*>(s_act + staged_smem_bytes(NT, a.H));
+        stage_h_quantized<T, NT>(sm, s_act, s_act_s, raw, static_cast<const T*>(a.hidden), a.H, ncols);
+      } else {
+        stage_activations<NT>(sm, s_act, s_act_s, a.xq, a.xs, a.H, ncols);
+      }
       tile_finish<NT, true>(sm, wt, s_act, s_act_s, staged_stride(a.H), ncols);
     } else {
-      tile_finish<NT, false>(sm, wt, a.xq, a.xs, a.H, ncols);
+      tile_finish<NT, false>(sm, wt, a.xq, a.xs, a.Hp, ncols);
     }
     for (int item = tid; item < BI * ncols; item += THREADS) {
       const int il = item / ncols, c = item % ncols, i = i0 + il;
@@ -691,36 +759,75 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_up(DecodePara
   const int warp = tid >> 5, lane = tid & 31;
   for (int r = r_begin + warp; r < r_end; r += WARPS) {
     const int p = __ldg(a.pairs + r);
-    quantize_group_warp<T>(h + int64_t(p) * a.I, a.I, grp, a.hq + int64_t(p) * a.I, a.hs + int64_t(p) * a.gI + grp, lane);
+    quantize_group_warp<T>(h + int64_t(p) * a.I, a.I, grp, a.hq + int64_t(p) * a.Ip, a.hs + int64_t(p) * a.gI + grp, lane);
   }
 }
 
 // ---- 3. down projection ------------------------------------------------------------------------
+// combine_in_down: out[t, n] = Σ_j w[t, j] · y[t·K + j, n] over the valid slots in slot order, in
+// f32 — combine.cu's arithmetic — for the columns [n0, n1) of every token; y through L2 (written
+// by this kernel's other blocks, made visible by their fence before the counter).
+template <class T>
+__device__ __forceinline__ void combine_columns(const DecodeParams& a, int n0, int n1) {
+  const int w = n1 - n0;
+  for (int item = threadIdx.x; item < a.T * w; item += THREADS) {
+    const int t = item / w, n = n0 + item % w;
+    float acc = 0.0f;
+    for (int j = 0; j < a.K; ++j) {
+      const int64_t p = int64_t(t) * a.K + j, e = load_index(a.idx, a.idx64, p);
+      if (e < 0 || e >= a.E) continue;  // a dropped slot adds nothing
+      acc += load_any(a.topw, a.topw_code, p) * __ldcg(a.y + p * a.H + n);
+    }
+    static_cast<T*>(a.out)[int64_t(t) * a.H + n] = from_f32<T>(acc);
+  }
+}
+
 template <class T, int NT, bool kStaged>
 __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_down(DecodeParams a, int ks_count) {
   __shared__ TileSmem<NT> sm;
   __shared__ int rows_of_m[16 * WARPS];
+  __shared__ unsigned s_bits[kDecodeMaxExperts / 32];
+  __shared__ int s_expert, s_count, s_nhit;
+  __shared__ int s_pairs[kFusedMaxPairs];  // prep_in_up: the slot's pairs
   const int b = blockIdx.y, tid = threadIdx.x;
   const int BM = 16 * (WARPS / ks_count), n0 = int(blockIdx.x) * BM, n1 = min(a.H, n0 + BM);
   if (tid < BM) rows_of_m[tid] = min(n0 + tid, a.H - 1);
   // Before pdl_wait: decode_prep's plan (two kernels back: decode_up released its dependents only
-  // after its own wait), the warp's weight rows and the first two stages of loads.
-  // (four independent loads: b < slots, so every address is inside the plan). Without early_plan
-  // everything waits for decode_up first.
-  if (!a.early_plan) pdl_wait();
-  const int n_hit = __ldcg(a.n_hit);
-  const int e = __ldcg(a.hit_expert + b), r_begin = __ldcg(a.slot_off + b), r_end = __ldcg(a.slot_off + b + 1);
-  __syncthreads();  // rows_of_m
-  if (b >= n_hit) return;  // (block-uniform; the combine writes the output of dropped slots)
+  // after its own wait), or with prep_in_up the same plan found in the routing (final: decode_up
+  // waited for it before releasing this kernel), the warp's weight rows and the first two stages
+  // of loads (four independent loads: b < slots, so every address is inside the plan). Without
+  // early_plan everything waits for decode_up first.
+  int n_hit, e, r_begin = 0, r_end = 0;
+  const int* pairs = a.pairs;
+  if (a.prep_in_up) {
+    e = slot_expert_from_idx(a, b, s_bits, &s_expert, &s_nhit);  // syncs: rows_of_m is ready
+    n_hit = s_nhit;
+    if (e >= 0) r_end = slot_pairs_from_idx(a, e, s_pairs, &s_count);  // (block-uniform)
+    pairs = s_pairs;
+  } else {
+    if (!a.early_plan) pdl_wait();
+    n_hit = __ldcg(a.n_hit);
+    e = __ldcg(a.hit_expert + b);
+    r_begin = __ldcg(a.slot_off + b);
+    r_end = __ldcg(a.slot_off + b + 1);
+    __syncthreads();  // rows_of_m
+  }
+  if (b >= n_hit) {  // (block-uniform) no expert for this slot: the combine writes its tokens' output
+    if (a.combine_in_down && n_hit == 0 && b == 0) {  // no valid slot at all: zeros, written here
+      pdl_wait();
+      combine_columns<T>(a, n0, n1);
+    }
+    return;
+  }
   WarpTile<NT> wt;
   tile_setup<NT>(wt, a.down, e, rows_of_m, a.I, ks_count);
   ring_prologue<NT>(wt.t, wt.kb0, wt.kb1, wt.s0, wt.s1);
-  if (a.early_plan) pdl_wait();  // decode_up's h
+  if (a.early_plan || a.prep_in_up) pdl_wait();  // decode_up's h
   pdl_launch_dependents();
   const T* bias = a.down_bias ? static_cast<const T*>(a.down_bias) + int64_t(e) * a.H : nullptr;
   for (int r = r_begin; r < r_end; r += 8 * NT) {
     const int ncols = min(8 * NT, r_end - r);
-    set_columns(sm, a, r, ncols, false);
+    set_columns(sm, a, pairs, r, ncols, false);
     if (r != r_begin) ring_prologue<NT>(wt.t, wt.kb0, wt.kb1, wt.s0, wt.s1);
     if constexpr (kStaged) {
       uint8_t* s_act = dynamic_smem();
@@ -733,7 +840,7 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_down(DecodePa
       }
       tile_finish<NT, true>(sm, wt, s_act, s_act_s, staged_stride(a.I), ncols);
     } else {
-      tile_finish<NT, false>(sm, wt, a.hq, a.hs, a.I, ncols);
+      tile_finish<NT, false>(sm, wt, a.hq, a.hs, a.Ip, ncols);
     }
     for (int item = tid; item < BM * ncols; item += THREADS) {
       const int m = item / ncols, c = item % ncols, n = n0 + m;
@@ -742,6 +849,19 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_down(DecodePa
     }
     __syncthreads();
   }
+  if (!a.combine_in_down) return;
+  // The last of the n_hit blocks of this column block (an integer counter) sums its columns.
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) {
+    const int prev = atomicAdd(a.down_ctr + blockIdx.x, 1);
+    sm.last = prev == n_hit - 1;
+    if (sm.last) a.down_ctr[blockIdx.x] = 0;  // ready for the next forward (graph replay)
+  }
+  __syncthreads();
+  if (!sm.last) return;
+  __threadfence();
+  combine_columns<T>(a, n0, n1);
 }
 
 // ---- host side -------------------------------------------------------------------------------
@@ -797,17 +917,18 @@ struct Carved {
   int* plan;  // n_hit, hit_expert, slot_off, pairs, counters
 };
 
+// n_hit, hit_expert, slot_off, pairs, pair_row, up_ctr, down_ctr (at most one per 16 columns of H)
 int64_t plan_ints(int64_t S, int64_t slots, int64_t gI, int64_t H) {
-  return 1 + slots + (slots + 1) + 2 * S + slots * gI;
+  return 1 + slots + (slots + 1) + 2 * S + slots * gI + ceil_div(H, 16);
 }
 
 Carved carve(void* base, size_t capacity, int64_t T, int64_t S, int64_t slots, int64_t H, int64_t I, size_t esz) {
   WorkspaceCarver ws(base, capacity);
   Carved c;
-  c.xq = static_cast<uint8_t*>(ws.take_bytes(size_t(T * H)));
+  c.xq = static_cast<uint8_t*>(ws.take_bytes(size_t(T * padded_k(int(H)))));
   c.xs = ws.take<float>(size_t(T * quant_groups(H)));
   c.h = ws.take_bytes(size_t(S * I) * esz);
-  c.hq = static_cast<uint8_t*>(ws.take_bytes(size_t(S * I)));
+  c.hq = static_cast<uint8_t*>(ws.take_bytes(size_t(S * padded_k(int(I)))));
   c.hs = ws.take<float>(size_t(S * quant_groups(I)));
   c.y = ws.take<float>(size_t(S * H));
   c.plan = ws.take<int>(size_t(plan_ints(S, slots, quant_groups(I), H)));
@@ -841,12 +962,12 @@ template <class T>
 void launch_typed(const DecodeParams& p, DType dtype, int nt, int ks_up, int ks_down, cudaStream_t stream) {
   const int64_t prep_blocks = 1 + ceil_div(int64_t(p.T) * p.gH, WARPS);
   MOEX_CHECK(prep_blocks < (int64_t(1) << 31), "FP8 decode path: {} tokens are too many", p.T);
-  launch_pdl("decode_prep", decode_prep<T>, dim3(unsigned(prep_blocks)), dim3(THREADS), 0, stream, p);
+  if (!p.prep_in_up) launch_pdl("decode_prep", decode_prep<T>, dim3(unsigned(prep_blocks)), dim3(THREADS), 0, stream, p);
   const bool gated = p.up_epi != Epi::up_plain;
   const int bm_up = 16 * (WARPS / ks_up), bi = gated ? bm_up / 2 : bm_up;
   const dim3 g_up(unsigned(ceil_div(p.I, bi)), unsigned(p.slots));
   const dim3 g_down(unsigned(ceil_div(p.H, 16 * (WARPS / ks_down))), unsigned(p.slots));
-  const size_t smem_up = staged_smem_bytes(nt, p.H);
+  const size_t smem_up = p.prep_in_up ? staged_h_smem_bytes(nt, p.H, sizeof(T)) : staged_smem_bytes(nt, p.H);
   const size_t smem_down = p.h_quant_in_down ? staged_h_smem_bytes(nt, p.I, sizeof(T)) : staged_smem_bytes(nt, p.I);
   if (nt == 1) {
     launch_gemv<decode_up<T, 1, false>, decode_up<T, 1, true>>("decode_up", 1, smem_up, g_up, p, ks_up, stream);
@@ -855,6 +976,7 @@ void launch_typed(const DecodeParams& p, DType dtype, int nt, int ks_up, int ks_
     launch_gemv<decode_up<T, 4, false>, decode_up<T, 4, true>>("decode_up", 4, smem_up, g_up, p, ks_up, stream);
     launch_gemv<decode_down<T, 4, false>, decode_down<T, 4, true>>("decode_down", 4, smem_down, g_down, p, ks_down, stream);
   }
+  if (p.combine_in_down) return;  // the last down blocks summed the slots
   // 4. the slot-order sum: combine.cu's kernel, y rows indexed by pair (pair_row), as a PDL link
   CombineArgs c{};
   c.y = p.y;
@@ -891,7 +1013,8 @@ bool quant_decode_shape_ok(const ExpertsSpec& s, int64_t T) {
 
 size_t quant_decode_workspace(int64_t T, int64_t K, int64_t E, int64_t H, int64_t I, size_t esz) {
   const int64_t S = T * K, slots = std::min(S, E);
-  return bytes_of(T * H, 1) + bytes_of(T * quant_groups(H), 4) + bytes_of(S * I, esz) + bytes_of(S * I, 1) +
+  return bytes_of(T * padded_k(int(H)), 1) + bytes_of(T * quant_groups(H), 4) + bytes_of(S * I, esz) +
+         bytes_of(S * padded_k(int(I)), 1) +
          bytes_of(S * quant_groups(I), 4) + bytes_of(S * H, 4) + bytes_of(plan_ints(S, slots, quant_groups(I), H), 4);
 }
 
@@ -927,6 +1050,8 @@ void launch_quant_decode(const QuantDecodeArgs& a, cudaStream_t stream) {
   p.slots = int(slots);
   p.gH = int(quant_groups(a.H));
   p.gI = int(quant_groups(a.I));
+  p.Hp = padded_k(p.H);
+  p.Ip = padded_k(p.I);
   p.xq = c.xq;
   p.xs = c.xs;
   p.h = c.h;
@@ -939,7 +1064,7 @@ void launch_quant_decode(const QuantDecodeArgs& a, cudaStream_t stream) {
   p.pairs = p.slot_off + slots + 1;
   p.pair_row = p.pairs + S;
   p.up_ctr = p.pair_row + S;
-  p.n_ctr = int(slots * p.gI);
+  p.down_ctr = p.up_ctr + slots * p.gI;
   p.out = a.out;
   MOEX_CHECK(slots <= 65535, "FP8 decode path: {} expert slots exceed the grid limit", slots);
   // Rows per pass: 8 (one n8 tile) when T <= 8 (an expert gets at most one row per token with
@@ -949,6 +1074,8 @@ void launch_quant_decode(const QuantDecodeArgs& a, cudaStream_t stream) {
   const int nt = a.T <= 8 || S <= 5 * slots ? 1 : 4;
   const int ks_up = choose_ks(slots, a.up.N, nt, p.gH);
   const int ks_down = choose_ks(slots, a.H, nt, p.gI);
+  p.n_down_ctr = int(ceil_div(a.H, 16 * (WARPS / ks_down)));
+  p.n_ctr = int(slots * p.gI) + p.n_down_ctr;
   // Who quantizes h: decode_down while staging it at T <= 8 (decode_up then has no counters and
   // no last-block work: its one or two waves would end on that tail), decode_up's last blocks
   // above (every down column block of a slot would quantize the same rows again: at T = 64 that
@@ -962,6 +1089,16 @@ void launch_quant_decode(const QuantDecodeArgs& a, cudaStream_t stream) {
   // two kernels back; measured 2-9 % faster at T = 1 on the H200, 2026-12-01).
   // MOEX_CUDA_FP8_DECODE_EARLY=0 reads them after it (A/B measurement, debugging).
   p.early_plan = !decode_env_is("MOEX_CUDA_FP8_DECODE_EARLY", "0");
+  // At T <= 8 the chain is four short kernels, and its boundaries, not the weight bytes, set the
+  // time on the small shapes (qwen3 T = 1: 22 us back to back for 38 MB). combine_in_down drops the
+  // combine kernel (the last down block of each column block sums the slots); prep_in_up drops
+  // decode_prep too (each up block finds its slot's pairs in the routing and quantizes its own
+  // token rows: where they fit in shared memory beside the staged codes, decode_down quantizes h,
+  // and the hidden rows are 16-byte aligned). MOEX_CUDA_FP8_DECODE_FUSE=0: four kernels (A/B).
+  const bool fuse = !decode_env_is("MOEX_CUDA_FP8_DECODE_FUSE", "0");
+  p.combine_in_down = fuse && a.T <= 8;
+  p.prep_in_up = p.combine_in_down && nt == 1 && p.h_quant_in_down && S <= kFusedMaxPairs && aligned16(a.hidden) &&
+                 staged_h_smem_bytes(nt, p.H, dtype_size(a.dtype)) <= staged_limit(nt);
   switch (a.dtype) {
     case DType::f32: launch_typed<float>(p, a.dtype, nt, ks_up, ks_down, stream); break;
     case DType::f16: launch_typed<__half>(p, a.dtype, nt, ks_up, ks_down, stream); break;
