@@ -194,7 +194,8 @@ TEST_P(CudaFp8Decode, MatchesTheReference) {
 // The path's A/B switches each select other kernels than the default on these small shapes: the
 // unstaged activations (the default for rows too long to stage, e.g. mixtral's down projection),
 // the plan read after pdl_wait, h quantized by decode_up at every T, and by decode_down at every T,
-// and at T <= 8 the four-kernel chain (decode_prep and the combine kernel, not fused away).
+// and at T <= 8 the four-kernel chain (decode_prep and the combine kernel, not fused away) or the
+// combine alone fused into decode_down.
 TEST_P(CudaFp8Decode, EverySwitchMatchesTheReference) {
   SKIP_WITHOUT_CUDA();
   const DType dt = GetParam();
@@ -204,7 +205,8 @@ TEST_P(CudaFp8Decode, EverySwitchMatchesTheReference) {
                                                           {"MOEX_CUDA_FP8_DECODE_EARLY", "0"},
                                                           {"MOEX_CUDA_FP8_DECODE_HQ", "up"},
                                                           {"MOEX_CUDA_FP8_DECODE_HQ", "down"},
-                                                          {"MOEX_CUDA_FP8_DECODE_FUSE", "0"}};
+                                                          {"MOEX_CUDA_FP8_DECODE_FUSE", "0"},
+                                                          {"MOEX_CUDA_FP8_DECODE_FUSE", "combine"}};
   for (const auto& [name, value] : switches) {
     ScopedEnv variant(name, value);
     double worst = 0;
@@ -224,7 +226,7 @@ TEST_P(CudaFp8Decode, AllSlotsDroppedGiveZeros) {
   SKIP_WITHOUT_CUDA();
   const DType dt = GetParam();
   ScopedEnv force("MOEX_CUDA_FP8_DECODE", "1");
-  for (const char* fuse : {"1", "0"}) {
+  for (const char* fuse : {"1", "combine", "0"}) {
     ScopedEnv variant("MOEX_CUDA_FP8_DECODE_FUSE", fuse);
     for (const int64_t T : {1, 3, 8}) {
       check::Case c = make_case(97, dt, 8, 256, 128, T, 2);

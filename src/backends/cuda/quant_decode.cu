@@ -765,18 +765,37 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_up(DecodePara
 
 // ---- 3. down projection ------------------------------------------------------------------------
 // combine_in_down: out[t, n] = Σ_j w[t, j] · y[t·K + j, n] over the valid slots in slot order, in
-// f32 — combine.cu's arithmetic — for the columns [n0, n1) of every token; y through L2 (written
-// by this kernel's other blocks, made visible by their fence before the counter).
+// f32 — combine.cu's arithmetic — for the columns [n0, n1) of every token. The slot weights and
+// which slots are valid go to shared memory first (S <= kFusedMaxPairs), then each output element issues its slots' y loads
+// together (through L2: written by this kernel's other blocks, visible after their fence before the
+// counter) and sums them in slot order: one L2 round trip per element, not one per slot (a plain
+// loop over the slots made this last block the tail of the forward: qwen3 T = 8 0.083 -> 0.103 ms).
+constexpr int kCombineChunk = 8;
 template <class T>
-__device__ __forceinline__ void combine_columns(const DecodeParams& a, int n0, int n1) {
+__device__ __forceinline__ void combine_columns(const DecodeParams& a, int n0, int n1, float* s_w, bool* s_ok) {
+  for (int p = threadIdx.x; p < a.S; p += THREADS) {
+    const int64_t e = load_index(a.idx, a.idx64, p);
+    s_ok[p] = e >= 0 && e < a.E;
+    s_w[p] = s_ok[p] ? load_any(a.topw, a.topw_code, p) : 0.0f;
+  }
+  __syncthreads();
   const int w = n1 - n0;
   for (int item = threadIdx.x; item < a.T * w; item += THREADS) {
     const int t = item / w, n = n0 + item % w;
     float acc = 0.0f;
-    for (int j = 0; j < a.K; ++j) {
-      const int64_t p = int64_t(t) * a.K + j, e = load_index(a.idx, a.idx64, p);
-      if (e < 0 || e >= a.E) continue;  // a dropped slot adds nothing
-      acc += load_any(a.topw, a.topw_code, p) * __ldcg(a.y + p * a.H + n);
+    for (int j0 = 0; j0 < a.K; j0 += kCombineChunk) {
+      float wq[kCombineChunk], yq[kCombineChunk];
+      bool ok[kCombineChunk];
+#pragma unroll
+      for (int q = 0; q < kCombineChunk; ++q) {
+        const int j = j0 + q, p = t * a.K + j;
+        ok[q] = j < a.K && s_ok[p];
+        wq[q] = ok[q] ? s_w[p] : 0.0f;
+        yq[q] = ok[q] ? __ldcg(a.y + int64_t(p) * a.H + n) : 0.0f;
+      }
+#pragma unroll
+      for (int q = 0; q < kCombineChunk; ++q)
+        if (ok[q]) acc += wq[q] * yq[q];  // a dropped slot adds nothing
     }
     static_cast<T*>(a.out)[int64_t(t) * a.H + n] = from_f32<T>(acc);
   }
@@ -789,6 +808,8 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_down(DecodePa
   __shared__ unsigned s_bits[kDecodeMaxExperts / 32];
   __shared__ int s_expert, s_count, s_nhit;
   __shared__ int s_pairs[kFusedMaxPairs];  // prep_in_up: the slot's pairs
+  __shared__ float s_w[kFusedMaxPairs];    // combine_in_down: slot weights, valid slots
+  __shared__ bool s_ok[kFusedMaxPairs];
   const int b = blockIdx.y, tid = threadIdx.x;
   const int BM = 16 * (WARPS / ks_count), n0 = int(blockIdx.x) * BM, n1 = min(a.H, n0 + BM);
   if (tid < BM) rows_of_m[tid] = min(n0 + tid, a.H - 1);
@@ -815,7 +836,7 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_down(DecodePa
   if (b >= n_hit) {  // (block-uniform) no expert for this slot: the combine writes its tokens' output
     if (a.combine_in_down && n_hit == 0 && b == 0) {  // no valid slot at all: zeros, written here
       pdl_wait();
-      combine_columns<T>(a, n0, n1);
+      combine_columns<T>(a, n0, n1, s_w, s_ok);
     }
     return;
   }
@@ -861,7 +882,7 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_down(DecodePa
   __syncthreads();
   if (!sm.last) return;
   __threadfence();
-  combine_columns<T>(a, n0, n1);
+  combine_columns<T>(a, n0, n1, s_w, s_ok);
 }
 
 // ---- host side -------------------------------------------------------------------------------
@@ -1093,11 +1114,14 @@ void launch_quant_decode(const QuantDecodeArgs& a, cudaStream_t stream) {
   // time on the small shapes (qwen3 T = 1: 22 us back to back for 38 MB). combine_in_down drops the
   // combine kernel (the last down block of each column block sums the slots); prep_in_up drops
   // decode_prep too (each up block finds its slot's pairs in the routing and quantizes its own
-  // token rows: where they fit in shared memory beside the staged codes, decode_down quantizes h,
-  // and the hidden rows are 16-byte aligned). MOEX_CUDA_FP8_DECODE_FUSE=0: four kernels (A/B).
-  const bool fuse = !decode_env_is("MOEX_CUDA_FP8_DECODE_FUSE", "0");
-  p.combine_in_down = fuse && a.T <= 8;
-  p.prep_in_up = p.combine_in_down && nt == 1 && p.h_quant_in_down && S <= kFusedMaxPairs && aligned16(a.hidden) &&
+  // token rows: at T <= 2, where every up block quantizing the same rows again costs less than a
+  // kernel boundary, where they fit in shared memory beside the staged codes, decode_down
+  // quantizes h, and the hidden rows are 16-byte aligned). MOEX_CUDA_FP8_DECODE_FUSE=0: four
+  // kernels; =combine: combine_in_down only (A/B).
+  const char* fuse = decode_env("MOEX_CUDA_FP8_DECODE_FUSE");
+  const bool fuse_none = fuse && std::strcmp(fuse, "0") == 0, fuse_combine_only = fuse && std::strcmp(fuse, "combine") == 0;
+  p.combine_in_down = !fuse_none && a.T <= 8 && S <= kFusedMaxPairs;
+  p.prep_in_up = p.combine_in_down && !fuse_combine_only && a.T <= 2 && nt == 1 && p.h_quant_in_down && aligned16(a.hidden) &&
                  staged_h_smem_bytes(nt, p.H, dtype_size(a.dtype)) <= staged_limit(nt);
   switch (a.dtype) {
     case DType::f32: launch_typed<float>(p, a.dtype, nt, ks_up, ks_down, stream); break;
