@@ -99,15 +99,9 @@ struct DecodeParams {
   int* pairs;           // [S]     pair ids grouped by expert
   int* pair_row;        // [S]     row of y of pair p: p, or -1 for a dropped slot (launch_combine)
   int* up_ctr;          // [slots * gI] finished up blocks per (slot, 128-group of I)
-  int* down_ctr;        // [down column blocks] finished down blocks (combine_in_down)
-  int n_ctr;            // counters up_ctr..down_ctr (zeroed by decode_prep, or decode_up's first block)
-  int n_down_ctr;
+  int n_ctr;            // counters (zeroed by decode_prep)
   bool h_quant_in_down; // decode_down quantizes h while staging it (else decode_up's last blocks)
   bool early_plan;      // decode_up / decode_down read the routing / plan before pdl_wait
-  bool prep_in_up;      // no decode_prep: each block finds its slot's pairs in the routing and
-                        // quantizes its tokens itself (T <= 8); implies combine_in_down
-  bool combine_in_down; // no combine kernel: the last down block of each column block sums the
-                        // tokens' slots of those columns (T <= 8)
   void* out;            // [T, H]
 };
 
@@ -548,14 +542,12 @@ __device__ __forceinline__ float tile_value(const TileSmem<NT>& sm, int ks_count
   return v;
 }
 
-// Fills the pass' column tables: pair-list entries [r, r + ncols) of `pairs` (decode_prep's list
-// in global memory, or the block's own in shared memory when prep_in_up).
+// Fills the pass' column tables: pair-list entries [r, r + ncols).
 template <int NT>
-__device__ __forceinline__ void set_columns(TileSmem<NT>& sm, const DecodeParams& a, const int* pairs, int r, int ncols,
-                                            bool by_token) {
+__device__ __forceinline__ void set_columns(TileSmem<NT>& sm, const DecodeParams& a, int r, int ncols, bool by_token) {
   if (threadIdx.x < 8 * NT) {
     const int c = threadIdx.x;
-    const int p = c < ncols ? pairs[r + c] : -1;
+    const int p = c < ncols ? __ldg(a.pairs + r + c) : -1;
     sm.pair[c] = p;
     sm.arow[c] = p < 0 ? -1 : by_token ? p / a.K : p;
     sm.col[c] = p < 0 ? -1 : c;
@@ -571,9 +563,8 @@ __device__ __forceinline__ int64_t load_index_cg(const void* idx, bool idx64, in
 // The expert of slot b — the b-th expert, ascending, with at least one valid pair: decode_prep's
 // order — or -1, computed by the block from the routing indices alone, so that decode_up can
 // request its weights before pdl_wait (decode_prep released its dependents only after its own
-// wait, so the indices are final). s_nhit (optional): the number of hit experts. Block-uniform
-// result; syncs.
-__device__ int slot_expert_from_idx(const DecodeParams& a, int b, unsigned* s_bits, int* s_expert, int* s_nhit = nullptr) {
+// wait, so the indices are final). Block-uniform result; syncs.
+__device__ int slot_expert_from_idx(const DecodeParams& a, int b, unsigned* s_bits, int* s_expert) {
   const int tid = threadIdx.x, words = (a.E + 31) / 32;
   for (int i = tid; i < words; i += THREADS) s_bits[i] = 0u;
   if (tid == 0) *s_expert = -1;
@@ -583,13 +574,6 @@ __device__ int slot_expert_from_idx(const DecodeParams& a, int b, unsigned* s_bi
     if (e >= 0 && e < a.E) atomicOr(&s_bits[e >> 5], 1u << (e & 31));
   }
   __syncthreads();
-  if (tid < 32 && s_nhit) {
-    int n = 0;
-    for (int i = tid; i < words; i += 32) n += __popc(s_bits[i]);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) n += __shfl_xor_sync(0xffffffffu, n, o);
-    if (tid == 0) *s_nhit = n;
-  }
   if (tid < 32) {
     int before = 0;  // hit experts in the words already scanned
     for (int base = 0; base < words; base += 32) {
@@ -615,29 +599,6 @@ __device__ int slot_expert_from_idx(const DecodeParams& a, int b, unsigned* s_bi
   return *s_expert;
 }
 
-// prep_in_up: the pairs routed to expert e, ascending (the order of decode_prep's list does not
-// matter: every column is computed on its own), into s_pairs; returns their count. One warp,
-// a ballot per 32 pairs; the host allows this mode only for S <= kFusedMaxPairs. Syncs.
-constexpr int kFusedMaxPairs = 256;
-__device__ int slot_pairs_from_idx(const DecodeParams& a, int e, int* s_pairs, int* s_count) {
-  if (threadIdx.x < 32) {
-    const int lane = threadIdx.x;
-    unsigned lt;
-    asm("mov.u32 %0, %%lanemask_lt;" : "=r"(lt));
-    int count = 0;
-    for (int base = 0; base < a.S; base += 32) {
-      const int p = base + lane;
-      const bool mine = p < a.S && load_index_cg(a.idx, a.idx64, p) == e;
-      const unsigned m = __ballot_sync(0xffffffffu, mine);
-      if (mine) s_pairs[count + __popc(m & lt)] = p;
-      count += __popc(m);
-    }
-    if (lane == 0) *s_count = count;
-  }
-  __syncthreads();
-  return *s_count;
-}
-
 // The dynamic shared memory of the staged kernels (one declaration for every instantiation).
 __device__ __forceinline__ uint8_t* dynamic_smem() {
   extern __shared__ uint4 s_dynamic[];
@@ -652,8 +613,7 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_up(DecodePara
   __shared__ TileSmem<NT> sm;
   __shared__ int rows_of_m[16 * WARPS];
   __shared__ unsigned s_bits[kDecodeMaxExperts / 32];
-  __shared__ int s_expert, s_count;
-  __shared__ int s_pairs[kFusedMaxPairs];  // prep_in_up: the slot's pairs
+  __shared__ int s_expert;
   const int b = blockIdx.y;
   const int BM = 16 * (WARPS / ks_count);
   const bool gated = a.up_epi != Epi::up_plain;
@@ -668,13 +628,9 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_up(DecodePara
     rows_of_m[m] = row;
   }
   // early_plan: before pdl_wait the slot's expert, the warp's weight rows, the first two stages
-  // of loads; else all after it. prep_in_up: this kernel is the first, the routing comes from the
-  // previous kernel: everything after pdl_wait.
+  // of loads; else all after it.
   int e;
-  if (a.prep_in_up) {
-    pdl_wait();
-    e = slot_expert_from_idx(a, b, s_bits, &s_expert);  // syncs: rows_of_m is ready
-  } else if (a.early_plan) {
+  if (a.early_plan) {
     e = slot_expert_from_idx(a, b, s_bits, &s_expert);  // syncs: rows_of_m is ready
   } else {
     pdl_wait();  // decode_prep's plan and quantized tokens
@@ -686,36 +642,20 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_up(DecodePara
     tile_setup<NT>(wt, a.up, e, rows_of_m, a.H, ks_count);
     ring_prologue<NT>(wt.t, wt.kb0, wt.kb1, wt.s0, wt.s1);
   }
-  if (a.early_plan && !a.prep_in_up) pdl_wait();
+  if (a.early_plan) pdl_wait();
   pdl_launch_dependents();
-  if (a.prep_in_up && blockIdx.x == 0 && blockIdx.y == 0)  // decode_prep's other job: the counters
-    for (int i = tid; i < a.n_ctr; i += THREADS) a.up_ctr[i] = 0;
   if (e < 0) return;  // b >= number of hit experts (block-uniform)
-  const int* pairs = a.pairs;
-  int r_begin, r_end;
-  if (a.prep_in_up) {
-    pairs = s_pairs;
-    r_begin = 0;
-    r_end = slot_pairs_from_idx(a, e, s_pairs, &s_count);
-  } else {
-    r_begin = __ldg(a.slot_off + b);
-    r_end = __ldg(a.slot_off + b + 1);
-  }
+  const int r_begin = __ldg(a.slot_off + b), r_end = __ldg(a.slot_off + b + 1);
   const T* bias = a.up_bias ? static_cast<const T*>(a.up_bias) + int64_t(e) * a.R : nullptr;
   T* h = static_cast<T*>(a.h);
   for (int r = r_begin; r < r_end; r += 8 * NT) {
     const int ncols = min(8 * NT, r_end - r);
-    set_columns(sm, a, pairs, r, ncols, true);
+    set_columns(sm, a, r, ncols, true);
     if (r != r_begin) ring_prologue<NT>(wt.t, wt.kb0, wt.kb1, wt.s0, wt.s1);  // the pass re-reads the rows
     if constexpr (kStaged) {
       uint8_t* s_act = dynamic_smem();
       float* s_act_s = reinterpret_cast<float*>(s_act + 8 * NT * staged_stride(a.H));
-      if (a.prep_in_up) {  // the pass' token rows, quantized here with decode_prep's arithmetic
-        T* raw = reinterpret_cast<T*>(s_act + staged_smem_bytes(NT, a.H));
-        stage_h_quantized<T, NT>(sm, s_act, s_act_s, raw, static_cast<const T*>(a.hidden), a.H, ncols);
-      } else {
-        stage_activations<NT>(sm, s_act, s_act_s, a.xq, a.xs, a.H, ncols);
-      }
+      stage_activations<NT>(sm, s_act, s_act_s, a.xq, a.xs, a.H, ncols);
       tile_finish<NT, true>(sm, wt, s_act, s_act_s, staged_stride(a.H), ncols);
     } else {
       tile_finish<NT, false>(sm, wt, a.xq, a.xs, a.Hp, ncols);
@@ -764,91 +704,31 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_up(DecodePara
 }
 
 // ---- 3. down projection ------------------------------------------------------------------------
-// combine_in_down: out[t, n] = Σ_j w[t, j] · y[t·K + j, n] over the valid slots in slot order, in
-// f32 — combine.cu's arithmetic — for the columns [n0, n1) of every token. The slot weights and
-// which slots are valid go to shared memory first (S <= kFusedMaxPairs), then each output element issues its slots' y loads
-// together (through L2: written by this kernel's other blocks, visible after their fence before the
-// counter) and sums them in slot order: one L2 round trip per element, not one per slot (a plain
-// loop over the slots made this last block the tail of the forward: qwen3 T = 8 0.083 -> 0.103 ms).
-constexpr int kCombineChunk = 8;
-template <class T>
-__device__ __forceinline__ void combine_columns(const DecodeParams& a, int n0, int n1, float* s_w, bool* s_ok) {
-  for (int p = threadIdx.x; p < a.S; p += THREADS) {
-    const int64_t e = load_index(a.idx, a.idx64, p);
-    s_ok[p] = e >= 0 && e < a.E;
-    s_w[p] = s_ok[p] ? load_any(a.topw, a.topw_code, p) : 0.0f;
-  }
-  __syncthreads();
-  const int w = n1 - n0;
-  for (int item = threadIdx.x; item < a.T * w; item += THREADS) {
-    const int t = item / w, n = n0 + item % w;
-    float acc = 0.0f;
-    for (int j0 = 0; j0 < a.K; j0 += kCombineChunk) {
-      float wq[kCombineChunk], yq[kCombineChunk];
-      bool ok[kCombineChunk];
-#pragma unroll
-      for (int q = 0; q < kCombineChunk; ++q) {
-        const int j = j0 + q, p = t * a.K + j;
-        ok[q] = j < a.K && s_ok[p];
-        wq[q] = ok[q] ? s_w[p] : 0.0f;
-        yq[q] = ok[q] ? __ldcg(a.y + int64_t(p) * a.H + n) : 0.0f;
-      }
-#pragma unroll
-      for (int q = 0; q < kCombineChunk; ++q)
-        if (ok[q]) acc += wq[q] * yq[q];  // a dropped slot adds nothing
-    }
-    static_cast<T*>(a.out)[int64_t(t) * a.H + n] = from_f32<T>(acc);
-  }
-}
-
 template <class T, int NT, bool kStaged>
 __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_down(DecodeParams a, int ks_count) {
   __shared__ TileSmem<NT> sm;
   __shared__ int rows_of_m[16 * WARPS];
-  __shared__ unsigned s_bits[kDecodeMaxExperts / 32];
-  __shared__ int s_expert, s_count, s_nhit;
-  __shared__ int s_pairs[kFusedMaxPairs];  // prep_in_up: the slot's pairs
-  __shared__ float s_w[kFusedMaxPairs];    // combine_in_down: slot weights, valid slots
-  __shared__ bool s_ok[kFusedMaxPairs];
   const int b = blockIdx.y, tid = threadIdx.x;
   const int BM = 16 * (WARPS / ks_count), n0 = int(blockIdx.x) * BM, n1 = min(a.H, n0 + BM);
   if (tid < BM) rows_of_m[tid] = min(n0 + tid, a.H - 1);
   // Before pdl_wait: decode_prep's plan (two kernels back: decode_up released its dependents only
-  // after its own wait), or with prep_in_up the same plan found in the routing (final: decode_up
-  // waited for it before releasing this kernel), the warp's weight rows and the first two stages
-  // of loads (four independent loads: b < slots, so every address is inside the plan). Without
-  // early_plan everything waits for decode_up first.
-  int n_hit, e, r_begin = 0, r_end = 0;
-  const int* pairs = a.pairs;
-  if (a.prep_in_up) {
-    e = slot_expert_from_idx(a, b, s_bits, &s_expert, &s_nhit);  // syncs: rows_of_m is ready
-    n_hit = s_nhit;
-    if (e >= 0) r_end = slot_pairs_from_idx(a, e, s_pairs, &s_count);  // (block-uniform)
-    pairs = s_pairs;
-  } else {
-    if (!a.early_plan) pdl_wait();
-    n_hit = __ldcg(a.n_hit);
-    e = __ldcg(a.hit_expert + b);
-    r_begin = __ldcg(a.slot_off + b);
-    r_end = __ldcg(a.slot_off + b + 1);
-    __syncthreads();  // rows_of_m
-  }
-  if (b >= n_hit) {  // (block-uniform) no expert for this slot: the combine writes its tokens' output
-    if (a.combine_in_down && n_hit == 0 && b == 0) {  // no valid slot at all: zeros, written here
-      pdl_wait();
-      combine_columns<T>(a, n0, n1, s_w, s_ok);
-    }
-    return;
-  }
+  // after its own wait), the warp's weight rows and the first two stages of loads.
+  // (four independent loads: b < slots, so every address is inside the plan). Without early_plan
+  // everything waits for decode_up first.
+  if (!a.early_plan) pdl_wait();
+  const int n_hit = __ldcg(a.n_hit);
+  const int e = __ldcg(a.hit_expert + b), r_begin = __ldcg(a.slot_off + b), r_end = __ldcg(a.slot_off + b + 1);
+  __syncthreads();  // rows_of_m
+  if (b >= n_hit) return;  // (block-uniform; the combine writes the output of dropped slots)
   WarpTile<NT> wt;
   tile_setup<NT>(wt, a.down, e, rows_of_m, a.I, ks_count);
   ring_prologue<NT>(wt.t, wt.kb0, wt.kb1, wt.s0, wt.s1);
-  if (a.early_plan || a.prep_in_up) pdl_wait();  // decode_up's h
+  if (a.early_plan) pdl_wait();  // decode_up's h
   pdl_launch_dependents();
   const T* bias = a.down_bias ? static_cast<const T*>(a.down_bias) + int64_t(e) * a.H : nullptr;
   for (int r = r_begin; r < r_end; r += 8 * NT) {
     const int ncols = min(8 * NT, r_end - r);
-    set_columns(sm, a, pairs, r, ncols, false);
+    set_columns(sm, a, r, ncols, false);
     if (r != r_begin) ring_prologue<NT>(wt.t, wt.kb0, wt.kb1, wt.s0, wt.s1);
     if constexpr (kStaged) {
       uint8_t* s_act = dynamic_smem();
@@ -870,19 +750,6 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_down(DecodePa
     }
     __syncthreads();
   }
-  if (!a.combine_in_down) return;
-  // The last of the n_hit blocks of this column block (an integer counter) sums its columns.
-  __threadfence();
-  __syncthreads();
-  if (tid == 0) {
-    const int prev = atomicAdd(a.down_ctr + blockIdx.x, 1);
-    sm.last = prev == n_hit - 1;
-    if (sm.last) a.down_ctr[blockIdx.x] = 0;  // ready for the next forward (graph replay)
-  }
-  __syncthreads();
-  if (!sm.last) return;
-  __threadfence();
-  combine_columns<T>(a, n0, n1, s_w, s_ok);
 }
 
 // ---- host side -------------------------------------------------------------------------------
@@ -938,9 +805,8 @@ struct Carved {
   int* plan;  // n_hit, hit_expert, slot_off, pairs, counters
 };
 
-// n_hit, hit_expert, slot_off, pairs, pair_row, up_ctr, down_ctr (at most one per 16 columns of H)
 int64_t plan_ints(int64_t S, int64_t slots, int64_t gI, int64_t H) {
-  return 1 + slots + (slots + 1) + 2 * S + slots * gI + ceil_div(H, 16);
+  return 1 + slots + (slots + 1) + 2 * S + slots * gI;
 }
 
 Carved carve(void* base, size_t capacity, int64_t T, int64_t S, int64_t slots, int64_t H, int64_t I, size_t esz) {
@@ -983,12 +849,12 @@ template <class T>
 void launch_typed(const DecodeParams& p, DType dtype, int nt, int ks_up, int ks_down, cudaStream_t stream) {
   const int64_t prep_blocks = 1 + ceil_div(int64_t(p.T) * p.gH, WARPS);
   MOEX_CHECK(prep_blocks < (int64_t(1) << 31), "FP8 decode path: {} tokens are too many", p.T);
-  if (!p.prep_in_up) launch_pdl("decode_prep", decode_prep<T>, dim3(unsigned(prep_blocks)), dim3(THREADS), 0, stream, p);
+  launch_pdl("decode_prep", decode_prep<T>, dim3(unsigned(prep_blocks)), dim3(THREADS), 0, stream, p);
   const bool gated = p.up_epi != Epi::up_plain;
   const int bm_up = 16 * (WARPS / ks_up), bi = gated ? bm_up / 2 : bm_up;
   const dim3 g_up(unsigned(ceil_div(p.I, bi)), unsigned(p.slots));
   const dim3 g_down(unsigned(ceil_div(p.H, 16 * (WARPS / ks_down))), unsigned(p.slots));
-  const size_t smem_up = p.prep_in_up ? staged_h_smem_bytes(nt, p.H, sizeof(T)) : staged_smem_bytes(nt, p.H);
+  const size_t smem_up = staged_smem_bytes(nt, p.H);
   const size_t smem_down = p.h_quant_in_down ? staged_h_smem_bytes(nt, p.I, sizeof(T)) : staged_smem_bytes(nt, p.I);
   if (nt == 1) {
     launch_gemv<decode_up<T, 1, false>, decode_up<T, 1, true>>("decode_up", 1, smem_up, g_up, p, ks_up, stream);
@@ -997,7 +863,6 @@ void launch_typed(const DecodeParams& p, DType dtype, int nt, int ks_up, int ks_
     launch_gemv<decode_up<T, 4, false>, decode_up<T, 4, true>>("decode_up", 4, smem_up, g_up, p, ks_up, stream);
     launch_gemv<decode_down<T, 4, false>, decode_down<T, 4, true>>("decode_down", 4, smem_down, g_down, p, ks_down, stream);
   }
-  if (p.combine_in_down) return;  // the last down blocks summed the slots
   // 4. the slot-order sum: combine.cu's kernel, y rows indexed by pair (pair_row), as a PDL link
   CombineArgs c{};
   c.y = p.y;
@@ -1085,7 +950,7 @@ void launch_quant_decode(const QuantDecodeArgs& a, cudaStream_t stream) {
   p.pairs = p.slot_off + slots + 1;
   p.pair_row = p.pairs + S;
   p.up_ctr = p.pair_row + S;
-  p.down_ctr = p.up_ctr + slots * p.gI;
+  p.n_ctr = int(slots * p.gI);
   p.out = a.out;
   MOEX_CHECK(slots <= 65535, "FP8 decode path: {} expert slots exceed the grid limit", slots);
   // Rows per pass: 8 (one n8 tile) when T <= 8 (an expert gets at most one row per token with
@@ -1095,8 +960,6 @@ void launch_quant_decode(const QuantDecodeArgs& a, cudaStream_t stream) {
   const int nt = a.T <= 8 || S <= 5 * slots ? 1 : 4;
   const int ks_up = choose_ks(slots, a.up.N, nt, p.gH);
   const int ks_down = choose_ks(slots, a.H, nt, p.gI);
-  p.n_down_ctr = int(ceil_div(a.H, 16 * (WARPS / ks_down)));
-  p.n_ctr = int(slots * p.gI) + p.n_down_ctr;
   // Who quantizes h: decode_down while staging it at T <= 8 (decode_up then has no counters and
   // no last-block work: its one or two waves would end on that tail), decode_up's last blocks
   // above (every down column block of a slot would quantize the same rows again: at T = 64 that
@@ -1110,19 +973,6 @@ void launch_quant_decode(const QuantDecodeArgs& a, cudaStream_t stream) {
   // two kernels back; measured 2-9 % faster at T = 1 on the H200, 2026-12-01).
   // MOEX_CUDA_FP8_DECODE_EARLY=0 reads them after it (A/B measurement, debugging).
   p.early_plan = !decode_env_is("MOEX_CUDA_FP8_DECODE_EARLY", "0");
-  // At T <= 8 the chain is four short kernels, and its boundaries, not the weight bytes, set the
-  // time on the small shapes (qwen3 T = 1: 22 us back to back for 38 MB). combine_in_down drops the
-  // combine kernel (the last down block of each column block sums the slots); prep_in_up drops
-  // decode_prep too (each up block finds its slot's pairs in the routing and quantizes its own
-  // token rows: at T <= 2, where every up block quantizing the same rows again costs less than a
-  // kernel boundary, where they fit in shared memory beside the staged codes, decode_down
-  // quantizes h, and the hidden rows are 16-byte aligned). MOEX_CUDA_FP8_DECODE_FUSE=0: four
-  // kernels; =combine: combine_in_down only (A/B).
-  const char* fuse = decode_env("MOEX_CUDA_FP8_DECODE_FUSE");
-  const bool fuse_none = fuse && std::strcmp(fuse, "0") == 0, fuse_combine_only = fuse && std::strcmp(fuse, "combine") == 0;
-  p.combine_in_down = !fuse_none && a.T <= 8 && S <= kFusedMaxPairs;
-  p.prep_in_up = p.combine_in_down && !fuse_combine_only && a.T <= 2 && nt == 1 && p.h_quant_in_down && aligned16(a.hidden) &&
-                 staged_h_smem_bytes(nt, p.H, dtype_size(a.dtype)) <= staged_limit(nt);
   switch (a.dtype) {
     case DType::f32: launch_typed<float>(p, a.dtype, nt, ks_up, ks_down, stream); break;
     case DType::f16: launch_typed<__half>(p, a.dtype, nt, ks_up, ks_down, stream); break;
