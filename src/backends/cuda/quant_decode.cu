@@ -47,11 +47,14 @@
 //
 // Budget per 128-k block and m16 tile (2 KB of weights, one warp) with NU n8 tiles of rows: 4
 // LDG.128 of weights, 32 F2FP (A) + 16·NU F2FP (B), 8·NU HMMA, 8·NU FMUL/FFMA of promotion, the
-// activation and scale loads. The SASS (2026-12-01) has 134-148 warp instructions at NU = 1 and
-// 170-190 at NU = 2 (0.07-0.09 per weight byte, where the H200 issues ~0.25 per byte of DRAM
-// bandwidth). Before the pass' columns were hoisted out of the k loop (PassCols) and NU made a
-// compile-time count it was 163-194 at NT = 1 and 404 at NT = 4: at mixtral T = 64 (8 warps per SM,
-// 4.7 cycles per issued instruction) that stream, not DRAM, set decode_up's pace (ncu, H200).
+// activation and scale loads. The SASS (2026-12-01, seventeenth session) has ~130 warp
+// instructions per k block at NU = 1, 168-174 at NU = 2 and 243-259 at NU = 4 (0.06-0.12 per
+// weight byte, where the H200 issues ~0.25 per byte of DRAM bandwidth), with no branch: the code
+// rows are zero-padded to whole k blocks, a weight chunk past K is clamped into its row, and a
+// column past the pass' rows reuses column 0 (before that, 134-148 / 170-190 / ~300). Earlier,
+// before the pass' columns were hoisted out of the k loop (PassCols) and NU made a compile-time
+// count, it was 163-194 at NT = 1 and 404 at NT = 4: at mixtral T = 64 (8 warps per SM, 5.9
+// cycles per issued instruction) that stream, not DRAM, sets decode_up's pace (ncu, H200).
 //
 // Requirements (checked by quant_decode_usable): FP8 block-scaled weights in the default
 // [E, out, in] layout with 128-wide k blocks, H and I multiples of 16 (16-byte rows), 16-byte
@@ -122,8 +125,9 @@ __device__ __forceinline__ float ld_cg(const __nv_bfloat16* p) {
 }
 
 // Streaming 16-byte weight load: read once, not kept in L1; 256-byte L2 prefetch. volatile: the
-// callers guard it with `k < K`, and a plain asm may be if-converted into an unconditional load
-// (compute-sanitizer found the last row of the last expert read past its end that way).
+// register ring guards its loads with the warp's k-block bound, and a plain asm may be
+// if-converted into an unconditional load (compute-sanitizer found the last row of the last
+// expert read past its end that way, when the loads were also guarded by k < K).
 __device__ __forceinline__ uint4 ld_stream16(const void* p) {
   uint4 v;
   asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
