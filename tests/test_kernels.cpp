@@ -311,6 +311,114 @@ TEST(CpuKernels, PackedMatmulMatchesLoopOnEveryIsa) {
   }
 }
 
+namespace {
+
+// The packed bf16 form of a logical [n, k] bf16 weight matrix: panels [ceil(k / 2), 32, 2].
+std::vector<uint16_t> pack_panels_bf16(const std::vector<uint16_t>& w, int64_t n, int64_t k) {
+  const int64_t panels = (n + kPanelCols - 1) / kPanelCols, elems = packed_bf16_panel_elems(k);
+  std::vector<uint16_t> p(static_cast<size_t>(panels * elems), 0);
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t kk = 0; kk < k; ++kk)
+      p[size_t((r / kPanelCols) * elems + ((kk / 2) * kPanelCols + r % kPanelCols) * 2 + kk % 2)] = w[size_t(r * k + kk)];
+  return p;
+}
+
+std::vector<const KernelTable*> packed_bf16_tables() {
+  std::vector<const KernelTable*> out;
+  for (const KernelTable* kt : tables())
+    if (kt->packed_matmul_bf16) out.push_back(kt);
+  return out;
+}
+
+}  // namespace
+
+TEST(CpuKernels, PackedBf16MatmulMatchesLoop) {
+  // The vdpbf16ps kernel on VNNI-pair panels: m across every row-block split (1..30), n with partial
+  // last panels, k across the 256-element chunks and odd (the last pair's zero partner); a column
+  // range starting on a panel; nothing outside it written.
+  const auto kts = packed_bf16_tables();
+  if (kts.empty()) GTEST_SKIP() << "no kernel table with the packed bf16 kernel on this CPU (AVX512_BF16 without AMX)";
+  std::mt19937 rng(31);
+  std::normal_distribution<float> nd;
+  for (const KernelTable* kt : kts) {
+    for (int iter = 0; iter < 60; ++iter) {
+      const int64_t m = 1 + rng() % 30, n = 1 + rng() % 100, k = iter == 0 ? 0 : iter == 1 ? 1 : 1 + rng() % 700;
+      std::vector<uint16_t> x(static_cast<size_t>(m * k)), w(static_cast<size_t>(n * k));
+      for (auto& v : x) v = float_to_bf16(nd(rng));
+      for (auto& v : w) v = float_to_bf16(nd(rng));
+      const std::vector<uint16_t> panels = pack_panels_bf16(w, n, k);
+      const int64_t n0 = (rng() % n) / kPanelCols * kPanelCols, n1 = n0 + 1 + rng() % (n - n0);
+      const int64_t ldy = n1 - n0 + 3;
+      std::vector<float> y(static_cast<size_t>(m * ldy), -777.0f);
+      PackedBf16MatmulArgs a;
+      a.x = x.data();
+      a.ldx = k;
+      a.m = m;
+      a.k = k;
+      a.panels = panels.data();
+      a.y = y.data();
+      a.ldy = ldy;
+      a.n0 = n0;
+      a.n1 = n1;
+      kt->packed_matmul_bf16(a);
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t c = 0; c < ldy; ++c) {
+          const float got = y[size_t(i * ldy + c)];
+          if (c >= n1 - n0) {
+            ASSERT_EQ(got, -777.0f) << kt->isa << ": column past n1 - n0 was written";
+            continue;
+          }
+          double ref = 0, mag = 0;
+          for (int64_t kk = 0; kk < k; ++kk) {
+            const double p = double(bf16_to_float(x[size_t(i * k + kk)])) * bf16_to_float(w[size_t((n0 + c) * k + kk)]);
+            ref += p;
+            mag += std::fabs(p);
+          }
+          ASSERT_NEAR(got, ref, 1e-5 * (1 + mag)) << kt->isa << " m" << m << " n" << n << " k" << k << " [" << n0 << ", " << n1 << ")";
+        }
+    }
+  }
+}
+
+TEST(CpuKernels, PackedBf16MatmulRowsDoNotDependOnTheBatch) {
+  // One vdpbf16ps chain in k order per output: a row alone, in a block of 13 rows or over a narrower
+  // column range is bit-identical.
+  const auto kts = packed_bf16_tables();
+  if (kts.empty()) GTEST_SKIP() << "no kernel table with the packed bf16 kernel on this CPU (AVX512_BF16 without AMX)";
+  std::mt19937 rng(37);
+  std::normal_distribution<float> nd;
+  const int64_t m = 13, n = 96, k = 601;
+  std::vector<uint16_t> x(static_cast<size_t>(m * k)), w(static_cast<size_t>(n * k));
+  for (auto& v : x) v = float_to_bf16(nd(rng));
+  for (auto& v : w) v = float_to_bf16(nd(rng));
+  const std::vector<uint16_t> panels = pack_panels_bf16(w, n, k);
+  for (const KernelTable* kt : kts) {
+    std::vector<float> all(static_cast<size_t>(m * n));
+    PackedBf16MatmulArgs a;
+    a.x = x.data();
+    a.ldx = k;
+    a.m = m;
+    a.k = k;
+    a.panels = panels.data();
+    a.y = all.data();
+    a.ldy = n;
+    a.n0 = 0;
+    a.n1 = n;
+    kt->packed_matmul_bf16(a);
+    for (int64_t i = 0; i < m; ++i) {
+      std::vector<float> one(static_cast<size_t>(n - 32));
+      a.x = x.data() + i * k;
+      a.m = 1;
+      a.y = one.data();
+      a.ldy = n - 32;
+      a.n0 = 32;
+      a.n1 = n;
+      kt->packed_matmul_bf16(a);
+      for (int64_t c = 32; c < n; ++c) ASSERT_EQ(one[size_t(c - 32)], all[size_t(i * n + c)]) << kt->isa << " row " << i << " column " << c;
+    }
+  }
+}
+
 TEST(CpuKernels, PackedMatmulRowsDoNotDependOnTheBatch) {
   // Every output is one f32 sum in k order, so a row computed alone, in a block of 13 rows or
   // over a narrower column range is bit-identical (results independent of how the backends split work).

@@ -43,19 +43,35 @@ struct PackedParts {
   int count = 0;
 };
 
-bool project_packed(const KernelTable& kt, PackedParts pk, const float* x, int64_t m, int64_t K, int64_t r0, int64_t width, float* y,
-                    int64_t ldy) {
+// x: f32 rows for f32 panels, bf16 rows for bf16 panels (false, in place, for any other pairing).
+bool project_packed(const KernelTable& kt, PackedParts pk, const void* x, DType xdt, int64_t m, int64_t K, int64_t r0,
+                    int64_t width, float* y, int64_t ldy) {
   for (int i = 0; i < pk.count; ++i) {
     const PackedMatrix& p = pk.parts[i];
+    const bool kernel = p.panels_bf16 ? xdt == DType::bf16 && kt.packed_matmul_bf16 : xdt == DType::f32;
     const int64_t lo = std::max(r0, p.row0), hi = std::min(r0 + width, p.row0 + p.n);
-    if (lo < hi && (lo - p.row0) % kPanelCols != 0) return false;
+    if (lo < hi && (!kernel || (lo - p.row0) % kPanelCols != 0)) return false;
   }
   for (int i = 0; i < pk.count; ++i) {
     const PackedMatrix& p = pk.parts[i];
     const int64_t lo = std::max(r0, p.row0), hi = std::min(r0 + width, p.row0 + p.n);
     if (lo >= hi) continue;
+    if (p.panels_bf16) {
+      PackedBf16MatmulArgs a;
+      a.x = static_cast<const uint16_t*>(x);
+      a.ldx = K;
+      a.m = m;
+      a.k = K;
+      a.panels = p.panels_bf16;
+      a.y = y + (lo - r0);
+      a.ldy = ldy;
+      a.n0 = lo - p.row0;
+      a.n1 = hi - p.row0;
+      kt.packed_matmul_bf16(a);
+      continue;
+    }
     PackedMatmulArgs a;
-    a.x = x;
+    a.x = static_cast<const float*>(x);
     a.ldx = K;
     a.m = m;
     a.k = K;
@@ -71,13 +87,12 @@ bool project_packed(const KernelTable& kt, PackedParts pk, const float* x, int64
 
 // y[0:m, 0:w] (row stride ldy) = x[m, K] · W[r0 : r0 + w, :]ᵀ (+ bias[r0 : r0 + w]): the weight rows
 // r0.. of the logical [N, K] matrix, written to columns 0.. of a compact buffer. With `packed` (f32
-// experts) the packed copy of W is read instead of W.
+// experts, bf16 experts with bf16 x) the packed copy of W is read instead of W.
 // x_vnni: x's bf16 rows already packed for the AMX kernel (MatmulArgs::x_vnni), or null.
 void project_rows(const KernelTable& kt, const ExpertsSpec& s, const void* w, const void* bias, const void* x, DType xdt,
                   int64_t m, int64_t N, int64_t K, int64_t r0, int64_t width, float* y, int64_t ldy, PackedParts packed = {},
                   const uint16_t* x_vnni = nullptr) {
-  if (packed.count > 0 && xdt == DType::f32 &&
-      project_packed(kt, packed, static_cast<const float*>(x), m, K, r0, width, y, ldy)) {
+  if (packed.count > 0 && project_packed(kt, packed, x, xdt, m, K, r0, width, y, ldy)) {
     if (bias) add_bias(static_cast<const char*>(bias) + r0 * int64_t(dtype_size(s.dtype)), s.dtype, y, ldy, m, 0, width);
     return;
   }

@@ -84,6 +84,26 @@ struct PackedMatmulArgs {
   int64_t n0 = 0, n1 = 0;
 };
 
+// Y[0:m, 0:n1−n0] = X[0:m, 0:k] · P[:, n0:n1] for bf16 X and a packed bf16 weight matrix P of
+// logical shape [k, N] (the transposed [N, k] out × in weights), for vdpbf16ps: panel p holds output
+// columns [32p, 32p + 32) as [ceil(k / 2), 32, 2] — for each pair of k, the 32 columns' two weights
+// side by side (W[32p + c, 2j], W[32p + c, 2j + 1]) — so one pair step reads 128 contiguous bytes and
+// one broadcast 32-bit word of X (its two k) multiplies 16 columns per vector. Panels are stored one
+// after the other (packed_bf16_panel_elems each), zero-padded: the last panel's columns, and the
+// weight beside the last k when k is odd. n0 must be a multiple of kPanelCols. Each output is one
+// f32 chain of vdpbf16ps in k order, whatever m, the column range or the row blocking.
+struct PackedBf16MatmulArgs {
+  const uint16_t* x = nullptr;       // [m, k] bf16, row stride ldx
+  int64_t ldx = 0;
+  int64_t m = 0, k = 0;
+  const uint16_t* panels = nullptr;  // [ceil(N / 32), ceil(k / 2), 32, 2]
+  float* y = nullptr;                // [m, n1 − n0], row stride ldy: column 0 is output column n0
+  int64_t ldy = 0;
+  int64_t n0 = 0, n1 = 0;
+};
+// bf16 elements of one panel of PackedBf16MatmulArgs.
+inline int64_t packed_bf16_panel_elems(int64_t k) { return (k + 1) / 2 * 2 * kPanelCols; }
+
 struct KernelTable {
   const char* isa;  // "avx512_amx", "avx512_bf16", "avx512", "avx2", "generic"
   bool bf16_dot;    // matmul takes bf16 X with bf16 nt weights
@@ -107,6 +127,9 @@ struct KernelTable {
   // Runs `iters` rounds of independent vdpbf16ps chains on one thread; returns the flops done (two
   // per bf16 product and sum). nullptr where the table has no bf16 dot product.
   double (*bf16_dot_probe)(int64_t iters);
+  // The packed bf16 micro-kernel (PackedBf16MatmulArgs); nullptr where the table has none (no
+  // AVX512_BF16, or AMX, whose tiles read the weights in place).
+  void (*packed_matmul_bf16)(const PackedBf16MatmulArgs& a);
 };
 
 // The table for this CPU. MOEX_CPU_ISA=avx512|avx2|generic forces a (supported) variant.

@@ -6,6 +6,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "backends/cpu/simd_avx512.hpp"
@@ -90,8 +92,129 @@ inline void dot_rows(const MatmulArgs& a, int64_t i0, int64_t n, int nr, const c
   }
 }
 
+// ---- packed bf16: Y = X · P on vdpbf16ps (see PackedBf16MatmulArgs) --------------------------
+// MR rows × 2 vectors (one 32-column panel) of f32 accumulators; per pair of k: the panel's two
+// 64-byte vectors, one broadcast 32-bit word (two bf16 of x) per row, 2·MR vdpbf16ps — no
+// horizontal sums, and 2 vector loads per 2·MR products where the nt dot kernel above needs 8 per 16
+// (its x and weight rows both stream through L1). The order is the f32 packed kernel's
+// (impl::packed_matmul): panel-outer, k in chunks whose block of the panel (kPackedBf16Pairs pairs ×
+// 128 bytes = 16 KiB) stays in L1 while every row block passes over it, the next chunk prefetched
+// into L2 spread over the row blocks; 8-row blocks (as the f32 kernel's, for the general registers).
+constexpr int64_t kPackedBf16Pairs = 128;
+constexpr int kPackedBf16Rows = 8;
+
+inline __m512i x_pair(const uint16_t* row, int64_t j) {
+  int32_t v;
+  std::memcpy(&v, row + 2 * j, 4);  // x[2j] in the low half, as W[c, 2j] in the panel
+  return _mm512_set1_epi32(v);
+}
+
+template <int MR>
+inline void packed_bf16_block(const PackedBf16MatmulArgs& a, int64_t i0, const uint16_t* panel, int ncols, float* y, int64_t p0,
+                              int64_t p1, bool first, const char* pf, int64_t pf_lines) {
+  __m512 acc[MR][2];
+  alignas(64) float tmp[MR][32];  // partial panels: y goes through here (never touched past ncols)
+  const bool full = ncols == 32;
+  if (first) {
+    for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  } else {
+    for (int r = 0; r < MR; ++r) {
+      const float* yr = y + (i0 + r) * a.ldy;
+      if (!full) {
+        std::fill(tmp[r], tmp[r] + 32, 0.0f);
+        std::memcpy(tmp[r], yr, size_t(ncols) * sizeof(float));
+        yr = tmp[r];
+      }
+      acc[r][0] = _mm512_loadu_ps(yr);
+      acc[r][1] = _mm512_loadu_ps(yr + 16);
+    }
+  }
+  const uint16_t* xr[MR];
+  for (int r = 0; r < MR; ++r) xr[r] = a.x + (i0 + r) * a.ldx;
+  const int64_t whole = a.k / 2, pe = std::min(p1, whole);  // pairs with both k inside
+  const uint16_t* pp = panel + p0 * 64;
+  // the prefetches spread over the pair steps, as in impl::packed_block
+  const int64_t steps = std::max<int64_t>(1, p1 - p0);
+  const int64_t stride = pf_lines > 0 ? std::max<int64_t>(1, steps / pf_lines) : steps + 1;
+  const int64_t per_step = pf_lines > 0 ? (pf_lines + steps - 1) / steps : 0;
+  int64_t pf_next = 0, countdown = stride;
+  for (int64_t j = p0; j < pe; ++j, pp += 64) {
+    if (--countdown == 0) {
+      countdown = stride;
+      for (int64_t q = 0; q < per_step && pf_next < pf_lines; ++q) impl::prefetch_line_l2(pf + 64 * pf_next++);
+    }
+    const __m512i w0 = _mm512_loadu_si512(pp), w1 = _mm512_loadu_si512(pp + 32);
+    for (int r = 0; r < MR; ++r) {
+      const __m512i xb = x_pair(xr[r], j);
+      acc[r][0] = _mm512_dpbf16_ps(acc[r][0], (__m512bh)xb, (__m512bh)w0);
+      acc[r][1] = _mm512_dpbf16_ps(acc[r][1], (__m512bh)xb, (__m512bh)w1);
+    }
+  }
+  if (p1 > whole) {  // odd k: the last pair is (x[k − 1], 0) against (W[c, k − 1], 0)
+    const uint16_t* pl = panel + whole * 64;
+    const __m512i w0 = _mm512_loadu_si512(pl), w1 = _mm512_loadu_si512(pl + 32);
+    for (int r = 0; r < MR; ++r) {
+      const __m512i xb = _mm512_set1_epi32(int32_t(xr[r][a.k - 1]));
+      acc[r][0] = _mm512_dpbf16_ps(acc[r][0], (__m512bh)xb, (__m512bh)w0);
+      acc[r][1] = _mm512_dpbf16_ps(acc[r][1], (__m512bh)xb, (__m512bh)w1);
+    }
+  }
+  for (int r = 0; r < MR; ++r) {
+    float* yr = y + (i0 + r) * a.ldy;
+    if (full) {
+      _mm512_storeu_ps(yr, acc[r][0]);
+      _mm512_storeu_ps(yr + 16, acc[r][1]);
+    } else {
+      _mm512_store_ps(tmp[r], acc[r][0]);
+      _mm512_store_ps(tmp[r] + 16, acc[r][1]);
+      std::memcpy(yr, tmp[r], size_t(ncols) * sizeof(float));
+    }
+  }
+}
+
+template <int MR = kPackedBf16Rows>
+inline void packed_bf16_rows(int mr, const PackedBf16MatmulArgs& a, int64_t i0, const uint16_t* panel, int ncols, float* y,
+                             int64_t p0, int64_t p1, bool first, const char* pf, int64_t pf_lines) {
+  if constexpr (MR > 1) {
+    if (mr < MR) {
+      packed_bf16_rows<MR - 1>(mr, a, i0, panel, ncols, y, p0, p1, first, pf, pf_lines);
+      return;
+    }
+  }
+  packed_bf16_block<MR>(a, i0, panel, ncols, y, p0, p1, first, pf, pf_lines);
+}
+
+void packed_matmul_bf16_impl(const PackedBf16MatmulArgs& a) {
+  if (a.m <= 0 || a.n1 <= a.n0) return;
+  if (a.k == 0) {
+    for (int64_t i = 0; i < a.m; ++i) std::fill(a.y + i * a.ldy, a.y + i * a.ldy + (a.n1 - a.n0), 0.0f);
+    return;
+  }
+  const int64_t pairs = (a.k + 1) / 2, panel_elems = packed_bf16_panel_elems(a.k);
+  const int64_t blocks = (a.m + kPackedBf16Rows - 1) / kPackedBf16Rows;  // near-equal row blocks
+  for (int64_t n = a.n0; n < a.n1; n += kPanelCols) {
+    const uint16_t* panel = a.panels + (n / kPanelCols) * panel_elems;
+    const int width = int(std::min<int64_t>(kPanelCols, a.n1 - n));
+    float* yp = a.y + (n - a.n0);
+    for (int64_t p0 = 0; p0 < pairs; p0 += kPackedBf16Pairs) {
+      const int64_t p1 = std::min(pairs, p0 + kPackedBf16Pairs);
+      // the next chunk of the stream starts right after this one (this panel further along k, or the
+      // next panel); its lines are shared out over the row blocks
+      const char* next = reinterpret_cast<const char*>(panel + p1 * 64);
+      const int64_t next_lines = kPackedBf16Pairs * 2;
+      for (int64_t b = 0; b < blocks; ++b) {
+        const int64_t i0 = b * a.m / blocks, i1 = (b + 1) * a.m / blocks;
+        const int64_t l0 = b * next_lines / blocks, l1 = (b + 1) * next_lines / blocks;
+        packed_bf16_rows(int(i1 - i0), a, i0, panel, width, yp, p0, p1, p0 == 0, next + l0 * 64, l1 - l0);
+      }
+    }
+  }
+}
+
 struct Avx512Bf16 : Avx512 {
   static constexpr bool kBf16Dot = true;
+  static constexpr bool kPackedBf16 = true;
+  static void packed_matmul_bf16(const PackedBf16MatmulArgs& a) { packed_matmul_bf16_impl(a); }
   // The benchmark's bf16 peak probe: 12 independent vdpbf16ps chains (64 flops per instruction).
   // It issues at the rate of a 512-bit FMA on the AMD EPYC development VM, so the bf16 peak is twice
   // the f32 one there (2026-12-01, one idle core: 227-232 vs 115 GFLOP/s).
@@ -237,6 +360,7 @@ void amx_matmul(const MatmulArgs& a) {
 }
 
 struct Amx : Avx512Bf16 {
+  static constexpr bool kPackedBf16 = false;  // the tiles read the nt weights in place (not measured packed)
   static void matmul_nt_bf16_dot(const MatmulArgs& a) {
     if (a.m >= kAmxMinRows)
       amx_matmul(a);

@@ -555,9 +555,13 @@ template <class Isa>
 KernelTable make_table(const char* name) {
   double (*dot_probe)(int64_t) = nullptr;
   if constexpr (requires { Isa::bf16_dot_probe(int64_t(1)); }) dot_probe = &Isa::bf16_dot_probe;
+  void (*packed_bf16)(const PackedBf16MatmulArgs&) = nullptr;
+  if constexpr (requires { Isa::kPackedBf16; })
+    if constexpr (Isa::kPackedBf16) packed_bf16 = &Isa::packed_matmul_bf16;
   return KernelTable{name,           Isa::kBf16Dot,        &matmul<Isa>,         &to_f32<Isa>,
                      &from_f32<Isa>, &fma_probe<Isa>,      &e4m3_to_f32<Isa>,    &fp8_matmul<Isa>,
-                     &packed_matmul<Isa>, &silu_mul<Isa>,  &read_probe<Isa>,     dot_probe};
+                     &packed_matmul<Isa>, &silu_mul<Isa>,  &read_probe<Isa>,     dot_probe,
+                     packed_bf16};
 }
 
 // Scalar rounding loops shared by the traits (the compiler vectorises the bf16 one).

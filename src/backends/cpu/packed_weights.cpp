@@ -51,14 +51,33 @@ void pack_rows(const float* w, bool transposed, int64_t N, int64_t K, int64_t r0
   }
 }
 
-// A cheap fingerprint of one expert's weights: the bits of 16 elements spread over each matrix
-// (checked on every call: 32 cache misses per routed expert).
-uint64_t fingerprint(const float* gate_up, int64_t gate_up_n, const float* down, int64_t down_n) {
+// The same for bf16 weights: panels [ceil(K / 2), 32, 2], element (j, c, h) = W[row + c, 2j + h].
+void pack_rows_bf16(const uint16_t* w, int64_t K, int64_t r0, int64_t n, uint16_t* dst) {
+  const int64_t panels = padded_rows(n) / kPanelCols, pairs = (K + 1) / 2;
+  for (int64_t p = 0; p < panels; ++p) {
+    uint16_t* panel = dst + p * packed_bf16_panel_elems(K);
+    const int64_t c_end = std::min<int64_t>(kPanelCols, n - p * kPanelCols);
+    const int64_t row = r0 + p * kPanelCols;
+    for (int64_t j0 = 0; j0 < pairs; j0 += 32) {  // blocks of 64 k, so that both sides stay in cache
+      const int64_t j1 = std::min(pairs, j0 + 32);
+      for (int64_t c = 0; c < kPanelCols; ++c)
+        for (int64_t j = j0; j < j1; ++j)
+          for (int64_t h = 0; h < 2; ++h) {
+            const int64_t k = 2 * j + h;
+            panel[(j * kPanelCols + c) * 2 + h] = c < c_end && k < K ? w[(row + c) * K + k] : uint16_t(0);
+          }
+    }
+  }
+}
+
+// A cheap fingerprint of one expert's weights: the bits of 16 elements (of esz bytes) spread over
+// each matrix (checked on every call: 32 cache misses per routed expert).
+uint64_t fingerprint(const void* gate_up, int64_t gate_up_n, const void* down, int64_t down_n, size_t esz) {
   uint64_t h = 1469598103934665603ull;  // FNV-1a over the sampled bit patterns
-  auto mix = [&](const float* w, int64_t n) {
+  auto mix = [&](const void* w, int64_t n) {
     for (int64_t s = 0; s < 16; ++s) {
-      uint32_t bits;
-      std::memcpy(&bits, w + (n - 1) * s / 15, 4);
+      uint32_t bits = 0;
+      std::memcpy(&bits, static_cast<const char*>(w) + size_t((n - 1) * s / 15) * esz, esz);
       h = (h ^ bits) * 1099511628211ull;
     }
   };
@@ -67,7 +86,9 @@ uint64_t fingerprint(const float* gate_up, int64_t gate_up_n, const float* down,
   return h;
 }
 
-const float* expert_matrix(const TensorView& t, int64_t e) { return static_cast<const float*>(t.data) + e * t.strides[0]; }
+const void* expert_matrix(const TensorView& t, int64_t e) {
+  return static_cast<const char*>(t.data) + size_t(e * t.strides[0]) * dtype_size(t.dtype);
+}
 
 }  // namespace
 
@@ -84,19 +105,19 @@ struct PackedCache {
       return gate_up == ex.gate_up.data && down == ex.down.data && gate_up_stride == ex.gate_up.strides[0] &&
              down_stride == ex.down.strides[0] && spec.num_experts == s.num_experts && spec.hidden == s.hidden &&
              spec.intermediate == s.intermediate && spec.has_gate == s.has_gate && spec.transposed == s.transposed &&
-             spec.interleaved == s.interleaved;
+             spec.interleaved == s.interleaved && spec.dtype == s.dtype;
     }
     // Byte range [lo, hi) of one weight tensor.
-    static std::pair<uintptr_t, uintptr_t> range(const void* p, int64_t stride, int64_t E) {
+    static std::pair<uintptr_t, uintptr_t> range(const void* p, int64_t stride, int64_t E, DType dt) {
       const auto lo = reinterpret_cast<uintptr_t>(p);
-      return {lo, lo + uintptr_t(stride * E) * sizeof(float)};
+      return {lo, lo + uintptr_t(stride * E) * dtype_size(dt)};
     }
     bool overlaps(const Experts& ex) const {
       const int64_t E = spec.num_experts;
       auto hit = [](std::pair<uintptr_t, uintptr_t> a, std::pair<uintptr_t, uintptr_t> b) { return a.first < b.second && b.first < a.second; };
-      const auto mine = {range(gate_up, gate_up_stride, E), range(down, down_stride, E)};
-      const auto theirs = {range(ex.gate_up.data, ex.gate_up.strides[0], ex.spec.num_experts),
-                           range(ex.down.data, ex.down.strides[0], ex.spec.num_experts)};
+      const auto mine = {range(gate_up, gate_up_stride, E, spec.dtype), range(down, down_stride, E, spec.dtype)};
+      const auto theirs = {range(ex.gate_up.data, ex.gate_up.strides[0], ex.spec.num_experts, ex.gate_up.dtype),
+                           range(ex.down.data, ex.down.strides[0], ex.spec.num_experts, ex.down.dtype)};
       for (auto a : mine)
         for (auto b : theirs)
           if (hit(a, b)) return true;
@@ -123,9 +144,10 @@ struct PackedCache {
 
 std::shared_ptr<PackedWeights> PackedWeights::of(const Experts& ex) {
   const ExpertsSpec& s = ex.spec;
-  if (!packing_enabled() || s.dtype != DType::f32 || s.quant.quantized() || ex.gate_up.dtype != DType::f32 ||
-      ex.down.dtype != DType::f32 || s.num_experts <= 0)
-    return nullptr;
+  const bool f32 = s.dtype == DType::f32 && ex.gate_up.dtype == DType::f32 && ex.down.dtype == DType::f32;
+  const bool bf16 = s.dtype == DType::bf16 && ex.gate_up.dtype == DType::bf16 && ex.down.dtype == DType::bf16 &&
+                    !s.transposed && kernels().packed_matmul_bf16 != nullptr;
+  if (!packing_enabled() || !(f32 || bf16) || s.quant.quantized() || s.num_experts <= 0) return nullptr;
   PackedCache& cache = PackedCache::get();
   std::lock_guard<std::mutex> lock(cache.mutex);
   ++cache.clock;
@@ -145,41 +167,55 @@ std::shared_ptr<PackedWeights> PackedWeights::of(const Experts& ex) {
   return packed;
 }
 
-PackedWeights::PackedWeights(const Experts& ex) : experts_(size_t(ex.spec.num_experts)) {}
+PackedWeights::PackedWeights(const Experts& ex) : dtype_(ex.spec.dtype), experts_(size_t(ex.spec.num_experts)) {}
 PackedWeights::~PackedWeights() = default;
 
 // Bytes of one expert's packed copy (the gate and up halves padded separately when split).
 size_t PackedWeights::expert_bytes(const ExpertsSpec& s) {
   const int64_t H = s.hidden, I = s.intermediate;
-  const int64_t gate_up = s.has_gate && !s.interleaved ? 2 * padded_rows(I) * H : padded_rows(s.gate_up_rows()) * H;
-  return size_t(gate_up + padded_rows(H) * I) * sizeof(float);
+  // elements of a packed matrix of n rows × k
+  auto elems = [&](int64_t n, int64_t k) {
+    return s.dtype == DType::bf16 ? padded_rows(n) / kPanelCols * packed_bf16_panel_elems(k) : padded_rows(n) * k;
+  };
+  const int64_t gate_up = s.has_gate && !s.interleaved ? 2 * elems(I, H) : elems(s.gate_up_rows(), H);
+  return size_t(gate_up + elems(H, I)) * dtype_size(s.dtype);
 }
 
 void PackedWeights::pack_expert(const Experts& ex, int64_t e) {
   const ExpertsSpec& s = ex.spec;
   const int64_t H = s.hidden, I = s.intermediate, R = s.gate_up_rows();
-  const float* gu = expert_matrix(ex.gate_up, e);
-  const float* dn = expert_matrix(ex.down, e);
+  const void* gu = expert_matrix(ex.gate_up, e);
+  const void* dn = expert_matrix(ex.down, e);
   Slot& slot = experts_[size_t(e)];
   PackedExpert& pe = slot.packed;
-  float* dst = slot.storage.get();
+  const bool bf16 = dtype_ == DType::bf16;
+  char* dst = reinterpret_cast<char*>(slot.storage.get());
+  // rows [r0, r0 + n) of the [N, K] matrix w into dst; advances dst past them
+  auto pack = [&](PackedMatrix& m, const void* w, int64_t N, int64_t K, int64_t r0, int64_t n) {
+    m = PackedMatrix{};
+    m.row0 = r0;
+    m.n = n;
+    m.k = K;
+    if (bf16) {
+      m.panels_bf16 = reinterpret_cast<const uint16_t*>(dst);
+      pack_rows_bf16(static_cast<const uint16_t*>(w), K, r0, n, reinterpret_cast<uint16_t*>(dst));
+      dst += size_t(padded_rows(n) / kPanelCols * packed_bf16_panel_elems(K)) * 2;
+    } else {
+      m.panels = reinterpret_cast<const float*>(dst);
+      pack_rows(static_cast<const float*>(w), s.transposed, N, K, r0, n, reinterpret_cast<float*>(dst));
+      dst += size_t(padded_rows(n) * K) * 4;
+    }
+  };
   if (s.has_gate && !s.interleaved) {  // [gate; up] → two matrices of I rows
-    pe.gate_up[0] = {dst, 0, I, H};
-    pack_rows(gu, s.transposed, R, H, 0, I, dst);
-    dst += padded_rows(I) * H;
-    pe.gate_up[1] = {dst, I, I, H};
-    pack_rows(gu, s.transposed, R, H, I, I, dst);
-    dst += padded_rows(I) * H;
+    pack(pe.gate_up[0], gu, R, H, 0, I);
+    pack(pe.gate_up[1], gu, R, H, I, I);
     pe.gate_up_parts = 2;
   } else {
-    pe.gate_up[0] = {dst, 0, R, H};
-    pack_rows(gu, s.transposed, R, H, 0, R, dst);
-    dst += padded_rows(R) * H;
+    pack(pe.gate_up[0], gu, R, H, 0, R);
     pe.gate_up_parts = 1;
   }
-  pe.down = {dst, 0, H, I};
-  pack_rows(dn, s.transposed, H, I, 0, H, dst);
-  slot.fingerprint = fingerprint(gu, R * H, dn, H * I);
+  pack(pe.down, dn, H, I, 0, H);
+  slot.fingerprint = fingerprint(gu, R * H, dn, H * I, dtype_size(dtype_));
   slot.ready = true;
 }
 
@@ -194,7 +230,8 @@ void PackedWeights::prepare(const Experts& ex, const std::vector<int64_t>& exper
     for (int64_t e : experts) {
       const Slot& slot = experts_[size_t(e)];
       if (!slot.ready || slot.fingerprint != fingerprint(expert_matrix(ex.gate_up, e), s.gate_up_rows() * s.hidden,
-                                                         expert_matrix(ex.down, e), s.hidden * s.intermediate))
+                                                         expert_matrix(ex.down, e), s.hidden * s.intermediate,
+                                                         dtype_size(dtype_)))
         to_pack.push_back(e);
     }
   }

@@ -1,12 +1,16 @@
-// backends/cpu/packed_weights.hpp — f32 expert weights repacked once into the panels of the packed
-// micro-kernel (kernels.hpp, PackedMatmulArgs), cached per experts object.
+// backends/cpu/packed_weights.hpp — f32 and bf16 expert weights repacked once into the panels of the
+// packed micro-kernels (kernels.hpp: PackedMatmulArgs, PackedBf16MatmulArgs), cached per experts object.
 //
-// The CPU backends read expert weights where they are; for f32 weights that means a dot-product
-// kernel over [out, in] rows. Packed, each projection streams contiguous [in, 32] panels through a
-// register-blocked FMA kernel instead. The first call on an experts object packs all its experts
-// (in parallel: about 2.4 GB written for qwen3_30b_a3b in f32); later calls reuse the copies.
+// The CPU backends read expert weights where they are; for f32 and bf16 weights that means a
+// dot-product kernel over [out, in] rows. Packed, each projection streams contiguous panels of 32
+// output columns through a register-blocked kernel instead: f32 [in, 32] panels on FMA; bf16
+// [in / 2, 32, 2] panels on vdpbf16ps, where the kernel table has the bf16 packed kernel (AVX512_BF16
+// without AMX; bf16 weights in the default [out, in] layout). The first call on an experts object
+// packs all its experts (in parallel: about 2.4 GB written for qwen3_30b_a3b in f32, 1.2 GB in
+// bf16); later calls reuse the copies.
 //
-// Memory: one f32 copy of the weights (+ padding of each matrix to a multiple of 32 rows), held
+// Memory: one copy of the weights in their own dtype (+ padding of each matrix to a multiple of 32
+// rows, and of bf16 rows to an even length), held
 // until the weights' address range is reused by other experts, the copies of 512 experts objects
 // used more recently exist, or release_packed_weights() is called. MOEX_CPU_PACK=0 turns packing off
 // (the kernels then read the weights in place).
@@ -26,10 +30,11 @@
 namespace moex::cpu {
 
 // Rows [row0, row0 + n) of one logical [N, k] weight matrix (out × in), packed as ceil(n / 32)
-// panels [k, 32] (zero-padded).
+// panels (zero-padded): f32 [k, 32] (panels), or bf16 [ceil(k / 2), 32, 2] (panels_bf16).
 struct PackedMatrix {
   const float* panels = nullptr;
   int64_t row0 = 0, n = 0, k = 0;
+  const uint16_t* panels_bf16 = nullptr;
 };
 
 // One expert's packed projections. gate_up is split at I into its gate and up halves when they are
@@ -43,7 +48,8 @@ struct PackedExpert {
 class PackedWeights {
  public:
   // The packed weights of `ex` (an empty cache entry the first time), or nullptr when packing does
-  // not apply: weights not f32, quantized, or MOEX_CPU_PACK=0.
+  // not apply: weights neither f32 nor bf16 (bf16: only where the kernel table has the bf16 packed
+  // kernel, and not transposed), quantized, or MOEX_CPU_PACK=0.
   static std::shared_ptr<PackedWeights> of(const Experts& ex);
 
   // The first time: packs every expert. Later: repacks the experts in `experts` whose weights
@@ -55,6 +61,7 @@ class PackedWeights {
   static size_t total_bytes();
 
   explicit PackedWeights(const Experts& ex);
+  DType dtype() const { return dtype_; }
   ~PackedWeights();
 
  private:
@@ -69,6 +76,7 @@ class PackedWeights {
   void pack_expert(const Experts& ex, int64_t e);  // into its slot's storage, allocated by prepare
 
   std::mutex mutex_;
+  DType dtype_;  // f32 or bf16: the weights' dtype, kept by the panels
   std::vector<Slot> experts_;
   bool primed_ = false;  // every expert packed once
   friend struct PackedCache;
