@@ -111,7 +111,7 @@ void add_tiles(std::vector<Tile>& tiles, int64_t e, int64_t N, int64_t width) {
   for (int64_t n = 0; n < N; n += width) tiles.push_back({e, n, std::min(N, n + width)});
 }
 
-// The packed copies of f32 experts (packed_weights.hpp), prepared for the experts this call routes
+// The packed copies of f32 / bf16 experts (packed_weights.hpp), prepared for the experts this call routes
 // to; nullptr when packing does not apply.
 std::shared_ptr<PackedWeights> packed_for_call(const Experts& ex, const ExpertsCall& call, int threads) {
   std::shared_ptr<PackedWeights> pw = PackedWeights::of(ex);

@@ -61,7 +61,7 @@ struct ExpertView {
   const void* gate_up_bias;  // [R] or nullptr
   const void* down_bias;     // [H] or nullptr
   QuantMatrix gate_up_q{}, down_q{};  // quantized experts only
-  const PackedExpert* packed = nullptr;  // f32 experts with packed copies (prepared for this call)
+  const PackedExpert* packed = nullptr;  // f32 / bf16 experts with packed copies (prepared for this call)
 };
 // `packed`: the packed weights of ex (PackedWeights::of), already prepared for expert e, or nullptr.
 ExpertView expert_view(const Experts& ex, int64_t e, const PackedWeights* packed = nullptr);
