@@ -264,55 +264,6 @@ std::vector<float> pack_panels(const std::vector<float>& w, int64_t n, int64_t k
   return p;
 }
 
-}  // namespace
-
-TEST(CpuKernels, PackedMatmulMatchesLoopOnEveryIsa) {
-  // m across every row-block split (1..30), n with partial last panels, k across the 256-element
-  // chunks; a column range starting on a panel; nothing outside it written.
-  std::mt19937 rng(23);
-  std::normal_distribution<float> nd;
-  for (const KernelTable* kt : tables()) {
-    for (int iter = 0; iter < 40; ++iter) {
-      const int64_t m = 1 + rng() % 30, n = 1 + rng() % 100, k = iter == 0 ? 0 : 1 + rng() % 700;
-      std::vector<float> x(static_cast<size_t>(m * k)), w(static_cast<size_t>(n * k));
-      for (auto& v : x) v = nd(rng);
-      for (auto& v : w) v = nd(rng);
-      const std::vector<float> panels = pack_panels(w, n, k);
-      const int64_t n0 = (rng() % n) / kPanelCols * kPanelCols, n1 = n0 + 1 + rng() % (n - n0);
-      const int64_t ldy = n1 - n0 + 3;
-      std::vector<float> y(static_cast<size_t>(m * ldy), -777.0f);
-      PackedMatmulArgs a;
-      a.x = x.data();
-      a.ldx = k;
-      a.m = m;
-      a.k = k;
-      a.panels = panels.data();
-      a.y = y.data();
-      a.ldy = ldy;
-      a.n0 = n0;
-      a.n1 = n1;
-      kt->packed_matmul(a);
-      for (int64_t i = 0; i < m; ++i)
-        for (int64_t c = 0; c < ldy; ++c) {
-          const float got = y[size_t(i * ldy + c)];
-          if (c >= n1 - n0) {
-            ASSERT_EQ(got, -777.0f) << kt->isa << ": column past n1 - n0 was written";
-            continue;
-          }
-          double ref = 0, mag = 0;
-          for (int64_t kk = 0; kk < k; ++kk) {
-            const double p = double(x[size_t(i * k + kk)]) * w[size_t((n0 + c) * k + kk)];
-            ref += p;
-            mag += std::fabs(p);
-          }
-          ASSERT_NEAR(got, ref, 1e-5 * (1 + mag)) << kt->isa << " m" << m << " n" << n << " k" << k << " [" << n0 << ", " << n1 << ")";
-        }
-    }
-  }
-}
-
-namespace {
-
 // The packed bf16 form of a logical [n, k] bf16 weight matrix: panels [ceil(k / 2), 32, 2].
 std::vector<uint16_t> pack_panels_bf16(const std::vector<uint16_t>& w, int64_t n, int64_t k) {
   const int64_t panels = (n + kPanelCols - 1) / kPanelCols, elems = packed_bf16_panel_elems(k);
@@ -323,44 +274,67 @@ std::vector<uint16_t> pack_panels_bf16(const std::vector<uint16_t>& w, int64_t n
   return p;
 }
 
-std::vector<const KernelTable*> packed_bf16_tables() {
+// One packed micro-kernel under test: f32 (PackedMatmulArgs, every table) or bf16
+// (PackedBf16MatmulArgs, the tables that have it), with its element type, packing and kernel.
+struct PackedF32 {
+  using Elem = float;
+  using Args = PackedMatmulArgs;
+  static Elem from_float(float v) { return v; }
+  static float to_float(Elem v) { return v; }
+  static std::vector<Elem> pack(const std::vector<Elem>& w, int64_t n, int64_t k) { return pack_panels(w, n, k); }
+  static auto kernel(const KernelTable& kt) { return kt.packed_matmul; }
+};
+struct PackedBf16 {
+  using Elem = uint16_t;
+  using Args = PackedBf16MatmulArgs;
+  static Elem from_float(float v) { return float_to_bf16(v); }
+  static float to_float(Elem v) { return bf16_to_float(v); }
+  static std::vector<Elem> pack(const std::vector<Elem>& w, int64_t n, int64_t k) { return pack_panels_bf16(w, n, k); }
+  static auto kernel(const KernelTable& kt) { return kt.packed_matmul_bf16; }
+};
+
+template <class P>
+std::vector<const KernelTable*> tables_with() {
   std::vector<const KernelTable*> out;
   for (const KernelTable* kt : tables())
-    if (kt->packed_matmul_bf16) out.push_back(kt);
+    if (P::kernel(*kt)) out.push_back(kt);
   return out;
 }
 
-}  // namespace
+template <class P>
+void run_packed(const KernelTable& kt, const std::vector<typename P::Elem>& x, int64_t ldx, int64_t m, int64_t k,
+                const std::vector<typename P::Elem>& panels, float* y, int64_t ldy, int64_t n0, int64_t n1) {
+  typename P::Args a;
+  a.x = x.data();
+  a.ldx = ldx;
+  a.m = m;
+  a.k = k;
+  a.panels = panels.data();
+  a.y = y;
+  a.ldy = ldy;
+  a.n0 = n0;
+  a.n1 = n1;
+  P::kernel(kt)(a);
+}
 
-TEST(CpuKernels, PackedBf16MatmulMatchesLoop) {
-  // The vdpbf16ps kernel on VNNI-pair panels: m across every row-block split (1..30), n with partial
-  // last panels, k across the 256-element chunks and odd (the last pair's zero partner); a column
-  // range starting on a panel; nothing outside it written.
-  const auto kts = packed_bf16_tables();
-  if (kts.empty()) GTEST_SKIP() << "no kernel table with the packed bf16 kernel on this CPU (AVX512_BF16 without AMX)";
-  std::mt19937 rng(31);
+// m across every row-block split (1..30), n with partial last panels, k from 0 across the 256-k
+// chunks (odd k included: bf16's last pair has a zero partner); a column range starting on a panel;
+// nothing outside it written; against an f64 loop over the same (rounded) inputs.
+template <class P>
+void packed_matches_loop(uint32_t seed, int iters) {
+  std::mt19937 rng(seed);
   std::normal_distribution<float> nd;
-  for (const KernelTable* kt : kts) {
-    for (int iter = 0; iter < 60; ++iter) {
+  for (const KernelTable* kt : tables_with<P>()) {
+    for (int iter = 0; iter < iters; ++iter) {
       const int64_t m = 1 + rng() % 30, n = 1 + rng() % 100, k = iter == 0 ? 0 : iter == 1 ? 1 : 1 + rng() % 700;
-      std::vector<uint16_t> x(static_cast<size_t>(m * k)), w(static_cast<size_t>(n * k));
-      for (auto& v : x) v = float_to_bf16(nd(rng));
-      for (auto& v : w) v = float_to_bf16(nd(rng));
-      const std::vector<uint16_t> panels = pack_panels_bf16(w, n, k);
+      std::vector<typename P::Elem> x(static_cast<size_t>(m * k)), w(static_cast<size_t>(n * k));
+      for (auto& v : x) v = P::from_float(nd(rng));
+      for (auto& v : w) v = P::from_float(nd(rng));
+      const auto panels = P::pack(w, n, k);
       const int64_t n0 = (rng() % n) / kPanelCols * kPanelCols, n1 = n0 + 1 + rng() % (n - n0);
       const int64_t ldy = n1 - n0 + 3;
       std::vector<float> y(static_cast<size_t>(m * ldy), -777.0f);
-      PackedBf16MatmulArgs a;
-      a.x = x.data();
-      a.ldx = k;
-      a.m = m;
-      a.k = k;
-      a.panels = panels.data();
-      a.y = y.data();
-      a.ldy = ldy;
-      a.n0 = n0;
-      a.n1 = n1;
-      kt->packed_matmul_bf16(a);
+      run_packed<P>(*kt, x, k, m, k, panels, y.data(), ldy, n0, n1);
       for (int64_t i = 0; i < m; ++i)
         for (int64_t c = 0; c < ldy; ++c) {
           const float got = y[size_t(i * ldy + c)];
@@ -370,7 +344,7 @@ TEST(CpuKernels, PackedBf16MatmulMatchesLoop) {
           }
           double ref = 0, mag = 0;
           for (int64_t kk = 0; kk < k; ++kk) {
-            const double p = double(bf16_to_float(x[size_t(i * k + kk)])) * bf16_to_float(w[size_t((n0 + c) * k + kk)]);
+            const double p = double(P::to_float(x[size_t(i * k + kk)])) * P::to_float(w[size_t((n0 + c) * k + kk)]);
             ref += p;
             mag += std::fabs(p);
           }
@@ -380,80 +354,44 @@ TEST(CpuKernels, PackedBf16MatmulMatchesLoop) {
   }
 }
 
-TEST(CpuKernels, PackedBf16MatmulRowsDoNotDependOnTheBatch) {
-  // One vdpbf16ps chain in k order per output: a row alone, in a block of 13 rows or over a narrower
-  // column range is bit-identical.
-  const auto kts = packed_bf16_tables();
-  if (kts.empty()) GTEST_SKIP() << "no kernel table with the packed bf16 kernel on this CPU (AVX512_BF16 without AMX)";
-  std::mt19937 rng(37);
+// Every output is one chain in k order, so a row computed alone, in a block of 13 rows or over a
+// narrower column range is bit-identical (results independent of how the backends split work).
+template <class P>
+void packed_rows_do_not_depend_on_the_batch(uint32_t seed, int64_t k) {
+  std::mt19937 rng(seed);
   std::normal_distribution<float> nd;
-  const int64_t m = 13, n = 96, k = 601;
-  std::vector<uint16_t> x(static_cast<size_t>(m * k)), w(static_cast<size_t>(n * k));
-  for (auto& v : x) v = float_to_bf16(nd(rng));
-  for (auto& v : w) v = float_to_bf16(nd(rng));
-  const std::vector<uint16_t> panels = pack_panels_bf16(w, n, k);
-  for (const KernelTable* kt : kts) {
+  const int64_t m = 13, n = 96;
+  std::vector<typename P::Elem> x(static_cast<size_t>(m * k)), w(static_cast<size_t>(n * k));
+  for (auto& v : x) v = P::from_float(nd(rng));
+  for (auto& v : w) v = P::from_float(nd(rng));
+  const auto panels = P::pack(w, n, k);
+  for (const KernelTable* kt : tables_with<P>()) {
     std::vector<float> all(static_cast<size_t>(m * n));
-    PackedBf16MatmulArgs a;
-    a.x = x.data();
-    a.ldx = k;
-    a.m = m;
-    a.k = k;
-    a.panels = panels.data();
-    a.y = all.data();
-    a.ldy = n;
-    a.n0 = 0;
-    a.n1 = n;
-    kt->packed_matmul_bf16(a);
+    run_packed<P>(*kt, x, k, m, k, panels, all.data(), n, 0, n);
     for (int64_t i = 0; i < m; ++i) {
+      const std::vector<typename P::Elem> row(x.begin() + i * k, x.begin() + (i + 1) * k);
       std::vector<float> one(static_cast<size_t>(n - 32));
-      a.x = x.data() + i * k;
-      a.m = 1;
-      a.y = one.data();
-      a.ldy = n - 32;
-      a.n0 = 32;
-      a.n1 = n;
-      kt->packed_matmul_bf16(a);
+      run_packed<P>(*kt, row, k, 1, k, panels, one.data(), n - 32, 32, n);
       for (int64_t c = 32; c < n; ++c) ASSERT_EQ(one[size_t(c - 32)], all[size_t(i * n + c)]) << kt->isa << " row " << i << " column " << c;
     }
   }
 }
 
-TEST(CpuKernels, PackedMatmulRowsDoNotDependOnTheBatch) {
-  // Every output is one f32 sum in k order, so a row computed alone, in a block of 13 rows or
-  // over a narrower column range is bit-identical (results independent of how the backends split work).
-  std::mt19937 rng(29);
-  std::normal_distribution<float> nd;
-  const int64_t m = 13, n = 96, k = 600;
-  std::vector<float> x(static_cast<size_t>(m * k)), w(static_cast<size_t>(n * k));
-  for (auto& v : x) v = nd(rng);
-  for (auto& v : w) v = nd(rng);
-  const std::vector<float> panels = pack_panels(w, n, k);
-  for (const KernelTable* kt : tables()) {
-    std::vector<float> all(static_cast<size_t>(m * n));
-    PackedMatmulArgs a;
-    a.x = x.data();
-    a.ldx = k;
-    a.m = m;
-    a.k = k;
-    a.panels = panels.data();
-    a.y = all.data();
-    a.ldy = n;
-    a.n0 = 0;
-    a.n1 = n;
-    kt->packed_matmul(a);
-    for (int64_t i = 0; i < m; ++i) {
-      std::vector<float> one(static_cast<size_t>(n - 32));
-      a.x = x.data() + i * k;
-      a.m = 1;
-      a.y = one.data();
-      a.ldy = n - 32;
-      a.n0 = 32;
-      a.n1 = n;
-      kt->packed_matmul(a);
-      for (int64_t c = 32; c < n; ++c) ASSERT_EQ(one[size_t(c - 32)], all[size_t(i * n + c)]) << kt->isa << " row " << i << " column " << c;
-    }
-  }
+}  // namespace
+
+TEST(CpuKernels, PackedMatmulMatchesLoopOnEveryIsa) { packed_matches_loop<PackedF32>(23, 40); }
+
+TEST(CpuKernels, PackedMatmulRowsDoNotDependOnTheBatch) { packed_rows_do_not_depend_on_the_batch<PackedF32>(29, 600); }
+
+// The vdpbf16ps kernel on VNNI-pair panels (skipped where no table has it: AVX512_BF16 without AMX).
+TEST(CpuKernels, PackedBf16MatmulMatchesLoop) {
+  if (tables_with<PackedBf16>().empty()) GTEST_SKIP() << "no kernel table with the packed bf16 kernel on this CPU";
+  packed_matches_loop<PackedBf16>(31, 60);
+}
+
+TEST(CpuKernels, PackedBf16MatmulRowsDoNotDependOnTheBatch) {
+  if (tables_with<PackedBf16>().empty()) GTEST_SKIP() << "no kernel table with the packed bf16 kernel on this CPU";
+  packed_rows_do_not_depend_on_the_batch<PackedBf16>(37, 601);
 }
 
 TEST(CpuKernels, PackedWeightsFollowNewWeightsAtTheSameAddress) {

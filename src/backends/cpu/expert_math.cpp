@@ -56,31 +56,21 @@ bool project_packed(const KernelTable& kt, PackedParts pk, const void* x, DType 
     const PackedMatrix& p = pk.parts[i];
     const int64_t lo = std::max(r0, p.row0), hi = std::min(r0 + width, p.row0 + p.n);
     if (lo >= hi) continue;
-    if (p.panels_bf16) {
-      PackedBf16MatmulArgs a;
-      a.x = static_cast<const uint16_t*>(x);
-      a.ldx = K;
-      a.m = m;
-      a.k = K;
-      a.panels = p.panels_bf16;
-      a.y = y + (lo - r0);
-      a.ldy = ldy;
-      a.n0 = lo - p.row0;
-      a.n1 = hi - p.row0;
-      kt.packed_matmul_bf16(a);
-      continue;
-    }
-    PackedMatmulArgs a;
-    a.x = static_cast<const float*>(x);
-    a.ldx = K;
-    a.m = m;
-    a.k = K;
-    a.panels = p.panels;
-    a.y = y + (lo - r0);
-    a.ldy = ldy;
-    a.n0 = lo - p.row0;
-    a.n1 = hi - p.row0;
-    kt.packed_matmul(a);
+    // the two argument structs share their fields: x, its rows, the panels, y's columns [lo, hi)
+    auto run = [&](auto args, const auto* xp, const auto* panels, auto kernel) {
+      args.x = xp;
+      args.ldx = K;
+      args.m = m;
+      args.k = K;
+      args.panels = panels;
+      args.y = y + (lo - r0);
+      args.ldy = ldy;
+      args.n0 = lo - p.row0;
+      args.n1 = hi - p.row0;
+      kernel(args);
+    };
+    if (p.panels_bf16) run(PackedBf16MatmulArgs{}, static_cast<const uint16_t*>(x), p.panels_bf16, kt.packed_matmul_bf16);
+    else run(PackedMatmulArgs{}, static_cast<const float*>(x), p.panels, kt.packed_matmul);
   }
   return true;
 }
