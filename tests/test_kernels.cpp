@@ -444,6 +444,54 @@ TEST(CpuKernels, PackedWeightsFollowNewWeightsAtTheSameAddress) {
   EXPECT_EQ(forward(gate_up, down), fresh);
 }
 
+TEST(CpuKernels, PackedWeightsStayWithinTheirBudget) {
+  // MOEX_CPU_PACK_MAX_MB bounds all packed copies together: an experts object whose copy would not
+  // fit is read in place (PackedWeights::of gives nullptr) and still gives the same result within
+  // the kernels' rounding; one that fits is packed.
+  std::mt19937 rng(41);
+  std::normal_distribution<float> nd(0.0f, 0.05f);
+  const int64_t E = 4, H = 96, I = 80, T = 5, K = 2;
+  ExpertsSpec s;
+  s.num_experts = E;
+  s.hidden = H;
+  s.intermediate = I;
+  s.dtype = DType::f32;
+  std::vector<float> gate_up(static_cast<size_t>(E * 2 * I * H)), down(static_cast<size_t>(E * H * I)), hidden(static_cast<size_t>(T * H));
+  for (auto* v : {&gate_up, &down, &hidden})
+    for (auto& f : *v) f = nd(rng);
+  std::vector<int32_t> index(static_cast<size_t>(T * K));
+  std::vector<float> weights(static_cast<size_t>(T * K), 0.5f);
+  for (auto& i : index) i = int32_t(rng() % E);
+  const Experts ex{s, TensorView(gate_up.data(), DType::f32, {E, 2 * I, H}), TensorView(down.data(), DType::f32, {E, H, I}), {}, {}, {}, {}};
+  auto forward = [&] {
+    std::vector<float> out(static_cast<size_t>(T * H));
+    ExpertsCall call{TensorView(hidden.data(), DType::f32, {T, H}), TensorView(index.data(), DType::i32, {T, K}),
+                     TensorView(weights.data(), DType::f32, {T, K}), TensorView(out.data(), DType::f32, {T, H})};
+    experts_forward("grouped_mm", ex, call);
+    return out;
+  };
+  const char* prev = std::getenv("MOEX_CPU_PACK_MAX_MB");
+  const std::string saved = prev ? prev : "";
+  release_packed_weights();
+  setenv("MOEX_CPU_PACK_MAX_MB", "0", 1);
+  EXPECT_EQ(PackedWeights::of(ex), nullptr) << "a copy over the budget was made";
+  const std::vector<float> in_place = forward();
+  EXPECT_EQ(PackedWeights::total_bytes(), 0u);
+  setenv("MOEX_CPU_PACK_MAX_MB", "64", 1);
+  const bool packs = PackedWeights::of(ex) != nullptr;  // (false under MOEX_CPU_PACK=0)
+  const std::vector<float> packed = forward();
+  if (packs) EXPECT_GT(PackedWeights::total_bytes(), 0u);
+  if (prev) setenv("MOEX_CPU_PACK_MAX_MB", saved.c_str(), 1);
+  else unsetenv("MOEX_CPU_PACK_MAX_MB");
+  release_packed_weights();
+  double err = 0, ref = 0;
+  for (size_t i = 0; i < packed.size(); ++i) {
+    err += (packed[i] - in_place[i]) * double(packed[i] - in_place[i]);
+    ref += double(in_place[i]) * in_place[i];
+  }
+  EXPECT_LE(std::sqrt(err / ref), 1e-5);
+}
+
 // The benchmark's peak probes: present where the table's kernels use the instruction, and counting
 // the flops of what they ran (FMA: 2 per lane; vdpbf16ps: 2 products and sums per bf16 pair = 64 per
 // 512-bit instruction, 12 chains).

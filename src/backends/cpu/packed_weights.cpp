@@ -9,6 +9,8 @@
 #include <cstring>
 #include <string>
 
+#include <unistd.h>
+
 #include "core/check.hpp"
 
 namespace moex::cpu {
@@ -23,6 +25,17 @@ bool packing_enabled() {
 }
 
 int64_t padded_rows(int64_t n) { return (n + kPanelCols - 1) / kPanelCols * kPanelCols; }
+
+// The bytes all packed copies together may take: MOEX_CPU_PACK_MAX_MB, else a quarter of the
+// physical memory (read at every new experts object, so that tests and users can change it).
+size_t pack_budget_bytes() {
+  if (const char* env = std::getenv("MOEX_CPU_PACK_MAX_MB"); env && *env) return size_t(std::strtoull(env, nullptr, 10)) << 20;
+  static const size_t quarter = [] {
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    return pages > 0 && page > 0 ? size_t(pages) * size_t(page) / 4 : size_t(4) << 30;
+  }();
+  return quarter;
+}
 
 // Rows [r0, r0 + n) of the logical [N, K] matrix W of one expert into panels at dst
 // ([ceil(n / 32), K, 32]). nt: W is stored [N, K]; transposed: stored [K, N].
@@ -161,6 +174,12 @@ std::shared_ptr<PackedWeights> PackedWeights::of(const Experts& ex) {
   if (cache.entries.size() >= PackedCache::kMaxEntries)
     cache.entries.erase(std::min_element(cache.entries.begin(), cache.entries.end(),
                                          [](const auto& a, const auto& b) { return a.last_use < b.last_use; }));
+  // A copy that would take the packed copies past the budget is not made: these experts are read in
+  // place (the dot-product kernels), so that packing never doubles a large model's memory on a
+  // machine that cannot hold two copies.
+  size_t held = 0;
+  for (const auto& entry : cache.entries) held += size_t(entry.key.spec.num_experts) * expert_bytes(entry.key.spec);
+  if (held + size_t(s.num_experts) * expert_bytes(s) > pack_budget_bytes()) return nullptr;
   PackedCache::Key key{ex.gate_up.data, ex.down.data, ex.gate_up.strides[0], ex.down.strides[0], s};
   auto packed = std::make_shared<PackedWeights>(ex);
   cache.entries.push_back({key, packed, cache.clock});

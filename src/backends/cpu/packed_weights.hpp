@@ -10,7 +10,9 @@
 // bf16); later calls reuse the copies.
 //
 // Memory: one copy of the weights in their own dtype (+ padding of each matrix to a multiple of 32
-// rows, and of bf16 rows to an even length), held
+// rows, and of bf16 rows to an even length); all copies together at most MOEX_CPU_PACK_MAX_MB
+// (default: a quarter of the physical memory; experts whose copy would not fit are read in place),
+// each held
 // until the weights' address range is reused by other experts, the copies of 512 experts objects
 // used more recently exist, or release_packed_weights() is called. MOEX_CPU_PACK=0 turns packing off
 // (the kernels then read the weights in place).
@@ -49,7 +51,7 @@ class PackedWeights {
  public:
   // The packed weights of `ex` (an empty cache entry the first time), or nullptr when packing does
   // not apply: weights neither f32 nor bf16 (bf16: only where the kernel table has the bf16 packed
-  // kernel, and not transposed), quantized, or MOEX_CPU_PACK=0.
+  // kernel, and not transposed), quantized, MOEX_CPU_PACK=0, or the copy would exceed the budget.
   static std::shared_ptr<PackedWeights> of(const Experts& ex);
 
   // The first time: packs every expert. Later: repacks the experts in `experts` whose weights
