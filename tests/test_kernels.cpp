@@ -394,92 +394,93 @@ TEST(CpuKernels, PackedBf16MatmulRowsDoNotDependOnTheBatch) {
   packed_rows_do_not_depend_on_the_batch<PackedBf16>(37, 601);
 }
 
-TEST(CpuKernels, PackedWeightsFollowNewWeightsAtTheSameAddress) {
-  // f32 experts are packed on first use and cached by address; new weights written into the same
-  // buffers must be repacked, giving the same output as those weights in a fresh buffer.
-  std::mt19937 rng(31);
-  std::normal_distribution<float> nd(0.0f, 0.05f);
-  const int64_t E = 4, H = 96, I = 80, T = 9, K = 2;
-  ExpertsSpec s;
-  s.num_experts = E;
-  s.hidden = H;
-  s.intermediate = I;
-  s.dtype = DType::f32;
-  auto random = [&](int64_t n) {
+namespace {
+
+// A small f32 MoE (E 4, H 96, I 80, K 2) with random weights, tokens and routing, run through
+// grouped_mm on 2 threads with any weight buffers of its shape (the packed-weights tests).
+struct SmallF32Moe {
+  static constexpr int64_t E = 4, H = 96, I = 80, K = 2;
+  int64_t T;
+  ExpertsSpec spec;
+  std::mt19937 rng;
+  std::normal_distribution<float> nd{0.0f, 0.05f};
+  std::vector<float> gate_up, down, hidden;
+  std::vector<int32_t> index;
+  std::vector<float> weights;
+
+  SmallF32Moe(uint32_t seed, int64_t tokens) : T(tokens), rng(seed) {
+    spec.num_experts = E;
+    spec.hidden = H;
+    spec.intermediate = I;
+    spec.dtype = DType::f32;
+    gate_up = random(E * 2 * I * H);
+    down = random(E * H * I);
+    hidden = random(T * H);
+    index.resize(static_cast<size_t>(T * K));
+    weights.assign(static_cast<size_t>(T * K), 0.5f);
+    for (auto& i : index) i = int32_t(rng() % E);
+  }
+  std::vector<float> random(int64_t n) {
     std::vector<float> v(static_cast<size_t>(n));
     for (auto& f : v) f = nd(rng);
     return v;
-  };
-  std::vector<float> gate_up = random(E * 2 * I * H), down = random(E * H * I), hidden = random(T * H);
-  std::vector<int32_t> index(static_cast<size_t>(T * K));
-  std::vector<float> weights(static_cast<size_t>(T * K), 0.5f);
-  for (auto& i : index) i = int32_t(rng() % E);
-  release_packed_weights();  // the count below starts from this test's objects (other tests' packs dropped)
-  auto forward = [&](std::vector<float>& gu, std::vector<float>& dn) {
-    Experts ex{s, TensorView(gu.data(), DType::f32, {E, 2 * I, H}), TensorView(dn.data(), DType::f32, {E, H, I}), {}, {}, {}, {}};
+  }
+  Experts experts(std::vector<float>& gu, std::vector<float>& dn) const {
+    return Experts{spec, TensorView(gu.data(), DType::f32, {E, 2 * I, H}), TensorView(dn.data(), DType::f32, {E, H, I}), {}, {}, {}, {}};
+  }
+  std::vector<float> forward(std::vector<float>& gu, std::vector<float>& dn) {
     std::vector<float> out(static_cast<size_t>(T * H));
     ExpertsCall call{TensorView(hidden.data(), DType::f32, {T, H}), TensorView(index.data(), DType::i32, {T, K}),
                      TensorView(weights.data(), DType::f32, {T, K}), TensorView(out.data(), DType::f32, {T, H})};
     RunOptions opts;
     opts.num_threads = 2;
-    experts_forward("grouped_mm", ex, call, opts);
+    experts_forward("grouped_mm", experts(gu, dn), call, opts);
     return out;
-  };
-  const std::vector<float> first = forward(gate_up, down);
-  std::vector<float> gate_up2 = random(E * 2 * I * H), down2 = random(E * H * I);
+  }
+};
+
+}  // namespace
+
+TEST(CpuKernels, PackedWeightsFollowNewWeightsAtTheSameAddress) {
+  // f32 experts are packed on first use and cached by address; new weights written into the same
+  // buffers must be repacked, giving the same output as those weights in a fresh buffer.
+  SmallF32Moe moe(31, 9);
+  constexpr int64_t E = SmallF32Moe::E, H = SmallF32Moe::H, I = SmallF32Moe::I;
+  release_packed_weights();  // the count below starts from this test's objects (other tests' packs dropped)
+  const std::vector<float> first = moe.forward(moe.gate_up, moe.down);
+  std::vector<float> gate_up2 = moe.random(E * 2 * I * H), down2 = moe.random(E * H * I);
   std::vector<float> gate_up_fresh = gate_up2, down_fresh = down2;
-  std::copy(gate_up2.begin(), gate_up2.end(), gate_up.begin());  // same address, new weights
-  std::copy(down2.begin(), down2.end(), down.begin());
-  const std::vector<float> second = forward(gate_up, down);
-  const std::vector<float> fresh = forward(gate_up_fresh, down_fresh);
+  std::copy(gate_up2.begin(), gate_up2.end(), moe.gate_up.begin());  // same address, new weights
+  std::copy(down2.begin(), down2.end(), moe.down.begin());
+  const std::vector<float> second = moe.forward(moe.gate_up, moe.down);
+  const std::vector<float> fresh = moe.forward(gate_up_fresh, down_fresh);
   EXPECT_NE(first, second);
   EXPECT_EQ(second, fresh);
   // the f32 experts really ran packed (unless MOEX_CPU_PACK=0): two experts objects, 4 experts each
   // per expert: gate and up padded to 96 rows (I = 80) of H, down to 96 rows (H = 96) of I
   const size_t per_object = size_t(E) * size_t(2 * 96 * H + 96 * I) * sizeof(float);
-  if (PackedWeights::of(Experts{s, TensorView(gate_up.data(), DType::f32, {E, 2 * I, H}), TensorView(down.data(), DType::f32, {E, H, I}), {}, {}, {}, {}}))
-    EXPECT_EQ(PackedWeights::total_bytes(), 2 * per_object);
+  if (PackedWeights::of(moe.experts(moe.gate_up, moe.down))) EXPECT_EQ(PackedWeights::total_bytes(), 2 * per_object);
   release_packed_weights();
   EXPECT_EQ(PackedWeights::total_bytes(), 0u);
-  EXPECT_EQ(forward(gate_up, down), fresh);
+  EXPECT_EQ(moe.forward(moe.gate_up, moe.down), fresh);
 }
 
 TEST(CpuKernels, PackedWeightsStayWithinTheirBudget) {
   // MOEX_CPU_PACK_MAX_MB bounds all packed copies together: an experts object whose copy would not
   // fit is read in place (PackedWeights::of gives nullptr) and still gives the same result within
   // the kernels' rounding; one that fits is packed.
-  std::mt19937 rng(41);
-  std::normal_distribution<float> nd(0.0f, 0.05f);
-  const int64_t E = 4, H = 96, I = 80, T = 5, K = 2;
-  ExpertsSpec s;
-  s.num_experts = E;
-  s.hidden = H;
-  s.intermediate = I;
-  s.dtype = DType::f32;
-  std::vector<float> gate_up(static_cast<size_t>(E * 2 * I * H)), down(static_cast<size_t>(E * H * I)), hidden(static_cast<size_t>(T * H));
-  for (auto* v : {&gate_up, &down, &hidden})
-    for (auto& f : *v) f = nd(rng);
-  std::vector<int32_t> index(static_cast<size_t>(T * K));
-  std::vector<float> weights(static_cast<size_t>(T * K), 0.5f);
-  for (auto& i : index) i = int32_t(rng() % E);
-  const Experts ex{s, TensorView(gate_up.data(), DType::f32, {E, 2 * I, H}), TensorView(down.data(), DType::f32, {E, H, I}), {}, {}, {}, {}};
-  auto forward = [&] {
-    std::vector<float> out(static_cast<size_t>(T * H));
-    ExpertsCall call{TensorView(hidden.data(), DType::f32, {T, H}), TensorView(index.data(), DType::i32, {T, K}),
-                     TensorView(weights.data(), DType::f32, {T, K}), TensorView(out.data(), DType::f32, {T, H})};
-    experts_forward("grouped_mm", ex, call);
-    return out;
-  };
+  SmallF32Moe moe(41, 5);
+  const Experts ex = moe.experts(moe.gate_up, moe.down);
   const char* prev = std::getenv("MOEX_CPU_PACK_MAX_MB");
   const std::string saved = prev ? prev : "";
   release_packed_weights();
   setenv("MOEX_CPU_PACK_MAX_MB", "0", 1);
   EXPECT_EQ(PackedWeights::of(ex), nullptr) << "a copy over the budget was made";
-  const std::vector<float> in_place = forward();
+  const std::vector<float> in_place = moe.forward(moe.gate_up, moe.down);
   EXPECT_EQ(PackedWeights::total_bytes(), 0u);
   setenv("MOEX_CPU_PACK_MAX_MB", "64", 1);
   const bool packs = PackedWeights::of(ex) != nullptr;  // (false under MOEX_CPU_PACK=0)
-  const std::vector<float> packed = forward();
+  const std::vector<float> packed = moe.forward(moe.gate_up, moe.down);
   if (packs) EXPECT_GT(PackedWeights::total_bytes(), 0u);
   if (prev) setenv("MOEX_CPU_PACK_MAX_MB", saved.c_str(), 1);
   else unsetenv("MOEX_CPU_PACK_MAX_MB");
