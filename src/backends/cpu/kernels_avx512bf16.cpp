@@ -15,23 +15,6 @@
 namespace moex::cpu {
 namespace {
 
-// The 16 lane sums of v[0..15], in order, as one vector: a transpose tree (unpack, shuffle, lane
-// shuffle) with adds, 45 instructions for all 16, where one _mm512_reduce_add_ps per accumulator
-// costs ~8 in a dependent chain and a scalar store each. Each sum's own arithmetic (which of its
-// lanes are added to which) does not depend on the other vectors: results do not depend on the
-// block shape.
-inline __m512 lane_sums16(const __m512 (&v)[16]) {
-  __m512 a[8], b[4], c[2];
-  for (int i = 0; i < 8; ++i)  // per 128-bit lane: [v0+v2, w0+w2, v1+v3, w1+w3] of v = v[2i], w = v[2i+1]
-    a[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
-  for (int i = 0; i < 4; ++i)  // per 128-bit lane: the lane's sums of v[4i .. 4i+3]
-    b[i] = _mm512_add_ps(_mm512_shuffle_ps(a[2 * i], a[2 * i + 1], 0x44), _mm512_shuffle_ps(a[2 * i], a[2 * i + 1], 0xee));
-  for (int i = 0; i < 2; ++i)  // lanes: [b0.0+b0.2, b0.1+b0.3, b1.0+b1.2, b1.1+b1.3] of b0 = b[2i], b1 = b[2i+1]
-    c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0x44), _mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0xee));
-  // lane j: the total of v[4j .. 4j+3]
-  return _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], 0x88), _mm512_shuffle_f32x4(c[0], c[1], 0xdd));
-}
-
 // y[i0+r, n0+c] = Σ_k x[i0+r, k] · W[n0+c, k] for an MR×NR block, vector accumulators along k.
 template <int MR, int NR>
 inline void dot_block(const MatmulArgs& a, int64_t i0, int64_t n0, const char* prefetch) {
@@ -72,14 +55,8 @@ inline void dot_block(const MatmulArgs& a, int64_t i0, int64_t n0, const char* p
       for (int r = 0; r < MR; ++r) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], (__m512bh)xv[r], (__m512bh)wv);
     }
   }
-  // accumulator (r, c) is vector 4r + c of the tree: 128-bit lane r of the result holds row r's sums
-  __m512 v[16];
-  for (int j = 0; j < 16; ++j) v[j] = j / 4 < MR && j % 4 < NR ? acc[j / 4][j % 4] : _mm512_setzero_ps();
-  const __m512 sums = lane_sums16(v);
-  alignas(64) float out[16];
-  _mm512_store_ps(out, sums);
   for (int r = 0; r < MR; ++r)
-    for (int c = 0; c < NR; ++c) a.y[(i0 + r) * a.ldy + n0 + c] = out[4 * r + c];
+    for (int c = 0; c < NR; ++c) a.y[(i0 + r) * a.ldy + n0 + c] = _mm512_reduce_add_ps(acc[r][c]);
 }
 
 template <int MR>

@@ -26,6 +26,12 @@ bool packing_enabled() {
 
 int64_t padded_rows(int64_t n) { return (n + kPanelCols - 1) / kPanelCols * kPanelCols; }
 
+// Bytes of n rows × k of one matrix packed in dtype dt (f32 [k, 32] or bf16 [ceil(k / 2), 32, 2] panels).
+size_t packed_matrix_bytes(DType dt, int64_t n, int64_t k) {
+  const int64_t panels = padded_rows(n) / kPanelCols;
+  return size_t(panels * (dt == DType::bf16 ? packed_bf16_panel_elems(k) : k * kPanelCols)) * dtype_size(dt);
+}
+
 // The bytes all packed copies together may take: MOEX_CPU_PACK_MAX_MB, else a quarter of the
 // physical memory (read at every new experts object, so that tests and users can change it).
 size_t pack_budget_bytes() {
@@ -192,12 +198,9 @@ PackedWeights::~PackedWeights() = default;
 // Bytes of one expert's packed copy (the gate and up halves padded separately when split).
 size_t PackedWeights::expert_bytes(const ExpertsSpec& s) {
   const int64_t H = s.hidden, I = s.intermediate;
-  // elements of a packed matrix of n rows × k
-  auto elems = [&](int64_t n, int64_t k) {
-    return s.dtype == DType::bf16 ? padded_rows(n) / kPanelCols * packed_bf16_panel_elems(k) : padded_rows(n) * k;
-  };
-  const int64_t gate_up = s.has_gate && !s.interleaved ? 2 * elems(I, H) : elems(s.gate_up_rows(), H);
-  return size_t(gate_up + elems(H, I)) * dtype_size(s.dtype);
+  const size_t gate_up = s.has_gate && !s.interleaved ? 2 * packed_matrix_bytes(s.dtype, I, H)
+                                                      : packed_matrix_bytes(s.dtype, s.gate_up_rows(), H);
+  return gate_up + packed_matrix_bytes(s.dtype, H, I);
 }
 
 void PackedWeights::pack_expert(const Experts& ex, int64_t e) {
@@ -218,12 +221,11 @@ void PackedWeights::pack_expert(const Experts& ex, int64_t e) {
     if (bf16) {
       m.panels_bf16 = reinterpret_cast<const uint16_t*>(dst);
       pack_rows_bf16(static_cast<const uint16_t*>(w), K, r0, n, reinterpret_cast<uint16_t*>(dst));
-      dst += size_t(padded_rows(n) / kPanelCols * packed_bf16_panel_elems(K)) * 2;
     } else {
       m.panels = reinterpret_cast<const float*>(dst);
       pack_rows(static_cast<const float*>(w), s.transposed, N, K, r0, n, reinterpret_cast<float*>(dst));
-      dst += size_t(padded_rows(n) * K) * 4;
     }
+    dst += packed_matrix_bytes(dtype_, n, K);
   };
   if (s.has_gate && !s.interleaved) {  // [gate; up] → two matrices of I rows
     pack(pe.gate_up[0], gu, R, H, 0, I);
