@@ -465,6 +465,35 @@ TEST(CpuKernels, PackedWeightsFollowNewWeightsAtTheSameAddress) {
   EXPECT_EQ(moe.forward(moe.gate_up, moe.down), fresh);
 }
 
+TEST(CpuKernels, PackedWeightsNoticeNewWeightsThatAgreeAtTheSampledElements) {
+  // New weights in the same buffers that equal the old ones at every element the fingerprint
+  // starts from (here: zero there, as sparse weights often are) must still be repacked: the
+  // fingerprint reads 64 bytes from each of its places, not one element.
+  SmallF32Moe moe(43, 9);
+  constexpr int64_t E = SmallF32Moe::E, H = SmallF32Moe::H, I = SmallF32Moe::I;
+  std::fill(moe.gate_up.begin(), moe.gate_up.end(), 0.0f);
+  std::fill(moe.down.begin(), moe.down.end(), 0.0f);
+  release_packed_weights();
+  const std::vector<float> first = moe.forward(moe.gate_up, moe.down);
+  // dense new weights, zero at the 16 sampled elements of every expert matrix (fingerprint())
+  auto refill = [&](std::vector<float>& w, int64_t n_per_expert) {
+    w = moe.random(E * n_per_expert);
+    for (int64_t e = 0; e < E; ++e)
+      for (int64_t s = 0; s < 16; ++s) w[size_t(e * n_per_expert + (n_per_expert - 1) * s / 15)] = 0.0f;
+  };
+  std::vector<float> gate_up2, down2;
+  refill(gate_up2, 2 * I * H);
+  refill(down2, H * I);
+  std::vector<float> gate_up_fresh = gate_up2, down_fresh = down2;
+  std::copy(gate_up2.begin(), gate_up2.end(), moe.gate_up.begin());  // same address, new weights
+  std::copy(down2.begin(), down2.end(), moe.down.begin());
+  const std::vector<float> second = moe.forward(moe.gate_up, moe.down);
+  const std::vector<float> fresh = moe.forward(gate_up_fresh, down_fresh);
+  EXPECT_NE(first, fresh);  // (the new weights do change the output)
+  EXPECT_EQ(second, fresh);
+  release_packed_weights();
+}
+
 TEST(CpuKernels, PackedWeightsStayWithinTheirBudget) {
   // MOEX_CPU_PACK_MAX_MB bounds all packed copies together: an experts object whose copy would not
   // fit is read in place (PackedWeights::of gives nullptr) and still gives the same result within

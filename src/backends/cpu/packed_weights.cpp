@@ -89,15 +89,20 @@ void pack_rows_bf16(const uint16_t* w, int64_t K, int64_t r0, int64_t n, uint16_
   }
 }
 
-// A cheap fingerprint of one expert's weights: the bits of 16 elements (of esz bytes) spread over
-// each matrix (checked on every call: 32 cache misses per routed expert).
+// A cheap fingerprint of one expert's weights: the 64 bytes from each of 16 places spread over each
+// matrix (checked on every call: about 32 cache misses per routed expert). Whole 64-byte runs, not
+// one element per place: sparse weights (the harness' exact cases, ±1 in a sea of zeros) gave equal
+// single-element samples for different matrices, so weights of a new experts object at a freed
+// one's address and of its shape were taken for the old ones and their stale copy was used.
 uint64_t fingerprint(const void* gate_up, int64_t gate_up_n, const void* down, int64_t down_n, size_t esz) {
-  uint64_t h = 1469598103934665603ull;  // FNV-1a over the sampled bit patterns
+  uint64_t h = 1469598103934665603ull;  // FNV-1a over the sampled 64-bit words
   auto mix = [&](const void* w, int64_t n) {
+    const size_t bytes = size_t(n) * esz, span = std::min<size_t>(64, bytes);
     for (int64_t s = 0; s < 16; ++s) {
-      uint32_t bits = 0;
-      std::memcpy(&bits, static_cast<const char*>(w) + size_t((n - 1) * s / 15) * esz, esz);
-      h = (h ^ bits) * 1099511628211ull;
+      const size_t at = std::min(size_t((n - 1) * s / 15) * esz, bytes - span);
+      uint64_t words[8] = {};
+      std::memcpy(words, static_cast<const char*>(w) + at, span);
+      for (uint64_t v : words) h = (h ^ v) * 1099511628211ull;
     }
   };
   mix(gate_up, gate_up_n);

@@ -17,9 +17,10 @@
 // used more recently exist, or release_packed_weights() is called. MOEX_CPU_PACK=0 turns packing off
 // (the kernels then read the weights in place).
 //
-// The cache is keyed by the weight pointers, shapes and strides; a sampled fingerprint of each
-// expert's weights is checked on every call, so new weights loaded at the same address are
-// repacked. Weights changed in place in only a few elements are not noticed: release first.
+// The cache is keyed by the weight pointers, shapes, strides and dtype; a sampled fingerprint of
+// each expert's weights (64 bytes at 16 places per matrix) is checked on every call, so new weights
+// loaded at the same address are repacked. Weights changed in place only away from those places are
+// not noticed: release first.
 #pragma once
 #include <cstdint>
 #include <memory>
