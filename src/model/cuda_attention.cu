@@ -81,9 +81,6 @@ __device__ __forceinline__ void row_slices(const float* row, int width, int lane
 // last of the non-empty chunks to finish (an atomic ticket) merges their partials.
 template <int NQ, int NV>
 __global__ void __launch_bounds__(kDecThreads, 2) decode_attention_kernel(DecodeAttentionParams p) {
-  // the next GEMV's weights into L2 first (constant: no need to wait), every block its share
-  l2_prefetch_share(p.prefetch, (int64_t(blockIdx.z) * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x,
-                    int64_t(gridDim.x) * gridDim.y * gridDim.z);
   ::moex::cuda::pdl_wait();  // launched with PDL (pdl.cuh)
   ::moex::cuda::pdl_launch_dependents();
   extern __shared__ __align__(16) float dsm[];

@@ -18,8 +18,6 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
-
-#include "model/cuda_kernels.cuh"
 #include <cstdint>
 
 namespace moex::model::cuda {
@@ -44,7 +42,6 @@ struct DecodeAttentionParams {
   float* partial;       // decode_attention_partial_floats(...) floats of scratch
   int32_t* counters;    // decode_attention_counters(...) ints, zero before the first launch (left zero)
   float* out;           // [T, nh, dv]
-  L2Prefetch prefetch;  // e.g. the o projection's weights, requested into L2 by the blocks (optional)
 };
 
 // Whether the decode kernel handles these head dims (multiples of 4, at most 256).

@@ -135,20 +135,6 @@ struct CudaModel::Impl {
   CudaGenerateStats stats;
   // the skinny-linear kernel for steps of at most kGemvMaxRows rows (MOEX_CUDA_GEMV=0: cuBLAS always)
   bool gemv_enabled = true;
-  // Decode steps: weights of a GEMV requested into L2 by the latency-bound kernel before it
-  // (MOEX_CUDA_PREFETCH, a bit mask): 1 = the o projection's by the decode attention, 2 = the next
-  // layer's qkv projection's by the router GEMV. Opt-in until measured on the H200.
-  unsigned prefetch_mask = 0;
-  // The bytes of l for a prefetch into L2 ahead of its GEMV, when the decode step runs it as one.
-  kern::L2Prefetch prefetch_of(const DLinear& l, int64_t T, unsigned bit) const {
-    kern::L2Prefetch pf;
-    if ((prefetch_mask & bit) && l.defined() && l.dt != DType::f32 && T <= kern::kGemvMaxRows && gemv_enabled &&
-        ::moex::cuda::aligned16(l.w)) {
-      pf.base = l.w;
-      pf.bytes = int64_t(l.bytes());
-    }
-    return pf;
-  }
   // Terms of x in the cuBLAS linears of bf16/f16 models (MOEX_CUDA_LINEAR_TERMS): 1 = bf16(x) only
   // (the default: the reference library's rounding; half the FLOPs, and no finishing kernel without
   // bias/gate), 2 = x ≈ hi + lo (~16 mantissa bits, the CPU runtime's split; a GEMM of 2T columns).
@@ -689,7 +675,6 @@ struct CudaModel::Impl {
       dp.partial = b.dec_partial.ptr<float>();
       dp.counters = b.dec_counters.ptr<int32_t>();
       dp.out = b.attn.ptr<float>();
-      dp.prefetch = prefetch_of(d.o, T, 1u);
       if (!skip(T, kSkipAttn)) kern::launch_decode_attention(dp, stream);
       if (!skip(T, kSkipO)) linear(d.o, b.attn.ptr<float>(), nh * dv, T, b.x.ptr<float>(), H, true);
       return;
@@ -713,8 +698,7 @@ struct CudaModel::Impl {
     linear(d.o, b.attn.ptr<float>(), nh * dv, T, b.x.ptr<float>(), H, true);
   }
 
-  // next: the layer after this one (nullptr for the last), whose weights may be prefetched
-  void mlp_layer(const DLayer& d, int64_t T, const std::string& backend, const DLayer* next = nullptr) {
+  void mlp_layer(const DLayer& d, int64_t T, const std::string& backend) {
     float* h = b.h.ptr<float>();
     float* x = b.x.ptr<float>();
     const bool pre = dtc != 0;
@@ -742,7 +726,6 @@ struct CudaModel::Impl {
     if (rp.kind != 1 && d.router.dt != DType::f32 && T <= kern::kGemvMaxRows && gemv_enabled &&
         kern::gemv_ok(d.router.w, d.router.in, h, H, T)) {
       // decode steps: the router GEMV and the routing in one kernel (its last block routes)
-      if (next) rp.prefetch = prefetch_of(next->qkv, T, 2u);
       kern::launch_gemv_router(d.router.w, code_of(d.router.dt), d.router.in, h, H, d.router.bias, rp, router_ticket(),
                                stream);
     } else {
@@ -795,7 +778,7 @@ struct CudaModel::Impl {
       }
       attention_layer(d, l, T, n_tiles, segs);
       if (!skip(T, kSkipNorm)) norm(b.x.ptr<float>(), H, d.post_norm, T, H, h, H);
-      mlp_layer(d, T, backend, l + 1 < layers.size() ? &layers[l + 1] : nullptr);
+      mlp_layer(d, T, backend);
       pending_add = d.is_moe;
     }
     if (layers.empty()) kern::launch_embed(b.ids.ptr<int32_t>(), embed, code_of(dt), T, H, b.x.ptr<float>(), stream);
@@ -919,7 +902,6 @@ CudaModel::CudaModel(const ModelWeights& w, const TextConfig& t, Device dev) : i
   }
   m.upload(w);
   if (const char* e = std::getenv("MOEX_CUDA_GEMV")) m.gemv_enabled = std::string(e) != "0";
-  if (const char* e = std::getenv("MOEX_CUDA_PREFETCH")) m.prefetch_mask = unsigned(std::atoi(e)) & 3u;
   if (const char* e = std::getenv("MOEX_CUDA_LINEAR_TERMS")) m.linear_terms = std::string(e) == "2" ? 2 : 1;
   if (const char* e = std::getenv("MOEX_CUDA_DEBUG_SKIP")) {
     std::string v = std::string(",") + e + ",";  // names separated by ',' or '+'

@@ -291,7 +291,6 @@ template <int TM, class W, bool ROUTE>
 __global__ void __launch_bounds__(kGemvWarps * 32)
     gemv_kernel(const W* w, int64_t out, int64_t in, const float* x, int64_t xp, const float* bias, const float* row_gate,
                 float* y, int64_t yp, bool acc, RouterParams rp, unsigned* ticket) {
-  if constexpr (ROUTE) l2_prefetch_share(rp.prefetch, blockIdx.x, gridDim.x);  // for a later kernel
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t row = blockIdx.x * int64_t(kGemvWarps) + warp;
   // The lane's first eight weight chunks are requested before waiting for the previous kernel

@@ -10,13 +10,6 @@
 
 namespace moex::model::cuda {
 
-// A byte range for a latency-bound kernel to request into L2 on behalf of a later kernel
-// (bulk prefetches, spread over its blocks; base 16-byte aligned, or null for none).
-struct L2Prefetch {
-  const void* base = nullptr;
-  int64_t bytes = 0;
-};
-
 // Per-row metadata of a step, on the device: the row's position in its sequence and the KV-cache
 // slot of the sequence. Attention runs over tiles of up to kAttnRows consecutive rows of one sequence.
 constexpr int kAttnRows = 8;
@@ -171,7 +164,6 @@ struct RouterParams {
   float scaling;
   int32_t* idx;
   float* w;
-  L2Prefetch prefetch;  // launch_gemv_router only: bytes its blocks request into L2 (optional)
 };
 constexpr int kRouterMaxExperts = 512;
 constexpr int kRouterMaxK = 32;

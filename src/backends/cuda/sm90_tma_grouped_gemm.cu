@@ -272,18 +272,20 @@ void choose_tma_tile(const GroupedGemmArgs& a, int64_t pairs, int64_t E, TmaFp8E
 // The QGMMA FP8 kernel in 2-CTA clusters: its 128 x 128 tile pulls 32 KB from L2 per 128-deep stage
 // for 4.2 MFLOP, twice the bytes per FLOP of the bf16 kernel's 256-wide tiles at twice the MMA rate,
 // so it is bound by its operand feed; in clusters, two m tiles of one expert share the 16 KB weight
-// tile (each CTA loads and multicasts one half: 24 KB per CTA and stage). a_rows: the GEMM's A rows
-// (the pairs, padded per expert in the contiguous layout). MOEX_CUDA_FP8_CLUSTER=1 / 0 forces on / off.
-static bool fp8_cluster(const GroupedGemmArgs& a, int64_t a_rows, int64_t E) {
-  static const int env = [] {
+// tile (each CTA loads and multicasts one half: 24 KB per CTA and stage).
+// Measured on the H200 (2026-12-01, eighteenth session, two interleaved rounds, every QGMMA GEMM in
+// clusters against none): deepgemm FP8 deepseek_v3 T = 4096 6.55 -> 5.76 ms, T = 16384 20.80 ->
+// 19.89, mixtral_8x7b 4.72 -> 4.03 / 18.09 -> 15.94, qwen3_30b_a3b 0.805 -> 0.769 / 2.75 -> 2.60;
+// but grouped_mm's FP8 path, whose only QGMMA GEMM is the down projection (its up GEMM is the exact
+// kernel), 1-4 % slower. Hence the default: the up (gated) GEMMs in clusters, the down GEMMs not.
+// MOEX_CUDA_FP8_CLUSTER=0: none; 1: every QGMMA GEMM; 2 (default): the up GEMMs.
+static bool fp8_cluster(const GroupedGemmArgs& a) {
+  static const int mode = [] {
     const char* s = std::getenv("MOEX_CUDA_FP8_CLUSTER");
-    return s && *s ? (*s == '0' ? 0 : 1) : -1;
+    const int v = s && *s ? std::atoi(s) : 2;
+    return v >= 0 && v <= 2 ? v : 2;
   }();
-  if (env >= 0) return env == 1;
-  (void)a;
-  (void)a_rows;
-  (void)E;
-  return false;  // not yet measured on the H200: off unless forced
+  return mode == 1 || (mode == 2 && a.epi != Epi::down);
 }
 
 void launch_grouped_gemm_tma(const GroupedGemmArgs& a, DType dtype, int64_t a_rows, int64_t E, cudaStream_t stream) {
@@ -334,7 +336,7 @@ void launch_grouped_gemm_tma_ex(const GroupedGemmArgs& a, DType act_dtype, bool 
     MOEX_ASSERT(x.a_scales && x.w_scales && x.a_scales_ld % 4 == 0);
     MOEX_ASSERT(!x.exact || (x.a_ld % 128 == 0 && x.a_ld >= a.Kdim));
     if (x.exact) launch_fp8<true>(a, act_dtype, x, a_rows, E, stream);
-    else if (fp8_cluster(a, a_rows, E)) launch_fp8<false, true>(a, act_dtype, x, a_rows, E, stream);
+    else if (fp8_cluster(a)) launch_fp8<false, true>(a, act_dtype, x, a_rows, E, stream);
     else launch_fp8<false>(a, act_dtype, x, a_rows, E, stream);
     return;
   }
