@@ -3,12 +3,15 @@
 # (`run` with command `bash bench/gpu_session18.sh`), from the repository root:
 #   build   moex, moex_tests, moex_model_bench (CUDA, Release) into $BUILD (an incremental rebuild
 #           when it exists)
-#   tests   the FP8 TMA tests with the QGMMA kernel forced into 2-CTA clusters
-#           (MOEX_CUDA_FP8_CLUSTER=1): deepgemm both layouts, grouped_mm's FP8 prefill modes, graphs;
-#           then the model GPU tests with both L2 prefetches on (MOEX_CUDA_PREFETCH=3)
+#   tests   the FP8 TMA tests with the QGMMA kernel in 2-CTA clusters (MOEX_CUDA_FP8_CLUSTER=
+#           $TEST_FP8_CLUSTER, default 1: every QGMMA GEMM): deepgemm both layouts, grouped_mm's FP8
+#           prefill modes, graphs
 #   sanitize  compute-sanitizer memcheck on deepgemm's FP8 graph tests in clusters
 #   fp8ab   moex bench --quant fp8, deepgemm and grouped_mm, $FP8_SHAPES x $FP8_TOKENS, clusters off
 #           and on, $FP8_ROUNDS interleaved rounds → $OUT/fp8ab.md
+#   side    issue 7's side by side: moex bench (deepgemm / grouped_mm bf16 with the dense cuBLAS GEMM of the
+#           same FLOPs, deepgemm FP8) and the reference library's experts backends
+#           (bench/hf_experts_bench.py), $FP8_SHAPES x $SIDE_TOKENS -> $OUT/side.md
 #   ab      the 48-layer model bench for "base" and every "name:ENV=V" of $AB_VARIANTS
 #           (bench/gpu_session6.sh PARTS=ab)
 # PARTS selects steps (default: all of them). DEADLINE (s, default 560) skips steps that would start
@@ -18,7 +21,7 @@ OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 export MOEX_SOURCE_DIR=$PWD
 BUILD=${BUILD:-build-gpu}
-PARTS=${PARTS:-"build tests sanitize fp8ab ab"}
+PARTS=${PARTS:-"build tests sanitize fp8ab side"}
 FP8_SHAPES=${FP8_SHAPES:-deepseek_v3,qwen3_30b_a3b,mixtral_8x7b}
 FP8_TOKENS=${FP8_TOKENS:-4096,16384}
 FP8_ROUNDS=${FP8_ROUNDS:-2}
@@ -36,18 +39,12 @@ if has build; then
 fi
 
 if has tests && [ "$(left)" -gt 300 ]; then
-  stamp "FP8 tests, clusters forced"
-  MOEX_CUDA_FP8_CLUSTER=1 timeout ${TEST_TIMEOUT:-150} "$BUILD/moex_tests" \
+  stamp "FP8 tests, MOEX_CUDA_FP8_CLUSTER=${TEST_FP8_CLUSTER:-1}"
+  MOEX_CUDA_FP8_CLUSTER=${TEST_FP8_CLUSTER:-1} timeout ${TEST_TIMEOUT:-150} "$BUILD/moex_tests" \
     --gtest_filter="${TEST_FILTER:-*DeepGemm*:*CudaFp8Prefill*:CudaModelFp8*}" > "$OUT/tests_fp8mc.log" 2>&1
   echo "FP8 cluster tests rc $?"
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED  \]|passed, worst" "$OUT/tests_fp8mc.log" | head -30
   grep -B3 -A10 "Failure" "$OUT/tests_fp8mc.log" | head -40
-  stamp "model tests, prefetch on"
-  MOEX_CUDA_PREFETCH=3 timeout ${TEST_TIMEOUT:-150} "$BUILD/moex_tests" \
-    --gtest_filter="${MODEL_FILTER:-CudaModelGraphs*:*CudaModelParity.Bf16*:CudaModelSwitch*}" > "$OUT/tests_model_pf.log" 2>&1
-  echo "model prefetch tests rc $?"
-  grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED  \]" "$OUT/tests_model_pf.log" | head -30
-  grep -B3 -A10 "Failure" "$OUT/tests_model_pf.log" | head -40
 fi
 
 if has sanitize && [ "$(left)" -gt 280 ]; then
@@ -61,7 +58,7 @@ fi
 if has fp8ab && [ "$(left)" -gt 200 ]; then
   : > "$OUT/fp8ab.json"
   for r in $(seq 1 "$FP8_ROUNDS"); do
-    for c in 0 1; do
+    for c in ${FP8_MODES:-0 1}; do
       [ "$(left)" -gt 150 ] || break
       stamp "fp8 bench round $r cluster=$c"
       MOEX_CUDA_FP8_CLUSTER=$c timeout 120 "$BUILD/moex" bench --device cuda --backends deepgemm,grouped_mm \
@@ -91,6 +88,21 @@ for (s, t, b), v in cell.items():
     a, ma = f(0); b2, mb = f(1)
     print(f"| {s} | {t} | {b} | {a} | {b2} | {ma / mb:.3f} |" if ma and mb else f"| {s} | {t} | {b} | {a} | {b2} | |")
 EOF
+fi
+
+if has side && [ "$(left)" -gt 200 ]; then
+  stamp "moex bench bf16 + fp8 (side by side)"
+  : > "$OUT/bench.json"
+  for q in none fp8; do
+    timeout 150 "$BUILD/moex" bench --device cuda --backends deepgemm,grouped_mm --shapes "$FP8_SHAPES" \
+      --tokens "${SIDE_TOKENS:-512,4096,16384}" --dtype bf16 --quant $q --format json --min-time-ms 20 --max-iters 10 \
+      --warmup 2 2>> "$OUT/side.err" | sed "s/^{/{\"quant\": \"$q\", /" >> "$OUT/bench.json"
+  done
+  stamp "reference experts bench"
+  PYTHONUNBUFFERED=1 BACKENDS=${HF_BACKENDS:-eager,grouped_mm} SHAPES="$FP8_SHAPES" TOKENS="${SIDE_TOKENS:-512,4096,16384}" OUT="$OUT" timeout $(( $(left) - 15 )) \
+    python3 bench/hf_experts_bench.py > "$OUT/hf.json" 2> "$OUT/hf.err"
+  echo "reference rc $? ($(grep -c '"ms"' "$OUT/hf.json") cases)"
+  python3 bench/side_table18.py "$OUT" | tee "$OUT/side.md"
 fi
 
 if has ab && [ "$(left)" -gt 60 ]; then
