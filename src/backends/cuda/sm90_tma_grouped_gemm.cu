@@ -277,7 +277,10 @@ void choose_tma_tile(const GroupedGemmArgs& a, int64_t pairs, int64_t E, TmaFp8E
 // clusters against none): deepgemm FP8 deepseek_v3 T = 4096 6.55 -> 5.76 ms, T = 16384 20.80 ->
 // 19.89, mixtral_8x7b 4.72 -> 4.03 / 18.09 -> 15.94, qwen3_30b_a3b 0.805 -> 0.769 / 2.75 -> 2.60;
 // but grouped_mm's FP8 path, whose only QGMMA GEMM is the down projection (its up GEMM is the exact
-// kernel), 1-4 % slower. Hence the default: the up (gated) GEMMs in clusters, the down GEMMs not.
+// kernel), 1-4 % slower. Hence the default: the up (gated) GEMMs in clusters, the down GEMMs not;
+// measured next (same day, one round, deepgemm FP8 ms, none / all / up only): deepseek_v3 T = 4096
+// 6.35 / 6.05 / 5.60, T = 16384 20.45 / 19.63 / 19.01, qwen3_30b_a3b 0.817 / 0.753 / 0.753 and
+// 2.75 / 2.62 / 2.51, mixtral_8x7b 4.27 / 4.31 / 4.38 and 18.10 / 16.22 / 16.29.
 // MOEX_CUDA_FP8_CLUSTER=0: none; 1: every QGMMA GEMM; 2 (default): the up GEMMs.
 static bool fp8_cluster(const GroupedGemmArgs& a) {
   static const int mode = [] {
