@@ -12,6 +12,8 @@
 #   side    issue 7's side by side: moex bench (deepgemm / grouped_mm bf16 with the dense cuBLAS GEMM of the
 #           same FLOPs, deepgemm FP8) and the reference library's experts backends
 #           (bench/hf_experts_bench.py), $FP8_SHAPES x $SIDE_TOKENS -> $OUT/side.md
+#   pairab  deepgemm with the paired tile order against expert order (MOEX_DEEPGEMM_PAIRED=1 / 0), bf16
+#           and FP8, $PAIR_SHAPES x $PAIR_TOKENS, one round
 #   ab      the 48-layer model bench for "base" and every "name:ENV=V" of $AB_VARIANTS
 #           (bench/gpu_session6.sh PARTS=ab)
 # PARTS selects steps (default: all of them). DEADLINE (s, default 560) skips steps that would start
@@ -103,6 +105,34 @@ if has side && [ "$(left)" -gt 200 ]; then
     python3 bench/hf_experts_bench.py > "$OUT/hf.json" 2> "$OUT/hf.err"
   echo "reference rc $? ($(grep -c '"ms"' "$OUT/hf.json") cases)"
   python3 bench/side_table18.py "$OUT" | tee "$OUT/side.md"
+fi
+
+# deepgemm's paired tile order against expert order (MOEX_DEEPGEMM_PAIRED), bf16 and FP8, one round
+if has pairab && [ "$(left)" -gt 40 ]; then
+  : > "$OUT/pairab.json"
+  for pv in 1 0; do
+    for q in none fp8; do
+      [ "$(left)" -gt 20 ] || break
+      stamp "deepgemm paired=$pv quant=$q"
+      MOEX_DEEPGEMM_PAIRED=$pv timeout 60 "$BUILD/moex" bench --device cuda --backends deepgemm --shapes "${PAIR_SHAPES:-deepseek_v3,qwen3_30b_a3b}" \
+        --tokens "${PAIR_TOKENS:-4096,16384}" --dtype bf16 --quant $q --format json --min-time-ms 20 --max-iters 10 --warmup 2 \
+        2>> "$OUT/pairab.err" | sed "s/^{/{\"paired\": $pv, \"quant\": \"$q\", /" >> "$OUT/pairab.json"
+    done
+  done
+  python3 - "$OUT/pairab.json" <<'PY'
+import json, sys
+c = {}
+for l in open(sys.argv[1]):
+    if l.startswith("{"):
+        r = json.loads(l)
+        if "ms" in r: c.setdefault((r["shape"], r["T"], r["quant"]), {})[r["paired"]] = (r["ms"], r.get("tflops", 0))
+print("| shape | T | quant | expert order ms (TFLOP/s) | paired ms (TFLOP/s) | expert / paired |")
+print("|---|---|---|---|---|---|")
+for (s, t, q), v in c.items():
+    a, b = v.get(0), v.get(1)
+    f = lambda x: f"{x[0]:.3f} ({x[1]:.0f})" if x else "—"
+    print(f"| {s} | {t} | {q} | {f(a)} | {f(b)} | {a[0] / b[0]:.3f} |" if a and b else f"| {s} | {t} | {q} | {f(a)} | {f(b)} | |")
+PY
 fi
 
 if has ab && [ "$(left)" -gt 60 ]; then

@@ -20,7 +20,7 @@
 //
 // One forward (S = T·K pairs, M = layout rows):
 //   plan       routing_plan.cu's counting sort, then the layout: tile table (expert, row begin,
-//              row end) over 128-row tiles, row_pair [M] (layout row -> pair), pair_lrow [S]
+//              row end) over 128-row tiles in the plan's paired tile order, row_pair [M] (layout row -> pair), pair_lrow [S]
 //              (pair -> layout row or -1), pair_rows [S] (p or -1: the combine's y row)
 //   FP8        x -> e4m3 codes xq [T, H] + scales [ceil(H/128), T4] (per token per 128 channels);
 //              grouped_mm's exact variant: the codes as f16 values [T, x_code_ld(H)] (x_code_col order)
@@ -128,10 +128,14 @@ __device__ __forceinline__ int segment_of(const int* starts, int n, int v) {
   return lo;
 }
 
-// The tile table (valid tiles first, then expert -1 up to max_tiles) and the row maps.
+// The tile table (valid tiles first, then expert -1 up to max_tiles) and the row maps. The tiles
+// come in the routing plan's tile order (plan_tiles: 128-row tiles over the sorted rows; paired or
+// expert by expert, see routing_plan.cu), translated to the layout rows: tile j of expert e covers
+// layout rows [row_base[e] + 128·j, row_base[e] + cnt[e]) (the end is the expert's, as the kernels'
+// idle-row test expects).
 __global__ void layout_fill_kernel(const int* counts, const int* offsets, const int* sorted_pairs, const int* pair_to_row,
-                                   const int* tile_off, const int* row_base, int E, int S, int max_tiles, int4* tiles,
-                                   int* row_pair, int* pair_lrow, int* pair_rows) {
+                                   const int4* plan_tiles, const int* tile_off, const int* row_base, int E, int S,
+                                   int max_tiles, int4* tiles, int* row_pair, int* pair_lrow, int* pair_rows) {
   const int total_tiles = tile_off[E];
   const int n_rows = offsets[E];
   const int stride = gridDim.x * blockDim.x;
@@ -140,7 +144,8 @@ __global__ void layout_fill_kernel(const int* counts, const int* offsets, const 
       tiles[t] = make_int4(-1, 0, 0, 0);
       continue;
     }
-    const int e = segment_of(tile_off, E, t), j = t - tile_off[e];
+    const int4 pt = plan_tiles[t];
+    const int e = pt.x, j = (pt.y - offsets[e]) / kTile;
     tiles[t] = make_int4(e, row_base[e] + j * kTile, row_base[e] + counts[e], 0);
   }
   for (int r = blockIdx.x * blockDim.x + threadIdx.x; r < S; r += stride) {
@@ -361,7 +366,16 @@ void run_deepgemm(const Experts& ex, const ExpertsCall& call, const RunContext& 
   const bool idx64 = call.top_k_index.dtype == DType::i64;
 
   WorkspaceCarver ws(ctx.workspace.data(), ctx.workspace.capacity());
-  const DevicePlan plan = carve_plan(ws, z.S, z.E, kTile);
+  DevicePlan plan = carve_plan(ws, z.S, z.E, kTile);
+  // The paired tile order (routing_plan.cu): the clustered GEMMs (FP8 up projections, bf16 on
+  // grouped_mm's cluster rule) share the weight tile of m tiles 2p and 2p + 1 only when both belong
+  // to one expert, and in expert order every expert after one with an odd tile count starts at an
+  // odd tile. MOEX_DEEPGEMM_PAIRED=0: expert by expert (A/B runs).
+  static const bool paired_order = [] {
+    const char* e = std::getenv("MOEX_DEEPGEMM_PAIRED");
+    return !(e && *e == '0');
+  }();
+  plan.pair_aligned = paired_order;
   int* tile_off = ws.take<int>(size_t(z.E + 1));
   int* row_base = ws.take<int>(size_t(z.E));
   int4* tiles = ws.take<int4>(size_t(z.max_tiles));
@@ -376,7 +390,7 @@ void run_deepgemm(const Experts& ex, const ExpertsCall& call, const RunContext& 
     check_launch("deepgemm layout_scan");
     const int64_t work = std::max<int64_t>(z.max_tiles, z.S);
     const unsigned blocks = unsigned(std::min<int64_t>(1024, ceil_div(work, 256)));
-    layout_fill_kernel<<<blocks, 256, 0, stream>>>(plan.counts, plan.offsets, plan.sorted_pairs, plan.pair_to_row, tile_off,
+    layout_fill_kernel<<<blocks, 256, 0, stream>>>(plan.counts, plan.offsets, plan.sorted_pairs, plan.pair_to_row, plan.tiles, tile_off,
                                                    row_base, int(z.E), int(z.S), int(z.max_tiles), tiles, row_pair, pair_lrow,
                                                    pair_rows);
     check_launch("deepgemm layout_fill");
