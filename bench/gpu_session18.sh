@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# bench/gpu_session18.sh — one call on the GPU machine for the eighteenth session's two changes
+# bench/gpu_session18.sh — one call on the GPU machine for the eighteenth session's changes (FP8 QGMMA
+# in 2-CTA clusters, deepgemm's paired tile order)
 # (`run` with command `bash bench/gpu_session18.sh`), from the repository root:
 #   build   moex, moex_tests, moex_model_bench (CUDA, Release) into $BUILD (an incremental rebuild
 #           when it exists)
@@ -7,8 +8,9 @@
 #           $TEST_FP8_CLUSTER, default 1: every QGMMA GEMM): deepgemm both layouts, grouped_mm's FP8
 #           prefill modes, graphs
 #   sanitize  compute-sanitizer memcheck on deepgemm's FP8 graph tests in clusters
-#   fp8ab   moex bench --quant fp8, deepgemm and grouped_mm, $FP8_SHAPES x $FP8_TOKENS, clusters off
-#           and on, $FP8_ROUNDS interleaved rounds → $OUT/fp8ab.md
+#   fp8ab   moex bench --quant fp8, deepgemm and grouped_mm, $FP8_SHAPES x $FP8_TOKENS, for each
+#           MOEX_CUDA_FP8_CLUSTER of $FP8_MODES (default "0 1"), $FP8_ROUNDS interleaved rounds -> $OUT/fp8ab.md
+#           (its table compares modes 0 and 1; fp8ab.json holds every mode)
 #   side    issue 7's side by side: moex bench (deepgemm / grouped_mm bf16 with the dense cuBLAS GEMM of the
 #           same FLOPs, deepgemm FP8) and the reference library's experts backends
 #           (bench/hf_experts_bench.py), $FP8_SHAPES x $SIDE_TOKENS -> $OUT/side.md
@@ -16,7 +18,7 @@
 #           and FP8, $PAIR_SHAPES x $PAIR_TOKENS, one round
 #   ab      the 48-layer model bench for "base" and every "name:ENV=V" of $AB_VARIANTS
 #           (bench/gpu_session6.sh PARTS=ab)
-# PARTS selects steps (default: all of them). DEADLINE (s, default 560) skips steps that would start
+# PARTS selects steps (default "build tests sanitize fp8ab side"). DEADLINE (s, default 560) skips steps that would start
 # after it. Logs in $OUT.
 set -u
 OUT=${OUT:-$PWD/out}
