@@ -20,8 +20,9 @@
 //
 // One forward (S = T·K pairs, M = layout rows):
 //   plan       routing_plan.cu's counting sort, then the layout: tile table (expert, row begin,
-//              row end) over 128-row tiles in the plan's paired tile order, row_pair [M] (layout row -> pair), pair_lrow [S]
-//              (pair -> layout row or -1), pair_rows [S] (p or -1: the combine's y row)
+//              row end) over 128-row tiles in the plan's paired tile order, row_pair [M] (layout
+//              row -> pair), pair_lrow [S] (pair -> layout row or -1), pair_rows [S] (p or -1: the
+//              combine's y row)
 //   FP8        x -> e4m3 codes xq [T, H] + scales [ceil(H/128), T4] (per token per 128 channels);
 //              grouped_mm's exact variant: the codes as f16 values [T, x_code_ld(H)] (x_code_col order)
 //   up         grouped GEMM, A rows gathered from x (bf16) or xq (FP8) through row_pair; gated
@@ -390,9 +391,9 @@ void run_deepgemm(const Experts& ex, const ExpertsCall& call, const RunContext& 
     check_launch("deepgemm layout_scan");
     const int64_t work = std::max<int64_t>(z.max_tiles, z.S);
     const unsigned blocks = unsigned(std::min<int64_t>(1024, ceil_div(work, 256)));
-    layout_fill_kernel<<<blocks, 256, 0, stream>>>(plan.counts, plan.offsets, plan.sorted_pairs, plan.pair_to_row, plan.tiles, tile_off,
-                                                   row_base, int(z.E), int(z.S), int(z.max_tiles), tiles, row_pair, pair_lrow,
-                                                   pair_rows);
+    layout_fill_kernel<<<blocks, 256, 0, stream>>>(plan.counts, plan.offsets, plan.sorted_pairs, plan.pair_to_row,
+                                                   plan.tiles, tile_off, row_base, int(z.E), int(z.S), int(z.max_tiles),
+                                                   tiles, row_pair, pair_lrow, pair_rows);
     check_launch("deepgemm layout_fill");
   }
   DevicePlan lplan = plan;

@@ -77,7 +77,8 @@
 // N tile and clusters per GEMM: choose_tma_tile (grouped_mm and deepgemm's bf16 path), with the
 // measurements behind each rule.
 //
-// 2-CTA clusters (MC kernels): the two CTAs of a cluster take m tiles 2p and 2p+1 of one work item
+// 2-CTA clusters (MC kernels; bf16 / f16, and the QGMMA FP8 kernel for up projections, see
+// fp8_cluster): the two CTAs of a cluster take m tiles 2p and 2p+1 of one work item
 // (pair p, n tile). When both belong to one expert they need the same B tile: each CTA loads one
 // half (the gate / up box, or rows [n*BN, +BN/2) / [n*BN + BN/2, +BN/2)) and multicasts it into both
 // CTAs' stage, so a CTA pulls 32 KB instead of 48 KB per 256-wide stage from L2. Otherwise each loads
