@@ -153,13 +153,17 @@ __device__ __forceinline__ float weight_scale(const TmaFp8Extra& x, int64_t idx)
 
 // Index of the first weight block scale (k block 0) of the 128 x BN tile n of expert e, for the tile's two
 // column halves: ws_lo for columns [0, BN/2), ws_hi for [BN/2, BN) (gate / up in the concatenated gated
-// layout, the same block otherwise). w_scales is [E, ceil(N/128), ceil(Kdim/128)]; k block kt adds kt.
+// layout; otherwise weight rows n·BN and n·BN + BN/2: one block at BN = 128, two at BN = 256, the second
+// clamped to the last block where a partial tile has no second half). w_scales is
+// [E, ceil(N/128), ceil(Kdim/128)]; k block kt adds kt. (BN = 256 with the concatenated layout needs
+// I % 128 == 0: the launcher checks it.)
 template <int BN>
 __device__ __forceinline__ void weight_scale_rows(const GroupedGemmArgs& a, int e, int n, int64_t& ws_lo, int64_t& ws_hi) {
   const int64_t kb_count = (a.Kdim + 127) / 128, nb_count = (a.N + 127) / 128;
   const bool concat = a.epi == Epi::up_concat;
-  const int64_t blk_lo = concat ? (int64_t(n) * (BN / 2)) / 128 : n;
-  const int64_t blk_hi = concat ? (int64_t(a.I) + int64_t(n) * (BN / 2)) / 128 : n;
+  const int64_t blk_lo = concat ? (int64_t(n) * (BN / 2)) / 128 : (int64_t(n) * BN) / 128;
+  const int64_t blk_hi = concat ? (int64_t(a.I) + int64_t(n) * (BN / 2)) / 128
+                                : min(nb_count - 1, (int64_t(n) * BN + BN / 2) / 128);
   ws_lo = (int64_t(e) * nb_count + blk_lo) * kb_count;
   ws_hi = (int64_t(e) * nb_count + blk_hi) * kb_count;
 }
@@ -458,7 +462,8 @@ __global__ void __launch_bounds__(THREADS, 1)
   constexpr int STAGES = Cfg::STAGES, B_BYTES = Cfg::B_BYTES, A_STAGE = Cfg::A_STAGE, NF = BN / 8;
   constexpr int BKE = FP8 ? 128 : BK;          // K elements per stage (128 bytes per row either way)
   constexpr int CHUNK = 16 / int(sizeof(Elem));  // K elements per 16-byte cp.async chunk
-  static_assert(!FP8 || BN == 128, "FP8 keeps two accumulator sets: 128-wide N tiles only");
+  // FP8 keeps two accumulator sets; at BN = 256 its partial set covers one 128-column half at a time
+  static_assert(!FP8 || BN == 128 || (BN == 256 && !X), "FP8: 128-wide N tiles (256-wide: QGMMA only)");
   static_assert(!PP || (!FP8 && BN == 128), "ping-pong: bf16 / f16, 128-wide tiles");
   static_assert(!X || (FP8 && !MC && !PP), "the exact FP8 variant: FP8, cooperative, no clusters");
   constexpr uint32_t HALF_B = (BN / 2) * 128;  // bytes of half a B stage (BN/2 weight rows)
@@ -699,7 +704,9 @@ __global__ void __launch_bounds__(THREADS, 1)
     int stage = 0;
     uint32_t phase = 0;
     float acc[NF][4];
-    float part[FP8 && !X ? NF : 1][4];  // FP8: the partial sums of one 128-K block
+    // FP8: the partial sums of one 128-K block, for 128 columns (BN = 256: one half at a time)
+    constexpr int NFP = FP8 && !X ? (NF < 16 ? NF : 16) : 1;
+    float part[NFP][4];
     // a stage is refilled when the consumers of every CTA that reads it released it (MC: the
     // peer's multicast writes into this CTA's stage too)
     auto release = [&](int s) {
@@ -867,26 +874,59 @@ __global__ void __launch_bounds__(THREADS, 1)
           const float w_lo = weight_scale(x, ws_lo + kt), w_hi = weight_scale(x, ws_hi + kt);
           const uint32_t a_tile = sA + uint32_t(stage) * A_BYTES + uint32_t(cw) * (64 * 128);
           const uint32_t b_tile = sB + uint32_t(stage) * B_BYTES;
-          wgmma::fence_acc(part);
-          wgmma::fence();
-#pragma unroll
-          for (int kk = 0; kk < 4; ++kk)
-            wgmma::wgmma_m64n128k32_e4m3(part, wgmma::desc_sw128(a_tile + kk * 32), wgmma::desc_sw128(b_tile + kk * 32), kk);
-          wgmma::commit();
-          wgmma::wait<0>();
-          wgmma::fence_acc(part);
           const float* sa = reinterpret_cast<const float*>(smem_raw + (sSA - raw) + stage * SA_BYTES);
-          const float sa0 = sa[srow], sa1 = sa[srow + 8];
-          release(stage);
-          next_stage<STAGES>(stage, phase);
+          if constexpr (BN == 128) {
+            wgmma::fence_acc(part);
+            wgmma::fence();
 #pragma unroll
-          for (int nf = 0; nf < NF; ++nf) {
-            const float ws = nf < NF / 2 ? w_lo : w_hi;
-            const float s0 = sa0 * ws, s1 = sa1 * ws;
-            acc[nf][0] += part[nf][0] * s0;
-            acc[nf][1] += part[nf][1] * s0;
-            acc[nf][2] += part[nf][2] * s1;
-            acc[nf][3] += part[nf][3] * s1;
+            for (int kk = 0; kk < 4; ++kk)
+              wgmma::wgmma_m64n128k32_e4m3(part, wgmma::desc_sw128(a_tile + kk * 32), wgmma::desc_sw128(b_tile + kk * 32), kk);
+            wgmma::commit();
+            wgmma::wait<0>();
+            wgmma::fence_acc(part);
+            const float sa0 = sa[srow], sa1 = sa[srow + 8];
+            release(stage);
+            next_stage<STAGES>(stage, phase);
+#pragma unroll
+            for (int nf = 0; nf < NF; ++nf) {
+              const float ws = nf < NF / 2 ? w_lo : w_hi;
+              const float s0 = sa0 * ws, s1 = sa1 * ws;
+              acc[nf][0] += part[nf][0] * s0;
+              acc[nf][1] += part[nf][1] * s0;
+              acc[nf][2] += part[nf][2] * s1;
+              acc[nf][3] += part[nf][3] * s1;
+            }
+          } else {
+            // 256-wide: the two 128-column halves of the weight tile (weight rows [0, 128) and
+            // [128, 256) of the stage, 16 KB apart) one after the other into the one partial set,
+            // each promoted with its own block scale (w_lo / w_hi) before the next half's MMAs; the
+            // other consumer warpgroup's MMAs keep the tensor cores busy meanwhile
+            const float sa0 = sa[srow], sa1 = sa[srow + 8];
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+              wgmma::fence_acc(part);
+              wgmma::fence();
+#pragma unroll
+              for (int kk = 0; kk < 4; ++kk)
+                wgmma::wgmma_m64n128k32_e4m3(part, wgmma::desc_sw128(a_tile + kk * 32),
+                                             wgmma::desc_sw128(b_tile + uint32_t(half) * (128 * 128) + kk * 32), kk);
+              wgmma::commit();
+              wgmma::wait<0>();
+              wgmma::fence_acc(part);
+              if (half == 1) {
+                release(stage);
+                next_stage<STAGES>(stage, phase);
+              }
+              const float ws = half ? w_hi : w_lo;
+              const float s0 = sa0 * ws, s1 = sa1 * ws;
+#pragma unroll
+              for (int nf = 0; nf < 16; ++nf) {
+                acc[16 * half + nf][0] += part[nf][0] * s0;
+                acc[16 * half + nf][1] += part[nf][1] * s0;
+                acc[16 * half + nf][2] += part[nf][2] * s1;
+                acc[16 * half + nf][3] += part[nf][3] * s1;
+              }
+            }
           }
         }
       } else {
