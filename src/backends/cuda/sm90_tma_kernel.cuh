@@ -161,9 +161,14 @@ template <int BN>
 __device__ __forceinline__ void weight_scale_rows(const GroupedGemmArgs& a, int e, int n, int64_t& ws_lo, int64_t& ws_hi) {
   const int64_t kb_count = (a.Kdim + 127) / 128, nb_count = (a.N + 127) / 128;
   const bool concat = a.epi == Epi::up_concat;
-  const int64_t blk_lo = concat ? (int64_t(n) * (BN / 2)) / 128 : (int64_t(n) * BN) / 128;
-  const int64_t blk_hi = concat ? (int64_t(a.I) + int64_t(n) * (BN / 2)) / 128
-                                : min(nb_count - 1, (int64_t(n) * BN + BN / 2) / 128);
+  int64_t blk_lo, blk_hi;
+  if constexpr (BN == 128) {
+    blk_lo = concat ? (int64_t(n) * (BN / 2)) / 128 : n;
+    blk_hi = concat ? (int64_t(a.I) + int64_t(n) * (BN / 2)) / 128 : n;
+  } else {
+    blk_lo = concat ? (int64_t(n) * (BN / 2)) / 128 : (int64_t(n) * BN) / 128;
+    blk_hi = concat ? (int64_t(a.I) + int64_t(n) * (BN / 2)) / 128 : min(nb_count - 1, (int64_t(n) * BN + BN / 2) / 128);
+  }
   ws_lo = (int64_t(e) * nb_count + blk_lo) * kb_count;
   ws_hi = (int64_t(e) * nb_count + blk_hi) * kb_count;
 }
@@ -874,7 +879,6 @@ __global__ void __launch_bounds__(THREADS, 1)
           const float w_lo = weight_scale(x, ws_lo + kt), w_hi = weight_scale(x, ws_hi + kt);
           const uint32_t a_tile = sA + uint32_t(stage) * A_BYTES + uint32_t(cw) * (64 * 128);
           const uint32_t b_tile = sB + uint32_t(stage) * B_BYTES;
-          const float* sa = reinterpret_cast<const float*>(smem_raw + (sSA - raw) + stage * SA_BYTES);
           if constexpr (BN == 128) {
             wgmma::fence_acc(part);
             wgmma::fence();
@@ -884,6 +888,7 @@ __global__ void __launch_bounds__(THREADS, 1)
             wgmma::commit();
             wgmma::wait<0>();
             wgmma::fence_acc(part);
+            const float* sa = reinterpret_cast<const float*>(smem_raw + (sSA - raw) + stage * SA_BYTES);
             const float sa0 = sa[srow], sa1 = sa[srow + 8];
             release(stage);
             next_stage<STAGES>(stage, phase);
@@ -901,6 +906,7 @@ __global__ void __launch_bounds__(THREADS, 1)
             // [128, 256) of the stage, 16 KB apart) one after the other into the one partial set,
             // each promoted with its own block scale (w_lo / w_hi) before the next half's MMAs; the
             // other consumer warpgroup's MMAs keep the tensor cores busy meanwhile
+            const float* sa = reinterpret_cast<const float*>(smem_raw + (sSA - raw) + stage * SA_BYTES);
             const float sa0 = sa[srow], sa1 = sa[srow + 8];
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
