@@ -352,11 +352,11 @@ void launch_grouped_gemm_tma_ex(const GroupedGemmArgs& a, DType act_dtype, bool 
   if (fp8) {
     MOEX_ASSERT(x.a_scales && x.w_scales && x.a_scales_ld % 4 == 0);
     MOEX_ASSERT(!x.exact || (x.a_ld % 128 == 0 && x.a_ld >= a.Kdim));
+    const bool cluster = !x.exact && fp8_cluster(a), wide = !x.exact && fp8_wide_tiles(a, act_dtype);
     if (x.exact) launch_fp8<true>(a, act_dtype, x, a_rows, E, stream);
-    else if (fp8_wide_tiles(a, act_dtype) && fp8_cluster(a))
-      tma::launch_bn<__nv_bfloat16, 256, true, true, false>(a, act_dtype, x, a_rows, E, stream);
-    else if (fp8_wide_tiles(a, act_dtype)) tma::launch_bn<__nv_bfloat16, 256, true, false, false>(a, act_dtype, x, a_rows, E, stream);
-    else if (fp8_cluster(a)) launch_fp8<false, true>(a, act_dtype, x, a_rows, E, stream);
+    else if (wide && cluster) tma::launch_bn<__nv_bfloat16, 256, true, true, false>(a, act_dtype, x, a_rows, E, stream);
+    else if (wide) tma::launch_bn<__nv_bfloat16, 256, true, false, false>(a, act_dtype, x, a_rows, E, stream);
+    else if (cluster) launch_fp8<false, true>(a, act_dtype, x, a_rows, E, stream);
     else launch_fp8<false>(a, act_dtype, x, a_rows, E, stream);
     return;
   }

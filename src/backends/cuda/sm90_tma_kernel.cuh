@@ -161,14 +161,10 @@ template <int BN>
 __device__ __forceinline__ void weight_scale_rows(const GroupedGemmArgs& a, int e, int n, int64_t& ws_lo, int64_t& ws_hi) {
   const int64_t kb_count = (a.Kdim + 127) / 128, nb_count = (a.N + 127) / 128;
   const bool concat = a.epi == Epi::up_concat;
-  int64_t blk_lo, blk_hi;
-  if constexpr (BN == 128) {
-    blk_lo = concat ? (int64_t(n) * (BN / 2)) / 128 : n;
-    blk_hi = concat ? (int64_t(a.I) + int64_t(n) * (BN / 2)) / 128 : n;
-  } else {
-    blk_lo = concat ? (int64_t(n) * (BN / 2)) / 128 : (int64_t(n) * BN) / 128;
-    blk_hi = concat ? (int64_t(a.I) + int64_t(n) * (BN / 2)) / 128 : min(nb_count - 1, (int64_t(n) * BN + BN / 2) / 128);
-  }
+  constexpr int BLOCKS = BN / 128;  // 128-row scale blocks per plain tile
+  const int64_t blk_lo = concat ? (int64_t(n) * (BN / 2)) / 128 : int64_t(n) * BLOCKS;
+  const int64_t blk_hi = concat ? (int64_t(a.I) + int64_t(n) * (BN / 2)) / 128
+                         : BLOCKS == 1 ? int64_t(n) : min(nb_count - 1, int64_t(n) * BLOCKS + 1);
   ws_lo = (int64_t(e) * nb_count + blk_lo) * kb_count;
   ws_hi = (int64_t(e) * nb_count + blk_hi) * kb_count;
 }
@@ -879,59 +875,41 @@ __global__ void __launch_bounds__(THREADS, 1)
           const float w_lo = weight_scale(x, ws_lo + kt), w_hi = weight_scale(x, ws_hi + kt);
           const uint32_t a_tile = sA + uint32_t(stage) * A_BYTES + uint32_t(cw) * (64 * 128);
           const uint32_t b_tile = sB + uint32_t(stage) * B_BYTES;
-          if constexpr (BN == 128) {
+          // the tile's 128-column parts (one at BN = 128; at 256 the weight rows [0, 128) and
+          // [128, 256) of the stage, 16 KB apart) one after the other into the one partial set, each
+          // promoted with its block scale before the next part's MMAs (the other consumer warpgroup's
+          // MMAs keep the tensor cores busy meanwhile); the stage is released after the last part's
+          constexpr int PARTS = BN / 128;
+          float sa0 = 0.0f, sa1 = 0.0f;
+#pragma unroll
+          for (int h = 0; h < PARTS; ++h) {
             wgmma::fence_acc(part);
             wgmma::fence();
 #pragma unroll
             for (int kk = 0; kk < 4; ++kk)
-              wgmma::wgmma_m64n128k32_e4m3(part, wgmma::desc_sw128(a_tile + kk * 32), wgmma::desc_sw128(b_tile + kk * 32), kk);
+              wgmma::wgmma_m64n128k32_e4m3(part, wgmma::desc_sw128(a_tile + kk * 32),
+                                           wgmma::desc_sw128(b_tile + uint32_t(h) * (128 * 128) + kk * 32), kk);
             wgmma::commit();
             wgmma::wait<0>();
             wgmma::fence_acc(part);
-            const float* sa = reinterpret_cast<const float*>(smem_raw + (sSA - raw) + stage * SA_BYTES);
-            const float sa0 = sa[srow], sa1 = sa[srow + 8];
-            release(stage);
-            next_stage<STAGES>(stage, phase);
-#pragma unroll
-            for (int nf = 0; nf < NF; ++nf) {
-              const float ws = nf < NF / 2 ? w_lo : w_hi;
-              const float s0 = sa0 * ws, s1 = sa1 * ws;
-              acc[nf][0] += part[nf][0] * s0;
-              acc[nf][1] += part[nf][1] * s0;
-              acc[nf][2] += part[nf][2] * s1;
-              acc[nf][3] += part[nf][3] * s1;
+            if (h == 0) {
+              const float* sa = reinterpret_cast<const float*>(smem_raw + (sSA - raw) + stage * SA_BYTES);
+              sa0 = sa[srow];
+              sa1 = sa[srow + 8];
             }
-          } else {
-            // 256-wide: the two 128-column halves of the weight tile (weight rows [0, 128) and
-            // [128, 256) of the stage, 16 KB apart) one after the other into the one partial set,
-            // each promoted with its own block scale (w_lo / w_hi) before the next half's MMAs; the
-            // other consumer warpgroup's MMAs keep the tensor cores busy meanwhile
-            const float* sa = reinterpret_cast<const float*>(smem_raw + (sSA - raw) + stage * SA_BYTES);
-            const float sa0 = sa[srow], sa1 = sa[srow + 8];
+            if (h == PARTS - 1) {
+              release(stage);
+              next_stage<STAGES>(stage, phase);
+            }
 #pragma unroll
-            for (int half = 0; half < 2; ++half) {
-              wgmma::fence_acc(part);
-              wgmma::fence();
-#pragma unroll
-              for (int kk = 0; kk < 4; ++kk)
-                wgmma::wgmma_m64n128k32_e4m3(part, wgmma::desc_sw128(a_tile + kk * 32),
-                                             wgmma::desc_sw128(b_tile + uint32_t(half) * (128 * 128) + kk * 32), kk);
-              wgmma::commit();
-              wgmma::wait<0>();
-              wgmma::fence_acc(part);
-              if (half == 1) {
-                release(stage);
-                next_stage<STAGES>(stage, phase);
-              }
-              const float ws = half ? w_hi : w_lo;
+            for (int nf = 0; nf < NFP; ++nf) {
+              // BN = 128: columns [0, 64) take w_lo, [64, 128) w_hi; BN = 256: part 0 w_lo, part 1 w_hi
+              const float ws = PARTS == 1 ? (nf < NF / 2 ? w_lo : w_hi) : (h ? w_hi : w_lo);
               const float s0 = sa0 * ws, s1 = sa1 * ws;
-#pragma unroll
-              for (int nf = 0; nf < 16; ++nf) {
-                acc[16 * half + nf][0] += part[nf][0] * s0;
-                acc[16 * half + nf][1] += part[nf][1] * s0;
-                acc[16 * half + nf][2] += part[nf][2] * s1;
-                acc[16 * half + nf][3] += part[nf][3] * s1;
-              }
+              acc[NFP * h + nf][0] += part[nf][0] * s0;
+              acc[NFP * h + nf][1] += part[nf][1] * s0;
+              acc[NFP * h + nf][2] += part[nf][2] * s1;
+              acc[NFP * h + nf][3] += part[nf][3] * s1;
             }
           }
         }
