@@ -11,7 +11,8 @@
 #   3. gemm: ncu's SpeedOfLight / memory / warp-state / compute / instruction sections for the
 #      grouped GEMMs of the cases that miss their bars (GEMM_CASES, "shape:T:backend:quant" items)
 #      → $OUT/gemm_<case>.txt; NCU_KERNELS (default regex:grouped_gemm; e.g. "regex:decode_|grouped_gemm"
-#      for the FP8 decode kernels too), NCU_SKIP / NCU_COUNT (default 2 / 2) pick the launches
+#      for the FP8 decode kernels too), NCU_SKIP / NCU_COUNT (default 2 / 2) pick the launches,
+#      NCU_EXTRA adds ncu options (e.g. "--section MemoryWorkloadAnalysis_Tables")
 #
 # Logs: $OUT/profile_logs.tgz. Whole run: ~5 minutes with the build.
 set -u
@@ -79,7 +80,7 @@ if has gemm; then
     stamp "gemm $c (ncu)"
     timeout 200 $NCU -k "${NCU_KERNELS:-regex:grouped_gemm}" --launch-skip "${NCU_SKIP:-2}" --launch-count "${NCU_COUNT:-2}" \
       --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
-      --section ComputeWorkloadAnalysis --section LaunchStats --section InstructionStats \
+      --section ComputeWorkloadAnalysis --section LaunchStats --section InstructionStats ${NCU_EXTRA:-} \
       "$BUILD/moex" bench --device cuda --backends "$backend" --shapes "$shape" --tokens "$T" --quant "$quant" \
       --min-time-ms 0 --max-iters 2 --warmup 1 > "$OUT/gemm_${shape}_${T}_${backend}_${quant}.txt" 2>&1
     echo "ncu rc $?"

@@ -181,15 +181,18 @@ void launch_fp8(const GroupedGemmArgs& a, DType dtype, const TmaFp8Extra& x, int
   else tma::launch_bn<float, 128, true, MC, false, X>(a, dtype, x, a_rows, E, stream);
 }
 
-// The QGMMA FP8 kernel with 256-wide tiles (bf16 activations): opt-in, MOEX_CUDA_FP8_N=256. Its stage
-// holds 16 KB of A and 32 KB of weights for 8.4 MFLOP (5.7 KB per MFLOP against the 128-wide tile's
-// 7.6; with the cluster multicast 3.8 against 5.7); the partial-sum set covers one 128-column half at a
-// time, so the consumers fit 224 registers. Compiled and register-checked on the development machine
-// (2026-12-01); NOT YET RUN on a GPU: the default stays 128 until it passes the GPU suite and is timed.
+// The QGMMA FP8 kernel with 256-wide tiles for bf16 activations (default; MOEX_CUDA_FP8_N=128: the
+// 128-wide tiles). Its stage holds 16 KB of A and 32 KB of weights for 8.4 MFLOP (5.7 KB per MFLOP
+// against the 128-wide tile's 7.6; with the cluster multicast 3.8 against 5.7); the partial-sum set
+// covers one 128-column half at a time, so the consumers fit 224 registers. Measured on the H200
+// (2026-12-02, nineteenth session, two interleaved rounds, deepgemm FP8 ms, 128 -> 256 wide):
+// deepseek_v3 T = 4096 5.73 -> 4.86, T = 16384 18.71 -> 16.17; mixtral_8x7b 4.24 -> 3.56 /
+// 16.39 -> 13.73; qwen3_30b_a3b 0.735 -> 0.674 / 2.43 -> 2.25; grouped_mm's QGMMA down GEMM 1-4 %.
+// f16 / f32 activations keep the 128-wide tiles (no 256-wide instantiation).
 static bool fp8_wide_tiles(const GroupedGemmArgs& a, DType dtype) {
   static const bool wide = [] {
     const char* s = std::getenv("MOEX_CUDA_FP8_N");
-    return s && std::atoi(s) == 256;
+    return !(s && std::atoi(s) == 128);
   }();
   return wide && dtype == DType::bf16 && (a.epi != Epi::up_concat || a.I % 128 == 0);
 }
