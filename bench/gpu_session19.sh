@@ -7,6 +7,9 @@
 #   ab      moex bench ($AB_BACKENDS, $AB_SHAPES x $AB_TOKENS, $AB_DTYPE, --quant $AB_QUANT) once per
 #           variant of $AB_VARIANTS ("name:ENV=V,ENV2=V2" or "base"), $AB_ROUNDS interleaved rounds
 #           -> $OUT/ab.json and the table $OUT/ab.md (median ms per variant, ratio to the first)
+#   kernels per-kernel GPU time (ncu, gpu__time_duration only) of one forward of each case of
+#           $KERNEL_CASES ("shape:T:backend:quant", default deepseek_v3:16384:deepgemm:fp8), summed by
+#           kernel name -> $OUT/kernels_<case>.txt
 # PARTS selects steps (default "build tests ab"); DEADLINE (s, default 560) skips steps that would
 # start after it. Logs in $OUT.
 set -u
@@ -26,7 +29,7 @@ envs_of() { [ "$1" = "-" ] && return; echo "${1//,/ }"; }
 if has build; then
   stamp build
   { cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOEX_CUDA=ON &&
-    cmake --build "$BUILD" -j "$(nproc)" --target moex moex_tests ${EXTRA_TARGETS:-}; } > "$OUT/build.log" 2>&1 ||
+    cmake --build "$BUILD" -j "$(nproc)" --target ${BUILD_TARGETS:-moex moex_tests}; } > "$OUT/build.log" 2>&1 ||
     { grep -E "error" "$OUT/build.log" | head -30; exit 1; }
 fi
 
@@ -75,5 +78,31 @@ for (s, t, b, q), v in cell.items():
     ratios = [f"{med[names[0]][0] / med[n][0]:.3f}" if n in med and names[0] in med else "" for n in names[1:]]
     print(f"| {s} | {t} | {b} | " + " | ".join(cols) + " | " + " | ".join(ratios) + " |")
 PY
+fi
+if has kernels; then
+  for c in ${KERNEL_CASES:-deepseek_v3:16384:deepgemm:fp8}; do
+    [ "$(left)" -gt 40 ] || break
+    IFS=: read -r shape T backend quant <<< "$c"
+    stamp "kernels $c (ncu)"
+    # warmup 1 + 3 timed forwards (the bench's minimum), no dense comparator: the last quarter of the
+    # launches is one forward
+    timeout 120 ncu --clock-control none --metrics gpu__time_duration.sum --csv "$BUILD/moex" bench --device cuda \
+      --backends "$backend" --shapes "$shape" --tokens "$T" --dtype bf16 --quant "$quant" --min-time-ms 0 --max-iters 3 \
+      --warmup 1 --no-dense > "$OUT/kernels_${c//:/_}.csv" 2> "$OUT/kernels_${c//:/_}.err"
+    echo "ncu rc $?"
+    python3 - "$OUT/kernels_${c//:/_}.csv" <<'PY' | tee "$OUT/kernels_${c//:/_}.txt"
+import csv, sys, collections
+rows = [r for r in csv.reader(open(sys.argv[1])) if r]
+hdr = next(i for i, r in enumerate(rows) if "Kernel Name" in r)
+h = rows[hdr]; ii, ki, mi, vi = h.index("ID"), h.index("Kernel Name"), h.index("Metric Name"), h.index("Metric Value")
+seq = [(int(r[ii]), r[ki].split("(")[0][:80], float(r[vi].replace(",", "")) / 1e3) for r in rows[hdr + 1:]
+       if len(r) > vi and r[mi] == "gpu__time_duration.sum"]
+# four alike forwards: the last quarter of the launches is one
+last = seq[3 * len(seq) // 4:] if len(seq) % 4 == 0 else seq
+print(f"# {len(seq)} launches; the last {len(last)} (one forward if 4 divides the count): {sum(x[2] for x in last):.1f} us")
+for i, name, us in last:
+    print(f"{us:10.1f} us  {name}")
+PY
+  done
 fi
 stamp done

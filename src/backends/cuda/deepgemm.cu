@@ -174,64 +174,105 @@ __global__ void layout_fill_kernel(const int* counts, const int* offsets, const 
 __host__ __device__ constexpr int x_code_col(int p) { return ((p >> 2) & 3) * 16 + ((p >> 1) & 1) * 8 + (p >> 4) * 2 + (p & 1); }
 int64_t x_code_ld(int64_t K) { return ceil_div(K, kKBlock) * kKBlock; }
 
-// One warp per (row, 128-channel block): scale = amax / 448 (1 when amax is 0 or not finite),
+// Four channels of `x` from column c (zero past K): one 8- / 16-byte load where `vec` (K % 4 == 0 and
+// the rows 4-element aligned) and the four are in range, else element by element.
+template <class T>
+__device__ __forceinline__ void load4(const T* x, int c, int K, bool vec, float (&v)[4]) {
+  if (vec && c + 3 < K) {
+    if constexpr (std::is_same_v<T, float>) {
+      const float4 f = *reinterpret_cast<const float4*>(x + c);
+      v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
+    } else {
+      const uint2 raw = *reinterpret_cast<const uint2*>(x + c);
+      const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) v[i] = to_f32(e[i]);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) v[i] = c + i < K ? to_f32(x[c + i]) : 0.0f;
+  }
+}
+
+// One warp per row and group of kQuantBlocksPerWarp 128-channel blocks; lane l holds channels
+// 4l..4l+3 of each block. Per block: scale = amax / 448 (1 when amax is 0 or not finite),
 // code = e4m3(x / scale) saturated. Row s (of `rows`) reads row s / in_div of `in` [rows / in_div, K]
 // (in_div = top_k: pair s's token) and goes to dst row (row_map ? row_map[s] : s) of the codes and of
 // scales [ceil(K/128), ld] (MN-major); row_map[s] < 0 skips the row.
 // Code = uint8_t: e4m3 bytes [*, K] in order (QGMMA); uint16_t: f16 values [*, x_code_ld(K)] in the
 // x_code_col order (the exact kernel).
+// Every block's loads are issued before the first reduction, and stored 4 codes at a time: with one
+// block per warp and byte stores the pass ran at 1.5 TB/s (ncu on the H200, 2026-12-02: deepseek_v3
+// T = 16384, x 233 us, h 550 us).
+constexpr int kQuantBlocksPerWarp = 4;
 template <class T, class Code>
 __global__ void quantize_rows_kernel(const T* in, int64_t rows, int K, const int* row_map, Code* codes, float* scales, int ld,
-                                     int in_div) {
-  const int kb_count = (K + kKBlock - 1) / kKBlock;
+                                     int in_div, bool vec) {
+  constexpr int G = kQuantBlocksPerWarp;
+  const int kb_count = (K + kKBlock - 1) / kKBlock, groups = (kb_count + G - 1) / G;
   const int64_t warp_id = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
-  if (warp_id >= rows * kb_count) return;
-  const int64_t s = warp_id / kb_count;
-  const int kb = int(warp_id - s * kb_count);
+  if (warp_id >= rows * groups) return;
+  const int64_t s = warp_id / groups;
+  const int g = int(warp_id - s * groups);
   const int dst = row_map ? row_map[s] : int(s);
   if (dst < 0) return;
-  const T* x = in + (s / in_div) * K;
-  float v[4];
-  float amax = 0.0f;
+  const T* x = in + (s / in_div) * int64_t(K);
+  float v[G][4];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int c = kb * kKBlock + lane * 4 + i;
-    v[i] = c < K ? to_f32(x[c]) : 0.0f;
-    amax = fmaxf(amax, fabsf(v[i]));  // fmaxf ignores NaN, as std::max on the CPU does
-  }
+  for (int u = 0; u < G; ++u) load4(x, (g * G + u) * kKBlock + lane * 4, K, vec, v[u]);
 #pragma unroll
-  for (int d = 16; d > 0; d >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, d));
-  const float scale = amax > 0.0f && isfinite(amax) ? amax / 448.0f : 1.0f;
-  if constexpr (std::is_same_v<Code, uint8_t>) {
-    uint8_t* q = codes + int64_t(dst) * K;
+  for (int u = 0; u < G; ++u) {
+    const int kb = g * G + u;
+    if (kb >= kb_count) break;  // warp-uniform
+    const int c = kb * kKBlock + lane * 4;
+    float amax = 0.0f;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int c = kb * kKBlock + lane * 4 + i;
-      if (c < K) q[c] = uint8_t(__nv_cvt_float_to_fp8(v[i] / scale, __NV_SATFINITE, __NV_E4M3));
+    for (int i = 0; i < 4; ++i) amax = fmaxf(amax, fabsf(v[u][i]));  // fmaxf ignores NaN, as std::max on the CPU does
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, d));
+    const float scale = amax > 0.0f && isfinite(amax) ? amax / 448.0f : 1.0f;
+    uint32_t code[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      code[i] = c + i < K ? uint32_t(__nv_cvt_float_to_fp8(v[u][i] / scale, __NV_SATFINITE, __NV_E4M3)) : 0u;
+    if constexpr (std::is_same_v<Code, uint8_t>) {
+      uint8_t* q = codes + int64_t(dst) * K;
+      if (vec && c + 3 < K) {
+        *reinterpret_cast<uint32_t*>(q + c) = code[0] | (code[1] << 8) | (code[2] << 16) | (code[3] << 24);
+      } else {
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          if (c + i < K) q[c + i] = uint8_t(code[i]);
+      }
+    } else {
+      // columns 4l + {0, 1} and 4l + {2, 3} of the block land in two pairs of adjacent halves
+      // (x_code_col), every column written (zero past K)
+      uint16_t* q = codes + int64_t(dst) * (int64_t(kb_count) * kKBlock) + kb * kKBlock;
+      uint16_t hv[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) hv[i] = __nv_cvt_fp8_to_halfraw(__nv_fp8_storage_t(code[i]), __NV_E4M3).x;
+      const int p = lane * 4;
+      *reinterpret_cast<uint32_t*>(q + (p & ~63) + x_code_col(p & 63)) = uint32_t(hv[0]) | (uint32_t(hv[1]) << 16);
+      *reinterpret_cast<uint32_t*>(q + (p & ~63) + x_code_col((p + 2) & 63)) = uint32_t(hv[2]) | (uint32_t(hv[3]) << 16);
     }
-  } else {
-    uint16_t* q = codes + int64_t(dst) * (int64_t(kb_count) * kKBlock) + kb * kKBlock;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int p = lane * 4 + i;  // column inside the 128-block: every one is written (zero past K)
-      const __nv_fp8_storage_t code =
-          kb * kKBlock + p < K ? __nv_cvt_float_to_fp8(v[i] / scale, __NV_SATFINITE, __NV_E4M3) : __nv_fp8_storage_t(0);
-      q[(p & ~63) + x_code_col(p & 63)] = __nv_cvt_fp8_to_halfraw(code, __NV_E4M3).x;
-    }
+    if (lane == 0) scales[int64_t(kb) * ld + dst] = scale;
   }
-  if (lane == 0) scales[int64_t(kb) * ld + dst] = scale;
 }
 
 template <class T, class Code>
 void launch_quantize_rows(const void* in, int64_t rows, int K, const int* row_map, Code* codes, float* scales, int ld,
                           int in_div, cudaStream_t stream) {
-  const int64_t warps = rows * ((K + kKBlock - 1) / kKBlock);
+  const int64_t groups = ceil_div(ceil_div(int64_t(K), int64_t(kKBlock)), int64_t(kQuantBlocksPerWarp));
+  const int64_t warps = rows * groups;
   if (warps == 0) return;
+  // vector loads / stores: rows of a multiple of 4 elements on 4-element aligned bases
+  const bool vec = K % 4 == 0 && reinterpret_cast<uintptr_t>(in) % (4 * sizeof(T)) == 0 &&
+                   reinterpret_cast<uintptr_t>(codes) % 4 == 0;
   const int threads = 256;
   const int64_t blocks = (warps * 32 + threads - 1) / threads;
   quantize_rows_kernel<T, Code>
-      <<<unsigned(blocks), threads, 0, stream>>>(static_cast<const T*>(in), rows, K, row_map, codes, scales, ld, in_div);
+      <<<unsigned(blocks), threads, 0, stream>>>(static_cast<const T*>(in), rows, K, row_map, codes, scales, ld, in_div, vec);
   check_launch("deepgemm quantize_rows");
 }
 
@@ -466,9 +507,25 @@ void run_deepgemm(const Experts& ex, const ExpertsCall& call, const RunContext& 
       fail(ErrorCode::unsupported, "deepgemm: the FP8 TMA kernel cannot run this call (device {} / alignment of the buffers); "
                                    "use grouped_mm",
            to_string(call.hidden.device));
+    // h quantized in the up GEMM's epilogue where its kernel can (256-wide QGMMA tiles, concatenated
+    // gate / up: tma_fp8_quantizes_h), bit-identical to the separate pass over h at the pair rows,
+    // which it saves (read S x I in the activation dtype, write the codes again; 0.55 ms of
+    // deepseek_v3 T = 16384's 16.2, ncu on the H200, 2026-12-02). MOEX_DEEPGEMM_FUSED_HQ=0: the pass.
+    static const bool fuse_hq = [] {
+      const char* e = std::getenv("MOEX_DEEPGEMM_FUSED_HQ");
+      return !(e && *e == '0');
+    }();
+    const bool hq_in_epilogue = fuse_hq && !z.down_exact && tma_fp8_quantizes_h(up, s.dtype, z.up_exact);
+    if (hq_in_epilogue) {
+      xu.h_codes = hq;
+      xu.h_scales = hs;
+      xu.h_scales_ld = int(z.M4);
+    }
     launch_grouped_gemm_tma_ex(up, s.dtype, true, xu, z.x_rows, z.E, stream);
-    if (z.down_exact) quantize_rows(s.dtype, hp, z.S, int(z.I), pair_lrow, static_cast<uint16_t*>(hq), hs, int(z.M4), stream);
-    else quantize_rows(s.dtype, hp, z.S, int(z.I), pair_lrow, static_cast<uint8_t*>(hq), hs, int(z.M4), stream);
+    if (!hq_in_epilogue && z.down_exact)
+      quantize_rows(s.dtype, hp, z.S, int(z.I), pair_lrow, static_cast<uint16_t*>(hq), hs, int(z.M4), stream);
+    else if (!hq_in_epilogue)
+      quantize_rows(s.dtype, hp, z.S, int(z.I), pair_lrow, static_cast<uint8_t*>(hq), hs, int(z.M4), stream);
     launch_grouped_gemm_tma_ex(down, s.dtype, true, xd, z.M, z.E, stream);
   } else {
     void* h = ws.take_bytes(size_t(z.M * z.I) * dtype_size(s.dtype));

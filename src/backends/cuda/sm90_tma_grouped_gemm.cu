@@ -199,6 +199,10 @@ static bool fp8_wide_tiles(const GroupedGemmArgs& a, DType dtype) {
 
 }  // namespace
 
+bool tma_fp8_quantizes_h(const GroupedGemmArgs& a, DType act_dtype, bool exact) {
+  return !exact && a.epi == Epi::up_concat && a.I % 128 == 0 && fp8_wide_tiles(a, act_dtype);
+}
+
 bool tma_disabled() {
   static const bool disabled = [] {
     const char* s = std::getenv("MOEX_CUDA_NO_TMA");
@@ -355,6 +359,7 @@ void launch_grouped_gemm_tma_ex(const GroupedGemmArgs& a, DType act_dtype, bool 
   if (fp8) {
     MOEX_ASSERT(x.a_scales && x.w_scales && x.a_scales_ld % 4 == 0);
     MOEX_ASSERT(!x.exact || (x.a_ld % 128 == 0 && x.a_ld >= a.Kdim));
+    MOEX_ASSERT(!x.h_codes || (x.h_scales && tma_fp8_quantizes_h(a, act_dtype, x.exact)));
     const bool cluster = !x.exact && fp8_cluster(a), wide = !x.exact && fp8_wide_tiles(a, act_dtype);
     if (x.exact) launch_fp8<true>(a, act_dtype, x, a_rows, E, stream);
     else if (wide && cluster) tma::launch_bn<__nv_bfloat16, 256, true, true, false>(a, act_dtype, x, a_rows, E, stream);

@@ -52,7 +52,17 @@ struct TmaFp8Extra {
   // weights stay e4m3 and are converted in registers. false: QGMMA on e4m3 codes (deepgemm).
   bool exact = false;
   int a_ld = 0;
+  // FP8 gated up GEMM (QGMMA, 256-wide tiles: tma_fp8_quantizes_h): h quantized in the epilogue for
+  // the down GEMM instead of written in the activation dtype: e4m3 codes [rows, I] at the A (layout)
+  // rows and their per-row scales [ceil(I/128), h_scales_ld] (nullptr: h written to a.out).
+  void* h_codes = nullptr;
+  float* h_scales = nullptr;
+  int h_scales_ld = 0;
 };
+// True when the FP8 up GEMM `a` with activation dtype act_dtype runs the kernel that can quantize h in
+// its epilogue (TmaFp8Extra::h_codes): QGMMA with 256-wide tiles, the concatenated gated layout
+// (I % 128 == 0), bf16 activations.
+bool tma_fp8_quantizes_h(const GroupedGemmArgs& a, DType act_dtype, bool exact);
 // True when the FP8 variant can run this GEMM: compute capability 9.0, K-major weights, Kdim a
 // multiple of 16, N a multiple of 8, the gated concatenated layout with I a multiple of 64 (a
 // 64-row half of a tile never straddles two 128-row scale blocks), 16-byte aligned bases.

@@ -6,6 +6,8 @@
 #pragma once
 #include <type_traits>
 
+#include <cuda_fp8.h>
+
 #include "backends/cuda/mma_ptx.cuh"
 #include "backends/cuda/sm90_tma_launch.cuh"
 #include "backends/cuda/wgmma_ptx.cuh"
@@ -266,15 +268,76 @@ __device__ __forceinline__ void store_tile(const GroupedGemmArgs& a, const TmaFp
   }
 }
 
+// The gated up projection of a 256-wide FP8 tile with h quantized here for the down GEMM
+// (x.h_codes set; the concatenated layout, I % 128 == 0): the tile's 128 h columns are exactly one
+// 128-channel block (k block n of the down GEMM), so each row's scale needs only the max over the
+// quad of lanes that holds the row. The same arithmetic as the separate pass it replaces (deepgemm.cu,
+// quantize_rows over h at the pair rows): h rounded to T first (SPEC §6 quantizes the rounded h),
+// scale = amax / 448 (1 when amax is 0 or not finite), code = e4m3(h / scale) saturated, so the codes
+// are bit-identical. Codes go to [rows, I] e4m3 at the layout (A) row of the down GEMM, scales to
+// [ceil(I/128), h_scales_ld]; padding rows (out_rows < 0) stay unwritten, as before.
+template <class T, int ACT>
+__device__ __forceinline__ void store_tile_hq(const GroupedGemmArgs& a, const TmaFp8Extra& x, float (&acc)[32][4], int m, int n,
+                                              int cw, int warp_in_wg, int lane) {
+  constexpr int NH = 16;  // n8 fragments of h: 128 columns
+  const int4 tile = a.plan.tiles[m];
+  const int e = tile.x, rb = tile.y, re = tile.z;
+  const T* bias = a.bias ? static_cast<const T*>(a.bias) + int64_t(e) * a.N : nullptr;
+  const int I = a.I;
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int arow = rb + cw * 64 + warp_in_wg * 16 + (lane >> 2) + hh * 8;
+    float h[NH][2];
+    float amax = 0.0f;
+#pragma unroll
+    for (int nf = 0; nf < NH; ++nf) {
+      const int i = n * 128 + nf * 8 + 2 * (lane & 3);
+      float g0 = acc[nf][2 * hh], g1 = acc[nf][2 * hh + 1];
+      float u0 = acc[nf + NH][2 * hh], u1 = acc[nf + NH][2 * hh + 1];
+      if (bias) {
+        g0 += to_f32(bias[i]);
+        g1 += to_f32(bias[i + 1]);
+        u0 += to_f32(bias[I + i]);
+        u1 += to_f32(bias[I + i + 1]);
+      }
+      h[nf][0] = to_f32(from_f32<T>(gact<ACT>(a.act, g0, u0)));
+      h[nf][1] = to_f32(from_f32<T>(gact<ACT>(a.act, g1, u1)));
+      amax = fmaxf(amax, fmaxf(fabsf(h[nf][0]), fabsf(h[nf][1])));  // fmaxf ignores NaN, as the pass did
+    }
+    // the row's 128 columns sit in the 4 lanes of a quad (all lanes shuffle, valid rows or not)
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+    if (arow >= re || (x.out_rows && x.out_rows[arow] < 0)) continue;
+    const float scale = amax > 0.0f && isfinite(amax) ? amax / 448.0f : 1.0f;
+    uint8_t* q = static_cast<uint8_t*>(x.h_codes) + int64_t(arow) * I + n * 128 + 2 * (lane & 3);
+#pragma unroll
+    for (int nf = 0; nf < NH; ++nf) {
+      const uint32_t c0 = __nv_cvt_float_to_fp8(h[nf][0] / scale, __NV_SATFINITE, __NV_E4M3);
+      const uint32_t c1 = __nv_cvt_float_to_fp8(h[nf][1] / scale, __NV_SATFINITE, __NV_E4M3);
+      *reinterpret_cast<uint16_t*>(q + nf * 8) = uint16_t(c0 | (c1 << 8));
+    }
+    if ((lane & 3) == 0) x.h_scales[int64_t(n) * x.h_scales_ld + arow] = scale;
+  }
+}
+
 // The epilogue of one 64-row half (cw) of a tile: SiLU (the activation of every SPEC §9 shape) with
 // its kind fixed at compile time, dispatched once per tile, in its fast form (__expf, __fdividef:
 // ≤ 1e-5 relative, far below the bf16 / f16 rounding of h that follows); any other activation
 // through the per-element switch. Compiling more kinds adds a whole epilogue to each kernel (with
 // all six this file took 12 min to compile on the 2-core development machine).
-template <class T, int BN>
+// HQ: the FP8 kernels, whose 256-wide gated up projections may quantize h here (store_tile_hq).
+template <class T, int BN, bool HQ = false>
 __device__ __forceinline__ void epilogue(const GroupedGemmArgs& a, const TmaFp8Extra& x, float (&acc)[BN / 8][4], int m, int n, int cw,
                                          int warp_in_wg, int lane) {
-  if (x.compact_epilogue && a.epi != Epi::down && a.act.kind == int(Activation::silu))
+  const bool silu = x.compact_epilogue && a.epi != Epi::down && a.act.kind == int(Activation::silu);
+  if constexpr (HQ && BN == 256) {
+    if (x.h_codes) {
+      if (silu) store_tile_hq<T, kSiluFast>(a, x, acc, m, n, cw, warp_in_wg, lane);
+      else store_tile_hq<T, kActRuntime>(a, x, acc, m, n, cw, warp_in_wg, lane);
+      return;
+    }
+  }
+  if (silu)
     store_tile<T, BN, kSiluFast>(a, x, acc, m, n, cw, warp_in_wg, lane);
   else
     store_tile<T, BN, kActRuntime>(a, x, acc, m, n, cw, warp_in_wg, lane);
@@ -938,7 +1001,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       }
       if (!own) continue;
 
-      epilogue<T, BN>(a, x, acc, m, n, cw, warp_in_wg, lane);
+      epilogue<T, BN, FP8 && !X>(a, x, acc, m, n, cw, warp_in_wg, lane);
     }
   }
   if constexpr (MC) cluster_sync();  // no CTA leaves while its peer may still write or arrive into it
