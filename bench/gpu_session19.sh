@@ -7,6 +7,8 @@
 #   ab      moex bench ($AB_BACKENDS, $AB_SHAPES x $AB_TOKENS, $AB_DTYPE, --quant $AB_QUANT) once per
 #           variant of $AB_VARIANTS ("name:ENV=V,ENV2=V2" or "base"), $AB_ROUNDS interleaved rounds
 #           -> $OUT/ab.json and the table $OUT/ab.md (median ms per variant, ratio to the first)
+#   sanitize compute-sanitizer memcheck on $SANITIZE_FILTER (default deepgemm's FP8 graph tests: the
+#           256-wide QGMMA tiles with h quantized in the up GEMM's epilogue) -> $OUT/memcheck.log
 #   kernels per-kernel GPU time (ncu, gpu__time_duration only) of one forward of each case of
 #           $KERNEL_CASES ("shape:T:backend:quant", default deepseek_v3:16384:deepgemm:fp8), summed by
 #           kernel name -> $OUT/kernels_<case>.txt
@@ -45,6 +47,14 @@ if has tests; then
     grep -E "^\[  PASSED|^\[  FAILED|^\[  SKIPPED|passed, worst|tests ran" "$OUT/tests_$i.log" | head -30
     grep -B3 -A12 "Failure" "$OUT/tests_$i.log" | head -40
   done
+fi
+
+if has sanitize && [ "$(left)" -gt 60 ]; then
+  stamp "memcheck [${SANITIZE_FILTER:-Layouts/DeepGemmGraph.*fp8*}]"
+  timeout $(( $(left) - 30 )) compute-sanitizer --tool memcheck --error-exitcode 9 "$BUILD/moex_tests" \
+    --gtest_filter="${SANITIZE_FILTER:-Layouts/DeepGemmGraph.*fp8*}" > "$OUT/memcheck.log" 2>&1
+  echo "memcheck rc $?"
+  grep -E "ERROR SUMMARY|Invalid|PASSED|FAILED" "$OUT/memcheck.log" | head -8
 fi
 
 if has ab; then

@@ -29,7 +29,8 @@
 //              activation in the epilogue -> h in the activation dtype: at the layout row (bf16)
 //              or at the pair row (FP8)
 //   FP8        h ([S, I], rounded to the activation dtype as SPEC §6 / the reference do) -> hq [M, I]
-//              codes at the layout rows + scales [ceil(I/128), M4]
+//              codes at the layout rows + scales [ceil(I/128), M4]; in the up GEMM's epilogue where
+//              its tiles are 256 wide (tma_fp8_quantizes_h), else a separate pass
 //   down       grouped GEMM, A = h / hq rows by TMA, y[pair] = f32 (+ bias)
 //   combine    out[t] = Σ_j w[t, j] · y[t·K + j] in slot order (combine.cu)
 // Workspace (all static bounds from T, K, E): plan + layout arrays (~16·M + 16·S bytes) + y [S, H]
@@ -522,10 +523,12 @@ void run_deepgemm(const Experts& ex, const ExpertsCall& call, const RunContext& 
       xu.h_scales_ld = int(z.M4);
     }
     launch_grouped_gemm_tma_ex(up, s.dtype, true, xu, z.x_rows, z.E, stream);
-    if (!hq_in_epilogue && z.down_exact)
-      quantize_rows(s.dtype, hp, z.S, int(z.I), pair_lrow, static_cast<uint16_t*>(hq), hs, int(z.M4), stream);
-    else if (!hq_in_epilogue)
-      quantize_rows(s.dtype, hp, z.S, int(z.I), pair_lrow, static_cast<uint8_t*>(hq), hs, int(z.M4), stream);
+    if (!hq_in_epilogue) {
+      if (z.down_exact)
+        quantize_rows(s.dtype, hp, z.S, int(z.I), pair_lrow, static_cast<uint16_t*>(hq), hs, int(z.M4), stream);
+      else
+        quantize_rows(s.dtype, hp, z.S, int(z.I), pair_lrow, static_cast<uint8_t*>(hq), hs, int(z.M4), stream);
+    }
     launch_grouped_gemm_tma_ex(down, s.dtype, true, xd, z.M, z.E, stream);
   } else {
     void* h = ws.take_bytes(size_t(z.M * z.I) * dtype_size(s.dtype));

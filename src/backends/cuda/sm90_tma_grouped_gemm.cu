@@ -23,7 +23,8 @@
 //     row map (TmaFp8Extra::out_rows) for the deepgemm layouts.
 //
 // FP8 variant (deepgemm.cu; e4m3 codes in A and B, 128 bytes = 128 elements of K per stage, the
-// same 128B-swizzled smem layout): QGMMA m64n128k32, and the two-level accumulation of SPEC §6 —
+// same 128B-swizzled smem layout): QGMMA m64n128k32 (a 256-wide tile as two 128-column parts), and the
+// two-level accumulation of SPEC §6 —
 // each 128-K block's partial sums (a second register set, wgmma scale-d = 0 on its first step)
 // are multiplied by the rows' activation scales (loaded with the stage: a 512-byte TMA box of the
 // MN-major scale array, or 4-byte cp.async in the gather variant) and the block's weight scale,
@@ -171,8 +172,8 @@ void launch_bf16_f16(const GroupedGemmArgs& a, DType dtype, const TmaFp8Extra& x
   else tma::launch_bn<__half, BN, false, MC, PP>(a, dtype, x, a_rows, E, stream);
 }
 
-// The FP8 kernels (128-wide tiles) per activation dtype: exact (X, no clusters) or QGMMA, in 2-CTA
-// clusters (MC) or not.
+// The FP8 kernels with 128-wide tiles per activation dtype: exact (X, no clusters) or QGMMA, in 2-CTA
+// clusters (MC) or not (the 256-wide QGMMA kernels: fp8_wide_tiles below).
 template <bool X, bool MC = false>
 void launch_fp8(const GroupedGemmArgs& a, DType dtype, const TmaFp8Extra& x, int64_t a_rows, int64_t E, cudaStream_t stream) {
   static_assert(!(X && MC), "the exact FP8 kernel runs without clusters");

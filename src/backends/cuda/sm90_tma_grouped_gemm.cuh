@@ -67,8 +67,9 @@ bool tma_fp8_quantizes_h(const GroupedGemmArgs& a, DType act_dtype, bool exact);
 // multiple of 16, N a multiple of 8, the gated concatenated layout with I a multiple of 64 (a
 // 64-row half of a tile never straddles two 128-row scale blocks), 16-byte aligned bases.
 bool tma_fp8_usable(const GroupedGemmArgs& a);
-// act_dtype: the activation dtype of the bias (bf16 / f16 / f32 allowed for FP8). FP8 runs 128-wide
-// N tiles. x.out_rows may be set for bf16/f16 (fp8 = false) too.
+// act_dtype: the activation dtype of the bias (bf16 / f16 / f32 allowed for FP8). FP8 runs 256-wide
+// N tiles on QGMMA for bf16 activations, 128-wide otherwise (see fp8_wide_tiles in the .cu). x.out_rows
+// may be set for bf16/f16 (fp8 = false) too.
 void launch_grouped_gemm_tma_ex(const GroupedGemmArgs& a, DType act_dtype, bool fp8, const TmaFp8Extra& x, int64_t a_rows,
                                 int64_t E, cudaStream_t stream);
 // a_rows: rows of the A buffer when it is read without a gather (the down projection's h [S, I]);

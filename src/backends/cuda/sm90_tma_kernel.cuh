@@ -196,7 +196,8 @@ __device__ __forceinline__ void store_tile(const GroupedGemmArgs& a, const TmaFp
   const int e = tile.x, rb = tile.y, re = tile.z;
   const T* bias = a.bias ? static_cast<const T*>(a.bias) + int64_t(e) * a.N : nullptr;
   // h in the activation dtype, also for FP8: SPEC §6 quantizes the rounded h (as the CPU and the
-  // reference do), so the deepgemm quantizer reads it back from T.
+  // reference do), so the deepgemm quantizer reads it back from T (the 256-wide FP8 gated tiles
+  // quantize it themselves: store_tile_hq).
   using HOut = T;
   const int I = a.I, N = a.N;
 #pragma unroll
