@@ -252,9 +252,9 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, CudaFp8Decode, ::testing::Values(DType::f32, DT
 // 33-64, 65-128 and more rows (each wgmma N of the exact kernel, several M tiles per expert),
 // partial 128-k blocks on both GEMMs (H = 208, I = 704), skewed / dropped / one-expert / empty
 // routing, every epilogue with and without bias, f32 and UE8M0 scales. The default (the exact up
-// GEMM, the QGMMA down GEMM), both GEMMs exact (MOEX_CUDA_FP8_TMA=exact) and the portable mma.sync
-// path (=0) must meet SPEC §8 (2e-3 against the same-quantization f64 reference, 8e-2 against the
-// unquantized one).
+// GEMM, the QGMMA down GEMM), both GEMMs exact (MOEX_CUDA_FP8_TMA=exact), each with the exact GEMMs
+// on the untransposed kernel too (MOEX_CUDA_FP8_X_NT=1), and the portable mma.sync path (=0) must
+// meet SPEC §8 (2e-3 against the same-quantization f64 reference, 8e-2 against the unquantized one).
 std::vector<check::Case> fp8_prefill_cases(uint64_t seed, DType dt) {
   std::vector<check::Case> out;
   auto add = [&](check::Case c, QuantSpec q) {
@@ -290,22 +290,27 @@ TEST_P(CudaFp8Prefill, TmaAndPortablePathsMatchTheReference) {
   const DType dt = GetParam();
   ScopedEnv no_decode("MOEX_CUDA_FP8_DECODE", "0");
   const uint64_t seed = seed_from_env();
-  // {MOEX_CUDA_FP8_TMA, MOEX_CUDA_FP8_X_PREGATHER}: the default (exact up GEMM, QGMMA down GEMM;
-  // these cases' <= 8192 pairs take the token codes written at the layout rows by the quantizer), the
-  // same with the codes gathered by the up GEMM, both GEMMs exact, the portable path
-  const char* const modes[][2] = {{"hybrid", ""}, {"hybrid", "0"}, {"exact", "0"}, {"0", "0"}};
+  // {MOEX_CUDA_FP8_TMA, MOEX_CUDA_FP8_X_PREGATHER, MOEX_CUDA_FP8_X_NT}: the default (exact up GEMM,
+  // QGMMA down GEMM; these cases' <= 8192 pairs take the token codes written at the layout rows by
+  // the quantizer), the same with the codes gathered by the up GEMM, both GEMMs exact, the portable
+  // path; the first three again with the untransposed exact kernel
+  const char* const modes[][3] = {{"hybrid", "", ""},  {"hybrid", "0", ""},  {"exact", "0", ""}, {"0", "0", ""},
+                                  {"hybrid", "", "1"}, {"hybrid", "0", "1"}, {"exact", "0", "1"}};
   for (const auto& mode : modes) {
     ScopedEnv path("MOEX_CUDA_FP8_TMA", mode[0]);
     ScopedEnv pregather("MOEX_CUDA_FP8_X_PREGATHER", mode[1]);
+    ScopedEnv untransposed("MOEX_CUDA_FP8_X_NT", mode[2]);
     double worst = 0;
     for (const auto& c : fp8_prefill_cases(seed, dt)) {
       const auto r = check::run_case("grouped_mm", c, Device::cuda());
       EXPECT_EQ(r.status, check::Result::Status::passed) << "MOEX_CUDA_FP8_TMA=" << mode[0] << " MOEX_CUDA_FP8_X_PREGATHER="
-                                                         << mode[1] << " " << c.describe() << ": "
-                                                         << check::status_name(r.status) << ": " << r.message;
+                                                         << mode[1] << " MOEX_CUDA_FP8_X_NT=" << mode[2] << " "
+                                                         << c.describe() << ": " << check::status_name(r.status) << ": "
+                                                         << r.message;
       worst = std::max(worst, r.rel_l2);
     }
-    std::printf("FP8 prefill, MOEX_CUDA_FP8_TMA=%s MOEX_CUDA_FP8_X_PREGATHER=%s: worst rel L2 %.2e\n", mode[0], mode[1], worst);
+    std::printf("FP8 prefill, MOEX_CUDA_FP8_TMA=%s MOEX_CUDA_FP8_X_PREGATHER=%s MOEX_CUDA_FP8_X_NT=%s: worst rel L2 %.2e\n",
+                mode[0], mode[1], mode[2], worst);
   }
 }
 

@@ -201,14 +201,14 @@ __device__ __forceinline__ void load4(const T* x, int c, int K, bool vec, float 
 // (in_div = top_k: pair s's token) and goes to dst row (row_map ? row_map[s] : s) of the codes and of
 // scales [ceil(K/128), ld] (MN-major); row_map[s] < 0 skips the row.
 // Code = uint8_t: e4m3 bytes [*, K] in order (QGMMA); uint16_t: f16 values [*, x_code_ld(K)] in the
-// x_code_col order (the exact kernel).
+// x_code_col order (the transposed exact kernel) or, with `natural`, in k order (the untransposed one).
 // Every block's loads are issued before the first reduction, and stored 4 codes at a time: with one
 // block per warp and byte stores the pass ran at 1.5 TB/s (ncu on the H200, 2026-12-02: deepseek_v3
 // T = 16384, x 233 us, h 550 us).
 constexpr int kQuantBlocksPerWarp = 4;
 template <class T, class Code>
 __global__ void quantize_rows_kernel(const T* in, int64_t rows, int K, const int* row_map, Code* codes, float* scales, int ld,
-                                     int in_div, bool vec) {
+                                     int in_div, bool vec, bool natural) {
   constexpr int G = kQuantBlocksPerWarp;
   const int kb_count = (K + kKBlock - 1) / kKBlock, groups = (kb_count + G - 1) / G;
   const int64_t warp_id = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
@@ -254,8 +254,13 @@ __global__ void quantize_rows_kernel(const T* in, int64_t rows, int K, const int
 #pragma unroll
       for (int i = 0; i < 4; ++i) hv[i] = __nv_cvt_fp8_to_halfraw(__nv_fp8_storage_t(code[i]), __NV_E4M3).x;
       const int p = lane * 4;
-      *reinterpret_cast<uint32_t*>(q + (p & ~63) + x_code_col(p & 63)) = uint32_t(hv[0]) | (uint32_t(hv[1]) << 16);
-      *reinterpret_cast<uint32_t*>(q + (p & ~63) + x_code_col((p + 2) & 63)) = uint32_t(hv[2]) | (uint32_t(hv[3]) << 16);
+      const uint32_t lo = uint32_t(hv[0]) | (uint32_t(hv[1]) << 16), hi = uint32_t(hv[2]) | (uint32_t(hv[3]) << 16);
+      if (natural) {
+        *reinterpret_cast<uint2*>(q + p) = make_uint2(lo, hi);
+      } else {
+        *reinterpret_cast<uint32_t*>(q + (p & ~63) + x_code_col(p & 63)) = lo;
+        *reinterpret_cast<uint32_t*>(q + (p & ~63) + x_code_col((p + 2) & 63)) = hi;
+      }
     }
     if (lane == 0) scales[int64_t(kb) * ld + dst] = scale;
   }
@@ -263,7 +268,7 @@ __global__ void quantize_rows_kernel(const T* in, int64_t rows, int K, const int
 
 template <class T, class Code>
 void launch_quantize_rows(const void* in, int64_t rows, int K, const int* row_map, Code* codes, float* scales, int ld,
-                          int in_div, cudaStream_t stream) {
+                          int in_div, bool natural, cudaStream_t stream) {
   const int64_t groups = ceil_div(ceil_div(int64_t(K), int64_t(kKBlock)), int64_t(kQuantBlocksPerWarp));
   const int64_t warps = rows * groups;
   if (warps == 0) return;
@@ -273,17 +278,19 @@ void launch_quantize_rows(const void* in, int64_t rows, int K, const int* row_ma
   const int threads = 256;
   const int64_t blocks = (warps * 32 + threads - 1) / threads;
   quantize_rows_kernel<T, Code>
-      <<<unsigned(blocks), threads, 0, stream>>>(static_cast<const T*>(in), rows, K, row_map, codes, scales, ld, in_div, vec);
+      <<<unsigned(blocks), threads, 0, stream>>>(static_cast<const T*>(in), rows, K, row_map, codes, scales, ld, in_div, vec,
+                                                 natural);
   check_launch("deepgemm quantize_rows");
 }
 
-// codes: uint8_t* (e4m3, QGMMA) or uint16_t* (f16 values in the exact kernel's order).
+// codes: uint8_t* (e4m3, QGMMA) or uint16_t* (f16 values in the exact kernels' order: natural for the
+// untransposed one, TmaFp8Extra::exact_nt).
 template <class Code>
 void quantize_rows(DType dt, const void* in, int64_t rows, int K, const int* row_map, Code* codes, float* scales, int ld,
-                   cudaStream_t stream, int in_div = 1) {
-  if (dt == DType::bf16) launch_quantize_rows<__nv_bfloat16>(in, rows, K, row_map, codes, scales, ld, in_div, stream);
-  else if (dt == DType::f16) launch_quantize_rows<__half>(in, rows, K, row_map, codes, scales, ld, in_div, stream);
-  else launch_quantize_rows<float>(in, rows, K, row_map, codes, scales, ld, in_div, stream);
+                   cudaStream_t stream, int in_div = 1, bool natural = false) {
+  if (dt == DType::bf16) launch_quantize_rows<__nv_bfloat16>(in, rows, K, row_map, codes, scales, ld, in_div, natural, stream);
+  else if (dt == DType::f16) launch_quantize_rows<__half>(in, rows, K, row_map, codes, scales, ld, in_div, natural, stream);
+  else launch_quantize_rows<float>(in, rows, K, row_map, codes, scales, ld, in_div, natural, stream);
 }
 
 // ---- workspace ---------------------------------------------------------------------------------
@@ -480,15 +487,22 @@ void run_deepgemm(const Experts& ex, const ExpertsCall& call, const RunContext& 
     void* hq = ws.take_bytes(size_t(z.M * z.h_ld) * size_t(z.h_code_bytes));
     float* hs = ws.take<float>(size_t(ceil_div(z.I, kKBlock) * z.M4));
     const bool ue8m0 = s.quant.scale_format == ScaleFormat::ue8m0;
+    // The exact GEMMs on the untransposed kernel (TmaFp8Extra::exact_nt; their f16 codes in natural k
+    // order): opt-in, MOEX_CUDA_FP8_X_NT=1 (read per call, as MOEX_CUDA_FP8_TMA: the prefill test
+    // runs both), until it has run on a GPU.
+    const char* x_nt_env = std::getenv("MOEX_CUDA_FP8_X_NT");
+    const bool x_nt = (z.up_exact || z.down_exact) && x_nt_env && *x_nt_env == '1';
     if (z.x_pregather)  // pair p's token row p / K at its layout row (padding rows stay unwritten: discarded)
       quantize_rows(s.dtype, call.hidden.data, z.S, int(z.H), pair_lrow, static_cast<uint16_t*>(xq), xs, int(z.x_scale_ld),
-                    stream, int(K));
+                    stream, int(K), x_nt);
     else if (z.up_exact)
-      quantize_rows(s.dtype, call.hidden.data, T, int(z.H), nullptr, static_cast<uint16_t*>(xq), xs, int(z.T4), stream);
+      quantize_rows(s.dtype, call.hidden.data, T, int(z.H), nullptr, static_cast<uint16_t*>(xq), xs, int(z.T4), stream, 1,
+                    x_nt);
     else
       quantize_rows(s.dtype, call.hidden.data, T, int(z.H), nullptr, static_cast<uint8_t*>(xq), xs, int(z.T4), stream);
     xu.exact = z.up_exact;
     xd.exact = z.down_exact;
+    xu.exact_nt = xd.exact_nt = x_nt;
     xu.a_ld = z.up_exact ? int(z.x_ld) : 0;
     xd.a_ld = z.down_exact ? int(z.h_ld) : 0;
     up.A = xq;
@@ -525,7 +539,7 @@ void run_deepgemm(const Experts& ex, const ExpertsCall& call, const RunContext& 
     launch_grouped_gemm_tma_ex(up, s.dtype, true, xu, z.x_rows, z.E, stream);
     if (!hq_in_epilogue) {
       if (z.down_exact)
-        quantize_rows(s.dtype, hp, z.S, int(z.I), pair_lrow, static_cast<uint16_t*>(hq), hs, int(z.M4), stream);
+        quantize_rows(s.dtype, hp, z.S, int(z.I), pair_lrow, static_cast<uint16_t*>(hq), hs, int(z.M4), stream, 1, x_nt);
       else
         quantize_rows(s.dtype, hp, z.S, int(z.I), pair_lrow, static_cast<uint8_t*>(hq), hs, int(z.M4), stream);
     }

@@ -54,6 +54,13 @@
 //   * per 128-k block: fresh partial sums (HGMMA, f32), then acc += part x activation scale (per A
 //     row) x weight block scale (per weight row): the CPU's sums up to f32 rounding (measured 1.2e-5
 //     on f32 activations, the portable mma.sync path's figure).
+// Untransposed exact variant (X = 2; TmaFp8Extra::exact_nt; opt-in MOEX_CUDA_FP8_X_NT=1, NOT YET RUN
+// on a GPU): the same ring, the product D[A row][weight row] as the QGMMA kernel computes it; the
+// consumers convert each stage's e4m3 weight tile into one of two f16 copies in shared memory (the
+// next stage's while this stage's HGMMAs run, named barrier 1 between the two warpgroups), HGMMA
+// reads both operands by descriptor, and the promotion needs two scale products per row. The A
+// codes are in natural k order (the quantizer's `natural`). Why: ncu on the transposed kernel (qwen3
+// T = 4096, 2026-12-02) measured 634 us for the up GEMM against bf16's 396, tensor pipe 35 %.
 // Measured (H200, 2026-12-01, docs/PERF.md, fourteenth session): 0.52-1.39x the bf16 grouped_mm
 // speed at T = 512 / 4096 (QGMMA 0.92-1.68x), 5-10x the portable path. With the QGMMA down GEMM
 // (grouped_mm's default since the fifteenth session) and, up to 8192 pairs, the token codes
@@ -174,7 +181,7 @@ void launch_bf16_f16(const GroupedGemmArgs& a, DType dtype, const TmaFp8Extra& x
 
 // The FP8 kernels with 128-wide tiles per activation dtype: exact (X, no clusters) or QGMMA, in 2-CTA
 // clusters (MC) or not (the 256-wide QGMMA kernels: fp8_wide_tiles below).
-template <bool X, bool MC = false>
+template <int X, bool MC = false>
 void launch_fp8(const GroupedGemmArgs& a, DType dtype, const TmaFp8Extra& x, int64_t a_rows, int64_t E, cudaStream_t stream) {
   static_assert(!(X && MC), "the exact FP8 kernel runs without clusters");
   if (dtype == DType::bf16) tma::launch_bn<__nv_bfloat16, 128, true, MC, false, X>(a, dtype, x, a_rows, E, stream);
@@ -362,11 +369,12 @@ void launch_grouped_gemm_tma_ex(const GroupedGemmArgs& a, DType act_dtype, bool 
     MOEX_ASSERT(!x.exact || (x.a_ld % 128 == 0 && x.a_ld >= a.Kdim));
     MOEX_ASSERT(!x.h_codes || (x.h_scales && tma_fp8_quantizes_h(a, act_dtype, x.exact)));
     const bool cluster = !x.exact && fp8_cluster(a), wide = !x.exact && fp8_wide_tiles(a, act_dtype);
-    if (x.exact) launch_fp8<true>(a, act_dtype, x, a_rows, E, stream);
+    if (x.exact && x.exact_nt) launch_fp8<2>(a, act_dtype, x, a_rows, E, stream);
+    else if (x.exact) launch_fp8<1>(a, act_dtype, x, a_rows, E, stream);
     else if (wide && cluster) tma::launch_bn<__nv_bfloat16, 256, true, true, false>(a, act_dtype, x, a_rows, E, stream);
     else if (wide) tma::launch_bn<__nv_bfloat16, 256, true, false, false>(a, act_dtype, x, a_rows, E, stream);
-    else if (cluster) launch_fp8<false, true>(a, act_dtype, x, a_rows, E, stream);
-    else launch_fp8<false>(a, act_dtype, x, a_rows, E, stream);
+    else if (cluster) launch_fp8<0, true>(a, act_dtype, x, a_rows, E, stream);
+    else launch_fp8<0>(a, act_dtype, x, a_rows, E, stream);
     return;
   }
   // N tile: x.n_tile (grouped_mm sets it from the GEMM's size, see launch_grouped_gemm_tma), 256

@@ -52,6 +52,10 @@ struct TmaFp8Extra {
   // weights stay e4m3 and are converted in registers. false: QGMMA on e4m3 codes (deepgemm).
   bool exact = false;
   int a_ld = 0;
+  // With exact: the untransposed exact kernel (opt-in, MOEX_CUDA_FP8_X_NT=1, see deepgemm.cu): the
+  // consumers convert each stage's e4m3 weight tile into f16 in shared memory and run HGMMA with both
+  // operands by descriptor; a.A's f16 codes are then in natural k order (no x_code_col permutation).
+  bool exact_nt = false;
   // FP8 gated up GEMM (QGMMA, 256-wide tiles: tma_fp8_quantizes_h): h quantized in the epilogue for
   // the down GEMM instead of written in the activation dtype: e4m3 codes [rows, I] at the A (layout)
   // rows and their per-row scales [ceil(I/128), h_scales_ld] (nullptr: h written to a.out).

@@ -26,16 +26,19 @@ constexpr int A_BYTES = BM * BK * 2;
 // One pipeline stage holds 128 bytes of every row: 64 bf16/f16 or 128 e4m3 elements of K. FP8 adds
 // the stage's 128 activation scales (f32, one per A row; one 128-wide K block = one stage).
 // X (exact FP8): the A rows are f16 codes, 128 of K = 256 bytes per row, stored as two 128-byte
-// swizzled sub-tiles [128 rows][64 k] (A_STAGE = 32 KB); four stages fit.
+// swizzled sub-tiles [128 rows][64 k] (A_STAGE = 32 KB); four stages fit. X = 2 (untransposed) adds
+// two f16 copies of a stage's weight tile (F_BYTES each, the same two-sub-tile layout as A) outside
+// the ring, and keeps three stages.
 constexpr int SA_BYTES = BM * 4;
 constexpr int X_SUB_BYTES = BM * 128;  // one [128 rows][64 f16] sub-tile of an X stage
-template <int BN, bool FP8 = false, bool X = false>
+template <int BN, bool FP8 = false, int X = 0>
 struct TmaCfg {
-  static constexpr int STAGES = X ? 4 : BN == 256 ? 4 : 6;
+  static constexpr int STAGES = X == 2 ? 3 : X ? 4 : BN == 256 ? 4 : 6;
   static constexpr int A_STAGE = X ? 2 * X_SUB_BYTES : A_BYTES;
   static constexpr int B_BYTES = BN * BK * 2;
+  static constexpr int F_BYTES = X == 2 ? BN * 256 : 0;  // [BN rows][128 k] f16
   static constexpr int STAGE_BYTES = A_STAGE + B_BYTES + (FP8 ? SA_BYTES : 0);
-  static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + 1024 + 256;  // align slack + barriers
+  static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + 2 * F_BYTES + 1024 + 256;  // align slack + barriers
 };
 
 // ---- PTX helpers --------------------------------------------------------------------------
@@ -516,7 +519,7 @@ __device__ __forceinline__ void pingpong_consumer(const GroupedGemmArgs& a, cons
 // the two-level accumulation (see the comment at the top of sm90_tma_grouped_gemm.cu).
 // MC: launched in clusters of 2 CTAs (see "2-CTA clusters" at the top of sm90_tma_grouped_gemm.cu).
 // PP: ping-pong consumers (see "Ping-pong" there).
-template <class T, int BN, bool GATHER, bool FP8, bool MC, bool PP, bool X>
+template <class T, int BN, bool GATHER, bool FP8, bool MC, bool PP, int X>
 __global__ void __launch_bounds__(THREADS, 1)
     grouped_gemm_tma(const __grid_constant__ CUtensorMap tm_b, const __grid_constant__ CUtensorMap tm_a,
                      const __grid_constant__ CUtensorMap tm_sa, const __grid_constant__ GroupedGemmArgs a,
@@ -531,13 +534,15 @@ __global__ void __launch_bounds__(THREADS, 1)
   static_assert(!FP8 || BN == 128 || (BN == 256 && !X), "FP8: 128-wide N tiles (256-wide: QGMMA only)");
   static_assert(!PP || (!FP8 && BN == 128), "ping-pong: bf16 / f16, 128-wide tiles");
   static_assert(!X || (FP8 && !MC && !PP), "the exact FP8 variant: FP8, cooperative, no clusters");
+  static_assert(X != 2 || BN == 128, "the untransposed exact variant: 128-wide tiles");
   constexpr uint32_t HALF_B = (BN / 2) * 128;  // bytes of half a B stage (BN/2 weight rows)
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw = ptx::smem_u32(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;
   const uint32_t sA = base, sB = base + STAGES * A_STAGE;
-  const uint32_t sSA = sB + STAGES * B_BYTES;                   // FP8: [STAGES][128] f32
+  const uint32_t sF = sB + STAGES * B_BYTES;                    // X = 2: [2][F_BYTES] f16 weights
+  const uint32_t sSA = sF + 2 * Cfg::F_BYTES;                   // FP8: [STAGES][128] f32
   // barriers and small shared values, in this order: full[STAGES], empty[STAGES], num_m (8 bytes),
   // turn[2] (PP), item_full[ITEM_SLOTS], item_empty[ITEM_SLOTS], items[ITEM_SLOTS] (dynamic schedule)
   const uint32_t bars = sSA + (FP8 ? STAGES * SA_BYTES : 0);
@@ -770,7 +775,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     uint32_t phase = 0;
     float acc[NF][4];
     // FP8: the partial sums of one 128-K block, for 128 columns (BN = 256: one half at a time)
-    constexpr int NFP = FP8 && !X ? (NF < 16 ? NF : 16) : 1;
+    constexpr int NFP = FP8 && X != 1 ? (NF < 16 ? NF : 16) : 1;
     float part[NFP][4];
     // a stage is refilled when the consumers of every CTA that reads it released it (MC: the
     // peer's multicast writes into this CTA's stage too)
@@ -802,7 +807,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       // The flag is broadcast from lane 0 so that the compiler sees a warp-uniform branch (no extra
       // convergence barriers around the MMAs; the SASS keeps its 168 registers).
       bool idle = false;
-      if (x.skip_idle_rows && !X) {  // X: both warpgroups read every A row
+      if (x.skip_idle_rows && !X) {  // X = 1: both warpgroups read every A row; 2: both convert the weights
         const int4 tile_rows = a.plan.tiles[m];
         idle = __shfl_sync(0xffffffffu, int(!own || tile_rows.z - tile_rows.y <= cw * 64), 0) != 0;
       }
@@ -815,6 +820,88 @@ __global__ void __launch_bounds__(THREADS, 1)
           mbar_wait(full_bar(stage), phase);
           release(stage);
           next_stage<STAGES>(stage, phase);
+        }
+      } else if constexpr (X == 2) {
+        // ---- exact FP8, untransposed (opt-in, TmaFp8Extra::exact_nt): per 128-K block, part = A·Bᵀ
+        // by HGMMA on f16 operands in shared memory (exact: e4m3 ⊂ f16, products exact, f32 sums),
+        // then acc += part × activation scale (per A row) × weight block scale (per 64-column half),
+        // as the QGMMA branch below promotes. A: the stage's f16 codes (natural k order). B: the
+        // stage's e4m3 weight tile converted into f16 buffer kt % 2 by both consumer warpgroups
+        // (thread ct: row ct / 2, k half ct % 2), the next stage's converted under this stage's MMAs.
+        // Named barrier 1 (both warpgroups) after each stage: buffer kt % 2 read by every MMA before it
+        // is written again, buffer (kt + 1) % 2 written by both halves before it is read.
+        // Why: the transposed kernel spends ~323 instructions per stage and warp on conversion into
+        // register fragments and 64 distinct scale products; here the promotion needs 4 products
+        // and the conversion runs beside the tensor cores (NOT YET RUN on a GPU).
+        const int e = a.plan.tiles[m].x;
+        int64_t ws_lo, ws_hi;
+        weight_scale_rows<BN>(a, e, n, ws_lo, ws_hi);
+        const int srow = cw * 64 + warp_in_wg * 16 + (lane >> 2);
+        const int ct = tid - 128, cr = ct >> 1, ch = ct & 1;
+        // e4m3 [128 rows][128 B] (128B-swizzled TMA tile) -> f16 sub-tile ch of buffer fb, row cr:
+        // e4m3 chunk c (k 16c..16c+15) becomes f16 chunks 2(c % 4) and 2(c % 4) + 1. The order j ^ 2ch
+        // keeps each 8-thread phase of the 16-byte loads and stores on 8 distinct bank groups.
+        auto convert = [&](int st, int fb) {
+          const uint32_t src = sB + uint32_t(st) * B_BYTES + uint32_t(cr * 128);
+          const uint32_t dst = sF + uint32_t(fb * Cfg::F_BYTES + ch * X_SUB_BYTES + cr * 128);
+          const int sw = cr & 7;
+#pragma unroll
+          for (int j0 = 0; j0 < 4; ++j0) {
+            const int j = j0 ^ (2 * ch), c = 4 * ch + j;
+            const uint4 w = ptx::lds128(src + uint32_t((c ^ sw) << 4));
+            uint32_t f[8];
+            wgmma::e4m3x4_to_f16x2x2(w.x, f[0], f[1]);
+            wgmma::e4m3x4_to_f16x2x2(w.y, f[2], f[3]);
+            wgmma::e4m3x4_to_f16x2x2(w.z, f[4], f[5]);
+            wgmma::e4m3x4_to_f16x2x2(w.w, f[6], f[7]);
+            ptx::sts128(dst + uint32_t(((2 * j) ^ sw) << 4), f[0], f[1], f[2], f[3]);
+            ptx::sts128(dst + uint32_t(((2 * j + 1) ^ sw) << 4), f[4], f[5], f[6], f[7]);
+          }
+        };
+        mbar_wait(full_bar(stage), phase);
+        if constexpr (GATHER) wgmma::fence_proxy_async();
+        convert(stage, 0);
+        wgmma::fence_proxy_async();  // the generic-proxy stores, before wgmma reads them
+        ptx::named_barrier_sync(1, 256);
+        for (int kt = 0; kt < ktiles; ++kt) {
+          const int fb = kt & 1;
+          const uint32_t a_tile = sA + uint32_t(stage) * A_STAGE + uint32_t(cw) * (64 * 128);
+          const uint32_t b_tile = sF + uint32_t(fb * Cfg::F_BYTES);
+          wgmma::fence_acc_first<16>(part);
+          wgmma::fence();
+#pragma unroll
+          for (int kk = 0; kk < 8; ++kk) {
+            const uint32_t sub = uint32_t((kk >> 2) * X_SUB_BYTES + (kk & 3) * 32);
+            wgmma::wgmma_m64n128k16_f16(part, wgmma::desc_sw128(a_tile + sub), wgmma::desc_sw128(b_tile + sub), kk);
+          }
+          wgmma::commit();
+          int next = stage;
+          uint32_t next_phase = phase;
+          next_stage<STAGES>(next, next_phase);
+          if (kt + 1 < ktiles) {  // the next stage's weights, converted under this stage's MMAs
+            mbar_wait(full_bar(next), next_phase);
+            if constexpr (GATHER) wgmma::fence_proxy_async();
+            convert(next, fb ^ 1);
+            wgmma::fence_proxy_async();
+          }
+          const float w_lo = weight_scale(x, ws_lo + kt), w_hi = weight_scale(x, ws_hi + kt);
+          wgmma::wait<0>();
+          wgmma::fence_acc(part);
+          const float* sa = reinterpret_cast<const float*>(smem_raw + (sSA - raw) + stage * SA_BYTES);
+          const float sa0 = sa[srow], sa1 = sa[srow + 8];
+          release(stage);
+#pragma unroll
+          for (int nf = 0; nf < NF; ++nf) {
+            const float ws = nf < NF / 2 ? w_lo : w_hi;
+            const float s0 = sa0 * ws, s1 = sa1 * ws;
+            acc[nf][0] += part[nf][0] * s0;
+            acc[nf][1] += part[nf][1] * s0;
+            acc[nf][2] += part[nf][2] * s1;
+            acc[nf][3] += part[nf][3] * s1;
+          }
+          ptx::named_barrier_sync(1, 256);
+          stage = next;
+          phase = next_phase;
         }
       } else if constexpr (X) {
         // ---- exact FP8, transposed: this warpgroup computes D[w row][tile row] for 64 weight rows
@@ -1013,7 +1100,7 @@ __global__ void __launch_bounds__(THREADS, 1)
 
 // ---- typed launcher ---------------------------------------------------------------------------
 
-template <class T, int BN, bool GATHER, bool FP8, bool MC, bool PP, bool X>
+template <class T, int BN, bool GATHER, bool FP8, bool MC, bool PP, int X>
 void launch_typed(const GroupedGemmArgs& a, DType dtype, const TmaFp8Extra& x, int64_t a_rows, int64_t E, cudaStream_t stream) {
   auto kernel = grouped_gemm_tma<T, BN, GATHER, FP8, MC, PP, X>;
   constexpr int SMEM = TmaCfg<BN, FP8, X>::SMEM_BYTES;
@@ -1088,7 +1175,7 @@ void launch_typed(const GroupedGemmArgs& a, DType dtype, const TmaFp8Extra& x, i
   check_launch("grouped_gemm_tma");
 }
 
-template <class T, int BN, bool FP8, bool MC, bool PP, bool X>
+template <class T, int BN, bool FP8, bool MC, bool PP, int X>
 void launch_bn(const GroupedGemmArgs& a, DType dtype, const TmaFp8Extra& x, int64_t a_rows, int64_t E, cudaStream_t stream) {
   if (a.a_gather) launch_typed<T, BN, true, FP8, MC, PP, X>(a, dtype, x, a_rows, E, stream);
   else launch_typed<T, BN, false, FP8, MC, PP, X>(a, dtype, x, a_rows, E, stream);
@@ -1098,7 +1185,7 @@ void launch_bn(const GroupedGemmArgs& a, DType dtype, const TmaFp8Extra& x, int6
 
 // Explicit instantiation of one launch_bn combination (and with it its two kernels, gathered and
 // not). Use at global scope in a sm90_tma_kernels_*.cu file.
-#define MOEX_TMA_INSTANTIATE(T, BN, FP8, MC, PP) MOEX_TMA_INSTANTIATE_X(T, BN, FP8, MC, PP, false)
+#define MOEX_TMA_INSTANTIATE(T, BN, FP8, MC, PP) MOEX_TMA_INSTANTIATE_X(T, BN, FP8, MC, PP, 0)
 // ... with the exact FP8 variant chosen (X)
 #define MOEX_TMA_INSTANTIATE_X(T, BN, FP8, MC, PP, X)                                                         \
   template void moex::cuda::tma::launch_bn<T, BN, FP8, MC, PP, X>(const moex::cuda::GroupedGemmArgs&, moex::DType, \

@@ -94,10 +94,11 @@ __device__ __forceinline__ void wgmma_m64n128k16_bf16(float (&d)[16][4], uint64_
                : MOEX_WGMMA_ACC16(d)
                : "l"(desc_a), "l"(desc_b), "r"(1));
 }
-__device__ __forceinline__ void wgmma_m64n128k16_f16(float (&d)[16][4], uint64_t desc_a, uint64_t desc_b) {
+// accumulate = 0 overwrites d (D = A·B), 1 adds (D += A·B)
+__device__ __forceinline__ void wgmma_m64n128k16_f16(float (&d)[16][4], uint64_t desc_a, uint64_t desc_b, int accumulate = 1) {
   asm volatile(MOEX_WGMMA_ASM("m64n128k16.f32.f16.f16", MOEX_WGMMA_REGS64, "%64", "%65", "%66", "1, 1, 0, 0")
                : MOEX_WGMMA_ACC16(d)
-               : "l"(desc_a), "l"(desc_b), "r"(1));
+               : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 // FP8 (e4m3 x e4m3, f32 accumulate), m64n128k32: one K step of 32 bytes (the same 32-byte
 // descriptor advance as a bf16 k16 step). FP8 wgmma reads both operands K-major only (no
