@@ -491,7 +491,7 @@ void run_deepgemm(const Experts& ex, const ExpertsCall& call, const RunContext& 
     // order): opt-in, MOEX_CUDA_FP8_X_NT=1 (read per call, as MOEX_CUDA_FP8_TMA: the prefill test
     // runs both), until it has run on a GPU.
     const char* x_nt_env = std::getenv("MOEX_CUDA_FP8_X_NT");
-    const bool x_nt = (z.up_exact || z.down_exact) && x_nt_env && *x_nt_env == '1';
+    const bool x_nt = x_nt_env && *x_nt_env == '1';
     if (z.x_pregather)  // pair p's token row p / K at its layout row (padding rows stay unwritten: discarded)
       quantize_rows(s.dtype, call.hidden.data, z.S, int(z.H), pair_lrow, static_cast<uint16_t*>(xq), xs, int(z.x_scale_ld),
                     stream, int(K), x_nt);

@@ -208,7 +208,7 @@ static bool fp8_wide_tiles(const GroupedGemmArgs& a, DType dtype) {
 }  // namespace
 
 bool tma_fp8_quantizes_h(const GroupedGemmArgs& a, DType act_dtype, bool exact) {
-  return !exact && a.epi == Epi::up_concat && a.I % 128 == 0 && fp8_wide_tiles(a, act_dtype);
+  return !exact && a.epi == Epi::up_concat && fp8_wide_tiles(a, act_dtype);  // wide: I % 128 == 0 there
 }
 
 bool tma_disabled() {

@@ -188,6 +188,23 @@ __device__ __forceinline__ float pact(const ActParams& p, float v) {
   else return plain_act_k<ACT>(v);
 }
 
+// The gated h of columns i, i + 1 (of I) of a tile of the concatenated layout, accumulator rows hh:
+// gate from acc[nf], up from acc[nf + NFA / 2], bias added (nullptr: none); results in h0, h1.
+template <int ACT, class T, int NFA>
+__device__ __forceinline__ void concat_h2(const ActParams& p, const float (&acc)[NFA][4], const T* bias, int I, int nf, int hh,
+                                          int i, float& h0, float& h1) {
+  float g0 = acc[nf][2 * hh], g1 = acc[nf][2 * hh + 1];
+  float u0 = acc[nf + NFA / 2][2 * hh], u1 = acc[nf + NFA / 2][2 * hh + 1];
+  if (bias) {
+    g0 += to_f32(bias[i]);
+    g1 += to_f32(bias[i + 1]);
+    u0 += to_f32(bias[I + i]);
+    u1 += to_f32(bias[I + i + 1]);
+  }
+  h0 = gact<ACT>(p, g0, u0);
+  h1 = gact<ACT>(p, g1, u1);
+}
+
 // Writes the 128 × BN tile (m, n) from the consumers' accumulators (mma.sync's m16n8 layout per
 // warp and n8 block; warpgroup cw holds rows [cw*64, +64)): f32 rows for the down projection (bias
 // added), the activation for the up projections, writing h in the activation dtype T.
@@ -257,15 +274,9 @@ __device__ __forceinline__ void store_tile(const GroupedGemmArgs& a, const TmaFp
       for (int nf = 0; nf < NF / 2; ++nf) {
         const int i = n * (BN / 2) + nf * 8 + 2 * (lane & 3);
         if (i < I) {
-          float g0 = acc[nf][2 * hh], g1 = acc[nf][2 * hh + 1];
-          float u0 = acc[nf + NF / 2][2 * hh], u1 = acc[nf + NF / 2][2 * hh + 1];
-          if (bias) {
-            g0 += to_f32(bias[i]);
-            g1 += to_f32(bias[i + 1]);
-            u0 += to_f32(bias[I + i]);
-            u1 += to_f32(bias[I + i + 1]);
-          }
-          store2<HOut>(out + i, gact<ACT>(a.act, g0, u0), gact<ACT>(a.act, g1, u1));
+          float h0, h1;
+          concat_h2<ACT>(a.act, acc, bias, I, nf, hh, i, h0, h1);
+          store2<HOut>(out + i, h0, h1);
         }
       }
     }
@@ -295,17 +306,10 @@ __device__ __forceinline__ void store_tile_hq(const GroupedGemmArgs& a, const Tm
     float amax = 0.0f;
 #pragma unroll
     for (int nf = 0; nf < NH; ++nf) {
-      const int i = n * 128 + nf * 8 + 2 * (lane & 3);
-      float g0 = acc[nf][2 * hh], g1 = acc[nf][2 * hh + 1];
-      float u0 = acc[nf + NH][2 * hh], u1 = acc[nf + NH][2 * hh + 1];
-      if (bias) {
-        g0 += to_f32(bias[i]);
-        g1 += to_f32(bias[i + 1]);
-        u0 += to_f32(bias[I + i]);
-        u1 += to_f32(bias[I + i + 1]);
-      }
-      h[nf][0] = to_f32(from_f32<T>(gact<ACT>(a.act, g0, u0)));
-      h[nf][1] = to_f32(from_f32<T>(gact<ACT>(a.act, g1, u1)));
+      float h0, h1;
+      concat_h2<ACT>(a.act, acc, bias, I, nf, hh, n * 128 + nf * 8 + 2 * (lane & 3), h0, h1);
+      h[nf][0] = to_f32(from_f32<T>(h0));  // rounded to T: SPEC §6 quantizes the rounded h
+      h[nf][1] = to_f32(from_f32<T>(h1));
       amax = fmaxf(amax, fmaxf(fabsf(h[nf][0]), fabsf(h[nf][1])));  // fmaxf ignores NaN, as the pass did
     }
     // the row's 128 columns sit in the 4 lanes of a quad (all lanes shuffle, valid rows or not)
