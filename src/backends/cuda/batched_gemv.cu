@@ -10,8 +10,17 @@
 // (S·I elements). No routing plan, no host synchronisation: capturable in a CUDA graph.
 // Weights stored [E, out, in] (default) use one warp per output row; transposed weights
 // [E, in, out] use 64 output columns × 4 k-slices per block (coalesced along the output dim).
+#include "backends/cuda/batched_probe.hpp"
 #include "backends/cuda/cuda_common.cuh"
+#include "backends/cuda/mma_ptx.cuh"
 #include "backends/cuda/pdl.cuh"
+
+#include <cooperative_groups.h>
+
+#include <cstdlib>
+#include <mutex>
+#include <string_view>
+#include <type_traits>
 
 namespace moex::cuda {
 
@@ -205,6 +214,222 @@ __global__ void __launch_bounds__(THREADS) batched_down_nt(BatchedArgs a) {
   if (lane == 0) static_cast<T*>(a.out)[t * H + n] = from_f32<T>(acc);
 }
 
+// ---- one token (T = 1): up and down in one cooperative kernel ----
+// Why: at batch 1 the two kernels above stream a token's experts (qwen3: 50 MB up, 25 MB down) in
+// ~31 µs inside a decode graph, against ~18 µs at the copy rate: each pays its own ramp and tail,
+// and the down kernel cannot ask for its weights before the up kernel has finished. Here one block
+// per SM first requests its slice of the down rows (every slot's rows n0 .. n0 + rows) into shared
+// memory with cp.async, then computes its share of the up rows (h into the workspace) while those
+// bytes arrive, meets the grid at one barrier (a cooperative launch: every block resident), and
+// finishes its down rows from shared memory. The arithmetic is batched_up_nt's and
+// batched_down_nt's, in the same order, so the result is bit-identical to the two-kernel path.
+constexpr int FUSED_THREADS = 512, FUSED_WARPS = FUSED_THREADS / 32;
+constexpr int FUSED_UP_CHUNKS = 8;  // 16-byte chunks of a gate (and up) row in flight per lane
+constexpr int FUSED_MAX_K = 64;
+
+// Dynamic shared memory: down rows [K][rows][I] | h [K][I], activation dtype.
+size_t fused_t1_smem_bytes(int64_t K, int64_t rows, int64_t I, size_t esz) {
+  return size_t(K * rows * I + K * I) * esz;
+}
+
+template <class T>
+__global__ void __launch_bounds__(FUSED_THREADS, 1) batched_fused_t1(BatchedArgs a, int rows_per_block) {
+  namespace cg = cooperative_groups;
+  constexpr int V = 16 / sizeof(T);
+  pdl_wait();  // the routing comes from the previous kernels
+  extern __shared__ __align__(16) unsigned char fused_smem[];
+  const int K = int(a.K), I = int(a.I), H = int(a.H);
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int n0 = int(blockIdx.x) * rows_per_block;
+  const int rows = max(0, min(rows_per_block, H - n0));
+  const int nvI = I / V, nvH = H / V;  // 16-byte chunks of a down row / of an up row
+  T* wd_s = reinterpret_cast<T*>(fused_smem);   // [K][rows_per_block][I]
+  T* h_s = wd_s + size_t(K) * rows_per_block * I;  // [K][I]
+  __shared__ int64_t e_s[FUSED_MAX_K];  // slot j's expert (T = 1: pair j is slot j)
+  if (tid < K) e_s[tid] = load_index(a.idx, a.idx64, tid);
+  __syncthreads();
+  auto expert = [&](int j) { return e_s[j]; };
+  auto valid = [&](int64_t e) { return e >= 0 && e < a.E; };
+
+  // (1) this block's down rows, every routed slot, into shared memory (waited for in (4))
+  {
+    const int per_slot = rows * nvI;
+    for (int q = tid; q < K * per_slot; q += FUSED_THREADS) {
+      const int j = q / per_slot, r = (q / nvI) % rows, c = q % nvI;
+      const int64_t e = expert(j);
+      if (!valid(e)) continue;
+      const T* src = static_cast<const T*>(a.down) + ((e * H + n0 + r) * int64_t(I) + int64_t(c) * V);
+      ptx::cp_async16(ptx::smem_u32(wd_s + (size_t(j) * rows_per_block + r) * I + size_t(c) * V), src, true);
+    }
+    ptx::cp_async_commit();
+  }
+
+  // (2) the up rows: item (j, i) = h[j, i] by one warp, items spread over every warp of the grid
+  {
+    const int64_t R = a.has_gate ? 2 * int64_t(I) : int64_t(I);
+    const uint4* xv = static_cast<const uint4*>(a.hidden);
+    const int total_warps = int(gridDim.x) * FUSED_WARPS;
+    for (int it = int(blockIdx.x) * FUSED_WARPS + warp; it < K * I; it += total_warps) {
+      const int j = it / I, i = it % I;
+      const int64_t e = expert(j);
+      if (!valid(e)) continue;  // dropped slot: its h row is never read
+      const T* W = static_cast<const T*>(a.gate_up) + e * R * H;
+      const int64_t wg = a.has_gate ? (a.interleaved ? 2 * int64_t(i) : int64_t(i)) : int64_t(i);
+      const int64_t wu = a.interleaved ? 2 * int64_t(i) + 1 : int64_t(I) + i;
+      const uint4* gv = reinterpret_cast<const uint4*>(W + wg * H);
+      const uint4* uv = reinterpret_cast<const uint4*>(W + wu * H);
+      float g = 0.0f, u = 0.0f;
+      // chunks lane, lane + 32, ... in order (warp_dot2's order), FUSED_UP_CHUNKS of each row at a time
+      for (int c0 = lane; c0 < nvH; c0 += 32 * FUSED_UP_CHUNKS) {
+        uint4 wgc[FUSED_UP_CHUNKS], wuc[FUSED_UP_CHUNKS];
+#pragma unroll
+        for (int q = 0; q < FUSED_UP_CHUNKS; ++q) {
+          const int c = c0 + 32 * q;
+          if (c < nvH) {
+            wgc[q] = __ldcs(gv + c);
+            if (a.has_gate) wuc[q] = __ldcs(uv + c);
+          }
+        }
+#pragma unroll
+        for (int q = 0; q < FUSED_UP_CHUNKS; ++q) {
+          const int c = c0 + 32 * q;
+          if (c < nvH) {
+            const uint4 xa = __ldg(xv + c);
+            g = dot_vec<T>(xa, wgc[q], g);
+            if (a.has_gate) u = dot_vec<T>(xa, wuc[q], u);
+          }
+        }
+      }
+      g = warp_sum(g);
+      float hv;
+      if (a.has_gate) {
+        u = warp_sum(u);
+        if (a.gate_up_bias) {
+          g += to_f32(static_cast<const T*>(a.gate_up_bias)[e * R + wg]);
+          u += to_f32(static_cast<const T*>(a.gate_up_bias)[e * R + wu]);
+        }
+        hv = gated_act(a.act, g, u);
+      } else {
+        if (a.gate_up_bias) g += to_f32(static_cast<const T*>(a.gate_up_bias)[e * R + i]);
+        hv = plain_act(a.act, g);
+      }
+      if (lane == 0) static_cast<T*>(a.h)[int64_t(j) * I + i] = from_f32<T>(hv);
+    }
+  }
+
+  // (3) every h row written, grid-wide (the barrier orders the writes before the reads below)
+  cg::this_grid().sync();
+  pdl_launch_dependents();
+  if (rows == 0) return;
+
+  // (4) h from L2 into shared memory, then the block's down rows: warp = row, slots in order
+  for (int q = tid; q < K * nvI; q += FUSED_THREADS) {
+    const int j = q / nvI, c = q % nvI;
+    if (valid(expert(j)))
+      *reinterpret_cast<uint4*>(h_s + size_t(j) * I + size_t(c) * V) =
+          __ldcg(reinterpret_cast<const uint4*>(static_cast<const T*>(a.h) + int64_t(j) * I) + c);
+  }
+  ptx::cp_async_wait<0>();
+  __syncthreads();
+  for (int r = warp; r < rows; r += FUSED_WARPS) {
+    const int64_t n = n0 + r;
+    float acc = 0.0f;
+    for (int j = 0; j < K; ++j) {
+      const int64_t e = expert(j);
+      if (!valid(e)) continue;
+      const uint4* hv = reinterpret_cast<const uint4*>(h_s + size_t(j) * I);
+      const uint4* wv = reinterpret_cast<const uint4*>(wd_s + (size_t(j) * rows_per_block + r) * I);
+      float part = 0.0f;
+      for (int c = lane; c < nvI; c += 32) part = dot_vec<T>(hv[c], wv[c], part);
+      float y = warp_sum(part);
+      if (a.down_bias) y += to_f32(static_cast<const T*>(a.down_bias)[e * H + n]);
+      acc += load_any(a.topw, a.topw_code, j) * y;
+    }
+    if (lane == 0) static_cast<T*>(a.out)[n] = from_f32<T>(acc);
+  }
+}
+
+// The fused path's launch geometry on the current device, or rows_per_block = 0 when it does not
+// apply (MOEX_CUDA_FUSED_T1=0, no cooperative launch, or a block's down rows do not fit in shared
+// memory: qwen-sized experts fit, mixtral / deepseek_v3 do not).
+struct FusedT1Plan {
+  int grid = 0, rows_per_block = 0;
+  size_t smem = 0;
+};
+template <class T>
+FusedT1Plan fused_t1_plan(const BatchedArgs& a) {
+  FusedT1Plan f;
+  const char* env = std::getenv("MOEX_CUDA_FUSED_T1");  // read per call, as the tests switch it
+  const bool env_on = !(env && std::string_view(env) == "0");
+  if (!env_on || a.T != 1 || a.transposed || a.K > FUSED_MAX_K || a.H >= (int64_t(1) << 24) || a.I >= (int64_t(1) << 24)) return f;
+  // per device: SM count, cooperative launch, the opt-in shared memory limit, and the largest
+  // dynamic shared memory set on the kernel so far (host calls once per device and size)
+  struct DeviceInfo {
+    int sms = -1, coop = 0, smem_max = 0;
+    size_t smem_set = 0;
+  };
+  static std::mutex mu;
+  static DeviceInfo info[64];
+  int dev = 0;
+  check(cudaGetDevice(&dev), "cudaGetDevice");
+  std::lock_guard<std::mutex> lock(mu);
+  DeviceInfo& d = info[dev < 0 || dev >= 64 ? 63 : dev];
+  if (d.sms < 0) {
+    check(cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
+    check(cudaDeviceGetAttribute(&d.coop, cudaDevAttrCooperativeLaunch, dev), "cudaDeviceGetAttribute");
+    check(cudaDeviceGetAttribute(&d.smem_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), "cudaDeviceGetAttribute");
+  }
+  if (!d.coop || d.sms <= 0) return f;
+  const int rows = int(ceil_div(a.H, int64_t(d.sms)));
+  const size_t smem = fused_t1_smem_bytes(a.K, rows, a.I, sizeof(T));
+  if (smem > size_t(d.smem_max) || int64_t(a.K) * rows * a.I >= (int64_t(1) << 31)) return f;
+  if (smem > d.smem_set) {
+    check(cudaFuncSetAttribute(batched_fused_t1<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+          "cudaFuncSetAttribute (batched_fused_t1)");
+    int per_sm = 0;
+    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, batched_fused_t1<T>, FUSED_THREADS, smem),
+          "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+    if (per_sm < 1) return f;
+    d.smem_set = smem;
+  }
+  f.grid = d.sms;  // one block per SM: all resident at once (the cooperative launch checks it)
+  f.rows_per_block = rows;
+  f.smem = smem;
+  return f;
+}
+
+// A cooperative launch, with the PDL attribute as well where the driver takes both (checked once,
+// outside stream capture; inside a capture with the answer unknown, cooperative alone).
+template <class T>
+void launch_fused_t1(const BatchedArgs& a, const FusedT1Plan& f, cudaStream_t stream) {
+  static int pdl_with_coop = -1;  // -1 unknown, 0 refused, 1 taken
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  check(cudaStreamIsCapturing(stream, &capturing), "cudaStreamIsCapturing");
+  const bool try_pdl = pdl_enabled() && (pdl_with_coop == 1 || (pdl_with_coop == -1 && capturing == cudaStreamCaptureStatusNone));
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeCooperative;
+  attr[0].val.cooperative = 1;
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(unsigned(f.grid));
+  cfg.blockDim = dim3(FUSED_THREADS);
+  cfg.dynamicSmemBytes = f.smem;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = try_pdl ? 2 : 1;
+  cudaError_t err = cudaLaunchKernelEx(&cfg, batched_fused_t1<T>, a, f.rows_per_block);
+  if (try_pdl && pdl_with_coop == -1) {
+    pdl_with_coop = err == cudaSuccess ? 1 : 0;
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();
+      cfg.numAttrs = 1;
+      err = cudaLaunchKernelEx(&cfg, batched_fused_t1<T>, a, f.rows_per_block);
+    }
+  }
+  check(err, "batched_fused_t1");
+}
+
 // ---- transposed weights: 64 output columns × 4 k-slices per block ----
 constexpr int TN_COLS = 64, TN_SLICES = THREADS / TN_COLS;
 
@@ -290,6 +515,15 @@ void launch_typed(const BatchedArgs& a, bool vec16, cudaStream_t stream) {
   const int64_t S = a.T * a.K;
   MOEX_CHECK(S < (int64_t(1) << 31) && a.T < (int64_t(1) << 31), "batched_mm on CUDA: T*K = {} pairs is too many", S);
   const int warps = THREADS / 32;
+  if (!a.transposed && vec16) {
+    if constexpr (!std::is_same_v<T, float>) {  // one token: up and down in one kernel
+      const FusedT1Plan f = fused_t1_plan<T>(a);
+      if (f.rows_per_block > 0) {
+        launch_fused_t1<T>(a, f, stream);
+        return;
+      }
+    }
+  }
   if (!a.transposed) {
     dim3 g_up(unsigned(S), unsigned(ceil_div(a.I, warps)));
     dim3 g_down(unsigned(a.T), unsigned(ceil_div(a.H, warps)));
@@ -317,6 +551,17 @@ void launch_typed(const BatchedArgs& a, bool vec16, cudaStream_t stream) {
 }
 
 }  // namespace
+
+bool batched_fused_t1_would_run(int64_t K, int64_t H, int64_t I, int dtype_bytes) {
+  BatchedArgs a{};
+  a.T = 1;
+  a.K = K;
+  a.H = H;
+  a.I = I;
+  if (H % 8 != 0 || I % 8 != 0) return false;  // the 16-byte path only
+  if (dtype_bytes != 2) return false;
+  return fused_t1_plan<__nv_bfloat16>(a).rows_per_block > 0;
+}
 
 void launch_batched(const BatchedArgs& a, DType dtype, bool vec16, cudaStream_t stream) {
   switch (dtype) {
