@@ -8,6 +8,8 @@
 #   sanitize compute-sanitizer memcheck and racecheck on $SANITIZE_FILTER (default the fused kernel's test)
 #   experts  moex bench, batched_mm bf16 at T = 1 on $X_SHAPES, per variant of $AB_VARIANTS, $ROUNDS rounds
 #   model    moex_model_bench --layers 48 --batches $AB_BATCHES per variant, $ROUNDS interleaved rounds
+#   ncu      each batched_mm kernel's GPU time, DRAM rate and achieved occupancy at T = 1 on
+#            $NCU_SHAPE (default qwen3_30b_a3b), per variant (ncu serialises: no PDL overlap)
 # AB_VARIANTS: "name:ENV=V[,ENV=V]" items after "base" (default "nofuse:MOEX_CUDA_FUSED_T1=0").
 # PARTS selects steps (default all). Logs and JSON under $OUT; the last lines are the tables.
 set -u
@@ -78,6 +80,33 @@ if has model; then
         --out "$OUT/e2e_${name}_$r.json" > "$OUT/e2e_${name}_$r.log" 2>&1
       grep -E "decode|prefill|floor" "$OUT/e2e_${name}_$r.log" | head -12 | sed "s/^/[$name $r] /"
     done
+  done
+fi
+if has ncu; then
+  for v in $VARIANTS; do
+    name=${v%%:*}; e=${v#*:}
+    stamp "ncu [$name]"
+    env $(envs_of "$e") timeout 120 ncu --clock-control none --kernel-name regex:batched --csv --print-units base \
+      --metrics gpu__time_duration.sum,dram__bytes_read.sum,sm__warps_active.avg.pct_of_peak_sustained_active \
+      "$BUILD/moex" bench --device cuda --backends batched_mm --shapes "${NCU_SHAPE:-qwen3_30b_a3b}" --tokens 1 --dtype bf16 \
+      --no-dense --min-time-ms 0 --max-iters 3 --warmup 1 > "$OUT/ncu_$name.csv" 2> "$OUT/ncu_$name.err"
+    python3 - "$OUT/ncu_$name.csv" "$name" <<'PY'
+import csv, sys, collections, statistics
+rows = [r for r in csv.reader(open(sys.argv[1])) if r]
+try: hdr = next(i for i, r in enumerate(rows) if "Kernel Name" in r)
+except StopIteration: print(sys.argv[2], "no kernels"); sys.exit()
+h = rows[hdr]; ii, ki, mi, vi = h.index("ID"), h.index("Kernel Name"), h.index("Metric Name"), h.index("Metric Value")
+k = collections.defaultdict(dict)
+for r in rows[hdr + 1:]:
+    if len(r) > vi: k[(r[ii], r[ki].split("(")[0].split("<")[0][-30:])][r[mi]] = float(r[vi].replace(",", ""))
+per = collections.defaultdict(list)
+for (i, name), m in k.items(): per[name].append(m)
+for name, ms in per.items():
+    us = statistics.median(m.get("gpu__time_duration.sum", 0) for m in ms) / 1e3
+    mb = statistics.median(m.get("dram__bytes_read.sum", 0) for m in ms) / 1e6
+    occ = statistics.median(m.get("sm__warps_active.avg.pct_of_peak_sustained_active", 0) for m in ms)
+    print(f"[{sys.argv[2]}] {name}: {us:.1f} us, {mb:.1f} MB, {mb / us if us else 0:.2f} TB/s, warps active {occ:.0f} %")
+PY
   done
 fi
 stamp done

@@ -232,8 +232,32 @@ size_t fused_t1_smem_bytes(int64_t K, int64_t rows, int64_t I, size_t esz) {
   return size_t(K * rows * I + K * I) * esz;
 }
 
+// Measurement switches (MOEX_CUDA_FUSED_T1_MODE, bits): 1 = the grid barrier on a module-scope
+// counter instead of a cooperative launch's (one such kernel at a time per device), 2 = the down
+// rows read from global memory after the barrier instead of staged.
+__device__ unsigned g_fused_t1_barrier[2];  // arrivals (back to 0 after each barrier), generation
+
+__device__ __forceinline__ void fused_own_grid_barrier() {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    volatile unsigned* gen = &g_fused_t1_barrier[1];
+    const unsigned g = *gen;  // read before arriving: the last arrival moves it on
+    __threadfence();
+    if (atomicAdd(&g_fused_t1_barrier[0], 1u) == gridDim.x - 1) {
+      atomicExch(&g_fused_t1_barrier[0], 0u);
+      __threadfence();
+      atomicAdd(&g_fused_t1_barrier[1], 1u);
+    } else {
+      while (*gen == g) __nanosleep(20);
+    }
+    __threadfence();
+  }
+  __syncthreads();
+}
+
 template <class T>
-__global__ void __launch_bounds__(FUSED_THREADS, 1) batched_fused_t1(BatchedArgs a, int rows_per_block) {
+__global__ void __launch_bounds__(FUSED_THREADS, 1) batched_fused_t1(BatchedArgs a, int rows_per_block, int mode) {
+  const bool own_barrier = mode & 1, staged = !(mode & 2);
   namespace cg = cooperative_groups;
   constexpr int V = 16 / sizeof(T);
   pdl_wait();  // the routing comes from the previous kernels
@@ -253,7 +277,7 @@ __global__ void __launch_bounds__(FUSED_THREADS, 1) batched_fused_t1(BatchedArgs
 
   // (1) this block's down rows, every routed slot, into shared memory (waited for in (4))
   {
-    const int per_slot = rows * nvI;
+    const int per_slot = staged ? rows * nvI : 0;
     for (int q = tid; q < K * per_slot; q += FUSED_THREADS) {
       const int j = q / per_slot, r = (q / nvI) % rows, c = q % nvI;
       const int64_t e = expert(j);
@@ -318,7 +342,8 @@ __global__ void __launch_bounds__(FUSED_THREADS, 1) batched_fused_t1(BatchedArgs
   }
 
   // (3) every h row written, grid-wide (the barrier orders the writes before the reads below)
-  cg::this_grid().sync();
+  if (own_barrier) fused_own_grid_barrier();
+  else cg::this_grid().sync();
   pdl_launch_dependents();
   if (rows == 0) return;
 
@@ -338,7 +363,8 @@ __global__ void __launch_bounds__(FUSED_THREADS, 1) batched_fused_t1(BatchedArgs
       const int64_t e = expert(j);
       if (!valid(e)) continue;
       const uint4* hv = reinterpret_cast<const uint4*>(h_s + size_t(j) * I);
-      const uint4* wv = reinterpret_cast<const uint4*>(wd_s + (size_t(j) * rows_per_block + r) * I);
+      const uint4* wv = staged ? reinterpret_cast<const uint4*>(wd_s + (size_t(j) * rows_per_block + r) * I)
+                               : reinterpret_cast<const uint4*>(static_cast<const T*>(a.down) + (e * H + n) * int64_t(I));
       float part = 0.0f;
       for (int c = lane; c < nvI; c += 32) part = dot_vec<T>(hv[c], wv[c], part);
       float y = warp_sum(part);
@@ -403,6 +429,13 @@ FusedT1Plan fused_t1_plan(const BatchedArgs& a) {
 template <class T>
 void launch_fused_t1(const BatchedArgs& a, const FusedT1Plan& f, cudaStream_t stream) {
   static int pdl_with_coop = -1;  // -1 unknown, 0 refused, 1 taken
+  const char* mode_env = std::getenv("MOEX_CUDA_FUSED_T1_MODE");
+  const int mode = mode_env ? std::atoi(mode_env) : 0;
+  if (mode & 1) {  // measurement: a plain PDL launch, the module-scope barrier
+    launch_pdl("batched_fused_t1", batched_fused_t1<T>, dim3(unsigned(f.grid)), dim3(FUSED_THREADS), f.smem, stream, a,
+               f.rows_per_block, mode);
+    return;
+  }
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
   check(cudaStreamIsCapturing(stream, &capturing), "cudaStreamIsCapturing");
   const bool try_pdl = pdl_enabled() && (pdl_with_coop == 1 || (pdl_with_coop == -1 && capturing == cudaStreamCaptureStatusNone));
@@ -418,13 +451,13 @@ void launch_fused_t1(const BatchedArgs& a, const FusedT1Plan& f, cudaStream_t st
   cfg.stream = stream;
   cfg.attrs = attr;
   cfg.numAttrs = try_pdl ? 2 : 1;
-  cudaError_t err = cudaLaunchKernelEx(&cfg, batched_fused_t1<T>, a, f.rows_per_block);
+  cudaError_t err = cudaLaunchKernelEx(&cfg, batched_fused_t1<T>, a, f.rows_per_block, mode);
   if (try_pdl && pdl_with_coop == -1) {
     pdl_with_coop = err == cudaSuccess ? 1 : 0;
     if (err != cudaSuccess) {
       (void)cudaGetLastError();
       cfg.numAttrs = 1;
-      err = cudaLaunchKernelEx(&cfg, batched_fused_t1<T>, a, f.rows_per_block);
+      err = cudaLaunchKernelEx(&cfg, batched_fused_t1<T>, a, f.rows_per_block, mode);
     }
   }
   check(err, "batched_fused_t1");
