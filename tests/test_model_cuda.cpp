@@ -24,7 +24,9 @@
 #include <unistd.h>
 
 #include "model/cuda_forward.hpp"
+#ifdef MOEX_WITH_CUDA
 #include "model/cuda_kernels.cuh"
+#endif
 #include "test_util.hpp"
 #include "moex/routing.hpp"
 #include "model/weights.hpp"
