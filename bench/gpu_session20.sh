@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# bench/gpu_session20.sh — one call on the GPU machine for the twentieth session (issue 5: batched_mm's
-# one-token cooperative kernel, batched_fused_t1), from the repository root
-# (`run` with command `bash bench/gpu_session20.sh`):
+# bench/gpu_session20.sh — one call on the GPU machine for the twentieth session, from the repository
+# root (`run` with command `bash bench/gpu_session20.sh`). It measured batched_mm's one-token
+# cooperative kernel (batched_fused_t1, MOEX_CUDA_FUSED_T1 / MOEX_CUDA_FUSED_T1_MODE, commits 879af72
+# and its successor; slower, removed again: docs/PERF.md, twentieth session); the steps are generic:
 #   build    moex, moex_tests, moex_model_bench (CUDA, Release) into $BUILD (incremental when it exists)
-#   tests    $TEST_FILTER (default: the fused kernel's test, the T = 1 graph replays, the equivalence
-#            harness, the model's graph / switching / bf16 parity tests)
-#   sanitize compute-sanitizer memcheck and racecheck on $SANITIZE_FILTER (default the fused kernel's test)
+#   tests    $TEST_FILTER (default: the graph replays, the equivalence harness, the model's graph /
+#            switching / bf16 parity tests)
+#   sanitize compute-sanitizer memcheck and racecheck on $SANITIZE_FILTER (default the T = 1 graph replays)
 #   experts  moex bench, batched_mm bf16 at T = 1 on $X_SHAPES, per variant of $AB_VARIANTS, $ROUNDS rounds
 #   model    moex_model_bench --layers 48 --batches $AB_BATCHES per variant, $ROUNDS interleaved rounds
 #   ncu      each batched_mm kernel's GPU time, DRAM rate and achieved occupancy at T = 1 on
 #            $NCU_SHAPE (default qwen3_30b_a3b), per variant (ncu serialises: no PDL overlap)
-# AB_VARIANTS: "name:ENV=V[,ENV=V]" items after "base" (default "nofuse:MOEX_CUDA_FUSED_T1=0").
+# AB_VARIANTS: "name:ENV=V[,ENV=V]" items after "base" (default none).
 # PARTS selects steps (default all). Logs and JSON under $OUT; the last lines are the tables.
 set -u
 OUT=${OUT:-$PWD/out}
@@ -18,7 +19,7 @@ mkdir -p "$OUT"
 export MOEX_SOURCE_DIR=$PWD
 BUILD=${BUILD:-build-gpu}
 PARTS=${PARTS:-"build tests sanitize experts model"}
-VARIANTS="base: ${AB_VARIANTS:-nofuse:MOEX_CUDA_FUSED_T1=0}"
+VARIANTS="base: ${AB_VARIANTS:-}"
 ROUNDS=${ROUNDS:-2}
 has() { [[ " $PARTS " == *" $1 "* ]]; }
 t0=$(date +%s)
@@ -33,7 +34,7 @@ if has build; then
 fi
 if has tests; then
   stamp tests
-  timeout ${TEST_TIMEOUT:-240} "$BUILD/moex_tests" --gtest_filter="${TEST_FILTER:-CudaBackends.OneToken*:Capturable/CudaGraph.*:*CudaEquivalence*:CudaModelGraphs*:CudaModelSwitching*:*CudaModelParity.Bf16*}" > "$OUT/tests.log" 2>&1
+  timeout ${TEST_TIMEOUT:-240} "$BUILD/moex_tests" --gtest_filter="${TEST_FILTER:-Capturable/CudaGraph.*:*CudaEquivalence*:CudaModelGraphs*:CudaModelSwitching*:*CudaModelParity.Bf16*}" > "$OUT/tests.log" 2>&1
   echo "tests rc $?"
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED  \]|fused|rel L2" "$OUT/tests.log" | head -40
   grep -B3 -A12 "Failure" "$OUT/tests.log" | head -60
@@ -42,7 +43,7 @@ if has sanitize; then
   for tool in memcheck racecheck; do
     stamp "$tool"
     timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 "$BUILD/moex_tests" \
-      --gtest_filter="${SANITIZE_FILTER:-CudaBackends.OneToken*}" > "$OUT/$tool.log" 2>&1
+      --gtest_filter="${SANITIZE_FILTER:-Capturable/CudaGraph.*t1}" > "$OUT/$tool.log" 2>&1
     echo "$tool rc $? ($(grep -c 'Invalid' "$OUT/$tool.log") invalid, $(grep -ci 'hazard' "$OUT/$tool.log") hazard lines)"
     grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/$tool.log" | head -3
   done

@@ -27,7 +27,6 @@
 #ifdef MOEX_WITH_CUDA
 #include <cuda_runtime.h>
 
-#include "backends/cuda/batched_probe.hpp"
 #include "backends/cuda/plan_probe.hpp"
 #endif
 
@@ -570,7 +569,7 @@ TEST_P(CudaGraph, ReplayWithNewRoutingEqualsDirectCall) {
     c = make_case(78, dt, 16, 256, 128, 1, 4);
     c.spec.quant = QuantSpec::fp8_block();
   }
-  // one token, unquantized: batched_mm's cooperative one-kernel path for bf16 (f32: the two kernels)
+  // one token, unquantized, top-8 with biases (the model's batch-1 decode step)
   if (quant == "t1") {
     c = make_case(80, dt, 16, 512, 256, 1, 8);
     c.spec.has_bias = true;
@@ -653,55 +652,6 @@ INSTANTIATE_TEST_SUITE_P(Capturable, CudaGraph,
                            return std::get<0>(info.param) + "_" + std::string(dtype_name(std::get<1>(info.param))) + "_" +
                                   std::get<2>(info.param);
                          });
-
-// batched_mm at T = 1 (bf16 / f16): the cooperative one-kernel path (batched_fused_t1) against the
-// two-kernel path bit for bit, and both against the f64 reference (outputs poisoned by run_case):
-// qwen3's H / I / K, qwen1.5's, H not a multiple of the SM count (blocks with partial and with no
-// down rows), dropped slots, K = 1, biases, interleaved rows with GPT-OSS's activation, no gate.
-TEST(CudaBackends, OneTokenFusedKernelMatchesTheTwoKernels) {
-  SKIP_WITHOUT_CUDA();
-  std::vector<check::Case> cases;
-  for (const DType dt : {DType::bf16, DType::f16}) {
-    cases.push_back(make_case(301, dt, 16, 2048, 768, 1, 8));
-    cases.push_back(make_case(302, dt, 8, 2048, 1408, 1, 4));
-    { auto c = make_case(303, dt, 12, 1000, 200, 1, 6); c.routing = check::Routing::dropped; c.index_dtype = DType::i64;
-      cases.push_back(c); }
-    cases.push_back(make_case(304, dt, 4, 136, 64, 1, 1));
-    { auto c = make_case(305, dt, 8, 264, 136, 1, 3); c.spec.interleaved = true; c.spec.has_bias = true;
-      c.spec.activation = ActivationSpec::gpt_oss(); cases.push_back(c); }
-    { auto c = make_case(306, dt, 6, 320, 160, 1, 2); c.spec.has_gate = false; c.spec.activation.kind = Activation::gelu;
-      c.spec.has_bias = true; cases.push_back(c); }
-  }
-  int fused = 0;
-  for (const check::Case& c : cases) {
-    const bool runs = cuda::batched_fused_t1_would_run(c.top_k, c.spec.hidden, c.spec.intermediate, 2);
-    fused += runs ? 1 : 0;
-    const check::Instance dev = check::make_instance(c).to(Device::cuda());
-    std::vector<char> outs[2];
-    for (int off = 0; off < 2; ++off) {
-      ScopedEnv env("MOEX_CUDA_FUSED_T1", off ? "0" : "1");
-      const auto r = check::run_case("batched_mm", c, Device::cuda());
-      EXPECT_EQ(r.status, check::Result::Status::passed) << (off ? "two kernels " : "fused ") << c.describe() << ": " << r.message;
-      Tensor out = Tensor::empty(c.spec.dtype, {1, c.spec.hidden}, Device::cuda());
-      cuda_ok(cudaMemset(out.data(), off ? 0x7f : 0xff, out.nbytes()));
-      experts_forward("batched_mm", dev.experts(), dev.call(out));
-      cuda_ok(cudaDeviceSynchronize());
-      outs[off] = to_host(out);
-    }
-    EXPECT_EQ(std::memcmp(outs[0].data(), outs[1].data(), outs[0].size()), 0)
-        << c.describe() << (runs ? " (fused)" : " (not fused)") << ": the two paths differ";
-  }
-  // qwen3 / qwen1.5 sizes must take the fused path on a GPU with >= 227 KB of shared memory per block
-  int dev = 0, smem = 0;
-  cuda_ok(cudaGetDevice(&dev));
-  cuda_ok(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  if (smem >= 227 * 1024) {
-    EXPECT_TRUE(cuda::batched_fused_t1_would_run(8, 2048, 768, 2));
-    EXPECT_TRUE(cuda::batched_fused_t1_would_run(4, 2048, 1408, 2));
-  }
-  EXPECT_FALSE(cuda::batched_fused_t1_would_run(2, 4096, 14336, 2));  // mixtral: its down rows do not fit
-  std::printf("one-token fused kernel: %d of %zu cases fused\n", fused, cases.size());
-}
 
 TEST(CudaBackends, NoAllocationAfterWarmUp) {
   SKIP_WITHOUT_CUDA();
