@@ -489,7 +489,7 @@ void run_deepgemm(const Experts& ex, const ExpertsCall& call, const RunContext& 
     const bool ue8m0 = s.quant.scale_format == ScaleFormat::ue8m0;
     // The exact GEMMs on the untransposed kernel (TmaFp8Extra::exact_nt; their f16 codes in natural k
     // order): opt-in, MOEX_CUDA_FP8_X_NT=1 (read per call, as MOEX_CUDA_FP8_TMA: the prefill test
-    // runs both), until it has run on a GPU.
+    // runs both): measured on the H200, 2 % faster to 11 % slower than the transposed kernel at T = 4096.
     const char* x_nt_env = std::getenv("MOEX_CUDA_FP8_X_NT");
     const bool x_nt = x_nt_env && *x_nt_env == '1';
     if (z.x_pregather)  // pair p's token row p / K at its layout row (padding rows stay unwritten: discarded)

@@ -836,7 +836,8 @@ __global__ void __launch_bounds__(THREADS, 1)
         // is written again, buffer (kt + 1) % 2 written by both halves before it is read.
         // Why: the transposed kernel spends ~323 instructions per stage and warp on conversion into
         // register fragments and 64 distinct scale products; here the promotion needs 4 products
-        // and the conversion runs beside the tensor cores (NOT YET RUN on a GPU).
+        // and the conversion runs beside the tensor cores. Measured on the H200 (2026-12-02): correct, but
+        // not faster (not profiled; likely the conversion's shared-memory traffic, ~192 KB per stage).
         const int e = a.plan.tiles[m].x;
         int64_t ws_lo, ws_hi;
         weight_scale_rows<BN>(a, e, n, ws_lo, ws_hi);
