@@ -56,9 +56,10 @@
 //     on f32 activations, the portable mma.sync path's figure).
 // Untransposed exact variant (X = 2; TmaFp8Extra::exact_nt; opt-in MOEX_CUDA_FP8_X_NT=1; on the
 // H200 it passes the tests and is not faster than the transposed kernel, docs/PERF.md): the same
-// ring, the product D[A row][weight row] as the QGMMA kernel computes it; the consumers convert each stage's e4m3 weight tile into one of two f16 copies in shared memory (the
-// next stage's while this stage's HGMMAs run, named barrier 1 between the two warpgroups), HGMMA
-// reads both operands by descriptor, and the promotion needs two scale products per row. The A
+// ring, the product D[A row][weight row] as the QGMMA kernel computes it; the consumers convert
+// each stage's e4m3 weight tile into one of two f16 copies in shared memory (the next stage's while
+// this stage's HGMMAs run, named barrier 1 between the two warpgroups), HGMMA reads both operands
+// by descriptor, and the promotion needs two scale products per row. The A
 // codes are in natural k order (the quantizer's `natural`). Why: ncu on the transposed kernel (qwen3
 // T = 4096, 2026-12-02) measured 634 us for the up GEMM against bf16's 396, tensor pipe 35 %.
 // Measured (H200, 2026-12-01, docs/PERF.md, fourteenth session): 0.52-1.39x the bf16 grouped_mm
