@@ -2,7 +2,7 @@
 # bench/gpu_session20.sh — one call on the GPU machine for the twentieth session, from the repository
 # root (`run` with command `bash bench/gpu_session20.sh`). It measured batched_mm's one-token
 # cooperative kernel (batched_fused_t1, MOEX_CUDA_FUSED_T1 / MOEX_CUDA_FUSED_T1_MODE, commits 879af72
-# and its successor; slower, removed again: docs/PERF.md, twentieth session); the steps are generic:
+# and 4dafbde; slower, removed in 3036176: docs/PERF.md, twentieth session); the steps are generic:
 #   build    moex, moex_tests, moex_model_bench (CUDA, Release) into $BUILD (incremental when it exists)
 #   tests    $TEST_FILTER (default: the graph replays, the equivalence harness, the model's graph /
 #            switching / bf16 parity tests)
@@ -36,7 +36,7 @@ if has tests; then
   stamp tests
   timeout ${TEST_TIMEOUT:-240} "$BUILD/moex_tests" --gtest_filter="${TEST_FILTER:-Capturable/CudaGraph.*:*CudaEquivalence*:CudaModelGraphs*:CudaModelSwitching*:*CudaModelParity.Bf16*}" > "$OUT/tests.log" 2>&1
   echo "tests rc $?"
-  grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED  \]|fused|rel L2" "$OUT/tests.log" | head -40
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED  \]|rel L2" "$OUT/tests.log" | head -40
   grep -B3 -A12 "Failure" "$OUT/tests.log" | head -60
 fi
 if has sanitize; then
