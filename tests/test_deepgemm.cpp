@@ -1,7 +1,7 @@
 // The `deepgemm` backend on the GPU (backends/cuda/deepgemm.cu): bf16 and FP8 (f32 and UE8M0
 // weight scales) experts against the f64 reference of the harness, in both layouts (contiguous
 // padded for prefill, masked for decode), with the harness' edge cases and larger cases that cross
-// every tile, K block and pipeline boundary; CUDA graph replay with new routing equals the direct
+// every tile, K block and pipeline boundary, and the small-batch route; CUDA graph replay with new routing equals the direct
 // call bit for bit; the requirement messages of this build's kernels. Without an sm_90 device
 // every test is skipped with the reason.
 #include <gtest/gtest.h>
@@ -128,7 +128,9 @@ TEST_P(DeepGemmEquivalence, Bf16AndFp8MatchTheReference) {
   EXPECT_GE(g.passed, 8);  // most generated shapes have H or I off the 16-byte TMA rows: skipped
 }
 
-INSTANTIATE_TEST_SUITE_P(Layouts, DeepGemmEquivalence, ::testing::Values("contiguous", "masked"),
+// "small": the small-batch route (batched_mm's GEMV kernels, FP8 through quant_decode.cu) forced at
+// every T it takes, which by default serves T <= 64 (FP8) / T = 1 (bf16).
+INSTANTIATE_TEST_SUITE_P(Layouts, DeepGemmEquivalence, ::testing::Values("contiguous", "masked", "small"),
                          [](const auto& info) { return std::string(info.param); });
 
 TEST(DeepGemm, RequirementsOfThisBuild) {
@@ -246,7 +248,7 @@ TEST_P(DeepGemmGraph, ReplayWithNewRoutingEqualsDirectCall) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, DeepGemmGraph,
-                         ::testing::Combine(::testing::Values("contiguous", "masked"), ::testing::Bool()),
+                         ::testing::Combine(::testing::Values("contiguous", "masked", "small"), ::testing::Bool()),
                          [](const auto& info) {
                            return std::string(std::get<0>(info.param)) + (std::get<1>(info.param) ? "_fp8" : "_bf16");
                          });

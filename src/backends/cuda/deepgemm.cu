@@ -18,6 +18,15 @@
 //                         ("illegal instruction", H200, 2026-11-30, T = 5 etc.).
 // Default: masked for T <= 64, contiguous above; MOEX_DEEPGEMM_LAYOUT=contiguous|masked forces one.
 //
+// Small batches (small_batch_route): at T <= small_batch_max_tokens (FP8: 64, bf16: 1) the call goes to the
+// GEMV kernels batched_mm runs at that size instead (cuda_backends.cu: FP8 through quant_decode.cu,
+// each routed expert's weights read once for all its rows; bf16 through batched_gemv.cu). There a
+// 128-row MMA tile carries a handful of valid rows and the chain plan -> layout -> quantize -> up ->
+// down -> combine costs a fixed ~60 us over the weights' read time (H200, deepseek_v3 T = 1: 1.41x /
+// 1.83x of the memory floor, bf16 / FP8, docs/PERF.md twentieth session). MOEX_DEEPGEMM_SMALL_T=n
+// sets the bound for both dtypes (0: never); MOEX_DEEPGEMM_LAYOUT=small forces the route, =masked or
+// =contiguous forces the TMA kernels in that layout.
+//
 // One forward (S = T·K pairs, M = layout rows):
 //   plan       routing_plan.cu's counting sort, then the layout: tile table (expert, row begin,
 //              row end) over 128-row tiles in the plan's paired tile order, row_pair [M] (layout
@@ -46,6 +55,7 @@
 
 #include "backends/backend_impls.hpp"
 #include "backends/cuda/cuda_common.cuh"
+#include "backends/cuda/quant_common.cuh"
 #include "backends/cuda/sm90_tma_grouped_gemm.cuh"
 
 namespace moex::detail {
@@ -62,13 +72,40 @@ enum class Layout { contiguous, masked };
 
 enum class LayoutChoice { by_size, contiguous };
 
+constexpr int64_t kMaskedMaxTokens = 64;  // masked layout up to here, contiguous above
+
+// The environment is read at every call (the tests switch it; a getenv costs nothing next to a
+// forward), so that the workspace size and the forward agree.
+const char* layout_env() {
+  const char* s = std::getenv("MOEX_DEEPGEMM_LAYOUT");
+  return s && *s ? s : nullptr;
+}
+
 Layout layout_for(int64_t T, LayoutChoice choice = LayoutChoice::by_size) {
   if (choice == LayoutChoice::contiguous) return Layout::contiguous;
-  if (const char* s = std::getenv("MOEX_DEEPGEMM_LAYOUT")) {
+  if (const char* s = layout_env()) {
     if (std::strcmp(s, "masked") == 0) return Layout::masked;
     if (std::strcmp(s, "contiguous") == 0) return Layout::contiguous;
   }
-  return T <= 64 ? Layout::masked : Layout::contiguous;
+  return T <= kMaskedMaxTokens ? Layout::masked : Layout::contiguous;
+}
+
+// Up to this many tokens the call takes batched_mm's GEMV kernels (see the file comment).
+int64_t small_batch_max_tokens(bool fp8) {
+  if (const char* e = std::getenv("MOEX_DEEPGEMM_SMALL_T"); e && *e) return std::strtoll(e, nullptr, 10);
+  return fp8 ? kMaskedMaxTokens : 1;
+}
+
+// FP8 only where quant_decode.cu takes the shape (else batched_mm's per-pair GEMVs would read an
+// expert's weights once per pair).
+bool small_batch_route(const ExpertsSpec& s, int64_t T) {
+  const bool fp8 = s.quant.kind == QuantKind::fp8_block;
+  if (fp8 && !quant_decode_shape_ok(s, T)) return false;
+  if (const char* l = layout_env()) {
+    if (std::strcmp(l, "small") == 0) return true;
+    if (std::strcmp(l, "masked") == 0 || std::strcmp(l, "contiguous") == 0) return false;
+  }
+  return T <= small_batch_max_tokens(fp8);
 }
 
 int64_t round4(int64_t v) { return (v + 3) / 4 * 4; }
@@ -402,7 +439,10 @@ Support cuda_deepgemm_supports(const Problem& p) {
   return Support::yes();
 }
 
-size_t cuda_deepgemm_workspace(const Problem& p) { return workspace_of(sizes_of(p.spec, p.tokens, p.top_k), p.spec.dtype); }
+size_t cuda_deepgemm_workspace(const Problem& p) {
+  if (small_batch_route(p.spec, p.tokens)) return cuda_batched_workspace(p);
+  return workspace_of(sizes_of(p.spec, p.tokens, p.top_k), p.spec.dtype);
+}
 
 namespace {
 
@@ -578,6 +618,10 @@ void run_deepgemm(const Experts& ex, const ExpertsCall& call, const RunContext& 
 }  // namespace
 
 void cuda_deepgemm(const Experts& ex, const ExpertsCall& call, const RunContext& ctx) {
+  if (small_batch_route(ex.spec, call.hidden.shape[0])) {
+    cuda_batched(ex, call, ctx);  // a handful of tokens: the GEMV kernels (file comment)
+    return;
+  }
   run_deepgemm(ex, call, ctx, LayoutChoice::by_size, Fp8TmaKernels{false, false});
 }
 

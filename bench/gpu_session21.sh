@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# bench/gpu_session21.sh — one call on the GPU machine for the twenty-first session, from the repository
+# root (`run` with command `bash bench/gpu_session21.sh`): deepgemm's small-batch route (T <= 64 FP8,
+# T = 1 bf16 by default: batched_mm's GEMV kernels, deepgemm.cu small_batch_route) against its masked
+# TMA layout, against the memory floor (issue 7's decode bar). Steps:
+#   build    moex, moex_tests (CUDA, Release) into $BUILD (incremental when it exists)
+#   tests    $TEST_FILTER (default: deepgemm's tests, the FP8 decode path's, the graph replays)
+#   sanitize compute-sanitizer memcheck and racecheck on $SANITIZE_FILTER (default deepgemm's graph
+#            replays on the small-batch route)
+#   decode   moex bench --backends deepgemm, bf16 and FP8, $DEC_SHAPES at $DEC_TOKENS, per variant of
+#            $AB_VARIANTS ("name:ENV=V[,ENV=V]" items after "base"; default "masked:MOEX_DEEPGEMM_SMALL_T=0"),
+#            $ROUNDS interleaved rounds; the table gives the median ms and × the bench's memory floor
+# PARTS selects steps (default all). Logs and JSON under $OUT; the last lines are the tables.
+set -u
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT"
+export MOEX_SOURCE_DIR=$PWD
+BUILD=${BUILD:-build-gpu}
+PARTS=${PARTS:-"build tests sanitize decode"}
+VARIANTS="base: ${AB_VARIANTS-masked:MOEX_DEEPGEMM_SMALL_T=0}"
+ROUNDS=${ROUNDS:-2}
+has() { [[ " $PARTS " == *" $1 "* ]]; }
+t0=$(date +%s)
+stamp() { echo "== $1 ($(( $(date +%s) - t0 )) s)"; }
+envs_of() { echo "${1//,/ }"; }
+
+if has build; then
+  stamp build
+  { cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOEX_CUDA=ON &&
+    cmake --build "$BUILD" -j "$(nproc)" --target moex moex_tests; } > "$OUT/build.log" 2>&1 ||
+    { grep -E "error" "$OUT/build.log" | head -30; exit 1; }
+fi
+if has tests; then
+  stamp tests
+  timeout ${TEST_TIMEOUT:-240} "$BUILD/moex_tests" --gtest_filter="${TEST_FILTER:-*DeepGemm*:*CudaFp8Decode*:Capturable/CudaGraph.*}" > "$OUT/tests.log" 2>&1
+  echo "tests rc $?"
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED  \]|rel L2" "$OUT/tests.log" | head -40
+  grep -B3 -A12 "Failure" "$OUT/tests.log" | head -60
+fi
+if has sanitize; then
+  for tool in memcheck racecheck; do
+    stamp "$tool"
+    timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 "$BUILD/moex_tests" \
+      --gtest_filter="${SANITIZE_FILTER:-Layouts/DeepGemmGraph.*small*}" > "$OUT/$tool.log" 2>&1
+    echo "$tool rc $? ($(grep -c 'Invalid' "$OUT/$tool.log") invalid, $(grep -ci 'hazard' "$OUT/$tool.log") hazard lines)"
+    grep -E "ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED" "$OUT/$tool.log" | head -4
+  done
+fi
+if has decode; then
+  : > "$OUT/decode.json"
+  for r in $(seq 1 "$ROUNDS"); do
+    for v in $VARIANTS; do
+      name=${v%%:*}; e=${v#*:}
+      for q in none fp8; do
+        stamp "decode round $r [$name] $q"
+        env $(envs_of "$e") timeout ${DEC_TIMEOUT:-100} "$BUILD/moex" bench --device cuda --backends deepgemm \
+          --shapes "${DEC_SHAPES:-deepseek_v3,qwen3_30b_a3b,mixtral_8x7b}" --tokens "${DEC_TOKENS:-1,2,4,8,16,64}" \
+          --dtype bf16 --quant $q --format json --no-dense --min-time-ms ${MIN_MS:-20} 2>> "$OUT/decode.err" |
+          sed "s/^{/{\"variant\": \"$name\", \"round\": $r, /" >> "$OUT/decode.json"
+      done
+    done
+  done
+  stamp "decode table"
+  python3 - "$OUT/decode.json" <<'PY' | tee "$OUT/decode.md"
+import json, sys, statistics, collections
+c = collections.defaultdict(list)
+for line in open(sys.argv[1]):
+    if line.startswith("{"):
+        r = json.loads(line)
+        if "ms" in r: c[(r["shape"], r.get("quant", "none"), r["T"], r["variant"])].append((r["ms"], r.get("floor_ms", 0)))
+print("| shape | quant | T | variant | ms (median) | floor ms | × floor | rounds |")
+print("|---|---|---|---|---|---|---|---|")
+for (s, q, t, v), xs in sorted(c.items()):
+    m = statistics.median(x[0] for x in xs); f = xs[0][1]
+    print(f"| {s} | {q} | {t} | {v} | {m:.4f} | {f:.4f} | {m / f if f else 0:.2f}× | {' / '.join(f'{x[0]:.4f}' for x in xs)} |")
+PY
+fi
+stamp done
