@@ -129,7 +129,7 @@ TEST_P(DeepGemmEquivalence, Bf16AndFp8MatchTheReference) {
 }
 
 // "small": the small-batch route (batched_mm's GEMV kernels, FP8 through quant_decode.cu) forced at
-// every T it takes, which by default serves T <= 64 (FP8) / T = 1 (bf16).
+// every T it takes; by default it serves a few rows per expert (deepgemm.cu small_batch_route).
 INSTANTIATE_TEST_SUITE_P(Layouts, DeepGemmEquivalence, ::testing::Values("contiguous", "masked", "small"),
                          [](const auto& info) { return std::string(info.param); });
 

@@ -18,14 +18,13 @@
 //                         ("illegal instruction", H200, 2026-11-30, T = 5 etc.).
 // Default: masked for T <= 64, contiguous above; MOEX_DEEPGEMM_LAYOUT=contiguous|masked forces one.
 //
-// Small batches (small_batch_route): at T <= small_batch_max_tokens (FP8: 64, bf16: 1) the call goes to the
-// GEMV kernels batched_mm runs at that size instead (cuda_backends.cu: FP8 through quant_decode.cu,
-// each routed expert's weights read once for all its rows; bf16 through batched_gemv.cu). There a
-// 128-row MMA tile carries a handful of valid rows and the chain plan -> layout -> quantize -> up ->
-// down -> combine costs a fixed ~60 us over the weights' read time (H200, deepseek_v3 T = 1: 1.41x /
-// 1.83x of the memory floor, bf16 / FP8, docs/PERF.md twentieth session). MOEX_DEEPGEMM_SMALL_T=n
-// sets the bound for both dtypes (0: never); MOEX_DEEPGEMM_LAYOUT=small forces the route, =masked or
-// =contiguous forces the TMA kernels in that layout.
+// Small batches (small_batch_route: FP8 while experts hold <= 8 pairs on average, bf16 while pairs
+// rarely share an expert): the call goes to the GEMV kernels batched_mm runs at that size instead
+// (cuda_backends.cu: FP8 through quant_decode.cu, each routed expert's weights read once for all
+// its rows; bf16 through batched_gemv.cu). There a 128-row MMA tile carries a handful of valid rows
+// and the chain plan -> layout -> quantize -> up -> down -> combine costs a fixed ~40-60 us over the
+// weights' read time (H200, deepseek_v3 T = 1: 1.36x / 1.84x of the memory floor on the masked layout,
+// 1.16x / 1.29x on this route, bf16 / FP8, docs/PERF.md twenty-first session).
 //
 // One forward (S = T·K pairs, M = layout rows):
 //   plan       routing_plan.cu's counting sort, then the layout: tile table (expert, row begin,
@@ -90,22 +89,27 @@ Layout layout_for(int64_t T, LayoutChoice choice = LayoutChoice::by_size) {
   return T <= kMaskedMaxTokens ? Layout::masked : Layout::contiguous;
 }
 
-// Up to this many tokens the call takes batched_mm's GEMV kernels (see the file comment).
-int64_t small_batch_max_tokens(bool fp8) {
-  if (const char* e = std::getenv("MOEX_DEEPGEMM_SMALL_T"); e && *e) return std::strtoll(e, nullptr, 10);
-  return fp8 ? kMaskedMaxTokens : 1;
-}
-
-// FP8 only where quant_decode.cu takes the shape (else batched_mm's per-pair GEMVs would read an
-// expert's weights once per pair).
-bool small_batch_route(const ExpertsSpec& s, int64_t T) {
+// Whether a call of T tokens, top-k K, takes batched_mm's GEMV kernels (see the file comment). By the
+// pairs per expert S / E = T·K / E:
+//   FP8   quant_decode.cu reads each routed expert's weights once for all its rows, with CUDA-core
+//         dot products: ahead of the masked TMA layout while experts hold a few rows (H200, twenty-first
+//         session: qwen3_30b_a3b T = 64, 4 rows per expert, 0.198 vs 0.240 ms), behind it at 16 rows
+//         (mixtral_8x7b T = 64: 0.546 vs 0.437 ms). Bound: S <= 8·E.
+//   bf16  batched_gemv.cu reads an expert's weights once per pair (the L2 catches few repeats of
+//         experts of 10-350 MB), so only while pairs rarely share an expert: S <= E / 2 (T = 1 on
+//         mixtral_8x7b: 2 pairs of 8 experts, 1.11x of the floor against the masked layout's 1.48x).
+// MOEX_DEEPGEMM_SMALL_T=n replaces the rule by T <= n (0: never); MOEX_DEEPGEMM_LAYOUT=small forces
+// the route (FP8 where quant_decode.cu takes the shape), =masked / =contiguous the TMA kernels.
+bool small_batch_route(const ExpertsSpec& s, int64_t T, int64_t K) {
   const bool fp8 = s.quant.kind == QuantKind::fp8_block;
-  if (fp8 && !quant_decode_shape_ok(s, T)) return false;
+  if (fp8 && !quant_decode_shape_ok(s, T)) return false;  // FP8 elsewhere: quant_gemv.cu, an expert read per pair
   if (const char* l = layout_env()) {
     if (std::strcmp(l, "small") == 0) return true;
     if (std::strcmp(l, "masked") == 0 || std::strcmp(l, "contiguous") == 0) return false;
   }
-  return T <= small_batch_max_tokens(fp8);
+  if (const char* e = std::getenv("MOEX_DEEPGEMM_SMALL_T"); e && *e) return T <= std::strtoll(e, nullptr, 10);
+  const int64_t S = T * K, E = s.num_experts;
+  return T <= kMaskedMaxTokens && (fp8 ? S <= 8 * E : 2 * S <= E);
 }
 
 int64_t round4(int64_t v) { return (v + 3) / 4 * 4; }
@@ -440,7 +444,7 @@ Support cuda_deepgemm_supports(const Problem& p) {
 }
 
 size_t cuda_deepgemm_workspace(const Problem& p) {
-  if (small_batch_route(p.spec, p.tokens)) return cuda_batched_workspace(p);
+  if (small_batch_route(p.spec, p.tokens, p.top_k)) return cuda_batched_workspace(p);
   return workspace_of(sizes_of(p.spec, p.tokens, p.top_k), p.spec.dtype);
 }
 
@@ -618,7 +622,7 @@ void run_deepgemm(const Experts& ex, const ExpertsCall& call, const RunContext& 
 }  // namespace
 
 void cuda_deepgemm(const Experts& ex, const ExpertsCall& call, const RunContext& ctx) {
-  if (small_batch_route(ex.spec, call.hidden.shape[0])) {
+  if (small_batch_route(ex.spec, call.hidden.shape[0], call.top_k_index.shape[1])) {
     cuda_batched(ex, call, ctx);  // a handful of tokens: the GEMV kernels (file comment)
     return;
   }
