@@ -7,7 +7,7 @@
 #   tests    $TEST_FILTER (default: deepgemm's tests, the FP8 decode path's, the graph replays)
 #   sanitize compute-sanitizer memcheck and racecheck on $SANITIZE_FILTER (default deepgemm's graph
 #            replays on the small-batch route)
-#   decode   moex bench --backends deepgemm, bf16 and FP8, $DEC_SHAPES at $DEC_TOKENS, per variant of
+#   decode   moex bench --backends $DEC_BACKENDS (default deepgemm), bf16 and FP8, $DEC_SHAPES at $DEC_TOKENS, per variant of
 #            $AB_VARIANTS ("name:ENV=V[,ENV=V]" items after "base"; default "masked:MOEX_DEEPGEMM_SMALL_T=0"),
 #            $ROUNDS interleaved rounds; the table gives the median ms and × the bench's memory floor
 # PARTS selects steps (default all). Logs and JSON under $OUT; the last lines are the tables.
@@ -53,7 +53,7 @@ if has decode; then
       name=${v%%:*}; e=${v#*:}
       for q in none fp8; do
         stamp "decode round $r [$name] $q"
-        env $(envs_of "$e") timeout ${DEC_TIMEOUT:-100} "$BUILD/moex" bench --device cuda --backends deepgemm \
+        env $(envs_of "$e") timeout ${DEC_TIMEOUT:-100} "$BUILD/moex" bench --device cuda --backends ${DEC_BACKENDS:-deepgemm} \
           --shapes "${DEC_SHAPES:-deepseek_v3,qwen3_30b_a3b,mixtral_8x7b}" --tokens "${DEC_TOKENS:-1,2,4,8,16,64}" \
           --dtype bf16 --quant $q --format json --no-dense --min-time-ms ${MIN_MS:-20} 2>> "$OUT/decode.err" |
           sed "s/^{/{\"variant\": \"$name\", \"round\": $r, /" >> "$OUT/decode.json"
@@ -67,8 +67,8 @@ c = collections.defaultdict(list)
 for line in open(sys.argv[1]):
     if line.startswith("{"):
         r = json.loads(line)
-        if "ms" in r: c[(r["shape"], r.get("quant", "none"), r["T"], r["variant"])].append((r["ms"], r.get("floor_ms", 0)))
-print("| shape | quant | T | variant | ms (median) | floor ms | × floor | rounds |")
+        if "ms" in r: c[(r["shape"], r.get("quant", "none"), r["T"], r["backend"] + ("" if r["variant"] == "base" else " " + r["variant"]))].append((r["ms"], r.get("floor_ms", 0)))
+print("| shape | quant | T | backend [variant] | ms (median) | floor ms | × floor | rounds |")
 print("|---|---|---|---|---|---|---|---|")
 for (s, q, t, v), xs in sorted(c.items()):
     m = statistics.median(x[0] for x in xs); f = xs[0][1]

@@ -142,7 +142,11 @@ Problem Problem::from(const Experts& ex, const ExpertsCall& call) {
 int Problem::effective_compute_capability() const {
   if (compute_capability >= 0) return compute_capability;
   if (!device.is_cuda()) return 0;
-  for (const auto& d : cuda_devices())
+  // Read once: a device's properties do not change while the process runs, and
+  // cudaGetDeviceProperties (behind cuda_devices) is slow enough to show in a decode step's time
+  // when called per forward (deepgemm's checks ask twice per call).
+  static const std::vector<CudaDeviceInfo> devices = cuda_devices();
+  for (const auto& d : devices)
     if (d.index == device.index) return d.compute_capability();
   return 0;
 }

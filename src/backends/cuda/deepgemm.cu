@@ -18,8 +18,8 @@
 //                         ("illegal instruction", H200, 2026-11-30, T = 5 etc.).
 // Default: masked for T <= 64, contiguous above; MOEX_DEEPGEMM_LAYOUT=contiguous|masked forces one.
 //
-// Small batches (small_batch_route: FP8 while experts hold <= 8 pairs on average, bf16 while pairs
-// rarely share an expert): the call goes to the GEMV kernels batched_mm runs at that size instead
+// Small batches (small_batch_route: FP8 while experts hold <= 6 pairs on average, bf16 up to T = 8
+// while pairs rarely share an expert): the call goes to the GEMV kernels batched_mm runs at that size instead
 // (cuda_backends.cu: FP8 through quant_decode.cu, each routed expert's weights read once for all
 // its rows; bf16 through batched_gemv.cu). There a 128-row MMA tile carries a handful of valid rows
 // and the chain plan -> layout -> quantize -> up -> down -> combine costs a fixed ~40-60 us over the
@@ -90,14 +90,15 @@ Layout layout_for(int64_t T, LayoutChoice choice = LayoutChoice::by_size) {
 }
 
 // Whether a call of T tokens, top-k K, takes batched_mm's GEMV kernels (see the file comment). By the
-// pairs per expert S / E = T·K / E:
+// pairs per expert S / E = T·K / E, from a sweep of T = 1..64 on four shapes, both routes forced (H200,
+// twenty-first session, docs/PERF.md):
 //   FP8   quant_decode.cu reads each routed expert's weights once for all its rows, with CUDA-core
-//         dot products: ahead of the masked TMA layout while experts hold a few rows (H200, twenty-first
-//         session: qwen3_30b_a3b T = 64, 4 rows per expert, 0.198 vs 0.240 ms), behind it at 16 rows
-//         (mixtral_8x7b T = 64: 0.546 vs 0.437 ms). Bound: S <= 8·E.
+//         dot products: ahead of the masked TMA layout up to S = 4.3·E (qwen15_moe_a2_7b T = 64:
+//         0.168 vs 0.223 ms), behind it from 8·E (mixtral_8x7b T = 32: 0.485 vs 0.437). Bound: S <= 6·E.
 //   bf16  batched_gemv.cu reads an expert's weights once per pair (the L2 catches few repeats of
-//         experts of 10-350 MB), so only while pairs rarely share an expert: S <= E / 2 (T = 1 on
-//         mixtral_8x7b: 2 pairs of 8 experts, 1.11x of the floor against the masked layout's 1.48x).
+//         experts of 10-350 MB): ahead while T <= 8 and S <= E (mixtral_8x7b T = 4, S = E: 0.569 vs
+//         0.596 ms), behind at T = 16 even at S = E / 2 (deepseek_v3: 2.27 vs 2.17) and at S = 2·E
+//         (mixtral_8x7b T = 8: 0.890 vs 0.623).
 // MOEX_DEEPGEMM_SMALL_T=n replaces the rule by T <= n (0: never); MOEX_DEEPGEMM_LAYOUT=small forces
 // the route (FP8 where quant_decode.cu takes the shape), =masked / =contiguous the TMA kernels.
 bool small_batch_route(const ExpertsSpec& s, int64_t T, int64_t K) {
@@ -109,7 +110,7 @@ bool small_batch_route(const ExpertsSpec& s, int64_t T, int64_t K) {
   }
   if (const char* e = std::getenv("MOEX_DEEPGEMM_SMALL_T"); e && *e) return T <= std::strtoll(e, nullptr, 10);
   const int64_t S = T * K, E = s.num_experts;
-  return T <= kMaskedMaxTokens && (fp8 ? S <= 8 * E : 2 * S <= E);
+  return fp8 ? T <= kMaskedMaxTokens && S <= 6 * E : T <= 8 && S <= E;
 }
 
 int64_t round4(int64_t v) { return (v + 3) / 4 * 4; }
