@@ -10,13 +10,14 @@
 #   decode   moex bench --backends $DEC_BACKENDS (default deepgemm), bf16 and FP8, $DEC_SHAPES at $DEC_TOKENS, per variant of
 #            $AB_VARIANTS ("name:ENV=V[,ENV=V]" items after "base"; default "masked:MOEX_DEEPGEMM_SMALL_T=0"),
 #            $ROUNDS interleaved rounds; the table gives the median ms and × the bench's memory floor
+#   graph    CudaPerf.Shapes: CUDA-graph replays of $G_BACKENDS on $G_SHAPES at $G_TOKENS, bf16 and FP8
 # PARTS selects steps (default all). Logs and JSON under $OUT; the last lines are the tables.
 set -u
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 export MOEX_SOURCE_DIR=$PWD
 BUILD=${BUILD:-build-gpu}
-PARTS=${PARTS:-"build tests sanitize decode"}
+PARTS=${PARTS:-"build tests sanitize decode graph"}
 VARIANTS="base: ${AB_VARIANTS-masked:MOEX_DEEPGEMM_SMALL_T=0}"
 ROUNDS=${ROUNDS:-2}
 has() { [[ " $PARTS " == *" $1 "* ]]; }
@@ -74,5 +75,14 @@ for (s, q, t, v), xs in sorted(c.items()):
     m = statistics.median(x[0] for x in xs); f = xs[0][1]
     print(f"| {s} | {q} | {t} | {v} | {m:.4f} | {f:.4f} | {m / f if f else 0:.2f}× | {' / '.join(f'{x[0]:.4f}' for x in xs)} |")
 PY
+fi
+if has graph; then
+  # CUDA-graph replay of one forward (the host's launch latency out), CudaPerf.Shapes
+  stamp graph
+  MOEX_CUDA_PERF=1 MOEX_CUDA_PERF_SHAPES="${G_SHAPES:-deepseek_v3}" MOEX_CUDA_PERF_BACKENDS="${G_BACKENDS:-deepgemm,batched_mm}" \
+    MOEX_CUDA_PERF_TOKENS="${G_TOKENS:-1,2,4,8,16,32,64}" MOEX_CUDA_PERF_QUANT=none,fp8 MOEX_CUDA_PERF_REPS=${G_REPS:-50} \
+    timeout 200 "$BUILD/moex_tests" --gtest_filter=CudaPerf.Shapes > "$OUT/graph.log" 2>&1
+  echo "graph rc $?"
+  grep "^PERF" "$OUT/graph.log" | tee "$OUT/graph.txt"
 fi
 stamp done

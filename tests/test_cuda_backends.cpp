@@ -747,7 +747,8 @@ TEST(CudaPerf, Shapes) {
                               {"qwen15_moe_a2_7b", 2048, 1408, 60, 4},
                               {"mixtral_8x7b", 4096, 14336, 8, 2},
                               {"deepseek_v3", 7168, 2048, 256, 8}};
-  // MOEX_CUDA_PERF_SHAPES / MOEX_CUDA_PERF_BACKENDS: comma-separated subsets (default: all)
+  // MOEX_CUDA_PERF_SHAPES / MOEX_CUDA_PERF_BACKENDS: comma-separated subsets (default: all but deepgemm,
+  // which is timed only where MOEX_CUDA_PERF_BACKENDS names it)
   std::vector<Shape> shapes;
   for (const Shape& sh : all_shapes)
     if (const char* only = std::getenv("MOEX_CUDA_PERF_SHAPES"); !only || std::string(only).find(sh.name) != std::string::npos)
@@ -831,7 +832,7 @@ TEST(CudaPerf, Shapes) {
       ExpertsCall call{x, ti, tw, out};
       const double flops = 2.0 * double(T * sh.K) * double(sh.H) * double(3 * sh.I);
       for (const Variant& v : variants)
-      for (const std::string name : {"batched_mm", "grouped_mm", "eager"}) {
+      for (const std::string name : {"batched_mm", "grouped_mm", "eager", "deepgemm"}) {
         const Experts& ex = v.ex;
         const std::string label = name + v.suffix;
         const double bytes = double(distinct) * 3.0 * double(sh.H * sh.I) * v.wbytes + 2.0 * double(T * sh.H) * 2.0;
@@ -839,6 +840,10 @@ TEST(CudaPerf, Shapes) {
         if (const char* only = std::getenv("MOEX_CUDA_PERF_BACKENDS"); only && std::string(only).find(name) == std::string::npos)
           continue;
         if (name == "batched_mm" && T > 512) continue;
+        // deepgemm only when MOEX_CUDA_PERF_BACKENDS names it, and where it runs (Hopper)
+        if (name == "deepgemm" && (!std::getenv("MOEX_CUDA_PERF_BACKENDS") ||
+                                   !ExpertsInterface::global().supports(name, Problem::from(ex, call)).ok))
+          continue;
         if (name == "eager" && ((T < 4096 && sh.E > 8) || ex.spec.quant.quantized())) continue;
         auto backend = ExpertsInterface::global().get(name);
         Workspace ws(Device::cuda());
