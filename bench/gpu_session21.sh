@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # bench/gpu_session21.sh — one call on the GPU machine for the twenty-first session, from the repository
-# root (`run` with command `bash bench/gpu_session21.sh`): deepgemm's small-batch route (T <= 64 FP8,
-# T = 1 bf16 by default: batched_mm's GEMV kernels, deepgemm.cu small_batch_route) against its masked
-# TMA layout, against the memory floor (issue 7's decode bar). Steps:
+# root (`run` with command `bash bench/gpu_session21.sh`): deepgemm's small-batch route (FP8 at <= 6
+# pairs per expert, bf16 at T <= 8 and T·K <= E: batched_mm's GEMV kernels, deepgemm.cu
+# small_batch_route) against its masked TMA layout, against the memory floor (issue 7's decode bar). Steps:
 #   build    moex, moex_tests (CUDA, Release) into $BUILD (incremental when it exists)
 #   tests    $TEST_FILTER (default: deepgemm's tests, the FP8 decode path's, the graph replays)
 #   sanitize compute-sanitizer memcheck and racecheck on $SANITIZE_FILTER (default deepgemm's graph
@@ -12,41 +12,13 @@
 #            $ROUNDS interleaved rounds; the table gives the median ms and × the bench's memory floor
 #   graph    CudaPerf.Shapes: CUDA-graph replays of $G_BACKENDS on $G_SHAPES at $G_TOKENS, bf16 and FP8
 # PARTS selects steps (default all). Logs and JSON under $OUT; the last lines are the tables.
-set -u
-OUT=${OUT:-$PWD/out}
-mkdir -p "$OUT"
-export MOEX_SOURCE_DIR=$PWD
-BUILD=${BUILD:-build-gpu}
-PARTS=${PARTS:-"build tests sanitize decode graph"}
+source "$(dirname "$0")/gpu_common.sh" "build tests sanitize decode graph"
 VARIANTS="base: ${AB_VARIANTS-masked:MOEX_DEEPGEMM_SMALL_T=0}"
 ROUNDS=${ROUNDS:-2}
-has() { [[ " $PARTS " == *" $1 "* ]]; }
-t0=$(date +%s)
-stamp() { echo "== $1 ($(( $(date +%s) - t0 )) s)"; }
-envs_of() { echo "${1//,/ }"; }
 
-if has build; then
-  stamp build
-  { cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOEX_CUDA=ON &&
-    cmake --build "$BUILD" -j "$(nproc)" --target moex moex_tests; } > "$OUT/build.log" 2>&1 ||
-    { grep -E "error" "$OUT/build.log" | head -30; exit 1; }
-fi
-if has tests; then
-  stamp tests
-  timeout ${TEST_TIMEOUT:-240} "$BUILD/moex_tests" --gtest_filter="${TEST_FILTER:-*DeepGemm*:*CudaFp8Decode*:Capturable/CudaGraph.*}" > "$OUT/tests.log" 2>&1
-  echo "tests rc $?"
-  grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED  \]|rel L2" "$OUT/tests.log" | head -40
-  grep -B3 -A12 "Failure" "$OUT/tests.log" | head -60
-fi
-if has sanitize; then
-  for tool in memcheck racecheck; do
-    stamp "$tool"
-    timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 "$BUILD/moex_tests" \
-      --gtest_filter="${SANITIZE_FILTER:-Layouts/DeepGemmGraph.*small*}" > "$OUT/$tool.log" 2>&1
-    echo "$tool rc $? ($(grep -c 'Invalid' "$OUT/$tool.log") invalid, $(grep -ci 'hazard' "$OUT/$tool.log") hazard lines)"
-    grep -E "ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED" "$OUT/$tool.log" | head -4
-  done
-fi
+if has build; then gpu_build moex moex_tests; fi
+if has tests; then gpu_tests "${TEST_FILTER:-*DeepGemm*:*CudaFp8Decode*:Capturable/CudaGraph.*}" "${TEST_TIMEOUT:-240}"; fi
+if has sanitize; then gpu_sanitize "${SANITIZE_FILTER:-Layouts/DeepGemmGraph.*small*}"; fi
 if has decode; then
   : > "$OUT/decode.json"
   for r in $(seq 1 "$ROUNDS"); do
