@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -174,6 +175,10 @@ struct Row {
   int threads = 0;
   double ms = 0, tflops = 0, gbps = 0, extra_mb = 0, floor_ms = 0, pct_floor = 0, rel_err = -1;
   double dense_ms = 0, dense_tflops = 0;  // the dense cuBLAS GEMMs of the same FLOPs (0: not measured)
+  // CUDA: median host time inside experts_forward (checks, dispatch, kernel launches; the call
+  // returns before the GPU is done). The GPU idles for about this long at the start of each timed
+  // call, which a CUDA graph or a queue of calls would hide. -1: not measured (CPU).
+  double host_us = -1;
 };
 
 nlohmann::json to_json(const Row& r) {
@@ -187,6 +192,7 @@ nlohmann::json to_json(const Row& r) {
   j.update({{"ms", round3(r.ms)}, {"tflops", round3(r.tflops)}, {"gbps", round3(r.gbps)}, {"extra_mb", round3(r.extra_mb)},
             {"floor_ms", round3(r.floor_ms)}, {"pct_floor", round3(r.pct_floor)}, {"distinct_experts", r.distinct}});
   if (r.rel_err >= 0) j["rel_err"] = r.rel_err;
+  if (r.host_us >= 0) j["host_us"] = std::round(r.host_us * 10) / 10;
   if (r.dense_ms > 0) j.update({{"dense_ms", round3(r.dense_ms)}, {"dense_tflops", round3(r.dense_tflops)}});
   return j;
 }
@@ -324,17 +330,23 @@ int run_bench(BenchOptions o) {
             for (int i = 0; i < o.warmup; ++i) experts_forward(b, ex, call_of(i % sets), ro);
             bench::synchronize(dev);
             bench::Timer timer(dev);
-            std::vector<double> times;
+            std::vector<double> times, host_us;
             double spent = 0;
             while (int(times.size()) < 3 || (spent < o.min_time_ms && int(times.size()) < o.max_iters)) {
               const int s = int(times.size()) % sets;
               timer.start();
+              const auto h0 = std::chrono::steady_clock::now();
               experts_forward(b, ex, call_of(s), ro);
+              host_us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - h0).count());
               times.push_back(timer.stop_ms());
               spent += times.back();
             }
             std::sort(times.begin(), times.end());
             r.ms = times[times.size() / 2];
+            if (dev.is_cuda()) {
+              std::sort(host_us.begin(), host_us.end());
+              r.host_us = host_us[host_us.size() / 2];
+            }
             r.tflops = flops / (r.ms * 1e-3) / 1e12;
             r.gbps = bytes / (r.ms * 1e-3) / 1e9;
             r.extra_mb = double(backend->workspace_bytes(p)) / 1e6;
