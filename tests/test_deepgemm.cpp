@@ -159,6 +159,51 @@ TEST(DeepGemm, RequirementsOfThisBuild) {
 
 #ifdef MOEX_WITH_CUDA
 
+// The small-batch route (deepgemm.cu small_batch_route), seen through the workspace it asks for:
+// batched_mm's where the call goes to the GEMV kernels, deepgemm's own elsewhere. Host arithmetic
+// only, so this runs without a GPU (the compute capability is injected).
+TEST(DeepGemm, SmallBatchesTakeTheGemvRouteByPairsPerExpert) {
+  unsetenv("MOEX_DEEPGEMM_LAYOUT");
+  unsetenv("MOEX_DEEPGEMM_SMALL_T");
+  auto deepgemm = ExpertsInterface::global().get("deepgemm");
+  auto batched = ExpertsInterface::global().get("batched_mm");
+  auto problem = [](int64_t E, int64_t K, int64_t T, QuantSpec q) {
+    Problem p;
+    p.spec.num_experts = E;
+    p.spec.hidden = 256;
+    p.spec.intermediate = 128;
+    p.spec.dtype = DType::bf16;
+    p.spec.quant = q;
+    p.tokens = T;
+    p.top_k = K;
+    p.device = Device::cuda();
+    p.compute_capability = 90;
+    return p;
+  };
+  auto gemv = [&](const Problem& p) { return deepgemm->workspace_bytes(p) == batched->workspace_bytes(p); };
+  const QuantSpec bf16 = QuantSpec::none(), fp8 = QuantSpec::fp8_block();
+  // bf16: T <= 8 and T·K <= E
+  EXPECT_TRUE(gemv(problem(256, 8, 1, bf16)));
+  EXPECT_TRUE(gemv(problem(256, 8, 8, bf16)));    // 64 pairs, 256 experts
+  EXPECT_FALSE(gemv(problem(256, 8, 16, bf16)));  // T = 16
+  EXPECT_TRUE(gemv(problem(8, 2, 4, bf16)));      // 8 pairs, 8 experts
+  EXPECT_FALSE(gemv(problem(8, 2, 8, bf16)));     // 16 pairs
+  // FP8: T <= 64 and T·K <= 6·E
+  EXPECT_TRUE(gemv(problem(256, 8, 64, fp8)));
+  EXPECT_FALSE(gemv(problem(256, 8, 65, fp8)));   // above the decode path's T
+  EXPECT_TRUE(gemv(problem(8, 2, 24, fp8)));      // 48 pairs = 6·E
+  EXPECT_FALSE(gemv(problem(8, 2, 25, fp8)));
+  // the switches
+  setenv("MOEX_DEEPGEMM_LAYOUT", "masked", 1);
+  EXPECT_FALSE(gemv(problem(256, 8, 1, fp8)));
+  setenv("MOEX_DEEPGEMM_LAYOUT", "small", 1);
+  EXPECT_TRUE(gemv(problem(8, 2, 64, bf16)));
+  unsetenv("MOEX_DEEPGEMM_LAYOUT");
+  setenv("MOEX_DEEPGEMM_SMALL_T", "0", 1);
+  EXPECT_FALSE(gemv(problem(256, 8, 1, bf16)));
+  unsetenv("MOEX_DEEPGEMM_SMALL_T");
+}
+
 using test::cuda_ok;
 using test::to_host;
 
