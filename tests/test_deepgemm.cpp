@@ -163,8 +163,7 @@ TEST(DeepGemm, RequirementsOfThisBuild) {
 // batched_mm's where the call goes to the GEMV kernels, deepgemm's own elsewhere. Host arithmetic
 // only, so this runs without a GPU (the compute capability is injected).
 TEST(DeepGemm, SmallBatchesTakeTheGemvRouteByPairsPerExpert) {
-  unsetenv("MOEX_DEEPGEMM_LAYOUT");
-  unsetenv("MOEX_DEEPGEMM_SMALL_T");
+  for (const char* v : {"MOEX_DEEPGEMM_LAYOUT", "MOEX_DEEPGEMM_SMALL_T", "MOEX_CUDA_FP8_DECODE"}) unsetenv(v);
   auto deepgemm = ExpertsInterface::global().get("deepgemm");
   auto batched = ExpertsInterface::global().get("batched_mm");
   auto problem = [](int64_t E, int64_t K, int64_t T, QuantSpec q) {
