@@ -341,12 +341,12 @@ int run_bench(BenchOptions o) {
               times.push_back(timer.stop_ms());
               spent += times.back();
             }
-            std::sort(times.begin(), times.end());
-            r.ms = times[times.size() / 2];
-            if (dev.is_cuda()) {
-              std::sort(host_us.begin(), host_us.end());
-              r.host_us = host_us[host_us.size() / 2];
-            }
+            const auto median = [](std::vector<double> v) {
+              std::sort(v.begin(), v.end());
+              return v[v.size() / 2];
+            };
+            r.ms = median(times);
+            if (dev.is_cuda()) r.host_us = median(host_us);
             r.tflops = flops / (r.ms * 1e-3) / 1e12;
             r.gbps = bytes / (r.ms * 1e-3) / 1e9;
             r.extra_mb = double(backend->workspace_bytes(p)) / 1e6;

@@ -73,20 +73,25 @@ enum class LayoutChoice { by_size, contiguous };
 
 constexpr int64_t kMaskedMaxTokens = 64;  // masked layout up to here, contiguous above
 
-// The environment is read at every call (the tests switch it; a getenv costs nothing next to a
-// forward), so that the workspace size and the forward agree.
-const char* layout_env() {
+// MOEX_DEEPGEMM_LAYOUT: a forced route, or none. Read at every call (the tests switch it; a getenv
+// costs nothing next to a forward), so that the workspace size and the forward agree.
+enum class ForcedRoute { none, small, masked, contiguous };
+ForcedRoute forced_route() {
   const char* s = std::getenv("MOEX_DEEPGEMM_LAYOUT");
-  return s && *s ? s : nullptr;
+  if (!s) return ForcedRoute::none;
+  if (std::strcmp(s, "small") == 0) return ForcedRoute::small;
+  if (std::strcmp(s, "masked") == 0) return ForcedRoute::masked;
+  if (std::strcmp(s, "contiguous") == 0) return ForcedRoute::contiguous;
+  return ForcedRoute::none;
 }
 
 Layout layout_for(int64_t T, LayoutChoice choice = LayoutChoice::by_size) {
   if (choice == LayoutChoice::contiguous) return Layout::contiguous;
-  if (const char* s = layout_env()) {
-    if (std::strcmp(s, "masked") == 0) return Layout::masked;
-    if (std::strcmp(s, "contiguous") == 0) return Layout::contiguous;
+  switch (forced_route()) {
+    case ForcedRoute::masked: return Layout::masked;
+    case ForcedRoute::contiguous: return Layout::contiguous;
+    default: return T <= kMaskedMaxTokens ? Layout::masked : Layout::contiguous;
   }
-  return T <= kMaskedMaxTokens ? Layout::masked : Layout::contiguous;
 }
 
 // Whether a call of T tokens, top-k K, takes batched_mm's GEMV kernels (see the file comment). By the
@@ -104,10 +109,7 @@ Layout layout_for(int64_t T, LayoutChoice choice = LayoutChoice::by_size) {
 bool small_batch_route(const ExpertsSpec& s, int64_t T, int64_t K) {
   const bool fp8 = s.quant.kind == QuantKind::fp8_block;
   if (fp8 && !quant_decode_shape_ok(s, T)) return false;  // FP8 elsewhere: quant_gemv.cu, an expert read per pair
-  if (const char* l = layout_env()) {
-    if (std::strcmp(l, "small") == 0) return true;
-    if (std::strcmp(l, "masked") == 0 || std::strcmp(l, "contiguous") == 0) return false;
-  }
+  if (const ForcedRoute f = forced_route(); f != ForcedRoute::none) return f == ForcedRoute::small;
   if (const char* e = std::getenv("MOEX_DEEPGEMM_SMALL_T"); e && *e) return T <= std::strtoll(e, nullptr, 10);
   const int64_t S = T * K, E = s.num_experts;
   return fp8 ? T <= kMaskedMaxTokens && S <= 6 * E : T <= 8 && S <= E;
