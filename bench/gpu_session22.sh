@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# bench/gpu_session22.sh — one call on the GPU machine for the twenty-second session, from the repository
+# root (`run` with command `bash bench/gpu_session22.sh`): where the FP8 decode chain's time goes at
+# the cells issue 6 still misses (qwen T = 1, mixtral T = 64). Steps:
+#   build  moex, moex_tests (CUDA, Release) into $BUILD
+#   tests  $TEST_FILTER (default: the FP8 decode path, the graph replays, the equivalence harness)
+#   ncu    ncu's SpeedOfLight / Occupancy / LaunchStats / WarpStateStats / SchedulerStats /
+#          MemoryWorkloadAnalysis sections of each kernel of one forward (the second: warm), for
+#          every NCU_CASES item "shape:T:backend:quant[:ENV=V,...]" → $OUT/ncu_<n>.txt
+#   perf   bench/gpu_fp8_decode.sh's table (CUDA-graph replay, bf16 and FP8, batched_mm / grouped_mm)
+#          at $TOKENS with $AB_VARIANTS (COMPARE_OLD=1 adds the TMA kernels at every T)
+# PARTS selects steps (default "build tests ncu perf").
+source "$(dirname "$0")/gpu_common.sh" "build tests ncu perf"
+if has build; then gpu_build moex moex_tests; fi
+if has tests; then gpu_tests "${TEST_FILTER:-*CudaFp8Decode*:Capturable/CudaGraph.*:*CudaEquivalence*}" "${TEST_TIMEOUT:-240}"; fi
+if has ncu; then
+  n=0
+  for c in ${NCU_CASES:-qwen3_30b_a3b:1:grouped_mm:fp8 qwen3_30b_a3b:1:batched_mm:none mixtral_8x7b:64:grouped_mm:fp8}; do
+    n=$((n + 1))
+    IFS=: read -r shape T backend quant extra <<< "$c"
+    stamp "ncu $n [$c]"
+    env $(envs_of "${extra:-}") MOEX_CUDA_PERF=1 MOEX_CUDA_PERF_QUANT="$quant" MOEX_CUDA_PERF_TOKENS="$T" MOEX_CUDA_PERF_SHAPES="$shape" \
+      MOEX_CUDA_PERF_BACKENDS="$backend" MOEX_CUDA_PERF_REPS=2 timeout 200 ncu --clock-control none \
+      --launch-skip "${NCU_SKIP:-4}" --launch-count "${NCU_COUNT:-4}" \
+      --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+      --section SchedulerStats --section MemoryWorkloadAnalysis ${NCU_EXTRA:-} \
+      "$BUILD/moex_tests" --gtest_filter=CudaPerf.Shapes > "$OUT/ncu_$n.txt" 2>&1
+    echo "ncu rc $?"
+    grep -E "^  [a-z_]+.*\(|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Grid Size|Block Size|Waves Per SM|Dynamic Shared|Issued Warp|No Eligible|Active Warps Per" "$OUT/ncu_$n.txt" | head -80
+  done
+fi
+if has perf; then PARTS=perf SKIP_BUILD=1 COMPARE_OLD=${COMPARE_OLD:-1} bash bench/gpu_fp8_decode.sh; fi
+stamp done
