@@ -7,12 +7,17 @@
 #   ncu    ncu's SpeedOfLight / Occupancy / LaunchStats / WarpStateStats / SchedulerStats /
 #          MemoryWorkloadAnalysis sections of each kernel of one forward (the second: warm), for
 #          every NCU_CASES item "shape:T:backend:quant[:ENV=V,...]" → $OUT/ncu_<n>.txt
+#   sanitize  compute-sanitizer memcheck / racecheck on $SANITIZE_FILTER with $SANITIZE_ENV set
+#          (default: the bf16 decode cases with the L2 prefetch on)
 #   perf   bench/gpu_fp8_decode.sh's table (CUDA-graph replay, bf16 and FP8, batched_mm / grouped_mm)
 #          at $TOKENS with $AB_VARIANTS (COMPARE_OLD=1 adds the TMA kernels at every T)
-# PARTS selects steps (default "build tests ncu perf").
-source "$(dirname "$0")/gpu_common.sh" "build tests ncu perf"
+# PARTS selects steps (default "build tests sanitize ncu perf").
+source "$(dirname "$0")/gpu_common.sh" "build tests sanitize ncu perf"
 if has build; then gpu_build moex moex_tests; fi
-if has tests; then gpu_tests "${TEST_FILTER:-*CudaFp8Decode*:Capturable/CudaGraph.*:*CudaEquivalence*}" "${TEST_TIMEOUT:-240}"; fi
+if has tests; then gpu_tests "${TEST_FILTER:-*CudaFp8Decode*:CudaFp8Route.*:Capturable/CudaGraph.*:*CudaEquivalence*}" "${TEST_TIMEOUT:-240}"; fi
+if has sanitize; then
+  env $(envs_of "${SANITIZE_ENV-MOEX_CUDA_FP8_DECODE_PREFETCH=3}") bash -c "source bench/gpu_common.sh; gpu_sanitize '${SANITIZE_FILTER:-Dtypes/CudaFp8Decode.MatchesTheReference/bf16}'"
+fi
 if has ncu; then
   n=0
   for c in ${NCU_CASES:-qwen3_30b_a3b:1:grouped_mm:fp8 qwen3_30b_a3b:1:batched_mm:none mixtral_8x7b:64:grouped_mm:fp8}; do

@@ -119,7 +119,8 @@ class ScopedEnv {
     const char* prev = std::getenv(name);
     had_ = prev != nullptr;
     if (had_) saved_ = prev;
-    setenv(name, value, 1);
+    if (value) setenv(name, value, 1);
+    else unsetenv(name);  // nullptr: unset for the scope
   }
   ~ScopedEnv() {
     if (had_) setenv(name_, saved_.c_str(), 1);
@@ -193,7 +194,8 @@ TEST_P(CudaFp8Decode, MatchesTheReference) {
 
 // The path's A/B switches each select other kernels than the default on these small shapes: the
 // unstaged activations (the default for rows too long to stage, e.g. mixtral's down projection),
-// the plan read after pdl_wait, h quantized by decode_up at every T, and by decode_down at every T.
+// the plan read after pdl_wait, h quantized by decode_up at every T, and by decode_down at every T,
+// the L2 prefetch of each warp's weight slice and of the down weights by decode_up.
 TEST_P(CudaFp8Decode, EverySwitchMatchesTheReference) {
   SKIP_WITHOUT_CUDA();
   const DType dt = GetParam();
@@ -202,7 +204,8 @@ TEST_P(CudaFp8Decode, EverySwitchMatchesTheReference) {
   const std::pair<const char*, const char*> switches[] = {{"MOEX_CUDA_FP8_DECODE_STAGE", "0"},
                                                           {"MOEX_CUDA_FP8_DECODE_EARLY", "0"},
                                                           {"MOEX_CUDA_FP8_DECODE_HQ", "up"},
-                                                          {"MOEX_CUDA_FP8_DECODE_HQ", "down"}};
+                                                          {"MOEX_CUDA_FP8_DECODE_HQ", "down"},
+                                                          {"MOEX_CUDA_FP8_DECODE_PREFETCH", "3"}};
   for (const auto& [name, value] : switches) {
     ScopedEnv variant(name, value);
     double worst = 0;
@@ -240,6 +243,31 @@ TEST_P(CudaFp8Decode, AllSlotsDroppedGiveZeros) {
       for (int64_t i = 0; i < back.nbytes(); ++i) nonzero += bytes[i] != 0;
       EXPECT_EQ(nonzero, 0) << name << " T=" << T << ": bytes not zero";
     }
+  }
+}
+
+// grouped_mm's choice between the decode path and the TMA kernels on Hopper (quant_common.cuh,
+// kDecodeMaxPairsPerExpert): up to 6 pairs per expert the default output is the forced decode
+// path's, bit for bit; above, the TMA kernels'. Both paths are deterministic; the test first checks
+// that their outputs differ on each case, so that it can tell them apart.
+TEST(CudaFp8Route, GroupedMmTakesTheTmaKernelsAboveSixPairsPerExpert) {
+  SKIP_WITHOUT_CUDA();
+  const auto devs = cuda_devices();
+  if (devs[0].compute_capability() != 90) GTEST_SKIP() << "the TMA kernels are sm_90a: device 0 is not compute capability 9.0";
+  for (const auto& [T, decode] : {std::pair<int64_t, bool>{24, true}, {25, false}, {64, false}, {8, true}}) {
+    check::Case c = make_case(123, DType::bf16, 8, 256, 128, T, 2);  // E = 8, K = 2: 6·E = 48 pairs at T = 24
+    c.spec.quant = QuantSpec::fp8_block();
+    const check::Instance dev = check::make_instance(c).to(Device::cuda());
+    auto run = [&](const char* mode) {
+      ScopedEnv env("MOEX_CUDA_FP8_DECODE", mode);
+      Tensor out = Tensor::empty(DType::bf16, {T, c.spec.hidden}, Device::cuda());
+      experts_forward("grouped_mm", dev.experts(), dev.call(out));
+      return test::to_host(out);
+    };
+    const auto forced_decode = run("1"), forced_tma = run("0"), chosen = run(nullptr);
+    ASSERT_NE(forced_decode, forced_tma) << "T=" << T << ": the two paths gave the same bytes; the test cannot tell them apart";
+    EXPECT_EQ(chosen, decode ? forced_decode : forced_tma) << "T=" << T << " (" << T * 2 << " pairs, 8 experts): expected the "
+                                                           << (decode ? "decode path" : "TMA kernels");
   }
 }
 

@@ -17,7 +17,8 @@
 // the device per token and 128 channels. At small T (T <= kDecodeMaxTokens = 64; the env
 // MOEX_CUDA_FP8_DECODE=0/1 turns it off / on for any T) FP8 [E, out, in] experts on sm_89+ take
 // quant_decode.cu in both batched_mm and grouped_mm: each routed expert's weights read once for
-// all its rows, three kernels per forward. Otherwise batched_mm runs quant_gemv.cu, grouped_mm the tensor-
+// all its rows, four kernels per forward (grouped_mm on Hopper only up to 6 pairs per expert, its
+// TMA kernels above: kDecodeMaxPairsPerExpert). Otherwise batched_mm runs quant_gemv.cu, grouped_mm the tensor-
 // core kernel of quant_grouped_gemm.cu (its own plan, 64-row tiles), except FP8 128x128 experts on
 // Hopper: deepgemm.cu's TMA kernels, the exact variant for the up GEMM and QGMMA for the down GEMM
 // (see fp8_tma_mode below); eager dequantizes one
@@ -153,11 +154,13 @@ Epi up_epi(const ExpertsSpec& s) {
 }
 
 // FP8 experts at small T (quant_decode.cu): true and the path's arguments filled when the shape,
-// the buffers and the workspace allow it.
-bool decode_route(const Experts& ex, const ExpertsCall& call, const RunContext& ctx, QuantDecodeArgs& d) {
+// the buffers and the workspace allow it. tensor_core_alternative: the caller runs many pairs per
+// expert faster on its TMA kernels (grouped_mm on Hopper; see kDecodeMaxPairsPerExpert).
+bool decode_route(const Experts& ex, const ExpertsCall& call, const RunContext& ctx, QuantDecodeArgs& d,
+                  bool tensor_core_alternative = false) {
   const ExpertsSpec& s = ex.spec;
   const int64_t T = call.hidden.shape[0];
-  if (!quant_decode_shape_ok(s, T)) return false;
+  if (!quant_decode_shape_ok(s, T, call.top_k_index.shape[1], tensor_core_alternative)) return false;
   d = QuantDecodeArgs{};
   d.hidden = call.hidden.data;
   d.idx = call.top_k_index.data;
@@ -184,7 +187,7 @@ bool decode_route(const Experts& ex, const ExpertsCall& call, const RunContext& 
 
 // Workspace of the decode path when a call of this problem may take it.
 size_t decode_workspace(const Problem& p) {
-  if (!quant_decode_shape_ok(p.spec, p.tokens)) return 0;
+  if (!quant_decode_shape_ok(p.spec, p.tokens, p.top_k)) return 0;  // without the alternative: the larger set
   return quant_decode_workspace(p.tokens, p.top_k, p.spec.num_experts, p.spec.hidden, p.spec.intermediate,
                                 dtype_size(p.spec.dtype));
 }
@@ -400,15 +403,17 @@ void cuda_batched(const Experts& ex, const ExpertsCall& call, const RunContext& 
 
 void cuda_grouped(const Experts& ex, const ExpertsCall& call, const RunContext& ctx) {
   const ExpertsSpec& s = ex.spec;
+  const bool fp8_tma =
+      s.quant.quantized() && aligned16(ex.gate_up.data) && aligned16(ex.down.data) && fp8_on_tma(Problem::from(ex, call));
   if (s.quant.quantized()) {
     QuantDecodeArgs d;
     DeviceGuard guard(call.hidden.device.index);
-    if (decode_route(ex, call, ctx, d)) {  // small T: three kernels, no separate plan (quant_decode.cu)
+    if (decode_route(ex, call, ctx, d, fp8_tma)) {  // small T: four kernels, no separate plan (quant_decode.cu)
       launch_quant_decode(d, stream_of(ctx));
       return;
     }
   }
-  if (s.quant.quantized() && aligned16(ex.gate_up.data) && aligned16(ex.down.data) && fp8_on_tma(Problem::from(ex, call))) {
+  if (fp8_tma) {
     cuda_fp8_tma_grouped(ex, call, ctx, fp8_tma_kernels());  // TMA kernels, contiguous layout (deepgemm.cu)
     return;
   }

@@ -108,7 +108,7 @@ Layout layout_for(int64_t T, LayoutChoice choice = LayoutChoice::by_size) {
 // the route (FP8 where quant_decode.cu takes the shape), =masked / =contiguous the TMA kernels.
 bool small_batch_route(const ExpertsSpec& s, int64_t T, int64_t K) {
   const bool fp8 = s.quant.kind == QuantKind::fp8_block;
-  if (fp8 && !quant_decode_shape_ok(s, T)) return false;  // FP8 elsewhere: quant_gemv.cu, an expert read per pair
+  if (fp8 && !quant_decode_shape_ok(s, T, K)) return false;  // FP8 elsewhere: quant_gemv.cu, an expert read per pair
   if (const ForcedRoute f = forced_route(); f != ForcedRoute::none) return f == ForcedRoute::small;
   if (const char* e = std::getenv("MOEX_DEEPGEMM_SMALL_T"); e && *e) return T <= std::strtoll(e, nullptr, 10);
   const int64_t S = T * K, E = s.num_experts;

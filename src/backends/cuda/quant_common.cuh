@@ -148,9 +148,17 @@ struct QuantDecodeArgs {
   size_t ws_bytes;
   void* out;                // [T, H]
 };
+// Above this many pairs per expert (T·K > 6·E: mixtral_8x7b from T = 32) a caller with a tensor-core
+// alternative (grouped_mm's TMA kernels on Hopper) takes it: the path's 32-row passes are bound by
+// their instruction stream there (mixtral_8x7b T = 64, FP8 grouped_mm: 0.532 ms on this path, 0.468 on
+// the TMA kernels, H200, 2026-12-02, docs/PERF.md), as deepgemm.cu's small_batch_route measured
+// against its masked layout (ahead up to 4.3·E, behind from 8·E).
+constexpr int64_t kDecodeMaxPairsPerExpert = 6;
 // The layout/size/T conditions (host only, no pointers): FP8 128-k blocks, [E, out, in], H and
-// I multiples of 16, E <= kDecodeMaxExperts, T <= kDecodeMaxTokens unless MOEX_CUDA_FP8_DECODE.
-bool quant_decode_shape_ok(const ExpertsSpec& s, int64_t T);
+// I multiples of 16, E <= kDecodeMaxExperts, T <= kDecodeMaxTokens and, where the caller has a
+// tensor-core alternative, T·K <= kDecodeMaxPairsPerExpert·E — unless MOEX_CUDA_FP8_DECODE forces
+// the path on (1: any T) or off (0).
+bool quant_decode_shape_ok(const ExpertsSpec& s, int64_t T, int64_t K, bool tensor_core_alternative = false);
 size_t quant_decode_workspace(int64_t T, int64_t K, int64_t E, int64_t H, int64_t I, size_t esz);
 // The run-time conditions: aligned bases, sm_89+, enough workspace.
 bool quant_decode_usable(const QuantDecodeArgs& a);
