@@ -105,7 +105,6 @@ struct DecodeParams {
   int n_ctr;            // counters (zeroed by decode_prep)
   bool h_quant_in_down; // decode_down quantizes h while staging it (else decode_up's last blocks)
   bool early_plan;      // decode_up / decode_down read the routing / plan before pdl_wait
-  int prefetch;         // L2 prefetch before pdl_wait (kPrefetch* bits, MOEX_CUDA_FP8_DECODE_PREFETCH)
   void* out;            // [T, H]
 };
 
@@ -135,20 +134,6 @@ __device__ __forceinline__ uint4 ld_stream16(const void* p) {
       : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
       : "l"(p));
   return v;
-}
-
-// L2 prefetch bits of DecodeParams::prefetch. The register ring keeps two k blocks (4 KB) per warp in
-// flight; at T = 1 on qwen3_30b_a3b that is ~47 KB per SM, and decode_up streamed its 25 MB at
-// 1.86 TB/s (ncu, H200, 2026-12-02). A bulk prefetch of the warp's whole slice into L2 before
-// pdl_wait puts every byte of the kernel in flight at once; the ring then reads L2.
-constexpr int kPrefetchOwn = 1;   // each warp: its weight rows' k slice (decode_up and decode_down)
-constexpr int kPrefetchDown = 2;  // decode_up: its slot's down weights (a 1/gridDim.x share per block)
-
-// `bytes` (a multiple of 16) at p (16-byte aligned) into L2, no registers, no completion to wait for.
-__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (bytes > 0) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
-#endif
 }
 
 // Four e4m3 codes (one 32-bit word) as two f16x2 registers: bytes 0-1 → lo, bytes 2-3 → hi.
@@ -450,29 +435,6 @@ __device__ __forceinline__ void tile_setup(WarpTile<NT>& wt, const QuantWeights&
   wt.kb1 = (ks + 1) * t.gK / ks_count;
 }
 
-// The warp's weight slice into L2: rows g and g+8 of its m16 tile (lanes with q = 0), k blocks
-// [kb0, kb1). Weights only: may run before pdl_wait.
-template <int NT>
-__device__ __forceinline__ void prefetch_warp_slice(const WarpTile<NT>& wt) {
-  const TileArgs<NT>& t = wt.t;
-  if (t.q != 0 || wt.kb0 >= wt.kb1) return;
-  const int k0 = wt.kb0 * kQuantGroup, k1 = min(wt.kb1 * kQuantGroup, t.K);
-  prefetch_l2(t.row_lo + k0, uint32_t(k1 - k0));
-  prefetch_l2(t.row_hi + k0, uint32_t(k1 - k0));
-}
-
-// decode_up block (bx, slot of expert e): its 1/gridDim.x share of W_down[e] (H rows of I codes,
-// contiguous) into L2, in 4 KB pieces over the block's threads, so that decode_down finds them there.
-__device__ __forceinline__ void prefetch_down_share(const QuantWeights& down, int e, int H, int I) {
-  constexpr int64_t kPiece = 4096;
-  const int64_t total = int64_t(H) * I;  // a multiple of 256 (H, I multiples of 16)
-  const int64_t share = (total + int64_t(gridDim.x) * 16 - 1) / (int64_t(gridDim.x) * 16) * 16;
-  const int64_t lo = int64_t(blockIdx.x) * share, hi = min(total, lo + share);
-  const uint8_t* base = down.data + int64_t(e) * down.data_stride;
-  for (int64_t off = lo + int64_t(threadIdx.x) * kPiece; off < hi; off += int64_t(THREADS) * kPiece)
-    prefetch_l2(base + off, uint32_t(min(kPiece, hi - off)));
-}
-
 // Runs the pass (columns = pair-list entries [r, min(r + 8·NT, r_end))) from the issued
 // prologue and leaves the KS-reduced values readable through tile_value(). Syncs before returning.
 template <int NT, bool kStaged>
@@ -682,9 +644,7 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_up(DecodePara
   WarpTile<NT> wt;
   if (e >= 0) {
     tile_setup<NT>(wt, a.up, e, rows_of_m, a.H, ks_count);
-    if (a.prefetch & kPrefetchOwn) prefetch_warp_slice<NT>(wt);
     ring_prologue<NT>(wt.t, wt.kb0, wt.kb1, wt.s0, wt.s1);
-    if (a.prefetch & kPrefetchDown) prefetch_down_share(a.down, e, a.H, a.I);
   }
   if (a.early_plan) pdl_wait();
   pdl_launch_dependents();
@@ -766,7 +726,6 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_down(DecodePa
   if (b >= n_hit) return;  // (block-uniform; the combine writes the output of dropped slots)
   WarpTile<NT> wt;
   tile_setup<NT>(wt, a.down, e, rows_of_m, a.I, ks_count);
-  if (a.prefetch & kPrefetchOwn) prefetch_warp_slice<NT>(wt);
   ring_prologue<NT>(wt.t, wt.kb0, wt.kb1, wt.s0, wt.s1);
   if (a.early_plan) pdl_wait();  // decode_up's h
   pdl_launch_dependents();
@@ -1019,9 +978,6 @@ void launch_quant_decode(const QuantDecodeArgs& a, cudaStream_t stream) {
   // two kernels back; measured 2-9 % faster at T = 1 on the H200, 2026-12-01).
   // MOEX_CUDA_FP8_DECODE_EARLY=0 reads them after it (A/B measurement, debugging).
   p.early_plan = !decode_env_is("MOEX_CUDA_FP8_DECODE_EARLY", "0");
-  // L2 prefetch (kPrefetch* bits): MOEX_CUDA_FP8_DECODE_PREFETCH=n sets them (A/B measurement).
-  const char* pf = decode_env("MOEX_CUDA_FP8_DECODE_PREFETCH");
-  p.prefetch = pf ? std::atoi(pf) & (kPrefetchOwn | kPrefetchDown) : 0;
   switch (a.dtype) {
     case DType::f32: launch_typed<float>(p, a.dtype, nt, ks_up, ks_down, stream); break;
     case DType::f16: launch_typed<__half>(p, a.dtype, nt, ks_up, ks_down, stream); break;

@@ -956,6 +956,9 @@ __global__ void __launch_bounds__(THREADS, 1)
           mbar_wait(full_bar(stage), phase);
           if constexpr (GATHER) wgmma::fence_proxy_async();
           load_w(stage, lo, hi);
+          // weight block scales one k block ahead: an L2 round trip (~600+ cycles) per k block on
+          // the promotion's path otherwise, longer than the 8 MMAs of a few-row tile
+          float w_lo = weight_scale(x, ws_lo), w_hi = concat ? weight_scale(x, ws_hi) : w_lo;
           for (int kt = 0; kt < ktiles; ++kt) {
             const uint32_t x_tile = sA + uint32_t(stage) * A_STAGE;
             uint32_t af[8][4];  // [k16 step] the A fragment
@@ -985,12 +988,15 @@ __global__ void __launch_bounds__(THREADS, 1)
               if constexpr (GATHER) wgmma::fence_proxy_async();
               load_w(next, lo, hi);
             }
-            // this block's weight scales, requested after the proxy fence rather than at the top of
-            // the iteration: the fence is a MEMBAR.ALL.CTA in the SASS of the gather variant, which
+            // the next block's weight scales, requested after the proxy fence rather than at the top
+            // of the iteration: the fence is a MEMBAR.ALL.CTA in the SASS of the gather variant, which
             // can hold the warp until its outstanding loads return (a global round trip per stage);
-            // here they arrive under the MMAs. (Not yet timed against the old order; see PERF.md,
-            // sixteenth session.)
-            const float w_lo = weight_scale(x, ws_lo + kt), w_hi = concat ? weight_scale(x, ws_hi + kt) : w_lo;
+            // here they have a whole k block to arrive
+            float w_lo_next = w_lo, w_hi_next = w_hi;
+            if (kt + 1 < ktiles) {
+              w_lo_next = weight_scale(x, ws_lo + kt + 1);
+              w_hi_next = concat ? weight_scale(x, ws_hi + kt + 1) : w_lo_next;
+            }
             wgmma::wait<0>();
             wgmma::fence_acc_first<NFP>(xpart);
             const float* sa = reinterpret_cast<const float*>(smem_raw + (sSA - raw) + stage * SA_BYTES);
@@ -1005,6 +1011,8 @@ __global__ void __launch_bounds__(THREADS, 1)
             release(stage);
             stage = next;
             phase = next_phase;
+            w_lo = w_lo_next;
+            w_hi = w_hi_next;
           }
         };
         // the wgmma N: the tile's A rows rounded up to 16 / 32 / 64 / 128 (few-row experts then do
@@ -1023,12 +1031,18 @@ __global__ void __launch_bounds__(THREADS, 1)
         int64_t ws_lo, ws_hi;
         weight_scale_rows<BN>(a, e, n, ws_lo, ws_hi);
         const int srow = cw * 64 + warp_in_wg * 16 + (lane >> 2);
+        // weight block scales one k block ahead (see the exact variant): k block 0's now
+        float w_lo_next = weight_scale(x, ws_lo), w_hi_next = weight_scale(x, ws_hi);
         for (int kt = 0; kt < ktiles; ++kt) {
           mbar_wait(full_bar(stage), phase);
           if constexpr (GATHER) wgmma::fence_proxy_async();
-          // after the proxy fence (a MEMBAR in the gather variant, see the exact variant): they
-          // arrive under the MMAs
-          const float w_lo = weight_scale(x, ws_lo + kt), w_hi = weight_scale(x, ws_hi + kt);
+          // the next block's after the proxy fence (a MEMBAR in the gather variant, see the exact
+          // variant): they have this block's MMAs and promotion to arrive
+          const float w_lo = w_lo_next, w_hi = w_hi_next;
+          if (kt + 1 < ktiles) {
+            w_lo_next = weight_scale(x, ws_lo + kt + 1);
+            w_hi_next = weight_scale(x, ws_hi + kt + 1);
+          }
           const uint32_t a_tile = sA + uint32_t(stage) * A_BYTES + uint32_t(cw) * (64 * 128);
           const uint32_t b_tile = sB + uint32_t(stage) * B_BYTES;
           // the tile's 128-column parts (one at BN = 128; at 256 the weight rows [0, 128) and
