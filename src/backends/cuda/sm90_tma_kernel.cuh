@@ -956,9 +956,6 @@ __global__ void __launch_bounds__(THREADS, 1)
           mbar_wait(full_bar(stage), phase);
           if constexpr (GATHER) wgmma::fence_proxy_async();
           load_w(stage, lo, hi);
-          // weight block scales one k block ahead: an L2 round trip (~600+ cycles) per k block on
-          // the promotion's path otherwise, longer than the 8 MMAs of a few-row tile
-          float w_lo = weight_scale(x, ws_lo), w_hi = concat ? weight_scale(x, ws_hi) : w_lo;
           for (int kt = 0; kt < ktiles; ++kt) {
             const uint32_t x_tile = sA + uint32_t(stage) * A_STAGE;
             uint32_t af[8][4];  // [k16 step] the A fragment
@@ -988,15 +985,12 @@ __global__ void __launch_bounds__(THREADS, 1)
               if constexpr (GATHER) wgmma::fence_proxy_async();
               load_w(next, lo, hi);
             }
-            // the next block's weight scales, requested after the proxy fence rather than at the top
-            // of the iteration: the fence is a MEMBAR.ALL.CTA in the SASS of the gather variant, which
+            // this block's weight scales, requested after the proxy fence rather than at the top of
+            // the iteration: the fence is a MEMBAR.ALL.CTA in the SASS of the gather variant, which
             // can hold the warp until its outstanding loads return (a global round trip per stage);
-            // here they have a whole k block to arrive
-            float w_lo_next = w_lo, w_hi_next = w_hi;
-            if (kt + 1 < ktiles) {
-              w_lo_next = weight_scale(x, ws_lo + kt + 1);
-              w_hi_next = concat ? weight_scale(x, ws_hi + kt + 1) : w_lo_next;
-            }
+            // here they arrive under the MMAs. (Not yet timed against the old order; see PERF.md,
+            // sixteenth session.)
+            const float w_lo = weight_scale(x, ws_lo + kt), w_hi = concat ? weight_scale(x, ws_hi + kt) : w_lo;
             wgmma::wait<0>();
             wgmma::fence_acc_first<NFP>(xpart);
             const float* sa = reinterpret_cast<const float*>(smem_raw + (sSA - raw) + stage * SA_BYTES);
@@ -1011,8 +1005,6 @@ __global__ void __launch_bounds__(THREADS, 1)
             release(stage);
             stage = next;
             phase = next_phase;
-            w_lo = w_lo_next;
-            w_hi = w_hi_next;
           }
         };
         // the wgmma N: the tile's A rows rounded up to 16 / 32 / 64 / 128 (few-row experts then do
@@ -1031,15 +1023,28 @@ __global__ void __launch_bounds__(THREADS, 1)
         int64_t ws_lo, ws_hi;
         weight_scale_rows<BN>(a, e, n, ws_lo, ws_hi);
         const int srow = cw * 64 + warp_in_wg * 16 + (lane >> 2);
-        // weight block scales one k block ahead (see the exact variant): k block 0's now
-        float w_lo_next = weight_scale(x, ws_lo), w_hi_next = weight_scale(x, ws_hi);
+        // weight block scales one k block ahead where A comes by TMA (grouped_mm's down GEMM at
+        // mixtral_8x7b T = 64: 129.5 -> 122.8 us, H200, 2026-12-02); the gather variant loads them
+        // per block after its proxy fence, as before: loaded a block ahead they can still be in
+        // flight at the next block's fence (a MEMBAR.ALL.CTA there), and deepgemm FP8 at deepseek_v3
+        // T = 16384, which gathers, ran 708 TFLOP/s that way against 744-757 before. The exact
+        // variant gained nothing from it (mixtral T = 64's up GEMM 312.9 us either way): its
+        // few-row tiles are not waiting on the scales.
+        float w_lo_next = 0.0f, w_hi_next = 0.0f;
+        if constexpr (!GATHER) {
+          w_lo_next = weight_scale(x, ws_lo);
+          w_hi_next = weight_scale(x, ws_hi);
+        }
         for (int kt = 0; kt < ktiles; ++kt) {
           mbar_wait(full_bar(stage), phase);
           if constexpr (GATHER) wgmma::fence_proxy_async();
-          // the next block's after the proxy fence (a MEMBAR in the gather variant, see the exact
-          // variant): they have this block's MMAs and promotion to arrive
-          const float w_lo = w_lo_next, w_hi = w_hi_next;
-          if (kt + 1 < ktiles) {
+          // after the proxy fence (a MEMBAR in the gather variant, see the exact variant): they
+          // arrive under the MMAs
+          float w_lo = w_lo_next, w_hi = w_hi_next;
+          if constexpr (GATHER) {
+            w_lo = weight_scale(x, ws_lo + kt);
+            w_hi = weight_scale(x, ws_hi + kt);
+          } else if (kt + 1 < ktiles) {
             w_lo_next = weight_scale(x, ws_lo + kt + 1);
             w_hi_next = weight_scale(x, ws_hi + kt + 1);
           }
