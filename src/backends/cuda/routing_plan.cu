@@ -10,6 +10,7 @@
 // run. Results do not: every sorted row is
 // computed on its own with the same arithmetic wherever it lands, and the final reduction over
 // the K slots reads rows through pair_to_row in slot order.
+#include <cstdlib>
 #include <vector>
 
 #include "backends/cuda/cuda_common.cuh"
@@ -80,7 +81,9 @@ __global__ void plan_histogram_global(const void* idx, bool idx64, int64_t S, in
 // goes last. Layout: the odd experts' blocks, then the even experts, then the one left over. In the
 // plain order a pair straddles two experts wherever an expert starts at an odd tile (deepseek_v3 at
 // T = 4096, ~1.5 tiles per expert: a third of the pairs shared).
-__global__ void __launch_bounds__(kScanThreads) plan_scan(DevicePlan plan, int E, bool paired) {
+// The scan's body, for a block of kScanThreads threads: counts[e] (global or shared memory) are
+// final. Writes offsets, cursor, the tile table and zeroes the work counter. Syncs.
+__device__ __forceinline__ void plan_scan_body(const DevicePlan& plan, int E, bool paired, const int* counts) {
   // per-thread partial sums over the thread's experts: rows; tiles of odd-count / even-count
   // experts; odd-count experts
   __shared__ int part_rows[kScanThreads], part_odd_tiles[kScanThreads], part_even_tiles[kScanThreads],
@@ -92,7 +95,7 @@ __global__ void __launch_bounds__(kScanThreads) plan_scan(DevicePlan plan, int E
   auto tiles_of = [&](int c) { return (c + plan.tile_m - 1) / plan.tile_m; };
   int rows = 0, odd_tiles = 0, even_tiles = 0, odd = 0;
   for (int e = e0; e < e1; ++e) {
-    const int c = plan.counts[e], t = tiles_of(c);
+    const int c = counts[e], t = tiles_of(c);
     rows += c;
     if (t & 1) {
       odd_tiles += t;
@@ -134,7 +137,7 @@ __global__ void __launch_bounds__(kScanThreads) plan_scan(DevicePlan plan, int E
   if (paired && (total_odd & 1)) {
     int r = rank;
     for (int e = e0; e < e1; ++e) {
-      const int t = tiles_of(plan.counts[e]);
+      const int t = tiles_of(counts[e]);
       if (t & 1) {
         if (r == total_odd - 1) s_lone_tiles = t;
         ++r;
@@ -149,7 +152,7 @@ __global__ void __launch_bounds__(kScanThreads) plan_scan(DevicePlan plan, int E
   __syncthreads();
   const int odd_region = part_odd_tiles[kScanThreads - 1] - s_lone_tiles;  // the paired odd experts' blocks
   for (int e = e0; e < e1; ++e) {
-    const int c = plan.counts[e], t = tiles_of(c);
+    const int c = counts[e], t = tiles_of(c);
     plan.offsets[e] = row;
     plan.cursor[e] = row;
     // position of tile 0 of the expert's pairs, and of its odd last tile (t odd)
@@ -183,6 +186,10 @@ __global__ void __launch_bounds__(kScanThreads) plan_scan(DevicePlan plan, int E
     }
   }
   for (int t = total_tiles + tid; t < plan.max_tiles; t += kScanThreads) plan.tiles[t] = make_int4(-1, 0, 0, 0);
+}
+
+__global__ void __launch_bounds__(kScanThreads) plan_scan(DevicePlan plan, int E, bool paired) {
+  plan_scan_body(plan, E, paired, plan.counts);
 }
 
 // Sorted rows for the pairs: each block takes the same chunk of pairs as plan_histogram, ranks them
@@ -246,6 +253,56 @@ __global__ void plan_scatter_global(const void* idx, bool idx64, int64_t S, int 
   }
 }
 
+// The whole plan in one block for S <= kSmallPlanPairs pairs and E <= kSmemExperts experts: the
+// count and the in-expert ranks in shared memory (as plan_scatter, one pass), the scan's body on
+// the shared counts, then the rows. One launch instead of a memset and three kernels (each ~3-5 us
+// of latency on the H200 at these sizes, ncu: plan_histogram 2.75, plan_scan 5.15, plan_scatter
+// 3.07 us at mixtral_8x7b T = 64). Opt-in (MOEX_CUDA_PLAN_FUSED=1) until timed on the H200.
+constexpr int kSmallPlanKeys = 4;
+constexpr int64_t kSmallPlanPairs = int64_t(kScanThreads) * kSmallPlanKeys;
+
+__global__ void __launch_bounds__(kScanThreads) plan_small(const void* idx, bool idx64, int64_t S, int E, DevicePlan plan) {
+  extern __shared__ int s_count[];  // [E]
+  for (int e = threadIdx.x; e < E; e += kScanThreads) s_count[e] = 0;
+  __syncthreads();
+  const int lane = threadIdx.x & 31;
+  int key[kSmallPlanKeys], rank[kSmallPlanKeys];
+#pragma unroll
+  for (int j = 0; j < kSmallPlanKeys; ++j) key[j] = valid_key(idx, idx64, S, E, int64_t(j) * kScanThreads + threadIdx.x);
+#pragma unroll
+  for (int j = 0; j < kSmallPlanKeys; ++j) {
+    const unsigned peers = __match_any_sync(0xffffffffu, key[j]);
+    const int leader = __ffs(peers) - 1;
+    int first = 0;
+    if (key[j] >= 0 && lane == leader) first = atomicAdd(&s_count[key[j]], __popc(peers));
+    rank[j] = __shfl_sync(0xffffffffu, first, leader) + __popc(peers & lanemask_lt());
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < E; e += kScanThreads) {
+    plan.counts[e] = s_count[e];  // for later readers (deepgemm.cu's layout kernels)
+  }
+  plan_scan_body(plan, E, plan.pair_aligned, s_count);  // offsets (global), tiles; syncs
+  __syncthreads();  // every offset written (global writes of this block, visible after the barrier)
+#pragma unroll
+  for (int j = 0; j < kSmallPlanKeys; ++j) {
+    const int64_t p = int64_t(j) * kScanThreads + threadIdx.x;
+    if (p >= S) continue;
+    if (key[j] >= 0) {
+      const int row = plan.offsets[key[j]] + rank[j];
+      plan.sorted_pairs[row] = int(p);
+      plan.pair_to_row[p] = row;
+    } else {
+      plan.pair_to_row[p] = -1;
+    }
+  }
+}
+
+// MOEX_CUDA_PLAN_FUSED=1: plan_small where the sizes allow (read per call: the tests switch it).
+bool small_plan_enabled() {
+  const char* e = std::getenv("MOEX_CUDA_PLAN_FUSED");
+  return e && *e == '1';
+}
+
 }  // namespace
 
 size_t plan_workspace_bytes(int64_t S, int64_t E, int64_t tile_m) {
@@ -271,6 +328,11 @@ DevicePlan carve_plan(WorkspaceCarver& ws, int64_t S, int64_t E, int64_t tile_m)
 
 void build_plan(const DevicePlan& plan, const void* idx, bool idx64, int64_t S, int64_t E, cudaStream_t stream) {
   MOEX_CHECK(S < (int64_t(1) << 31) - 1024, "CUDA routing plan: T*K = {} pairs exceeds 2^31", S);
+  if (S <= kSmallPlanPairs && E <= kSmemExperts && small_plan_enabled()) {
+    plan_small<<<1, kScanThreads, size_t(E) * 4, stream>>>(idx, idx64, S, int(E), plan);
+    check_launch("plan_small");
+    return;
+  }
   check(cudaMemsetAsync(plan.counts, 0, size_t(E) * sizeof(int), stream), "cudaMemsetAsync (routing plan)");
   const bool in_smem = E <= kSmemExperts;
   const unsigned blocks = unsigned(in_smem ? ceil_div(S, kChunk) : ceil_div(S, 256));
