@@ -192,6 +192,25 @@ __global__ void __launch_bounds__(kScanThreads) plan_scan(DevicePlan plan, int E
   plan_scan_body(plan, E, paired, plan.counts);
 }
 
+// key[j]: the expert of pair base + j·stride + threadIdx.x (-1: dropped or past S); rank[j]: its rank
+// among this block's pairs of that expert, counted in s_count[E] (shared atomics, one per (warp,
+// expert) per round). Whole warps must call it (warp-wide match and shuffle).
+template <int N>
+__device__ __forceinline__ void count_and_rank(const void* idx, bool idx64, int64_t S, int E, int64_t base, int stride,
+                                               int* s_count, int (&key)[N], int (&rank)[N]) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int j = 0; j < N; ++j) key[j] = valid_key(idx, idx64, S, E, base + int64_t(j) * stride + threadIdx.x);
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+    const unsigned peers = __match_any_sync(0xffffffffu, key[j]);
+    const int leader = __ffs(peers) - 1;
+    int first = 0;
+    if (key[j] >= 0 && lane == leader) first = atomicAdd(&s_count[key[j]], __popc(peers));
+    rank[j] = __shfl_sync(0xffffffffu, first, leader) + __popc(peers & lanemask_lt());
+  }
+}
+
 // Sorted rows for the pairs: each block takes the same chunk of pairs as plan_histogram, ranks them
 // inside the block per expert (shared atomics, one per (warp, expert) per round), reserves one row
 // range per (block, expert) from the global cursors, then writes sorted_pairs and pair_to_row.
@@ -202,18 +221,8 @@ __global__ void __launch_bounds__(kPlanThreads) plan_scatter(const void* idx, bo
   for (int e = threadIdx.x; e < E; e += kPlanThreads) s_count[e] = 0;
   __syncthreads();
   const int64_t base = int64_t(blockIdx.x) * kChunk;
-  const int lane = threadIdx.x & 31;
   int key[kPairsPerThread], rank[kPairsPerThread];
-#pragma unroll
-  for (int j = 0; j < kPairsPerThread; ++j) key[j] = valid_key(idx, idx64, S, E, base + j * kPlanThreads + threadIdx.x);
-#pragma unroll
-  for (int j = 0; j < kPairsPerThread; ++j) {
-    const unsigned peers = __match_any_sync(0xffffffffu, key[j]);
-    const int leader = __ffs(peers) - 1;
-    int first = 0;
-    if (key[j] >= 0 && lane == leader) first = atomicAdd(&s_count[key[j]], __popc(peers));
-    rank[j] = __shfl_sync(0xffffffffu, first, leader) + __popc(peers & lanemask_lt());
-  }
+  count_and_rank(idx, idx64, S, E, base, kPlanThreads, s_count, key, rank);
   __syncthreads();
   for (int e = threadIdx.x; e < E; e += kPlanThreads)
     if (s_count[e]) s_base[e] = atomicAdd(&plan.cursor[e], s_count[e]);
@@ -265,18 +274,8 @@ __global__ void __launch_bounds__(kScanThreads) plan_small(const void* idx, bool
   extern __shared__ int s_count[];  // [E]
   for (int e = threadIdx.x; e < E; e += kScanThreads) s_count[e] = 0;
   __syncthreads();
-  const int lane = threadIdx.x & 31;
   int key[kSmallPlanKeys], rank[kSmallPlanKeys];
-#pragma unroll
-  for (int j = 0; j < kSmallPlanKeys; ++j) key[j] = valid_key(idx, idx64, S, E, int64_t(j) * kScanThreads + threadIdx.x);
-#pragma unroll
-  for (int j = 0; j < kSmallPlanKeys; ++j) {
-    const unsigned peers = __match_any_sync(0xffffffffu, key[j]);
-    const int leader = __ffs(peers) - 1;
-    int first = 0;
-    if (key[j] >= 0 && lane == leader) first = atomicAdd(&s_count[key[j]], __popc(peers));
-    rank[j] = __shfl_sync(0xffffffffu, first, leader) + __popc(peers & lanemask_lt());
-  }
+  count_and_rank(idx, idx64, S, E, 0, kScanThreads, s_count, key, rank);
   __syncthreads();
   for (int e = threadIdx.x; e < E; e += kScanThreads) {
     plan.counts[e] = s_count[e];  // for later readers (deepgemm.cu's layout kernels)
