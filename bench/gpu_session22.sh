@@ -8,8 +8,8 @@
 #   ncu    ncu's SpeedOfLight / Occupancy / LaunchStats / WarpStateStats / SchedulerStats /
 #          MemoryWorkloadAnalysis sections of each kernel of one forward (the second: warm), for
 #          every NCU_CASES item "shape:T:backend:quant[:ENV=V,...]" → $OUT/ncu_<n>.txt
-#   sanitize  compute-sanitizer memcheck / racecheck on $SANITIZE_FILTER with $SANITIZE_ENV set
-#          (default: the bf16 decode cases with the L2 prefetch on)
+#   sanitize  compute-sanitizer memcheck / racecheck on $SANITIZE_FILTER (default: the bf16 decode
+#          cases) with $SANITIZE_ENV ("ENV=V[,ENV=V]", default none) set
 #   bench  moex bench of $BENCH_BACKENDS (default deepgemm) on $BENCH_SHAPES at $BENCH_TOKENS, FP8 and bf16
 #          (JSON lines: ms, TFLOP/s) → $OUT/bench.json
 #   perf   bench/gpu_fp8_decode.sh's table (CUDA-graph replay, bf16 and FP8, batched_mm / grouped_mm)
@@ -27,7 +27,8 @@ if has sass; then
 fi
 if has tests; then gpu_tests "${TEST_FILTER:-*CudaFp8Decode*:CudaFp8Route.*:Capturable/CudaGraph.*:*CudaEquivalence*}" "${TEST_TIMEOUT:-240}"; fi
 if has sanitize; then
-  env $(envs_of "${SANITIZE_ENV-MOEX_CUDA_FP8_DECODE_PREFETCH=3}") bash -c "source bench/gpu_common.sh; gpu_sanitize '${SANITIZE_FILTER:-Dtypes/CudaFp8Decode.MatchesTheReference/bf16}'"
+  (for v in $(envs_of "${SANITIZE_ENV:-}"); do export "$v"; done
+   gpu_sanitize "${SANITIZE_FILTER:-Dtypes/CudaFp8Decode.MatchesTheReference/bf16}")
 fi
 if has ncu; then
   n=0

@@ -403,17 +403,22 @@ void cuda_batched(const Experts& ex, const ExpertsCall& call, const RunContext& 
 
 void cuda_grouped(const Experts& ex, const ExpertsCall& call, const RunContext& ctx) {
   const ExpertsSpec& s = ex.spec;
-  const bool fp8_tma =
-      s.quant.quantized() && aligned16(ex.gate_up.data) && aligned16(ex.down.data) && fp8_on_tma(Problem::from(ex, call));
+  // FP8 on the TMA kernels (Hopper): a Problem and deepgemm's support test, so asked only where it
+  // decides something — not on the decode path's usual calls (few pairs per expert)
+  auto fp8_tma = [&] {
+    return s.quant.quantized() && aligned16(ex.gate_up.data) && aligned16(ex.down.data) && fp8_on_tma(Problem::from(ex, call));
+  };
+  const bool many_pairs = decode_many_pairs(call.hidden.shape[0], call.top_k_index.shape[1], s.num_experts);
+  const bool tma_for_many = many_pairs && fp8_tma();
   if (s.quant.quantized()) {
     QuantDecodeArgs d;
     DeviceGuard guard(call.hidden.device.index);
-    if (decode_route(ex, call, ctx, d, fp8_tma)) {  // small T: four kernels, no separate plan (quant_decode.cu)
+    if (decode_route(ex, call, ctx, d, tma_for_many)) {  // small T: four kernels, no separate plan (quant_decode.cu)
       launch_quant_decode(d, stream_of(ctx));
       return;
     }
   }
-  if (fp8_tma) {
+  if (many_pairs ? tma_for_many : fp8_tma()) {
     cuda_fp8_tma_grouped(ex, call, ctx, fp8_tma_kernels());  // TMA kernels, contiguous layout (deepgemm.cu)
     return;
   }

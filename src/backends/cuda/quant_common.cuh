@@ -154,6 +154,7 @@ struct QuantDecodeArgs {
 // the TMA kernels, H200, 2026-12-02, docs/PERF.md), as deepgemm.cu's small_batch_route measured
 // against its masked layout (ahead up to 4.3·E, behind from 8·E).
 constexpr int64_t kDecodeMaxPairsPerExpert = 6;
+inline bool decode_many_pairs(int64_t T, int64_t K, int64_t E) { return T * K > kDecodeMaxPairsPerExpert * E; }
 // The layout/size/T conditions (host only, no pointers): FP8 128-k blocks, [E, out, in], H and
 // I multiples of 16, E <= kDecodeMaxExperts, T <= kDecodeMaxTokens and, where the caller has a
 // tensor-core alternative, T·K <= kDecodeMaxPairsPerExpert·E — unless MOEX_CUDA_FP8_DECODE forces

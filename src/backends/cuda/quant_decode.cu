@@ -899,7 +899,7 @@ bool quant_decode_shape_ok(const ExpertsSpec& s, int64_t T, int64_t K, bool tens
   const int mode = quant_decode_mode();
   if (mode == 0) return false;
   if (mode == 1) return true;
-  return T <= kDecodeMaxTokens && (!tensor_core_alternative || T * K <= kDecodeMaxPairsPerExpert * s.num_experts);
+  return T <= kDecodeMaxTokens && !(tensor_core_alternative && decode_many_pairs(T, K, s.num_experts));
 }
 
 size_t quant_decode_workspace(int64_t T, int64_t K, int64_t E, int64_t H, int64_t I, size_t esz) {
