@@ -316,27 +316,57 @@ TEST_P(CudaFp8Prefill, TmaAndPortablePathsMatchTheReference) {
   const DType dt = GetParam();
   ScopedEnv no_decode("MOEX_CUDA_FP8_DECODE", "0");
   const uint64_t seed = seed_from_env();
-  // {MOEX_CUDA_FP8_TMA, MOEX_CUDA_FP8_X_PREGATHER, MOEX_CUDA_FP8_X_NT}: the default (exact up GEMM,
-  // QGMMA down GEMM; these cases' <= 8192 pairs take the token codes written at the layout rows by
-  // the quantizer), the same with the codes gathered by the up GEMM, both GEMMs exact, the portable
-  // path; the first three again with the untransposed exact kernel
-  const char* const modes[][3] = {{"hybrid", "", ""},  {"hybrid", "0", ""},  {"exact", "0", ""}, {"0", "0", ""},
-                                  {"hybrid", "", "1"}, {"hybrid", "0", "1"}, {"exact", "0", "1"}};
+  // {MOEX_CUDA_FP8_TMA, MOEX_CUDA_FP8_X_PREGATHER, MOEX_CUDA_FP8_X_NT, MOEX_CUDA_FP8_X_FEW}: the
+  // default (exact up GEMM, QGMMA down GEMM; these cases' <= 8192 pairs take the token codes written
+  // at the layout rows by the quantizer; the few-row exact kernel where S <= 32 E), the same with the
+  // codes gathered by the up GEMM, both GEMMs exact, the portable path; the first three again with
+  // the untransposed exact kernel; the few-row kernel forced on every case (tiles of 65-128 rows in
+  // two passes) for the up GEMM and for both exact GEMMs, and forced off
+  const char* const modes[][4] = {{"hybrid", "", "", ""},  {"hybrid", "0", "", ""},  {"exact", "0", "", ""},
+                                  {"0", "0", "", ""},      {"hybrid", "", "1", ""},  {"hybrid", "0", "1", ""},
+                                  {"exact", "0", "1", ""}, {"hybrid", "", "", "1"},  {"exact", "", "", "1"},
+                                  {"hybrid", "", "", "0"}};
   for (const auto& mode : modes) {
     ScopedEnv path("MOEX_CUDA_FP8_TMA", mode[0]);
     ScopedEnv pregather("MOEX_CUDA_FP8_X_PREGATHER", mode[1]);
     ScopedEnv untransposed("MOEX_CUDA_FP8_X_NT", mode[2]);
+    ScopedEnv few_rows("MOEX_CUDA_FP8_X_FEW", mode[3]);
     double worst = 0;
     for (const auto& c : fp8_prefill_cases(seed, dt)) {
       const auto r = check::run_case("grouped_mm", c, Device::cuda());
       EXPECT_EQ(r.status, check::Result::Status::passed) << "MOEX_CUDA_FP8_TMA=" << mode[0] << " MOEX_CUDA_FP8_X_PREGATHER="
-                                                         << mode[1] << " MOEX_CUDA_FP8_X_NT=" << mode[2] << " "
-                                                         << c.describe() << ": " << check::status_name(r.status) << ": "
-                                                         << r.message;
+                                                         << mode[1] << " MOEX_CUDA_FP8_X_NT=" << mode[2]
+                                                         << " MOEX_CUDA_FP8_X_FEW=" << mode[3] << " " << c.describe() << ": "
+                                                         << check::status_name(r.status) << ": " << r.message;
       worst = std::max(worst, r.rel_l2);
     }
-    std::printf("FP8 prefill, MOEX_CUDA_FP8_TMA=%s MOEX_CUDA_FP8_X_PREGATHER=%s MOEX_CUDA_FP8_X_NT=%s: worst rel L2 %.2e\n",
-                mode[0], mode[1], mode[2], worst);
+    std::printf("FP8 prefill, MOEX_CUDA_FP8_TMA=%s MOEX_CUDA_FP8_X_PREGATHER=%s MOEX_CUDA_FP8_X_NT=%s MOEX_CUDA_FP8_X_FEW=%s: "
+                "worst rel L2 %.2e\n",
+                mode[0], mode[1], mode[2], mode[3], worst);
+  }
+}
+
+// The few-row exact kernel (six stages of 64-row A tiles; tiles of more rows in two passes) does the
+// four-stage kernel's arithmetic in the same order for every output element (each 128-k block's
+// HGMMA partial sums, then the promotion), so grouped_mm's FP8 output must not change by a bit when
+// it is forced on or off: experts of 1-64 rows (one pass) and of 65-128 rows (two passes).
+TEST(CudaFp8Route, FewRowExactKernelMatchesTheFourStageKernelBitForBit) {
+  SKIP_WITHOUT_CUDA();
+  const auto devs = cuda_devices();
+  if (devs[0].compute_capability() != 90) GTEST_SKIP() << "the TMA kernels are sm_90a: device 0 is not compute capability 9.0";
+  ScopedEnv no_decode("MOEX_CUDA_FP8_DECODE", "0");
+  for (const auto& [T, tma_path] : {std::pair<int64_t, const char*>{64, "hybrid"}, {300, "hybrid"}, {200, "exact"}}) {
+    check::Case c = make_case(321 + T, DType::bf16, 8, 384, 256, T, 2);  // 16 / 75 / 50 rows per expert on average
+    c.spec.quant = QuantSpec::fp8_block();
+    const check::Instance dev = check::make_instance(c).to(Device::cuda());
+    ScopedEnv path("MOEX_CUDA_FP8_TMA", tma_path);
+    auto run = [&](const char* few) {
+      ScopedEnv env("MOEX_CUDA_FP8_X_FEW", few);
+      Tensor out = Tensor::empty(DType::bf16, {T, c.spec.hidden}, Device::cuda());
+      experts_forward("grouped_mm", dev.experts(), dev.call(out));
+      return test::to_host(out);
+    };
+    EXPECT_EQ(run("1"), run("0")) << "T=" << T << " MOEX_CUDA_FP8_TMA=" << tma_path;
   }
 }
 

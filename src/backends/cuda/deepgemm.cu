@@ -361,6 +361,9 @@ struct Sizes {
 // 32768 within 2 % (qwen15_moe_a2_7b, deepseek_v3 T = 4096) or 9 % slower (qwen3_30b_a3b: 1.047 ->
 // 1.141 ms), where the K copies of every token's codes cost more than the gather they replace.
 constexpr int64_t kPregatherMaxPairs = 8192;
+// The exact GEMMs take the few-row kernel (TmaFp8Extra::exact_few_rows) up to this many pairs per
+// expert on average (S <= 32 E: mixtral_8x7b at T <= 128, qwen3_30b_a3b and deepseek_v3 at T <= 512).
+constexpr int64_t kFewRowsPerExpert = 32;
 
 Sizes sizes_of(const ExpertsSpec& s, int64_t T, int64_t K, LayoutChoice choice = LayoutChoice::by_size,
                Fp8TmaKernels kernels = {false, false}) {
@@ -550,6 +553,14 @@ void run_deepgemm(const Experts& ex, const ExpertsCall& call, const RunContext& 
     xu.exact = z.up_exact;
     xd.exact = z.down_exact;
     xu.exact_nt = xd.exact_nt = x_nt;
+    // The few-row exact kernel (six stages of 64-row A tiles instead of four of 128) where an expert
+    // holds about 32 rows or fewer on average (S <= 32 E): there the exact GEMM streams its weights
+    // and the ring's weight bytes in flight set its pace. MOEX_CUDA_FP8_X_FEW=1 / 0 forces it on / off
+    // (read per call, for A/B runs and the tests).
+    const char* few_env = std::getenv("MOEX_CUDA_FP8_X_FEW");
+    const bool few = few_env && *few_env ? *few_env == '1' : z.S <= kFewRowsPerExpert * z.E;
+    xu.exact_few_rows = few && z.x_pregather;
+    xd.exact_few_rows = few;
     xu.a_ld = z.up_exact ? int(z.x_ld) : 0;
     xd.a_ld = z.down_exact ? int(z.h_ld) : 0;
     up.A = xq;

@@ -56,6 +56,11 @@ struct TmaFp8Extra {
   // consumers convert each stage's e4m3 weight tile into f16 in shared memory and run HGMMA with both
   // operands by descriptor; a.A's f16 codes are then in natural k order (no x_code_col permutation).
   bool exact_nt = false;
+  // With exact (transposed, A rows by TMA): the few-row kernel (X = 3 in sm90_tma_kernel.cuh): A
+  // stages of 64 rows and six stages in the ring instead of four (more weight bytes in flight where
+  // the GEMM streams its weights: few rows per expert); a tile of more rows takes two passes, each
+  // streaming the weight tile. Set by the caller from its pair count (deepgemm.cu).
+  bool exact_few_rows = false;
   // FP8 gated up GEMM (QGMMA, 256-wide tiles: tma_fp8_quantizes_h): h quantized in the epilogue for
   // the down GEMM instead of written in the activation dtype: e4m3 codes [rows, I] at the A (layout)
   // rows and their per-row scales [ceil(I/128), h_scales_ld] (nullptr: h written to a.out).

@@ -31,10 +31,16 @@ constexpr int A_BYTES = BM * BK * 2;
 // the ring, and keeps three stages.
 constexpr int SA_BYTES = BM * 4;
 constexpr int X_SUB_BYTES = BM * 128;  // one [128 rows][64 f16] sub-tile of an X stage
+// X = 3 (the transposed exact kernel for few-row tiles, TmaFp8Extra::exact_few_rows): A stages of
+// XR_ROWS rows ([64 rows][64 f16] sub-tiles, 16 KB a stage), which leaves room for six stages instead
+// of four: 96 KB of weights in flight per SM instead of 64. A tile of more rows is computed in
+// passes of XR_ROWS rows, each streaming the weight tile again.
+constexpr int XR_ROWS = 64;
 template <int BN, bool FP8 = false, int X = 0>
 struct TmaCfg {
-  static constexpr int STAGES = X == 2 ? 3 : X ? 4 : BN == 256 ? 4 : 6;
-  static constexpr int A_STAGE = X ? 2 * X_SUB_BYTES : A_BYTES;
+  static constexpr int STAGES = X == 2 ? 3 : X == 3 ? 6 : X ? 4 : BN == 256 ? 4 : 6;
+  static constexpr int X_SUB = X == 3 ? XR_ROWS * 128 : X_SUB_BYTES;  // bytes of an A sub-tile (X)
+  static constexpr int A_STAGE = X ? 2 * X_SUB : A_BYTES;
   static constexpr int B_BYTES = BN * BK * 2;
   static constexpr int F_BYTES = X == 2 ? BN * 256 : 0;  // [BN rows][128 k] f16
   static constexpr int STAGE_BYTES = A_STAGE + B_BYTES + (FP8 ? SA_BYTES : 0);
@@ -371,14 +377,14 @@ __device__ __forceinline__ void x_weight_rows(Epi epi, int cw, int warp_in_wg, i
 }
 
 // Writes a warpgroup's part of the (transposed) tile: acc[j][q] (q = 0, 1) is weight row row_lo
-// and A row 8j + 2c + q of the tile (c = lane % 4), acc[j][q + 2] the same A row and row_hi. Down:
-// f32 y (+ bias); up: the activation, h in T. Each store writes one element (consecutive lanes g
-// write consecutive columns of one output row).
+// and A row rb + 8j + 2c + q (c = lane % 4), acc[j][q + 2] the same A row and row_hi; A rows from re
+// on are not written (rb, re: the tile's rows, or one pass of them). Down: f32 y (+ bias); up: the
+// activation, h in T. Each store writes one element (consecutive lanes g write consecutive columns
+// of one output row).
 template <class T, int ACT>
 __device__ __forceinline__ void store_tile_x(const GroupedGemmArgs& a, const TmaFp8Extra& x, float (&acc)[16][4], int m, int n,
-                                             int cw, int warp_in_wg, int lane, int row_lo, int row_hi) {
-  const int4 tile = a.plan.tiles[m];
-  const int e = tile.x, rb = tile.y, re = tile.z;
+                                             int rb, int re, int cw, int warp_in_wg, int lane, int row_lo, int row_hi) {
+  const int e = a.plan.tiles[m].x;
   const T* bias = a.bias ? static_cast<const T*>(a.bias) + int64_t(e) * a.N : nullptr;
   const int c4 = lane & 3;
   const int i = n * 64 + 32 * cw + 8 * warp_in_wg + (lane >> 2);  // gated: the intermediate channel
@@ -437,12 +443,12 @@ __device__ __forceinline__ void store_tile_x(const GroupedGemmArgs& a, const Tma
 // and the fast form's ~1e-5 moved enough elements across a code boundary to measure 3.4e-4 against
 // the reference on f32 activations (H200, 2026-12-01), where the portable path measured 1.2e-5.
 template <class T>
-__device__ __forceinline__ void epilogue_x(const GroupedGemmArgs& a, const TmaFp8Extra& x, float (&acc)[16][4], int m, int n, int cw,
-                                           int warp_in_wg, int lane, int row_lo, int row_hi) {
+__device__ __forceinline__ void epilogue_x(const GroupedGemmArgs& a, const TmaFp8Extra& x, float (&acc)[16][4], int m, int n, int rb,
+                                           int re, int cw, int warp_in_wg, int lane, int row_lo, int row_hi) {
   if (x.compact_epilogue && a.epi != Epi::down && a.act.kind == int(Activation::silu))
-    store_tile_x<T, int(Activation::silu)>(a, x, acc, m, n, cw, warp_in_wg, lane, row_lo, row_hi);
+    store_tile_x<T, int(Activation::silu)>(a, x, acc, m, n, rb, re, cw, warp_in_wg, lane, row_lo, row_hi);
   else
-    store_tile_x<T, kActRuntime>(a, x, acc, m, n, cw, warp_in_wg, lane, row_lo, row_hi);
+    store_tile_x<T, kActRuntime>(a, x, acc, m, n, rb, re, cw, warp_in_wg, lane, row_lo, row_hi);
 }
 
 // Ping-pong consumer (PP kernels): consumer warpgroup cw computes whole 128 × BN tiles (both 64-row
@@ -539,6 +545,11 @@ __global__ void __launch_bounds__(THREADS, 1)
   static_assert(!PP || (!FP8 && BN == 128), "ping-pong: bf16 / f16, 128-wide tiles");
   static_assert(!X || (FP8 && !MC && !PP), "the exact FP8 variant: FP8, cooperative, no clusters");
   static_assert(X != 2 || BN == 128, "the untransposed exact variant: 128-wide tiles");
+  static_assert(X != 3 || !GATHER, "the few-row exact variant: A rows by TMA (the gather writes 128 rows)");
+  // the transposed exact kernels (D[weight row][A row]): all rows of a tile at once (1), or in
+  // passes of XR_ROWS rows (3)
+  constexpr bool XT = X == 1 || X == 3;
+  constexpr int X_SUB = Cfg::X_SUB;
   constexpr uint32_t HALF_B = (BN / 2) * 128;  // bytes of half a B stage (BN/2 weight rows)
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ unsigned char smem_raw[];
@@ -679,23 +690,27 @@ __global__ void __launch_bounds__(THREADS, 1)
       bool shared, own;
       work_item(w, m, n, shared, own);
       const int4 tile = a.plan.tiles[m];
-      const int e = tile.x, rb = tile.y, re = tile.z;
-      // TMA A: only the boxes of ABOX rows that hold the tile's rows are loaded; the smem rows past
-      // them keep stale data, computed and discarded like the rows past re (an MMA row depends on
-      // its own A row only). Few-row experts (decode, deepseek_v3 at T = 512: 16 rows) then stop
-      // pulling 128 rows of h through L2 per stage for every n tile.
-      const int a_boxes = GATHER ? 0 : (min(re - rb, BM) + ABOX - 1) / ABOX;
-      const uint32_t tx_bytes = B_BYTES + (GATHER ? 0 : a_boxes * ABOX * 128 * (X ? 2 : 1) + (FP8 ? SA_BYTES : 0));
+      const int e = tile.x, re = tile.z;
       int src[GATHER ? 8 : 1];
       int scale_src = -1;  // FP8 gather: source row of this thread's row (tid) of the tile
       if constexpr (GATHER) {
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
-          const int sr = rb + (tid >> 3) + 16 * j;
+          const int sr = tile.y + (tid >> 3) + 16 * j;
           src[j] = sr < re ? a.a_gather[sr] / a.a_div : -1;
         }
-        if constexpr (FP8) scale_src = rb + tid < re ? a.a_gather[rb + tid] / a.a_div : -1;
+        if constexpr (FP8) scale_src = tile.y + tid < re ? a.a_gather[tile.y + tid] / a.a_div : -1;
       }
+      // X = 3: the tile's rows in passes of XR_ROWS (each streams the weight tile); otherwise one pass
+      const int passes = X == 3 ? max(1, (re - tile.y + XR_ROWS - 1) / XR_ROWS) : 1;
+      for (int pass = 0; pass < passes; ++pass) {
+      const int rb = tile.y + pass * XR_ROWS;  // first A row of this pass
+      // TMA A: only the boxes of ABOX rows that hold the tile's rows are loaded; the smem rows past
+      // them keep stale data, computed and discarded like the rows past re (an MMA row depends on
+      // its own A row only). Few-row experts (decode, deepseek_v3 at T = 512: 16 rows) then stop
+      // pulling 128 rows of h through L2 per stage for every n tile.
+      const int a_boxes = GATHER ? 0 : (min(re - rb, X == 3 ? XR_ROWS : BM) + ABOX - 1) / ABOX;
+      const uint32_t tx_bytes = B_BYTES + (GATHER ? 0 : a_boxes * ABOX * 128 * (X ? 2 : 1) + (FP8 ? SA_BYTES : 0));
       for (int kt = 0; kt < ktiles; ++kt) {
         mbar_wait(empty_bar(stage), phase ^ 1u);
         const int k0 = kt * BKE;
@@ -722,7 +737,7 @@ __global__ void __launch_bounds__(THREADS, 1)
             for (int b = 0; b < a_boxes; ++b) {
               const uint32_t dA = sA + uint32_t(stage) * A_STAGE + uint32_t(b * ABOX * 128);
               tma_load_2d(dA, &tm_a, fb, k0, rb + b * ABOX);
-              if constexpr (X) tma_load_2d(dA + X_SUB_BYTES, &tm_a, fb, k0 + 64, rb + b * ABOX);  // k 64-127
+              if constexpr (X) tma_load_2d(dA + X_SUB, &tm_a, fb, k0 + 64, rb + b * ABOX);  // k 64-127
             }
             if constexpr (FP8) tma_load_2d(sSA + uint32_t(stage) * SA_BYTES, &tm_sa, fb, rb, kt);
           }
@@ -738,7 +753,7 @@ __global__ void __launch_bounds__(THREADS, 1)
             const Elem* p = ok ? A + int64_t(src[j]) * a_ld + k : A;
             ptx::cp_async16(d, p, ok);
             // X: the same row's k + 64 in the second sub-tile (a_ld is a multiple of 128: in range)
-            if constexpr (X) ptx::cp_async16(d + X_SUB_BYTES, ok ? p + 64 : A, ok);
+            if constexpr (X) ptx::cp_async16(d + X_SUB, ok ? p + 64 : A, ok);
           }
           if constexpr (FP8)
             cp_async4(sSA + uint32_t(stage) * SA_BYTES + 4u * uint32_t(tid),
@@ -747,6 +762,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         }
         next_stage<STAGES>(stage, phase);
       }
+      }  // passes
       // the next item: claimed once this one's stages are issued (the ring's STAGES filled stages
       // keep the consumers busy over the atomic's round trip; claimed earlier, the result held a
       // register across the loop and the gather producer spilled)
@@ -779,7 +795,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     uint32_t phase = 0;
     float acc[NF][4];
     // FP8: the partial sums of one 128-K block, for 128 columns (BN = 256: one half at a time)
-    constexpr int NFP = FP8 && X != 1 ? (NF < 16 ? NF : 16) : 1;
+    constexpr int NFP = FP8 && !XT ? (NF < 16 ? NF : 16) : 1;
     float part[NFP][4];
     // a stage is refilled when the consumers of every CTA that reads it released it (MC: the
     // peer's multicast writes into this CTA's stage too)
@@ -919,7 +935,6 @@ __global__ void __launch_bounds__(THREADS, 1)
         // contiguous bytes per row and 64 k.
         const int4 tile_rows = a.plan.tiles[m];
         const int e = tile_rows.x;
-        const int rows = min(tile_rows.z - tile_rows.y, BM);
         const int g = lane >> 2, c4 = lane & 3;
         int row_lo, row_hi;
         x_weight_rows(a.epi, cw, warp_in_wg, g, row_lo, row_hi);
@@ -975,7 +990,7 @@ __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
             for (int kk = 0; kk < 8; ++kk)
               wgmma::mma_rega_f16<NB>(xpart, af[kk],
-                                      wgmma::desc_sw128(x_tile + uint32_t((kk >> 2) * X_SUB_BYTES + (kk & 3) * 32)), kk);
+                                      wgmma::desc_sw128(x_tile + uint32_t((kk >> 2) * X_SUB + (kk & 3) * 32)), kk);
             wgmma::commit();
             int next = stage;
             uint32_t next_phase = phase;
@@ -1007,14 +1022,27 @@ __global__ void __launch_bounds__(THREADS, 1)
             phase = next_phase;
           }
         };
-        // the wgmma N: the tile's A rows rounded up to 16 / 32 / 64 / 128 (few-row experts then do
-        // not pay for 128 columns; the CTA-uniform choice keeps the wgmma aligned)
-        if (rows <= 16) kloop(std::integral_constant<int, 16>{});
-        else if (rows <= 32) kloop(std::integral_constant<int, 32>{});
-        else if (rows <= 64) kloop(std::integral_constant<int, 64>{});
-        else kloop(std::integral_constant<int, 128>{});
-        if (!own) continue;
-        epilogue_x<T>(a, x, acc, m, n, cw, warp_in_wg, lane, row_lo, row_hi);
+        // X = 3: the tile's rows in passes of XR_ROWS, as the producer loads them (each pass's
+        // scales in the stage start at its first row); X = 1: one pass of every row
+        constexpr int PASS_ROWS = X == 3 ? XR_ROWS : BM;
+        const int passes = X == 3 ? max(1, (tile_rows.z - tile_rows.y + XR_ROWS - 1) / XR_ROWS) : 1;
+        for (int pass = 0; pass < passes; ++pass) {
+          const int rb = tile_rows.y + pass * PASS_ROWS, re = min(tile_rows.z, rb + PASS_ROWS);
+          if (pass > 0) {
+#pragma unroll
+            for (int j = 0; j < NF; ++j)
+#pragma unroll
+              for (int q = 0; q < 4; ++q) acc[j][q] = 0.0f;
+          }
+          // the wgmma N: the pass's A rows rounded up to 16 / 32 / 64 / 128 (few-row experts then do
+          // not pay for 128 columns; the CTA-uniform choice keeps the wgmma aligned)
+          const int rows = re - rb;
+          if (rows <= 16) kloop(std::integral_constant<int, 16>{});
+          else if (rows <= 32) kloop(std::integral_constant<int, 32>{});
+          else if (X == 3 || rows <= 64) kloop(std::integral_constant<int, 64>{});
+          else kloop(std::integral_constant<int, X == 3 ? 64 : 128>{});
+          if (own) epilogue_x<T>(a, x, acc, m, n, rb, re, cw, warp_in_wg, lane, row_lo, row_hi);
+        }
         continue;
       } else if constexpr (FP8) {
         // ---- two-level accumulation: per 128-K block, part = A·B on the e4m3 codes (QGMMA), then
@@ -1201,8 +1229,14 @@ void launch_typed(const GroupedGemmArgs& a, DType dtype, const TmaFp8Extra& x, i
 
 template <class T, int BN, bool FP8, bool MC, bool PP, int X>
 void launch_bn(const GroupedGemmArgs& a, DType dtype, const TmaFp8Extra& x, int64_t a_rows, int64_t E, cudaStream_t stream) {
-  if (a.a_gather) launch_typed<T, BN, true, FP8, MC, PP, X>(a, dtype, x, a_rows, E, stream);
-  else launch_typed<T, BN, false, FP8, MC, PP, X>(a, dtype, x, a_rows, E, stream);
+  if constexpr (X == 3) {  // A rows by TMA only (the caller's choice: TmaFp8Extra::exact_few_rows)
+    MOEX_ASSERT(!a.a_gather);
+    launch_typed<T, BN, false, FP8, MC, PP, X>(a, dtype, x, a_rows, E, stream);
+  } else if (a.a_gather) {
+    launch_typed<T, BN, true, FP8, MC, PP, X>(a, dtype, x, a_rows, E, stream);
+  } else {
+    launch_typed<T, BN, false, FP8, MC, PP, X>(a, dtype, x, a_rows, E, stream);
+  }
 }
 
 }  // namespace moex::cuda::tma
