@@ -266,7 +266,10 @@ __global__ void plan_scatter_global(const void* idx, bool idx64, int64_t S, int 
 // count and the in-expert ranks in shared memory (as plan_scatter, one pass), the scan's body on
 // the shared counts, then the rows. One launch instead of a memset and three kernels (each ~3-5 us
 // of latency on the H200 at these sizes, ncu: plan_histogram 2.75, plan_scan 5.15, plan_scatter
-// 3.07 us at mixtral_8x7b T = 64). Opt-in (MOEX_CUDA_PLAN_FUSED=1) until timed on the H200.
+// 3.07 us at mixtral_8x7b T = 64). The default where the sizes allow; MOEX_CUDA_PLAN_FUSED=0: the
+// three kernels. H200, 2026-12-02 (docs/PERF.md, twenty-third session, FP8 ms, one round, three
+// kernels -> one block): mixtral_8x7b T = 64 0.4540 -> 0.4510, qwen15_moe_a2_7b T = 512 0.2912 ->
+// 0.2851, qwen3_30b_a3b T = 512 0.3402 -> 0.3383; every other cell within the run's noise.
 constexpr int kSmallPlanKeys = 4;
 constexpr int64_t kSmallPlanPairs = int64_t(kScanThreads) * kSmallPlanKeys;
 
@@ -296,10 +299,10 @@ __global__ void __launch_bounds__(kScanThreads) plan_small(const void* idx, bool
   }
 }
 
-// MOEX_CUDA_PLAN_FUSED=1: plan_small where the sizes allow (read per call: the tests switch it).
+// plan_small where the sizes allow unless MOEX_CUDA_PLAN_FUSED=0 (read per call: the tests switch it).
 bool small_plan_enabled() {
   const char* e = std::getenv("MOEX_CUDA_PLAN_FUSED");
-  return e && *e == '1';
+  return !(e && *e == '0');
 }
 
 }  // namespace
