@@ -346,19 +346,17 @@ TEST_P(CudaFp8Prefill, TmaAndPortablePathsMatchTheReference) {
   }
 }
 
-// The few-row exact kernel (six stages of 64-row A tiles) does the four-stage kernel's arithmetic in
-// the same order for every output element of a tile of at most 64 rows (each 128-k block's HGMMA
-// partial sums in the same sets, then the promotion), so grouped_mm's FP8 output must not change by
-// a bit when it is forced on or off where no expert holds more than 64 rows (T <= 64: a token routes
-// to an expert once). Tiles of more rows (two passes; their partial sums in other sets) are held to
-// the reference by CudaFp8Prefill's forced modes.
+// The few-row exact kernel (six stages of 64-row A tiles; tiles of more rows in two passes) does the
+// four-stage kernel's arithmetic in the same order for every output element (each 128-k block's
+// HGMMA partial sums, then the promotion), so grouped_mm's FP8 output must not change by a bit when
+// it is forced on or off: experts of 1-64 rows (one pass) and of 65-128 rows (two passes).
 TEST(CudaFp8Route, FewRowExactKernelMatchesTheFourStageKernelBitForBit) {
   SKIP_WITHOUT_CUDA();
   const auto devs = cuda_devices();
   if (devs[0].compute_capability() != 90) GTEST_SKIP() << "the TMA kernels are sm_90a: device 0 is not compute capability 9.0";
   ScopedEnv no_decode("MOEX_CUDA_FP8_DECODE", "0");
-  for (const auto& [T, tma_path] : {std::pair<int64_t, const char*>{64, "hybrid"}, {40, "hybrid"}, {64, "exact"}}) {
-    check::Case c = make_case(321 + T, DType::bf16, 8, 384, 256, T, 2);  // 10-16 rows per expert on average, <= 64
+  for (const auto& [T, tma_path] : {std::pair<int64_t, const char*>{64, "hybrid"}, {300, "hybrid"}, {200, "exact"}}) {
+    check::Case c = make_case(321 + T, DType::bf16, 8, 384, 256, T, 2);  // 16 / 75 / 50 rows per expert on average
     c.spec.quant = QuantSpec::fp8_block();
     const check::Instance dev = check::make_instance(c).to(Device::cuda());
     ScopedEnv path("MOEX_CUDA_FP8_TMA", tma_path);

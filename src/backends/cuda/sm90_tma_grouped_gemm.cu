@@ -360,14 +360,7 @@ void launch_grouped_gemm_tma_ex(const GroupedGemmArgs& a, DType act_dtype, bool 
     const int v = e ? std::atoi(e) : 0;
     return v >= 1 && v <= 64 ? v : 8;
   }();
-  // The transposed exact kernels with one partial-sum set per 128-k block (A/B runs only; see
-  // TmaFp8Extra::one_partial_set): MOEX_CUDA_FP8_X_SETS=1
-  static const bool one_set = [] {
-    const char* e = std::getenv("MOEX_CUDA_FP8_X_SETS");
-    return e && *e == '1';
-  }();
   TmaFp8Extra x = x_in;
-  x.one_partial_set = one_set;
   x.group_m = group_m;
   x.compact_epilogue = compact;
   x.skip_idle_rows = idle_skip;

@@ -61,10 +61,6 @@ struct TmaFp8Extra {
   // the GEMM streams its weights: few rows per expert); a tile of more rows takes two passes, each
   // streaming the weight tile. Set by the caller from its pair count (deepgemm.cu).
   bool exact_few_rows = false;
-  // A/B only (MOEX_CUDA_FP8_X_SETS=1, read by the launcher): the transposed exact kernels add each
-  // 128-k block's 8 MMAs into one partial-sum set instead of 2 / 4 / 8 independent sets at 64 / 32 /
-  // 16 rows per tile.
-  bool one_partial_set = false;
   // FP8 gated up GEMM (QGMMA, 256-wide tiles: tma_fp8_quantizes_h): h quantized in the epilogue for
   // the down GEMM instead of written in the activation dtype: e4m3 codes [rows, I] at the A (layout)
   // rows and their per-row scales [ceil(I/128), h_scales_ld] (nullptr: h written to a.out).

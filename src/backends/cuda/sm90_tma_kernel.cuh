@@ -960,19 +960,13 @@ __global__ void __launch_bounds__(THREADS, 1)
         };
         // NB: the A rows computed (wgmma N). One commit group per stage: the 8 MMAs in flight, the
         // next stage's weight bytes loaded from shared memory under them. Registers: partial sums
-        // (64, see SETS), A fragments (32), the next stage's bytes (16), accumulators (64): 176,
+        // (NB/2), A fragments (32), the next stage's bytes (16), accumulators (64): 176 at NB = 128,
         // within the consumers' 224. Measured on the H200 (2026-12-01): two passes of 64 rows, each
         // waited for, without that load ahead: 7-25 % slower; two commit groups of 64 rows with the
         // first promoted under the second: no faster (within 2 %). With the partial sums declared
         // outside the item loop ptxas serialized the wgmmas (C7511).
-        // SETS: independent partial-sum sets, each over 8 / SETS consecutive k16 steps, added in set
-        // order at the promotion. The 8 MMAs of a stage into one set form a dependent chain, which at
-        // small N (m64n16: ~8 cycles of tensor work each) costs their latencies one after the other
-        // on every stage; in separate sets they overlap. 64 registers of partial sums whatever NB.
-        auto kloop = [&](auto nb_tag, auto sets_tag) {
+        auto kloop = [&](auto nb_tag) {
           constexpr int NB = decltype(nb_tag)::value, NFP = NB / 8;
-          constexpr int SETS = decltype(sets_tag)::value, STEPS = 8 / SETS;
-          static_assert(SETS * NB <= 128 && 8 % SETS == 0, "partial sums: at most 64 registers");
           uint4 lo[2], hi[2];
           mbar_wait(full_bar(stage), phase);
           if constexpr (GATHER) wgmma::fence_proxy_async();
@@ -990,14 +984,13 @@ __global__ void __launch_bounds__(THREADS, 1)
                 wgmma::e4m3x4_to_f16x2x2(wh[st], af[4 * h + st][1], af[4 * h + st][3]);
               }
             }
-            float xpart[SETS][NFP][4];
-#pragma unroll
-            for (int st = 0; st < SETS; ++st) wgmma::fence_acc_first<NFP>(xpart[st]);
+            float xpart[NFP][4];
+            wgmma::fence_acc_first<NFP>(xpart);
             wgmma::fence();
 #pragma unroll
             for (int kk = 0; kk < 8; ++kk)
-              wgmma::mma_rega_f16<NB>(xpart[kk / STEPS], af[kk],
-                                      wgmma::desc_sw128(x_tile + uint32_t((kk >> 2) * X_SUB + (kk & 3) * 32)), kk % STEPS);
+              wgmma::mma_rega_f16<NB>(xpart, af[kk],
+                                      wgmma::desc_sw128(x_tile + uint32_t((kk >> 2) * X_SUB + (kk & 3) * 32)), kk);
             wgmma::commit();
             int next = stage;
             uint32_t next_phase = phase;
@@ -1014,21 +1007,15 @@ __global__ void __launch_bounds__(THREADS, 1)
             // sixteenth session.)
             const float w_lo = weight_scale(x, ws_lo + kt), w_hi = concat ? weight_scale(x, ws_hi + kt) : w_lo;
             wgmma::wait<0>();
-#pragma unroll
-            for (int st = 0; st < SETS; ++st) wgmma::fence_acc_first<NFP>(xpart[st]);
+            wgmma::fence_acc_first<NFP>(xpart);
             const float* sa = reinterpret_cast<const float*>(smem_raw + (sSA - raw) + stage * SA_BYTES);
 #pragma unroll
             for (int j = 0; j < NFP; ++j) {
-              float p[4] = {xpart[0][j][0], xpart[0][j][1], xpart[0][j][2], xpart[0][j][3]};
-#pragma unroll
-              for (int st = 1; st < SETS; ++st)
-#pragma unroll
-                for (int q = 0; q < 4; ++q) p[q] += xpart[st][j][q];
               const float2 s2 = *reinterpret_cast<const float2*>(sa + 8 * j + 2 * c4);
-              acc[j][0] += p[0] * (s2.x * w_lo);
-              acc[j][1] += p[1] * (s2.y * w_lo);
-              acc[j][2] += p[2] * (s2.x * w_hi);
-              acc[j][3] += p[3] * (s2.y * w_hi);
+              acc[j][0] += xpart[j][0] * (s2.x * w_lo);
+              acc[j][1] += xpart[j][1] * (s2.y * w_lo);
+              acc[j][2] += xpart[j][2] * (s2.x * w_hi);
+              acc[j][3] += xpart[j][3] * (s2.y * w_hi);
             }
             release(stage);
             stage = next;
@@ -1049,20 +1036,11 @@ __global__ void __launch_bounds__(THREADS, 1)
           }
           // the wgmma N: the pass's A rows rounded up to 16 / 32 / 64 / 128 (few-row experts then do
           // not pay for 128 columns; the CTA-uniform choice keeps the wgmma aligned)
-          // and the partial-sum sets (x.one_partial_set: one, for A/B runs)
-          using I1 = std::integral_constant<int, 1>;
           const int rows = re - rb;
-          if (x.one_partial_set) {
-            if (rows <= 16) kloop(std::integral_constant<int, 16>{}, I1{});
-            else if (rows <= 32) kloop(std::integral_constant<int, 32>{}, I1{});
-            else if (X == 3 || rows <= 64) kloop(std::integral_constant<int, 64>{}, I1{});
-            else kloop(std::integral_constant<int, X == 3 ? 64 : 128>{}, I1{});
-          } else {
-            if (rows <= 16) kloop(std::integral_constant<int, 16>{}, std::integral_constant<int, 8>{});
-            else if (rows <= 32) kloop(std::integral_constant<int, 32>{}, std::integral_constant<int, 4>{});
-            else if (X == 3 || rows <= 64) kloop(std::integral_constant<int, 64>{}, std::integral_constant<int, 2>{});
-            else kloop(std::integral_constant<int, X == 3 ? 64 : 128>{}, std::integral_constant<int, X == 3 ? 2 : 1>{});
-          }
+          if (rows <= 16) kloop(std::integral_constant<int, 16>{});
+          else if (rows <= 32) kloop(std::integral_constant<int, 32>{});
+          else if (X == 3 || rows <= 64) kloop(std::integral_constant<int, 64>{});
+          else kloop(std::integral_constant<int, X == 3 ? 64 : 128>{});
           if (own) epilogue_x<T>(a, x, acc, m, n, rb, re, cw, warp_in_wg, lane, row_lo, row_hi);
         }
         continue;
