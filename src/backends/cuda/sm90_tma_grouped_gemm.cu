@@ -360,14 +360,7 @@ void launch_grouped_gemm_tma_ex(const GroupedGemmArgs& a, DType act_dtype, bool 
     const int v = e ? std::atoi(e) : 0;
     return v >= 1 && v <= 64 ? v : 8;
   }();
-  // The few-row exact kernel's A box height (TmaFp8Extra::a_box_rows): 16 rows unless
-  // MOEX_CUDA_FP8_X_ABOX=32 (A/B runs)
-  static const int x_box = [] {
-    const char* e = std::getenv("MOEX_CUDA_FP8_X_ABOX");
-    return e && std::atoi(e) == 32 ? 32 : 16;
-  }();
   TmaFp8Extra x = x_in;
-  x.a_box_rows = x_box;
   x.group_m = group_m;
   x.compact_epilogue = compact;
   x.skip_idle_rows = idle_skip;

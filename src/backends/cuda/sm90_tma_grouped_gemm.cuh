@@ -61,9 +61,6 @@ struct TmaFp8Extra {
   // the GEMM streams its weights: few rows per expert); a tile of more rows takes two passes, each
   // streaming the weight tile. Set by the caller from its pair count (deepgemm.cu).
   bool exact_few_rows = false;
-  // The few-row kernel's A box height in rows: 16 (set by the launcher; MOEX_CUDA_FP8_X_ABOX=32 for
-  // A/B runs). The other kernels' boxes are 32 rows (sm90_tma_kernel.cuh, ABOX).
-  int a_box_rows = 16;
   // FP8 gated up GEMM (QGMMA, 256-wide tiles: tma_fp8_quantizes_h): h quantized in the epilogue for
   // the down GEMM instead of written in the activation dtype: e4m3 codes [rows, I] at the A (layout)
   // rows and their per-row scales [ceil(I/128), h_scales_ld] (nullptr: h written to a.out).

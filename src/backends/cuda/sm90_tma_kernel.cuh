@@ -36,9 +36,6 @@ constexpr int X_SUB_BYTES = BM * 128;  // one [128 rows][64 f16] sub-tile of an 
 // of four: 96 KB of weights in flight per SM instead of 64. A tile of more rows is computed in
 // passes of XR_ROWS rows, each streaming the weight tile again.
 constexpr int XR_ROWS = 64;
-// Its A boxes are 16 rows high (TmaFp8Extra::a_box_rows): an expert's 1-16 rows then cost 4 KB of f16
-// codes per stage beside the 16 KB weight tile instead of 8 (ncu, mixtral_8x7b T = 64 up GEMM,
-// H200, 2026-12-02: L2 throughput 80 %, DRAM 65 %).
 template <int BN, bool FP8 = false, int X = 0>
 struct TmaCfg {
   static constexpr int STAGES = X == 2 ? 3 : X == 3 ? 6 : X ? 4 : BN == 256 ? 4 : 6;
@@ -712,10 +709,8 @@ __global__ void __launch_bounds__(THREADS, 1)
       // them keep stale data, computed and discarded like the rows past re (an MMA row depends on
       // its own A row only). Few-row experts (decode, deepseek_v3 at T = 512: 16 rows) then stop
       // pulling 128 rows of h through L2 per stage for every n tile.
-      // X = 3 takes its box height from the launcher (x.a_box_rows: 16, or 32 for A/B runs)
-      const int a_box = X == 3 ? x.a_box_rows : ABOX;
-      const int a_boxes = GATHER ? 0 : (min(re - rb, X == 3 ? XR_ROWS : BM) + a_box - 1) / a_box;
-      const uint32_t tx_bytes = B_BYTES + (GATHER ? 0 : a_boxes * a_box * 128 * (X ? 2 : 1) + (FP8 ? SA_BYTES : 0));
+      const int a_boxes = GATHER ? 0 : (min(re - rb, X == 3 ? XR_ROWS : BM) + ABOX - 1) / ABOX;
+      const uint32_t tx_bytes = B_BYTES + (GATHER ? 0 : a_boxes * ABOX * 128 * (X ? 2 : 1) + (FP8 ? SA_BYTES : 0));
       for (int kt = 0; kt < ktiles; ++kt) {
         mbar_wait(empty_bar(stage), phase ^ 1u);
         const int k0 = kt * BKE;
@@ -740,9 +735,9 @@ __global__ void __launch_bounds__(THREADS, 1)
           }
           if constexpr (!GATHER) {
             for (int b = 0; b < a_boxes; ++b) {
-              const uint32_t dA = sA + uint32_t(stage) * A_STAGE + uint32_t(b * a_box * 128);
-              tma_load_2d(dA, &tm_a, fb, k0, rb + b * a_box);
-              if constexpr (X) tma_load_2d(dA + X_SUB, &tm_a, fb, k0 + 64, rb + b * a_box);  // k 64-127
+              const uint32_t dA = sA + uint32_t(stage) * A_STAGE + uint32_t(b * ABOX * 128);
+              tma_load_2d(dA, &tm_a, fb, k0, rb + b * ABOX);
+              if constexpr (X) tma_load_2d(dA + X_SUB, &tm_a, fb, k0 + 64, rb + b * ABOX);  // k 64-127
             }
             if constexpr (FP8) tma_load_2d(sSA + uint32_t(stage) * SA_BYTES, &tm_sa, fb, rb, kt);
           }
@@ -969,10 +964,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         // within the consumers' 224. Measured on the H200 (2026-12-01): two passes of 64 rows, each
         // waited for, without that load ahead: 7-25 % slower; two commit groups of 64 rows with the
         // first promoted under the second: no faster (within 2 %). With the partial sums declared
-        // outside the item loop ptxas serialized the wgmmas (C7511). Independent partial-sum sets
-        // (2 / 4 / 8 at 64 / 32 / 16 rows, each over consecutive k16 steps, added at the promotion)
-        // were slower (2026-12-02: mixtral_8x7b T = 64 up GEMM 308 -> 324 us, deepseek_v3 T = 512
-        // forward 3.32 -> 3.47 ms): the one-set chain is not what bounds it.
+        // outside the item loop ptxas serialized the wgmmas (C7511).
         auto kloop = [&](auto nb_tag) {
           constexpr int NB = decltype(nb_tag)::value, NFP = NB / 8;
           uint4 lo[2], hi[2];
@@ -1203,11 +1195,10 @@ void launch_typed(const GroupedGemmArgs& a, DType dtype, const TmaFp8Extra& x, i
   const CUtensorMap tm_b = make_map(etype, a.W, 3, bdims, bstrides, bbox, CU_TENSOR_MAP_SWIZZLE_128B);
   CUtensorMap tm_a = tm_b, tm_sa = tm_b;
   if (!GATHER && X) {
-    // f16 codes [a_rows, a_ld]: boxes of 64 k (128 bytes) x ABOX rows (X = 3: x.a_box_rows)
-    MOEX_ASSERT(X != 3 || x.a_box_rows == 16 || x.a_box_rows == 32);
+    // f16 codes [a_rows, a_ld]: boxes of 64 k (128 bytes) x ABOX rows
     const cuuint64_t adims[2] = {cuuint64_t(x.a_ld), cuuint64_t(a_rows)};
     const cuuint64_t astrides[1] = {cuuint64_t(x.a_ld) * 2};
-    const cuuint32_t abox[2] = {64, cuuint32_t(X == 3 ? x.a_box_rows : ABOX)};
+    const cuuint32_t abox[2] = {64, cuuint32_t(ABOX)};
     tm_a = make_map(CU_TENSOR_MAP_DATA_TYPE_FLOAT16, a.A, 2, adims, astrides, abox, CU_TENSOR_MAP_SWIZZLE_128B);
   } else if (!GATHER) {
     const cuuint64_t adims[2] = {cuuint64_t(a.Kdim), cuuint64_t(a_rows)};
