@@ -36,6 +36,9 @@ constexpr int X_SUB_BYTES = BM * 128;  // one [128 rows][64 f16] sub-tile of an 
 // of four: 96 KB of weights in flight per SM instead of 64. A tile of more rows is computed in
 // passes of XR_ROWS rows, each streaming the weight tile again.
 constexpr int XR_ROWS = 64;
+// Tried on the H200 (2026-12-02, twenty-third session): 16-row A boxes for it (half the f16 code bytes
+// per stage at <= 16 rows) left its L2 throughput at 81 % and ran no faster (mixtral_8x7b T = 64 up
+// GEMM 314.6 us against 308.4; forward 0.4532 against 0.4496 ms with 32-row boxes); removed.
 template <int BN, bool FP8 = false, int X = 0>
 struct TmaCfg {
   static constexpr int STAGES = X == 2 ? 3 : X == 3 ? 6 : X ? 4 : BN == 256 ? 4 : 6;
@@ -964,7 +967,10 @@ __global__ void __launch_bounds__(THREADS, 1)
         // within the consumers' 224. Measured on the H200 (2026-12-01): two passes of 64 rows, each
         // waited for, without that load ahead: 7-25 % slower; two commit groups of 64 rows with the
         // first promoted under the second: no faster (within 2 %). With the partial sums declared
-        // outside the item loop ptxas serialized the wgmmas (C7511).
+        // outside the item loop ptxas serialized the wgmmas (C7511). Independent partial-sum sets
+        // (2 / 4 / 8 at 64 / 32 / 16 rows, each over consecutive k16 steps, added at the promotion)
+        // were slower (2026-12-02: mixtral_8x7b T = 64 up GEMM 308 -> 324 us, deepseek_v3 T = 512
+        // forward 3.32 -> 3.47 ms): the one-set chain is not what bounds it.
         auto kloop = [&](auto nb_tag) {
           constexpr int NB = decltype(nb_tag)::value, NFP = NB / 8;
           uint4 lo[2], hi[2];
