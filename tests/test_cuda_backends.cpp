@@ -321,35 +321,40 @@ TEST_P(CudaFp8Prefill, TmaAndPortablePathsMatchTheReference) {
   // at the layout rows by the quantizer; the few-row exact kernel where S <= 32 E), the same with the
   // codes gathered by the up GEMM, both GEMMs exact, the portable path; the first three again with
   // the untransposed exact kernel; the few-row kernel forced on every case (tiles of 65-128 rows in
-  // two passes) for the up GEMM and for both exact GEMMs, and forced off
-  const char* const modes[][4] = {{"hybrid", "", "", ""},  {"hybrid", "0", "", ""},  {"exact", "0", "", ""},
-                                  {"0", "0", "", ""},      {"hybrid", "", "1", ""},  {"hybrid", "0", "1", ""},
-                                  {"exact", "0", "1", ""}, {"hybrid", "", "", "1"},  {"exact", "", "", "1"},
-                                  {"hybrid", "", "", "0"}};
+  // two passes) for the up GEMM and for both exact GEMMs, and forced off; the last two with the
+  // few-row kernel's k loop pipelined across stages at <= 32 rows (MOEX_CUDA_FP8_X_PIPE=1, the fifth
+  // column)
+  const char* const modes[][5] = {{"hybrid", "", "", "", ""},  {"hybrid", "0", "", "", ""},  {"exact", "0", "", "", ""},
+                                  {"0", "0", "", "", ""},      {"hybrid", "", "1", "", ""},  {"hybrid", "0", "1", "", ""},
+                                  {"exact", "0", "1", "", ""}, {"hybrid", "", "", "1", ""},  {"exact", "", "", "1", ""},
+                                  {"hybrid", "", "", "0", ""}, {"exact", "", "", "1", "1"}, {"hybrid", "", "", "1", "1"}};
   for (const auto& mode : modes) {
     ScopedEnv path("MOEX_CUDA_FP8_TMA", mode[0]);
     ScopedEnv pregather("MOEX_CUDA_FP8_X_PREGATHER", mode[1]);
     ScopedEnv untransposed("MOEX_CUDA_FP8_X_NT", mode[2]);
     ScopedEnv few_rows("MOEX_CUDA_FP8_X_FEW", mode[3]);
+    ScopedEnv pipelined("MOEX_CUDA_FP8_X_PIPE", mode[4]);
     double worst = 0;
     for (const auto& c : fp8_prefill_cases(seed, dt)) {
       const auto r = check::run_case("grouped_mm", c, Device::cuda());
       EXPECT_EQ(r.status, check::Result::Status::passed) << "MOEX_CUDA_FP8_TMA=" << mode[0] << " MOEX_CUDA_FP8_X_PREGATHER="
                                                          << mode[1] << " MOEX_CUDA_FP8_X_NT=" << mode[2]
-                                                         << " MOEX_CUDA_FP8_X_FEW=" << mode[3] << " " << c.describe() << ": "
-                                                         << check::status_name(r.status) << ": " << r.message;
+                                                         << " MOEX_CUDA_FP8_X_FEW=" << mode[3] << " MOEX_CUDA_FP8_X_PIPE=" << mode[4]
+                                                         << " " << c.describe() << ": " << check::status_name(r.status) << ": "
+                                                         << r.message;
       worst = std::max(worst, r.rel_l2);
     }
-    std::printf("FP8 prefill, MOEX_CUDA_FP8_TMA=%s MOEX_CUDA_FP8_X_PREGATHER=%s MOEX_CUDA_FP8_X_NT=%s MOEX_CUDA_FP8_X_FEW=%s: "
-                "worst rel L2 %.2e\n",
-                mode[0], mode[1], mode[2], mode[3], worst);
+    std::printf("FP8 prefill, MOEX_CUDA_FP8_TMA=%s MOEX_CUDA_FP8_X_PREGATHER=%s MOEX_CUDA_FP8_X_NT=%s MOEX_CUDA_FP8_X_FEW=%s "
+                "MOEX_CUDA_FP8_X_PIPE=%s: worst rel L2 %.2e\n",
+                mode[0], mode[1], mode[2], mode[3], mode[4], worst);
   }
 }
 
 // The few-row exact kernel (six stages of 64-row A tiles; tiles of more rows in two passes) does the
 // four-stage kernel's arithmetic in the same order for every output element (each 128-k block's
 // HGMMA partial sums, then the promotion), so grouped_mm's FP8 output must not change by a bit when
-// it is forced on or off: experts of 1-64 rows (one pass) and of 65-128 rows (two passes).
+// it is forced on or off: experts of 1-64 rows (one pass) and of 65-128 rows (two passes). The same
+// holds for its k loop pipelined across stages (MOEX_CUDA_FP8_X_PIPE=1, tiles of <= 32 rows).
 TEST(CudaFp8Route, FewRowExactKernelMatchesTheFourStageKernelBitForBit) {
   SKIP_WITHOUT_CUDA();
   const auto devs = cuda_devices();
@@ -360,13 +365,17 @@ TEST(CudaFp8Route, FewRowExactKernelMatchesTheFourStageKernelBitForBit) {
     c.spec.quant = QuantSpec::fp8_block();
     const check::Instance dev = check::make_instance(c).to(Device::cuda());
     ScopedEnv path("MOEX_CUDA_FP8_TMA", tma_path);
-    auto run = [&](const char* few) {
+    auto run = [&](const char* few, const char* pipe) {
       ScopedEnv env("MOEX_CUDA_FP8_X_FEW", few);
+      ScopedEnv pipelined("MOEX_CUDA_FP8_X_PIPE", pipe);
       Tensor out = Tensor::empty(DType::bf16, {T, c.spec.hidden}, Device::cuda());
       experts_forward("grouped_mm", dev.experts(), dev.call(out));
       return test::to_host(out);
     };
-    EXPECT_EQ(run("1"), run("0")) << "T=" << T << " MOEX_CUDA_FP8_TMA=" << tma_path;
+    const auto four_stage = run("0", "0");
+    EXPECT_EQ(run("1", "0"), four_stage) << "T=" << T << " MOEX_CUDA_FP8_TMA=" << tma_path << ": the few-row kernel";
+    // its k loop pipelined across stages (tiles of <= 32 rows) does the same arithmetic in the same order
+    EXPECT_EQ(run("1", "1"), four_stage) << "T=" << T << " MOEX_CUDA_FP8_TMA=" << tma_path << ": pipelined, few-row";
   }
 }
 

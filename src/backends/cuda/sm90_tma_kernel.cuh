@@ -961,6 +961,19 @@ __global__ void __launch_bounds__(THREADS, 1)
           hi[0] = first_hi ? hb : ha;
           hi[1] = first_hi ? ha : hb;
         };
+        // a stage's weight bytes (load_w) converted in registers into the 8 k16 steps' A fragments
+        auto convert_w = [&](const uint4 (&lo)[2], const uint4 (&hi)[2], uint32_t (&f)[8][4]) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const uint32_t wl[4] = {lo[h].x, lo[h].y, lo[h].z, lo[h].w};
+            const uint32_t wh[4] = {hi[h].x, hi[h].y, hi[h].z, hi[h].w};
+#pragma unroll
+            for (int st = 0; st < 4; ++st) {
+              wgmma::e4m3x4_to_f16x2x2(wl[st], f[4 * h + st][0], f[4 * h + st][2]);
+              wgmma::e4m3x4_to_f16x2x2(wh[st], f[4 * h + st][1], f[4 * h + st][3]);
+            }
+          }
+        };
         // NB: the A rows computed (wgmma N). One commit group per stage: the 8 MMAs in flight, the
         // next stage's weight bytes loaded from shared memory under them. Registers: partial sums
         // (NB/2), A fragments (32), the next stage's bytes (16), accumulators (64): 176 at NB = 128,
@@ -980,16 +993,7 @@ __global__ void __launch_bounds__(THREADS, 1)
           for (int kt = 0; kt < ktiles; ++kt) {
             const uint32_t x_tile = sA + uint32_t(stage) * A_STAGE;
             uint32_t af[8][4];  // [k16 step] the A fragment
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              const uint32_t wl[4] = {lo[h].x, lo[h].y, lo[h].z, lo[h].w};
-              const uint32_t wh[4] = {hi[h].x, hi[h].y, hi[h].z, hi[h].w};
-#pragma unroll
-              for (int st = 0; st < 4; ++st) {
-                wgmma::e4m3x4_to_f16x2x2(wl[st], af[4 * h + st][0], af[4 * h + st][2]);
-                wgmma::e4m3x4_to_f16x2x2(wh[st], af[4 * h + st][1], af[4 * h + st][3]);
-              }
-            }
+            convert_w(lo, hi, af);
             float xpart[NFP][4];
             wgmma::fence_acc_first<NFP>(xpart);
             wgmma::fence();
@@ -1028,6 +1032,75 @@ __global__ void __launch_bounds__(THREADS, 1)
             phase = next_phase;
           }
         };
+        // The same k loop pipelined across stages (x.exact_pipeline, opt-in, at most 32 rows): stage
+        // kt + 1's weights are converted and its MMAs issued before stage kt's partial sums are
+        // promoted (two A-fragment sets and two partial-sum sets in turn, wgmma wait<1>), so that
+        // each promotion, its scale loads and the next stage's conversion run while the tensor pipe
+        // works, instead of one stage's chain (convert, MMAs, wait, promote) after the other. The
+        // arithmetic is kloop's, in the same order (bit-identical). Registers at NB = 32: A
+        // fragments 64, partial sums 32, the next stage's bytes 16, accumulators 64. Why: ncu of
+        // the few-row up GEMM at mixtral_8x7b T = 64 (H200, 2026-12-02) measured 65 % of DRAM peak
+        // with 0.38 instructions issued per scheduler-cycle; more stages in the ring, smaller A
+        // boxes and independent partial-sum sets inside a stage did not move it. Not yet run on a GPU.
+        auto kloop_pipe = [&](auto nb_tag) {
+          constexpr int NB = decltype(nb_tag)::value, NFP = NB / 8;
+          static_assert(NB <= 32, "two partial-sum sets: at most 32 rows");
+          uint4 lo[2], hi[2];
+          uint32_t af[2][8][4];     // [set][k16 step] the A fragments
+          float xpart[2][NFP][4];   // [set] the partial sums of one stage
+          auto issue = [&](int st, uint32_t (&f)[8][4], float (&p)[NFP][4]) {
+            const uint32_t x_tile = sA + uint32_t(st) * A_STAGE;
+            wgmma::fence_acc_first<NFP>(p);
+            wgmma::fence();
+#pragma unroll
+            for (int kk = 0; kk < 8; ++kk)
+              wgmma::mma_rega_f16<NB>(p, f[kk], wgmma::desc_sw128(x_tile + uint32_t((kk >> 2) * X_SUB + (kk & 3) * 32)), kk);
+            wgmma::commit();
+          };
+          // prologue: stage 0 converted and issued into set 0
+          mbar_wait(full_bar(stage), phase);
+          if constexpr (GATHER) wgmma::fence_proxy_async();
+          load_w(stage, lo, hi);
+          convert_w(lo, hi, af[0]);
+          issue(stage, af[0], xpart[0]);
+          // one k block: set CUR holds stage kt's MMAs (in flight); set CUR ^ 1 is free (its group
+          // completed at the previous block's wait<1>)
+          auto block = [&](auto cur_tag, int kt) {
+            constexpr int CUR = decltype(cur_tag)::value;
+            int next = stage;
+            uint32_t next_phase = phase;
+            next_stage<STAGES>(next, next_phase);
+            const bool more = kt + 1 < ktiles;
+            if (more) {
+              mbar_wait(full_bar(next), next_phase);
+              if constexpr (GATHER) wgmma::fence_proxy_async();
+              load_w(next, lo, hi);
+              convert_w(lo, hi, af[CUR ^ 1]);
+              issue(next, af[CUR ^ 1], xpart[CUR ^ 1]);
+            }
+            const float w_lo = weight_scale(x, ws_lo + kt), w_hi = concat ? weight_scale(x, ws_hi + kt) : w_lo;
+            if (more) wgmma::wait<1>();
+            else wgmma::wait<0>();
+            wgmma::fence_acc_first<NFP>(xpart[CUR]);
+            const float* sa = reinterpret_cast<const float*>(smem_raw + (sSA - raw) + stage * SA_BYTES);
+#pragma unroll
+            for (int j = 0; j < NFP; ++j) {
+              const float2 s2 = *reinterpret_cast<const float2*>(sa + 8 * j + 2 * c4);
+              acc[j][0] += xpart[CUR][j][0] * (s2.x * w_lo);
+              acc[j][1] += xpart[CUR][j][1] * (s2.y * w_lo);
+              acc[j][2] += xpart[CUR][j][2] * (s2.x * w_hi);
+              acc[j][3] += xpart[CUR][j][3] * (s2.y * w_hi);
+            }
+            release(stage);
+            stage = next;
+            phase = next_phase;
+          };
+          // unrolled by two so that the sets are indexed by constants (registers, not local memory)
+          for (int kt = 0; kt < ktiles; kt += 2) {
+            block(std::integral_constant<int, 0>{}, kt);
+            if (kt + 1 < ktiles) block(std::integral_constant<int, 1>{}, kt + 1);
+          }
+        };
         // X = 3: the tile's rows in passes of XR_ROWS, as the producer loads them (each pass's
         // scales in the stage start at its first row); X = 1: one pass of every row
         constexpr int PASS_ROWS = X == 3 ? XR_ROWS : BM;
@@ -1043,10 +1116,21 @@ __global__ void __launch_bounds__(THREADS, 1)
           // the wgmma N: the pass's A rows rounded up to 16 / 32 / 64 / 128 (few-row experts then do
           // not pay for 128 columns; the CTA-uniform choice keeps the wgmma aligned)
           const int rows = re - rb;
-          if (rows <= 16) kloop(std::integral_constant<int, 16>{});
-          else if (rows <= 32) kloop(std::integral_constant<int, 32>{});
-          else if (X == 3 || rows <= 64) kloop(std::integral_constant<int, 64>{});
-          else kloop(std::integral_constant<int, X == 3 ? 64 : 128>{});
+          auto plain = [&] {
+            if (rows <= 16) kloop(std::integral_constant<int, 16>{});
+            else if (rows <= 32) kloop(std::integral_constant<int, 32>{});
+            else if (X == 3 || rows <= 64) kloop(std::integral_constant<int, 64>{});
+            else kloop(std::integral_constant<int, X == 3 ? 64 : 128>{});
+          };
+          // the pipelined loop only in the few-row kernel: in the four-stage kernels, whose gather
+          // variants are large, it kept ptxas busy for over 13 minutes on the development machine
+          if constexpr (X == 3) {
+            if (x.exact_pipeline && rows <= 16) kloop_pipe(std::integral_constant<int, 16>{});
+            else if (x.exact_pipeline && rows <= 32) kloop_pipe(std::integral_constant<int, 32>{});
+            else plain();
+          } else {
+            plain();
+          }
           if (own) epilogue_x<T>(a, x, acc, m, n, rb, re, cw, warp_in_wg, lane, row_lo, row_hi);
         }
         continue;
