@@ -36,6 +36,16 @@ constexpr int X_SUB_BYTES = BM * 128;  // one [128 rows][64 f16] sub-tile of an 
 // of four: 96 KB of weights in flight per SM instead of 64. A tile of more rows is computed in
 // passes of XR_ROWS rows, each streaming the weight tile again.
 constexpr int XR_ROWS = 64;
+// Rows per pass of a tile and the passes of a tile (int4 {expert, first row, end row, -}): X = 3 in
+// passes of XR_ROWS, every other kernel in one. The producer and the consumers walk the same passes.
+template <int X>
+constexpr int pass_rows() {
+  return X == 3 ? XR_ROWS : BM;
+}
+template <int X>
+__device__ __forceinline__ int tile_passes(const int4& tile) {
+  return X == 3 ? max(1, (tile.z - tile.y + XR_ROWS - 1) / XR_ROWS) : 1;
+}
 // Tried on the H200 (2026-12-02, twenty-third session): 16-row A boxes for it (half the f16 code bytes
 // per stage at <= 16 rows) left its L2 throughput at 81 % and ran no faster (mixtral_8x7b T = 64 up
 // GEMM 314.6 us against 308.4; forward 0.4532 against 0.4496 ms with 32-row boxes); removed.
@@ -705,67 +715,67 @@ __global__ void __launch_bounds__(THREADS, 1)
         if constexpr (FP8) scale_src = tile.y + tid < re ? a.a_gather[tile.y + tid] / a.a_div : -1;
       }
       // X = 3: the tile's rows in passes of XR_ROWS (each streams the weight tile); otherwise one pass
-      const int passes = X == 3 ? max(1, (re - tile.y + XR_ROWS - 1) / XR_ROWS) : 1;
+      const int passes = tile_passes<X>(tile);
       for (int pass = 0; pass < passes; ++pass) {
-      const int rb = tile.y + pass * XR_ROWS;  // first A row of this pass
-      // TMA A: only the boxes of ABOX rows that hold the tile's rows are loaded; the smem rows past
-      // them keep stale data, computed and discarded like the rows past re (an MMA row depends on
-      // its own A row only). Few-row experts (decode, deepseek_v3 at T = 512: 16 rows) then stop
-      // pulling 128 rows of h through L2 per stage for every n tile.
-      const int a_boxes = GATHER ? 0 : (min(re - rb, X == 3 ? XR_ROWS : BM) + ABOX - 1) / ABOX;
-      const uint32_t tx_bytes = B_BYTES + (GATHER ? 0 : a_boxes * ABOX * 128 * (X ? 2 : 1) + (FP8 ? SA_BYTES : 0));
-      for (int kt = 0; kt < ktiles; ++kt) {
-        mbar_wait(empty_bar(stage), phase ^ 1u);
-        const int k0 = kt * BKE;
-        if (tid == 0) {
-          const uint32_t fb = full_bar(stage);
-          mbar_arrive_expect_tx(fb, tx_bytes);
-          const uint32_t dB = sB + uint32_t(stage) * B_BYTES;
-          if (MC) {
-            // halves: gate / up rows (concat) or rows [n*BN, +BN/2), [n*BN + BN/2, +BN/2)
-            const int r0 = concat ? n * (BN / 2) : n * BN, r1 = concat ? a.I + n * (BN / 2) : n * BN + BN / 2;
-            if (shared) {
-              tma_load_3d_multicast(dB + rank * HALF_B, &tm_b, fb, k0, rank ? r1 : r0, e, uint16_t(3));
+        const int rb = tile.y + pass * pass_rows<X>();  // first A row of this pass
+        // TMA A: only the boxes of ABOX rows that hold the tile's rows are loaded; the smem rows past
+        // them keep stale data, computed and discarded like the rows past re (an MMA row depends on
+        // its own A row only). Few-row experts (decode, deepseek_v3 at T = 512: 16 rows) then stop
+        // pulling 128 rows of h through L2 per stage for every n tile.
+        const int a_boxes = GATHER ? 0 : (min(re - rb, pass_rows<X>()) + ABOX - 1) / ABOX;
+        const uint32_t tx_bytes = B_BYTES + (GATHER ? 0 : a_boxes * ABOX * 128 * (X ? 2 : 1) + (FP8 ? SA_BYTES : 0));
+        for (int kt = 0; kt < ktiles; ++kt) {
+          mbar_wait(empty_bar(stage), phase ^ 1u);
+          const int k0 = kt * BKE;
+          if (tid == 0) {
+            const uint32_t fb = full_bar(stage);
+            mbar_arrive_expect_tx(fb, tx_bytes);
+            const uint32_t dB = sB + uint32_t(stage) * B_BYTES;
+            if (MC) {
+              // halves: gate / up rows (concat) or rows [n*BN, +BN/2), [n*BN + BN/2, +BN/2)
+              const int r0 = concat ? n * (BN / 2) : n * BN, r1 = concat ? a.I + n * (BN / 2) : n * BN + BN / 2;
+              if (shared) {
+                tma_load_3d_multicast(dB + rank * HALF_B, &tm_b, fb, k0, rank ? r1 : r0, e, uint16_t(3));
+              } else {
+                tma_load_3d(dB, &tm_b, fb, k0, r0, e);
+                tma_load_3d(dB + HALF_B, &tm_b, fb, k0, r1, e);
+              }
+            } else if (concat) {
+              tma_load_3d(dB, &tm_b, fb, k0, n * (BN / 2), e);
+              tma_load_3d(dB + HALF_B, &tm_b, fb, k0, a.I + n * (BN / 2), e);
             } else {
-              tma_load_3d(dB, &tm_b, fb, k0, r0, e);
-              tma_load_3d(dB + HALF_B, &tm_b, fb, k0, r1, e);
+              tma_load_3d(dB, &tm_b, fb, k0, n * BN, e);
             }
-          } else if (concat) {
-            tma_load_3d(dB, &tm_b, fb, k0, n * (BN / 2), e);
-            tma_load_3d(dB + HALF_B, &tm_b, fb, k0, a.I + n * (BN / 2), e);
-          } else {
-            tma_load_3d(dB, &tm_b, fb, k0, n * BN, e);
-          }
-          if constexpr (!GATHER) {
-            for (int b = 0; b < a_boxes; ++b) {
-              const uint32_t dA = sA + uint32_t(stage) * A_STAGE + uint32_t(b * ABOX * 128);
-              tma_load_2d(dA, &tm_a, fb, k0, rb + b * ABOX);
-              if constexpr (X) tma_load_2d(dA + X_SUB, &tm_a, fb, k0 + 64, rb + b * ABOX);  // k 64-127
+            if constexpr (!GATHER) {
+              for (int b = 0; b < a_boxes; ++b) {
+                const uint32_t dA = sA + uint32_t(stage) * A_STAGE + uint32_t(b * ABOX * 128);
+                tma_load_2d(dA, &tm_a, fb, k0, rb + b * ABOX);
+                if constexpr (X) tma_load_2d(dA + X_SUB, &tm_a, fb, k0 + 64, rb + b * ABOX);  // k 64-127
+              }
+              if constexpr (FP8) tma_load_2d(sSA + uint32_t(stage) * SA_BYTES, &tm_sa, fb, rb, kt);
             }
-            if constexpr (FP8) tma_load_2d(sSA + uint32_t(stage) * SA_BYTES, &tm_sa, fb, rb, kt);
           }
-        }
-        if constexpr (GATHER) {
-          const int c = tid & 7, k = k0 + c * CHUNK;
-          const uint32_t dA = sA + uint32_t(stage) * A_STAGE;
+          if constexpr (GATHER) {
+            const int c = tid & 7, k = k0 + c * CHUNK;
+            const uint32_t dA = sA + uint32_t(stage) * A_STAGE;
 #pragma unroll
-          for (int j = 0; j < 8; ++j) {
-            const int r = (tid >> 3) + 16 * j;
-            const uint32_t d = dA + uint32_t(r * 128 + ((c ^ (r & 7)) << 4));
-            const bool ok = src[j] >= 0 && k < a_ld;
-            const Elem* p = ok ? A + int64_t(src[j]) * a_ld + k : A;
-            ptx::cp_async16(d, p, ok);
-            // X: the same row's k + 64 in the second sub-tile (a_ld is a multiple of 128: in range)
-            if constexpr (X) ptx::cp_async16(d + X_SUB, ok ? p + 64 : A, ok);
+            for (int j = 0; j < 8; ++j) {
+              const int r = (tid >> 3) + 16 * j;
+              const uint32_t d = dA + uint32_t(r * 128 + ((c ^ (r & 7)) << 4));
+              const bool ok = src[j] >= 0 && k < a_ld;
+              const Elem* p = ok ? A + int64_t(src[j]) * a_ld + k : A;
+              ptx::cp_async16(d, p, ok);
+              // X: the same row's k + 64 in the second sub-tile (a_ld is a multiple of 128: in range)
+              if constexpr (X) ptx::cp_async16(d + X_SUB, ok ? p + 64 : A, ok);
+            }
+            if constexpr (FP8)
+              cp_async4(sSA + uint32_t(stage) * SA_BYTES + 4u * uint32_t(tid),
+                        scale_src >= 0 ? x.a_scales + int64_t(kt) * x.a_scales_ld + scale_src : x.a_scales, scale_src >= 0);
+            cp_async_mbar_arrive_noinc(full_bar(stage));
           }
-          if constexpr (FP8)
-            cp_async4(sSA + uint32_t(stage) * SA_BYTES + 4u * uint32_t(tid),
-                      scale_src >= 0 ? x.a_scales + int64_t(kt) * x.a_scales_ld + scale_src : x.a_scales, scale_src >= 0);
-          cp_async_mbar_arrive_noinc(full_bar(stage));
+          next_stage<STAGES>(stage, phase);
         }
-        next_stage<STAGES>(stage, phase);
       }
-      }  // passes
       // the next item: claimed once this one's stages are issued (the ring's STAGES filled stages
       // keep the consumers busy over the atomic's round trip; claimed earlier, the result held a
       // register across the loop and the gather producer spilled)
@@ -974,6 +984,32 @@ __global__ void __launch_bounds__(THREADS, 1)
             }
           }
         };
+        // a stage's 8 MMAs (wgmma N = NB A rows) into fresh partial sums p, one commit group
+        auto issue_x = [&](auto nb_tag, int st, uint32_t (&f)[8][4], auto& p) {
+          constexpr int NB = decltype(nb_tag)::value;
+          const uint32_t x_tile = sA + uint32_t(st) * A_STAGE;
+          wgmma::fence_acc_first<NB / 8>(p);
+          wgmma::fence();
+#pragma unroll
+          for (int kk = 0; kk < 8; ++kk)
+            wgmma::mma_rega_f16<NB>(p, f[kk], wgmma::desc_sw128(x_tile + uint32_t((kk >> 2) * X_SUB + (kk & 3) * 32)), kk);
+          wgmma::commit();
+        };
+        // acc += a stage's partial sums (their MMAs retired) x activation scale (per A row, from the
+        // stage) x weight block scale (per weight row)
+        auto promote_x = [&](int st, auto& p, float w_lo, float w_hi) {
+          constexpr int NFP = int(sizeof(p) / sizeof(p[0]));
+          wgmma::fence_acc_first<NFP>(p);
+          const float* sa = reinterpret_cast<const float*>(smem_raw + (sSA - raw) + st * SA_BYTES);
+#pragma unroll
+          for (int j = 0; j < NFP; ++j) {
+            const float2 s2 = *reinterpret_cast<const float2*>(sa + 8 * j + 2 * c4);
+            acc[j][0] += p[j][0] * (s2.x * w_lo);
+            acc[j][1] += p[j][1] * (s2.y * w_lo);
+            acc[j][2] += p[j][2] * (s2.x * w_hi);
+            acc[j][3] += p[j][3] * (s2.y * w_hi);
+          }
+        };
         // NB: the A rows computed (wgmma N). One commit group per stage: the 8 MMAs in flight, the
         // next stage's weight bytes loaded from shared memory under them. Registers: partial sums
         // (NB/2), A fragments (32), the next stage's bytes (16), accumulators (64): 176 at NB = 128,
@@ -991,17 +1027,10 @@ __global__ void __launch_bounds__(THREADS, 1)
           if constexpr (GATHER) wgmma::fence_proxy_async();
           load_w(stage, lo, hi);
           for (int kt = 0; kt < ktiles; ++kt) {
-            const uint32_t x_tile = sA + uint32_t(stage) * A_STAGE;
             uint32_t af[8][4];  // [k16 step] the A fragment
             convert_w(lo, hi, af);
             float xpart[NFP][4];
-            wgmma::fence_acc_first<NFP>(xpart);
-            wgmma::fence();
-#pragma unroll
-            for (int kk = 0; kk < 8; ++kk)
-              wgmma::mma_rega_f16<NB>(xpart, af[kk],
-                                      wgmma::desc_sw128(x_tile + uint32_t((kk >> 2) * X_SUB + (kk & 3) * 32)), kk);
-            wgmma::commit();
+            issue_x(nb_tag, stage, af, xpart);
             int next = stage;
             uint32_t next_phase = phase;
             next_stage<STAGES>(next, next_phase);
@@ -1017,16 +1046,7 @@ __global__ void __launch_bounds__(THREADS, 1)
             // sixteenth session.)
             const float w_lo = weight_scale(x, ws_lo + kt), w_hi = concat ? weight_scale(x, ws_hi + kt) : w_lo;
             wgmma::wait<0>();
-            wgmma::fence_acc_first<NFP>(xpart);
-            const float* sa = reinterpret_cast<const float*>(smem_raw + (sSA - raw) + stage * SA_BYTES);
-#pragma unroll
-            for (int j = 0; j < NFP; ++j) {
-              const float2 s2 = *reinterpret_cast<const float2*>(sa + 8 * j + 2 * c4);
-              acc[j][0] += xpart[j][0] * (s2.x * w_lo);
-              acc[j][1] += xpart[j][1] * (s2.y * w_lo);
-              acc[j][2] += xpart[j][2] * (s2.x * w_hi);
-              acc[j][3] += xpart[j][3] * (s2.y * w_hi);
-            }
+            promote_x(stage, xpart, w_lo, w_hi);
             release(stage);
             stage = next;
             phase = next_phase;
@@ -1048,21 +1068,12 @@ __global__ void __launch_bounds__(THREADS, 1)
           uint4 lo[2], hi[2];
           uint32_t af[2][8][4];     // [set][k16 step] the A fragments
           float xpart[2][NFP][4];   // [set] the partial sums of one stage
-          auto issue = [&](int st, uint32_t (&f)[8][4], float (&p)[NFP][4]) {
-            const uint32_t x_tile = sA + uint32_t(st) * A_STAGE;
-            wgmma::fence_acc_first<NFP>(p);
-            wgmma::fence();
-#pragma unroll
-            for (int kk = 0; kk < 8; ++kk)
-              wgmma::mma_rega_f16<NB>(p, f[kk], wgmma::desc_sw128(x_tile + uint32_t((kk >> 2) * X_SUB + (kk & 3) * 32)), kk);
-            wgmma::commit();
-          };
           // prologue: stage 0 converted and issued into set 0
           mbar_wait(full_bar(stage), phase);
           if constexpr (GATHER) wgmma::fence_proxy_async();
           load_w(stage, lo, hi);
           convert_w(lo, hi, af[0]);
-          issue(stage, af[0], xpart[0]);
+          issue_x(nb_tag, stage, af[0], xpart[0]);
           // one k block: set CUR holds stage kt's MMAs (in flight); set CUR ^ 1 is free (its group
           // completed at the previous block's wait<1>)
           auto block = [&](auto cur_tag, int kt) {
@@ -1076,21 +1087,12 @@ __global__ void __launch_bounds__(THREADS, 1)
               if constexpr (GATHER) wgmma::fence_proxy_async();
               load_w(next, lo, hi);
               convert_w(lo, hi, af[CUR ^ 1]);
-              issue(next, af[CUR ^ 1], xpart[CUR ^ 1]);
+              issue_x(nb_tag, next, af[CUR ^ 1], xpart[CUR ^ 1]);
             }
             const float w_lo = weight_scale(x, ws_lo + kt), w_hi = concat ? weight_scale(x, ws_hi + kt) : w_lo;
             if (more) wgmma::wait<1>();
             else wgmma::wait<0>();
-            wgmma::fence_acc_first<NFP>(xpart[CUR]);
-            const float* sa = reinterpret_cast<const float*>(smem_raw + (sSA - raw) + stage * SA_BYTES);
-#pragma unroll
-            for (int j = 0; j < NFP; ++j) {
-              const float2 s2 = *reinterpret_cast<const float2*>(sa + 8 * j + 2 * c4);
-              acc[j][0] += xpart[CUR][j][0] * (s2.x * w_lo);
-              acc[j][1] += xpart[CUR][j][1] * (s2.y * w_lo);
-              acc[j][2] += xpart[CUR][j][2] * (s2.x * w_hi);
-              acc[j][3] += xpart[CUR][j][3] * (s2.y * w_hi);
-            }
+            promote_x(stage, xpart[CUR], w_lo, w_hi);
             release(stage);
             stage = next;
             phase = next_phase;
@@ -1103,10 +1105,9 @@ __global__ void __launch_bounds__(THREADS, 1)
         };
         // X = 3: the tile's rows in passes of XR_ROWS, as the producer loads them (each pass's
         // scales in the stage start at its first row); X = 1: one pass of every row
-        constexpr int PASS_ROWS = X == 3 ? XR_ROWS : BM;
-        const int passes = X == 3 ? max(1, (tile_rows.z - tile_rows.y + XR_ROWS - 1) / XR_ROWS) : 1;
+        const int passes = tile_passes<X>(tile_rows);
         for (int pass = 0; pass < passes; ++pass) {
-          const int rb = tile_rows.y + pass * PASS_ROWS, re = min(tile_rows.z, rb + PASS_ROWS);
+          const int rb = tile_rows.y + pass * pass_rows<X>(), re = min(tile_rows.z, rb + pass_rows<X>());
           if (pass > 0) {
 #pragma unroll
             for (int j = 0; j < NF; ++j)
