@@ -203,7 +203,9 @@ TEST_P(CudaFp8Decode, EverySwitchMatchesTheReference) {
   const std::pair<const char*, const char*> switches[] = {{"MOEX_CUDA_FP8_DECODE_STAGE", "0"},
                                                           {"MOEX_CUDA_FP8_DECODE_EARLY", "0"},
                                                           {"MOEX_CUDA_FP8_DECODE_HQ", "up"},
-                                                          {"MOEX_CUDA_FP8_DECODE_HQ", "down"}};
+                                                          {"MOEX_CUDA_FP8_DECODE_HQ", "down"},
+                                                          {"MOEX_CUDA_FP8_DECODE_FUSE", "0"},
+                                                          {"MOEX_CUDA_FP8_DECODE_FUSE", "combine"}};
   for (const auto& [name, value] : switches) {
     ScopedEnv variant(name, value);
     double worst = 0;
@@ -240,6 +242,57 @@ TEST_P(CudaFp8Decode, AllSlotsDroppedGiveZeros) {
       int64_t nonzero = 0;
       for (int64_t i = 0; i < back.nbytes(); ++i) nonzero += bytes[i] != 0;
       EXPECT_EQ(nonzero, 0) << name << " T=" << T << ": bytes not zero";
+    }
+  }
+}
+
+// The fused chain (T <= 8: decode_up plans from the routing and quantizes its token rows itself,
+// decode_down's last blocks sum the slots; two kernels instead of four) does the four kernels'
+// arithmetic in the same order, so its output must equal theirs bit for bit
+// (MOEX_CUDA_FP8_DECODE_FUSE=0: the four kernels; =combine: only the combine fused): the decode
+// cases at T <= 8, and two more — every slot of every token on expert 0 (duplicate experts in a
+// token's top-k: 16 rows for one expert, passes of 8 / 3 rows) and a wide top-k (K = 8 of 64
+// experts at T = 8: 64 pairs).
+TEST_P(CudaFp8Decode, FusedChainMatchesTheFourKernelsBitForBit) {
+  SKIP_WITHOUT_CUDA();
+  const DType dt = GetParam();
+  ScopedEnv force("MOEX_CUDA_FP8_DECODE", "1");
+  const uint64_t seed = seed_from_env();
+  std::vector<check::Instance> hosts;
+  std::vector<std::string> names;
+  for (const auto& c : decode_cases(seed, dt)) {
+    if (c.tokens > 8) continue;
+    hosts.push_back(check::make_instance(c));
+    names.push_back(c.describe());
+  }
+  for (const int64_t T : {8, 3}) {  // duplicates: every slot on expert 0
+    check::Case c = make_case(seed + 60 + T, dt, 8, 256, 192, T, 2);
+    c.spec.quant = QuantSpec::fp8_block();
+    check::Instance host = check::make_instance(c);
+    int32_t* idx = static_cast<int32_t*>(host.top_k_index.data());
+    for (int64_t i = 0; i < host.top_k_index.numel(); ++i) idx[i] = 0;
+    hosts.push_back(std::move(host));
+    names.push_back(c.describe() + " (every slot on expert 0)");
+  }
+  {
+    check::Case c = make_case(seed + 70, dt, 64, 384, 256, 8, 8);
+    c.spec.quant = QuantSpec::fp8_block(128, 128, ScaleFormat::ue8m0);
+    hosts.push_back(check::make_instance(c));
+    names.push_back(c.describe());
+  }
+  for (size_t i = 0; i < hosts.size(); ++i) {
+    const check::Instance dev = hosts[i].to(Device::cuda());
+    const int64_t T = hosts[i].top_k_index.size(0), H = hosts[i].hidden.size(1);
+    for (const std::string name : {"batched_mm", "grouped_mm"}) {
+      auto run = [&](const char* fuse) {
+        ScopedEnv env("MOEX_CUDA_FP8_DECODE_FUSE", fuse);
+        Tensor out = Tensor::empty(dt, {T, H}, Device::cuda());
+        experts_forward(name, dev.experts(), dev.call(out));
+        return test::to_host(out);
+      };
+      const auto four = run("0");
+      EXPECT_EQ(run("combine"), four) << name << " " << names[i] << ": the combine fused into decode_down";
+      EXPECT_EQ(run(nullptr), four) << name << " " << names[i] << ": the fused chain";
     }
   }
 }
@@ -321,40 +374,36 @@ TEST_P(CudaFp8Prefill, TmaAndPortablePathsMatchTheReference) {
   // at the layout rows by the quantizer; the few-row exact kernel where S <= 32 E), the same with the
   // codes gathered by the up GEMM, both GEMMs exact, the portable path; the first three again with
   // the untransposed exact kernel; the few-row kernel forced on every case (tiles of 65-128 rows in
-  // two passes) for the up GEMM and for both exact GEMMs, and forced off; the last two with the
-  // few-row kernel's k loop pipelined across stages at <= 32 rows (MOEX_CUDA_FP8_X_PIPE=1, the fifth
-  // column)
-  const char* const modes[][5] = {{"hybrid", "", "", "", ""},  {"hybrid", "0", "", "", ""},  {"exact", "0", "", "", ""},
-                                  {"0", "0", "", "", ""},      {"hybrid", "", "1", "", ""},  {"hybrid", "0", "1", "", ""},
-                                  {"exact", "0", "1", "", ""}, {"hybrid", "", "", "1", ""},  {"exact", "", "", "1", ""},
-                                  {"hybrid", "", "", "0", ""}, {"exact", "", "", "1", "1"}, {"hybrid", "", "", "1", "1"}};
+  // two passes) for the up GEMM and for both exact GEMMs, and forced off
+  const char* const modes[][4] = {{"hybrid", "", "", ""},  {"hybrid", "0", "", ""},  {"exact", "0", "", ""},
+                                  {"0", "0", "", ""},      {"hybrid", "", "1", ""},  {"hybrid", "0", "1", ""},
+                                  {"exact", "0", "1", ""}, {"hybrid", "", "", "1"},  {"exact", "", "", "1"},
+                                  {"hybrid", "", "", "0"}};
   for (const auto& mode : modes) {
     ScopedEnv path("MOEX_CUDA_FP8_TMA", mode[0]);
     ScopedEnv pregather("MOEX_CUDA_FP8_X_PREGATHER", mode[1]);
     ScopedEnv untransposed("MOEX_CUDA_FP8_X_NT", mode[2]);
     ScopedEnv few_rows("MOEX_CUDA_FP8_X_FEW", mode[3]);
-    ScopedEnv pipelined("MOEX_CUDA_FP8_X_PIPE", mode[4]);
     double worst = 0;
     for (const auto& c : fp8_prefill_cases(seed, dt)) {
       const auto r = check::run_case("grouped_mm", c, Device::cuda());
       EXPECT_EQ(r.status, check::Result::Status::passed) << "MOEX_CUDA_FP8_TMA=" << mode[0] << " MOEX_CUDA_FP8_X_PREGATHER="
                                                          << mode[1] << " MOEX_CUDA_FP8_X_NT=" << mode[2]
-                                                         << " MOEX_CUDA_FP8_X_FEW=" << mode[3] << " MOEX_CUDA_FP8_X_PIPE=" << mode[4]
+                                                         << " MOEX_CUDA_FP8_X_FEW=" << mode[3]
                                                          << " " << c.describe() << ": " << check::status_name(r.status) << ": "
                                                          << r.message;
       worst = std::max(worst, r.rel_l2);
     }
-    std::printf("FP8 prefill, MOEX_CUDA_FP8_TMA=%s MOEX_CUDA_FP8_X_PREGATHER=%s MOEX_CUDA_FP8_X_NT=%s MOEX_CUDA_FP8_X_FEW=%s "
-                "MOEX_CUDA_FP8_X_PIPE=%s: worst rel L2 %.2e\n",
-                mode[0], mode[1], mode[2], mode[3], mode[4], worst);
+    std::printf("FP8 prefill, MOEX_CUDA_FP8_TMA=%s MOEX_CUDA_FP8_X_PREGATHER=%s MOEX_CUDA_FP8_X_NT=%s MOEX_CUDA_FP8_X_FEW=%s: "
+                "worst rel L2 %.2e\n",
+                mode[0], mode[1], mode[2], mode[3], worst);
   }
 }
 
 // The few-row exact kernel (six stages of 64-row A tiles; tiles of more rows in two passes) does the
 // four-stage kernel's arithmetic in the same order for every output element (each 128-k block's
 // HGMMA partial sums, then the promotion), so grouped_mm's FP8 output must not change by a bit when
-// it is forced on or off: experts of 1-64 rows (one pass) and of 65-128 rows (two passes). The same
-// holds for its k loop pipelined across stages (MOEX_CUDA_FP8_X_PIPE=1, tiles of <= 32 rows).
+// it is forced on or off: experts of 1-64 rows (one pass) and of 65-128 rows (two passes).
 TEST(CudaFp8Route, FewRowExactKernelMatchesTheFourStageKernelBitForBit) {
   SKIP_WITHOUT_CUDA();
   const auto devs = cuda_devices();
@@ -365,17 +414,14 @@ TEST(CudaFp8Route, FewRowExactKernelMatchesTheFourStageKernelBitForBit) {
     c.spec.quant = QuantSpec::fp8_block();
     const check::Instance dev = check::make_instance(c).to(Device::cuda());
     ScopedEnv path("MOEX_CUDA_FP8_TMA", tma_path);
-    auto run = [&](const char* few, const char* pipe) {
+    auto run = [&](const char* few) {
       ScopedEnv env("MOEX_CUDA_FP8_X_FEW", few);
-      ScopedEnv pipelined("MOEX_CUDA_FP8_X_PIPE", pipe);
       Tensor out = Tensor::empty(DType::bf16, {T, c.spec.hidden}, Device::cuda());
       experts_forward("grouped_mm", dev.experts(), dev.call(out));
       return test::to_host(out);
     };
-    const auto four_stage = run("0", "0");
-    EXPECT_EQ(run("1", "0"), four_stage) << "T=" << T << " MOEX_CUDA_FP8_TMA=" << tma_path << ": the few-row kernel";
-    // its k loop pipelined across stages (tiles of <= 32 rows) does the same arithmetic in the same order
-    EXPECT_EQ(run("1", "1"), four_stage) << "T=" << T << " MOEX_CUDA_FP8_TMA=" << tma_path << ": pipelined, few-row";
+    const auto four_stage = run("0");
+    EXPECT_EQ(run("1"), four_stage) << "T=" << T << " MOEX_CUDA_FP8_TMA=" << tma_path << ": the few-row kernel";
   }
 }
 

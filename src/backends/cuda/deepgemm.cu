@@ -561,10 +561,6 @@ void run_deepgemm(const Experts& ex, const ExpertsCall& call, const RunContext& 
     const bool few = few_env && *few_env ? *few_env == '1' : z.S <= kFewRowsPerExpert * z.E;
     xu.exact_few_rows = few && z.x_pregather;
     xd.exact_few_rows = few;
-    // the exact kernels' k loop pipelined across stages at <= 32 rows per tile (TmaFp8Extra::
-    // exact_pipeline): opt-in, MOEX_CUDA_FP8_X_PIPE=1 (read per call), until timed on the H200
-    const char* pipe_env = std::getenv("MOEX_CUDA_FP8_X_PIPE");
-    xu.exact_pipeline = xd.exact_pipeline = pipe_env && *pipe_env == '1';
     xu.a_ld = z.up_exact ? int(z.x_ld) : 0;
     xd.a_ld = z.down_exact ? int(z.h_ld) : 0;
     up.A = xq;

@@ -61,10 +61,6 @@ struct TmaFp8Extra {
   // the GEMM streams its weights: few rows per expert); a tile of more rows takes two passes, each
   // streaming the weight tile. Set by the caller from its pair count (deepgemm.cu).
   bool exact_few_rows = false;
-  // With exact_few_rows: tiles of at most 32 rows take the k loop pipelined across stages (the
-  // next stage's MMAs issued before this one's promotion; bit-identical). Opt-in, set by the caller
-  // (deepgemm.cu: MOEX_CUDA_FP8_X_PIPE=1); not yet run on a GPU.
-  bool exact_pipeline = false;
   // FP8 gated up GEMM (QGMMA, 256-wide tiles: tma_fp8_quantizes_h): h quantized in the epilogue for
   // the down GEMM instead of written in the activation dtype: e4m3 codes [rows, I] at the A (layout)
   // rows and their per-row scales [ceil(I/128), h_scales_ld] (nullptr: h written to a.out).

@@ -1019,7 +1019,12 @@ __global__ void __launch_bounds__(THREADS, 1)
         // outside the item loop ptxas serialized the wgmmas (C7511). Independent partial-sum sets
         // (2 / 4 / 8 at 64 / 32 / 16 rows, each over consecutive k16 steps, added at the promotion)
         // were slower (2026-12-02: mixtral_8x7b T = 64 up GEMM 308 -> 324 us, deepseek_v3 T = 512
-        // forward 3.32 -> 3.47 ms): the one-set chain is not what bounds it.
+        // forward 3.32 -> 3.47 ms): the one-set chain is not what bounds it. A k loop pipelined
+        // across stages (the next stage's MMAs issued before this stage's promotion, two A-fragment
+        // and partial-sum sets in turn) made ptxas serialize every wgmma of the few-row kernel
+        // (C7511, insufficient registers), its default loop included: mixtral_8x7b T = 64 forward
+        // 0.4496 -> 0.5061 ms, 0.5169 with the pipelined loop, and 9 minutes of build (2026-12-02,
+        // twenty-fourth session); removed.
         auto kloop = [&](auto nb_tag) {
           constexpr int NB = decltype(nb_tag)::value, NFP = NB / 8;
           uint4 lo[2], hi[2];
@@ -1052,57 +1057,6 @@ __global__ void __launch_bounds__(THREADS, 1)
             phase = next_phase;
           }
         };
-        // The same k loop pipelined across stages (x.exact_pipeline, opt-in, at most 32 rows): stage
-        // kt + 1's weights are converted and its MMAs issued before stage kt's partial sums are
-        // promoted (two A-fragment sets and two partial-sum sets in turn, wgmma wait<1>), so that
-        // each promotion, its scale loads and the next stage's conversion run while the tensor pipe
-        // works, instead of one stage's chain (convert, MMAs, wait, promote) after the other. The
-        // arithmetic is kloop's, in the same order (bit-identical). Registers at NB = 32: A
-        // fragments 64, partial sums 32, the next stage's bytes 16, accumulators 64. Why: ncu of
-        // the few-row up GEMM at mixtral_8x7b T = 64 (H200, 2026-12-02) measured 65 % of DRAM peak
-        // with 0.38 instructions issued per scheduler-cycle; more stages in the ring, smaller A
-        // boxes and independent partial-sum sets inside a stage did not move it. Not yet run on a GPU.
-        auto kloop_pipe = [&](auto nb_tag) {
-          constexpr int NB = decltype(nb_tag)::value, NFP = NB / 8;
-          static_assert(NB <= 32, "two partial-sum sets: at most 32 rows");
-          uint4 lo[2], hi[2];
-          uint32_t af[2][8][4];     // [set][k16 step] the A fragments
-          float xpart[2][NFP][4];   // [set] the partial sums of one stage
-          // prologue: stage 0 converted and issued into set 0
-          mbar_wait(full_bar(stage), phase);
-          if constexpr (GATHER) wgmma::fence_proxy_async();
-          load_w(stage, lo, hi);
-          convert_w(lo, hi, af[0]);
-          issue_x(nb_tag, stage, af[0], xpart[0]);
-          // one k block: set CUR holds stage kt's MMAs (in flight); set CUR ^ 1 is free (its group
-          // completed at the previous block's wait<1>)
-          auto block = [&](auto cur_tag, int kt) {
-            constexpr int CUR = decltype(cur_tag)::value;
-            int next = stage;
-            uint32_t next_phase = phase;
-            next_stage<STAGES>(next, next_phase);
-            const bool more = kt + 1 < ktiles;
-            if (more) {
-              mbar_wait(full_bar(next), next_phase);
-              if constexpr (GATHER) wgmma::fence_proxy_async();
-              load_w(next, lo, hi);
-              convert_w(lo, hi, af[CUR ^ 1]);
-              issue_x(nb_tag, next, af[CUR ^ 1], xpart[CUR ^ 1]);
-            }
-            const float w_lo = weight_scale(x, ws_lo + kt), w_hi = concat ? weight_scale(x, ws_hi + kt) : w_lo;
-            if (more) wgmma::wait<1>();
-            else wgmma::wait<0>();
-            promote_x(stage, xpart[CUR], w_lo, w_hi);
-            release(stage);
-            stage = next;
-            phase = next_phase;
-          };
-          // unrolled by two so that the sets are indexed by constants (registers, not local memory)
-          for (int kt = 0; kt < ktiles; kt += 2) {
-            block(std::integral_constant<int, 0>{}, kt);
-            if (kt + 1 < ktiles) block(std::integral_constant<int, 1>{}, kt + 1);
-          }
-        };
         // X = 3: the tile's rows in passes of XR_ROWS, as the producer loads them (each pass's
         // scales in the stage start at its first row); X = 1: one pass of every row
         const int passes = tile_passes<X>(tile_rows);
@@ -1117,21 +1071,10 @@ __global__ void __launch_bounds__(THREADS, 1)
           // the wgmma N: the pass's A rows rounded up to 16 / 32 / 64 / 128 (few-row experts then do
           // not pay for 128 columns; the CTA-uniform choice keeps the wgmma aligned)
           const int rows = re - rb;
-          auto plain = [&] {
-            if (rows <= 16) kloop(std::integral_constant<int, 16>{});
-            else if (rows <= 32) kloop(std::integral_constant<int, 32>{});
-            else if (X == 3 || rows <= 64) kloop(std::integral_constant<int, 64>{});
-            else kloop(std::integral_constant<int, X == 3 ? 64 : 128>{});
-          };
-          // the pipelined loop only in the few-row kernel: in the four-stage kernels, whose gather
-          // variants are large, it kept ptxas busy for over 13 minutes on the development machine
-          if constexpr (X == 3) {
-            if (x.exact_pipeline && rows <= 16) kloop_pipe(std::integral_constant<int, 16>{});
-            else if (x.exact_pipeline && rows <= 32) kloop_pipe(std::integral_constant<int, 32>{});
-            else plain();
-          } else {
-            plain();
-          }
+          if (rows <= 16) kloop(std::integral_constant<int, 16>{});
+          else if (rows <= 32) kloop(std::integral_constant<int, 32>{});
+          else if (X == 3 || rows <= 64) kloop(std::integral_constant<int, 64>{});
+          else kloop(std::integral_constant<int, X == 3 ? 64 : 128>{});
           if (own) epilogue_x<T>(a, x, acc, m, n, rb, re, cw, warp_in_wg, lane, row_lo, row_hi);
         }
         continue;
