@@ -203,9 +203,7 @@ TEST_P(CudaFp8Decode, EverySwitchMatchesTheReference) {
   const std::pair<const char*, const char*> switches[] = {{"MOEX_CUDA_FP8_DECODE_STAGE", "0"},
                                                           {"MOEX_CUDA_FP8_DECODE_EARLY", "0"},
                                                           {"MOEX_CUDA_FP8_DECODE_HQ", "up"},
-                                                          {"MOEX_CUDA_FP8_DECODE_HQ", "down"},
-                                                          {"MOEX_CUDA_FP8_DECODE_FUSE", "0"},
-                                                          {"MOEX_CUDA_FP8_DECODE_FUSE", "combine"}};
+                                                          {"MOEX_CUDA_FP8_DECODE_HQ", "down"}};
   for (const auto& [name, value] : switches) {
     ScopedEnv variant(name, value);
     double worst = 0;
@@ -242,57 +240,6 @@ TEST_P(CudaFp8Decode, AllSlotsDroppedGiveZeros) {
       int64_t nonzero = 0;
       for (int64_t i = 0; i < back.nbytes(); ++i) nonzero += bytes[i] != 0;
       EXPECT_EQ(nonzero, 0) << name << " T=" << T << ": bytes not zero";
-    }
-  }
-}
-
-// The fused chain (T <= 8: decode_up plans from the routing and quantizes its token rows itself,
-// decode_down's last blocks sum the slots; two kernels instead of four) does the four kernels'
-// arithmetic in the same order, so its output must equal theirs bit for bit
-// (MOEX_CUDA_FP8_DECODE_FUSE=0: the four kernels; =combine: only the combine fused): the decode
-// cases at T <= 8, and two more — every slot of every token on expert 0 (duplicate experts in a
-// token's top-k: 16 rows for one expert, passes of 8 / 3 rows) and a wide top-k (K = 8 of 64
-// experts at T = 8: 64 pairs).
-TEST_P(CudaFp8Decode, FusedChainMatchesTheFourKernelsBitForBit) {
-  SKIP_WITHOUT_CUDA();
-  const DType dt = GetParam();
-  ScopedEnv force("MOEX_CUDA_FP8_DECODE", "1");
-  const uint64_t seed = seed_from_env();
-  std::vector<check::Instance> hosts;
-  std::vector<std::string> names;
-  for (const auto& c : decode_cases(seed, dt)) {
-    if (c.tokens > 8) continue;
-    hosts.push_back(check::make_instance(c));
-    names.push_back(c.describe());
-  }
-  for (const int64_t T : {8, 3}) {  // duplicates: every slot on expert 0
-    check::Case c = make_case(seed + 60 + T, dt, 8, 256, 192, T, 2);
-    c.spec.quant = QuantSpec::fp8_block();
-    check::Instance host = check::make_instance(c);
-    int32_t* idx = static_cast<int32_t*>(host.top_k_index.data());
-    for (int64_t i = 0; i < host.top_k_index.numel(); ++i) idx[i] = 0;
-    hosts.push_back(std::move(host));
-    names.push_back(c.describe() + " (every slot on expert 0)");
-  }
-  {
-    check::Case c = make_case(seed + 70, dt, 64, 384, 256, 8, 8);
-    c.spec.quant = QuantSpec::fp8_block(128, 128, ScaleFormat::ue8m0);
-    hosts.push_back(check::make_instance(c));
-    names.push_back(c.describe());
-  }
-  for (size_t i = 0; i < hosts.size(); ++i) {
-    const check::Instance dev = hosts[i].to(Device::cuda());
-    const int64_t T = hosts[i].top_k_index.size(0), H = hosts[i].hidden.size(1);
-    for (const std::string name : {"batched_mm", "grouped_mm"}) {
-      auto run = [&](const char* fuse) {
-        ScopedEnv env("MOEX_CUDA_FP8_DECODE_FUSE", fuse);
-        Tensor out = Tensor::empty(dt, {T, H}, Device::cuda());
-        experts_forward(name, dev.experts(), dev.call(out));
-        return test::to_host(out);
-      };
-      const auto four = run("0");
-      EXPECT_EQ(run("combine"), four) << name << " " << names[i] << ": the combine fused into decode_down";
-      EXPECT_EQ(run(nullptr), four) << name << " " << names[i] << ": the fused chain";
     }
   }
 }

@@ -14,14 +14,11 @@
 //   4. combine        (combine.cu's kernel) out[t, n] = Σ_j w[t, j] · y[t·K + j, n] over the
 //                     valid slots in slot order, in f32.
 //
-// At T <= 8 (kFusedMaxTokens) two kernels do the same work (the fused chain; docs/PERF.md,
-// twenty-fourth session): decode_up finds its slot's expert and rows from the routing indices and
-// quantizes its token rows itself while staging them (no decode_prep), decode_down finds its plan
-// the same way, and the last of the blocks of each column block (an integer counter) sums that
-// block's columns over the slots for every token (no combine kernel). Same arithmetic in the same
-// order: the output is bit-identical to the four kernels'. Why: at T = 1 the chain of four
-// dependent kernels, not the weight stream, set the time (qwen3 T = 1: ~24 us for ~11 us of work).
-// MOEX_CUDA_FP8_DECODE_FUSE=0: the four kernels; =combine: only the combine fused.
+// Tried on the H200 and removed (2026-12-02, twenty-fourth session, docs/PERF.md): at T <= 8 the
+// same work in two kernels — decode_up planning from the routing indices and quantizing its token
+// rows itself, decode_down's last block per column block summing the slots — bit-identical but
+// slower (qwen3_30b_a3b T = 1 0.0265 ms against 0.0243, T = 8 0.1066 against 0.0839): the last
+// blocks' slot sums add a serial tail, and decode_up can no longer request weights before pdl_wait.
 //
 // The four are chained with programmatic dependent launch (pdl.cuh): each becomes resident while
 // its predecessor runs. decode_up finds its slot's expert from the routing indices and decode_down
@@ -114,20 +111,8 @@ struct DecodeParams {
   int n_ctr;            // counters (zeroed by decode_prep)
   bool h_quant_in_down; // decode_down quantizes h while staging it (else decode_up's last blocks)
   bool early_plan;      // decode_up / decode_down read the routing / plan before pdl_wait
-  // the fused chain (T <= kFusedMaxTokens)
-  bool fused_prep;      // no decode_prep: decode_up / decode_down plan from the routing indices,
-                        // decode_up quantizes its token rows while staging them
-  bool fused_combine;   // no combine kernel: decode_down's last block per column block sums the slots
-  int* down_ctr;        // [gridDim.x of decode_down] finished blocks per column block (fused_combine)
-  int n_down_ctr;
-  int up_cols;          // columns per decode_up pass (8·NT; fused_prep: min(8·NT, T), its staging)
   void* out;            // [T, H]
 };
-
-// The fused chain's bounds: T (rows of the token quantization each decode_up block repeats, and of
-// the last blocks' slot sums) and S (each block's pair list, built in shared memory).
-constexpr int kFusedMaxTokens = 8;
-constexpr int kFusedMaxPairs = 256;
 
 // ---- small device helpers ------------------------------------------------------------------
 __device__ __forceinline__ float warp_max(float v) {
@@ -504,11 +489,9 @@ __host__ __device__ constexpr int padded_k(int K) { return (K + kQuantGroup - 1)
 // Staged when the pass' rows fit (staged_smem_bytes <= the kernel's limit): the MMAs of each k
 // block then wait for the weights only, not for an L1/L2 round trip of the activations.
 __host__ __device__ constexpr int staged_stride(int K) { return padded_k(K) + 16; }
-// cols staged rows: their codes, then their scales (rounded up to 16 bytes: a region may follow)
-__host__ __device__ inline size_t staged_cols_bytes(int cols, int K) {
-  return size_t(cols) * size_t(staged_stride(K)) + (size_t(cols) * size_t(quant_groups(K)) * sizeof(float) + 15) / 16 * 16;
+__host__ __device__ inline size_t staged_smem_bytes(int nt, int K) {
+  return size_t(8 * nt) * size_t(staged_stride(K)) + size_t(8 * nt) * size_t(quant_groups(K)) * sizeof(float);
 }
-__host__ __device__ inline size_t staged_smem_bytes(int nt, int K) { return staged_cols_bytes(8 * nt, K); }
 
 // Columns c < ncols: row sm.arow[c] of `src` (row_bytes each, a multiple of 16) to dst + c·dst_stride
 // with cp.async, zeros for a column without a row; committed, not waited for.
@@ -541,8 +524,9 @@ __device__ __forceinline__ void stage_activations(const TileSmem<NT>& sm, uint8_
 // to `raw` [8·NT, K], then one warp per (row, 128-group) quantizes from shared memory with
 // decode_up's arithmetic (quantize_group_warp): the same codes and scales, without decode_up's
 // per-block counter and its last block's extra round trips.
-inline size_t staged_h_cols_bytes(int cols, int K, size_t esz) { return staged_cols_bytes(cols, K) + size_t(cols) * size_t(K) * esz; }
-inline size_t staged_h_smem_bytes(int nt, int K, size_t esz) { return staged_h_cols_bytes(8 * nt, K, esz); }
+inline size_t staged_h_smem_bytes(int nt, int K, size_t esz) {
+  return staged_smem_bytes(nt, K) + size_t(8 * nt) * size_t(K) * esz;
+}
 
 template <class T, int NT>
 __device__ __forceinline__ void stage_h_quantized(const TileSmem<NT>& sm, uint8_t* s_act, float* s_act_s, T* raw, const T* h,
@@ -568,14 +552,12 @@ __device__ __forceinline__ float tile_value(const TileSmem<NT>& sm, int ks_count
   return v;
 }
 
-// Fills the pass' column tables: pair-list entries [r, r + ncols) of `list` (decode_prep's a.pairs,
-// or the fused chain's list in shared memory: generic loads).
+// Fills the pass' column tables: pair-list entries [r, r + ncols).
 template <int NT>
-__device__ __forceinline__ void set_columns(TileSmem<NT>& sm, const DecodeParams& a, const int* list, int r, int ncols,
-                                            bool by_token) {
+__device__ __forceinline__ void set_columns(TileSmem<NT>& sm, const DecodeParams& a, int r, int ncols, bool by_token) {
   if (threadIdx.x < 8 * NT) {
     const int c = threadIdx.x;
-    const int p = c < ncols ? list[r + c] : -1;
+    const int p = c < ncols ? __ldg(a.pairs + r + c) : -1;
     sm.pair[c] = p;
     sm.arow[c] = p < 0 ? -1 : by_token ? p / a.K : p;
     sm.col[c] = p < 0 ? -1 : c;
@@ -627,27 +609,6 @@ __device__ int slot_expert_from_idx(const DecodeParams& a, int b, unsigned* s_bi
   return *s_expert;
 }
 
-// The fused chain's pair list of expert e: the pairs p < S with idx[p] == e in ascending order (the
-// same set as decode_prep's list for e; the order of a list's pairs does not change any column's
-// arithmetic), into s_list; returns their number. Warp 0 scans 32 pairs per step (S <=
-// kFusedMaxPairs, checked on the host). Syncs.
-__device__ int collect_pairs(const DecodeParams& a, int e, int* s_list, int* s_count) {
-  if (threadIdx.x < 32) {
-    const int lane = threadIdx.x;
-    int n = 0;
-    for (int base = 0; base < a.S; base += 32) {
-      const int p = base + lane;
-      const bool hit = p < a.S && load_index_cg(a.idx, a.idx64, p) == e;
-      const unsigned mask = __ballot_sync(0xffffffffu, hit);
-      if (hit) s_list[n + __popc(mask & ((1u << lane) - 1u))] = p;
-      n += __popc(mask);
-    }
-    if (lane == 0) *s_count = n;
-  }
-  __syncthreads();
-  return *s_count;
-}
-
 // The dynamic shared memory of the staged kernels (one declaration for every instantiation).
 __device__ __forceinline__ uint8_t* dynamic_smem() {
   extern __shared__ uint4 s_dynamic[];
@@ -662,10 +623,7 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_up(DecodePara
   __shared__ TileSmem<NT> sm;
   __shared__ int rows_of_m[16 * WARPS];
   __shared__ unsigned s_bits[kDecodeMaxExperts / 32];
-  __shared__ int s_expert, s_count;
-  __shared__ int s_list[kFusedMaxPairs];  // fused_prep: the slot's pairs
-  // the fused chain runs at NT = 1 only (the host's rule): the NT = 4 kernels compile without it
-  const bool fused_prep = NT == 1 && a.fused_prep;
+  __shared__ int s_expert;
   const int b = blockIdx.y;
   const int BM = 16 * (WARPS / ks_count);
   const bool gated = a.up_epi != Epi::up_plain;
@@ -680,15 +638,9 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_up(DecodePara
     rows_of_m[m] = row;
   }
   // early_plan: before pdl_wait the slot's expert, the warp's weight rows, the first two stages
-  // of loads; else all after it. fused_prep: after it (the previous kernel writes the routing).
+  // of loads; else all after it.
   int e;
-  if (fused_prep) {
-    pdl_wait();  // the routing indices and the hidden states
-    e = slot_expert_from_idx(a, b, s_bits, &s_expert);  // syncs: rows_of_m is ready
-    // decode_down's counters, read by it only after its own pdl_wait (this grid has finished then)
-    if (blockIdx.x == 0 && b == 0)
-      for (int i = tid; i < a.n_down_ctr; i += THREADS) a.down_ctr[i] = 0;
-  } else if (a.early_plan) {
+  if (a.early_plan) {
     e = slot_expert_from_idx(a, b, s_bits, &s_expert);  // syncs: rows_of_m is ready
   } else {
     pdl_wait();  // decode_prep's plan and quantized tokens
@@ -700,35 +652,20 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_up(DecodePara
     tile_setup<NT>(wt, a.up, e, rows_of_m, a.H, ks_count);
     ring_prologue<NT>(wt.t, wt.kb0, wt.kb1, wt.s0, wt.s1);
   }
-  if (a.early_plan && !fused_prep) pdl_wait();
+  if (a.early_plan) pdl_wait();
   pdl_launch_dependents();
   if (e < 0) return;  // b >= number of hit experts (block-uniform)
-  const int* list = a.pairs;
-  int r_begin, r_end;
-  if (fused_prep) {
-    list = s_list;
-    r_begin = 0;
-    r_end = collect_pairs(a, e, s_list, &s_count);
-  } else {
-    r_begin = __ldg(a.slot_off + b);
-    r_end = __ldg(a.slot_off + b + 1);
-  }
+  const int r_begin = __ldg(a.slot_off + b), r_end = __ldg(a.slot_off + b + 1);
   const T* bias = a.up_bias ? static_cast<const T*>(a.up_bias) + int64_t(e) * a.R : nullptr;
   T* h = static_cast<T*>(a.h);
-  const int W = a.up_cols;  // columns per pass (<= 8·NT)
-  for (int r = r_begin; r < r_end; r += W) {
-    const int ncols = min(W, r_end - r);
-    set_columns(sm, a, list, r, ncols, true);
+  for (int r = r_begin; r < r_end; r += 8 * NT) {
+    const int ncols = min(8 * NT, r_end - r);
+    set_columns(sm, a, r, ncols, true);
     if (r != r_begin) ring_prologue<NT>(wt.t, wt.kb0, wt.kb1, wt.s0, wt.s1);  // the pass re-reads the rows
     if constexpr (kStaged) {
       uint8_t* s_act = dynamic_smem();
-      float* s_act_s = reinterpret_cast<float*>(s_act + W * staged_stride(a.H));
-      if (fused_prep) {  // the token rows quantized here, with decode_prep's arithmetic
-        T* raw = reinterpret_cast<T*>(s_act + staged_cols_bytes(W, a.H));
-        stage_h_quantized<T, NT>(sm, s_act, s_act_s, raw, static_cast<const T*>(a.hidden), a.H, ncols);
-      } else {
-        stage_activations<NT>(sm, s_act, s_act_s, a.xq, a.xs, a.H, ncols);
-      }
+      float* s_act_s = reinterpret_cast<float*>(s_act + 8 * NT * staged_stride(a.H));
+      stage_activations<NT>(sm, s_act, s_act_s, a.xq, a.xs, a.H, ncols);
       tile_finish<NT, true>(sm, wt, s_act, s_act_s, staged_stride(a.H), ncols);
     } else {
       tile_finish<NT, false>(sm, wt, a.xq, a.xs, a.Hp, ncols);
@@ -781,51 +718,27 @@ template <class T, int NT, bool kStaged>
 __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_down(DecodeParams a, int ks_count) {
   __shared__ TileSmem<NT> sm;
   __shared__ int rows_of_m[16 * WARPS];
-  __shared__ unsigned s_bits[kDecodeMaxExperts / 32];
-  __shared__ int s_expert, s_count;
-  __shared__ int s_list[kFusedMaxPairs];  // fused_prep: the slot's pairs
-  // the fused chain runs at NT = 1 only (the host's rule): the NT = 4 kernels compile without it
-  const bool fused_prep = NT == 1 && a.fused_prep, fused_combine = NT == 1 && a.fused_combine;
   const int b = blockIdx.y, tid = threadIdx.x;
   const int BM = 16 * (WARPS / ks_count), n0 = int(blockIdx.x) * BM, n1 = min(a.H, n0 + BM);
   if (tid < BM) rows_of_m[tid] = min(n0 + tid, a.H - 1);
   // Before pdl_wait: decode_prep's plan (two kernels back: decode_up released its dependents only
-  // after its own wait) or, fused_prep, the plan from the routing indices (read by decode_up after
-  // its wait), the warp's weight rows and the first two stages of loads. Without early_plan
+  // after its own wait), the warp's weight rows and the first two stages of loads.
+  // (four independent loads: b < slots, so every address is inside the plan). Without early_plan
   // everything waits for decode_up first.
   if (!a.early_plan) pdl_wait();
-  int e, r_begin = 0, r_end = 0;
-  if (fused_prep) {
-    e = slot_expert_from_idx(a, b, s_bits, &s_expert);  // syncs: rows_of_m is ready
-    if (e >= 0) r_end = collect_pairs(a, e, s_list, &s_count);
-  } else {
-    // four independent loads: b < slots, so every address is inside the plan
-    const int n_hit = __ldcg(a.n_hit);
-    e = __ldcg(a.hit_expert + b);
-    r_begin = __ldcg(a.slot_off + b);
-    r_end = __ldcg(a.slot_off + b + 1);
-    if (b >= n_hit) {  // (slot_off past n_hit is not written)
-      e = -1;
-      r_end = r_begin;
-    }
-    __syncthreads();  // rows_of_m
-  }
-  // a slot without an expert: nothing to compute (block-uniform); the combine writes the output of
-  // dropped slots (fused_combine: the block still counts itself below)
-  if (e < 0 && !fused_combine) return;
-  // (e >= 0 here unless fused_combine: the NT = 4 kernels keep the unconditional form)
-  const bool active = !fused_combine || e >= 0;
+  const int n_hit = __ldcg(a.n_hit);
+  const int e = __ldcg(a.hit_expert + b), r_begin = __ldcg(a.slot_off + b), r_end = __ldcg(a.slot_off + b + 1);
+  __syncthreads();  // rows_of_m
+  if (b >= n_hit) return;  // (block-uniform; the combine writes the output of dropped slots)
   WarpTile<NT> wt;
-  if (active) {
-    tile_setup<NT>(wt, a.down, e, rows_of_m, a.I, ks_count);
-    ring_prologue<NT>(wt.t, wt.kb0, wt.kb1, wt.s0, wt.s1);
-  }
+  tile_setup<NT>(wt, a.down, e, rows_of_m, a.I, ks_count);
+  ring_prologue<NT>(wt.t, wt.kb0, wt.kb1, wt.s0, wt.s1);
   if (a.early_plan) pdl_wait();  // decode_up's h
   pdl_launch_dependents();
-  const T* bias = a.down_bias && active ? static_cast<const T*>(a.down_bias) + int64_t(e) * a.H : nullptr;
+  const T* bias = a.down_bias ? static_cast<const T*>(a.down_bias) + int64_t(e) * a.H : nullptr;
   for (int r = r_begin; r < r_end; r += 8 * NT) {
     const int ncols = min(8 * NT, r_end - r);
-    set_columns(sm, a, fused_prep ? s_list : a.pairs, r, ncols, false);
+    set_columns(sm, a, r, ncols, false);
     if (r != r_begin) ring_prologue<NT>(wt.t, wt.kb0, wt.kb1, wt.s0, wt.s1);
     if constexpr (kStaged) {
       uint8_t* s_act = dynamic_smem();
@@ -846,35 +759,6 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_down(DecodePa
       a.y[int64_t(sm.pair[c]) * a.H + n] = tile_value(sm, ks_count, m, c) + (bias ? to_f32(bias[n]) : 0.0f);
     }
     __syncthreads();
-  }
-  if (!fused_combine) return;
-  // The last of this column block's gridDim.y blocks (one per slot, with an expert or not) sums
-  // its columns over the slots for every token: combine.cu's arithmetic (valid slots in slot
-  // order, acc += w · y in f32, rounded once), the y rows of the other blocks read through L2.
-  __threadfence();  // this block's y, before its count
-  __syncthreads();
-  if (tid == 0) {
-    int* ctr = a.down_ctr + blockIdx.x;
-    const int prev = atomicAdd(ctr, 1);
-    sm.last = prev == int(gridDim.y) - 1;
-    if (sm.last) *ctr = 0;  // ready for the next forward (graph replay)
-  }
-  __syncthreads();
-  if (!sm.last) return;
-  __threadfence();
-  const int ncol = n1 - n0;
-  T* out = static_cast<T*>(a.out);
-  for (int item = tid; item < a.T * ncol; item += THREADS) {
-    const int t = item / ncol, n = n0 + item % ncol;
-    float acc = 0.0f;
-    for (int j = 0; j < a.K; ++j) {
-      const int64_t p = int64_t(t) * a.K + j;
-      const int64_t ex = load_index_cg(a.idx, a.idx64, p);
-      if (ex < 0 || ex >= a.E) continue;  // dropped slot: adds nothing
-      const float w = load_any(a.topw, a.topw_code, p);
-      acc += w * __ldcg(a.y + p * a.H + n);
-    }
-    out[int64_t(t) * a.H + n] = from_f32<T>(acc);
   }
 }
 
@@ -931,10 +815,8 @@ struct Carved {
   int* plan;  // n_hit, hit_expert, slot_off, pairs, counters
 };
 
-// n_hit, hit_expert, slot_off, pairs, pair_row, decode_up's counters, then decode_down's (at most
-// one per 16 output rows: its column blocks are >= 16 rows)
 int64_t plan_ints(int64_t S, int64_t slots, int64_t gI, int64_t H) {
-  return 1 + slots + (slots + 1) + 2 * S + slots * gI + ceil_div(H, 16);
+  return 1 + slots + (slots + 1) + 2 * S + slots * gI;
 }
 
 Carved carve(void* base, size_t capacity, int64_t T, int64_t S, int64_t slots, int64_t H, int64_t I, size_t esz) {
@@ -975,16 +857,14 @@ void launch_gemv(const char* what, int nt, size_t smem, dim3 grid, const DecodeP
 
 template <class T>
 void launch_typed(const DecodeParams& p, DType dtype, int nt, int ks_up, int ks_down, cudaStream_t stream) {
-  if (!p.fused_prep) {
-    const int64_t prep_blocks = 1 + ceil_div(int64_t(p.T) * p.gH, WARPS);
-    MOEX_CHECK(prep_blocks < (int64_t(1) << 31), "FP8 decode path: {} tokens are too many", p.T);
-    launch_pdl("decode_prep", decode_prep<T>, dim3(unsigned(prep_blocks)), dim3(THREADS), 0, stream, p);
-  }
+  const int64_t prep_blocks = 1 + ceil_div(int64_t(p.T) * p.gH, WARPS);
+  MOEX_CHECK(prep_blocks < (int64_t(1) << 31), "FP8 decode path: {} tokens are too many", p.T);
+  launch_pdl("decode_prep", decode_prep<T>, dim3(unsigned(prep_blocks)), dim3(THREADS), 0, stream, p);
   const bool gated = p.up_epi != Epi::up_plain;
   const int bm_up = 16 * (WARPS / ks_up), bi = gated ? bm_up / 2 : bm_up;
   const dim3 g_up(unsigned(ceil_div(p.I, bi)), unsigned(p.slots));
-  const dim3 g_down(unsigned(p.n_down_ctr), unsigned(p.slots));
-  const size_t smem_up = p.fused_prep ? staged_h_cols_bytes(p.up_cols, p.H, sizeof(T)) : staged_smem_bytes(nt, p.H);
+  const dim3 g_down(unsigned(ceil_div(p.H, 16 * (WARPS / ks_down))), unsigned(p.slots));
+  const size_t smem_up = staged_smem_bytes(nt, p.H);
   const size_t smem_down = p.h_quant_in_down ? staged_h_smem_bytes(nt, p.I, sizeof(T)) : staged_smem_bytes(nt, p.I);
   if (nt == 1) {
     launch_gemv<decode_up<T, 1, false>, decode_up<T, 1, true>>("decode_up", 1, smem_up, g_up, p, ks_up, stream);
@@ -993,7 +873,6 @@ void launch_typed(const DecodeParams& p, DType dtype, int nt, int ks_up, int ks_
     launch_gemv<decode_up<T, 4, false>, decode_up<T, 4, true>>("decode_up", 4, smem_up, g_up, p, ks_up, stream);
     launch_gemv<decode_down<T, 4, false>, decode_down<T, 4, true>>("decode_down", 4, smem_down, g_down, p, ks_down, stream);
   }
-  if (p.fused_combine) return;  // decode_down's last blocks summed the slots
   // 4. the slot-order sum: combine.cu's kernel, y rows indexed by pair (pair_row), as a PDL link
   CombineArgs c{};
   c.y = p.y;
@@ -1082,6 +961,7 @@ void launch_quant_decode(const QuantDecodeArgs& a, cudaStream_t stream) {
   p.pairs = p.slot_off + slots + 1;
   p.pair_row = p.pairs + S;
   p.up_ctr = p.pair_row + S;
+  p.n_ctr = int(slots * p.gI);
   p.out = a.out;
   MOEX_CHECK(slots <= 65535, "FP8 decode path: {} expert slots exceed the grid limit", slots);
   // Rows per pass: 8 (one n8 tile) when T <= 8 (an expert gets at most one row per token with
@@ -1104,22 +984,6 @@ void launch_quant_decode(const QuantDecodeArgs& a, cudaStream_t stream) {
   // two kernels back; measured 2-9 % faster at T = 1 on the H200, 2026-12-01).
   // MOEX_CUDA_FP8_DECODE_EARLY=0 reads them after it (A/B measurement, debugging).
   p.early_plan = !decode_env_is("MOEX_CUDA_FP8_DECODE_EARLY", "0");
-  // decode_down's column blocks and their counters (fused_combine), after decode_up's; decode_prep
-  // zeroes both sets when it runs, decode_up the second when it does not (fused_prep)
-  p.n_down_ctr = int(ceil_div(p.H, 16 * (WARPS / ks_down)));
-  p.down_ctr = p.up_ctr + slots * p.gI;
-  p.n_ctr = int(slots * p.gI) + p.n_down_ctr;
-  // The fused chain at T <= kFusedMaxTokens (see the top of this file): the combine in decode_down
-  // (any such T), decode_prep's work in decode_up / decode_down where decode_down quantizes h (no
-  // counters for decode_up) and the token rows, raw and quantized, fit in decode_up's staging.
-  // MOEX_CUDA_FP8_DECODE_FUSE=0: the four kernels; =combine: the combine only (A/B, tests).
-  const char* fuse = decode_env("MOEX_CUDA_FP8_DECODE_FUSE");
-  const bool fuse_off = fuse && std::strcmp(fuse, "0") == 0, combine_only = fuse && std::strcmp(fuse, "combine") == 0;
-  p.fused_combine = !fuse_off && nt == 1 && a.T <= kFusedMaxTokens && S <= kFusedMaxPairs;
-  const int fused_cols = int(std::min<int64_t>(8, a.T));
-  p.fused_prep = p.fused_combine && !combine_only && p.h_quant_in_down && aligned16(a.hidden) &&
-                 staged_h_cols_bytes(fused_cols, p.H, dtype_size(a.dtype)) <= staged_limit(1);
-  p.up_cols = p.fused_prep ? fused_cols : 8 * nt;
   switch (a.dtype) {
     case DType::f32: launch_typed<float>(p, a.dtype, nt, ks_up, ks_down, stream); break;
     case DType::f16: launch_typed<__half>(p, a.dtype, nt, ks_up, ks_down, stream); break;
