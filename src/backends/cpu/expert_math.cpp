@@ -67,6 +67,7 @@ bool project_packed(const KernelTable& kt, PackedParts pk, const void* x, DType 
       args.ldy = ldy;
       args.n0 = lo - p.row0;
       args.n1 = hi - p.row0;
+      args.prefetch_ahead = p.prefetch_ahead;
       kernel(args);
     };
     if (p.panels_bf16) run(PackedBf16MatmulArgs{}, static_cast<const uint16_t*>(x), p.panels_bf16, kt.packed_matmul_bf16);

@@ -82,6 +82,10 @@ struct PackedMatmulArgs {
   float* y = nullptr;             // [m, n1 − n0], row stride ldy: column 0 is output column n0
   int64_t ldy = 0;
   int64_t n0 = 0, n1 = 0;
+  // Where all of m fits one row block (decode), how far ahead of its reads the kernel prefetches
+  // the panels, in bytes; 0: one k chunk ahead (the form used wherever there are several row
+  // blocks). PackedMatrix::prefetch_ahead says why and when it is set.
+  int64_t prefetch_ahead = 0;
 };
 
 // Y[0:m, 0:n1−n0] = X[0:m, 0:k] · P[:, n0:n1] for bf16 X and a packed bf16 weight matrix P of
@@ -100,6 +104,7 @@ struct PackedBf16MatmulArgs {
   float* y = nullptr;                // [m, n1 − n0], row stride ldy: column 0 is output column n0
   int64_t ldy = 0;
   int64_t n0 = 0, n1 = 0;
+  int64_t prefetch_ahead = 0;        // as PackedMatmulArgs::prefetch_ahead
 };
 // bf16 elements of one panel of PackedBf16MatmulArgs.
 inline int64_t packed_bf16_panel_elems(int64_t k) { return (k + 1) / 2 * 2 * kPanelCols; }

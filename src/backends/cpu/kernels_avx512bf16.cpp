@@ -176,8 +176,12 @@ void packed_matmul_bf16_impl(const PackedBf16MatmulArgs& a) {
     for (int64_t p0 = 0; p0 < pairs; p0 += kPackedBf16Pairs) {
       const int64_t p1 = std::min(pairs, p0 + kPackedBf16Pairs);
       // the next chunk of the stream starts right after this one (this panel further along k, or the
-      // next panel); its lines are shared out over the row blocks
-      const char* next = reinterpret_cast<const char*>(panel + p1 * 64);
+      // next panel); its lines are shared out over the row blocks. One row block: the lines from
+      // a.prefetch_ahead bytes past this chunk's start instead, where that is set.
+      const int64_t ahead = blocks == 1 ? a.prefetch_ahead : 0;
+      const char* next = ahead > 0 && ahead < kPackedBf16Pairs * 128
+                             ? reinterpret_cast<const char*>(panel + p0 * 64) + ahead
+                             : reinterpret_cast<const char*>(panel + p1 * 64);
       const int64_t next_lines = kPackedBf16Pairs * 2;
       for (int64_t b = 0; b < blocks; ++b) {
         const int64_t i0 = b * a.m / blocks, i1 = (b + 1) * a.m / blocks;

@@ -526,8 +526,12 @@ void packed_matmul(const PackedMatmulArgs& a) {
     for (int64_t k0 = 0; k0 < a.k; k0 += kPackedKChunk) {
       const int64_t k1 = std::min(a.k, k0 + kPackedKChunk);
       // the next chunk of the stream starts right after this one; its lines are shared out over
-      // the row blocks (and the column groups of the first one)
-      const float* next = panel + k1 * kPanelCols;
+      // the row blocks (and the column groups of the first one). One row block: the lines from
+      // a.prefetch_ahead bytes past this chunk's start instead, where that is set.
+      const int64_t ahead = blocks == 1 ? a.prefetch_ahead : 0;
+      const float* next = ahead > 0 && ahead < kPackedKChunk * kPanelCols * int64_t(sizeof(float))
+                              ? panel + k0 * kPanelCols + ahead / int64_t(sizeof(float))
+                              : panel + k1 * kPanelCols;
       const int64_t next_lines = kPackedKChunk * kPanelCols / 16;
       for (int64_t b = 0; b < blocks; ++b) {
         const int64_t i0 = b * a.m / blocks, i1 = (b + 1) * a.m / blocks;

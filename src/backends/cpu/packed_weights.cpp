@@ -197,7 +197,33 @@ std::shared_ptr<PackedWeights> PackedWeights::of(const Experts& ex) {
   return packed;
 }
 
-PackedWeights::PackedWeights(const Experts& ex) : dtype_(ex.spec.dtype), experts_(size_t(ex.spec.num_experts)) {}
+namespace {
+
+bool intel_cpu() {
+#if defined(__x86_64__)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(0), "c"(0));
+  return b == 0x756e6547u && d == 0x49656e69u && c == 0x6c65746eu;  // "GenuineIntel"
+#else
+  return false;
+#endif
+}
+
+// PackedMatrix::prefetch_ahead for experts whose packed copy is `bytes` long.
+int64_t stream_prefetch_ahead(size_t bytes) {
+  if (const char* e = std::getenv("MOEX_CPU_PREFETCH_AHEAD"); e && *e) return std::max<int64_t>(0, std::atoll(e));
+  static const bool intel = intel_cpu();
+  if (!intel) return 0;
+  const long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);  // 0 or -1 where unknown: taken as smaller
+  return llc > 0 && bytes <= size_t(llc) ? 0 : 2048;
+}
+
+}  // namespace
+
+PackedWeights::PackedWeights(const Experts& ex)
+    : dtype_(ex.spec.dtype),
+      prefetch_ahead_(stream_prefetch_ahead(size_t(ex.spec.num_experts) * expert_bytes(ex.spec))),
+      experts_(size_t(ex.spec.num_experts)) {}
 PackedWeights::~PackedWeights() = default;
 
 // Bytes of one expert's packed copy (the gate and up halves padded separately when split).
@@ -223,6 +249,7 @@ void PackedWeights::pack_expert(const Experts& ex, int64_t e) {
     m.row0 = r0;
     m.n = n;
     m.k = K;
+    m.prefetch_ahead = prefetch_ahead_;
     if (bf16) {
       m.panels_bf16 = reinterpret_cast<const uint16_t*>(dst);
       pack_rows_bf16(static_cast<const uint16_t*>(w), K, r0, n, reinterpret_cast<uint16_t*>(dst));

@@ -38,6 +38,15 @@ struct PackedMatrix {
   const float* panels = nullptr;
   int64_t row0 = 0, n = 0, k = 0;
   const uint16_t* panels_bf16 = nullptr;
+  // The kernels' prefetch distance where one row block streams the panels (PackedMatmulArgs::
+  // prefetch_ahead): 2 KiB on Intel CPUs when the experts' packed weights exceed the last-level
+  // cache (they stream from DRAM), else 0 (one k chunk ahead). Measured on the Intel Xeon (AMX)
+  // development VM, 2 threads, 2026-12-02, grouped_mm, ms, one chunk / 2 KiB ahead:
+  // qwen3_30b_a3b f32 (2.4 GB) T = 1 5.80-5.91 / 4.92-5.11, T = 16 62.9-66.5 / 54.5-56.7; but
+  // small_moe f32 (100 MB, in its 480 MB L3) T = 16 1.78-2.09 / 2.15-2.67: from the cache the short
+  // distance is too short. The AMD EPYC VM of the earlier sessions is not measured here and keeps
+  // one chunk. MOEX_CPU_PREFETCH_AHEAD=bytes sets it for every matrix (0: one chunk; A/B runs).
+  int64_t prefetch_ahead = 0;
 };
 
 // One expert's packed projections. gate_up is split at I into its gate and up halves when they are
@@ -80,6 +89,7 @@ class PackedWeights {
 
   std::mutex mutex_;
   DType dtype_;  // f32 or bf16: the weights' dtype, kept by the panels
+  int64_t prefetch_ahead_;  // PackedMatrix::prefetch_ahead of every matrix
   std::vector<Slot> experts_;
   bool primed_ = false;  // every expert packed once
   friend struct PackedCache;
