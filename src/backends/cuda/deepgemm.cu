@@ -559,8 +559,7 @@ void run_deepgemm(const Experts& ex, const ExpertsCall& call, const RunContext& 
     // (read per call, for A/B runs and the tests).
     const char* few_env = std::getenv("MOEX_CUDA_FP8_X_FEW");
     const bool few = few_env && *few_env ? *few_env == '1' : z.S <= kFewRowsPerExpert * z.E;
-    xu.exact_few_rows = few && z.x_pregather;
-    xd.exact_few_rows = few;
+    xu.exact_few_rows = xd.exact_few_rows = few;  // (the launcher: only where the A rows come by TMA)
     xu.a_ld = z.up_exact ? int(z.x_ld) : 0;
     xd.a_ld = z.down_exact ? int(z.h_ld) : 0;
     up.A = xq;

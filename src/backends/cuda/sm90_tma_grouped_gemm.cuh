@@ -59,7 +59,8 @@ struct TmaFp8Extra {
   // With exact (transposed, A rows by TMA): the few-row kernel (X = 3 in sm90_tma_kernel.cuh): A
   // stages of 64 rows and six stages in the ring instead of four (more weight bytes in flight where
   // the GEMM streams its weights: few rows per expert); a tile of more rows takes two passes, each
-  // streaming the weight tile. Set by the caller from its pair count (deepgemm.cu).
+  // streaming the weight tile. Set by the caller from its pair count (deepgemm.cu); the launcher
+  // takes it only where the A rows come by TMA (a.a_gather null), the transposed kernel otherwise.
   bool exact_few_rows = false;
   // FP8 gated up GEMM (QGMMA, 256-wide tiles: tma_fp8_quantizes_h): h quantized in the epilogue for
   // the down GEMM instead of written in the activation dtype: e4m3 codes [rows, I] at the A (layout)
