@@ -10,7 +10,7 @@
 // floor: bytes of all weights one step reads / measured device copy bandwidth.
 //
 //   moex_model_bench [--layers 48] [--prompt 2048] [--decode-prompt 128] [--new 64] [--batches 1,8,64]
-//                    [--out results.json]
+//                    [--variants switch+graphs,no_switch+graphs,switch_no_graphs] [--out results.json]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -67,7 +67,7 @@ double time_median(int reps, F&& f) {
 int main(int argc, char** argv) {
   int64_t layers = 48, prompt = 2048, decode_prompt = 128, new_tokens = 64;
   std::vector<int64_t> batches = {1, 8, 64};
-  std::string out_path;
+  std::string out_path, only;  // only: the decode variants to run (names separated by ','), all when empty
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -82,6 +82,7 @@ int main(int argc, char** argv) {
     else if (a == "--decode-prompt") decode_prompt = std::atoll(next().c_str());
     else if (a == "--new") new_tokens = std::atoll(next().c_str());
     else if (a == "--out") out_path = next();
+    else if (a == "--variants") only = "," + next() + ",";
     else if (a == "--batches") {
       batches.clear();
       const std::string v = next();
@@ -92,7 +93,8 @@ int main(int argc, char** argv) {
         p = q + 1;
       }
     } else {
-      std::fprintf(stderr, "usage: %s [--layers N] [--prompt N] [--decode-prompt N] [--new N] [--batches 1,8,64] [--out FILE]\n",
+      std::fprintf(stderr, "usage: %s [--layers N] [--prompt N] [--decode-prompt N] [--new N] [--batches 1,8,64] "
+                   "[--variants switch+graphs,no_switch+graphs,switch_no_graphs] [--out FILE]\n",
                    argv[0]);
       return 2;
     }
@@ -153,6 +155,7 @@ int main(int argc, char** argv) {
     json += ", \"decode\": [";
     bool first = true;
     for (const Variant& v : variants) {
+      if (!only.empty() && only.find(std::string(",") + v.name + ",") == std::string::npos) continue;
       for (int64_t B : batches) {
         if (!v.graphs && B != 1) continue;  // the graph effect is shown at batch 1
         const auto p = random_prompts(B, decode_prompt, V, 11 + uint64_t(B));

@@ -696,6 +696,77 @@ TEST(CudaModelKernels, FusedRouterGemvMatchesTheHost) {
 #endif
 }
 
+// The bulk GEMV (each block's weight slice requested by bulk copies before the wait) against the
+// plain one: bit-identical outputs for 1..8 rows, bf16 and f16 weights, with and without bias, row
+// gate and accumulation, on the decode shapes of qwen3_moe's qkv / o projections and a slice that
+// ends mid-block; outputs poisoned before each run. Skipped where the bulk kernel does not apply
+// (compute capability < 9.0).
+TEST(CudaModelKernels, BulkGemvMatchesThePlainKernelBitForBit) {
+  SKIP_WITHOUT_CUDA();
+#ifndef MOEX_WITH_CUDA
+  GTEST_SKIP() << "built without CUDA";
+#else
+  int dev = 0, major = 0;
+  ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), cudaSuccess);
+  if (major < 9) GTEST_SKIP() << "the bulk GEMV needs compute capability 9.0 (bulk copies)";
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  struct Shape {
+    int64_t out, in;
+  };
+  for (const Shape sh : {Shape{5120, 2048}, Shape{2048, 4096}, Shape{1000, 264}, Shape{128, 2048}}) {
+    for (const DType wdt : {DType::bf16, DType::f16}) {
+      Tensor whost = Tensor::empty(DType::f32, {sh.out, sh.in});
+      for (int64_t i = 0; i < whost.numel(); ++i) whost.ptr<float>()[i] = 0.05f * nd(rng);
+      const Tensor dw = convert_tensor(whost.view(), wdt).to(Device::cuda());
+      std::vector<float> bias(size_t(sh.out)), gate(8), y0(size_t(8 * sh.out));
+      for (auto& v : bias) v = nd(rng);
+      for (auto& v : gate) v = nd(rng);
+      for (auto& v : y0) v = nd(rng);
+      const Tensor dbias = to_device(bias, DType::f32), dgate = to_device(gate, DType::f32);
+      for (int64_t T : {1, 2, 3, 8}) {
+        std::vector<float> x(size_t(T * sh.in));
+        for (auto& v : x) v = nd(rng);
+        const Tensor dx = to_device(x, DType::f32);
+        for (int variant = 0; variant < 3; ++variant) {  // plain / bias + accumulate / bias + row gate
+          const bool with_bias = variant > 0, accumulate = variant == 1, gated = variant == 2;
+          std::vector<float> outs[2];
+          bool ran_bulk = true;
+          for (int k = 0; k < 2; ++k) {
+            const auto kind = k == 0 ? model::cuda::GemvKernel::plain : model::cuda::GemvKernel::bulk;
+            std::vector<float> init = y0;
+            if (!accumulate) std::fill(init.begin(), init.end(), std::numeric_limits<float>::quiet_NaN());  // poison
+            Tensor dy = to_device(init, DType::f32);
+            try {
+              model::cuda::launch_gemv(dw.data(), wdt == DType::f16 ? 1 : 2, sh.out, sh.in, dx.ptr<float>(), sh.in, T,
+                                       with_bias ? dbias.ptr<float>() : nullptr, gated ? dgate.ptr<float>() : nullptr,
+                                       dy.ptr<float>(), sh.out, accumulate, nullptr, kind);
+            } catch (const Error& e) {  // the slice or x too large for the bulk kernel's shared memory
+              ASSERT_EQ(k, 1) << e.what();
+              ran_bulk = false;
+              break;
+            }
+            ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+            outs[k] = to_host<float>(dy, size_t(T * sh.out));
+          }
+          if (!ran_bulk) {
+            EXPECT_GE(T * sh.in * 4, 64 * 1024) << "bulk refused a small call: " << sh.out << " x " << sh.in << " T " << T;
+            continue;
+          }
+          for (size_t i = 0; i < outs[0].size(); ++i) {
+            ASSERT_FALSE(std::isnan(outs[1][i])) << "unwritten output " << i;
+            ASSERT_EQ(std::memcmp(&outs[0][i], &outs[1][i], sizeof(float)), 0)
+                << sh.out << " x " << sh.in << " T " << T << " variant " << variant << " element " << i << ": "
+                << outs[0][i] << " vs " << outs[1][i];
+          }
+        }
+      }
+    }
+  }
+#endif
+}
+
 // Both settings of MOEX_CUDA_LINEAR_TERMS — 1 (the default: the cuBLAS linears of prefill take
 // bf16(x) alone, as the reference library) and 2 (the CPU runtime's two-term split) — within the
 // bf16 parity bound of SPEC §8 on every fixture.

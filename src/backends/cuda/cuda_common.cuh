@@ -68,6 +68,16 @@ inline int current_device_cc() {
   return cache[dev];
 }
 
+// Multiprocessors of the current device, cached per device.
+inline int current_device_sms() {
+  static int cache[64] = {};
+  int dev = 0;
+  check(cudaGetDevice(&dev), "cudaGetDevice");
+  if (dev < 0 || dev >= 64) dev = 63;
+  if (cache[dev] == 0) check(cudaDeviceGetAttribute(&cache[dev], cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
+  return cache[dev];
+}
+
 // nvcc cannot compile fmt in C++20 mode (core/check.hpp): the same "{}" formatter as fail(), for
 // the host code of the .cu files (requirement messages).
 template <class... Args>

@@ -159,14 +159,7 @@ CUtensorMap make_map(CUtensorMapDataType type, const void* base, int rank, const
   return map;
 }
 
-int sm_count() {
-  static int cache[64] = {};
-  int dev = 0;
-  check(cudaGetDevice(&dev), "cudaGetDevice");
-  if (dev < 0 || dev >= 64) dev = 63;
-  if (cache[dev] == 0) check(cudaDeviceGetAttribute(&cache[dev], cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
-  return cache[dev];
-}
+int sm_count() { return current_device_sms(); }
 
 }  // namespace tma
 
