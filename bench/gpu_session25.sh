@@ -49,6 +49,9 @@ if has xperf && [ "$(left)" -gt 60 ]; then
     bash bench/gpu_fp8_decode.sh > "$OUT/xperf.txt" 2>&1
   echo "xperf rc $?"
   grep -E "^\|" "$OUT/xperf.txt" | head -20
+  for f in "$OUT"/perf_*.log; do  # every variant's bf16 and FP8 batched_mm times, round by round
+    [ -e "$f" ] && grep -E "^PERF .* batched_mm" "$f" | sed "s|^|$(basename "$f" .log) |"
+  done
 fi
 if has ncu && [ "$(left)" -gt 60 ]; then
   stamp ncu
