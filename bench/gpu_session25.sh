@@ -57,8 +57,8 @@ if has ncu && [ "$(left)" -gt 60 ]; then
   stamp ncu
   timeout "$(( $(left) - 30 ))" ncu --clock-control none --csv --print-units base \
     --metrics gpu__time_duration.sum,dram__bytes_read.sum,launch__registers_per_thread,launch__grid_size \
-    --kernel-name regex:"${NCU_KERNELS:-gemv|batched_|decode_attention|qkv_post|rmsnorm}" --launch-skip "${NCU_SKIP:-0}" \
-    --launch-count "${NCU_COUNT:-60}" "$BUILD/moex_model_bench" --layers 4 --prompt 16 --batches 1 --new 4 \
+    --kernel-name regex:"${NCU_KERNELS:-gemv|batched_|decode_attention}" --launch-skip "${NCU_SKIP:-4}" \
+    --launch-count "${NCU_COUNT:-50}" "$BUILD/moex_model_bench" --layers 4 --prompt 16 --batches 1 --new 4 \
     --variants switch_no_graphs > "$OUT/ncu.csv" 2> "$OUT/ncu.err"
   echo "ncu rc $?"
   python3 - "$OUT/ncu.csv" <<'PY' | tee "$OUT/ncu.txt"

@@ -358,14 +358,20 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
 // R = ceil(out / SMs) <= kBulkMaxRows, so the grid is one block per SM at most. Before waiting for the
 // previous kernel it requests its whole slice (R rows, up to ~190 KB) into shared memory with one bulk
 // copy per row, each completing on the row's mbarrier; the weights then stream in under the previous
-// kernel (the attention, a norm) instead of eight loads per lane at a time. After the wait warp w
-// takes rows w, w + 8, ..., each as soon as its bytes have landed, with gemv_kernel's arithmetic in
-// gemv_kernel's order (lane l: columns 8l, 8l + 256, ...): the results are bit-identical.
+// kernel (the attention, a norm) instead of eight loads per lane at a time. After the wait each warp
+// takes a few rows at a time, once their bytes have landed, with gemv_kernel's arithmetic in
+// gemv_kernel's order per row (lane l: columns 8l, 8l + 256, ...): the results are bit-identical.
 constexpr int kBulkThreads = 256, kBulkWarps = kBulkThreads / 32;
 constexpr int kBulkMaxRows = 64;
 // Dynamic shared memory the slice and the x rows (read through L1) may take together: what is left of
 // the SM's 256 KB stays L1 for x.
 constexpr int64_t kBulkSmemBudget = 196 * 1024;
+
+// Rows a warp of the bulk GEMV computes together (fewer for more x rows: registers).
+template <int TM>
+constexpr int bulk_row_group() {
+  return TM <= 2 ? 4 : TM <= 4 ? 2 : 1;
+}
 
 template <int TM, class W>
 __global__ void __launch_bounds__(kBulkThreads) gemv_bulk_kernel(const W* w, int64_t out, int64_t in, int rows_per_block,
@@ -391,16 +397,34 @@ __global__ void __launch_bounds__(kBulkThreads) gemv_bulk_kernel(const W* w, int
   __syncthreads();  // the barriers are initialised before any thread waits on them
   pdl_wait();
   pdl_launch_dependents();
-  for (int r = warp; r < rows; r += kBulkWarps) {
-    mc::mbar_wait(mc::ptx::smem_u32(&row_ready[r]), 0);
-    const W* wr = reinterpret_cast<const W*>(gemv_slice + size_t(r) * row_bytes);
-    float sum[TM];
+  // rows in groups of G per warp (warp w: rows [G·w, G·w + G), then G·(w + 8) ...), their chunks
+  // interleaved so that the shared-memory loads, the x loads (shared by the group) and the row sums'
+  // reductions overlap instead of running row after row
+  constexpr int G = bulk_row_group<TM>();
+  for (int g0 = warp * G; g0 < rows; g0 += kBulkWarps * G) {
+    const int n = min(G, rows - g0);
 #pragma unroll
-    for (int t = 0; t < TM; ++t) sum[t] = 0.0f;
-#pragma unroll 8
-    for (int64_t c = int64_t(lane) * 8; c < in; c += 256)
-      gemv_chunk<TM, W>(*reinterpret_cast<const uint4*>(wr + c), x, xp, c, sum);
-    gemv_finish<TM>(sum, lane, r0 + r, bias, row_gate, y, yp, acc);
+    for (int j = 0; j < G; ++j)
+      if (j < n) mc::mbar_wait(mc::ptx::smem_u32(&row_ready[g0 + j]), 0);
+    float sum[G][TM];
+#pragma unroll
+    for (int j = 0; j < G; ++j)
+#pragma unroll
+      for (int t = 0; t < TM; ++t) sum[j][t] = 0.0f;
+#pragma unroll 2
+    for (int64_t c = int64_t(lane) * 8; c < in; c += 256) {
+      uint4 raw[G];
+#pragma unroll
+      for (int j = 0; j < G; ++j)
+        raw[j] = j < n ? *reinterpret_cast<const uint4*>(gemv_slice + size_t(g0 + j) * row_bytes + c * int64_t(sizeof(W)))
+                       : make_uint4(0, 0, 0, 0);
+#pragma unroll
+      for (int j = 0; j < G; ++j)
+        if (j < n) gemv_chunk<TM, W>(raw[j], x, xp, c, sum[j]);
+    }
+#pragma unroll
+    for (int j = 0; j < G; ++j)
+      if (j < n) gemv_finish<TM>(sum[j], lane, r0 + g0 + j, bias, row_gate, y, yp, acc);
   }
 }
 

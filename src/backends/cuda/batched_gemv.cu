@@ -214,9 +214,9 @@ __global__ void __launch_bounds__(THREADS) batched_down_nt(BatchedArgs a) {
 // memory with one bulk copy per slot: up to ~190 KB per block stream in while the up kernel still
 // runs. The indices may be read before the wait because the up kernel, the only kernel this one can
 // overlap, does not write them and waited itself for every earlier kernel before it let this one
-// launch (pdl.cuh). After the wait warp w takes rows w, w + 8, ...: for each slot in slot order the
-// dot product of h with the row in shared memory (lane l: chunks l, l + 32, ... in order) and
-// batched_down_nt's slot sum — the same arithmetic in the same order, bit-identical results.
+// launch (pdl.cuh). After the wait warp w takes rows w, w + 8, ...: each slot's dot product of h with
+// the row in shared memory (lane l: chunks l, l + 32, ... in order), then batched_down_nt's slot sum
+// in slot order — the same arithmetic in the same order, bit-identical results.
 constexpr int kDownBulkMaxK = 8;
 constexpr int64_t kDownBulkSmemBudget = 196 * 1024;
 
@@ -253,21 +253,38 @@ __global__ void __launch_bounds__(THREADS) batched_down_bulk(BatchedArgs a, int 
   __syncthreads();  // the indices and the barriers' initialisation
   pdl_wait();
   pdl_launch_dependents();
+  // every slot's slice (requested together, landing together), then the rows: for each row all slots'
+  // chunks loaded before their FMAs and the slots' reductions interleaved, as batched_down_nt does
+  bool ok[kDownBulkMaxK];
+#pragma unroll
+  for (int q = 0; q < kDownBulkMaxK; ++q) {
+    ok[q] = q < a.K && slot_expert[q] >= 0;
+    if (ok[q]) mbar_wait(ptx::smem_u32(&slot_ready[q]), 0);
+  }
   constexpr int V = 16 / sizeof(T);
   const int64_t nv = I / V;
   for (int r = warp; r < rows; r += THREADS / 32) {
+    float part[kDownBulkMaxK];
+#pragma unroll
+    for (int q = 0; q < kDownBulkMaxK; ++q) part[q] = 0.0f;
+    for (int64_t c = lane; c < nv; c += 32) {
+      uint4 xh[kDownBulkMaxK], xw[kDownBulkMaxK];
+#pragma unroll
+      for (int q = 0; q < kDownBulkMaxK; ++q)
+        if (ok[q]) {
+          xh[q] = __ldg(reinterpret_cast<const uint4*>(static_cast<const T*>(a.h) + (t * a.K + q) * I) + c);
+          xw[q] = reinterpret_cast<const uint4*>(down_slice + size_t(q) * slot_stride)[int64_t(r) * nv + c];
+        }
+#pragma unroll
+      for (int q = 0; q < kDownBulkMaxK; ++q)
+        if (ok[q]) part[q] = dot_vec<T>(xh[q], xw[q], part[q]);
+    }
     float acc = 0.0f;
-    for (int q = 0; q < a.K; ++q) {
-      const int64_t e = slot_expert[q];
-      if (e < 0) continue;
-      mbar_wait(ptx::smem_u32(&slot_ready[q]), 0);
-      const uint4* hv = reinterpret_cast<const uint4*>(static_cast<const T*>(a.h) + (t * a.K + q) * I);
-      const uint4* wv = reinterpret_cast<const uint4*>(down_slice + size_t(q) * slot_stride) + int64_t(r) * nv;
-      float part = 0.0f;
-#pragma unroll 4
-      for (int64_t c = lane; c < nv; c += 32) part = dot_vec<T>(__ldg(hv + c), wv[c], part);
-      float y = warp_sum(part);
-      if (a.down_bias) y += to_f32(static_cast<const T*>(a.down_bias)[e * H + n0 + r]);
+#pragma unroll
+    for (int q = 0; q < kDownBulkMaxK; ++q) {
+      if (!ok[q]) continue;
+      float y = warp_sum(part[q]);
+      if (a.down_bias) y += to_f32(static_cast<const T*>(a.down_bias)[slot_expert[q] * H + n0 + r]);
       acc += load_any(a.topw, a.topw_code, t * a.K + q) * y;
     }
     if (lane == 0) static_cast<T*>(a.out)[t * H + n0 + r] = from_f32<T>(acc);
