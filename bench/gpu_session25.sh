@@ -2,7 +2,10 @@
 # bench/gpu_session25.sh — one call on the GPU machine for the twenty-fifth session, from the
 # repository root (`run` with command `bash bench/gpu_session25.sh`): built to test and time the
 # decode kernels that request their weight slices by bulk copies before waiting for the previous
-# kernel (the model's bulk GEMV, batched_mm's bulk down kernel; issue 5). Every step writes into $OUT
+# kernel (the model's bulk GEMV, batched_mm's bulk down kernel; issue 5). Both were slower and were
+# removed (docs/PERF.md, twenty-fifth session; the switches MOEX_CUDA_GEMV_BULK,
+# MOEX_CUDA_DOWN_BULK_MAX_T and MOEX_CUDA_CARVEOUT the calls set existed at commits 12a2823..2dab521
+# only). Every step writes into $OUT
 # as it goes and is skipped once DEADLINE seconds (default 520) have passed. Steps (PARTS, default all):
 #   build     moex, moex_tests, moex_model_bench (CUDA, Release) into $BUILD
 #   tests     $TEST_FILTER (default: the new bit-for-bit tests, the model's GPU kernels, graphs, bf16

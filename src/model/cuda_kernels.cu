@@ -8,9 +8,7 @@
 #include <algorithm>
 #include <cfloat>
 
-#include "backends/cuda/bulk_copy.cuh"
 #include "backends/cuda/cuda_common.cuh"
-#include "backends/cuda/mma_ptx.cuh"
 #include "backends/cuda/pdl.cuh"
 #include "model/cuda_warp.cuh"
 
@@ -287,23 +285,6 @@ __device__ __forceinline__ int64_t gemv_run(const W* wr, int64_t c, int64_t in, 
   return c;
 }
 
-// The warp's TM row sums reduced; lane 0 writes y[t, row] (+)= gate · (sum + bias).
-template <int TM>
-__device__ __forceinline__ void gemv_finish(float* sum, int lane, int64_t row, const float* bias, const float* row_gate,
-                                            float* y, int64_t yp, bool acc) {
-#pragma unroll
-  for (int t = 0; t < TM; ++t) sum[t] = warp_sum(sum[t]);
-  if (lane != 0) return;
-  const float bv = bias ? bias[row] : 0.0f;
-#pragma unroll
-  for (int t = 0; t < TM; ++t) {
-    float v = sum[t] + bv;
-    if (row_gate) v *= 1.0f / (1.0f + expf(-row_gate[t]));
-    if (acc) y[t * yp + row] += v;
-    else y[t * yp + row] = v;
-  }
-}
-
 // ROUTE: y holds router logits [TM, E] (rp.logits); the last block to finish routes the TM rows
 // (the other blocks' logits made visible by their fences before the ticket).
 template <int TM, class W, bool ROUTE>
@@ -336,7 +317,18 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
     c = gemv_run<8, TM, W>(wr, c, in, x, xp, sum);  // in = 2048: the lane's whole row in one go
     c = gemv_run<4, TM, W>(wr, c, in, x, xp, sum);
     gemv_run<1, TM, W>(wr, c, in, x, xp, sum);
-    gemv_finish<TM>(sum, lane, row, bias, row_gate, y, yp, acc);
+#pragma unroll
+    for (int t = 0; t < TM; ++t) sum[t] = warp_sum(sum[t]);
+    if (lane == 0) {
+      const float bv = bias ? bias[row] : 0.0f;
+#pragma unroll
+      for (int t = 0; t < TM; ++t) {
+        float v = sum[t] + bv;
+        if (row_gate) v *= 1.0f / (1.0f + expf(-row_gate[t]));
+        if (acc) y[t * yp + row] += v;
+        else y[t * yp + row] = v;
+      }
+    }
   }
   if constexpr (ROUTE) {
     __shared__ bool last;
@@ -351,125 +343,6 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
       __syncwarp();  // lanes 1.. leave route_warp before lane 0 has written the token
     }
     if (threadIdx.x == 0) *ticket = 0u;  // ready for the next launch (graph replays included)
-  }
-}
-
-// The bulk GEMV (decode steps, compute capability >= 9.0): block b owns rows [b·R, b·R + R) of W,
-// R = ceil(out / SMs) <= kBulkMaxRows, so the grid is one block per SM at most. Before waiting for the
-// previous kernel it requests its whole slice (R rows, up to ~190 KB) into shared memory with one bulk
-// copy per row, each completing on the row's mbarrier; the weights then stream in under the previous
-// kernel (the attention, a norm) instead of eight loads per lane at a time. After the wait each warp
-// takes a few rows at a time, once their bytes have landed, with gemv_kernel's arithmetic in
-// gemv_kernel's order per row (lane l: columns 8l, 8l + 256, ...): the results are bit-identical.
-constexpr int kBulkThreads = 256, kBulkWarps = kBulkThreads / 32;
-constexpr int kBulkMaxRows = 64;
-// Dynamic shared memory the slice and the x rows (read through L1) may take together: what is left of
-// the SM's 256 KB stays L1 for x.
-constexpr int64_t kBulkSmemBudget = 196 * 1024;
-
-// Rows a warp of the bulk GEMV computes together (fewer for more x rows: registers).
-template <int TM>
-constexpr int bulk_row_group() {
-  return TM <= 2 ? 4 : TM <= 4 ? 2 : 1;
-}
-
-template <int TM, class W>
-__global__ void __launch_bounds__(kBulkThreads) gemv_bulk_kernel(const W* w, int64_t out, int64_t in, int rows_per_block,
-                                                                 const float* x, int64_t xp, const float* bias,
-                                                                 const float* row_gate, float* y, int64_t yp, bool acc) {
-  namespace mc = ::moex::cuda;
-  extern __shared__ __align__(128) unsigned char gemv_slice[];
-  __shared__ __align__(8) uint64_t row_ready[kBulkMaxRows];
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t r0 = int64_t(blockIdx.x) * rows_per_block;
-  const int rows = int(min(int64_t(rows_per_block), out - r0));
-  const uint32_t row_bytes = uint32_t(in * int64_t(sizeof(W)));
-  if (warp == 0) {  // weights only: allowed before pdl_wait (pdl.cuh)
-    for (int r = lane; r < rows; r += 32) mc::mbar_init(mc::ptx::smem_u32(&row_ready[r]), 1);
-    mc::mbar_fence_init();
-    __syncwarp();
-    for (int r = lane; r < rows; r += 32) {
-      const uint32_t bar = mc::ptx::smem_u32(&row_ready[r]);
-      mc::mbar_arrive_expect_tx(bar, row_bytes);
-      mc::bulk_load(mc::ptx::smem_u32(gemv_slice) + uint32_t(r) * row_bytes, w + (r0 + r) * in, row_bytes, bar);
-    }
-  }
-  __syncthreads();  // the barriers are initialised before any thread waits on them
-  pdl_wait();
-  pdl_launch_dependents();
-  // rows in groups of G per warp (warp w: rows [G·w, G·w + G), then G·(w + 8) ...), their chunks
-  // interleaved so that the shared-memory loads, the x loads (shared by the group) and the row sums'
-  // reductions overlap instead of running row after row
-  constexpr int G = bulk_row_group<TM>();
-  for (int g0 = warp * G; g0 < rows; g0 += kBulkWarps * G) {
-    const int n = min(G, rows - g0);
-#pragma unroll
-    for (int j = 0; j < G; ++j)
-      if (j < n) mc::mbar_wait(mc::ptx::smem_u32(&row_ready[g0 + j]), 0);
-    float sum[G][TM];
-#pragma unroll
-    for (int j = 0; j < G; ++j)
-#pragma unroll
-      for (int t = 0; t < TM; ++t) sum[j][t] = 0.0f;
-#pragma unroll 2
-    for (int64_t c = int64_t(lane) * 8; c < in; c += 256) {
-      uint4 raw[G];
-#pragma unroll
-      for (int j = 0; j < G; ++j)
-        raw[j] = j < n ? *reinterpret_cast<const uint4*>(gemv_slice + size_t(g0 + j) * row_bytes + c * int64_t(sizeof(W)))
-                       : make_uint4(0, 0, 0, 0);
-#pragma unroll
-      for (int j = 0; j < G; ++j)
-        if (j < n) gemv_chunk<TM, W>(raw[j], x, xp, c, sum[j]);
-    }
-#pragma unroll
-    for (int j = 0; j < G; ++j)
-      if (j < n) gemv_finish<TM>(sum[j], lane, r0 + g0 + j, bias, row_gate, y, yp, acc);
-  }
-}
-
-// Rows per block of the bulk GEMV for this call, or 0 where it does not apply (MOEX_CUDA_GEMV_BULK=0,
-// compute capability < 9.0, a slice or x too large for the shared-memory budget).
-int gemv_bulk_rows(int64_t out, int64_t in, int64_t T, int64_t w_size) {
-  static const bool on = [] {
-    const char* e = std::getenv("MOEX_CUDA_GEMV_BULK");
-    return !(e && std::string(e) == "0");
-  }();
-  if (!on || ::moex::cuda::current_device_cc() < 90) return 0;
-  const int64_t rows = (out + ::moex::cuda::current_device_sms() - 1) / ::moex::cuda::current_device_sms();
-  if (rows < 1 || rows > kBulkMaxRows || (in * w_size) % 16 != 0) return 0;
-  if (rows * in * w_size + T * in * 4 > kBulkSmemBudget) return 0;
-  return int(rows);
-}
-
-template <class W>
-void launch_gemv_bulk(const W* w, int64_t out, int64_t in, int rows, const float* x, int64_t xp, int64_t T,
-                      const float* bias, const float* gate, float* y, int64_t yp, bool acc, cudaStream_t s) {
-  const unsigned grid = unsigned((out + rows - 1) / rows);
-  const size_t smem = size_t(rows) * size_t(in) * sizeof(W);
-  switch (T) {
-#define MOEX_GEMV_BULK_CASE(n)                                                                                          \
-  case n: {                                                                                                             \
-    static const bool sized = [] {                                                                                      \
-      check(cudaFuncSetAttribute(gemv_bulk_kernel<n, W>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kBulkSmemBudget)), \
-            "cudaFuncSetAttribute (gemv_bulk_kernel)");                                                                  \
-      return true;                                                                                                      \
-    }();                                                                                                                \
-    (void)sized;                                                                                                        \
-    launch_pdl("gemv_bulk_kernel", gemv_bulk_kernel<n, W>, dim3(grid), dim3(kBulkThreads), smem, s, w, out, in, rows, x, \
-               xp, bias, gate, y, yp, acc);                                                                             \
-    break;                                                                                                              \
-  }
-    MOEX_GEMV_BULK_CASE(1)
-    MOEX_GEMV_BULK_CASE(2)
-    MOEX_GEMV_BULK_CASE(3)
-    MOEX_GEMV_BULK_CASE(4)
-    MOEX_GEMV_BULK_CASE(5)
-    MOEX_GEMV_BULK_CASE(6)
-    MOEX_GEMV_BULK_CASE(7)
-    MOEX_GEMV_BULK_CASE(8)
-#undef MOEX_GEMV_BULK_CASE
-    default: ::moex::detail::fail(ErrorCode::internal, "gemv: {} rows exceed {}", T, kGemvMaxRows);
   }
 }
 
@@ -1235,18 +1108,8 @@ bool gemv_ok(const void* w, int64_t in, const float* x, int64_t xp, int64_t T) {
 }
 
 void launch_gemv(const void* w, int wdt, int64_t out, int64_t in, const float* x, int64_t xp, int64_t T, const float* bias,
-                 const float* gate, float* y, int64_t yp, bool acc, cudaStream_t s, GemvKernel kernel) {
+                 const float* gate, float* y, int64_t yp, bool acc, cudaStream_t s) {
   if (T == 0 || out == 0) return;
-  const int bulk_rows = kernel == GemvKernel::plain ? 0 : gemv_bulk_rows(out, in, T, 2);
-  MOEX_CHECK(kernel != GemvKernel::bulk || bulk_rows > 0, "gemv: the bulk kernel does not apply to {} x {} at {} rows", out,
-             in, T);
-  if (bulk_rows > 0) {
-    if (wdt == 1)
-      launch_gemv_bulk(static_cast<const __half*>(w), out, in, bulk_rows, x, xp, T, bias, gate, y, yp, acc, s);
-    else
-      launch_gemv_bulk(static_cast<const __nv_bfloat16*>(w), out, in, bulk_rows, x, xp, T, bias, gate, y, yp, acc, s);
-    return;
-  }
   const RouterParams none{};
   if (wdt == 1)
     launch_gemv_t<__half, false>(static_cast<const __half*>(w), out, in, x, xp, T, bias, gate, y, yp, acc, none, nullptr, s);

@@ -66,17 +66,10 @@ void launch_finish_linear(const float* g, bool two_terms, const float* bias, con
 // [out, in] bf16/f16 (dtype code 1/2) read once with 16-byte loads, x [T, in] f32 (pitch x_pitch)
 // used exactly (f32 products, f32 accumulation), T <= kGemvMaxRows. Needs in % 8 == 0, 16-byte
 // aligned W and x rows (x_pitch % 4 == 0); gemv_ok() says whether a call qualifies.
-// Two kernels: `plain` (a warp per row, eight 16-byte loads in flight per lane) and, on compute
-// capability >= 9.0 where a block's slice of ceil(out / SMs) rows fits its shared memory, `bulk` (each
-// block requests its whole slice by bulk copies before waiting for the previous kernel; the same
-// arithmetic, bit-identical results). `automatic` picks bulk where it applies (MOEX_CUDA_GEMV_BULK=0:
-// plain always); asking for bulk where it does not apply is an error.
 constexpr int kGemvMaxRows = 8;
-enum class GemvKernel { automatic, plain, bulk };
 bool gemv_ok(const void* w, int64_t in, const float* x, int64_t x_pitch, int64_t T);
 void launch_gemv(const void* w, int w_dtype, int64_t out, int64_t in, const float* x, int64_t x_pitch, int64_t T,
-                 const float* bias, const float* row_gate, float* y, int64_t y_pitch, bool accumulate, cudaStream_t s,
-                 GemvKernel kernel = GemvKernel::automatic);
+                 const float* bias, const float* row_gate, float* y, int64_t y_pitch, bool accumulate, cudaStream_t s);
 
 // out [T, n] in dtype code (0/1/2) = x [T, n] f32; or x [T, n] f32 += in [T, n] of dtype code.
 void launch_to_dtype(const float* x, int64_t T, int64_t n, void* out, int dtype, cudaStream_t s);

@@ -10,9 +10,7 @@
 // (S·I elements). No routing plan, no host synchronisation: capturable in a CUDA graph.
 // Weights stored [E, out, in] (default) use one warp per output row; transposed weights
 // [E, in, out] use 64 output columns × 4 k-slices per block (coalesced along the output dim).
-#include "backends/cuda/bulk_copy.cuh"
 #include "backends/cuda/cuda_common.cuh"
-#include "backends/cuda/mma_ptx.cuh"
 #include "backends/cuda/pdl.cuh"
 
 namespace moex::cuda {
@@ -207,105 +205,6 @@ __global__ void __launch_bounds__(THREADS) batched_down_nt(BatchedArgs a) {
   if (lane == 0) static_cast<T*>(a.out)[t * H + n] = from_f32<T>(acc);
 }
 
-// ---- down projection with the weights requested before the wait (bulk copies), weights [E, H, I] ----
-// Block (b, t): output rows [b·R, b·R + R) of token t for all K <= kDownBulkMaxK slots, R = ceil(H /
-// SMs), so at T = 1 the grid is one block per SM at most. Before pdl_wait warp 0 reads the token's
-// expert indices and requests each slot's R weight rows (R·I contiguous elements of W[e]) into shared
-// memory with one bulk copy per slot: up to ~190 KB per block stream in while the up kernel still
-// runs. The indices may be read before the wait because the up kernel, the only kernel this one can
-// overlap, does not write them and waited itself for every earlier kernel before it let this one
-// launch (pdl.cuh). After the wait warp w takes rows w, w + 8, ...: each slot's dot product of h with
-// the row in shared memory (lane l: chunks l, l + 32, ... in order), then batched_down_nt's slot sum
-// in slot order — the same arithmetic in the same order, bit-identical results.
-constexpr int kDownBulkMaxK = 8;
-constexpr int64_t kDownBulkSmemBudget = 196 * 1024;
-
-template <class T>
-__global__ void __launch_bounds__(THREADS) batched_down_bulk(BatchedArgs a, int rows_per_block) {
-  extern __shared__ __align__(128) unsigned char down_slice[];  // [K][R][I]
-  __shared__ __align__(8) uint64_t slot_ready[kDownBulkMaxK];
-  __shared__ int64_t slot_expert[kDownBulkMaxK];
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t t = blockIdx.y, H = a.H, I = a.I;
-  const int64_t n0 = int64_t(blockIdx.x) * rows_per_block;
-  const int rows = int(min(int64_t(rows_per_block), H - n0));
-  const uint32_t slot_stride = uint32_t(int64_t(rows_per_block) * I * int64_t(sizeof(T)));
-  const uint32_t slot_bytes = uint32_t(int64_t(rows) * I * int64_t(sizeof(T)));
-  if (warp == 0) {
-    int64_t e = -1;
-    if (lane < a.K) {
-      const int64_t p = t * a.K + lane;
-      e = a.idx64 ? int64_t(__ldcg(static_cast<const long long*>(a.idx) + p))
-                  : int64_t(__ldcg(static_cast<const int32_t*>(a.idx) + p));
-      if (e < 0 || e >= a.E) e = -1;  // dropped slot: no copy, left out of the sum
-      slot_expert[lane] = e;
-      mbar_init(ptx::smem_u32(&slot_ready[lane]), 1);
-    }
-    mbar_fence_init();
-    __syncwarp();
-    if (e >= 0) {
-      const uint32_t bar = ptx::smem_u32(&slot_ready[lane]);
-      mbar_arrive_expect_tx(bar, slot_bytes);
-      bulk_load(ptx::smem_u32(down_slice) + uint32_t(lane) * slot_stride,
-                static_cast<const T*>(a.down) + (e * H + n0) * I, slot_bytes, bar);
-    }
-  }
-  __syncthreads();  // the indices and the barriers' initialisation
-  pdl_wait();
-  pdl_launch_dependents();
-  // every slot's slice (requested together, landing together), then the rows: for each row all slots'
-  // chunks loaded before their FMAs and the slots' reductions interleaved, as batched_down_nt does
-  bool ok[kDownBulkMaxK];
-#pragma unroll
-  for (int q = 0; q < kDownBulkMaxK; ++q) {
-    ok[q] = q < a.K && slot_expert[q] >= 0;
-    if (ok[q]) mbar_wait(ptx::smem_u32(&slot_ready[q]), 0);
-  }
-  constexpr int V = 16 / sizeof(T);
-  const int64_t nv = I / V;
-  for (int r = warp; r < rows; r += THREADS / 32) {
-    float part[kDownBulkMaxK];
-#pragma unroll
-    for (int q = 0; q < kDownBulkMaxK; ++q) part[q] = 0.0f;
-    for (int64_t c = lane; c < nv; c += 32) {
-      uint4 xh[kDownBulkMaxK], xw[kDownBulkMaxK];
-#pragma unroll
-      for (int q = 0; q < kDownBulkMaxK; ++q)
-        if (ok[q]) {
-          xh[q] = __ldg(reinterpret_cast<const uint4*>(static_cast<const T*>(a.h) + (t * a.K + q) * I) + c);
-          xw[q] = reinterpret_cast<const uint4*>(down_slice + size_t(q) * slot_stride)[int64_t(r) * nv + c];
-        }
-#pragma unroll
-      for (int q = 0; q < kDownBulkMaxK; ++q)
-        if (ok[q]) part[q] = dot_vec<T>(xh[q], xw[q], part[q]);
-    }
-    float acc = 0.0f;
-#pragma unroll
-    for (int q = 0; q < kDownBulkMaxK; ++q) {
-      if (!ok[q]) continue;
-      float y = warp_sum(part[q]);
-      if (a.down_bias) y += to_f32(static_cast<const T*>(a.down_bias)[slot_expert[q] * H + n0 + r]);
-      acc += load_any(a.topw, a.topw_code, t * a.K + q) * y;
-    }
-    if (lane == 0) static_cast<T*>(a.out)[t * H + n0 + r] = from_f32<T>(acc);
-  }
-}
-
-// Rows per block of batched_down_bulk for this call, or 0 where it does not apply: weights [E, H, I]
-// with 16-byte rows, K <= kDownBulkMaxK, compute capability >= 9.0, the K slices of ceil(H / SMs) rows
-// within the shared-memory budget, and T <= MOEX_CUDA_DOWN_BULK_MAX_T (default 1: at larger T the
-// blocks no longer fit one wave; 0 turns the kernel off).
-int down_bulk_rows(const BatchedArgs& a, int64_t elem) {
-  const char* env = std::getenv("MOEX_CUDA_DOWN_BULK_MAX_T");
-  const int64_t max_t = env && *env ? std::atoll(env) : 1;
-  if (a.T > max_t || a.transposed || a.K < 1 || a.K > kDownBulkMaxK || (a.I * elem) % 16 != 0 ||
-      current_device_cc() < 90)
-    return 0;
-  const int64_t rows = (a.H + current_device_sms() - 1) / current_device_sms();
-  if (a.K * rows * a.I * elem > kDownBulkSmemBudget) return 0;
-  return int(rows);
-}
-
 // ---- transposed weights: 64 output columns × 4 k-slices per block ----
 constexpr int TN_COLS = 64, TN_SLICES = THREADS / TN_COLS;
 
@@ -397,19 +296,6 @@ void launch_typed(const BatchedArgs& a, bool vec16, cudaStream_t stream) {
     MOEX_CHECK(g_up.y <= 65535 && g_down.y <= 65535, "batched_mm on CUDA: sizes H={} I={} too large", a.H, a.I);
     if (vec16) {
       launch_pdl("batched_up_nt", batched_up_nt<T, true>, g_up, dim3(THREADS), 0, stream, a);
-      if (const int rows = down_bulk_rows(a, sizeof(T)); rows > 0) {
-        static const bool sized = [] {
-          check(cudaFuncSetAttribute(batched_down_bulk<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     int(kDownBulkSmemBudget)),
-                "cudaFuncSetAttribute (batched_down_bulk)");
-          return true;
-        }();
-        (void)sized;
-        const size_t smem = size_t(a.K) * size_t(rows) * size_t(a.I) * sizeof(T);
-        launch_pdl("batched_down_bulk", batched_down_bulk<T>, dim3(unsigned(ceil_div(a.H, rows)), unsigned(a.T)),
-                   dim3(THREADS), smem, stream, a, rows);
-        return;
-      }
       // slots interleaved: K itself up to 8 (rounded up to a power of two), else groups of 8
       const auto down = a.K <= 1 ? batched_down_nt<T, true, 1> : a.K <= 2 ? batched_down_nt<T, true, 2>
                         : a.K <= 4 ? batched_down_nt<T, true, 4> : batched_down_nt<T, true, 8>;

@@ -23,12 +23,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
-#include <algorithm>
-#include <cstdlib>
-#include <mutex>
-#include <string_view>
 #include <utility>
-#include <vector>
 
 #include "backends/cuda/cuda_common.cuh"
 
@@ -55,33 +50,6 @@ inline bool pdl_enabled() {
   return env_on && current_device_cc() >= 90;
 }
 
-// The shared-memory carveout asked for every kernel launched by launch_pdl (MOEX_CUDA_CARVEOUT: unset
-// or "auto" = the driver's choice per kernel, "max" = the largest shared-memory share, or a
-// percentage 0..100), or -1 for none. Why it matters: an SM runs blocks of one L1 / shared-memory
-// split at a time, and a kernel that needs more shared memory than the current split gives must wait
-// for the SM to empty before the split changes, which undoes the overlap PDL buys. Read once.
-inline int pdl_carveout() {
-  static const int v = [] {
-    const char* s = std::getenv("MOEX_CUDA_CARVEOUT");
-    if (!s || !*s || std::string_view(s) == "auto") return -1;
-    if (std::string_view(s) == "max") return 100;
-    return std::clamp(std::atoi(s), 0, 100);
-  }();
-  return v;
-}
-// Sets pdl_carveout() on `kernel` the first time it is launched (a short list of the kernels seen).
-inline void apply_pdl_carveout(const void* kernel) {
-  const int carveout = pdl_carveout();
-  if (carveout < 0) return;
-  static std::mutex mu;
-  static std::vector<const void*> done;
-  std::lock_guard<std::mutex> lock(mu);
-  if (std::find(done.begin(), done.end(), kernel) != done.end()) return;
-  check(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, carveout),
-        "cudaFuncSetAttribute (shared-memory carveout)");
-  done.push_back(kernel);
-}
-
 // kernel<<<grid, block, smem, stream>>>(args...) with the PDL attribute when pdl_enabled();
 // launch errors become moex::Error naming `what`.
 template <class... Params, class... Args>
@@ -97,7 +65,6 @@ void launch_pdl(const char* what, void (*kernel)(Params...), dim3 grid, dim3 blo
   cfg.stream = stream;
   cfg.attrs = attr;
   cfg.numAttrs = pdl_enabled() ? 1 : 0;
-  apply_pdl_carveout(reinterpret_cast<const void*>(kernel));
   check(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), what);
 }
 
