@@ -625,17 +625,13 @@ TEST(CudaModelKernels, RmsNormVariantsMatchTheHost) {
 #endif
 }
 
-// The router GEMV fused with the routing (decode steps) against the host: logits = x · Wᵀ (+ bias)
-// and moex::route on them, for 1..8 rows, softmax (qwen3_moe) and gpt_oss (router bias) kinds, bf16
-// and f16 weights; launched twice on one ticket (it must reset).
-TEST(CudaModelKernels, FusedRouterGemvMatchesTheHost) {
-  SKIP_WITHOUT_CUDA();
-#ifndef MOEX_WITH_CUDA
-  GTEST_SKIP() << "built without CUDA";
-#else
+#ifdef MOEX_WITH_CUDA
+// One kernel of the fused router GEMV on E experts (the body of FusedRouterGemvMatchesTheHost).
+void check_fused_router(model::cuda::RouterKernel kernel, int64_t E) {
   std::mt19937 rng(5);
   std::normal_distribution<float> nd(0.0f, 1.0f);
-  const int64_t E = 128, K = 8, in = 2048;
+  const int64_t K = 8, in = 2048;
+  const char* kname = kernel == model::cuda::RouterKernel::ticket ? "ticket" : "cluster";
   std::vector<float> wf(size_t(E * in)), bias(static_cast<size_t>(E));
   for (auto& v : wf) v = 0.05f * nd(rng);
   for (auto& v : bias) v = 0.1f * nd(rng);
@@ -664,14 +660,18 @@ TEST(CudaModelKernels, FusedRouterGemvMatchesTheHost) {
         p.idx = di.ptr<int32_t>();
         p.w = dwt.ptr<float>();
         for (int rep = 0; rep < 2; ++rep) {
+          ASSERT_EQ(cudaMemset(dl.data(), 0xff, size_t(T * E) * 4), cudaSuccess);  // poison: NaN logits
+          ASSERT_EQ(cudaMemset(di.data(), 0xff, size_t(T * K) * 4), cudaSuccess);
+          ASSERT_EQ(cudaMemset(dwt.data(), 0xff, size_t(T * K) * 4), cudaSuccess);
           model::cuda::launch_gemv_router(dw.data(), wdt == DType::f16 ? 1 : 2, in, dx.ptr<float>(), in,
-                                          gpt ? db.ptr<float>() : nullptr, p, static_cast<unsigned*>(ticket.data()), nullptr);
+                                          gpt ? db.ptr<float>() : nullptr, p, static_cast<unsigned*>(ticket.data()), nullptr,
+                                          kernel);
           const auto gl = to_host<float>(dl, size_t(T * E));
           for (int64_t t = 0; t < T; ++t)
             for (int64_t e = 0; e < E; ++e) {
               double ref = gpt ? bias[size_t(e)] : 0.0;
               for (int64_t c = 0; c < in; ++c) ref += double(wback.ptr<float>()[e * in + c]) * x[size_t(t * in + c)];
-              EXPECT_NEAR(gl[size_t(t * E + e)], ref, 1e-4 * (1.0 + std::fabs(ref))) << "T " << T << " e " << e;
+              EXPECT_NEAR(gl[size_t(t * E + e)], ref, 1e-4 * (1.0 + std::fabs(ref))) << kname << " T " << T << " e " << e;
             }
           // the routing of exactly these logits
           RouterConfig rc;
@@ -685,14 +685,33 @@ TEST(CudaModelKernels, FusedRouterGemvMatchesTheHost) {
           const auto gi = to_host<int32_t>(di, idx.size());
           const auto gw = to_host<float>(dwt, w.size());
           for (size_t q = 0; q < idx.size(); ++q) {
-            EXPECT_EQ(gi[q], idx[q]) << "T " << T << " slot " << q;
-            EXPECT_NEAR(gw[q], w[q], 1e-5f * std::max(1.0f, std::fabs(w[q]))) << "T " << T << " slot " << q;
+            EXPECT_EQ(gi[q], idx[q]) << kname << " E " << E << " T " << T << " slot " << q;
+            EXPECT_NEAR(gw[q], w[q], 1e-5f * std::max(1.0f, std::fabs(w[q]))) << kname << " T " << T << " slot " << q;
           }
         }
       }
     }
   }
   EXPECT_EQ(to_host<uint32_t>(ticket, 1)[0], 0u);
+}
+#endif
+
+// The router GEMV fused with the routing (decode steps) against the host: logits = x · Wᵀ (+ bias)
+// and moex::route on them, for 1..8 rows, softmax (qwen3_moe) and gpt_oss (router bias) kinds, bf16
+// and f16 weights, 128 and 200 experts; both kernels (the ticket kernel launched twice on one
+// ticket: it must reset; the cluster kernel where the device has clusters), outputs poisoned first.
+TEST(CudaModelKernels, FusedRouterGemvMatchesTheHost) {
+  SKIP_WITHOUT_CUDA();
+#ifndef MOEX_WITH_CUDA
+  GTEST_SKIP() << "built without CUDA";
+#else
+  int dev = 0, major = 0;
+  ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), cudaSuccess);
+  std::vector<model::cuda::RouterKernel> kernels = {model::cuda::RouterKernel::ticket};
+  if (major >= 9) kernels.push_back(model::cuda::RouterKernel::cluster);
+  for (const auto kernel : kernels)
+    for (const int64_t E : {int64_t(128), int64_t(200)}) check_fused_router(kernel, E);
 #endif
 }
 

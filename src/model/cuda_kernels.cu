@@ -9,6 +9,7 @@
 #include <cfloat>
 
 #include "backends/cuda/cuda_common.cuh"
+#include "backends/cuda/mma_ptx.cuh"
 #include "backends/cuda/pdl.cuh"
 #include "model/cuda_warp.cuh"
 
@@ -242,7 +243,8 @@ __global__ void finish_linear_kernel(const float* g, bool two, const float* bias
   }
 }
 
-__device__ void route_warp(const RouterParams& p, int64_t t, int lane);  // the routers section
+template <bool L2>
+__device__ void route_warp(const RouterParams& p, int64_t t, int lane, const float* l);  // the routers section
 
 // One warp per output row, kGemvWarps rows per block; lane l reads 8 weights (16 bytes) at columns
 // 8l, 8l + 256, ... and the matching x values of each of the TM rows (x stays in L1/L2: every warp
@@ -339,10 +341,103 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
     if (!last) return;
     __threadfence();
     for (int64_t t = warp; t < rp.T; t += kGemvWarps) {
-      route_warp(rp, t, lane);
+      route_warp<true>(rp, t, lane, rp.logits + t * rp.E);
       __syncwarp();  // lanes 1.. leave route_warp before lane 0 has written the token
     }
     if (threadIdx.x == 0) *ticket = 0u;  // ready for the next launch (graph replays included)
+  }
+}
+
+// The router GEMV and the routing in one thread-block cluster (decode steps, compute capability
+// >= 9.0): kRouterCtas CTAs of kRouterWarps warps; warp g of the C·W computes logits rows g, g + C·W,
+// ... with gemv_kernel's loads and arithmetic (its first row's first eight chunks requested before
+// the wait), writes each logit to p.logits and into CTA 0's shared memory, and after one cluster
+// barrier CTA 0's warp t routes token t from there. Where the 32-block kernel pays a device-wide
+// fence, an atomic ticket and the logits' round trip through L2 before its last block routes, this
+// pays one cluster barrier. Same logits, bit for bit, hence the same routing.
+constexpr int kRouterCtas = 8, kRouterWarps = 16;
+
+template <int TM, class W>
+__global__ void __launch_bounds__(kRouterWarps * 32)
+    gemv_router_cluster_kernel(const W* w, int64_t in, const float* x, int64_t xp, const float* bias, RouterParams rp) {
+  namespace mc = ::moex::cuda;
+  __shared__ float logits[kGemvMaxRows * kRouterMaxExperts];  // [TM, E] in CTA 0
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const uint32_t rank = mc::cluster_ctarank();
+  const int64_t E = rp.E, stride = int64_t(kRouterCtas) * kRouterWarps;
+  int64_t row = int64_t(rank) * kRouterWarps + warp;
+  bool early = row < E && int64_t(lane) * 8 + 7 * 256 < in;
+  uint4 first[8];
+  if (early) {  // weights only: allowed before pdl_wait (pdl.cuh)
+    const W* wr = w + row * in + int64_t(lane) * 8;
+#pragma unroll
+    for (int u = 0; u < 8; ++u) first[u] = __ldcs(reinterpret_cast<const uint4*>(wr + u * 256));
+  }
+  pdl_wait();
+  pdl_launch_dependents();
+  for (; row < E; row += stride) {
+    const W* wr = w + row * in;
+    int64_t c = int64_t(lane) * 8;
+    float sum[TM];
+#pragma unroll
+    for (int t = 0; t < TM; ++t) sum[t] = 0.0f;
+    if (early) {  // the same chunks in the same order as gemv_run<8> would take them
+#pragma unroll
+      for (int u = 0; u < 8; ++u) gemv_chunk<TM, W>(first[u], x, xp, c + u * 256, sum);
+      c += 8 * 256;
+      early = false;
+    }
+    c = gemv_run<8, TM, W>(wr, c, in, x, xp, sum);
+    c = gemv_run<4, TM, W>(wr, c, in, x, xp, sum);
+    gemv_run<1, TM, W>(wr, c, in, x, xp, sum);
+#pragma unroll
+    for (int t = 0; t < TM; ++t) sum[t] = warp_sum(sum[t]);
+    if (lane == 0) {
+      const float bv = bias ? bias[row] : 0.0f;
+#pragma unroll
+      for (int t = 0; t < TM; ++t) {
+        const float v = sum[t] + bv;
+        const_cast<float*>(rp.logits)[t * E + row] = v;
+        mc::store_cluster_f32(mc::ptx::smem_u32(&logits[t * E + row]), 0, v);
+      }
+    }
+  }
+  mc::cluster_sync();  // every logit is in CTA 0's shared memory
+  if (rank != 0) return;
+  for (int t = warp; t < TM && t < rp.T; t += kRouterWarps) route_warp<false>(rp, t, lane, logits + t * E);
+}
+
+template <class W>
+void launch_router_cluster(const W* w, int64_t in, const float* x, int64_t xp, const float* bias, const RouterParams& p,
+                           cudaStream_t s) {
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = kRouterCtas;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(kRouterCtas);
+  cfg.blockDim = dim3(kRouterWarps * 32);
+  cfg.stream = s;
+  cfg.attrs = attr;
+  cfg.numAttrs = ::moex::cuda::pdl_enabled() ? 2 : 1;
+  switch (p.T) {
+#define MOEX_ROUTER_CASE(n)                                                                                       \
+  case n:                                                                                                         \
+    check(cudaLaunchKernelEx(&cfg, gemv_router_cluster_kernel<n, W>, w, in, x, xp, bias, p), "gemv_router_cluster_kernel"); \
+    break;
+    MOEX_ROUTER_CASE(1)
+    MOEX_ROUTER_CASE(2)
+    MOEX_ROUTER_CASE(3)
+    MOEX_ROUTER_CASE(4)
+    MOEX_ROUTER_CASE(5)
+    MOEX_ROUTER_CASE(6)
+    MOEX_ROUTER_CASE(7)
+    MOEX_ROUTER_CASE(8)
+#undef MOEX_ROUTER_CASE
+    default: ::moex::detail::fail(ErrorCode::internal, "router: {} rows exceed {}", p.T, kGemvMaxRows);
   }
 }
 
@@ -839,10 +934,11 @@ __device__ __forceinline__ uint64_t warp_max_u64(uint64_t v) {
   return v;
 }
 
-// Token t's routing by one warp (lane = its lane). The logits are read through L2 (__ldcg): in the
-// fused GEMV they were just written by other blocks.
-__device__ void route_warp(const RouterParams& p, int64_t t, int lane) {
-  const float* l = p.logits + t * p.E;
+// Token t's routing by one warp (lane = its lane) from its logits l [E]: read through L2 (__ldcg)
+// when L2 (the ticket kernel: other blocks just wrote them), plainly otherwise (shared memory in the
+// cluster kernel).
+template <bool L2>
+__device__ void route_warp(const RouterParams& p, int64_t t, int lane, const float* l) {
   int32_t* idx = p.idx + t * p.K;
   float* w = p.w + t * p.K;
   const int E = p.E, K = p.K;
@@ -851,7 +947,7 @@ __device__ void route_warp(const RouterParams& p, int64_t t, int lane) {
 #pragma unroll
   for (int i = 0; i < kRouterPerLane; ++i) {
     const int e = lane + 32 * i;
-    v[i] = e < E ? __ldcg(l + e) : NAN;
+    v[i] = e < E ? (L2 ? __ldcg(l + e) : l[e]) : NAN;
     any = any || (e < E && !isnan(v[i]));
   }
   if (!__any_sync(0xffffffffu, any)) {  // no distribution at all: experts 0..K-1, NaN weights
@@ -939,7 +1035,7 @@ __device__ void route_warp(const RouterParams& p, int64_t t, int lane) {
 __global__ void router_warp_kernel(RouterParams p) {
   const int64_t t = blockIdx.x * int64_t(blockDim.x >> 5) + (threadIdx.x >> 5);
   if (t >= p.T) return;
-  route_warp(p, t, threadIdx.x & 31);
+  route_warp<true>(p, t, threadIdx.x & 31, p.logits + t * p.E);
 }
 
 // ---- misc ----------------------------------------------------------------------------------------
@@ -1119,9 +1215,20 @@ void launch_gemv(const void* w, int wdt, int64_t out, int64_t in, const float* x
 }
 
 void launch_gemv_router(const void* w, int wdt, int64_t in, const float* x, int64_t xp, const float* bias,
-                        const RouterParams& p, unsigned* ticket, cudaStream_t s) {
+                        const RouterParams& p, unsigned* ticket, cudaStream_t s, RouterKernel kernel) {
   if (p.T == 0) return;
-  MOEX_ASSERT(p.kind != 1 && p.T <= kGemvMaxRows && gemv_ok(w, in, x, xp, p.T) && ticket);
+  MOEX_ASSERT(p.kind != 1 && p.T <= kGemvMaxRows && gemv_ok(w, in, x, xp, p.T) && ticket && p.E <= kRouterMaxExperts);
+  static const bool cluster_on = [] {
+    const char* e = std::getenv("MOEX_CUDA_ROUTER_CLUSTER");
+    return !(e && std::string(e) == "0");
+  }();
+  const bool cluster_ok = ::moex::cuda::current_device_cc() >= 90;
+  MOEX_CHECK(kernel != RouterKernel::cluster || cluster_ok, "router: the cluster kernel needs compute capability 9.0");
+  if (kernel == RouterKernel::cluster || (kernel == RouterKernel::automatic && cluster_on && cluster_ok)) {
+    if (wdt == 1) launch_router_cluster(static_cast<const __half*>(w), in, x, xp, bias, p, s);
+    else launch_router_cluster(static_cast<const __nv_bfloat16*>(w), in, x, xp, bias, p, s);
+    return;
+  }
   float* y = const_cast<float*>(p.logits);
   if (wdt == 1)
     launch_gemv_t<__half, true>(static_cast<const __half*>(w), p.E, in, x, xp, p.T, bias, nullptr, y, p.E, false, p,

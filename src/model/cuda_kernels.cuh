@@ -170,10 +170,15 @@ constexpr int kRouterMaxK = 32;
 void launch_router(const RouterParams& p, cudaStream_t s);
 
 // The router linear and the router in one kernel (decode steps; kind 0 or 2): p.logits [T, E] =
-// x · Wᵀ (+ bias) by the GEMV above (gemv_ok must hold), then the last block to finish routes
-// the T rows. `ticket`: one u32 in device memory, zero before the first call; left zero.
+// x · Wᵀ (+ bias) by the GEMV above (gemv_ok must hold), then the T rows routed. Two kernels:
+// `ticket` (32-row blocks; the last block to finish routes; `ticket`: one u32 in device memory, zero
+// before the first call, left zero) and, on compute capability >= 9.0, `cluster` (one cluster of 8
+// CTAs; the logits gathered in CTA 0's shared memory; the same logits bit for bit). `automatic`:
+// cluster where it runs (MOEX_CUDA_ROUTER_CLUSTER=0: ticket always).
+enum class RouterKernel { automatic, ticket, cluster };
 void launch_gemv_router(const void* w, int w_dtype, int64_t in, const float* x, int64_t x_pitch, const float* bias,
-                        const RouterParams& p, unsigned* ticket, cudaStream_t s);
+                        const RouterParams& p, unsigned* ticket, cudaStream_t s,
+                        RouterKernel kernel = RouterKernel::automatic);
 
 // rows_out [n, H] = rows_in[rows[i]] (f32).
 void launch_gather_rows(const float* in, const int32_t* rows, int64_t n, int64_t H, float* out, cudaStream_t s);

@@ -114,6 +114,24 @@ __device__ __forceinline__ float load_any(const void* p, int dtype_code, int64_t
 // 0 = f32, 1 = f16, 2 = bf16 (for load_any)
 inline int dtype_code(DType dt) { return dt == DType::f32 ? 0 : dt == DType::f16 ? 1 : 2; }
 
+// ---- thread-block clusters (compute capability >= 9.0) ----
+__device__ __forceinline__ uint32_t cluster_ctarank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+// Every thread of the cluster's CTAs that has not exited (non-aligned form: warps may arrive
+// diverged); release / acquire: shared-memory writes into other CTAs before it are visible after it.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+// v into the f32 at this CTA's shared-memory address `local` in CTA `cta` of the cluster.
+__device__ __forceinline__ void store_cluster_f32(uint32_t local, uint32_t cta, float v) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local), "r"(cta));
+  asm volatile("st.shared::cluster.f32 [%0], %1;\n" ::"r"(remote), "f"(v) : "memory");
+}
+
 __device__ __forceinline__ int64_t load_index(const void* idx, bool idx64, int64_t p) {
   return idx64 ? static_cast<const int64_t*>(idx)[p] : int64_t(static_cast<const int32_t*>(idx)[p]);
 }

@@ -106,15 +106,7 @@ __device__ __forceinline__ void prefetch_tmap(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
 // ---- 2-CTA clusters (MC kernels): the weight tile multicast into both CTAs -----------------
-__device__ __forceinline__ uint32_t cluster_ctarank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return r;
-}
-// Every thread of both CTAs that has not exited (non-aligned form: warps may arrive diverged).
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
-}
+// cluster_ctarank / cluster_sync: cuda_common.cuh
 // Arrive on the barrier at the same shared-memory offset in CTA `cta` of the cluster. CTA-scoped
 // release (the default): the arrive only has to follow this warp's finished wgmma reads of the
 // stage; with a cluster-scoped release on every stage the kernel ran 1.3-1.9x slower (H200, 2026-11-30).
