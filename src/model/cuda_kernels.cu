@@ -287,6 +287,27 @@ __device__ __forceinline__ int64_t gemv_run(const W* wr, int64_t c, int64_t in, 
   return c;
 }
 
+// The warp's TM dot products with weight row wr, reduced over the warp (every lane gets them): lane
+// l takes chunks 8l, 8l + 256, ... in order; when `early`, its first eight chunks are already in
+// `first` (requested before pdl_wait) and taken in the order gemv_run<8> would take them.
+template <int TM, class W>
+__device__ __forceinline__ void gemv_row(const W* wr, int lane, int64_t in, const float* x, int64_t xp, bool early,
+                                         const uint4 (&first)[8], float (&sum)[TM]) {
+  int64_t c = int64_t(lane) * 8;
+#pragma unroll
+  for (int t = 0; t < TM; ++t) sum[t] = 0.0f;
+  if (early) {
+#pragma unroll
+    for (int u = 0; u < 8; ++u) gemv_chunk<TM, W>(first[u], x, xp, c + u * 256, sum);
+    c += 8 * 256;
+  }
+  c = gemv_run<8, TM, W>(wr, c, in, x, xp, sum);  // in = 2048: the lane's whole row in one go
+  c = gemv_run<4, TM, W>(wr, c, in, x, xp, sum);
+  gemv_run<1, TM, W>(wr, c, in, x, xp, sum);
+#pragma unroll
+  for (int t = 0; t < TM; ++t) sum[t] = warp_sum(sum[t]);
+}
+
 // ROUTE: y holds router logits [TM, E] (rp.logits); the last block to finish routes the TM rows
 // (the other blocks' logits made visible by their fences before the ticket).
 template <int TM, class W, bool ROUTE>
@@ -309,18 +330,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
   pdl_launch_dependents();
   if (row < out) {
     float sum[TM];
-#pragma unroll
-    for (int t = 0; t < TM; ++t) sum[t] = 0.0f;
-    if (early) {  // the same chunks in the same order as gemv_run<8> would take them
-#pragma unroll
-      for (int u = 0; u < 8; ++u) gemv_chunk<TM, W>(first[u], x, xp, c + u * 256, sum);
-      c += 8 * 256;
-    }
-    c = gemv_run<8, TM, W>(wr, c, in, x, xp, sum);  // in = 2048: the lane's whole row in one go
-    c = gemv_run<4, TM, W>(wr, c, in, x, xp, sum);
-    gemv_run<1, TM, W>(wr, c, in, x, xp, sum);
-#pragma unroll
-    for (int t = 0; t < TM; ++t) sum[t] = warp_sum(sum[t]);
+    gemv_row<TM, W>(wr, lane, in, x, xp, early, first, sum);
     if (lane == 0) {
       const float bv = bias ? bias[row] : 0.0f;
 #pragma unroll
@@ -376,22 +386,9 @@ __global__ void __launch_bounds__(kRouterWarps * 32)
   pdl_wait();
   pdl_launch_dependents();
   for (; row < E; row += stride) {
-    const W* wr = w + row * in;
-    int64_t c = int64_t(lane) * 8;
     float sum[TM];
-#pragma unroll
-    for (int t = 0; t < TM; ++t) sum[t] = 0.0f;
-    if (early) {  // the same chunks in the same order as gemv_run<8> would take them
-#pragma unroll
-      for (int u = 0; u < 8; ++u) gemv_chunk<TM, W>(first[u], x, xp, c + u * 256, sum);
-      c += 8 * 256;
-      early = false;
-    }
-    c = gemv_run<8, TM, W>(wr, c, in, x, xp, sum);
-    c = gemv_run<4, TM, W>(wr, c, in, x, xp, sum);
-    gemv_run<1, TM, W>(wr, c, in, x, xp, sum);
-#pragma unroll
-    for (int t = 0; t < TM; ++t) sum[t] = warp_sum(sum[t]);
+    gemv_row<TM, W>(w + row * in, lane, in, x, xp, early, first, sum);
+    early = false;  // `first` held the first row's chunks only
     if (lane == 0) {
       const float bv = bias ? bias[row] : 0.0f;
 #pragma unroll
