@@ -361,8 +361,9 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
 // The router GEMV and the routing in one thread-block cluster (decode steps, compute capability
 // >= 9.0): kRouterCtas CTAs of kRouterWarps warps; warp g of the C·W computes logits rows g, g + C·W,
 // ... with gemv_kernel's loads and arithmetic (its first row's first eight chunks requested before
-// the wait), writes each logit to p.logits and into CTA 0's shared memory, and after one cluster
-// barrier CTA 0's warp t routes token t from there. Where the 32-block kernel pays a device-wide
+// the wait), writes each logit to p.logits and into CTA 0's shared memory (once every CTA has
+// started: the first cluster barrier phase), and after the second phase CTA 0's warp t routes token
+// t from there. Where the 32-block kernel pays a device-wide
 // fence, an atomic ticket and the logits' round trip through L2 before its last block routes, this
 // pays one cluster barrier. Same logits, bit for bit, hence the same routing.
 constexpr int kRouterCtas = 8, kRouterWarps = 16;
@@ -374,6 +375,7 @@ __global__ void __launch_bounds__(kRouterWarps * 32)
   __shared__ float logits[kGemvMaxRows * kRouterMaxExperts];  // [TM, E] in CTA 0
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const uint32_t rank = mc::cluster_ctarank();
+  mc::cluster_arrive_relaxed();  // this CTA has started (waited for below, before any remote write)
   const int64_t E = rp.E, stride = int64_t(kRouterCtas) * kRouterWarps;
   int64_t row = int64_t(rank) * kRouterWarps + warp;
   bool early = row < E && int64_t(lane) * 8 + 7 * 256 < in;
@@ -385,6 +387,7 @@ __global__ void __launch_bounds__(kRouterWarps * 32)
   }
   pdl_wait();
   pdl_launch_dependents();
+  mc::cluster_wait();  // every CTA of the cluster has started: CTA 0's shared memory may be written
   for (; row < E; row += stride) {
     float sum[TM];
     gemv_row<TM, W>(w + row * in, lane, in, x, xp, early, first, sum);

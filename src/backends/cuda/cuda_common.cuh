@@ -125,6 +125,11 @@ __device__ __forceinline__ uint32_t cluster_ctarank() {
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
 }
+// The two halves of a cluster barrier phase, for a CTA that writes into another CTA's shared memory:
+// every CTA arrives when it starts and waits before its first remote write, so that no write targets
+// a CTA that has not started yet (CUDA programming guide, distributed shared memory).
+__device__ __forceinline__ void cluster_arrive_relaxed() { asm volatile("barrier.cluster.arrive.relaxed;\n" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait;\n" ::: "memory"); }
 // v into the f32 at this CTA's shared-memory address `local` in CTA `cta` of the cluster.
 __device__ __forceinline__ void store_cluster_f32(uint32_t local, uint32_t cta, float v) {
   uint32_t remote;
