@@ -365,7 +365,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
 // started: the first cluster barrier phase), and after the second phase CTA 0's warp t routes token
 // t from there. Where the 32-block kernel pays a device-wide
 // fence, an atomic ticket and the logits' round trip through L2 before its last block routes, this
-// pays one cluster barrier. Same logits, bit for bit, hence the same routing.
+// pays a cluster barrier. Same logits, bit for bit, hence the same routing.
 constexpr int kRouterCtas = 8, kRouterWarps = 16;
 
 template <int TM, class W>
