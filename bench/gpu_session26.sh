@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# bench/gpu_session26.sh — one call on the GPU machine for the twenty-sixth session, from the
+# repository root (`run` with command `bash bench/gpu_session26.sh`): tests and times the
+# post-attention RMSNorm fused into the cluster router (issue 5; MOEX_CUDA_FUSE_POST_NORM=0 turns it
+# off), and profiles every kernel of a batch-1 decode step. Every step writes into $OUT as it goes
+# and is skipped once DEADLINE seconds (default 520) have passed. Steps (PARTS, default all):
+#   build     moex_tests, moex_model_bench (CUDA, Release) into $BUILD
+#   tests     $TEST_FILTER (default: the model's GPU kernels, graphs, bf16 parity, switching)
+#   ab        moex_model_bench (48-layer random Qwen3-30B-A3B, decode with switching and graphs at
+#             $AB_BATCHES, default 1,8) for "base" and every "name:ENV=V[,ENV=V]" of $AB_VARIANTS,
+#             the list $AB_ROUNDS times (default 2), interleaved → $OUT/ab.log
+#   ncu       every kernel of a 4-layer model's decode steps alone (ncu, --clock-control none;
+#             $NCU_KERNELS, default all) → $OUT/ncu.txt
+#   detail    ncu --set full on one launch of each of $DETAIL_KERNELS (default the router and the
+#             experts' down kernel) → $OUT/detail_<n>.txt
+#   sanitize  compute-sanitizer memcheck and racecheck on $SANITIZE_FILTER
+source "$(dirname "$0")/gpu_common.sh" "build tests ab ncu detail sanitize"
+DEADLINE=${DEADLINE:-520}
+left() { echo $(( DEADLINE - ($(date +%s) - t0) )); }
+if has build; then
+  gpu_build moex_tests moex_model_bench
+  stamp built
+fi
+if has tests && [ "$(left)" -gt 60 ]; then
+  gpu_tests "${TEST_FILTER:-CudaModelKernels.*:CudaModelGraphs*:*CudaModelParity.Bf16*:CudaModelSwitching*:CudaModelRouters*:CudaBatched.*}" \
+    "$(( $(left) - 40 ))"
+fi
+if has ab && [ "$(left)" -gt 60 ]; then
+  for round in $(seq 1 "${AB_ROUNDS:-2}"); do
+    for v in "base:-" ${AB_VARIANTS:-}; do
+      [ "$(left)" -gt 40 ] || break
+      name=${v%%:*}
+      stamp "model bench [$name] round $round"
+      env $(envs_of "${v#*:}") timeout 90 "$BUILD/moex_model_bench" --layers 48 --prompt 64 --batches "${AB_BATCHES:-1,8}" \
+        --variants "${AB_DECODE:-switch+graphs}" ${BENCH_ARGS:-} --out "$OUT/e2e_${name}_$round.json" 2>&1 |
+        grep -E "^decode|^#|error" | sed "s/^/[$name] /" | tee -a "$OUT/ab.log"
+    done
+  done
+fi
+ncu_table() {  # $1: ncu --csv output → a table of the kernels (time, DRAM bytes, bandwidth)
+  python3 - "$1" <<'PY'
+import csv, sys, re
+num = lambda v: float(str(v).replace(",", "") or 0)
+rows = list(csv.reader(open(sys.argv[1])))
+start = next((i for i, r in enumerate(rows) if r and r[0] == "ID"), None)
+if start is None: print("no ncu rows"); sys.exit()
+h = rows[start]; I = {k: h.index(k) for k in ("ID", "Kernel Name", "Metric Name", "Metric Value")}
+k = {}
+for r in rows[start + 1:]:
+    if len(r) < len(h): continue
+    d = k.setdefault(r[I["ID"]], {"name": re.sub(r"\(.*", "", r[I["Kernel Name"]]).replace("moex::", "")[:60]})
+    d[r[I["Metric Name"]]] = r[I["Metric Value"]]
+print(f"{'id':>4} {'kernel':60} {'us':>7} {'MB':>7} {'GB/s':>6} {'regs':>4} grid")
+for i, d in sorted(k.items(), key=lambda x: int(x[0])):
+    us = num(d.get("gpu__time_duration.sum", 0)) / 1e3; mb = num(d.get("dram__bytes_read.sum", 0)) / 1e6
+    print(f"{i:>4} {d['name']:60} {us:7.2f} {mb:7.2f} {mb / us * 1e3 if us else 0:6.0f} {d.get('launch__registers_per_thread', '?'):>4} {d.get('launch__grid_size', '?')}")
+PY
+}
+if has ncu && [ "$(left)" -gt 60 ]; then
+  stamp ncu
+  # the 4-layer model: prefill of 16 tokens, then 4 decode steps (the lm head's GEMV marks each step's end)
+  timeout "$(( $(left) - 30 ))" ncu --clock-control none --csv --print-units base \
+    --metrics gpu__time_duration.sum,dram__bytes_read.sum,launch__registers_per_thread,launch__grid_size \
+    --kernel-name regex:"${NCU_KERNELS:-.}" --launch-skip "${NCU_SKIP:-0}" --launch-count "${NCU_COUNT:-300}" \
+    "$BUILD/moex_model_bench" --layers 4 --prompt 16 --batches 1 --new 4 --variants switch_no_graphs > "$OUT/ncu.csv" 2> "$OUT/ncu.err"
+  echo "ncu rc $?"
+  ncu_table "$OUT/ncu.csv" > "$OUT/ncu.txt"
+  tail -45 "$OUT/ncu.txt"
+fi
+if has detail && [ "$(left)" -gt 60 ]; then
+  n=0
+  for kname in ${DETAIL_KERNELS:-gemv_router batched_down batched_up}; do
+    [ "$(left)" -gt 40 ] || break
+    n=$((n + 1))
+    stamp "ncu detail [$kname]"
+    timeout 60 ncu --set full --clock-control none --kernel-name regex:"$kname" --launch-skip "${DETAIL_SKIP:-4}" --launch-count 1 \
+      "$BUILD/moex_model_bench" --layers 4 --prompt 16 --batches 1 --new 4 --variants switch_no_graphs > "$OUT/detail_$n.txt" 2>&1
+    echo "ncu detail rc $?"
+    grep -E "Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|Registers Per|Stall|One or More|No Eligible|Issued Warp" "$OUT/detail_$n.txt" | head -20
+  done
+fi
+if has sanitize && [ "$(left)" -gt 30 ]; then
+  for tool in memcheck racecheck; do
+    [ "$(left)" -gt 20 ] || break
+    stamp "$tool"
+    timeout "$(( $(left) - 10 ))" compute-sanitizer --tool $tool --error-exitcode 9 "$BUILD/moex_tests" \
+      --gtest_filter="${SANITIZE_FILTER:-CudaModelKernels.*Router*}" > "$OUT/$tool.log" 2>&1
+    echo "$tool rc $?"
+    grep -E "ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED" "$OUT/$tool.log" | head -4
+  done
+fi
+stamp done
