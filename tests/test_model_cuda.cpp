@@ -28,9 +28,6 @@
 #include "model/cuda_kernels.cuh"
 #endif
 #include "test_util.hpp"
-#ifdef MOEX_WITH_CUDA
-#include "cuda_test_util.hpp"
-#endif
 #include "moex/routing.hpp"
 #include "model/weights.hpp"
 #include "moex/model.hpp"
@@ -715,74 +712,6 @@ TEST(CudaModelKernels, FusedRouterGemvMatchesTheHost) {
   if (major >= 9) kernels.push_back(model::cuda::RouterKernel::cluster);
   for (const auto kernel : kernels)
     for (const int64_t E : {int64_t(128), int64_t(200)}) check_fused_router(kernel, E);
-#endif
-}
-
-// The router's cluster kernel with the post-attention RMSNorm computed inside it (batch-1 decode
-// steps) against the two kernels it replaces (launch_rmsnorm, then the cluster router): h, the bf16
-// split, the logits, the experts and their weights bit for bit; every output poisoned first.
-TEST(CudaModelKernels, RouterWithTheRmsNormMatchesTheTwoKernels) {
-  SKIP_WITHOUT_CUDA();
-#ifndef MOEX_WITH_CUDA
-  GTEST_SKIP() << "built without CUDA";
-#else
-  int dev = 0, major = 0;
-  ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
-  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), cudaSuccess);
-  if (major < 9) GTEST_SKIP() << "the cluster router needs compute capability 9.0";
-  std::mt19937 rng(17);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  for (const int64_t n : {int64_t(2048), int64_t(1928)}) {
-    const int64_t E = 128, K = 8;
-    std::vector<float> x(static_cast<size_t>(n)), gamma(static_cast<size_t>(n)), wf(static_cast<size_t>(E) * n);
-    for (auto& v : x) v = 3.0f * nd(rng);
-    for (auto& v : gamma) v = 1.0f + 0.1f * nd(rng);
-    for (auto& v : wf) v = 0.05f * nd(rng);
-    Tensor whost = Tensor::empty(DType::f32, {E, n});
-    std::copy(wf.begin(), wf.end(), whost.ptr<float>());
-    const Tensor dw = convert_tensor(whost.view(), DType::bf16).to(Device::cuda());
-    const Tensor dx = to_device(x, DType::f32), dg = to_device(gamma, DType::f32);
-    Tensor ticket = zeros_device(16);
-    struct Out {
-      std::vector<char> h, split, logits, idx, w;
-    } outs[2];
-    for (int fused = 0; fused < 2; ++fused) {
-      Tensor dh = Tensor::empty(DType::f32, {n}, Device::cuda()), dsplit = Tensor::empty(DType::bf16, {2 * n}, Device::cuda());
-      Tensor dl = Tensor::empty(DType::f32, {E}, Device::cuda()), di = Tensor::empty(DType::i32, {K}, Device::cuda());
-      Tensor dwt = Tensor::empty(DType::f32, {K}, Device::cuda());
-      for (Tensor* t : {&dh, &dsplit, &dl, &di, &dwt}) ASSERT_EQ(cudaMemset(t->data(), 0xff, size_t(t->nbytes())), cudaSuccess);
-      model::cuda::RmsNormParams np;
-      np.x = const_cast<float*>(dx.ptr<float>());
-      np.x_pitch = n;
-      np.w = dg.ptr<float>();
-      np.eps = 1e-6f;
-      np.T = 1;
-      np.n = n;
-      np.out = dh.ptr<float>();
-      np.out_pitch = n;
-      np.split = dsplit.data();
-      np.split_dtype = 2;
-      model::cuda::RouterParams p{};
-      p.logits = dl.ptr<float>();
-      p.T = 1;
-      p.E = int(E);
-      p.K = int(K);
-      p.renorm = true;
-      p.idx = di.ptr<int32_t>();
-      p.w = dwt.ptr<float>();
-      ASSERT_TRUE(model::cuda::router_norm_fusable(np, p, n, dh.ptr<float>())) << n;
-      if (!fused) model::cuda::launch_rmsnorm(np, nullptr);
-      model::cuda::launch_gemv_router(dw.data(), 2, n, dh.ptr<float>(), n, nullptr, p, static_cast<unsigned*>(ticket.data()),
-                                      nullptr, model::cuda::RouterKernel::cluster, fused ? &np : nullptr);
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      outs[fused] = {test::to_host(dh), test::to_host(dsplit), test::to_host(dl), test::to_host(di), test::to_host(dwt)};
-    }
-    EXPECT_EQ(outs[1].h, outs[0].h) << "h, n " << n;
-    EXPECT_EQ(outs[1].split, outs[0].split) << "split, n " << n;
-    EXPECT_EQ(outs[1].logits, outs[0].logits) << "logits, n " << n;
-    EXPECT_EQ(outs[1].idx, outs[0].idx) << "experts, n " << n;
-    EXPECT_EQ(outs[1].w, outs[0].w) << "weights, n " << n;
-  }
 #endif
 }
 

@@ -135,8 +135,6 @@ struct CudaModel::Impl {
   CudaGenerateStats stats;
   // the skinny-linear kernel for steps of at most kGemvMaxRows rows (MOEX_CUDA_GEMV=0: cuBLAS always)
   bool gemv_enabled = true;
-  // the post-attention RMSNorm computed by the router's cluster kernel at batch 1 (MOEX_CUDA_FUSE_POST_NORM=0: its own kernel)
-  bool fuse_post_norm = true;
   // Terms of x in the cuBLAS linears of bf16/f16 models (MOEX_CUDA_LINEAR_TERMS): 1 = bf16(x) only
   // (the default: the reference library's rounding; half the FLOPs, and no finishing kernel without
   // bias/gate), 2 = x ≈ hi + lo (~16 mantissa bits, the CPU runtime's split; a GEMM of 2T columns).
@@ -700,9 +698,7 @@ struct CudaModel::Impl {
     linear(d.o, b.attn.ptr<float>(), nh * dv, T, b.x.ptr<float>(), H, true);
   }
 
-  // post (MoE layers): the post-attention RMSNorm whose output h this layer reads, run here — by the
-  // router's cluster kernel itself where it can (batch-1 steps, MOEX_CUDA_FUSE_POST_NORM), else first.
-  void mlp_layer(const DLayer& d, int64_t T, const std::string& backend, const kern::RmsNormParams* post = nullptr) {
+  void mlp_layer(const DLayer& d, int64_t T, const std::string& backend) {
     float* h = b.h.ptr<float>();
     float* x = b.x.ptr<float>();
     const bool pre = dtc != 0;
@@ -727,14 +723,11 @@ struct CudaModel::Impl {
     rp.scaling = float(t.routed_scaling_factor);
     rp.idx = b.idx.ptr<int32_t>();
     rp.w = b.wts.ptr<float>();
-    const bool gemv_router = rp.kind != 1 && d.router.dt != DType::f32 && T <= kern::kGemvMaxRows && gemv_enabled &&
-                             kern::gemv_ok(d.router.w, d.router.in, h, H, T);
-    const bool fuse_norm = post && gemv_router && fuse_post_norm && kern::router_norm_fusable(*post, rp, d.router.in, h);
-    if (post && !fuse_norm) kern::launch_rmsnorm(*post, stream);
-    if (gemv_router) {
-      // decode steps: the router GEMV and the routing in one kernel (one cluster, or its last block routes)
+    if (rp.kind != 1 && d.router.dt != DType::f32 && T <= kern::kGemvMaxRows && gemv_enabled &&
+        kern::gemv_ok(d.router.w, d.router.in, h, H, T)) {
+      // decode steps: the router GEMV and the routing in one kernel (its last block routes)
       kern::launch_gemv_router(d.router.w, code_of(d.router.dt), d.router.in, h, H, d.router.bias, rp, router_ticket(),
-                               stream, kern::RouterKernel::automatic, fuse_norm ? post : nullptr);
+                               stream);
     } else {
       linear(d.router, h, H, T, b.rlogits.ptr<float>(), E, false, pre);
       kern::launch_router(rp, stream);
@@ -784,13 +777,8 @@ struct CudaModel::Impl {
         norm(b.x.ptr<float>(), H, d.input_norm, T, H, h, H, pending_add ? b.xout.data() : nullptr);
       }
       attention_layer(d, l, T, n_tiles, segs);
-      const kern::RmsNormParams post = norm_params(b.x.ptr<float>(), H, d.post_norm, T, H, h, H);
-      if (d.is_moe && !skip(T, kSkipNorm)) {
-        mlp_layer(d, T, backend, &post);  // runs the post-attention norm (or has the router run it)
-      } else {
-        if (!skip(T, kSkipNorm)) kern::launch_rmsnorm(post, stream);
-        mlp_layer(d, T, backend);
-      }
+      if (!skip(T, kSkipNorm)) norm(b.x.ptr<float>(), H, d.post_norm, T, H, h, H);
+      mlp_layer(d, T, backend);
       pending_add = d.is_moe;
     }
     if (layers.empty()) kern::launch_embed(b.ids.ptr<int32_t>(), embed, code_of(dt), T, H, b.x.ptr<float>(), stream);
@@ -914,7 +902,6 @@ CudaModel::CudaModel(const ModelWeights& w, const TextConfig& t, Device dev) : i
   }
   m.upload(w);
   if (const char* e = std::getenv("MOEX_CUDA_GEMV")) m.gemv_enabled = std::string(e) != "0";
-  if (const char* e = std::getenv("MOEX_CUDA_FUSE_POST_NORM")) m.fuse_post_norm = std::string(e) != "0";
   if (const char* e = std::getenv("MOEX_CUDA_LINEAR_TERMS")) m.linear_terms = std::string(e) == "2" ? 2 : 1;
   if (const char* e = std::getenv("MOEX_CUDA_DEBUG_SKIP")) {
     std::string v = std::string(",") + e + ",";  // names separated by ',' or '+'

@@ -252,8 +252,7 @@ __device__ void route_warp(const RouterParams& p, int64_t t, int lane, const flo
 // flight per lane (issued before their FMAs: one load in flight per lane reached only 1.8 TB/s).
 constexpr int kGemvWarps = 4;
 
-// XS: x lives in shared memory (plain loads instead of __ldg).
-template <int TM, class W, bool XS = false>
+template <int TM, class W>
 __device__ __forceinline__ void gemv_chunk(const uint4& raw, const float* x, int64_t xp, int64_t c, float* sum) {
   const W* wv = reinterpret_cast<const W*>(&raw);
   float wf[8];
@@ -261,9 +260,8 @@ __device__ __forceinline__ void gemv_chunk(const uint4& raw, const float* x, int
   for (int k = 0; k < 8; ++k) wf[k] = ::moex::cuda::to_f32(wv[k]);
 #pragma unroll
   for (int t = 0; t < TM; ++t) {
-    const float4* xv = reinterpret_cast<const float4*>(x + t * xp + c);
-    const float4 a = XS ? xv[0] : __ldg(xv);
-    const float4 b = XS ? xv[1] : __ldg(xv + 1);
+    const float4 a = __ldg(reinterpret_cast<const float4*>(x + t * xp + c));
+    const float4 b = __ldg(reinterpret_cast<const float4*>(x + t * xp + c + 4));
     sum[t] = fmaf(wf[0], a.x, sum[t]);
     sum[t] = fmaf(wf[1], a.y, sum[t]);
     sum[t] = fmaf(wf[2], a.z, sum[t]);
@@ -277,14 +275,14 @@ __device__ __forceinline__ void gemv_chunk(const uint4& raw, const float* x, int
 
 // Chunks c, c + 256, ... of the lane (columns in order), U 16-byte weight loads issued at a time;
 // returns the first chunk left (fewer than U remain).
-template <int U, int TM, class W, bool XS = false>
+template <int U, int TM, class W>
 __device__ __forceinline__ int64_t gemv_run(const W* wr, int64_t c, int64_t in, const float* x, int64_t xp, float* sum) {
   for (; c + (U - 1) * 256 < in; c += U * 256) {
     uint4 raw[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) raw[u] = __ldcs(reinterpret_cast<const uint4*>(wr + c + u * 256));
 #pragma unroll
-    for (int u = 0; u < U; ++u) gemv_chunk<TM, W, XS>(raw[u], x, xp, c + u * 256, sum);
+    for (int u = 0; u < U; ++u) gemv_chunk<TM, W>(raw[u], x, xp, c + u * 256, sum);
   }
   return c;
 }
@@ -292,7 +290,7 @@ __device__ __forceinline__ int64_t gemv_run(const W* wr, int64_t c, int64_t in, 
 // The warp's TM dot products with weight row wr, reduced over the warp (every lane gets them): lane
 // l takes chunks 8l, 8l + 256, ... in order; when `early`, its first eight chunks are already in
 // `first` (requested before pdl_wait) and taken in the order gemv_run<8> would take them.
-template <int TM, class W, bool XS = false>
+template <int TM, class W>
 __device__ __forceinline__ void gemv_row(const W* wr, int lane, int64_t in, const float* x, int64_t xp, bool early,
                                          const uint4 (&first)[8], float (&sum)[TM]) {
   int64_t c = int64_t(lane) * 8;
@@ -300,12 +298,12 @@ __device__ __forceinline__ void gemv_row(const W* wr, int lane, int64_t in, cons
   for (int t = 0; t < TM; ++t) sum[t] = 0.0f;
   if (early) {
 #pragma unroll
-    for (int u = 0; u < 8; ++u) gemv_chunk<TM, W, XS>(first[u], x, xp, c + u * 256, sum);
+    for (int u = 0; u < 8; ++u) gemv_chunk<TM, W>(first[u], x, xp, c + u * 256, sum);
     c += 8 * 256;
   }
-  c = gemv_run<8, TM, W, XS>(wr, c, in, x, xp, sum);  // in = 2048: the lane's whole row in one go
-  c = gemv_run<4, TM, W, XS>(wr, c, in, x, xp, sum);
-  gemv_run<1, TM, W, XS>(wr, c, in, x, xp, sum);
+  c = gemv_run<8, TM, W>(wr, c, in, x, xp, sum);  // in = 2048: the lane's whole row in one go
+  c = gemv_run<4, TM, W>(wr, c, in, x, xp, sum);
+  gemv_run<1, TM, W>(wr, c, in, x, xp, sum);
 #pragma unroll
   for (int t = 0; t < TM; ++t) sum[t] = warp_sum(sum[t]);
 }
@@ -368,21 +366,13 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
 // t from there. Where the 32-block kernel pays a device-wide
 // fence, an atomic ticket and the logits' round trip through L2 before its last block routes, this
 // pays a cluster barrier. Same logits, bit for bit, hence the same routing.
-//
-// NORM (TM = 1): x is the output of the RMSNorm `np` (the post-attention norm), computed here instead
-// of by its own kernel: every CTA normalises the row into its shared memory exactly as
-// rmsnorm_reg_kernel<4> does with the same 512 threads (same loads, same block_sum, same
-// expression: bit-identical h), and CTA r writes the norm's outputs (h, split) at columns i ≡ r mod C.
 constexpr int kRouterCtas = 8, kRouterWarps = 16;
-constexpr int64_t kRouterNormMax = 4 * kRouterWarps * 32;  // the row in registers, four values a thread
 
-template <int TM, class W, bool NORM>
+template <int TM, class W>
 __global__ void __launch_bounds__(kRouterWarps * 32)
-    gemv_router_cluster_kernel(const W* w, int64_t in, const float* x, int64_t xp, const float* bias, RouterParams rp,
-                               RmsNormParams np) {
+    gemv_router_cluster_kernel(const W* w, int64_t in, const float* x, int64_t xp, const float* bias, RouterParams rp) {
   namespace mc = ::moex::cuda;
   __shared__ float logits[kGemvMaxRows * kRouterMaxExperts];  // [TM, E] in CTA 0
-  __shared__ __align__(16) float hs[NORM ? kRouterNormMax : 4];  // NORM: the normalised row
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const uint32_t rank = mc::cluster_ctarank();
   mc::cluster_arrive_relaxed();  // this CTA has started (waited for below, before any remote write)
@@ -398,29 +388,9 @@ __global__ void __launch_bounds__(kRouterWarps * 32)
   pdl_wait();
   pdl_launch_dependents();
   mc::cluster_wait();  // every CTA of the cluster has started: CTA 0's shared memory may be written
-  if constexpr (NORM) {  // rmsnorm_reg_kernel<4>'s arithmetic for row 0 (no add, no gather)
-    float v[4];
-    float ss = 0.0f;
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const int64_t i = threadIdx.x + int64_t(k) * blockDim.x;
-      v[k] = i < np.n ? np.x[i] : 0.0f;
-      ss += v[k] * v[k];
-    }
-    ss = block_sum(ss);
-    const float inv = rsqrtf(ss / float(np.n) + np.eps);
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const int64_t i = threadIdx.x + int64_t(k) * blockDim.x;
-      if (i >= np.n) continue;
-      hs[i] = np.w[i] * (v[k] * inv);
-      if (i % kRouterCtas == rank) norm_output(np, 0, i, v[k], inv);
-    }
-    __syncthreads();  // hs complete
-  }
   for (; row < E; row += stride) {
     float sum[TM];
-    gemv_row<TM, W, NORM>(w + row * in, lane, in, NORM ? hs : x, xp, early, first, sum);
+    gemv_row<TM, W>(w + row * in, lane, in, x, xp, early, first, sum);
     early = false;  // `first` held the first row's chunks only
     if (lane == 0) {
       const float bv = bias ? bias[row] : 0.0f;
@@ -439,7 +409,7 @@ __global__ void __launch_bounds__(kRouterWarps * 32)
 
 template <class W>
 void launch_router_cluster(const W* w, int64_t in, const float* x, int64_t xp, const float* bias, const RouterParams& p,
-                           const RmsNormParams* norm, cudaStream_t s) {
+                           cudaStream_t s) {
   cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = kRouterCtas;
@@ -453,17 +423,10 @@ void launch_router_cluster(const W* w, int64_t in, const float* x, int64_t xp, c
   cfg.stream = s;
   cfg.attrs = attr;
   cfg.numAttrs = ::moex::cuda::pdl_enabled() ? 2 : 1;
-  const RmsNormParams np = norm ? *norm : RmsNormParams{};
-  if (norm) {
-    check(cudaLaunchKernelEx(&cfg, gemv_router_cluster_kernel<1, W, true>, w, in, x, xp, bias, p, np),
-          "gemv_router_cluster_kernel (with the RMSNorm)");
-    return;
-  }
   switch (p.T) {
-#define MOEX_ROUTER_CASE(n)                                                                                             \
-  case n:                                                                                                               \
-    check(cudaLaunchKernelEx(&cfg, gemv_router_cluster_kernel<n, W, false>, w, in, x, xp, bias, p, np),               \
-          "gemv_router_cluster_kernel");                                                                                \
+#define MOEX_ROUTER_CASE(n)                                                                                       \
+  case n:                                                                                                         \
+    check(cudaLaunchKernelEx(&cfg, gemv_router_cluster_kernel<n, W>, w, in, x, xp, bias, p), "gemv_router_cluster_kernel"); \
     break;
     MOEX_ROUTER_CASE(1)
     MOEX_ROUTER_CASE(2)
@@ -1251,38 +1214,19 @@ void launch_gemv(const void* w, int wdt, int64_t out, int64_t in, const float* x
                                         none, nullptr, s);
 }
 
-// MOEX_CUDA_ROUTER_CLUSTER=0: the ticket kernel always (read once).
-bool router_cluster_enabled() {
-  static const bool on = [] {
+void launch_gemv_router(const void* w, int wdt, int64_t in, const float* x, int64_t xp, const float* bias,
+                        const RouterParams& p, unsigned* ticket, cudaStream_t s, RouterKernel kernel) {
+  if (p.T == 0) return;
+  MOEX_ASSERT(p.kind != 1 && p.T <= kGemvMaxRows && gemv_ok(w, in, x, xp, p.T) && ticket && p.E <= kRouterMaxExperts);
+  static const bool cluster_on = [] {
     const char* e = std::getenv("MOEX_CUDA_ROUTER_CLUSTER");
     return !(e && std::string(e) == "0");
   }();
-  return on;
-}
-
-bool router_norm_fusable(const RmsNormParams& n, const RouterParams& p, int64_t in, const float* x) {
-  // rmsnorm_reg_kernel<4> runs this row with the cluster kernel's 512 threads: n in [1921, 2048]
-  const int64_t threads = std::max<int64_t>(32, (n.n + 3) / 4 + 31) / 32 * 32;
-  return router_cluster_enabled() && p.T == 1 && n.T == 1 && !n.ids && !n.rows && !n.add && n.out == x && n.n == in &&
-         n.n <= kRouterNormMax && threads == kRouterWarps * 32 && p.kind != 1 && ::moex::cuda::current_device_cc() >= 90;
-}
-
-void launch_gemv_router(const void* w, int wdt, int64_t in, const float* x, int64_t xp, const float* bias,
-                        const RouterParams& p, unsigned* ticket, cudaStream_t s, RouterKernel kernel,
-                        const RmsNormParams* norm) {
-  if (p.T == 0) return;
-  MOEX_ASSERT(!norm || (router_norm_fusable(*norm, p, in, x) && kernel != RouterKernel::ticket));
-  if (norm) {
-    if (wdt == 1) launch_router_cluster(static_cast<const __half*>(w), in, x, xp, bias, p, norm, s);
-    else launch_router_cluster(static_cast<const __nv_bfloat16*>(w), in, x, xp, bias, p, norm, s);
-    return;
-  }
-  MOEX_ASSERT(p.kind != 1 && p.T <= kGemvMaxRows && gemv_ok(w, in, x, xp, p.T) && ticket && p.E <= kRouterMaxExperts);
   const bool cluster_ok = ::moex::cuda::current_device_cc() >= 90;
   MOEX_CHECK(kernel != RouterKernel::cluster || cluster_ok, "router: the cluster kernel needs compute capability 9.0");
-  if (kernel == RouterKernel::cluster || (kernel == RouterKernel::automatic && router_cluster_enabled() && cluster_ok)) {
-    if (wdt == 1) launch_router_cluster(static_cast<const __half*>(w), in, x, xp, bias, p, nullptr, s);
-    else launch_router_cluster(static_cast<const __nv_bfloat16*>(w), in, x, xp, bias, p, nullptr, s);
+  if (kernel == RouterKernel::cluster || (kernel == RouterKernel::automatic && cluster_on && cluster_ok)) {
+    if (wdt == 1) launch_router_cluster(static_cast<const __half*>(w), in, x, xp, bias, p, s);
+    else launch_router_cluster(static_cast<const __nv_bfloat16*>(w), in, x, xp, bias, p, s);
     return;
   }
   float* y = const_cast<float*>(p.logits);

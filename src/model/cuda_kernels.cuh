@@ -175,14 +175,10 @@ void launch_router(const RouterParams& p, cudaStream_t s);
 // before the first call, left zero) and, on compute capability >= 9.0, `cluster` (one cluster of 8
 // CTAs; the logits gathered in CTA 0's shared memory; the same logits bit for bit). `automatic`:
 // cluster where it runs (MOEX_CUDA_ROUTER_CLUSTER=0: ticket always).
-// `norm` (optional, cluster kernel): x = norm's output, computed by the router kernel itself instead
-// of a separate launch_rmsnorm(*norm) (which it replaces: h and the split are written as that would
-// write them, bit for bit); only where router_norm_fusable(*norm, p, in, x).
 enum class RouterKernel { automatic, ticket, cluster };
-bool router_norm_fusable(const RmsNormParams& norm, const RouterParams& p, int64_t in, const float* x);
 void launch_gemv_router(const void* w, int w_dtype, int64_t in, const float* x, int64_t x_pitch, const float* bias,
                         const RouterParams& p, unsigned* ticket, cudaStream_t s,
-                        RouterKernel kernel = RouterKernel::automatic, const RmsNormParams* norm = nullptr);
+                        RouterKernel kernel = RouterKernel::automatic);
 
 // rows_out [n, H] = rows_in[rows[i]] (f32).
 void launch_gather_rows(const float* in, const int32_t* rows, int64_t n, int64_t H, float* out, cudaStream_t s);
