@@ -1,20 +1,24 @@
 #!/usr/bin/env bash
 # bench/gpu_session26.sh — one call on the GPU machine for the twenty-sixth session, from the
-# repository root (`run` with command `bash bench/gpu_session26.sh`): tests and times the
-# post-attention RMSNorm fused into the cluster router (issue 5; MOEX_CUDA_FUSE_POST_NORM=0 turns it
-# off), and profiles every kernel of a batch-1 decode step. Every step writes into $OUT as it goes
+# repository root (`run` with command `bash bench/gpu_session26.sh`): tests and times decode-step
+# fusions (issue 5: call 1 the post-attention RMSNorm in the cluster router — slower, removed, its
+# switch MOEX_CUDA_FUSE_POST_NORM existed at commit edeca79 only; call 2 the q/k/v post-processing
+# in the decode attention kernel, MOEX_CUDA_FUSE_QKV_POST=0 turns it off), the in-graph cost of each
+# kernel (MOEX_CUDA_DEBUG_SKIP), and profiles the kernels of a batch-1 decode step. Every step writes into $OUT as it goes
 # and is skipped once DEADLINE seconds (default 520) have passed. Steps (PARTS, default all):
 #   build     moex_tests, moex_model_bench (CUDA, Release) into $BUILD
 #   tests     $TEST_FILTER (default: the model's GPU kernels, graphs, bf16 parity, switching)
 #   ab        moex_model_bench (48-layer random Qwen3-30B-A3B, decode with switching and graphs at
 #             $AB_BATCHES, default 1,8) for "base" and every "name:ENV=V[,ENV=V]" of $AB_VARIANTS,
 #             the list $AB_ROUNDS times (default 2), interleaved → $OUT/ab.log
+#   skip      the batch-1 step without each of $SKIP_LIST's kernels (MOEX_CUDA_DEBUG_SKIP, one run
+#             each; default norm qkv qkvpost attn o experts) → $OUT/skip.log
 #   ncu       every kernel of a 4-layer model's decode steps alone (ncu, --clock-control none;
 #             $NCU_KERNELS, default all) → $OUT/ncu.txt
 #   detail    ncu --set full on one launch of each of $DETAIL_KERNELS (default the router and the
 #             experts' down kernel) → $OUT/detail_<n>.txt
 #   sanitize  compute-sanitizer memcheck and racecheck on $SANITIZE_FILTER
-source "$(dirname "$0")/gpu_common.sh" "build tests ab ncu detail sanitize"
+source "$(dirname "$0")/gpu_common.sh" "build tests ab skip ncu detail sanitize"
 DEADLINE=${DEADLINE:-520}
 left() { echo $(( DEADLINE - ($(date +%s) - t0) )); }
 if has build; then
@@ -35,6 +39,14 @@ if has ab && [ "$(left)" -gt 60 ]; then
         --variants "${AB_DECODE:-switch+graphs}" ${BENCH_ARGS:-} --out "$OUT/e2e_${name}_$round.json" 2>&1 |
         grep -E "^decode|^#|error" | sed "s/^/[$name] /" | tee -a "$OUT/ab.log"
     done
+  done
+fi
+if has skip && [ "$(left)" -gt 60 ]; then
+  for k in base ${SKIP_LIST:-norm qkv qkvpost attn o experts}; do
+    [ "$(left)" -gt 40 ] || break
+    stamp "skip [$k]"
+    env $([ "$k" = base ] || echo MOEX_CUDA_DEBUG_SKIP=$k) timeout 90 "$BUILD/moex_model_bench" --layers 48 --prompt 64 \
+      --batches 1 --variants switch+graphs ${SKIP_ENV:-} 2>&1 | grep -E "^decode|error" | sed "s/^/[skip $k] /" | tee -a "$OUT/skip.log"
   done
 fi
 ncu_table() {  # $1: ncu --csv output → a table of the kernels (time, DRAM bytes, bandwidth)

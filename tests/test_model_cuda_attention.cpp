@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <random>
 #include <string>
@@ -223,6 +224,135 @@ TEST(CudaAttentionKernels, DecodeMatchesReferenceAndTheOldKernel) {
       std::vector<int32_t> left(zeros.size());
       copy_bytes(left.data(), Device::cpu(), ctr.data(), Device::cuda(), left.size() * 4);
       for (int32_t x : left) EXPECT_EQ(x, 0) << what << ": a merge ticket was not reset";
+    }
+  }
+}
+
+// The decode kernel doing the GQA post-processing itself (post_fused: q/k norm, clip, RoPE, the
+// KV-cache write) against qkv_post_kernel followed by the plain decode kernel: the same bits in the
+// output and in both caches, for per-head and no q/k norm, clip, NeoX and interleaved RoPE, a partial
+// rotary dim, windows and sinks, groups 1/4/8, 1 and many key chunks; q of the fused run is a NaN
+// buffer it must not read.
+TEST(CudaAttentionKernels, DecodeWithThePostProcessingMatchesTheTwoKernels) {
+  SKIP_WITHOUT_CUDA();
+  struct Case {
+    std::vector<int32_t> lens;
+    int nh, nkv, hd, norm_mode, rope_dim;
+    bool interleave;
+    float clip;
+    int window;
+    bool sinks;
+  };
+  const std::vector<Case> cases = {
+      {{1}, 32, 4, 128, 1, 128, false, 0.0f, 0, false},   {{1000}, 32, 4, 128, 1, 128, false, 0.0f, 0, false},
+      {{7, 130, 1000}, 32, 4, 128, 1, 128, false, 0.0f, 0, false},
+      {{33, 5, 64}, 16, 4, 64, 0, 32, true, 0.5f, 0, false},  // partial interleaved rotary, clip
+      {{300, 2}, 8, 8, 64, 1, 64, false, 0.0f, 100, true},   // group 1, window and sinks
+      {{65}, 8, 1, 128, 0, 0, false, 0.0f, 0, false},        // no RoPE
+  };
+  std::mt19937 rng(23);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (const Case& c : cases) {
+    const int64_t T = int64_t(c.lens.size());
+    const int64_t max_len = *std::max_element(c.lens.begin(), c.lens.end()) + 2;
+    const int64_t slots = T + 1;
+    const int width = (c.nh + 2 * c.nkv) * c.hd;
+    std::vector<float> qkv(size_t(T * width)), kc(size_t(slots * max_len * c.nkv * c.hd)), vc(kc.size()),
+        qn(size_t(c.hd)), kn(size_t(c.hd)), sinks(size_t(c.nh));
+    for (auto& x : qkv) x = 3.0f * u(rng);
+    for (auto& x : kc) x = u(rng);
+    for (auto& x : vc) x = u(rng);
+    for (auto& x : qn) x = 1.0f + 0.2f * u(rng);
+    for (auto& x : kn) x = 1.0f + 0.2f * u(rng);
+    for (auto& x : sinks) x = u(rng);
+    std::vector<double> inv_freq(size_t(std::max(c.rope_dim / 2, 1)));
+    for (size_t i = 0; i < inv_freq.size(); ++i) inv_freq[i] = std::pow(10000.0, -2.0 * double(i) / double(std::max(c.rope_dim, 2)));
+    Tensor dfreq = Tensor::empty(DType::f64, {int64_t(inv_freq.size())}, Device::cuda());
+    copy_bytes(dfreq.data(), Device::cuda(), inv_freq.data(), Device::cpu(), inv_freq.size() * 8);
+    std::vector<int32_t> pos(static_cast<size_t>(T)), slot(static_cast<size_t>(T));
+    for (int64_t r = 0; r < T; ++r) {
+      pos[size_t(r)] = c.lens[size_t(r)] - 1;
+      slot[size_t(r)] = int32_t(slots - 1 - r);
+    }
+    const Tensor dqkv = to_device(qkv), dqn = to_device(qn), dkn = to_device(kn), ds = to_device(sinks);
+    const Tensor dpos = to_device_i32(pos), dslot = to_device_i32(slot);
+    const size_t n_out = size_t(T * c.nh * c.hd);
+    const std::string what = "T=" + std::to_string(T) + " ctx " + std::to_string(c.lens[0]) + " nh " + std::to_string(c.nh) +
+                             "/" + std::to_string(c.nkv) + " hd " + std::to_string(c.hd) + " rope " + std::to_string(c.rope_dim);
+    const int runtime_splits = kern::decode_attention_splits(T, c.nh, c.nkv, max_len, 132);
+    for (int splits : {runtime_splits, 1, 3}) {
+      std::vector<float> got[2][3];  // [fused][out, k cache, v cache]
+      for (int fused = 0; fused < 2; ++fused) {
+        const Tensor dk = to_device(kc), dvv = to_device(vc);
+        Tensor dq = to_device(std::vector<float>(n_out, NAN));
+        Tensor part = Tensor::empty(DType::f32, {int64_t(kern::decode_attention_partial_floats(T, c.nh, c.hd, splits))},
+                                    Device::cuda());
+        const Tensor ctr = to_device_i32(std::vector<int32_t>(size_t(kern::decode_attention_counters(T, c.nh, c.nkv)), 0));
+        Tensor out = to_device(std::vector<float>(n_out, NAN));
+        kern::QkvPostParams qp{};
+        qp.qkv = dqkv.ptr<float>();
+        qp.T = T;
+        qp.nh = c.nh;
+        qp.nkv = c.nkv;
+        qp.hd = c.hd;
+        qp.norm_mode = c.norm_mode;
+        qp.q_norm = dqn.ptr<float>();
+        qp.k_norm = dkn.ptr<float>();
+        qp.eps = 1e-6f;
+        qp.clip = c.clip;
+        qp.rope.inv_freq = c.rope_dim ? static_cast<const double*>(dfreq.data()) : nullptr;
+        qp.rope.dim = c.rope_dim;
+        qp.rope.factor = 1.0;
+        qp.rope.interleave = c.interleave;
+        qp.pos = dpos.ptr<int32_t>();
+        qp.slot = dslot.ptr<int32_t>();
+        qp.q_out = dq.ptr<float>();
+        qp.k_cache = const_cast<float*>(dk.ptr<float>());
+        qp.v_cache = const_cast<float*>(dvv.ptr<float>());
+        qp.max_len = max_len;
+        ASSERT_TRUE(kern::decode_attention_fuses_post(qp, c.nh, c.nkv, c.hd, c.hd)) << what;
+        kern::DecodeAttentionParams p{};
+        p.q = dq.ptr<float>();
+        p.k_cache = dk.ptr<float>();
+        p.v_cache = dvv.ptr<float>();
+        p.max_len = max_len;
+        p.T = T;
+        p.nh = c.nh;
+        p.nkv = c.nkv;
+        p.dq = c.hd;
+        p.dv = c.hd;
+        p.scaling = float(1.0 / std::sqrt(double(c.hd)));
+        p.window = c.window;
+        p.sinks = c.sinks ? ds.ptr<float>() : nullptr;
+        p.pos = dpos.ptr<int32_t>();
+        p.slot = dslot.ptr<int32_t>();
+        p.splits = splits;
+        p.partial = part.ptr<float>();
+        p.counters = ctr.ptr<int32_t>();
+        p.out = out.ptr<float>();
+        if (fused) {
+          p.post_fused = true;
+          p.post = qp;
+        } else {
+          kern::launch_qkv_post(qp, nullptr);
+        }
+        kern::launch_decode_attention(p, nullptr);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
+        got[fused][0] = to_host(out, n_out);
+        got[fused][1] = to_host(dk, kc.size());
+        got[fused][2] = to_host(dvv, vc.size());
+        if (fused) {
+          const std::vector<float> qh = to_host(dq, n_out);
+          EXPECT_TRUE(std::all_of(qh.begin(), qh.end(), [](float x) { return std::isnan(x); })) << what << ": q written";
+        }
+      }
+      const char* names[3] = {"output", "k cache", "v cache"};
+      for (int i = 0; i < 3; ++i) {
+        ASSERT_EQ(got[0][i].size(), got[1][i].size());
+        EXPECT_EQ(0, std::memcmp(got[0][i].data(), got[1][i].data(), got[0][i].size() * 4))
+            << what << " splits " << splits << ": " << names[i] << " differs";
+      }
+      EXPECT_FALSE(std::any_of(got[1][0].begin(), got[1][0].end(), [](float x) { return std::isnan(x); })) << what;
     }
   }
 }

@@ -10,6 +10,7 @@
 #include "backends/cuda/cuda_common.cuh"
 #include "backends/cuda/pdl.cuh"
 #include "backends/cuda/mma_ptx.cuh"
+#include "model/cuda_qkv_post.cuh"
 #include "model/cuda_warp.cuh"
 
 namespace moex::model::cuda {
@@ -32,10 +33,12 @@ static_assert(kDecWarpKeys * kDecodeHeads == 32, "a warp's scores of a tile are 
 
 // Shared memory of the decode kernel, in floats:
 //   qs [8][dq] | ks [2][32][dq] | vs [2][32][dv] | ss [8][32] | corr [8] | ml [8][2] | linv [8] | wz [8][splits]
+//   | post_fused: the RoPE table, cos [rope_half] and sin [rope_half] in f64
 // After the key loop ks/vs hold the per-warp outputs [8 warps][heads][dv] of the cross-warp sum.
-size_t decode_smem_floats(int dq, int dv) {
+constexpr int kDecRopeHalfMax = 128;
+size_t decode_smem_floats(int dq, int dv, int rope_half = 0) {
   return size_t(kDecodeHeads) * dq + size_t(2 * kDecKeys) * dq + size_t(2 * kDecKeys) * dv + size_t(kDecWarps) * kDecKeys + 8 + 16 + 8 +
-         size_t(kDecodeHeads) * kDecodeMaxSplits;
+         size_t(kDecodeHeads) * kDecodeMaxSplits + size_t(4) * rope_half;  // dq, dv multiples of 4: the table 8-byte aligned
 }
 
 // Sum of 32 values per lane over the warp, one result per lane: lane l gets the sum of everyone's
@@ -132,14 +135,32 @@ __global__ void __launch_bounds__(kDecThreads, 2) decode_attention_kernel(Decode
     }
     ptx::cp_async_commit();
   };
-  issue(0, 0);
-
-  // q of the block's heads into qs (rows of heads >= hc zero: their scores are computed and unused)
-  for (int e = tid; e < kDecodeHeads * dq4; e += kDecThreads) {
-    const int h = e / dq4, q4 = e % dq4;
-    *reinterpret_cast<float4*>(qs + h * dq + 4 * q4) =
-        h < hc ? __ldg(reinterpret_cast<const float4*>(p.q + (row * p.nh + h0 + h) * dq + 4 * q4))
-               : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if (p.post_fused) {
+    // the step's q of the block's heads (into qs) and, in the block of the row's last chunk, its kv
+    // head's k and v (into the cache, at pos): qkv_post_kernel's arithmetic, warp per head, the warp's
+    // scratch in ks (free until the first tile is issued below)
+    double* rope_cs = reinterpret_cast<double*>(wz + kDecodeHeads * kDecodeMaxSplits);
+    double* rope_sn = rope_cs + p.post.rope.dim / 2;
+    rope_table(p.post.rope, pos, rope_cs, rope_sn);
+    __syncthreads();
+    const int jobs = hc + (z == nz - 1 ? 2 : 0);  // chunks == 1 here (decode_attention_fuses_post): c == 0
+    for (int j = warp; j < jobs; j += kDecWarps) {
+      const int hs = j < hc ? h0 + j : j == hc ? p.nh + kh : p.nh + p.nkv + kh;
+      qkv_post_slot(p.post, row, hs, ks + warp * dq, rope_cs, rope_sn, 1.0f, 1.0f, j < hc ? qs + j * dq : nullptr);
+      __syncwarp();  // the scratch is rewritten by the warp's next head
+    }
+    for (int e = tid; e < (kDecodeHeads - hc) * dq; e += kDecThreads) qs[hc * dq + e] = 0.0f;
+    __syncthreads();  // q complete; the key at pos is in the cache before this block's copies read it
+    issue(0, 0);
+  } else {
+    issue(0, 0);
+    // q of the block's heads into qs (rows of heads >= hc zero: their scores are computed and unused)
+    for (int e = tid; e < kDecodeHeads * dq4; e += kDecThreads) {
+      const int h = e / dq4, q4 = e % dq4;
+      *reinterpret_cast<float4*>(qs + h * dq + 4 * q4) =
+          h < hc ? __ldg(reinterpret_cast<const float4*>(p.q + (row * p.nh + h0 + h) * dq + 4 * q4))
+                 : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
   }
 
   float m = -INFINITY, l = 0.0f;  // warp h's running max / sum of head h (lane-uniform)
@@ -626,18 +647,27 @@ int64_t decode_attention_counters(int64_t T, int nh, int nkv) {
   return T * nkv * ((group + kDecodeHeads - 1) / kDecodeHeads);
 }
 
+bool decode_attention_fuses_post(const QkvPostParams& post, int nh, int nkv, int dq, int dv) {
+  return nkv >= 1 && nh % nkv == 0 && nh / nkv <= kDecodeHeads && post.norm_mode != 2 && post.hd == dq && dq == dv &&
+         post.nh == nh && post.nkv == nkv && post.rope.dim >= 0 && post.rope.dim / 2 <= kDecRopeHalfMax &&
+         post.rope.dim <= post.hd && (post.rope.dim == 0 || post.rope.inv_freq);
+}
+
 void launch_decode_attention(const DecodeAttentionParams& p, cudaStream_t s) {
   if (p.T == 0) return;
   MOEX_ASSERT(decode_attention_ok(p.dq, p.dv) && p.nkv >= 1 && p.nh % p.nkv == 0 && p.splits >= 1 &&
               p.splits <= kDecodeMaxSplits);
   MOEX_ASSERT(p.splits == 1 || (p.partial && p.counters));
-  MOEX_ASSERT(::moex::cuda::aligned16(p.q) && ::moex::cuda::aligned16(p.k_cache) && ::moex::cuda::aligned16(p.v_cache) &&
-              ::moex::cuda::aligned16(p.out) && ::moex::cuda::aligned16(p.partial));
+  MOEX_ASSERT((p.post_fused || ::moex::cuda::aligned16(p.q)) && ::moex::cuda::aligned16(p.k_cache) &&
+              ::moex::cuda::aligned16(p.v_cache) && ::moex::cuda::aligned16(p.out) && ::moex::cuda::aligned16(p.partial));
+  MOEX_ASSERT(!p.post_fused || (decode_attention_fuses_post(p.post, p.nh, p.nkv, p.dq, p.dv) &&
+                                p.post.k_cache == p.k_cache && p.post.v_cache == p.v_cache && p.post.pos == p.pos &&
+                                p.post.slot == p.slot && p.post.max_len == p.max_len && p.post.T == p.T));
   const int group = p.nh / p.nkv, chunks = (group + kDecodeHeads - 1) / kDecodeHeads;
-  const size_t smem = decode_smem_floats(p.dq, p.dv) * sizeof(float);
+  const size_t smem = decode_smem_floats(p.dq, p.dv, p.post_fused ? p.post.rope.dim / 2 : 0) * sizeof(float);
   static bool configured = false;  // once per process: the largest shared memory any call needs (dims <= 256)
   if (!configured) {
-    const int most = int(decode_smem_floats(256, 256) * sizeof(float));
+    const int most = int(decode_smem_floats(256, 256, kDecRopeHalfMax) * sizeof(float));
     for (const void* f : {reinterpret_cast<const void*>(decode_attention_kernel<1, 1>),
                           reinterpret_cast<const void*>(decode_attention_kernel<1, 2>),
                           reinterpret_cast<const void*>(decode_attention_kernel<2, 1>),

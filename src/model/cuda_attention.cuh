@@ -20,6 +20,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "model/cuda_kernels.cuh"
+
 namespace moex::model::cuda {
 
 // ---- decode ---------------------------------------------------------------------------------------
@@ -42,10 +44,19 @@ struct DecodeAttentionParams {
   float* partial;       // decode_attention_partial_floats(...) floats of scratch
   int32_t* counters;    // decode_attention_counters(...) ints, zero before the first launch (left zero)
   float* out;           // [T, nh, dv]
+  // post_fused: q, k and v of the step are post-processed by this kernel (decode_attention_fuses_post)
+  // from post.qkv — each block its heads' q into shared memory (q above is not read), the block of a
+  // row's last key chunk its kv head's k and v into the cache — instead of by qkv_post_kernel first.
+  bool post_fused = false;
+  QkvPostParams post{};
 };
 
 // Whether the decode kernel handles these head dims (multiples of 4, at most 256).
 bool decode_attention_ok(int dq, int dv);
+// Whether the decode kernel can run this GQA post-processing itself (post_fused): one head block per
+// kv head (nh / nkv <= kDecodeHeads), per-head or no q/k norm (norm_mode 2 needs the whole
+// projection), hd == dq == dv, a rotary dim of at most 256.
+bool decode_attention_fuses_post(const QkvPostParams& post, int nh, int nkv, int dq, int dv);
 // Key chunks per (row, head block): enough blocks for ~2 waves on `num_sms` SMs at any batch,
 // at most one chunk per 32 keys of max_len and kDecodeMaxSplits.
 int decode_attention_splits(int64_t T, int nh, int nkv, int64_t max_len, int num_sms);

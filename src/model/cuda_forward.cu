@@ -135,6 +135,9 @@ struct CudaModel::Impl {
   CudaGenerateStats stats;
   // the skinny-linear kernel for steps of at most kGemvMaxRows rows (MOEX_CUDA_GEMV=0: cuBLAS always)
   bool gemv_enabled = true;
+  // decode steps: q/k norm, RoPE and the KV-cache write done by the decode attention kernel
+  // (MOEX_CUDA_FUSE_QKV_POST=0: by qkv_post_kernel first)
+  bool fuse_qkv_post = true;
   // Terms of x in the cuBLAS linears of bf16/f16 models (MOEX_CUDA_LINEAR_TERMS): 1 = bf16(x) only
   // (the default: the reference library's rounding; half the FLOPs, and no finishing kernel without
   // bias/gate), 2 = x ≈ hi + lo (~16 mantissa bits, the CPU runtime's split; a GEMM of 2T columns).
@@ -587,10 +590,18 @@ struct CudaModel::Impl {
     return true;
   }
 
+  // Whether the attention of this step runs the flash-decoding kernel: one-row tiles (decode steps).
+  bool decode_flash(int64_t T, int64_t n_tiles, const std::vector<Segment>* segs) const {
+    return !use_gemm_attention(segs) && n_tiles == T && T <= cap_batch && flash_attention_enabled() &&
+           kern::decode_attention_ok(int(dq), int(dv));
+  }
+
   void attention_layer(const DLayer& d, size_t l, int64_t T, int64_t n_tiles, const std::vector<Segment>* segs) {
     float* h = b.h.ptr<float>();
     const bool pre = dtc != 0;
     kern::AttentionParams ap{};
+    kern::QkvPostParams qp{};
+    bool post_fused = false;  // q, k, v post-processed by the decode attention kernel
     if (mla) {
       const int64_t nope = t.qk_nope_head_dim, rd = t.qk_rope_head_dim, vd = t.v_head_dim, lora = t.kv_lora_rank;
       const int64_t cw = lora + rd;
@@ -626,7 +637,6 @@ struct CudaModel::Impl {
     } else {
       const int64_t width = (nh + 2 * nkv) * hd;
       if (!skip(T, kSkipQkv)) linear(d.qkv, h, H, T, b.qkv.ptr<float>(), width, false, pre);
-      kern::QkvPostParams qp{};
       qp.qkv = b.qkv.ptr<float>();
       qp.T = T;
       qp.nh = int(nh);
@@ -644,7 +654,10 @@ struct CudaModel::Impl {
       qp.k_cache = b.k_cache[l].ptr<float>();
       qp.v_cache = b.v_cache[l].ptr<float>();
       qp.max_len = cap_len;
-      if (!skip(T, kSkipQkvPost)) kern::launch_qkv_post(qp, stream);
+      // decode steps: the decode attention kernel post-processes q, k, v itself (one kernel less)
+      post_fused = fuse_qkv_post && !skip(T, kSkipQkvPost) && decode_flash(T, n_tiles, segs) &&
+                   kern::decode_attention_fuses_post(qp, int(nh), int(nkv), int(dq), int(dv));
+      if (!skip(T, kSkipQkvPost) && !post_fused) kern::launch_qkv_post(qp, stream);
       ap.window = d.window;
       ap.sinks = d.sinks;
     }
@@ -654,9 +667,11 @@ struct CudaModel::Impl {
       linear(d.o, b.attn.ptr<float>(), nh * dv, T, b.x.ptr<float>(), H, true);
       return;
     }
-    if (n_tiles == T && T <= cap_batch && flash_attention_enabled() && kern::decode_attention_ok(int(dq), int(dv))) {
+    if (decode_flash(T, n_tiles, segs)) {
       // one-row tiles (decode steps): flash-decoding, key chunks sized from static bounds (graph-safe)
       kern::DecodeAttentionParams dp{};
+      dp.post_fused = post_fused;
+      dp.post = qp;
       dp.q = b.q.ptr<float>();
       dp.k_cache = b.k_cache[l].ptr<float>();
       dp.v_cache = b.v_cache[l].ptr<float>();
@@ -902,6 +917,7 @@ CudaModel::CudaModel(const ModelWeights& w, const TextConfig& t, Device dev) : i
   }
   m.upload(w);
   if (const char* e = std::getenv("MOEX_CUDA_GEMV")) m.gemv_enabled = std::string(e) != "0";
+  if (const char* e = std::getenv("MOEX_CUDA_FUSE_QKV_POST")) m.fuse_qkv_post = std::string(e) != "0";
   if (const char* e = std::getenv("MOEX_CUDA_LINEAR_TERMS")) m.linear_terms = std::string(e) == "2" ? 2 : 1;
   if (const char* e = std::getenv("MOEX_CUDA_DEBUG_SKIP")) {
     std::string v = std::string(",") + e + ",";  // names separated by ',' or '+'

@@ -11,6 +11,7 @@
 #include "backends/cuda/cuda_common.cuh"
 #include "backends/cuda/mma_ptx.cuh"
 #include "backends/cuda/pdl.cuh"
+#include "model/cuda_qkv_post.cuh"
 #include "model/cuda_warp.cuh"
 
 namespace moex::model::cuda {
@@ -524,20 +525,12 @@ __global__ void __launch_bounds__(kQkvWarps * 32) qkv_post_kernel(QkvPostParams 
   double* sn = qsm + h2;                                   // [h2]: sin · factor
   float* abuf = reinterpret_cast<float*>(qsm + 2 * h2);    // [kQkvWarps, hd]: a warp's head
   const int64_t r = blockIdx.x;
-  const int64_t pos = p.pos[r];
-  for (int i = threadIdx.x; i < h2; i += blockDim.x) {
-    const double ang = double(pos) * p.rope.inv_freq[i];
-    double sv, cv;
-    sincos(ang, &sv, &cv);
-    cs[i] = cv * p.rope.factor;
-    sn[i] = sv * p.rope.factor;
-  }
+  rope_table(p.rope, p.pos[r], cs, sn);
   const int hd = p.hd;
-  const int width = (p.nh + 2 * p.nkv) * hd;
-  const float* row = p.qkv + r * width;
   // norm over the whole q (k) projection: its inverse RMS, block-wide
   float inv_q = 1.0f, inv_k = 1.0f;
   if (p.norm_mode == 2) {
+    const float* row = p.qkv + r * int64_t(p.nh + 2 * p.nkv) * hd;
     const int nq = p.nh * hd, nk = p.nkv * hd;
     float sq = 0.0f, sk = 0.0f;
     for (int i = threadIdx.x; i < nq; i += blockDim.x) sq += row[i] * row[i];
@@ -548,47 +541,10 @@ __global__ void __launch_bounds__(kQkvWarps * 32) qkv_post_kernel(QkvPostParams 
     inv_k = rsqrtf(sk / float(nk) + p.eps);
   }
   __syncthreads();  // the cos/sin table
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  float* a = abuf + warp * hd;
-  const int slots = p.nh + 2 * p.nkv;
+  const int warp = threadIdx.x >> 5;
   const int hs = blockIdx.y * kQkvWarps + warp;
-  if (hs >= slots) return;
-  const int kind = hs < p.nh ? 0 : hs < p.nh + p.nkv ? 1 : 2;
-  const int head = kind == 0 ? hs : kind == 1 ? hs - p.nh : hs - p.nh - p.nkv;
-  const int off = hs * hd;  // q heads, then k heads, then v heads
-  float ss = 0.0f;
-  for (int i = lane; i < hd; i += 32) {
-    const float v = row[off + i];
-    a[i] = v;
-    ss += v * v;
-  }
-  if (kind < 2 && p.norm_mode != 0) {
-    const float* w = kind == 0 ? p.q_norm : p.k_norm;
-    const float inv = p.norm_mode == 1 ? rsqrtf(warp_sum(ss) / float(hd) + p.eps) : kind == 0 ? inv_q : inv_k;
-    const int woff = p.norm_mode == 1 ? 0 : head * hd;  // per-head [hd] weights, or the projection's
-    for (int i = lane; i < hd; i += 32) a[i] = w[woff + i] * (a[i] * inv);
-  }
-  if (p.clip > 0.0f)
-    for (int i = lane; i < hd; i += 32) a[i] = fminf(fmaxf(a[i], -p.clip), p.clip);
-  __syncwarp();  // the rotation pairs values of other lanes
-  float* dst;
-  if (kind == 0) dst = p.q_out + (r * p.nh + head) * hd;
-  else {
-    const int64_t cache_row = (int64_t(p.slot[r]) * p.max_len + pos) * p.nkv + head;
-    dst = (kind == 1 ? p.k_cache : p.v_cache) + cache_row * hd;
-  }
-  if (kind == 2) {
-    for (int i = lane; i < hd; i += 32) dst[i] = a[i];
-    return;
-  }
-  for (int i = lane; i < h2; i += 32) {
-    const double c = cs[i], s = sn[i];
-    const double x1 = p.rope.interleave ? a[2 * i] : a[i];
-    const double x2 = p.rope.interleave ? a[2 * i + 1] : a[i + h2];
-    dst[i] = float(x1 * c - x2 * s);
-    dst[i + h2] = float(x2 * c + x1 * s);
-  }
-  for (int i = p.rope.dim + lane; i < hd; i += 32) dst[i] = a[i];  // beyond the rotary dim: unchanged
+  if (hs >= p.nh + 2 * p.nkv) return;
+  qkv_post_slot(p, r, hs, abuf + warp * hd, cs, sn, inv_q, inv_k, nullptr);
 }
 
 // One block per (row, head).
