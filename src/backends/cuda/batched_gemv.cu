@@ -10,9 +10,6 @@
 // (S·I elements). No routing plan, no host synchronisation: capturable in a CUDA graph.
 // Weights stored [E, out, in] (default) use one warp per output row; transposed weights
 // [E, in, out] use 64 output columns × 4 k-slices per block (coalesced along the output dim).
-#include <cstdlib>
-#include <string>
-
 #include "backends/cuda/cuda_common.cuh"
 #include "backends/cuda/pdl.cuh"
 
@@ -62,14 +59,6 @@ __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
-
-// The expert index of pair p read through L2 (ld.global.cg, not the non-coherent path): for reads
-// before pdl_wait of ids that an earlier kernel wrote (batched_down_nt).
-__device__ __forceinline__ int64_t load_index_l2(const void* idx, bool idx64, int64_t p) {
-  return idx64 ? int64_t(__ldcg(static_cast<const long long*>(idx) + p)) : int64_t(__ldcg(static_cast<const int*>(idx) + p));
-}
-// A hint: the 128-byte line at `p` into L2 (no register, no wait).
-__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
 
 // Σ_k x[k]·w[k] over n elements, by one warp (all lanes get the sum).
 template <class T, bool VEC>
@@ -153,37 +142,15 @@ __global__ void __launch_bounds__(THREADS) batched_up_nt(BatchedArgs a) {
 // with K = 2 (mixtral) four slots in flight were two. Each slot's per-lane partial sum runs over its
 // chunks in order and the warp reduction is warp_dot's, and the slots are added in slot order: the
 // same f32 result whatever SLOTS and UC are.
-//
-// prefetch: before waiting for the up kernel, the warp requests its K weight rows into L2, so that
-// they stream in while the up kernel finishes. The expert ids may be read that early: they were
-// written before the up kernel started, and the up kernel lets this one start only after its own
-// pdl_wait (batched_up_nt), i.e. once every kernel before it has finished; they are read through
-// L2 (ld.global.cg), where those writes are.
 template <class T, bool VEC, int SLOTS>
-__global__ void __launch_bounds__(THREADS) batched_down_nt(BatchedArgs a, bool prefetch) {
+__global__ void __launch_bounds__(THREADS) batched_down_nt(BatchedArgs a) {
+  pdl_wait();
+  pdl_launch_dependents();
   constexpr int UC = VEC ? 8 / SLOTS : 1;
   const int64_t t = blockIdx.x;
   const int64_t n = int64_t(blockIdx.y) * (THREADS / 32) + (threadIdx.x >> 5);
-  const int lane = threadIdx.x & 31;
-  if (prefetch && n < a.H) {
-    const int64_t row_bytes = a.I * int64_t(sizeof(T));
-    for (int64_t j0 = 0; j0 < a.K; j0 += 8) {
-      int64_t e[8];
-#pragma unroll
-      for (int q = 0; q < 8; ++q) e[q] = j0 + q < a.K ? load_index_l2(a.idx, a.idx64, t * a.K + j0 + q) : -1;
-#pragma unroll
-      for (int q = 0; q < 8; ++q) {
-        if (e[q] < 0 || e[q] >= a.E) continue;
-        // every 128-byte line holding a byte of the row (the first one starts at or before it)
-        const char* row = reinterpret_cast<const char*>(static_cast<const T*>(a.down) + (e[q] * a.H + n) * a.I);
-        const char* first = reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(row) & ~uintptr_t(127));
-        for (const char* l = first + 128 * lane; l < row + row_bytes; l += 32 * 128) prefetch_l2(l);
-      }
-    }
-  }
-  pdl_wait();
-  pdl_launch_dependents();
   if (n >= a.H) return;
+  const int lane = threadIdx.x & 31;
   const int64_t H = a.H, I = a.I;
   float acc = 0.0f;
   for (int64_t j0 = 0; j0 < a.K; j0 += SLOTS) {
@@ -318,15 +285,6 @@ __global__ void __launch_bounds__(THREADS) batched_down_tn(BatchedArgs a) {
   if (ks == 0 && n < H) static_cast<T*>(a.out)[t * H + n] = from_f32<T>(acc);
 }
 
-// The down kernel's L2 prefetch of its weight rows before the wait (MOEX_CUDA_DOWN_PREFETCH=0: off).
-bool down_prefetch() {
-  static const bool on = [] {
-    const char* e = std::getenv("MOEX_CUDA_DOWN_PREFETCH");
-    return !(e && std::string(e) == "0");
-  }();
-  return on;
-}
-
 template <class T>
 void launch_typed(const BatchedArgs& a, bool vec16, cudaStream_t stream) {
   const int64_t S = a.T * a.K;
@@ -341,10 +299,10 @@ void launch_typed(const BatchedArgs& a, bool vec16, cudaStream_t stream) {
       // slots interleaved: K itself up to 8 (rounded up to a power of two), else groups of 8
       const auto down = a.K <= 1 ? batched_down_nt<T, true, 1> : a.K <= 2 ? batched_down_nt<T, true, 2>
                         : a.K <= 4 ? batched_down_nt<T, true, 4> : batched_down_nt<T, true, 8>;
-      launch_pdl("batched_down_nt", down, g_down, dim3(THREADS), 0, stream, a, down_prefetch());
+      launch_pdl("batched_down_nt", down, g_down, dim3(THREADS), 0, stream, a);
     } else {
       launch_pdl("batched_up_nt", batched_up_nt<T, false>, g_up, dim3(THREADS), 0, stream, a);
-      launch_pdl("batched_down_nt", batched_down_nt<T, false, 4>, g_down, dim3(THREADS), 0, stream, a, down_prefetch());
+      launch_pdl("batched_down_nt", batched_down_nt<T, false, 4>, g_down, dim3(THREADS), 0, stream, a);
     }
   } else {
     const int per = a.has_gate ? TN_COLS / 2 : TN_COLS;

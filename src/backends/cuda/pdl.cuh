@@ -10,10 +10,7 @@
 // The contract of a kernel launched with `launch_pdl` (the PDL attribute set):
 //   * it calls `pdl_wait()` before its first access to memory that any earlier kernel of the stream
 //     writes or reads; only reads of data that no kernel still in flight on the stream writes —
-//     model weights, uploaded and synchronised at load — may come before it, writes never do.
-//     When the predecessor calls `pdl_launch_dependents()` only after its own `pdl_wait()`, every
-//     kernel before the predecessor has finished when this one starts, so what they wrote may be
-//     read early too, through L2 (batched_down_nt reads the expert ids so);
+//     model weights, uploaded and synchronised at load — may come before it, writes never do;
 //   * it may call `pdl_launch_dependents()` anywhere (early: the next kernel becomes resident
 //     sooner). A kernel that never calls it lets its dependents start when its blocks exit.
 // Because every such kernel waits for its predecessor's completion, completion stays ordered down
