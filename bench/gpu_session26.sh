@@ -8,7 +8,8 @@
 # and is skipped once DEADLINE seconds (default 520) have passed. Steps (PARTS, default all):
 #   build     moex_tests, moex_model_bench (CUDA, Release) into $BUILD
 #   tests     $TEST_FILTER (default: the model's GPU kernels, graphs, bf16 parity, switching)
-#   ab        moex_model_bench (48-layer random Qwen3-30B-A3B, decode with switching and graphs at
+#   ab        moex_model_bench (48-layer random Qwen3-30B-A3B, decode prompts of $AB_PROMPT
+#             tokens (default 128), decode with switching and graphs at
 #             $AB_BATCHES, default 1,8) for "base" and every "name:ENV=V[,ENV=V]" of $AB_VARIANTS,
 #             the list $AB_ROUNDS times (default 2), interleaved → $OUT/ab.log
 #   skip      the batch-1 step without each of $SKIP_LIST's kernels (MOEX_CUDA_DEBUG_SKIP, one run
@@ -35,7 +36,7 @@ if has ab && [ "$(left)" -gt 60 ]; then
       [ "$(left)" -gt 40 ] || break
       name=${v%%:*}
       stamp "model bench [$name] round $round"
-      env $(envs_of "${v#*:}") timeout 90 "$BUILD/moex_model_bench" --layers 48 --prompt 64 --batches "${AB_BATCHES:-1,8}" \
+      env $(envs_of "${v#*:}") timeout 90 "$BUILD/moex_model_bench" --layers 48 --prompt 64 --decode-prompt "${AB_PROMPT:-128}" --batches "${AB_BATCHES:-1,8}" \
         --variants "${AB_DECODE:-switch+graphs}" ${BENCH_ARGS:-} --out "$OUT/e2e_${name}_$round.json" 2>&1 |
         grep -E "^decode|^#|error" | sed "s/^/[$name] /" | tee -a "$OUT/ab.log"
     done
