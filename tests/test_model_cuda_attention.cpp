@@ -2,14 +2,13 @@
 // q/k/v against an f64 host reference and the previous kernels: flash-decoding (contexts 1 .. 4096,
 // batch 1, 3, 8 and 64 with different lengths (tile and chunk edges, many empty chunks), GQA groups
 // 1/4/8/16, head dims 64/128/256 and MLA's 192/128, dq != dv, windows and sinks, forced 1 and many
-// key chunks, chunks of at least 100 / 128 keys, repeated launches: the merge tickets reset);
+// key chunks, repeated launches: the merge tickets reset);
 // flash prefill in bf16/f16 (n = 1, 17, 64, 200, 2048, groups 1/4/8, head dims 64/128, windows,
 // sinks, a sequence at a row offset). Model level: flash vs the previous paths
 // (MOEX_CUDA_ATTENTION_FLASH=0) on the fixtures. Without a CUDA device every test is skipped.
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <utility>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -185,9 +184,7 @@ TEST(CudaAttentionKernels, DecodeMatchesReferenceAndTheOldKernel) {
 
     ASSERT_TRUE(kern::decode_attention_ok(c.dq, c.dv)) << what;
     const int runtime_splits = kern::decode_attention_splits(T, c.nh, c.nkv, max_len, 132);
-    for (const auto [splits, min_chunk] : {std::pair{runtime_splits, 0}, std::pair{1, 0}, std::pair{3, 0},
-                                           std::pair{kern::kDecodeMaxSplits, 0}, std::pair{runtime_splits, 128},
-                                           std::pair{kern::kDecodeMaxSplits, 100}}) {
+    for (int splits : {runtime_splits, 1, 3, kern::kDecodeMaxSplits}) {
       Tensor part = Tensor::empty(DType::f32, {int64_t(kern::decode_attention_partial_floats(T, c.nh, c.dv, splits))},
                                   Device::cuda());
       const std::vector<int32_t> zeros(size_t(kern::decode_attention_counters(T, c.nh, c.nkv)), 0);
@@ -209,7 +206,6 @@ TEST(CudaAttentionKernels, DecodeMatchesReferenceAndTheOldKernel) {
       p.pos = dpos.ptr<int32_t>();
       p.slot = dslot.ptr<int32_t>();
       p.splits = splits;
-      p.min_chunk = min_chunk;
       p.partial = part.ptr<float>();
       p.counters = ctr.ptr<int32_t>();
       p.out = out.ptr<float>();
@@ -221,9 +217,9 @@ TEST(CudaAttentionKernels, DecodeMatchesReferenceAndTheOldKernel) {
         const double err = rel_l2(h.data(), reff.data(), n_out), vs_old = rel_l2(h.data(), old_h.data(), n_out);
         double max_abs = 0;
         for (size_t i = 0; i < n_out; ++i) max_abs = std::max(max_abs, std::fabs(double(h[i]) - ref[i]));
-        EXPECT_LE(err, 1e-5) << what << " splits " << splits << " min chunk " << min_chunk << " launch " << rep;
-        EXPECT_LE(max_abs, 1e-5) << what << " splits " << splits << " min chunk " << min_chunk << " launch " << rep;
-        EXPECT_LE(vs_old, 2e-5) << what << " splits " << splits << " min chunk " << min_chunk << " launch " << rep;
+        EXPECT_LE(err, 1e-5) << what << " splits " << splits << " launch " << rep;
+        EXPECT_LE(max_abs, 1e-5) << what << " splits " << splits << " launch " << rep;
+        EXPECT_LE(vs_old, 2e-5) << what << " splits " << splits << " launch " << rep;
       }
       std::vector<int32_t> left(zeros.size());
       copy_bytes(left.data(), Device::cpu(), ctr.data(), Device::cuda(), left.size() * 4);

@@ -74,8 +74,8 @@ __device__ __forceinline__ void row_slices(const float* row, int width, int lane
 }
 
 // Block (row, head block, key chunk z): head block = up to 8 query heads h0 .. h0 + hc - 1 of kv
-// head kh. The row's keys j0 .. pos are cut into chunks of a multiple of 32 keys and at least
-// min_chunk keys, at most `splits` of them; chunks past the row's length exit at once (no partial, no ticket). Per 32-key tile:
+// head kh. The row's keys j0 .. pos are cut into chunks of a multiple of 32 keys, at most `splits`
+// of them; chunks past the row's length exit at once (no partial, no ticket). Per 32-key tile:
 // (1) scores: warp w takes keys 4w .. 4w + 3 for all heads, lane = dims 4·lane + 128·i (K rows
 // and each head's q read once per tile, contiguous: conflict-free), then one reduce-scatter gives lane (key, head);
 // (2) online softmax: warp h updates (m, l) of head h and writes p; (3) P·V: warp w takes keys
@@ -100,7 +100,7 @@ __global__ void __launch_bounds__(kDecThreads, 2) decode_attention_kernel(Decode
   const int64_t pos = p.pos[row], slot = p.slot[row];
   const int64_t j0 = p.window > 0 ? max(int64_t(0), pos - p.window + 1) : 0;
   const int64_t len = pos + 1 - j0;
-  int64_t chunk = max((len + splits - 1) / splits, int64_t(p.min_chunk));
+  int64_t chunk = (len + splits - 1) / splits;
   chunk = (chunk + kDecKeys - 1) / kDecKeys * kDecKeys;
   const int nz = int((len + chunk - 1) / chunk);
   if (z >= nz) return;  // an empty chunk: the merge counts only the nz others

@@ -41,7 +41,6 @@ struct DecodeAttentionParams {
   const float* sinks;   // [nh] or null
   const int32_t *pos, *slot;  // [T]: the row's position (its last key) and cache slot
   int splits;           // decode_attention_splits(...): a static bound, not the rows' lengths
-  int min_chunk = 0;    // keys: a row's chunks are at least this long (fewer chunks to merge on short rows)
   float* partial;       // decode_attention_partial_floats(...) floats of scratch
   int32_t* counters;    // decode_attention_counters(...) ints, zero before the first launch (left zero)
   float* out;           // [T, nh, dv]

@@ -138,9 +138,6 @@ struct CudaModel::Impl {
   // decode steps: q/k norm, RoPE and the KV-cache write done by the decode attention kernel
   // (MOEX_CUDA_FUSE_QKV_POST=0: by qkv_post_kernel first)
   bool fuse_qkv_post = true;
-  // decode attention: the fewest keys of a key chunk (MOEX_CUDA_DECODE_MIN_CHUNK; 0 or 32: as many
-  // chunks as the static split count allows)
-  int decode_min_chunk = 128;
   // Terms of x in the cuBLAS linears of bf16/f16 models (MOEX_CUDA_LINEAR_TERMS): 1 = bf16(x) only
   // (the default: the reference library's rounding; half the FLOPs, and no finishing kernel without
   // bias/gate), 2 = x ≈ hi + lo (~16 mantissa bits, the CPU runtime's split; a GEMM of 2T columns).
@@ -690,7 +687,6 @@ struct CudaModel::Impl {
       dp.pos = b.pos.ptr<int32_t>();
       dp.slot = b.slot.ptr<int32_t>();
       dp.splits = kern::decode_attention_splits(T, int(nh), int(kv_heads), cap_len, num_sms);
-      dp.min_chunk = decode_min_chunk;
       dp.partial = b.dec_partial.ptr<float>();
       dp.counters = b.dec_counters.ptr<int32_t>();
       dp.out = b.attn.ptr<float>();
@@ -922,7 +918,6 @@ CudaModel::CudaModel(const ModelWeights& w, const TextConfig& t, Device dev) : i
   m.upload(w);
   if (const char* e = std::getenv("MOEX_CUDA_GEMV")) m.gemv_enabled = std::string(e) != "0";
   if (const char* e = std::getenv("MOEX_CUDA_FUSE_QKV_POST")) m.fuse_qkv_post = std::string(e) != "0";
-  if (const char* e = std::getenv("MOEX_CUDA_DECODE_MIN_CHUNK")) m.decode_min_chunk = std::max(0, std::atoi(e));
   if (const char* e = std::getenv("MOEX_CUDA_LINEAR_TERMS")) m.linear_terms = std::string(e) == "2" ? 2 : 1;
   if (const char* e = std::getenv("MOEX_CUDA_DEBUG_SKIP")) {
     std::string v = std::string(",") + e + ",";  // names separated by ',' or '+'
