@@ -375,6 +375,159 @@ __global__ void __launch_bounds__(kDecThreads, 2) decode_attention_kernel(Decode
   }
 }
 
+// ---- decode, one block per (row, kv head): short rows ---------------------------------------------
+//
+// For rows of at most kOneBlockMaxKeys keys (a static bound of the caller: the cache capacity or the
+// window): block (row, kv head), 8 warps; warp w takes the 32-key tiles w, w + 8, ... of the row.
+// Lane j scores key j against every head of the group (its K row read from the cache through L2),
+// each head keeps an online softmax over the warp's tiles, and P·V runs with lane = output dims
+// 4·lane .. 4·lane + 3. The 8 warps' (max, sum, output) are merged in shared memory: no partials in
+// global memory, no ticket, no merging block. Head dims <= 128, a group of <= 8 q heads.
+constexpr int kOneBlockMaxKeys = 512;
+
+__global__ void __launch_bounds__(kDecThreads) decode_attention_one_block_kernel(DecodeAttentionParams p) {
+  ::moex::cuda::pdl_wait();  // launched with PDL (pdl.cuh)
+  ::moex::cuda::pdl_launch_dependents();
+  extern __shared__ __align__(16) float osm[];
+  const int dq = p.dq, dv = p.dv;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int64_t row = blockIdx.x;
+  const int kh = int(blockIdx.y);
+  const int hc = p.nh / p.nkv, h0 = kh * hc;
+  const int64_t pos = p.pos[row], slot = p.slot[row];
+  const int64_t j0 = p.window > 0 ? max(int64_t(0), pos - p.window + 1) : 0;
+  const int64_t b = pos + 1;  // keys j0 .. pos
+  const int ntiles = int((b - j0 + kDecKeys - 1) / kDecKeys);
+
+  float* qs = osm;                                            // [8 heads][dq], rows >= hc zero
+  float* scratch = qs + kDecodeHeads * dq;                    // [8 warps][dq]: post-processing
+  float* wacc = scratch + kDecWarps * dq;                     // [8 warps][8 heads][dv]
+  float* wml = wacc + kDecWarps * kDecodeHeads * dv;          // [8 warps][8 heads][2]: max, sum
+  float* linv = wml + kDecWarps * kDecodeHeads * 2;           // [8]
+  double* rope_cs = reinterpret_cast<double*>(linv + 8);     // post_fused: cos, sin [rope.dim / 2]
+
+  if (p.post_fused) {  // the group's q heads into qs, then the kv head's k and v into the cache at pos
+    double* rope_sn = rope_cs + p.post.rope.dim / 2;
+    rope_table(p.post.rope, pos, rope_cs, rope_sn);
+    __syncthreads();
+    for (int j = warp; j < hc + 2; j += kDecWarps) {
+      const int hs = j < hc ? h0 + j : j == hc ? p.nh + kh : p.nh + p.nkv + kh;
+      qkv_post_slot(p.post, row, hs, scratch + warp * dq, rope_cs, rope_sn, 1.0f, 1.0f, j < hc ? qs + j * dq : nullptr);
+      __syncwarp();  // the scratch is rewritten by the warp's next head
+    }
+  } else {
+    for (int e = tid; e < hc * dq; e += kDecThreads) qs[e] = p.q[(row * p.nh + h0) * dq + e];
+  }
+  for (int e = tid; e < (kDecodeHeads - hc) * dq; e += kDecThreads) qs[hc * dq + e] = 0.0f;
+  __syncthreads();  // q complete; the key at pos is in the cache (read below through L2, not ld.nc)
+
+  const int64_t kstride = int64_t(p.nkv) * dq, vstride = int64_t(p.nkv) * dv;
+  const float* kbase = p.k_cache + (slot * p.max_len * p.nkv + kh) * int64_t(dq);
+  const float* vbase = p.v_cache + (slot * p.max_len * p.nkv + kh) * int64_t(dv);
+  const int dq4 = dq / 4;
+  const bool has_dims = 4 * lane < dv;
+  float m[kDecodeHeads], l[kDecodeHeads], acc[kDecodeHeads][4];
+#pragma unroll
+  for (int h = 0; h < kDecodeHeads; ++h) {
+    m[h] = -INFINITY;
+    l[h] = 0.0f;
+#pragma unroll
+    for (int u = 0; u < 4; ++u) acc[h][u] = 0.0f;
+  }
+  for (int it = warp; it < ntiles; it += kDecWarps) {
+    const int64_t t0 = j0 + int64_t(it) * kDecKeys;  // t0 < b: key t0 is valid
+    const bool valid = t0 + lane < b;
+    // (1) scores of key t0 + lane for every head
+    float sc[kDecodeHeads];
+#pragma unroll
+    for (int h = 0; h < kDecodeHeads; ++h) sc[h] = 0.0f;
+    const float4* kr = reinterpret_cast<const float4*>(kbase + (valid ? t0 + lane : t0) * kstride);
+#pragma unroll 8
+    for (int i = 0; i < dq4; ++i) {
+      const float4 k4 = __ldcg(kr + i);
+#pragma unroll
+      for (int h = 0; h < kDecodeHeads; ++h) {
+        const float4 q4 = *reinterpret_cast<const float4*>(qs + h * dq + 4 * i);  // a broadcast
+        sc[h] = fmaf(q4.x, k4.x, sc[h]);
+        sc[h] = fmaf(q4.y, k4.y, sc[h]);
+        sc[h] = fmaf(q4.z, k4.z, sc[h]);
+        sc[h] = fmaf(q4.w, k4.w, sc[h]);
+      }
+    }
+    // (2) online softmax per head (sc becomes the probabilities)
+#pragma unroll
+    for (int h = 0; h < kDecodeHeads; ++h) {
+      const float sv = valid ? sc[h] * p.scaling : -INFINITY;
+      const float mn = fmaxf(m[h], warp_max(sv));  // finite: key t0 is valid
+      const float corr = expf(m[h] - mn);          // m = -inf → 0
+      sc[h] = valid ? expf(sv - mn) : 0.0f;
+      l[h] = l[h] * corr + warp_sum(sc[h]);
+      m[h] = mn;
+#pragma unroll
+      for (int u = 0; u < 4; ++u) acc[h][u] *= corr;
+    }
+    // (3) acc[h] += Σ_j p[h][j] · v[j], lane = dims 4·lane .. 4·lane + 3
+    const int jend = int(min(int64_t(kDecKeys), b - t0));
+#pragma unroll 4
+    for (int jj = 0; jj < jend; ++jj) {
+      const float4 v4 = has_dims ? __ldcg(reinterpret_cast<const float4*>(vbase + (t0 + jj) * vstride) + lane)
+                                 : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+      for (int h = 0; h < kDecodeHeads; ++h) {
+        const float pj = __shfl_sync(0xffffffffu, sc[h], jj);
+        acc[h][0] = fmaf(pj, v4.x, acc[h][0]);
+        acc[h][1] = fmaf(pj, v4.y, acc[h][1]);
+        acc[h][2] = fmaf(pj, v4.z, acc[h][2]);
+        acc[h][3] = fmaf(pj, v4.w, acc[h][3]);
+      }
+    }
+  }
+  // the warps' states (a warp without a tile: max -inf, sum 0, output 0), merged per head
+#pragma unroll
+  for (int h = 0; h < kDecodeHeads; ++h) {
+    if (lane == 0) {
+      wml[(warp * kDecodeHeads + h) * 2] = m[h];
+      wml[(warp * kDecodeHeads + h) * 2 + 1] = l[h];
+    }
+    if (has_dims)
+      *reinterpret_cast<float4*>(wacc + (warp * kDecodeHeads + h) * dv + 4 * lane) =
+          make_float4(acc[h][0], acc[h][1], acc[h][2], acc[h][3]);
+  }
+  __syncthreads();
+  if (tid < hc) {  // head tid: the warps' weights exp(m_w - M) (in place of m_w) and 1 / L, sink included
+    float M = -INFINITY;
+    for (int w = 0; w < kDecWarps; ++w) M = fmaxf(M, wml[(w * kDecodeHeads + tid) * 2]);
+    const float sink = p.sinks ? p.sinks[h0 + tid] : -INFINITY;
+    const float mf = fmaxf(M, sink);
+    float L = p.sinks ? expf(sink - mf) : 0.0f;
+    for (int w = 0; w < kDecWarps; ++w) {
+      float* mlw = wml + (w * kDecodeHeads + tid) * 2;
+      const float wt = mlw[0] == -INFINITY ? 0.0f : expf(mlw[0] - mf);
+      L = fmaf(mlw[1], wt, L);
+      mlw[0] = wt;
+    }
+    linv[tid] = L > 0.0f ? 1.0f / L : 0.0f;
+  }
+  __syncthreads();
+  const int dv4 = dv / 4;
+  for (int e = tid; e < hc * dv4; e += kDecThreads) {
+    const int h = e / dv4, d4 = e % dv4;
+    float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+    for (int w = 0; w < kDecWarps; ++w) {
+      const float wt = wml[(w * kDecodeHeads + h) * 2];
+      const float4 x = *reinterpret_cast<const float4*>(wacc + (w * kDecodeHeads + h) * dv + 4 * d4);
+      o = make_float4(fmaf(wt, x.x, o.x), fmaf(wt, x.y, o.y), fmaf(wt, x.z, o.z), fmaf(wt, x.w, o.w));
+    }
+    const float s = linv[h];
+    *reinterpret_cast<float4*>(p.out + (row * p.nh + h0 + h) * dv + 4 * d4) = make_float4(o.x * s, o.y * s, o.z * s, o.w * s);
+  }
+}
+
+size_t one_block_smem_floats(int dq, int dv, int rope_half) {
+  return size_t(kDecodeHeads + kDecWarps) * dq + size_t(kDecWarps) * kDecodeHeads * (dv + 2) + 8 + size_t(4) * rope_half;
+}
+
 // ---- prefill (flash attention on the tensor cores) ---------------------------------------------------
 
 constexpr int kFlashRows = 64;  // query rows per head of a block (16 per warp)
@@ -653,8 +806,31 @@ bool decode_attention_fuses_post(const QkvPostParams& post, int nh, int nkv, int
          post.rope.dim <= post.hd && (post.rope.dim == 0 || post.rope.inv_freq);
 }
 
+bool decode_attention_one_block_ok(int nh, int nkv, int dq, int dv, int64_t max_keys) {
+  return nkv >= 1 && nh % nkv == 0 && nh / nkv <= kDecodeHeads && dq > 0 && dv > 0 && dq % 4 == 0 && dv % 4 == 0 &&
+         dq <= 128 && dv <= 128 && max_keys >= 1 && max_keys <= kOneBlockMaxKeys;
+}
+
 void launch_decode_attention(const DecodeAttentionParams& p, cudaStream_t s) {
   if (p.T == 0) return;
+  if (p.one_block) {
+    MOEX_ASSERT(decode_attention_one_block_ok(p.nh, p.nkv, p.dq, p.dv, 1) && ::moex::cuda::aligned16(p.k_cache) &&
+                ::moex::cuda::aligned16(p.v_cache) && ::moex::cuda::aligned16(p.out));
+    MOEX_ASSERT(!p.post_fused || (decode_attention_fuses_post(p.post, p.nh, p.nkv, p.dq, p.dv) &&
+                                  p.post.k_cache == p.k_cache && p.post.v_cache == p.v_cache && p.post.pos == p.pos &&
+                                  p.post.slot == p.slot && p.post.max_len == p.max_len && p.post.T == p.T));
+    const size_t smem = one_block_smem_floats(p.dq, p.dv, p.post_fused ? p.post.rope.dim / 2 : 0) * sizeof(float);
+    static bool configured = false;  // once per process: the most any call needs (dims <= 128)
+    if (!configured) {
+      check(cudaFuncSetAttribute(decode_attention_one_block_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 int(one_block_smem_floats(128, 128, kDecRopeHalfMax) * sizeof(float))),
+            "cudaFuncSetAttribute(decode_attention_one_block_kernel)");
+      configured = true;
+    }
+    ::moex::cuda::launch_pdl("decode_attention_one_block_kernel", decode_attention_one_block_kernel,
+                             dim3(unsigned(p.T), unsigned(p.nkv)), dim3(kDecThreads), smem, s, p);
+    return;
+  }
   MOEX_ASSERT(decode_attention_ok(p.dq, p.dv) && p.nkv >= 1 && p.nh % p.nkv == 0 && p.splits >= 1 &&
               p.splits <= kDecodeMaxSplits);
   MOEX_ASSERT(p.splits == 1 || (p.partial && p.counters));
