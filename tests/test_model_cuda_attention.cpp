@@ -2,8 +2,7 @@
 // q/k/v against an f64 host reference and the previous kernels: flash-decoding (contexts 1 .. 4096,
 // batch 1, 3, 8 and 64 with different lengths (tile and chunk edges, many empty chunks), GQA groups
 // 1/4/8/16, head dims 64/128/256 and MLA's 192/128, dq != dv, windows and sinks, forced 1 and many
-// key chunks, repeated launches: the merge tickets reset; and the one-block kernel on rows of at most
-// 512 keys);
+// key chunks, repeated launches: the merge tickets reset);
 // flash prefill in bf16/f16 (n = 1, 17, 64, 200, 2048, groups 1/4/8, head dims 64/128, windows,
 // sinks, a sequence at a row offset). Model level: flash vs the previous paths
 // (MOEX_CUDA_ATTENTION_FLASH=0) on the fixtures. Without a CUDA device every test is skipped.
@@ -105,9 +104,6 @@ TEST(CudaAttentionKernels, DecodeMatchesReferenceAndTheOldKernel) {
       {{4096, 33, 1, 500, 65, 130, 32, 7}, 32, 4, 128, 128, 256, true},
       // head dims over 128 (two 128-dim slices of q and/or v per lane)
       {{300, 33}, 8, 2, 256, 256, 0, true}, {{97, 5}, 8, 1, 64, 256, 50, true}, {{130, 64}, 4, 2, 256, 128, 0, false},
-      // rows that fit the one-block kernel (<= 512 keys): a decode batch, windows, sinks, group 8 of 2 kv heads
-      {{500}, 32, 4, 128, 128, 0, false}, {{200, 31, 64, 1}, 32, 4, 128, 128, 64, true}, {{300, 7}, 8, 8, 64, 64, 0, false},
-      {{129, 150, 193, 160, 170, 180, 190, 129}, 32, 4, 128, 128, 0, false}, {{33, 480}, 16, 2, 64, 64, 0, true},
   };
   std::mt19937 rng(7);
   // batch 64, lengths 1 .. 600 (every row a different number of non-empty chunks), plain and windowed + sinks
@@ -119,7 +115,6 @@ TEST(CudaAttentionKernels, DecodeMatchesReferenceAndTheOldKernel) {
     cases.push_back({lens, 32, 4, 128, 128, 200, true});
   }
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  int one_block_cases = 0;
   for (const Case& c : cases) {
     const int64_t T = int64_t(c.lens.size());
     const int64_t max_len = *std::max_element(c.lens.begin(), c.lens.end()) + 3;
@@ -230,46 +225,14 @@ TEST(CudaAttentionKernels, DecodeMatchesReferenceAndTheOldKernel) {
       copy_bytes(left.data(), Device::cpu(), ctr.data(), Device::cuda(), left.size() * 4);
       for (int32_t x : left) EXPECT_EQ(x, 0) << what << ": a merge ticket was not reset";
     }
-    // the one-block kernel (rows of at most 512 keys, head dims <= 128, groups <= 8)
-    if (kern::decode_attention_one_block_ok(c.nh, c.nkv, c.dq, c.dv, max_len)) {
-      Tensor out = Tensor::empty(DType::f32, {int64_t(n_out)}, Device::cuda());
-      kern::DecodeAttentionParams p{};
-      p.q = dq.ptr<float>();
-      p.k_cache = dk.ptr<float>();
-      p.v_cache = dvv.ptr<float>();
-      p.max_len = max_len;
-      p.T = T;
-      p.nh = c.nh;
-      p.nkv = c.nkv;
-      p.dq = c.dq;
-      p.dv = c.dv;
-      p.scaling = float(scaling);
-      p.window = c.window;
-      p.sinks = c.sinks ? ds.ptr<float>() : nullptr;
-      p.pos = dpos.ptr<int32_t>();
-      p.slot = dslot.ptr<int32_t>();
-      p.splits = 1;
-      p.one_block = true;
-      p.out = out.ptr<float>();
-      ASSERT_EQ(cudaMemset(out.data(), 0xff, n_out * 4), cudaSuccess);
-      kern::launch_decode_attention(p, nullptr);
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
-      const std::vector<float> h = to_host(out, n_out);
-      double max_abs = 0;
-      for (size_t i = 0; i < n_out; ++i) max_abs = std::max(max_abs, std::fabs(double(h[i]) - ref[i]));
-      EXPECT_LE(rel_l2(h.data(), reff.data(), n_out), 1e-5) << what << " one block";
-      EXPECT_LE(max_abs, 1e-5) << what << " one block";
-      ++one_block_cases;
-    }
   }
-  EXPECT_GE(one_block_cases, 8) << "the one-block kernel ran on too few cases";
 }
 
 // The decode kernel doing the GQA post-processing itself (post_fused: q/k norm, clip, RoPE, the
 // KV-cache write) against qkv_post_kernel followed by the plain decode kernel: the same bits in the
 // output and in both caches, for per-head and no q/k norm, clip, NeoX and interleaved RoPE, a partial
-// rotary dim, windows and sinks, groups 1/4/8, 1 and many key chunks, the one-block kernel; q of the
-// fused run is a NaN buffer it must not read.
+// rotary dim, windows and sinks, groups 1/4/8, 1 and many key chunks; q of the fused run is a NaN
+// buffer it must not read.
 TEST(CudaAttentionKernels, DecodeWithThePostProcessingMatchesTheTwoKernels) {
   SKIP_WITHOUT_CUDA();
   struct Case {
@@ -317,9 +280,7 @@ TEST(CudaAttentionKernels, DecodeWithThePostProcessingMatchesTheTwoKernels) {
     const std::string what = "T=" + std::to_string(T) + " ctx " + std::to_string(c.lens[0]) + " nh " + std::to_string(c.nh) +
                              "/" + std::to_string(c.nkv) + " hd " + std::to_string(c.hd) + " rope " + std::to_string(c.rope_dim);
     const int runtime_splits = kern::decode_attention_splits(T, c.nh, c.nkv, max_len, 132);
-    for (const auto [splits, one_block] : {std::pair{runtime_splits, false}, std::pair{1, false}, std::pair{3, false},
-                                           std::pair{1, true}}) {
-      if (one_block && !kern::decode_attention_one_block_ok(c.nh, c.nkv, c.hd, c.hd, max_len)) continue;
+    for (int splits : {runtime_splits, 1, 3}) {
       std::vector<float> got[2][3];  // [fused][out, k cache, v cache]
       for (int fused = 0; fused < 2; ++fused) {
         const Tensor dk = to_device(kc), dvv = to_device(vc);
@@ -369,7 +330,6 @@ TEST(CudaAttentionKernels, DecodeWithThePostProcessingMatchesTheTwoKernels) {
         p.partial = part.ptr<float>();
         p.counters = ctr.ptr<int32_t>();
         p.out = out.ptr<float>();
-        p.one_block = one_block;
         if (fused) {
           p.post_fused = true;
           p.post = qp;
@@ -390,7 +350,7 @@ TEST(CudaAttentionKernels, DecodeWithThePostProcessingMatchesTheTwoKernels) {
       for (int i = 0; i < 3; ++i) {
         ASSERT_EQ(got[0][i].size(), got[1][i].size());
         EXPECT_EQ(0, std::memcmp(got[0][i].data(), got[1][i].data(), got[0][i].size() * 4))
-            << what << " splits " << splits << (one_block ? " one block" : "") << ": " << names[i] << " differs";
+            << what << " splits " << splits << ": " << names[i] << " differs";
       }
       EXPECT_FALSE(std::any_of(got[1][0].begin(), got[1][0].end(), [](float x) { return std::isnan(x); })) << what;
     }

@@ -49,17 +49,10 @@ struct DecodeAttentionParams {
   // row's last key chunk its kv head's k and v into the cache — instead of by qkv_post_kernel first.
   bool post_fused = false;
   QkvPostParams post{};
-  // one_block: a row's keys in one block per kv head, merged in shared memory (no partials, no
-  // ticket; splits, partial and counters unused) — for rows of at most decode_attention_one_block_ok's
-  // bound, which the caller guarantees statically (cache capacity or window)
-  bool one_block = false;
 };
 
 // Whether the decode kernel handles these head dims (multiples of 4, at most 256).
 bool decode_attention_ok(int dq, int dv);
-// Whether the one-block decode kernel (one_block) serves rows of at most max_keys keys with these
-// heads: a kv head's group of <= 8 q heads, head dims <= 128 (multiples of 4), max_keys <= 512.
-bool decode_attention_one_block_ok(int nh, int nkv, int dq, int dv, int64_t max_keys);
 // Whether the decode kernel can run this GQA post-processing itself (post_fused): one head block per
 // kv head (nh / nkv <= kDecodeHeads), per-head or no q/k norm (norm_mode 2 needs the whole
 // projection), hd == dq == dv, a rotary dim of at most 256.

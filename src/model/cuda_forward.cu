@@ -138,9 +138,6 @@ struct CudaModel::Impl {
   // decode steps: q/k norm, RoPE and the KV-cache write done by the decode attention kernel
   // (MOEX_CUDA_FUSE_QKV_POST=0: by qkv_post_kernel first)
   bool fuse_qkv_post = true;
-  // decode attention of rows of at most 512 keys in one block per kv head, merged in shared memory
-  // (MOEX_CUDA_DECODE_ONE_BLOCK=0: the key-chunk kernel with its partials and merge)
-  bool decode_one_block = true;
   // Terms of x in the cuBLAS linears of bf16/f16 models (MOEX_CUDA_LINEAR_TERMS): 1 = bf16(x) only
   // (the default: the reference library's rounding; half the FLOPs, and no finishing kernel without
   // bias/gate), 2 = x ≈ hi + lo (~16 mantissa bits, the CPU runtime's split; a GEMM of 2T columns).
@@ -690,9 +687,6 @@ struct CudaModel::Impl {
       dp.pos = b.pos.ptr<int32_t>();
       dp.slot = b.slot.ptr<int32_t>();
       dp.splits = kern::decode_attention_splits(T, int(nh), int(kv_heads), cap_len, num_sms);
-      // rows of at most 512 keys (the cache capacity or the window): one block per kv head
-      dp.one_block = decode_one_block && kern::decode_attention_one_block_ok(int(nh), int(kv_heads), int(dq), int(dv),
-                                                                             ap.window > 0 ? std::min<int64_t>(cap_len, ap.window) : cap_len);
       dp.partial = b.dec_partial.ptr<float>();
       dp.counters = b.dec_counters.ptr<int32_t>();
       dp.out = b.attn.ptr<float>();
@@ -924,7 +918,6 @@ CudaModel::CudaModel(const ModelWeights& w, const TextConfig& t, Device dev) : i
   m.upload(w);
   if (const char* e = std::getenv("MOEX_CUDA_GEMV")) m.gemv_enabled = std::string(e) != "0";
   if (const char* e = std::getenv("MOEX_CUDA_FUSE_QKV_POST")) m.fuse_qkv_post = std::string(e) != "0";
-  if (const char* e = std::getenv("MOEX_CUDA_DECODE_ONE_BLOCK")) m.decode_one_block = std::string(e) != "0";
   if (const char* e = std::getenv("MOEX_CUDA_LINEAR_TERMS")) m.linear_terms = std::string(e) == "2" ? 2 : 1;
   if (const char* e = std::getenv("MOEX_CUDA_DEBUG_SKIP")) {
     std::string v = std::string(",") + e + ",";  // names separated by ',' or '+'
