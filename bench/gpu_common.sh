@@ -12,6 +12,9 @@
 #   gpu_tests FILTER [TIMEOUT] moex_tests on FILTER -> $OUT/tests.log; prints rc, the summary lines,
 #                              the harness' "rel L2" lines and the failures
 #   gpu_sanitize FILTER        compute-sanitizer memcheck and racecheck on FILTER -> $OUT/<tool>.log
+#   ncu_table CSV              a table (time, DRAM bytes, bandwidth, registers, grid) of the kernels in
+#                              an `ncu --csv --print-units base` file with gpu__time_duration.sum,
+#                              dram__bytes_read.sum, launch__registers_per_thread, launch__grid_size
 set -u
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
@@ -48,4 +51,24 @@ gpu_sanitize() {
     echo "$tool rc $? ($(grep -c 'Invalid' "$OUT/$tool.log") invalid, $(grep -ci 'hazard' "$OUT/$tool.log") hazard lines)"
     grep -E "ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED" "$OUT/$tool.log" | head -4
   done
+}
+
+ncu_table() {
+  python3 - "$1" <<'PY'
+import csv, sys, re
+num = lambda v: float(str(v).replace(",", "") or 0)
+rows = list(csv.reader(open(sys.argv[1])))
+start = next((i for i, r in enumerate(rows) if r and r[0] == "ID"), None)
+if start is None: print("no ncu rows"); sys.exit()
+h = rows[start]; I = {k: h.index(k) for k in ("ID", "Kernel Name", "Metric Name", "Metric Value")}
+k = {}
+for r in rows[start + 1:]:
+    if len(r) < len(h): continue
+    d = k.setdefault(r[I["ID"]], {"name": re.sub(r"\(.*", "", r[I["Kernel Name"]]).replace("moex::", "")[:60]})
+    d[r[I["Metric Name"]]] = r[I["Metric Value"]]
+print(f"{'id':>4} {'kernel':60} {'us':>7} {'MB':>7} {'GB/s':>6} {'regs':>4} grid")
+for i, d in sorted(k.items(), key=lambda x: int(x[0])):
+    us = num(d.get("gpu__time_duration.sum", 0)) / 1e3; mb = num(d.get("dram__bytes_read.sum", 0)) / 1e6
+    print(f"{i:>4} {d['name']:60} {us:7.2f} {mb:7.2f} {mb / us * 1e3 if us else 0:6.0f} {d.get('launch__registers_per_thread', '?'):>4} {d.get('launch__grid_size', '?')}")
+PY
 }

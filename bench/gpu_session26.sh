@@ -50,25 +50,6 @@ if has skip && [ "$(left)" -gt 60 ]; then
       --batches 1 --variants switch+graphs 2>&1 | grep -E "^decode|error" | sed "s/^/[skip $k] /" | tee -a "$OUT/skip.log"
   done
 fi
-ncu_table() {  # $1: ncu --csv output → a table of the kernels (time, DRAM bytes, bandwidth)
-  python3 - "$1" <<'PY'
-import csv, sys, re
-num = lambda v: float(str(v).replace(",", "") or 0)
-rows = list(csv.reader(open(sys.argv[1])))
-start = next((i for i, r in enumerate(rows) if r and r[0] == "ID"), None)
-if start is None: print("no ncu rows"); sys.exit()
-h = rows[start]; I = {k: h.index(k) for k in ("ID", "Kernel Name", "Metric Name", "Metric Value")}
-k = {}
-for r in rows[start + 1:]:
-    if len(r) < len(h): continue
-    d = k.setdefault(r[I["ID"]], {"name": re.sub(r"\(.*", "", r[I["Kernel Name"]]).replace("moex::", "")[:60]})
-    d[r[I["Metric Name"]]] = r[I["Metric Value"]]
-print(f"{'id':>4} {'kernel':60} {'us':>7} {'MB':>7} {'GB/s':>6} {'regs':>4} grid")
-for i, d in sorted(k.items(), key=lambda x: int(x[0])):
-    us = num(d.get("gpu__time_duration.sum", 0)) / 1e3; mb = num(d.get("dram__bytes_read.sum", 0)) / 1e6
-    print(f"{i:>4} {d['name']:60} {us:7.2f} {mb:7.2f} {mb / us * 1e3 if us else 0:6.0f} {d.get('launch__registers_per_thread', '?'):>4} {d.get('launch__grid_size', '?')}")
-PY
-}
 if has ncu && [ "$(left)" -gt 60 ]; then
   stamp ncu
   # the 4-layer model: prefill of 16 tokens, then 4 decode steps (the lm head's GEMV marks each step's end)
