@@ -221,6 +221,16 @@ TEST(CudaAttentionKernels, DecodeMatchesReferenceAndTheOldKernel) {
         EXPECT_LE(max_abs, 1e-5) << what << " splits " << splits << " launch " << rep;
         EXPECT_LE(vs_old, 2e-5) << what << " splits " << splits << " launch " << rep;
       }
+      // early (the first tile of chunks before pos requested before the PDL wait): the same bits
+      {
+        const std::vector<float> plain = to_host(out, n_out);
+        p.early = true;
+        ASSERT_EQ(cudaMemset(out.data(), 0xff, n_out * 4), cudaSuccess);
+        kern::launch_decode_attention(p, nullptr);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
+        const std::vector<float> h = to_host(out, n_out);
+        EXPECT_EQ(0, std::memcmp(h.data(), plain.data(), n_out * 4)) << what << " splits " << splits << ": early differs";
+      }
       std::vector<int32_t> left(zeros.size());
       copy_bytes(left.data(), Device::cpu(), ctr.data(), Device::cuda(), left.size() * 4);
       for (int32_t x : left) EXPECT_EQ(x, 0) << what << ": a merge ticket was not reset";
@@ -231,8 +241,8 @@ TEST(CudaAttentionKernels, DecodeMatchesReferenceAndTheOldKernel) {
 // The decode kernel doing the GQA post-processing itself (post_fused: q/k norm, clip, RoPE, the
 // KV-cache write) against qkv_post_kernel followed by the plain decode kernel: the same bits in the
 // output and in both caches, for per-head and no q/k norm, clip, NeoX and interleaved RoPE, a partial
-// rotary dim, windows and sinks, groups 1/4/8, 1 and many key chunks; q of the fused run is a NaN
-// buffer it must not read.
+// rotary dim, windows and sinks, groups 1/4/8, 1 and many key chunks, with and without the early
+// first tile (DecodeAttentionParams::early); q of the fused runs is a NaN buffer they must not read.
 TEST(CudaAttentionKernels, DecodeWithThePostProcessingMatchesTheTwoKernels) {
   SKIP_WITHOUT_CUDA();
   struct Case {
@@ -281,8 +291,9 @@ TEST(CudaAttentionKernels, DecodeWithThePostProcessingMatchesTheTwoKernels) {
                              "/" + std::to_string(c.nkv) + " hd " + std::to_string(c.hd) + " rope " + std::to_string(c.rope_dim);
     const int runtime_splits = kern::decode_attention_splits(T, c.nh, c.nkv, max_len, 132);
     for (int splits : {runtime_splits, 1, 3}) {
-      std::vector<float> got[2][3];  // [fused][out, k cache, v cache]
-      for (int fused = 0; fused < 2; ++fused) {
+      std::vector<float> got[3][3];  // [two kernels, fused, fused + early][out, k cache, v cache]
+      for (int run = 0; run < 3; ++run) {
+        const bool fused = run > 0;
         const Tensor dk = to_device(kc), dvv = to_device(vc);
         Tensor dq = to_device(std::vector<float>(n_out, NAN));
         Tensor part = Tensor::empty(DType::f32, {int64_t(kern::decode_attention_partial_floats(T, c.nh, c.hd, splits))},
@@ -330,6 +341,7 @@ TEST(CudaAttentionKernels, DecodeWithThePostProcessingMatchesTheTwoKernels) {
         p.partial = part.ptr<float>();
         p.counters = ctr.ptr<int32_t>();
         p.out = out.ptr<float>();
+        p.early = run == 2;
         if (fused) {
           p.post_fused = true;
           p.post = qp;
@@ -338,20 +350,21 @@ TEST(CudaAttentionKernels, DecodeWithThePostProcessingMatchesTheTwoKernels) {
         }
         kern::launch_decode_attention(p, nullptr);
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
-        got[fused][0] = to_host(out, n_out);
-        got[fused][1] = to_host(dk, kc.size());
-        got[fused][2] = to_host(dvv, vc.size());
+        got[run][0] = to_host(out, n_out);
+        got[run][1] = to_host(dk, kc.size());
+        got[run][2] = to_host(dvv, vc.size());
         if (fused) {
           const std::vector<float> qh = to_host(dq, n_out);
           EXPECT_TRUE(std::all_of(qh.begin(), qh.end(), [](float x) { return std::isnan(x); })) << what << ": q written";
         }
       }
       const char* names[3] = {"output", "k cache", "v cache"};
-      for (int i = 0; i < 3; ++i) {
-        ASSERT_EQ(got[0][i].size(), got[1][i].size());
-        EXPECT_EQ(0, std::memcmp(got[0][i].data(), got[1][i].data(), got[0][i].size() * 4))
-            << what << " splits " << splits << ": " << names[i] << " differs";
-      }
+      for (int run = 1; run < 3; ++run)
+        for (int i = 0; i < 3; ++i) {
+          ASSERT_EQ(got[0][i].size(), got[run][i].size());
+          EXPECT_EQ(0, std::memcmp(got[0][i].data(), got[run][i].data(), got[0][i].size() * 4))
+              << what << " splits " << splits << (run == 2 ? " early" : "") << ": " << names[i] << " differs";
+        }
       EXPECT_FALSE(std::any_of(got[1][0].begin(), got[1][0].end(), [](float x) { return std::isnan(x); })) << what;
     }
   }

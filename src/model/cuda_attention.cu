@@ -84,8 +84,10 @@ __device__ __forceinline__ void row_slices(const float* row, int width, int lane
 // last of the non-empty chunks to finish (an atomic ticket) merges their partials.
 template <int NQ, int NV>
 __global__ void __launch_bounds__(kDecThreads, 2) decode_attention_kernel(DecodeAttentionParams p) {
-  ::moex::cuda::pdl_wait();  // launched with PDL (pdl.cuh)
-  ::moex::cuda::pdl_launch_dependents();
+  if (!p.early) {
+    ::moex::cuda::pdl_wait();  // launched with PDL (pdl.cuh)
+    ::moex::cuda::pdl_launch_dependents();
+  }
   extern __shared__ __align__(16) float dsm[];
   const int dq = p.dq, dv = p.dv;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -135,25 +137,37 @@ __global__ void __launch_bounds__(kDecThreads, 2) decode_attention_kernel(Decode
     }
     ptx::cp_async_commit();
   };
+  double* rope_cs = reinterpret_cast<double*>(wz + kDecodeHeads * kDecodeMaxSplits);  // post_fused: the RoPE table
+  double* rope_sn = rope_cs + p.post.rope.dim / 2;
+  // p.early: what does not depend on the previous kernel (the qkv GEMV, or qkv_post_kernel) before
+  // waiting for it — the first tile of a chunk that ends before pos (those keys were written by
+  // earlier steps, and every kernel two or more back has finished once this one runs, pdl.cuh) and
+  // the RoPE table. pos and slot were written before the step's first kernel.
+  const bool issued = p.early && z < nz - 1;
+  if (p.early) {
+    if (issued) issue(0, 0);
+    if (p.post_fused) rope_table(p.post.rope, pos, rope_cs, rope_sn);
+    ::moex::cuda::pdl_wait();
+    ::moex::cuda::pdl_launch_dependents();
+  }
   if (p.post_fused) {
     // the step's q of the block's heads (into qs) and, in the block of the row's last chunk, its kv
     // head's k and v (into the cache, at pos): qkv_post_kernel's arithmetic, warp per head, the warp's
-    // scratch in ks (free until the first tile is issued below)
-    double* rope_cs = reinterpret_cast<double*>(wz + kDecodeHeads * kDecodeMaxSplits);
-    double* rope_sn = rope_cs + p.post.rope.dim / 2;
-    rope_table(p.post.rope, pos, rope_cs, rope_sn);
+    // scratch in K buffer 1 (free until the loop issues tile 1; buffer 0 may be loading already)
+    if (!p.early) rope_table(p.post.rope, pos, rope_cs, rope_sn);
     __syncthreads();
+    float* scratch = ks + kDecKeys * dq;
     const int jobs = hc + (z == nz - 1 ? 2 : 0);  // chunks == 1 here (decode_attention_fuses_post): c == 0
     for (int j = warp; j < jobs; j += kDecWarps) {
       const int hs = j < hc ? h0 + j : j == hc ? p.nh + kh : p.nh + p.nkv + kh;
-      qkv_post_slot(p.post, row, hs, ks + warp * dq, rope_cs, rope_sn, 1.0f, 1.0f, j < hc ? qs + j * dq : nullptr);
+      qkv_post_slot(p.post, row, hs, scratch + warp * dq, rope_cs, rope_sn, 1.0f, 1.0f, j < hc ? qs + j * dq : nullptr);
       __syncwarp();  // the scratch is rewritten by the warp's next head
     }
     for (int e = tid; e < (kDecodeHeads - hc) * dq; e += kDecThreads) qs[hc * dq + e] = 0.0f;
     __syncthreads();  // q complete; the key at pos is in the cache before this block's copies read it
-    issue(0, 0);
+    if (!issued) issue(0, 0);
   } else {
-    issue(0, 0);
+    if (!issued) issue(0, 0);
     // q of the block's heads into qs (rows of heads >= hc zero: their scores are computed and unused)
     for (int e = tid; e < kDecodeHeads * dq4; e += kDecThreads) {
       const int h = e / dq4, q4 = e % dq4;

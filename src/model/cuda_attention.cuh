@@ -49,6 +49,10 @@ struct DecodeAttentionParams {
   // row's last key chunk its kv head's k and v into the cache — instead of by qkv_post_kernel first.
   bool post_fused = false;
   QkvPostParams post{};
+  // early: a chunk that ends before the row's last key requests its first tile, and the RoPE table is
+  // computed, before waiting for the previous kernel (PDL) — the same bits, earlier loads. Requires
+  // that the cache rows before pos and pos / slot were written at least two kernels back.
+  bool early = false;
 };
 
 // Whether the decode kernel handles these head dims (multiples of 4, at most 256).

@@ -138,6 +138,9 @@ struct CudaModel::Impl {
   // decode steps: q/k norm, RoPE and the KV-cache write done by the decode attention kernel
   // (MOEX_CUDA_FUSE_QKV_POST=0: by qkv_post_kernel first)
   bool fuse_qkv_post = true;
+  // decode attention: chunks that end before pos request their first tile before waiting for the qkv
+  // GEMV (MOEX_CUDA_DECODE_EARLY=1; prepared in the twenty-sixth session, not yet run on a GPU: off)
+  bool decode_early = false;
   // Terms of x in the cuBLAS linears of bf16/f16 models (MOEX_CUDA_LINEAR_TERMS): 1 = bf16(x) only
   // (the default: the reference library's rounding; half the FLOPs, and no finishing kernel without
   // bias/gate), 2 = x ≈ hi + lo (~16 mantissa bits, the CPU runtime's split; a GEMM of 2T columns).
@@ -672,6 +675,7 @@ struct CudaModel::Impl {
       kern::DecodeAttentionParams dp{};
       dp.post_fused = post_fused;
       dp.post = qp;
+      dp.early = decode_early;
       dp.q = b.q.ptr<float>();
       dp.k_cache = b.k_cache[l].ptr<float>();
       dp.v_cache = b.v_cache[l].ptr<float>();
@@ -918,6 +922,7 @@ CudaModel::CudaModel(const ModelWeights& w, const TextConfig& t, Device dev) : i
   m.upload(w);
   if (const char* e = std::getenv("MOEX_CUDA_GEMV")) m.gemv_enabled = std::string(e) != "0";
   if (const char* e = std::getenv("MOEX_CUDA_FUSE_QKV_POST")) m.fuse_qkv_post = std::string(e) != "0";
+  if (const char* e = std::getenv("MOEX_CUDA_DECODE_EARLY")) m.decode_early = std::string(e) == "1";
   if (const char* e = std::getenv("MOEX_CUDA_LINEAR_TERMS")) m.linear_terms = std::string(e) == "2" ? 2 : 1;
   if (const char* e = std::getenv("MOEX_CUDA_DEBUG_SKIP")) {
     std::string v = std::string(",") + e + ",";  // names separated by ',' or '+'
