@@ -153,10 +153,11 @@ __global__ void __launch_bounds__(kDecThreads, 2) decode_attention_kernel(Decode
   if (p.post_fused) {
     // the step's q of the block's heads (into qs) and, in the block of the row's last chunk, its kv
     // head's k and v (into the cache, at pos): qkv_post_kernel's arithmetic, warp per head, the warp's
-    // scratch in K buffer 1 (free until the loop issues tile 1; buffer 0 may be loading already)
+    // scratch in K buffer 0, free until the first tile is issued below — or, early, in buffer 1 (free
+    // until the loop issues tile 1; buffer 0 may be loading already)
     if (!p.early) rope_table(p.post.rope, pos, rope_cs, rope_sn);
     __syncthreads();
-    float* scratch = ks + kDecKeys * dq;
+    float* scratch = ks + (p.early ? kDecKeys * dq : 0);
     const int jobs = hc + (z == nz - 1 ? 2 : 0);  // chunks == 1 here (decode_attention_fuses_post): c == 0
     for (int j = warp; j < jobs; j += kDecWarps) {
       const int hs = j < hc ? h0 + j : j == hc ? p.nh + kh : p.nh + p.nkv + kh;
