@@ -11,7 +11,8 @@
 #                              compiler's error lines; prints how many functions ptxas serialized (C7511)
 #   gpu_tests FILTER [TIMEOUT] moex_tests on FILTER -> $OUT/tests.log; prints rc, the summary lines,
 #                              the harness' "rel L2" lines and the failures
-#   gpu_sanitize FILTER        compute-sanitizer memcheck and racecheck on FILTER -> $OUT/<tool>.log
+#   gpu_sanitize FILTER [TIMEOUT]  compute-sanitizer memcheck and racecheck on FILTER, each within
+#                              TIMEOUT seconds (default 150) -> $OUT/<tool>.log
 #   ncu_table CSV              a table (time, DRAM bytes, bandwidth, registers, grid) of the kernels in
 #                              an `ncu --csv --print-units base` file with gpu__time_duration.sum,
 #                              dram__bytes_read.sum, launch__registers_per_thread, launch__grid_size
@@ -47,7 +48,7 @@ gpu_sanitize() {
   local tool
   for tool in memcheck racecheck; do
     stamp "$tool [$1]"
-    timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 "$BUILD/moex_tests" --gtest_filter="$1" > "$OUT/$tool.log" 2>&1
+    timeout "${2:-150}" compute-sanitizer --tool $tool --error-exitcode 9 "$BUILD/moex_tests" --gtest_filter="$1" > "$OUT/$tool.log" 2>&1
     echo "$tool rc $? ($(grep -c 'Invalid' "$OUT/$tool.log") invalid, $(grep -ci 'hazard' "$OUT/$tool.log") hazard lines)"
     grep -E "ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED" "$OUT/$tool.log" | head -4
   done

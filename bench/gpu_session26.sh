@@ -74,13 +74,6 @@ if has detail && [ "$(left)" -gt 60 ]; then
   done
 fi
 if has sanitize && [ "$(left)" -gt 30 ]; then
-  for tool in memcheck racecheck; do
-    [ "$(left)" -gt 20 ] || break
-    stamp "$tool"
-    timeout "$(( $(left) - 10 ))" compute-sanitizer --tool $tool --error-exitcode 9 "$BUILD/moex_tests" \
-      --gtest_filter="${SANITIZE_FILTER:-CudaModelKernels.*Router*}" > "$OUT/$tool.log" 2>&1
-    echo "$tool rc $?"
-    grep -E "ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED" "$OUT/$tool.log" | head -4
-  done
+  gpu_sanitize "${SANITIZE_FILTER:-CudaModelKernels.*Router*}" "$(( ($(left) - 10) / 2 ))"
 fi
 stamp done

@@ -604,6 +604,7 @@ struct CudaModel::Impl {
     const bool pre = dtc != 0;
     kern::AttentionParams ap{};
     kern::QkvPostParams qp{};
+    const bool flash_decode = decode_flash(T, n_tiles, segs);
     bool post_fused = false;  // q, k, v post-processed by the decode attention kernel
     if (mla) {
       const int64_t nope = t.qk_nope_head_dim, rd = t.qk_rope_head_dim, vd = t.v_head_dim, lora = t.kv_lora_rank;
@@ -658,7 +659,7 @@ struct CudaModel::Impl {
       qp.v_cache = b.v_cache[l].ptr<float>();
       qp.max_len = cap_len;
       // decode steps: the decode attention kernel post-processes q, k, v itself (one kernel less)
-      post_fused = fuse_qkv_post && !skip(T, kSkipQkvPost) && decode_flash(T, n_tiles, segs) &&
+      post_fused = fuse_qkv_post && !skip(T, kSkipQkvPost) && flash_decode &&
                    kern::decode_attention_fuses_post(qp, int(nh), int(nkv), int(dq), int(dv));
       if (!skip(T, kSkipQkvPost) && !post_fused) kern::launch_qkv_post(qp, stream);
       ap.window = d.window;
@@ -670,7 +671,7 @@ struct CudaModel::Impl {
       linear(d.o, b.attn.ptr<float>(), nh * dv, T, b.x.ptr<float>(), H, true);
       return;
     }
-    if (decode_flash(T, n_tiles, segs)) {
+    if (flash_decode) {
       // one-row tiles (decode steps): flash-decoding, key chunks sized from static bounds (graph-safe)
       kern::DecodeAttentionParams dp{};
       dp.post_fused = post_fused;
