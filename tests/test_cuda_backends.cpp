@@ -372,42 +372,6 @@ TEST(CudaFp8Route, FewRowExactKernelMatchesTheFourStageKernelBitForBit) {
   }
 }
 
-// batched_mm's down kernel with the token's h rows staged in shared memory (batched_gemv.cu,
-// MOEX_CUDA_DOWN_STAGE=16 by default, 24, or 0 for the warp kernel without staging): the same f32
-// sums in the same order, so the same output bits. K = 1..10 (each slot-group width, and K > 8 in
-// two groups), biases, dropped slots, i64 indices, several tokens, f32 / f16 / bf16.
-TEST(CudaBatchedDown, StagedKernelMatchesTheWarpKernelBitForBit) {
-  SKIP_WITHOUT_CUDA();
-  for (DType dt : {DType::f32, DType::f16, DType::bf16}) {
-    std::vector<check::Case> cases;
-    cases.push_back(make_case(401, dt, 16, 256, 768, 1, 8));    // the model's batch-1 step, scaled down
-    cases.push_back(make_case(402, dt, 16, 200, 768, 8, 8));    // H not a multiple of the block's 8 rows
-    { auto c = make_case(403, dt, 8, 256, 384, 5, 2); c.spec.has_bias = true; cases.push_back(c); }
-    { auto c = make_case(404, dt, 12, 128, 256, 3, 3); c.routing = check::Routing::dropped; c.index_dtype = DType::i64;
-      cases.push_back(c); }
-    { auto c = make_case(405, dt, 6, 192, 512, 4, 1); c.spec.has_gate = false; c.spec.activation.kind = Activation::relu;
-      cases.push_back(c); }
-    { auto c = make_case(406, dt, 32, 136, 200, 2, 10); c.spec.has_bias = true; c.routing = check::Routing::dropped;
-      cases.push_back(c); }
-    cases.push_back(make_case(407, dt, 16, 256, 160, 6, 4));
-    for (const check::Case& c : cases) {
-      const check::Instance dev = check::make_instance(c).to(Device::cuda());
-      auto run = [&](const char* mode) {
-        ScopedEnv env("MOEX_CUDA_DOWN_STAGE", mode);
-        Tensor out = Tensor::empty(dt, {c.tokens, c.spec.hidden}, Device::cuda());
-        experts_forward("batched_mm", dev.experts(), dev.call(out));
-        return test::to_host(out);
-      };
-      const auto warp_kernel = run("0");
-      const std::string what = std::string(dtype_name(dt)) + " K=" + std::to_string(c.top_k) + " I=" +
-                               std::to_string(c.spec.intermediate) + " T=" + std::to_string(c.tokens);
-      EXPECT_EQ(run("16"), warp_kernel) << what << ": 16 loads per lane";
-      EXPECT_EQ(run("24"), warp_kernel) << what << ": 24 loads per lane";
-      EXPECT_EQ(run(nullptr), warp_kernel) << what << ": the default";
-    }
-  }
-}
-
 INSTANTIATE_TEST_SUITE_P(Dtypes, CudaFp8Prefill, ::testing::Values(DType::f32, DType::f16, DType::bf16),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
 

@@ -138,9 +138,10 @@ struct CudaModel::Impl {
   // decode steps: q/k norm, RoPE and the KV-cache write done by the decode attention kernel
   // (MOEX_CUDA_FUSE_QKV_POST=0: by qkv_post_kernel first)
   bool fuse_qkv_post = true;
-  // decode attention: chunks that end before pos request their first tile before waiting for the qkv
-  // GEMV (MOEX_CUDA_DECODE_EARLY=1; prepared in the twenty-sixth session, not yet run on a GPU: off)
-  bool decode_early = false;
+  // decode attention: chunks that end before pos request their first tile (and the RoPE table is
+  // computed) before waiting for the qkv GEMV (MOEX_CUDA_DECODE_EARLY=0: after it; H200, 2026-12-03:
+  // batch 1 -0.07 ms / step, batch 8 -0.14, docs/PERF.md twenty-seventh session)
+  bool decode_early = true;
   // Terms of x in the cuBLAS linears of bf16/f16 models (MOEX_CUDA_LINEAR_TERMS): 1 = bf16(x) only
   // (the default: the reference library's rounding; half the FLOPs, and no finishing kernel without
   // bias/gate), 2 = x ≈ hi + lo (~16 mantissa bits, the CPU runtime's split; a GEMM of 2T columns).
@@ -923,7 +924,7 @@ CudaModel::CudaModel(const ModelWeights& w, const TextConfig& t, Device dev) : i
   m.upload(w);
   if (const char* e = std::getenv("MOEX_CUDA_GEMV")) m.gemv_enabled = std::string(e) != "0";
   if (const char* e = std::getenv("MOEX_CUDA_FUSE_QKV_POST")) m.fuse_qkv_post = std::string(e) != "0";
-  if (const char* e = std::getenv("MOEX_CUDA_DECODE_EARLY")) m.decode_early = std::string(e) == "1";
+  if (const char* e = std::getenv("MOEX_CUDA_DECODE_EARLY")) m.decode_early = std::string(e) != "0";
   if (const char* e = std::getenv("MOEX_CUDA_LINEAR_TERMS")) m.linear_terms = std::string(e) == "2" ? 2 : 1;
   if (const char* e = std::getenv("MOEX_CUDA_DEBUG_SKIP")) {
     std::string v = std::string(",") + e + ",";  // names separated by ',' or '+'

@@ -10,11 +10,7 @@
 // (S·I elements). No routing plan, no host synchronisation: capturable in a CUDA graph.
 // Weights stored [E, out, in] (default) use one warp per output row; transposed weights
 // [E, in, out] use 64 output columns × 4 k-slices per block (coalesced along the output dim).
-#include <cstdlib>
-#include <cstring>
-
 #include "backends/cuda/cuda_common.cuh"
-#include "backends/cuda/mma_ptx.cuh"
 #include "backends/cuda/pdl.cuh"
 
 namespace moex::cuda {
@@ -209,88 +205,6 @@ __global__ void __launch_bounds__(THREADS) batched_down_nt(BatchedArgs a) {
   if (lane == 0) static_cast<T*>(a.out)[t * H + n] = from_f32<T>(acc);
 }
 
-// The same down projection with the token's K rows of h staged in shared memory once per block
-// ([K][I], cp.async) and UC = LOADS / SLOTS weight chunks of each slot in flight per lane: the h
-// operands no longer take registers, so a lane holds two or three times the weight bytes (LOADS
-// 16 or 24 against 8; qwen3_30b_a3b, K = 8, I = 768: a warp's 12 KB in two rounds or one instead
-// of three). Chunks are consumed in the
-// same order per lane as above (c = lane, lane + 32, ...), so the result is the same f32 bits.
-// Used where K·I·sizeof(T) <= kDownStageMaxBytes (MOEX_CUDA_DOWN_STAGE below).
-constexpr int kDownStageMaxBytes = 48 * 1024;
-template <class T, int SLOTS, int LOADS>
-__global__ void __launch_bounds__(THREADS, 2) batched_down_nt_staged(BatchedArgs a) {
-  pdl_wait();
-  pdl_launch_dependents();
-  constexpr int V = 16 / sizeof(T), UC = LOADS / SLOTS;
-  extern __shared__ __align__(16) unsigned char down_h_smem[];
-  uint4* hs = reinterpret_cast<uint4*>(down_h_smem);  // [K][I / V] chunks of the token's h rows
-  const int64_t t = blockIdx.x, H = a.H, I = a.I, nv = I / V;
-  {  // every thread stages, even a warp past H: the barrier below is the whole block's
-    const uint4* src = reinterpret_cast<const uint4*>(static_cast<const T*>(a.h) + t * a.K * I);
-    for (int64_t c = threadIdx.x; c < a.K * nv; c += THREADS) ptx::cp_async16(ptx::smem_u32(hs + c), src + c, true);
-    ptx::cp_async_commit();
-  }
-  const int64_t n_raw = int64_t(blockIdx.y) * (THREADS / 32) + (threadIdx.x >> 5);
-  const bool row_ok = n_raw < H;
-  const int64_t n = row_ok ? n_raw : H - 1;  // past H: loads of row H - 1, nothing stored
-  const int lane = threadIdx.x & 31;
-  const int nvi = int(nv);  // I / V < 2^31 (checked on the host)
-  const uint4* down = reinterpret_cast<const uint4*>(a.down);
-  bool staged = false;
-  float acc = 0.0f;
-  for (int64_t j0 = 0; j0 < a.K; j0 += SLOTS) {
-    int e[SLOTS];  // the slot's expert, -1 where dropped (32-bit ids and no pointer array: registers)
-#pragma unroll
-    for (int q = 0; q < SLOTS; ++q) {
-      const int64_t j = j0 + q, ej = j < a.K ? load_index(a.idx, a.idx64, t * a.K + j) : -1;
-      e[q] = ej >= 0 && ej < a.E ? int(ej) : -1;
-    }
-    float part[SLOTS];
-#pragma unroll
-    for (int q = 0; q < SLOTS; ++q) part[q] = 0.0f;
-    for (int c0 = lane; c0 < nvi; c0 += 32 * UC) {
-      uint4 xw[SLOTS][UC];
-#pragma unroll
-      for (int q = 0; q < SLOTS; ++q)
-#pragma unroll
-        for (int u = 0; u < UC; ++u)
-          if (e[q] >= 0 && c0 + 32 * u < nvi) xw[q][u] = __ldg(down + (int64_t(e[q]) * H + n) * nv + c0 + 32 * u);
-      if (!staged) {  // uniform across the block: every warp runs the same trip counts
-        ptx::cp_async_wait<0>();
-        __syncthreads();
-        staged = true;
-      }
-#pragma unroll
-      for (int q = 0; q < SLOTS; ++q)
-#pragma unroll
-        for (int u = 0; u < UC; ++u)
-          if (e[q] >= 0 && c0 + 32 * u < nvi) part[q] = dot_vec<T>(hs[(j0 + q) * nv + c0 + 32 * u], xw[q][u], part[q]);
-    }
-#pragma unroll
-    for (int q = 0; q < SLOTS; ++q) {
-      if (e[q] < 0) continue;
-      float y = warp_sum(part[q]);
-      if (a.down_bias) y += to_f32(static_cast<const T*>(a.down_bias)[int64_t(e[q]) * H + n]);
-      acc += load_any(a.topw, a.topw_code, t * a.K + j0 + q) * y;
-    }
-  }
-  if (lane == 0 && row_ok) static_cast<T*>(a.out)[t * H + n] = from_f32<T>(acc);
-}
-
-// MOEX_CUDA_DOWN_STAGE: unset or 16 = the staged down kernel with 16 weight loads in flight per
-// lane where it fits, 24 = with 24 (at K = 8 ptxas spills ~200 bytes to stay at 128 registers),
-// 0 = batched_down_nt. Read at every launch (the tests switch it).
-int down_stage_loads() {
-  const char* e = std::getenv("MOEX_CUDA_DOWN_STAGE");
-  if (!e || !*e) return 16;
-  return std::strcmp(e, "0") == 0 ? 0 : std::strcmp(e, "24") == 0 ? 24 : 16;
-}
-template <class T, int LOADS>
-auto staged_down_kernel(int64_t K) {
-  return K <= 1 ? batched_down_nt_staged<T, 1, LOADS> : K <= 2 ? batched_down_nt_staged<T, 2, LOADS>
-         : K <= 4 ? batched_down_nt_staged<T, 4, LOADS> : batched_down_nt_staged<T, 8, LOADS>;
-}
-
 // ---- transposed weights: 64 output columns × 4 k-slices per block ----
 constexpr int TN_COLS = 64, TN_SLICES = THREADS / TN_COLS;
 
@@ -383,16 +297,9 @@ void launch_typed(const BatchedArgs& a, bool vec16, cudaStream_t stream) {
     if (vec16) {
       launch_pdl("batched_up_nt", batched_up_nt<T, true>, g_up, dim3(THREADS), 0, stream, a);
       // slots interleaved: K itself up to 8 (rounded up to a power of two), else groups of 8
-      const size_t h_bytes = size_t(a.K) * size_t(a.I) * sizeof(T);
-      const int loads = down_stage_loads();
-      if (h_bytes <= size_t(kDownStageMaxBytes) && a.I / (16 / int64_t(sizeof(T))) < (int64_t(1) << 30) && loads > 0) {
-        const auto down = loads == 16 ? staged_down_kernel<T, 16>(a.K) : staged_down_kernel<T, 24>(a.K);
-        launch_pdl("batched_down_nt_staged", down, g_down, dim3(THREADS), h_bytes, stream, a);
-      } else {
-        const auto down = a.K <= 1 ? batched_down_nt<T, true, 1> : a.K <= 2 ? batched_down_nt<T, true, 2>
-                          : a.K <= 4 ? batched_down_nt<T, true, 4> : batched_down_nt<T, true, 8>;
-        launch_pdl("batched_down_nt", down, g_down, dim3(THREADS), 0, stream, a);
-      }
+      const auto down = a.K <= 1 ? batched_down_nt<T, true, 1> : a.K <= 2 ? batched_down_nt<T, true, 2>
+                        : a.K <= 4 ? batched_down_nt<T, true, 4> : batched_down_nt<T, true, 8>;
+      launch_pdl("batched_down_nt", down, g_down, dim3(THREADS), 0, stream, a);
     } else {
       launch_pdl("batched_up_nt", batched_up_nt<T, false>, g_up, dim3(THREADS), 0, stream, a);
       launch_pdl("batched_down_nt", batched_down_nt<T, false, 4>, g_down, dim3(THREADS), 0, stream, a);
