@@ -82,7 +82,9 @@ void reference_row(const float* q, int64_t j0, int64_t pos, int dq, int dv, doub
 namespace kern = ::moex::model::cuda;
 
 // Flash-decoding against the f64 reference and attention_kernel (one-row tiles), for every split
-// count the runtime could pick plus 1 and the maximum; each launch twice (tickets reset to zero).
+// count the runtime could pick plus 1, 3, 8 and the maximum; each launch twice (tickets reset to
+// zero); the early first tile and, where decode_attention_cluster_ok, the cluster merge (with and
+// without the early tile) give the same bits.
 TEST(CudaAttentionKernels, DecodeMatchesReferenceAndTheOldKernel) {
   SKIP_WITHOUT_CUDA();
   struct Case {
@@ -184,7 +186,7 @@ TEST(CudaAttentionKernels, DecodeMatchesReferenceAndTheOldKernel) {
 
     ASSERT_TRUE(kern::decode_attention_ok(c.dq, c.dv)) << what;
     const int runtime_splits = kern::decode_attention_splits(T, c.nh, c.nkv, max_len, 132);
-    for (int splits : {runtime_splits, 1, 3, kern::kDecodeMaxSplits}) {
+    for (int splits : {runtime_splits, 1, 3, 8, kern::kDecodeMaxSplits}) {
       Tensor part = Tensor::empty(DType::f32, {int64_t(kern::decode_attention_partial_floats(T, c.nh, c.dv, splits))},
                                   Device::cuda());
       const std::vector<int32_t> zeros(size_t(kern::decode_attention_counters(T, c.nh, c.nkv)), 0);
@@ -230,6 +232,21 @@ TEST(CudaAttentionKernels, DecodeMatchesReferenceAndTheOldKernel) {
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
         const std::vector<float> h = to_host(out, n_out);
         EXPECT_EQ(0, std::memcmp(h.data(), plain.data(), n_out * 4)) << what << " splits " << splits << ": early differs";
+        // the chunks of a row as one cluster, merged through distributed shared memory: the same bits
+        if (kern::decode_attention_cluster_ok(splits, c.dq, c.dv)) {
+          for (bool early : {false, true}) {
+            p.early = early;
+            p.cluster = true;
+            ASSERT_EQ(cudaMemset(out.data(), 0xff, n_out * 4), cudaSuccess);
+            kern::launch_decode_attention(p, nullptr);
+            ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
+            const std::vector<float> hc = to_host(out, n_out);
+            EXPECT_EQ(0, std::memcmp(hc.data(), plain.data(), n_out * 4))
+                << what << " splits " << splits << (early ? " early" : "") << ": the cluster merge differs";
+          }
+          p.cluster = false;
+        }
+        p.early = false;
       }
       std::vector<int32_t> left(zeros.size());
       copy_bytes(left.data(), Device::cpu(), ctr.data(), Device::cuda(), left.size() * 4);
@@ -242,7 +259,8 @@ TEST(CudaAttentionKernels, DecodeMatchesReferenceAndTheOldKernel) {
 // KV-cache write) against qkv_post_kernel followed by the plain decode kernel: the same bits in the
 // output and in both caches, for per-head and no q/k norm, clip, NeoX and interleaved RoPE, a partial
 // rotary dim, windows and sinks, groups 1/4/8, 1 and many key chunks, with and without the early
-// first tile (DecodeAttentionParams::early); q of the fused runs is a NaN buffer they must not read.
+// first tile (DecodeAttentionParams::early), and early as one cluster (DecodeAttentionParams::cluster,
+// 3 and 8 chunks); q of the fused runs is a NaN buffer they must not read.
 TEST(CudaAttentionKernels, DecodeWithThePostProcessingMatchesTheTwoKernels) {
   SKIP_WITHOUT_CUDA();
   struct Case {
@@ -290,9 +308,12 @@ TEST(CudaAttentionKernels, DecodeWithThePostProcessingMatchesTheTwoKernels) {
     const std::string what = "T=" + std::to_string(T) + " ctx " + std::to_string(c.lens[0]) + " nh " + std::to_string(c.nh) +
                              "/" + std::to_string(c.nkv) + " hd " + std::to_string(c.hd) + " rope " + std::to_string(c.rope_dim);
     const int runtime_splits = kern::decode_attention_splits(T, c.nh, c.nkv, max_len, 132);
-    for (int splits : {runtime_splits, 1, 3}) {
-      std::vector<float> got[3][3];  // [two kernels, fused, fused + early][out, k cache, v cache]
-      for (int run = 0; run < 3; ++run) {
+    for (int splits : {runtime_splits, 1, 3, 8}) {
+      // [two kernels, fused, fused + early, fused + early as one cluster][out, k cache, v cache]
+      const bool cluster_ok = kern::decode_attention_cluster_ok(splits, c.hd, c.hd);
+      const int runs = cluster_ok ? 4 : 3;
+      std::vector<float> got[4][3];
+      for (int run = 0; run < runs; ++run) {
         const bool fused = run > 0;
         const Tensor dk = to_device(kc), dvv = to_device(vc);
         Tensor dq = to_device(std::vector<float>(n_out, NAN));
@@ -341,7 +362,8 @@ TEST(CudaAttentionKernels, DecodeWithThePostProcessingMatchesTheTwoKernels) {
         p.partial = part.ptr<float>();
         p.counters = ctr.ptr<int32_t>();
         p.out = out.ptr<float>();
-        p.early = run == 2;
+        p.early = run >= 2;
+        p.cluster = run == 3;
         if (fused) {
           p.post_fused = true;
           p.post = qp;
@@ -359,11 +381,12 @@ TEST(CudaAttentionKernels, DecodeWithThePostProcessingMatchesTheTwoKernels) {
         }
       }
       const char* names[3] = {"output", "k cache", "v cache"};
-      for (int run = 1; run < 3; ++run)
+      const char* modes[4] = {"", "", " early", " early cluster"};
+      for (int run = 1; run < runs; ++run)
         for (int i = 0; i < 3; ++i) {
           ASSERT_EQ(got[0][i].size(), got[run][i].size());
           EXPECT_EQ(0, std::memcmp(got[0][i].data(), got[run][i].data(), got[0][i].size() * 4))
-              << what << " splits " << splits << (run == 2 ? " early" : "") << ": " << names[i] << " differs";
+              << what << " splits " << splits << modes[run] << ": " << names[i] << " differs";
         }
       EXPECT_FALSE(std::any_of(got[1][0].begin(), got[1][0].end(), [](float x) { return std::isnan(x); })) << what;
     }

@@ -41,6 +41,23 @@ size_t decode_smem_floats(int dq, int dv, int rope_half = 0) {
          size_t(kDecodeHeads) * kDecodeMaxSplits + size_t(4) * rope_half;  // dq, dv multiples of 4: the table 8-byte aligned
 }
 
+// The float4 / float2 at this CTA's shared-memory address of `local` in CTA `cta` of the cluster
+// (distributed shared memory). volatile: kept after the cluster barrier that makes them valid.
+__device__ __forceinline__ float4 load_cluster_f4(const float* local, uint32_t cta) {
+  uint32_t remote;
+  float4 v;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(ptx::smem_u32(local)), "r"(cta));
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(remote));
+  return v;
+}
+__device__ __forceinline__ float2 load_cluster_f2(const float* local, uint32_t cta) {
+  uint32_t remote;
+  float2 v;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(ptx::smem_u32(local)), "r"(cta));
+  asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(remote));
+  return v;
+}
+
 // Sum of 32 values per lane over the warp, one result per lane: lane l gets the sum of everyone's
 // v[l] (a butterfly that halves the values each step: 31 shuffles instead of 32 · 5).
 template <int O>
@@ -82,7 +99,9 @@ __device__ __forceinline__ void row_slices(const float* row, int width, int lane
 // w, w+8, ... and lane the dims 4·lane + 128·i for every head (each V row read once).
 // NQ / NV = dq / dv slices of 128 (1 or 2). One non-empty chunk normalises itself; otherwise the
 // last of the non-empty chunks to finish (an atomic ticket) merges their partials.
-template <int NQ, int NV>
+// CLUSTER: p.cluster (a separate instantiation: the default kernel's code stays without the merge
+// through distributed shared memory).
+template <int NQ, int NV, bool CLUSTER>
 __global__ void __launch_bounds__(kDecThreads, 2) decode_attention_kernel(DecodeAttentionParams p) {
   if (!p.early) {
     ::moex::cuda::pdl_wait();  // launched with PDL (pdl.cuh)
@@ -317,7 +336,76 @@ __global__ void __launch_bounds__(kDecThreads, 2) decode_attention_kernel(Decode
     for (int e = tid; e < hc * dv4; e += kDecThreads) store_out(e / dv4, e % dv4, block_out(e / dv4, e % dv4), linv[e / dv4]);
     return;
   }
-  // several chunks: this block's partial, then the last non-empty chunk of (row, head block) merges
+  // several chunks. Merge weights wz[h][k] = exp(m_k - M) per chunk k < nz and 1 / L per head, from
+  // the chunks' (m, l) — read in one pass by warp h, lane k (load_ml(h, k)); then out = Σ_k wz[h][k] ·
+  // part_k[h] / L in chunk order (load_part(h, d4, k): chunk k's float4 of head h at dims 4·d4), over
+  // the (h, d4) elements e = e0, e0 + step, ...: the same arithmetic whichever way the partials travel.
+  constexpr int kMlPerLane = kDecodeMaxSplits / 32;
+  auto merge_weights = [&](auto load_ml) {
+    if (warp < hc) {
+      float2 mlk[kMlPerLane];
+      float M = -INFINITY;
+#pragma unroll
+      for (int i = 0; i < kMlPerLane; ++i) {
+        const int k = lane + 32 * i;
+        mlk[i] = k < nz ? load_ml(warp, k) : make_float2(-INFINITY, 0.0f);
+        M = fmaxf(M, mlk[i].x);
+      }
+      M = warp_max(M);
+      const float sink = p.sinks ? p.sinks[h0 + warp] : -INFINITY;
+      const float mf = fmaxf(M, sink);
+      float L = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kMlPerLane; ++i) {
+        const int k = lane + 32 * i;
+        const float w = mlk[i].x == -INFINITY ? 0.0f : expf(mlk[i].x - mf);
+        if (k < nz) wz[warp * kDecodeMaxSplits + k] = w;
+        L = fmaf(mlk[i].y, w, L);
+      }
+      L = warp_sum(L);
+      if (p.sinks) L += expf(sink - mf);
+      if (lane == 0) linv[warp] = L > 0.0f ? 1.0f / L : 0.0f;
+    }
+    __syncthreads();
+  };
+  auto merge_out = [&](int e0, int step, auto load_part) {
+    constexpr int kMergeLoads = 8;  // partial loads in flight per thread
+    for (int e = e0; e < hc * dv4; e += step) {
+      const int h = e / dv4, d4 = e % dv4;
+      const float* wh = wz + h * kDecodeMaxSplits;
+      float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      for (int k0 = 0; k0 < nz; k0 += kMergeLoads) {
+        float4 x[kMergeLoads];
+#pragma unroll
+        for (int u = 0; u < kMergeLoads; ++u) x[u] = k0 + u < nz ? load_part(h, d4, k0 + u) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+        for (int u = 0; u < kMergeLoads; ++u) {
+          const float w = k0 + u < nz ? wh[k0 + u] : 0.0f;
+          o = make_float4(fmaf(w, x[u].x, o.x), fmaf(w, x[u].y, o.y), fmaf(w, x[u].z, o.z), fmaf(w, x[u].w, o.w));
+        }
+      }
+      store_out(h, d4, o, linv[h]);
+    }
+  };
+  if constexpr (CLUSTER) {
+    // chunk z is CTA z of the row's cluster (cluster dims (1, 1, splits)). Its partial goes into qs
+    // ([hc][dv]; q is no longer read, dv <= dq), its (m, l) is already in ml; after the barrier every
+    // CTA merges ~1/nz of the elements from all chunks' shared memory, and no CTA leaves before the
+    // second barrier, while others may still read it. Empty chunks left at the top (nothing of theirs
+    // is read; exited threads do not hold a cluster barrier).
+    float* po = qs;
+    for (int e = tid; e < hc * dv4; e += kDecThreads) {
+      const int h = e / dv4, d4 = e % dv4;
+      *reinterpret_cast<float4*>(po + h * dv + 4 * d4) = block_out(h, d4);
+    }
+    ::moex::cuda::cluster_sync();  // release / acquire: every chunk's po and ml are visible
+    merge_weights([&](int h, int k) { return load_cluster_f2(ml + 2 * h, uint32_t(k)); });
+    merge_out(tid * nz + z, kDecThreads * nz,
+              [&](int h, int d4, int k) { return load_cluster_f4(po + h * dv + 4 * d4, uint32_t(k)); });
+    ::moex::cuda::cluster_sync();
+    return;
+  } else {
+  // this block's partial in global memory, then the last non-empty chunk of (row, head block) merges
   float* part_acc = p.partial;                                    // [T, nh, splits, dv]
   float* part_ml = p.partial + size_t(p.T) * p.nh * splits * dv;  // [T, nh, splits, 2]
   if (tid < hc) {
@@ -340,53 +428,12 @@ __global__ void __launch_bounds__(kDecThreads, 2) decode_attention_kernel(Decode
   __syncthreads();
   if (!is_last) return;
   __threadfence();
-  // merge: weights wz[h][k] = exp(m_k - M) per chunk k < nz, 1 / L per head; (m, l) read in one pass
-  constexpr int kMlPerLane = kDecodeMaxSplits / 32;
-  if (warp < hc) {
-    const size_t q0 = (size_t(row) * p.nh + h0 + warp) * splits;
-    float2 mlk[kMlPerLane];
-    float M = -INFINITY;
-#pragma unroll
-    for (int i = 0; i < kMlPerLane; ++i) {
-      const int k = lane + 32 * i;
-      mlk[i] = k < nz ? __ldcg(reinterpret_cast<const float2*>(part_ml + 2 * (q0 + k))) : make_float2(-INFINITY, 0.0f);
-      M = fmaxf(M, mlk[i].x);
-    }
-    M = warp_max(M);
-    const float sink = p.sinks ? p.sinks[h0 + warp] : -INFINITY;
-    const float mf = fmaxf(M, sink);
-    float L = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kMlPerLane; ++i) {
-      const int k = lane + 32 * i;
-      const float w = mlk[i].x == -INFINITY ? 0.0f : expf(mlk[i].x - mf);
-      if (k < nz) wz[warp * kDecodeMaxSplits + k] = w;
-      L = fmaf(mlk[i].y, w, L);
-    }
-    L = warp_sum(L);
-    if (p.sinks) L += expf(sink - mf);
-    if (lane == 0) linv[warp] = L > 0.0f ? 1.0f / L : 0.0f;
-  }
-  __syncthreads();
-  constexpr int kMergeLoads = 8;  // partial loads in flight per thread
-  for (int e = tid; e < hc * dv4; e += kDecThreads) {
-    const int h = e / dv4, d4 = e % dv4;
-    const float* src = part_acc + (size_t(row) * p.nh + h0 + h) * splits * dv + 4 * d4;
-    const float* wh = wz + h * kDecodeMaxSplits;
-    float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (int k0 = 0; k0 < nz; k0 += kMergeLoads) {
-      float4 x[kMergeLoads];
-#pragma unroll
-      for (int u = 0; u < kMergeLoads; ++u)
-        x[u] = k0 + u < nz ? __ldcg(reinterpret_cast<const float4*>(src + size_t(k0 + u) * dv))
-                           : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-      for (int u = 0; u < kMergeLoads; ++u) {
-        const float w = k0 + u < nz ? wh[k0 + u] : 0.0f;
-        o = make_float4(fmaf(w, x[u].x, o.x), fmaf(w, x[u].y, o.y), fmaf(w, x[u].z, o.z), fmaf(w, x[u].w, o.w));
-      }
-    }
-    store_out(h, d4, o, linv[h]);
+  merge_weights([&](int h, int k) {
+    return __ldcg(reinterpret_cast<const float2*>(part_ml + 2 * ((size_t(row) * p.nh + h0 + h) * splits + k)));
+  });
+  merge_out(tid, kDecThreads, [&](int h, int d4, int k) {
+    return __ldcg(reinterpret_cast<const float4*>(part_acc + ((size_t(row) * p.nh + h0 + h) * splits + k) * dv + 4 * d4));
+  });
   }
 }
 
@@ -653,6 +700,10 @@ int decode_attention_splits(int64_t T, int nh, int nkv, int64_t max_len, int num
   return int(std::clamp<int64_t>(s, 1, kDecodeMaxSplits));
 }
 
+bool decode_attention_cluster_ok(int splits, int dq, int dv) {
+  return splits >= 2 && splits <= 8 && dv <= dq && ::moex::cuda::current_device_cc() >= 90;
+}
+
 size_t decode_attention_partial_floats(int64_t T, int nh, int dv, int splits) {
   return size_t(T) * size_t(nh) * size_t(splits) * size_t(dv + 2);
 }
@@ -683,21 +734,49 @@ void launch_decode_attention(const DecodeAttentionParams& p, cudaStream_t s) {
   static bool configured = false;  // once per process: the largest shared memory any call needs (dims <= 256)
   if (!configured) {
     const int most = int(decode_smem_floats(256, 256, kDecRopeHalfMax) * sizeof(float));
-    for (const void* f : {reinterpret_cast<const void*>(decode_attention_kernel<1, 1>),
-                          reinterpret_cast<const void*>(decode_attention_kernel<1, 2>),
-                          reinterpret_cast<const void*>(decode_attention_kernel<2, 1>),
-                          reinterpret_cast<const void*>(decode_attention_kernel<2, 2>)})
+    for (const void* f : {reinterpret_cast<const void*>(decode_attention_kernel<1, 1, false>),
+                          reinterpret_cast<const void*>(decode_attention_kernel<1, 2, false>),
+                          reinterpret_cast<const void*>(decode_attention_kernel<2, 1, false>),
+                          reinterpret_cast<const void*>(decode_attention_kernel<2, 2, false>),
+                          reinterpret_cast<const void*>(decode_attention_kernel<1, 1, true>),
+                          reinterpret_cast<const void*>(decode_attention_kernel<1, 2, true>),
+                          reinterpret_cast<const void*>(decode_attention_kernel<2, 1, true>),
+                          reinterpret_cast<const void*>(decode_attention_kernel<2, 2, true>)})
       check(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, most),
             "cudaFuncSetAttribute(decode_attention_kernel)");
     configured = true;
   }
   const dim3 grid(unsigned(p.T), unsigned(p.nkv * chunks), unsigned(p.splits));
   const bool q2 = p.dq > 128, v2 = p.dv > 128;
-  const auto kernel = !q2 && !v2 ? decode_attention_kernel<1, 1>
-                      : !q2      ? decode_attention_kernel<1, 2>
-                      : !v2      ? decode_attention_kernel<2, 1>
-                                 : decode_attention_kernel<2, 2>;
-  ::moex::cuda::launch_pdl("decode_attention_kernel", kernel, grid, dim3(kDecThreads), smem, s, p);
+  if (!p.cluster) {
+    const auto kernel = !q2 && !v2 ? decode_attention_kernel<1, 1, false>
+                        : !q2      ? decode_attention_kernel<1, 2, false>
+                        : !v2      ? decode_attention_kernel<2, 1, false>
+                                   : decode_attention_kernel<2, 2, false>;
+    ::moex::cuda::launch_pdl("decode_attention_kernel", kernel, grid, dim3(kDecThreads), smem, s, p);
+    return;
+  }
+  const auto kernel = !q2 && !v2 ? decode_attention_kernel<1, 1, true>
+                      : !q2      ? decode_attention_kernel<1, 2, true>
+                      : !v2      ? decode_attention_kernel<2, 1, true>
+                                 : decode_attention_kernel<2, 2, true>;
+  MOEX_ASSERT(decode_attention_cluster_ok(p.splits, p.dq, p.dv));
+  // the key chunks of a (row, head block) as one cluster: dims (1, 1, splits), CTA rank = chunk z
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 1;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = unsigned(p.splits);
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(kDecThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cfg.attrs = attr;
+  cfg.numAttrs = ::moex::cuda::pdl_enabled() ? 2 : 1;
+  check(cudaLaunchKernelEx(&cfg, kernel, p), "decode_attention_kernel (cluster)");
 }
 
 // ---- prefill launchers ----------------------------------------------------------------------------

@@ -53,6 +53,11 @@ struct DecodeAttentionParams {
   // computed, before waiting for the previous kernel (PDL) — the same bits, earlier loads. Requires
   // that the cache rows before pos and pos / slot were written at least two kernels back.
   bool early = false;
+  // cluster: the chunks of a (row, head block) run as one thread-block cluster of `splits` CTAs
+  // (decode_attention_cluster_ok) and merge through distributed shared memory after a cluster
+  // barrier, spread over the chunks' CTAs, instead of through partials in global memory, a fence and
+  // an atomic ticket taken by the last chunk — the same arithmetic in the same order, the same bits.
+  bool cluster = false;
 };
 
 // Whether the decode kernel handles these head dims (multiples of 4, at most 256).
@@ -64,6 +69,9 @@ bool decode_attention_fuses_post(const QkvPostParams& post, int nh, int nkv, int
 // Key chunks per (row, head block): enough blocks for ~2 waves on `num_sms` SMs at any batch,
 // at most one chunk per 32 keys of max_len and kDecodeMaxSplits.
 int decode_attention_splits(int64_t T, int nh, int nkv, int64_t max_len, int num_sms);
+// Whether DecodeAttentionParams::cluster may be set: 2..8 splits (a portable cluster), dv <= dq
+// (a chunk's merged partial takes its q buffer), compute capability >= 9.0 on the current device.
+bool decode_attention_cluster_ok(int splits, int dq, int dv);
 size_t decode_attention_partial_floats(int64_t T, int nh, int dv, int splits);
 int64_t decode_attention_counters(int64_t T, int nh, int nkv);
 void launch_decode_attention(const DecodeAttentionParams& p, cudaStream_t s);
