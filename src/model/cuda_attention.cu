@@ -336,19 +336,28 @@ __global__ void __launch_bounds__(kDecThreads, 2) decode_attention_kernel(Decode
     for (int e = tid; e < hc * dv4; e += kDecThreads) store_out(e / dv4, e % dv4, block_out(e / dv4, e % dv4), linv[e / dv4]);
     return;
   }
-  // several chunks. Merge weights wz[h][k] = exp(m_k - M) per chunk k < nz and 1 / L per head, from
-  // the chunks' (m, l) — read in one pass by warp h, lane k (load_ml(h, k)); then out = Σ_k wz[h][k] ·
-  // part_k[h] / L in chunk order (load_part(h, d4, k): chunk k's float4 of head h at dims 4·d4), over
-  // the (h, d4) elements e = e0, e0 + step, ...: the same arithmetic whichever way the partials travel.
   constexpr int kMlPerLane = kDecodeMaxSplits / 32;
-  auto merge_weights = [&](auto load_ml) {
-    if (warp < hc) {
+  constexpr int kMergeLoads = 8;  // partial loads in flight per thread
+  if constexpr (CLUSTER) {
+    // several chunks in one cluster: chunk z is CTA z (cluster dims (1, 1, splits)). Its partial goes
+    // into qs ([hc][dv]; q is no longer read, dv <= dq), its (m, l) is already in ml; after the
+    // barrier every CTA merges ~1/nz of the output elements from all chunks' shared memory with the
+    // ticket path's arithmetic below (same order, same bits), and no CTA leaves before the second
+    // barrier, while others may still read it. Empty chunks left at the top (nothing of theirs is
+    // read; exited threads do not hold a cluster barrier).
+    float* po = qs;
+    for (int e = tid; e < hc * dv4; e += kDecThreads) {
+      const int h = e / dv4, d4 = e % dv4;
+      *reinterpret_cast<float4*>(po + h * dv + 4 * d4) = block_out(h, d4);
+    }
+    ::moex::cuda::cluster_sync();  // release / acquire: every chunk's po and ml are visible
+    if (warp < hc) {  // merge weights wz[h][k] = exp(m_k - M), 1 / L per head: warp h, lane k
       float2 mlk[kMlPerLane];
       float M = -INFINITY;
 #pragma unroll
       for (int i = 0; i < kMlPerLane; ++i) {
         const int k = lane + 32 * i;
-        mlk[i] = k < nz ? load_ml(warp, k) : make_float2(-INFINITY, 0.0f);
+        mlk[i] = k < nz ? load_cluster_f2(ml + 2 * warp, uint32_t(k)) : make_float2(-INFINITY, 0.0f);
         M = fmaxf(M, mlk[i].x);
       }
       M = warp_max(M);
@@ -367,17 +376,15 @@ __global__ void __launch_bounds__(kDecThreads, 2) decode_attention_kernel(Decode
       if (lane == 0) linv[warp] = L > 0.0f ? 1.0f / L : 0.0f;
     }
     __syncthreads();
-  };
-  auto merge_out = [&](int e0, int step, auto load_part) {
-    constexpr int kMergeLoads = 8;  // partial loads in flight per thread
-    for (int e = e0; e < hc * dv4; e += step) {
+    for (int e = tid * nz + z; e < hc * dv4; e += kDecThreads * nz) {
       const int h = e / dv4, d4 = e % dv4;
       const float* wh = wz + h * kDecodeMaxSplits;
       float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       for (int k0 = 0; k0 < nz; k0 += kMergeLoads) {
         float4 x[kMergeLoads];
 #pragma unroll
-        for (int u = 0; u < kMergeLoads; ++u) x[u] = k0 + u < nz ? load_part(h, d4, k0 + u) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int u = 0; u < kMergeLoads; ++u)
+          x[u] = k0 + u < nz ? load_cluster_f4(po + h * dv + 4 * d4, uint32_t(k0 + u)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
         for (int u = 0; u < kMergeLoads; ++u) {
           const float w = k0 + u < nz ? wh[k0 + u] : 0.0f;
@@ -386,26 +393,10 @@ __global__ void __launch_bounds__(kDecThreads, 2) decode_attention_kernel(Decode
       }
       store_out(h, d4, o, linv[h]);
     }
-  };
-  if constexpr (CLUSTER) {
-    // chunk z is CTA z of the row's cluster (cluster dims (1, 1, splits)). Its partial goes into qs
-    // ([hc][dv]; q is no longer read, dv <= dq), its (m, l) is already in ml; after the barrier every
-    // CTA merges ~1/nz of the elements from all chunks' shared memory, and no CTA leaves before the
-    // second barrier, while others may still read it. Empty chunks left at the top (nothing of theirs
-    // is read; exited threads do not hold a cluster barrier).
-    float* po = qs;
-    for (int e = tid; e < hc * dv4; e += kDecThreads) {
-      const int h = e / dv4, d4 = e % dv4;
-      *reinterpret_cast<float4*>(po + h * dv + 4 * d4) = block_out(h, d4);
-    }
-    ::moex::cuda::cluster_sync();  // release / acquire: every chunk's po and ml are visible
-    merge_weights([&](int h, int k) { return load_cluster_f2(ml + 2 * h, uint32_t(k)); });
-    merge_out(tid * nz + z, kDecThreads * nz,
-              [&](int h, int d4, int k) { return load_cluster_f4(po + h * dv + 4 * d4, uint32_t(k)); });
     ::moex::cuda::cluster_sync();
     return;
   } else {
-  // this block's partial in global memory, then the last non-empty chunk of (row, head block) merges
+  // several chunks: this block's partial, then the last non-empty chunk of (row, head block) merges
   float* part_acc = p.partial;                                    // [T, nh, splits, dv]
   float* part_ml = p.partial + size_t(p.T) * p.nh * splits * dv;  // [T, nh, splits, 2]
   if (tid < hc) {
@@ -428,12 +419,52 @@ __global__ void __launch_bounds__(kDecThreads, 2) decode_attention_kernel(Decode
   __syncthreads();
   if (!is_last) return;
   __threadfence();
-  merge_weights([&](int h, int k) {
-    return __ldcg(reinterpret_cast<const float2*>(part_ml + 2 * ((size_t(row) * p.nh + h0 + h) * splits + k)));
-  });
-  merge_out(tid, kDecThreads, [&](int h, int d4, int k) {
-    return __ldcg(reinterpret_cast<const float4*>(part_acc + ((size_t(row) * p.nh + h0 + h) * splits + k) * dv + 4 * d4));
-  });
+  // merge: weights wz[h][k] = exp(m_k - M) per chunk k < nz, 1 / L per head; (m, l) read in one pass
+  if (warp < hc) {
+    const size_t q0 = (size_t(row) * p.nh + h0 + warp) * splits;
+    float2 mlk[kMlPerLane];
+    float M = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < kMlPerLane; ++i) {
+      const int k = lane + 32 * i;
+      mlk[i] = k < nz ? __ldcg(reinterpret_cast<const float2*>(part_ml + 2 * (q0 + k))) : make_float2(-INFINITY, 0.0f);
+      M = fmaxf(M, mlk[i].x);
+    }
+    M = warp_max(M);
+    const float sink = p.sinks ? p.sinks[h0 + warp] : -INFINITY;
+    const float mf = fmaxf(M, sink);
+    float L = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kMlPerLane; ++i) {
+      const int k = lane + 32 * i;
+      const float w = mlk[i].x == -INFINITY ? 0.0f : expf(mlk[i].x - mf);
+      if (k < nz) wz[warp * kDecodeMaxSplits + k] = w;
+      L = fmaf(mlk[i].y, w, L);
+    }
+    L = warp_sum(L);
+    if (p.sinks) L += expf(sink - mf);
+    if (lane == 0) linv[warp] = L > 0.0f ? 1.0f / L : 0.0f;
+  }
+  __syncthreads();
+  for (int e = tid; e < hc * dv4; e += kDecThreads) {
+    const int h = e / dv4, d4 = e % dv4;
+    const float* src = part_acc + (size_t(row) * p.nh + h0 + h) * splits * dv + 4 * d4;
+    const float* wh = wz + h * kDecodeMaxSplits;
+    float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int k0 = 0; k0 < nz; k0 += kMergeLoads) {
+      float4 x[kMergeLoads];
+#pragma unroll
+      for (int u = 0; u < kMergeLoads; ++u)
+        x[u] = k0 + u < nz ? __ldcg(reinterpret_cast<const float4*>(src + size_t(k0 + u) * dv))
+                           : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+      for (int u = 0; u < kMergeLoads; ++u) {
+        const float w = k0 + u < nz ? wh[k0 + u] : 0.0f;
+        o = make_float4(fmaf(w, x[u].x, o.x), fmaf(w, x[u].y, o.y), fmaf(w, x[u].z, o.z), fmaf(w, x[u].w, o.w));
+      }
+    }
+    store_out(h, d4, o, linv[h]);
+  }
   }
 }
 
