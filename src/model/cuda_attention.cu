@@ -342,7 +342,8 @@ __global__ void __launch_bounds__(kDecThreads, 2) decode_attention_kernel(Decode
     // several chunks in one cluster: chunk z is CTA z (cluster dims (1, 1, splits)). Its partial goes
     // into qs ([hc][dv]; q is no longer read, dv <= dq), its (m, l) is already in ml; after the
     // barrier every CTA merges ~1/nz of the output elements from all chunks' shared memory with the
-    // ticket path's arithmetic below (same order, same bits), and no CTA leaves before the second
+    // ticket path's arithmetic below (same order, same bits; a copy, so that the default kernel stays
+    // the code measured on the H200 until this path is: fold the two once it is), and no CTA leaves before the second
     // barrier, while others may still read it. Empty chunks left at the top (nothing of theirs is
     // read; exited threads do not hold a cluster barrier).
     float* po = qs;
