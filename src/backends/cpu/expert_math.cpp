@@ -43,12 +43,13 @@ struct PackedParts {
   int count = 0;
 };
 
-// x: f32 rows for f32 panels, bf16 rows for bf16 panels (false, in place, for any other pairing).
+// x: f32 rows for f32 panels, bf16 rows for bf16 panels (false, in place, for any other pairing, and
+// for fewer rows than the matrix's min_rows).
 bool project_packed(const KernelTable& kt, PackedParts pk, const void* x, DType xdt, int64_t m, int64_t K, int64_t r0,
                     int64_t width, float* y, int64_t ldy) {
   for (int i = 0; i < pk.count; ++i) {
     const PackedMatrix& p = pk.parts[i];
-    const bool kernel = p.panels_bf16 ? xdt == DType::bf16 && kt.packed_matmul_bf16 : xdt == DType::f32;
+    const bool kernel = (p.panels_bf16 ? xdt == DType::bf16 && kt.packed_matmul_bf16 : xdt == DType::f32) && m >= p.min_rows;
     const int64_t lo = std::max(r0, p.row0), hi = std::min(r0 + width, p.row0 + p.n);
     if (lo < hi && (!kernel || (lo - p.row0) % kPanelCols != 0)) return false;
   }

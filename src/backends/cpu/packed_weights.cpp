@@ -218,11 +218,19 @@ int64_t stream_prefetch_ahead(size_t bytes) {
   return llc > 0 && bytes <= size_t(llc) ? 0 : 2048;
 }
 
+// PackedMatrix::min_rows for experts of this spec.
+int64_t packed_min_rows(const ExpertsSpec& s) {
+  if (const char* e = std::getenv("MOEX_CPU_PACKED_MIN_ROWS"); e && *e) return std::max<int64_t>(0, std::atoll(e));
+  static const bool intel = intel_cpu();
+  return intel && s.dtype == DType::f32 && !s.transposed ? 4 : 0;
+}
+
 }  // namespace
 
 PackedWeights::PackedWeights(const Experts& ex)
     : dtype_(ex.spec.dtype),
       prefetch_ahead_(stream_prefetch_ahead(size_t(ex.spec.num_experts) * expert_bytes(ex.spec))),
+      min_rows_(packed_min_rows(ex.spec)),
       experts_(size_t(ex.spec.num_experts)) {}
 PackedWeights::~PackedWeights() = default;
 
@@ -250,6 +258,7 @@ void PackedWeights::pack_expert(const Experts& ex, int64_t e) {
     m.n = n;
     m.k = K;
     m.prefetch_ahead = prefetch_ahead_;
+    m.min_rows = min_rows_;
     if (bf16) {
       m.panels_bf16 = reinterpret_cast<const uint16_t*>(dst);
       pack_rows_bf16(static_cast<const uint16_t*>(w), K, r0, n, reinterpret_cast<uint16_t*>(dst));

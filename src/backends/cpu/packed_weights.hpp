@@ -47,6 +47,16 @@ struct PackedMatrix {
   // distance is too short. The AMD EPYC VM of the earlier sessions is not measured here and keeps
   // one chunk. MOEX_CPU_PREFETCH_AHEAD=bytes sets it for every matrix (0: one chunk; A/B runs).
   int64_t prefetch_ahead = 0;
+  // Calls with fewer rows read the weights in place (the dot-product kernels) instead of the panels.
+  // On Intel CPUs, f32 weights in the default [out, in] layout: 4 — there the in-place dot kernel
+  // streams a row or two per expert faster than the packed kernel, which wins from ~4 rows on.
+  // Measured on the Intel Xeon (AMX) development VM, 2 threads, 2026-12-03, grouped_mm f32, ms,
+  // packed / in place, four interleaved rounds: qwen3_30b_a3b T = 1 7.8-9.3 / 6.1-7.7, T = 16
+  // 86.6-100.0 / 70.1-79.7, T = 32 105-119 / 93-103, T = 64 119-136 / 137-148, T = 256 168-183 /
+  // 243-281; small_moe T = 16 4.6-5.1 / 3.4-4.2, T = 32 equal, T = 64 5.6-6.3 / 7.4-7.9 (docs/PERF.md,
+  // twenty-seventh session). Elsewhere 0 (the AMD EPYC VM of earlier sessions is not measured here).
+  // MOEX_CPU_PACKED_MIN_ROWS=n sets it for every matrix (A/B runs).
+  int64_t min_rows = 0;
 };
 
 // One expert's packed projections. gate_up is split at I into its gate and up halves when they are
@@ -90,6 +100,7 @@ class PackedWeights {
   std::mutex mutex_;
   DType dtype_;  // f32 or bf16: the weights' dtype, kept by the panels
   int64_t prefetch_ahead_;  // PackedMatrix::prefetch_ahead of every matrix
+  int64_t min_rows_;        // PackedMatrix::min_rows of every matrix
   std::vector<Slot> experts_;
   bool primed_ = false;  // every expert packed once
   friend struct PackedCache;
