@@ -751,6 +751,20 @@ bool decode_attention_fuses_post(const QkvPostParams& post, int nh, int nkv, int
          post.rope.dim <= post.hd && (post.rope.dim == 0 || post.rope.inv_freq);
 }
 
+// The decode kernel for q / v dims above 128 (NQ / NV = 2) and the cluster merge.
+using DecodeKernel = void (*)(DecodeAttentionParams);
+static DecodeKernel decode_kernel_for(bool q2, bool v2, bool cluster) {
+  if (cluster)
+    return !q2 && !v2 ? decode_attention_kernel<1, 1, true>
+           : !q2      ? decode_attention_kernel<1, 2, true>
+           : !v2      ? decode_attention_kernel<2, 1, true>
+                      : decode_attention_kernel<2, 2, true>;
+  return !q2 && !v2 ? decode_attention_kernel<1, 1, false>
+         : !q2      ? decode_attention_kernel<1, 2, false>
+         : !v2      ? decode_attention_kernel<2, 1, false>
+                    : decode_attention_kernel<2, 2, false>;
+}
+
 void launch_decode_attention(const DecodeAttentionParams& p, cudaStream_t s) {
   if (p.T == 0) return;
   MOEX_ASSERT(decode_attention_ok(p.dq, p.dv) && p.nkv >= 1 && p.nh % p.nkv == 0 && p.splits >= 1 &&
@@ -766,49 +780,21 @@ void launch_decode_attention(const DecodeAttentionParams& p, cudaStream_t s) {
   static bool configured = false;  // once per process: the largest shared memory any call needs (dims <= 256)
   if (!configured) {
     const int most = int(decode_smem_floats(256, 256, kDecRopeHalfMax) * sizeof(float));
-    for (const void* f : {reinterpret_cast<const void*>(decode_attention_kernel<1, 1, false>),
-                          reinterpret_cast<const void*>(decode_attention_kernel<1, 2, false>),
-                          reinterpret_cast<const void*>(decode_attention_kernel<2, 1, false>),
-                          reinterpret_cast<const void*>(decode_attention_kernel<2, 2, false>),
-                          reinterpret_cast<const void*>(decode_attention_kernel<1, 1, true>),
-                          reinterpret_cast<const void*>(decode_attention_kernel<1, 2, true>),
-                          reinterpret_cast<const void*>(decode_attention_kernel<2, 1, true>),
-                          reinterpret_cast<const void*>(decode_attention_kernel<2, 2, true>)})
-      check(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, most),
-            "cudaFuncSetAttribute(decode_attention_kernel)");
+    for (bool q2 : {false, true})
+      for (bool v2 : {false, true})
+        for (bool cluster : {false, true})
+          check(cudaFuncSetAttribute(reinterpret_cast<const void*>(decode_kernel_for(q2, v2, cluster)),
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize, most),
+                "cudaFuncSetAttribute(decode_attention_kernel)");
     configured = true;
   }
+  MOEX_ASSERT(!p.cluster || decode_attention_cluster_ok(p.splits, p.dq, p.dv));
+  // with p.cluster the key chunks of a (row, head block) form one cluster: dims (1, 1, splits), CTA
+  // rank = chunk z
   const dim3 grid(unsigned(p.T), unsigned(p.nkv * chunks), unsigned(p.splits));
-  const bool q2 = p.dq > 128, v2 = p.dv > 128;
-  if (!p.cluster) {
-    const auto kernel = !q2 && !v2 ? decode_attention_kernel<1, 1, false>
-                        : !q2      ? decode_attention_kernel<1, 2, false>
-                        : !v2      ? decode_attention_kernel<2, 1, false>
-                                   : decode_attention_kernel<2, 2, false>;
-    ::moex::cuda::launch_pdl("decode_attention_kernel", kernel, grid, dim3(kDecThreads), smem, s, p);
-    return;
-  }
-  const auto kernel = !q2 && !v2 ? decode_attention_kernel<1, 1, true>
-                      : !q2      ? decode_attention_kernel<1, 2, true>
-                      : !v2      ? decode_attention_kernel<2, 1, true>
-                                 : decode_attention_kernel<2, 2, true>;
-  MOEX_ASSERT(decode_attention_cluster_ok(p.splits, p.dq, p.dv));
-  // the key chunks of a (row, head block) as one cluster: dims (1, 1, splits), CTA rank = chunk z
-  cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = 1;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = unsigned(p.splits);
-  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[1].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(kDecThreads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = s;
-  cfg.attrs = attr;
-  cfg.numAttrs = ::moex::cuda::pdl_enabled() ? 2 : 1;
-  check(cudaLaunchKernelEx(&cfg, kernel, p), "decode_attention_kernel (cluster)");
+  const dim3 cluster(1, 1, p.cluster ? unsigned(p.splits) : 1u);
+  ::moex::cuda::launch_pdl_cluster("decode_attention_kernel", decode_kernel_for(p.dq > 128, p.dv > 128, p.cluster), grid,
+                                   cluster, dim3(kDecThreads), smem, s, p);
 }
 
 // ---- prefill launchers ----------------------------------------------------------------------------

@@ -411,23 +411,11 @@ __global__ void __launch_bounds__(kRouterWarps * 32)
 template <class W>
 void launch_router_cluster(const W* w, int64_t in, const float* x, int64_t xp, const float* bias, const RouterParams& p,
                            cudaStream_t s) {
-  cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = kRouterCtas;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[1].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(kRouterCtas);
-  cfg.blockDim = dim3(kRouterWarps * 32);
-  cfg.stream = s;
-  cfg.attrs = attr;
-  cfg.numAttrs = ::moex::cuda::pdl_enabled() ? 2 : 1;
   switch (p.T) {
 #define MOEX_ROUTER_CASE(n)                                                                                       \
   case n:                                                                                                         \
-    check(cudaLaunchKernelEx(&cfg, gemv_router_cluster_kernel<n, W>, w, in, x, xp, bias, p), "gemv_router_cluster_kernel"); \
+    ::moex::cuda::launch_pdl_cluster("gemv_router_cluster_kernel", gemv_router_cluster_kernel<n, W>, dim3(kRouterCtas), \
+                                     dim3(kRouterCtas), dim3(kRouterWarps * 32), 0, s, w, in, x, xp, bias, p);     \
     break;
     MOEX_ROUTER_CASE(1)
     MOEX_ROUTER_CASE(2)

@@ -50,22 +50,40 @@ inline bool pdl_enabled() {
   return env_on && current_device_cc() >= 90;
 }
 
-// kernel<<<grid, block, smem, stream>>>(args...) with the PDL attribute when pdl_enabled();
-// launch errors become moex::Error naming `what`.
+// kernel<<<grid, block, smem, stream>>>(args...) with the PDL attribute when pdl_enabled() and, where
+// `cluster` has more than one block, in thread-block clusters of that shape (compute capability
+// >= 9.0); launch errors become moex::Error naming `what`.
 template <class... Params, class... Args>
-void launch_pdl(const char* what, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                Args&&... args) {
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+void launch_pdl_cluster(const char* what, void (*kernel)(Params...), dim3 grid, dim3 cluster, dim3 block, size_t smem,
+                        cudaStream_t stream, Args&&... args) {
+  cudaLaunchAttribute attr[2];
+  unsigned n = 0;
+  if (cluster.x * cluster.y * cluster.z > 1) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = cluster.x;
+    attr[n].val.clusterDim.y = cluster.y;
+    attr[n].val.clusterDim.z = cluster.z;
+    ++n;
+  }
+  if (pdl_enabled()) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cfg.attrs = attr;
-  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  cfg.numAttrs = n;
   check(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), what);
+}
+// The same without clusters.
+template <class... Params, class... Args>
+void launch_pdl(const char* what, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                Args&&... args) {
+  launch_pdl_cluster(what, kernel, grid, dim3(1, 1, 1), block, smem, stream, std::forward<Args>(args)...);
 }
 
 }  // namespace moex::cuda
