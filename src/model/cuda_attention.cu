@@ -99,8 +99,8 @@ __device__ __forceinline__ void row_slices(const float* row, int width, int lane
 // w, w+8, ... and lane the dims 4·lane + 128·i for every head (each V row read once).
 // NQ / NV = dq / dv slices of 128 (1 or 2). One non-empty chunk normalises itself; otherwise the
 // last of the non-empty chunks to finish (an atomic ticket) merges their partials.
-// CLUSTER: p.cluster (a separate instantiation: the default kernel's code stays without the merge
-// through distributed shared memory).
+// CLUSTER: p.cluster — rows of at most kDecodeClusterMax chunks merge through distributed shared
+// memory instead (a separate instantiation: without it the kernel's code has no cluster barrier).
 template <int NQ, int NV, bool CLUSTER>
 __global__ void __launch_bounds__(kDecThreads, 2) decode_attention_kernel(DecodeAttentionParams p) {
   if (!p.early) {
@@ -338,14 +338,15 @@ __global__ void __launch_bounds__(kDecThreads, 2) decode_attention_kernel(Decode
   }
   constexpr int kMlPerLane = kDecodeMaxSplits / 32;
   constexpr int kMergeLoads = 8;  // partial loads in flight per thread
-  if constexpr (CLUSTER) {
-    // several chunks in one cluster: chunk z is CTA z (cluster dims (1, 1, splits)). Its partial goes
-    // into qs ([hc][dv]; q is no longer read, dv <= dq), its (m, l) is already in ml; after the
-    // barrier every CTA merges ~1/nz of the output elements from all chunks' shared memory with the
-    // ticket path's arithmetic below (same order, same bits; a copy, so that the default kernel stays
-    // the code measured on the H200 until this path is: fold the two once it is), and no CTA leaves before the second
-    // barrier, while others may still read it. Empty chunks left at the top (nothing of theirs is
-    // read; exited threads do not hold a cluster barrier).
+  if constexpr (CLUSTER) if (nz <= kDecodeClusterMax) {
+    // a row of at most kDecodeClusterMax chunks: they all lie in the row's first cluster (dims (1, 1,
+    // min(splits, kDecodeClusterMax)); chunk z is CTA rank z). Its partial goes into qs ([hc][dv]; q
+    // is no longer read, dv <= dq), its (m, l) is already in ml; after the barrier every CTA merges
+    // ~1/nz of the output elements from all chunks' shared memory with the ticket path's arithmetic
+    // below (same order, same bits), and no CTA leaves before the second barrier, while others may
+    // still read it. Empty chunks left at the top (nothing of theirs is read; exited threads do not
+    // hold a cluster barrier). nz is the row's, so every CTA of a cluster takes the same path; rows
+    // of more chunks take the ticket path below.
     float* po = qs;
     for (int e = tid; e < hc * dv4; e += kDecThreads) {
       const int h = e / dv4, d4 = e % dv4;
@@ -396,7 +397,7 @@ __global__ void __launch_bounds__(kDecThreads, 2) decode_attention_kernel(Decode
     }
     ::moex::cuda::cluster_sync();
     return;
-  } else {
+  }
   // several chunks: this block's partial, then the last non-empty chunk of (row, head block) merges
   float* part_acc = p.partial;                                    // [T, nh, splits, dv]
   float* part_ml = p.partial + size_t(p.T) * p.nh * splits * dv;  // [T, nh, splits, 2]
@@ -465,7 +466,6 @@ __global__ void __launch_bounds__(kDecThreads, 2) decode_attention_kernel(Decode
       }
     }
     store_out(h, d4, o, linv[h]);
-  }
   }
 }
 
@@ -733,7 +733,7 @@ int decode_attention_splits(int64_t T, int nh, int nkv, int64_t max_len, int num
 }
 
 bool decode_attention_cluster_ok(int splits, int dq, int dv) {
-  return splits >= 2 && splits <= 8 && dv <= dq && ::moex::cuda::current_device_cc() >= 90;
+  return splits >= 2 && splits <= kDecodeMaxSplits && dv <= dq && ::moex::cuda::current_device_cc() >= 90;
 }
 
 size_t decode_attention_partial_floats(int64_t T, int nh, int dv, int splits) {
@@ -789,10 +789,12 @@ void launch_decode_attention(const DecodeAttentionParams& p, cudaStream_t s) {
     configured = true;
   }
   MOEX_ASSERT(!p.cluster || decode_attention_cluster_ok(p.splits, p.dq, p.dv));
-  // with p.cluster the key chunks of a (row, head block) form one cluster: dims (1, 1, splits), CTA
-  // rank = chunk z
-  const dim3 grid(unsigned(p.T), unsigned(p.nkv * chunks), unsigned(p.splits));
-  const dim3 cluster(1, 1, p.cluster ? unsigned(p.splits) : 1u);
+  // with p.cluster the key chunks of a (row, head block) form clusters of up to kDecodeClusterMax
+  // CTAs along z (CTA rank = z mod the cluster size); z is rounded up to whole clusters, the chunks
+  // past p.splits are always empty
+  const int cz = p.cluster ? std::min(p.splits, kDecodeClusterMax) : 1;
+  const dim3 grid(unsigned(p.T), unsigned(p.nkv * chunks), unsigned((p.splits + cz - 1) / cz * cz));
+  const dim3 cluster(1, 1, unsigned(cz));
   ::moex::cuda::launch_pdl_cluster("decode_attention_kernel", decode_kernel_for(p.dq > 128, p.dv > 128, p.cluster), grid,
                                    cluster, dim3(kDecThreads), smem, s, p);
 }

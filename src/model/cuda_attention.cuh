@@ -29,6 +29,7 @@ namespace moex::model::cuda {
 // Query heads served by one decode block (a kv head's group is chunked by this).
 constexpr int kDecodeHeads = 8;
 constexpr int kDecodeMaxSplits = 128;
+constexpr int kDecodeClusterMax = 8;  // CTAs of a decode-attention cluster (the portable limit)
 
 struct DecodeAttentionParams {
   const float* q;                  // [T, nh, dq]
@@ -53,10 +54,12 @@ struct DecodeAttentionParams {
   // computed, before waiting for the previous kernel (PDL) — the same bits, earlier loads. Requires
   // that the cache rows before pos and pos / slot were written at least two kernels back.
   bool early = false;
-  // cluster: the chunks of a (row, head block) run as one thread-block cluster of `splits` CTAs
-  // (decode_attention_cluster_ok) and merge through distributed shared memory after a cluster
-  // barrier, spread over the chunks' CTAs, instead of through partials in global memory, a fence and
-  // an atomic ticket taken by the last chunk — the same arithmetic in the same order, the same bits.
+  // cluster: the chunks of a (row, head block) run as thread-block clusters of min(splits,
+  // kDecodeClusterMax) CTAs (decode_attention_cluster_ok). A row whose non-empty chunks fit in one
+  // cluster merges them through distributed shared memory after a cluster barrier, spread over the
+  // chunks' CTAs, instead of through partials in global memory, a fence and an atomic ticket taken by
+  // the last chunk — the same arithmetic in the same order, the same bits. Longer rows take the
+  // ticket merge as without it.
   bool cluster = false;
 };
 
@@ -69,8 +72,8 @@ bool decode_attention_fuses_post(const QkvPostParams& post, int nh, int nkv, int
 // Key chunks per (row, head block): enough blocks for ~2 waves on `num_sms` SMs at any batch,
 // at most one chunk per 32 keys of max_len and kDecodeMaxSplits.
 int decode_attention_splits(int64_t T, int nh, int nkv, int64_t max_len, int num_sms);
-// Whether DecodeAttentionParams::cluster may be set: 2..8 splits (a portable cluster), dv <= dq
-// (a chunk's merged partial takes its q buffer), compute capability >= 9.0 on the current device.
+// Whether DecodeAttentionParams::cluster may be set: 2..kDecodeMaxSplits splits, dv <= dq (a
+// chunk's merged partial takes its q buffer), compute capability >= 9.0 on the current device.
 bool decode_attention_cluster_ok(int splits, int dq, int dv);
 size_t decode_attention_partial_floats(int64_t T, int nh, int dv, int splits);
 int64_t decode_attention_counters(int64_t T, int nh, int nkv);

@@ -142,10 +142,11 @@ struct CudaModel::Impl {
   // computed) before waiting for the qkv GEMV (MOEX_CUDA_DECODE_EARLY=0: after it; H200, 2026-12-03:
   // batch 1 -0.07 ms / step, batch 8 -0.14, docs/PERF.md twenty-seventh session)
   bool decode_early = true;
-  // decode attention: a row's key chunks as one thread-block cluster merged through distributed
-  // shared memory where decode_attention_cluster_ok (MOEX_CUDA_DECODE_CLUSTER=1; prepared in the
-  // twenty-seventh session, not yet run on a GPU: off)
-  bool decode_cluster = false;
+  // decode attention: a row's key chunks in thread-block clusters, rows of at most 8 chunks merged
+  // through distributed shared memory, where decode_attention_cluster_ok (MOEX_CUDA_DECODE_CLUSTER=0:
+  // the ticket merge for every row; H200, 2026-12-03, 193-key capacity: batch 1 -0.07 ms / step,
+  // docs/PERF.md twenty-eighth session)
+  bool decode_cluster = true;
   // Terms of x in the cuBLAS linears of bf16/f16 models (MOEX_CUDA_LINEAR_TERMS): 1 = bf16(x) only
   // (the default: the reference library's rounding; half the FLOPs, and no finishing kernel without
   // bias/gate), 2 = x ≈ hi + lo (~16 mantissa bits, the CPU runtime's split; a GEMM of 2T columns).
@@ -930,7 +931,7 @@ CudaModel::CudaModel(const ModelWeights& w, const TextConfig& t, Device dev) : i
   if (const char* e = std::getenv("MOEX_CUDA_GEMV")) m.gemv_enabled = std::string(e) != "0";
   if (const char* e = std::getenv("MOEX_CUDA_FUSE_QKV_POST")) m.fuse_qkv_post = std::string(e) != "0";
   if (const char* e = std::getenv("MOEX_CUDA_DECODE_EARLY")) m.decode_early = std::string(e) != "0";
-  if (const char* e = std::getenv("MOEX_CUDA_DECODE_CLUSTER")) m.decode_cluster = std::string(e) == "1";
+  if (const char* e = std::getenv("MOEX_CUDA_DECODE_CLUSTER")) m.decode_cluster = std::string(e) != "0";
   if (const char* e = std::getenv("MOEX_CUDA_LINEAR_TERMS")) m.linear_terms = std::string(e) == "2" ? 2 : 1;
   if (const char* e = std::getenv("MOEX_CUDA_DEBUG_SKIP")) {
     std::string v = std::string(",") + e + ",";  // names separated by ',' or '+'
