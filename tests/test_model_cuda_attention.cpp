@@ -82,7 +82,7 @@ void reference_row(const float* q, int64_t j0, int64_t pos, int dq, int dv, doub
 namespace kern = ::moex::model::cuda;
 
 // Flash-decoding against the f64 reference and attention_kernel (one-row tiles), for every split
-// count the runtime could pick plus 1, 3, 8 and the maximum; each launch twice (tickets reset to
+// count the runtime could pick plus 1, 3, 8, 16 and the maximum; each launch twice (tickets reset to
 // zero); the early first tile and, where decode_attention_cluster_ok, the cluster merge (with and
 // without the early tile) give the same bits.
 TEST(CudaAttentionKernels, DecodeMatchesReferenceAndTheOldKernel) {
@@ -186,7 +186,7 @@ TEST(CudaAttentionKernels, DecodeMatchesReferenceAndTheOldKernel) {
 
     ASSERT_TRUE(kern::decode_attention_ok(c.dq, c.dv)) << what;
     const int runtime_splits = kern::decode_attention_splits(T, c.nh, c.nkv, max_len, 132);
-    for (int splits : {runtime_splits, 1, 3, 8, kern::kDecodeMaxSplits}) {
+    for (int splits : {runtime_splits, 1, 3, 8, 16, kern::kDecodeMaxSplits}) {
       Tensor part = Tensor::empty(DType::f32, {int64_t(kern::decode_attention_partial_floats(T, c.nh, c.dv, splits))},
                                   Device::cuda());
       const std::vector<int32_t> zeros(size_t(kern::decode_attention_counters(T, c.nh, c.nkv)), 0);
@@ -308,7 +308,7 @@ TEST(CudaAttentionKernels, DecodeWithThePostProcessingMatchesTheTwoKernels) {
     const std::string what = "T=" + std::to_string(T) + " ctx " + std::to_string(c.lens[0]) + " nh " + std::to_string(c.nh) +
                              "/" + std::to_string(c.nkv) + " hd " + std::to_string(c.hd) + " rope " + std::to_string(c.rope_dim);
     const int runtime_splits = kern::decode_attention_splits(T, c.nh, c.nkv, max_len, 132);
-    for (int splits : {runtime_splits, 1, 3, 8}) {
+    for (int splits : {runtime_splits, 1, 3, 8, 16}) {
       // [two kernels, fused, fused + early, fused + early as one cluster][out, k cache, v cache]
       const bool cluster_ok = kern::decode_attention_cluster_ok(splits, c.hd, c.hd);
       const int runs = cluster_ok ? 4 : 3;

@@ -733,7 +733,12 @@ int decode_attention_splits(int64_t T, int nh, int nkv, int64_t max_len, int num
 }
 
 bool decode_attention_cluster_ok(int splits, int dq, int dv) {
-  return splits >= 2 && splits <= kDecodeMaxSplits && dv <= dq && ::moex::cuda::current_device_cc() >= 90;
+  return splits >= 2 && splits <= kDecodeMaxSplits && (splits <= kDecodeClusterMax || splits % kDecodeClusterMax == 0) &&
+         dv <= dq && ::moex::cuda::current_device_cc() >= 90;
+}
+
+int decode_attention_cluster_splits(int splits) {
+  return splits <= kDecodeClusterMax ? splits : splits / kDecodeClusterMax * kDecodeClusterMax;
 }
 
 size_t decode_attention_partial_floats(int64_t T, int nh, int dv, int splits) {
@@ -790,10 +795,9 @@ void launch_decode_attention(const DecodeAttentionParams& p, cudaStream_t s) {
   }
   MOEX_ASSERT(!p.cluster || decode_attention_cluster_ok(p.splits, p.dq, p.dv));
   // with p.cluster the key chunks of a (row, head block) form clusters of up to kDecodeClusterMax
-  // CTAs along z (CTA rank = z mod the cluster size); z is rounded up to whole clusters, the chunks
-  // past p.splits are always empty
+  // CTAs along z (CTA rank = z mod the cluster size; splits is a whole number of clusters)
   const int cz = p.cluster ? std::min(p.splits, kDecodeClusterMax) : 1;
-  const dim3 grid(unsigned(p.T), unsigned(p.nkv * chunks), unsigned((p.splits + cz - 1) / cz * cz));
+  const dim3 grid(unsigned(p.T), unsigned(p.nkv * chunks), unsigned(p.splits));
   const dim3 cluster(1, 1, unsigned(cz));
   ::moex::cuda::launch_pdl_cluster("decode_attention_kernel", decode_kernel_for(p.dq > 128, p.dv > 128, p.cluster), grid,
                                    cluster, dim3(kDecThreads), smem, s, p);

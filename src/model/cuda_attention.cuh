@@ -72,9 +72,13 @@ bool decode_attention_fuses_post(const QkvPostParams& post, int nh, int nkv, int
 // Key chunks per (row, head block): enough blocks for ~2 waves on `num_sms` SMs at any batch,
 // at most one chunk per 32 keys of max_len and kDecodeMaxSplits.
 int decode_attention_splits(int64_t T, int nh, int nkv, int64_t max_len, int num_sms);
-// Whether DecodeAttentionParams::cluster may be set: 2..kDecodeMaxSplits splits, dv <= dq (a
-// chunk's merged partial takes its q buffer), compute capability >= 9.0 on the current device.
+// Whether DecodeAttentionParams::cluster may be set: 2..kDecodeClusterMax splits or a multiple of it
+// (whole clusters: no CTA launched only to exit), dv <= dq (a chunk's merged partial takes its q
+// buffer), compute capability >= 9.0 on the current device.
 bool decode_attention_cluster_ok(int splits, int dq, int dv);
+// The split count to use with DecodeAttentionParams::cluster: `splits` rounded down to whole clusters
+// (decode_attention_splits' bound of ~2 waves is not exceeded).
+int decode_attention_cluster_splits(int splits);
 size_t decode_attention_partial_floats(int64_t T, int nh, int dv, int splits);
 int64_t decode_attention_counters(int64_t T, int nh, int nkv);
 void launch_decode_attention(const DecodeAttentionParams& p, cudaStream_t s);

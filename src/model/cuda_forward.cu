@@ -698,7 +698,10 @@ struct CudaModel::Impl {
       dp.pos = b.pos.ptr<int32_t>();
       dp.slot = b.slot.ptr<int32_t>();
       dp.splits = kern::decode_attention_splits(T, int(nh), int(kv_heads), cap_len, num_sms);
-      dp.cluster = decode_cluster && kern::decode_attention_cluster_ok(dp.splits, dp.dq, dp.dv);
+      if (decode_cluster && kern::decode_attention_cluster_ok(kern::decode_attention_cluster_splits(dp.splits), dp.dq, dp.dv)) {
+        dp.splits = kern::decode_attention_cluster_splits(dp.splits);
+        dp.cluster = true;
+      }
       dp.partial = b.dec_partial.ptr<float>();
       dp.counters = b.dec_counters.ptr<int32_t>();
       dp.out = b.attn.ptr<float>();
