@@ -7,7 +7,8 @@
 # Writes $OUT/cpu.md (tables + raw JSON) and $OUT/tests.txt; prints the two tables.
 #   OUT=/some/dir bash bench/cpu_h200.sh
 # CPU_THREADS (default "16 2") picks the thread counts, TOTAL (s, default 570) the time budget the
-# reference run is fitted into, SKIP_TESTS=1 builds moex only and skips step 1's tests.
+# reference run is fitted into, SKIP_TESTS=1 builds moex only and skips step 1's tests, SKIP_BUILD=1
+# uses the moex already in $BUILD (a CUDA build's moex runs `bench --device cpu` with the same CPU code).
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
@@ -15,10 +16,14 @@ mkdir -p "$OUT"
 t0=$(date +%s)
 left() { echo $(( ${TOTAL:-570} - ($(date +%s) - t0) )); }
 BUILD=${BUILD:-build-cpu}
+if [ "${SKIP_BUILD:-0}" = 1 ]; then  # $BUILD/moex (and moex_tests) already built, e.g. the CUDA build
+  [ -x "$BUILD/moex" ] || { echo "SKIP_BUILD=1 but no $BUILD/moex"; exit 1; }
+else
 echo "== build ($(nproc) cores)"
 { cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOEX_CUDA=OFF -DMOEX_BUILD_TESTS=ON >/dev/null &&
   cmake --build "$BUILD" -j "$(nproc)" --target moex $([ "${SKIP_TESTS:-0}" = 1 ] || echo moex_tests) >/dev/null; } ||
   { echo "build failed"; exit 1; }
+fi
 tests_status=0
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   echo "== tests ($(( $(date +%s) - t0 )) s)"

@@ -6,7 +6,7 @@
 # reference library; the GPU suite; compute-sanitizer; issue 8 on this machine's CPU. Every step writes
 # into $OUT as it goes and is skipped once DEADLINE seconds (default 560) have passed. Steps (PARTS,
 # default "build ab model tests sanitize", in this order):
-#   build     moex_tests, moex_model_bench (CUDA, Release) into $BUILD
+#   build     moex, moex_tests, moex_model_bench (CUDA, Release) into $BUILD
 #   ab        moex_model_bench (48-layer random Qwen3-30B-A3B, decode prompts of 128 tokens; switching and
 #             graphs at $AB_BATCHES, default 1,8) for "base" and every "name:ENV=V[,ENV=V]" of
 #             $AB_VARIANTS, the list $AB_ROUNDS times (default 2), interleaved, once per prefill length
@@ -14,12 +14,13 @@
 #   model     bench/gpu_model_check.sh's bench, ref and table: issue 5's end-to-end table → $OUT/side_by_side.md
 #   tests     $TEST_FILTER (default: every CUDA test but the timed one) → $OUT/tests.log
 #   sanitize  compute-sanitizer memcheck and racecheck on $SANITIZE_FILTER
-#   cpu       bench/cpu_h200.sh (issue 8 on this machine's 16-core CPU) → $OUT/cpu/
+#   cpu       bench/cpu_h200.sh with the build's moex (issue 8 on this machine's 16-core CPU; the CPU
+#             tests are CI's) → $OUT/cpu/
 source "$(dirname "$0")/gpu_common.sh" "build ab model tests sanitize"
 DEADLINE=${DEADLINE:-560}
 left() { echo $(( DEADLINE - ($(date +%s) - t0) )); }
 if has build; then
-  gpu_build moex_tests moex_model_bench
+  gpu_build moex moex_tests moex_model_bench
   stamp built
 fi
 if has ab && [ "$(left)" -gt 60 ]; then
@@ -51,6 +52,6 @@ if has sanitize && [ "$(left)" -gt 30 ]; then
 fi
 if has cpu && [ "$(left)" -gt 150 ]; then
   stamp "cpu (issue 8)"
-  OUT=$OUT/cpu TOTAL=$(( $(left) - 10 )) bash bench/cpu_h200.sh 2>&1 | tail -40
+  OUT=$OUT/cpu TOTAL=$(( $(left) - 10 )) SKIP_BUILD=1 SKIP_TESTS=1 BUILD=$BUILD bash bench/cpu_h200.sh 2>&1 | tail -40
 fi
 stamp done
