@@ -142,11 +142,14 @@ struct CudaModel::Impl {
   // computed) before waiting for the qkv GEMV (MOEX_CUDA_DECODE_EARLY=0: after it; H200, 2026-12-03:
   // batch 1 -0.07 ms / step, batch 8 -0.14, docs/PERF.md twenty-seventh session)
   bool decode_early = true;
-  // decode attention: a row's key chunks in thread-block clusters, rows of at most 8 chunks merged
-  // through distributed shared memory, where decode_attention_cluster_ok (MOEX_CUDA_DECODE_CLUSTER=0:
-  // the ticket merge for every row; H200, 2026-12-03, 193-key capacity: batch 1 -0.07 ms / step,
-  // docs/PERF.md twenty-eighth session)
-  bool decode_cluster = true;
+  // decode attention: a row's key chunks as one thread-block cluster merged through distributed
+  // shared memory (MOEX_CUDA_DECODE_CLUSTER): 0 never; 1 (default) where the split bound is at most 7
+  // (short KV capacities: one cluster of `splits` CTAs per row); 2 at every split count, rounded down
+  // to whole clusters of 8, rows of more than 8 chunks by ticket. H200, 2026-12-03 (docs/PERF.md,
+  // twenty-eighth session): clusters of 7 gain 0.06-0.08 ms / step at batch 1 and tie at batch 8;
+  // clusters of 8 (mode 2 at a 2 113-key capacity) gain 0.01-0.04 ms at batch 1 but lose 0.38-0.44
+  // ms at batch 8, not understood yet
+  int decode_cluster = 1;
   // Terms of x in the cuBLAS linears of bf16/f16 models (MOEX_CUDA_LINEAR_TERMS): 1 = bf16(x) only
   // (the default: the reference library's rounding; half the FLOPs, and no finishing kernel without
   // bias/gate), 2 = x ≈ hi + lo (~16 mantissa bits, the CPU runtime's split; a GEMM of 2T columns).
@@ -698,8 +701,12 @@ struct CudaModel::Impl {
       dp.pos = b.pos.ptr<int32_t>();
       dp.slot = b.slot.ptr<int32_t>();
       dp.splits = kern::decode_attention_splits(T, int(nh), int(kv_heads), cap_len, num_sms);
-      if (decode_cluster && kern::decode_attention_cluster_ok(kern::decode_attention_cluster_splits(dp.splits), dp.dq, dp.dv)) {
-        dp.splits = kern::decode_attention_cluster_splits(dp.splits);
+      const int cluster_splits =
+          decode_cluster == 2 ? kern::decode_attention_cluster_splits(dp.splits)
+          : decode_cluster == 1 && dp.splits < kern::kDecodeClusterMax ? dp.splits
+                                                                        : 0;
+      if (cluster_splits > 0 && kern::decode_attention_cluster_ok(cluster_splits, dp.dq, dp.dv)) {
+        dp.splits = cluster_splits;
         dp.cluster = true;
       }
       dp.partial = b.dec_partial.ptr<float>();
@@ -934,7 +941,7 @@ CudaModel::CudaModel(const ModelWeights& w, const TextConfig& t, Device dev) : i
   if (const char* e = std::getenv("MOEX_CUDA_GEMV")) m.gemv_enabled = std::string(e) != "0";
   if (const char* e = std::getenv("MOEX_CUDA_FUSE_QKV_POST")) m.fuse_qkv_post = std::string(e) != "0";
   if (const char* e = std::getenv("MOEX_CUDA_DECODE_EARLY")) m.decode_early = std::string(e) != "0";
-  if (const char* e = std::getenv("MOEX_CUDA_DECODE_CLUSTER")) m.decode_cluster = std::string(e) != "0";
+  if (const char* e = std::getenv("MOEX_CUDA_DECODE_CLUSTER")) m.decode_cluster = std::clamp(std::atoi(e), 0, 2);
   if (const char* e = std::getenv("MOEX_CUDA_LINEAR_TERMS")) m.linear_terms = std::string(e) == "2" ? 2 : 1;
   if (const char* e = std::getenv("MOEX_CUDA_DEBUG_SKIP")) {
     std::string v = std::string(",") + e + ",";  // names separated by ',' or '+'
