@@ -5,6 +5,7 @@
 # Sets: OUT (default ./out, created), BUILD (default build-gpu), PARTS (the caller's default when
 # unset: pass it as $1), MOEX_SOURCE_DIR. Functions:
 #   has STEP                   whether STEP is in $PARTS
+#   left                       seconds left until $DEADLINE (default 560) seconds after the start
 #   stamp TEXT                 "== TEXT (seconds since start)"
 #   envs_of "A=1,B=2"          "A=1 B=2" for env ("-" or "": nothing)
 #   gpu_build TARGET...        CUDA Release build of the targets into $BUILD; exits on error with the
@@ -24,6 +25,8 @@ BUILD=${BUILD:-build-gpu}
 PARTS=${PARTS:-${1:-}}
 t0=$(date +%s)
 has() { [[ " $PARTS " == *" $1 "* ]]; }
+# seconds left of the DEADLINE seconds since the start (a caller may set its own default first)
+left() { echo $(( ${DEADLINE:-560} - ($(date +%s) - t0) )); }
 stamp() { echo "== $1 ($(( $(date +%s) - t0 )) s)"; }
 envs_of() { [ "${1:--}" = "-" ] && return; echo "${1//,/ }"; }
 

@@ -16,7 +16,6 @@
 #             path's bf16 cases)
 source "$(dirname "$0")/gpu_common.sh" "build tests perf sanitize"
 DEADLINE=${DEADLINE:-520}
-left() { echo $(( DEADLINE - ($(date +%s) - t0) )); }
 if has build; then gpu_build moex moex_tests; stamp built; fi
 if has tests && [ "$(left)" -gt 60 ]; then
   gpu_tests "${TEST_FILTER:-*CudaFp8Decode*:CudaFp8Route.*:Capturable/CudaGraph.*:*CudaFp8Prefill*}" "$(( $(left) - 40 ))"

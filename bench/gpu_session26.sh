@@ -21,7 +21,6 @@
 #   sanitize  compute-sanitizer memcheck and racecheck on $SANITIZE_FILTER
 source "$(dirname "$0")/gpu_common.sh" "build tests ab skip ncu detail sanitize"
 DEADLINE=${DEADLINE:-520}
-left() { echo $(( DEADLINE - ($(date +%s) - t0) )); }
 if has build; then
   gpu_build moex_tests moex_model_bench
   stamp built

@@ -17,8 +17,6 @@
 #   tests     $TEST_FILTER (default: every CUDA test but the timed one) → $OUT/tests.log
 #   sanitize  compute-sanitizer memcheck and racecheck on $SANITIZE_FILTER
 source "$(dirname "$0")/gpu_common.sh" "build ab perf tests sanitize"
-DEADLINE=${DEADLINE:-560}
-left() { echo $(( DEADLINE - ($(date +%s) - t0) )); }
 if has build; then
   gpu_build moex_tests moex_model_bench
   stamp built

@@ -17,8 +17,6 @@
 #   cpu       bench/cpu_h200.sh with the build's moex (issue 8 on this machine's 16-core CPU; the CPU
 #             tests are CI's) → $OUT/cpu/
 source "$(dirname "$0")/gpu_common.sh" "build ab model tests sanitize"
-DEADLINE=${DEADLINE:-560}
-left() { echo $(( DEADLINE - ($(date +%s) - t0) )); }
 if has build; then
   gpu_build moex moex_tests moex_model_bench
   stamp built

@@ -336,30 +336,21 @@ __global__ void __launch_bounds__(kDecThreads, 2) decode_attention_kernel(Decode
     for (int e = tid; e < hc * dv4; e += kDecThreads) store_out(e / dv4, e % dv4, block_out(e / dv4, e % dv4), linv[e / dv4]);
     return;
   }
+  // The merge of the nz chunks' partials, shared by the cluster and the ticket path (the same
+  // arithmetic in the same order, so the same bits): merge weights wz[h][k] = exp(m_k - M) and 1 / L
+  // per head (warp h, lane k; load_ml(ml_of(h), k) = chunk k's (m, l)), then output elements e0,
+  // e0 + step, ...: sum_k wz[h][k] · load_part(part_of(h, d4), k), normalised.
   constexpr int kMlPerLane = kDecodeMaxSplits / 32;
   constexpr int kMergeLoads = 8;  // partial loads in flight per thread
-  if constexpr (CLUSTER) if (nz <= kDecodeClusterMax) {
-    // a row of at most kDecodeClusterMax chunks: they all lie in the row's first cluster (dims (1, 1,
-    // min(splits, kDecodeClusterMax)); chunk z is CTA rank z). Its partial goes into qs ([hc][dv]; q
-    // is no longer read, dv <= dq), its (m, l) is already in ml; after the barrier every CTA merges
-    // ~1/nz of the output elements from all chunks' shared memory with the ticket path's arithmetic
-    // below (same order, same bits), and no CTA leaves before the second barrier, while others may
-    // still read it. Empty chunks left at the top (nothing of theirs is read; exited threads do not
-    // hold a cluster barrier). nz is the row's, so every CTA of a cluster takes the same path; rows
-    // of more chunks take the ticket path below.
-    float* po = qs;
-    for (int e = tid; e < hc * dv4; e += kDecThreads) {
-      const int h = e / dv4, d4 = e % dv4;
-      *reinterpret_cast<float4*>(po + h * dv + 4 * d4) = block_out(h, d4);
-    }
-    ::moex::cuda::cluster_sync();  // release / acquire: every chunk's po and ml are visible
-    if (warp < hc) {  // merge weights wz[h][k] = exp(m_k - M), 1 / L per head: warp h, lane k
+  auto merge = [&](auto ml_of, auto load_ml, auto part_of, auto load_part, int e0, int step) {
+    if (warp < hc) {
+      const float* mlh = ml_of(warp);
       float2 mlk[kMlPerLane];
       float M = -INFINITY;
 #pragma unroll
       for (int i = 0; i < kMlPerLane; ++i) {
         const int k = lane + 32 * i;
-        mlk[i] = k < nz ? load_cluster_f2(ml + 2 * warp, uint32_t(k)) : make_float2(-INFINITY, 0.0f);
+        mlk[i] = k < nz ? load_ml(mlh, k) : make_float2(-INFINITY, 0.0f);
         M = fmaxf(M, mlk[i].x);
       }
       M = warp_max(M);
@@ -378,15 +369,15 @@ __global__ void __launch_bounds__(kDecThreads, 2) decode_attention_kernel(Decode
       if (lane == 0) linv[warp] = L > 0.0f ? 1.0f / L : 0.0f;
     }
     __syncthreads();
-    for (int e = tid * nz + z; e < hc * dv4; e += kDecThreads * nz) {
+    for (int e = e0; e < hc * dv4; e += step) {
       const int h = e / dv4, d4 = e % dv4;
+      const float* src = part_of(h, d4);
       const float* wh = wz + h * kDecodeMaxSplits;
       float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       for (int k0 = 0; k0 < nz; k0 += kMergeLoads) {
         float4 x[kMergeLoads];
 #pragma unroll
-        for (int u = 0; u < kMergeLoads; ++u)
-          x[u] = k0 + u < nz ? load_cluster_f4(po + h * dv + 4 * d4, uint32_t(k0 + u)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int u = 0; u < kMergeLoads; ++u) x[u] = k0 + u < nz ? load_part(src, k0 + u) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
         for (int u = 0; u < kMergeLoads; ++u) {
           const float w = k0 + u < nz ? wh[k0 + u] : 0.0f;
@@ -395,6 +386,24 @@ __global__ void __launch_bounds__(kDecThreads, 2) decode_attention_kernel(Decode
       }
       store_out(h, d4, o, linv[h]);
     }
+  };
+  if constexpr (CLUSTER) if (nz <= kDecodeClusterMax) {
+    // a row of at most kDecodeClusterMax chunks: they all lie in the row's first cluster (dims (1, 1,
+    // min(splits, kDecodeClusterMax)); chunk z is CTA rank z). Its partial goes into qs ([hc][dv]; q
+    // is no longer read, dv <= dq), its (m, l) is already in ml; after the barrier every CTA merges
+    // ~1/nz of the output elements from all chunks' shared memory, and no CTA leaves before the
+    // second barrier, while others may still read it. Empty chunks left at the top (nothing of theirs
+    // is read; exited threads do not hold a cluster barrier). nz is the row's, so every CTA of a
+    // cluster takes the same path; rows of more chunks take the ticket path below.
+    float* po = qs;
+    for (int e = tid; e < hc * dv4; e += kDecThreads) {
+      const int h = e / dv4, d4 = e % dv4;
+      *reinterpret_cast<float4*>(po + h * dv + 4 * d4) = block_out(h, d4);
+    }
+    ::moex::cuda::cluster_sync();  // release / acquire: every chunk's po and ml are visible
+    merge([&](int h) { return ml + 2 * h; }, [](const float* a, int k) { return load_cluster_f2(a, uint32_t(k)); },
+          [&](int h, int d4) { return po + h * dv + 4 * d4; },
+          [](const float* a, int k) { return load_cluster_f4(a, uint32_t(k)); }, tid * nz + z, kDecThreads * nz);
     ::moex::cuda::cluster_sync();
     return;
   }
@@ -421,52 +430,11 @@ __global__ void __launch_bounds__(kDecThreads, 2) decode_attention_kernel(Decode
   __syncthreads();
   if (!is_last) return;
   __threadfence();
-  // merge: weights wz[h][k] = exp(m_k - M) per chunk k < nz, 1 / L per head; (m, l) read in one pass
-  if (warp < hc) {
-    const size_t q0 = (size_t(row) * p.nh + h0 + warp) * splits;
-    float2 mlk[kMlPerLane];
-    float M = -INFINITY;
-#pragma unroll
-    for (int i = 0; i < kMlPerLane; ++i) {
-      const int k = lane + 32 * i;
-      mlk[i] = k < nz ? __ldcg(reinterpret_cast<const float2*>(part_ml + 2 * (q0 + k))) : make_float2(-INFINITY, 0.0f);
-      M = fmaxf(M, mlk[i].x);
-    }
-    M = warp_max(M);
-    const float sink = p.sinks ? p.sinks[h0 + warp] : -INFINITY;
-    const float mf = fmaxf(M, sink);
-    float L = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kMlPerLane; ++i) {
-      const int k = lane + 32 * i;
-      const float w = mlk[i].x == -INFINITY ? 0.0f : expf(mlk[i].x - mf);
-      if (k < nz) wz[warp * kDecodeMaxSplits + k] = w;
-      L = fmaf(mlk[i].y, w, L);
-    }
-    L = warp_sum(L);
-    if (p.sinks) L += expf(sink - mf);
-    if (lane == 0) linv[warp] = L > 0.0f ? 1.0f / L : 0.0f;
-  }
-  __syncthreads();
-  for (int e = tid; e < hc * dv4; e += kDecThreads) {
-    const int h = e / dv4, d4 = e % dv4;
-    const float* src = part_acc + (size_t(row) * p.nh + h0 + h) * splits * dv + 4 * d4;
-    const float* wh = wz + h * kDecodeMaxSplits;
-    float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (int k0 = 0; k0 < nz; k0 += kMergeLoads) {
-      float4 x[kMergeLoads];
-#pragma unroll
-      for (int u = 0; u < kMergeLoads; ++u)
-        x[u] = k0 + u < nz ? __ldcg(reinterpret_cast<const float4*>(src + size_t(k0 + u) * dv))
-                           : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-      for (int u = 0; u < kMergeLoads; ++u) {
-        const float w = k0 + u < nz ? wh[k0 + u] : 0.0f;
-        o = make_float4(fmaf(w, x[u].x, o.x), fmaf(w, x[u].y, o.y), fmaf(w, x[u].z, o.z), fmaf(w, x[u].w, o.w));
-      }
-    }
-    store_out(h, d4, o, linv[h]);
-  }
+  // merge, (m, l) read in one pass
+  merge([&](int h) { return part_ml + 2 * ((size_t(row) * p.nh + h0 + h) * splits); },
+        [](const float* a, int k) { return __ldcg(reinterpret_cast<const float2*>(a + 2 * k)); },
+        [&](int h, int d4) { return part_acc + (size_t(row) * p.nh + h0 + h) * splits * dv + 4 * d4; },
+        [&](const float* a, int k) { return __ldcg(reinterpret_cast<const float4*>(a + size_t(k) * dv)); }, tid, kDecThreads);
 }
 
 // ---- prefill (flash attention on the tensor cores) ---------------------------------------------------
@@ -759,15 +727,12 @@ bool decode_attention_fuses_post(const QkvPostParams& post, int nh, int nkv, int
 // The decode kernel for q / v dims above 128 (NQ / NV = 2) and the cluster merge.
 using DecodeKernel = void (*)(DecodeAttentionParams);
 static DecodeKernel decode_kernel_for(bool q2, bool v2, bool cluster) {
-  if (cluster)
-    return !q2 && !v2 ? decode_attention_kernel<1, 1, true>
-           : !q2      ? decode_attention_kernel<1, 2, true>
-           : !v2      ? decode_attention_kernel<2, 1, true>
-                      : decode_attention_kernel<2, 2, true>;
-  return !q2 && !v2 ? decode_attention_kernel<1, 1, false>
-         : !q2      ? decode_attention_kernel<1, 2, false>
-         : !v2      ? decode_attention_kernel<2, 1, false>
-                    : decode_attention_kernel<2, 2, false>;
+  static const DecodeKernel kernels[2][2][2] = {  // [cluster][q2][v2]
+      {{decode_attention_kernel<1, 1, false>, decode_attention_kernel<1, 2, false>},
+       {decode_attention_kernel<2, 1, false>, decode_attention_kernel<2, 2, false>}},
+      {{decode_attention_kernel<1, 1, true>, decode_attention_kernel<1, 2, true>},
+       {decode_attention_kernel<2, 1, true>, decode_attention_kernel<2, 2, true>}}};
+  return kernels[cluster][q2][v2];
 }
 
 void launch_decode_attention(const DecodeAttentionParams& p, cudaStream_t s) {
