@@ -11,6 +11,10 @@
 #          -> $OUT/side.md
 #   fp8    issue 6's table (bench/gpu_fp8_decode.sh PARTS=perf: bf16 and FP8 batched_mm / grouped_mm,
 #          CUDA-graph replay, T = $FP8_TOKENS, default 1,8,64,512,4096) -> $OUT/fp8_decode.md
+#   sweep  (not in the default) issue 7: `moex bench --device cuda --backends $SWEEP_BACKENDS --dtype bf16`
+#          on $SWEEP_SHAPES x $SWEEP_TOKENS for "base" and every "name:ENV=V[,ENV=V]" of
+#          $SWEEP_VARIANTS (the TMA grouped GEMM's existing switches), $SWEEP_ROUNDS rounds interleaved
+#          -> $OUT/sweep.json, medians in $OUT/sweep.md
 source "$(dirname "$0")/gpu_common.sh" "build tests side fp8"
 DEADLINE=${DEADLINE:-570}
 if has build; then
@@ -31,5 +35,40 @@ if has fp8 && [ "$(left)" -gt 60 ]; then
   mkdir -p "$OUT/fp8"
   OUT=$OUT/fp8 BUILD=$BUILD PARTS=perf SKIP_BUILD=1 COMPARE_OLD=0 TOKENS=${FP8_TOKENS:-1,8,64,512,4096} \
     timeout "$(( $(left) - 5 ))" bash bench/gpu_fp8_decode.sh 2>&1 | tail -30
+fi
+if has sweep && [ "$(left)" -gt 30 ]; then
+  stamp "sweep"
+  : > "$OUT/sweep.json"
+  for round in $(seq 1 "${SWEEP_ROUNDS:-2}"); do
+    for v in "base:-" ${SWEEP_VARIANTS:-}; do
+      [ "$(left)" -gt 25 ] || break
+      name=${v%%:*}
+      env $(envs_of "${v#*:}") timeout 60 "$BUILD/moex" bench --device cuda --backends "${SWEEP_BACKENDS:-deepgemm,grouped_mm}" \
+        --shapes "${SWEEP_SHAPES:-qwen3_30b_a3b}" --tokens "${SWEEP_TOKENS:-4096,16384}" --dtype bf16 --no-dense --format json \
+        --min-time-ms 40 --max-iters 20 --warmup 2 2>> "$OUT/sweep.err" | sed "s/^{/{\"variant\": \"$name\", /" >> "$OUT/sweep.json"
+    done
+  done
+  python3 - "$OUT/sweep.json" <<'PY' | tee "$OUT/sweep.md"
+import json, sys, statistics, collections
+runs = collections.defaultdict(list)
+order = []
+for line in open(sys.argv[1]):
+    d = json.loads(line)
+    if "ms" not in d or d.get("status", "ok") not in ("ok", None): continue
+    key = (d["shape"], d["T"], d["backend"])
+    if key not in order: order.append(key)
+    runs[(d["variant"],) + key].append((d["ms"], d.get("tflops", 0)))
+variants = []
+for k in runs:
+    if k[0] not in variants: variants.append(k[0])
+print("| variant | " + " | ".join(f"{s} T={t} {b}" for s, t, b in order) + " |")
+print("|---|" + "---|" * len(order))
+for v in variants:
+    cells = []
+    for key in order:
+        r = runs.get((v,) + key)
+        cells.append("—" if not r else f"{statistics.median(x[0] for x in r):.3f} ({statistics.median(x[1] for x in r):.0f}) [{' / '.join(f'{x[0]:.3f}' for x in r)}]")
+    print(f"| {v} | " + " | ".join(cells) + " |")
+PY
 fi
 stamp done
