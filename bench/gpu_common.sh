@@ -8,7 +8,8 @@
 #   left                       seconds left until $DEADLINE (default 560) seconds after the start
 #   stamp TEXT                 "== TEXT (seconds since start)"
 #   envs_of "A=1,B=2"          "A=1 B=2" for env ("-" or "": nothing)
-#   gpu_build TARGET...        CUDA Release build of the targets into $BUILD; exits on error with the
+#   gpu_build TARGET...        CUDA Release build of the targets into $BUILD (plus the cmake arguments
+#                              of $CMAKE_EXTRA, e.g. -DMOEX_FP8_TURNS=ON); exits on error with the
 #                              compiler's error lines; prints how many functions ptxas serialized (C7511)
 #   gpu_tests FILTER [TIMEOUT] moex_tests on FILTER -> $OUT/tests.log; prints rc, the summary lines,
 #                              the harness' "rel L2" lines and the failures
@@ -32,7 +33,7 @@ envs_of() { [ "${1:--}" = "-" ] && return; echo "${1//,/ }"; }
 
 gpu_build() {
   stamp build
-  { cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOEX_CUDA=ON &&
+  { cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOEX_CUDA=ON ${CMAKE_EXTRA:-} &&
     cmake --build "$BUILD" -j "$(nproc)" --target "$@"; } > "$OUT/build.log" 2>&1 ||
     { grep -E "error" "$OUT/build.log" | head -30; exit 1; }
   # ptxas C7511: a kernel's wgmma pipeline serialized for lack of registers (scripts/test.sh fails on it)

@@ -11,8 +11,9 @@
 #          -> $OUT/side.md
 #   fp8    issue 6's table (bench/gpu_fp8_decode.sh PARTS=perf: bf16 and FP8 batched_mm / grouped_mm,
 #          CUDA-graph replay, T = $FP8_TOKENS, default 1,8,64,512,4096) -> $OUT/fp8_decode.md
-#   sweep  (not in the default) issue 7: `moex bench --device cuda --backends $SWEEP_BACKENDS --dtype bf16`
-#          on $SWEEP_SHAPES x $SWEEP_TOKENS for "base" and every "name:ENV=V[,ENV=V]" of
+#   sweep  (not in the default) issue 7: `moex bench --device cuda --backends $SWEEP_BACKENDS --dtype bf16
+#          --quant $SWEEP_QUANT` (default none; fp8 for FP8 experts) on $SWEEP_SHAPES x $SWEEP_TOKENS
+#          for "base" and every "name:ENV=V[,ENV=V]" of
 #          $SWEEP_VARIANTS (the TMA grouped GEMM's existing switches), $SWEEP_ROUNDS rounds interleaved
 #          -> $OUT/sweep.json, medians in $OUT/sweep.md
 source "$(dirname "$0")/gpu_common.sh" "build tests side fp8"
@@ -44,7 +45,7 @@ if has sweep && [ "$(left)" -gt 30 ]; then
       [ "$(left)" -gt 25 ] || break
       name=${v%%:*}
       env $(envs_of "${v#*:}") timeout 60 "$BUILD/moex" bench --device cuda --backends "${SWEEP_BACKENDS:-deepgemm,grouped_mm}" \
-        --shapes "${SWEEP_SHAPES:-qwen3_30b_a3b}" --tokens "${SWEEP_TOKENS:-4096,16384}" --dtype bf16 --no-dense --format json \
+        --shapes "${SWEEP_SHAPES:-qwen3_30b_a3b}" --tokens "${SWEEP_TOKENS:-4096,16384}" --dtype bf16 --quant "${SWEEP_QUANT:-none}" --no-dense --format json \
         --min-time-ms 40 --max-iters 20 --warmup 2 2>> "$OUT/sweep.err" | sed "s/^{/{\"variant\": \"$name\", /" >> "$OUT/sweep.json"
     done
   done

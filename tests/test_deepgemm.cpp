@@ -2,7 +2,8 @@
 // weight scales) experts against the f64 reference of the harness, in both layouts (contiguous
 // padded for prefill, masked for decode), with the harness' edge cases and larger cases that cross
 // every tile, K block and pipeline boundary, and the small-batch route; CUDA graph replay with new routing equals the direct
-// call bit for bit; the requirement messages of this build's kernels. Without an sm_90 device
+// call bit for bit; the opt-in turn-taking of the QGMMA kernel's warpgroups (MOEX_CUDA_FP8_TURNS)
+// equals the default bit for bit; the requirement messages of this build's kernels. Without an sm_90 device
 // every test is skipped with the reason.
 #include <gtest/gtest.h>
 
@@ -275,6 +276,48 @@ TEST_P(DeepGemmGraph, ReplayWithNewRoutingEqualsDirectCall) {
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
+}
+
+// MOEX_CUDA_FP8_TURNS=1 (TmaFp8Extra::fp8_turns; built with -DMOEX_FP8_TURNS=ON): the two consumer warpgroups of the QGMMA
+// kernel take turns at each stage's first part. Only the timing may change: the output must equal
+// the default's bit for bit, on cases with tiles where both warpgroups compute, tiles where
+// warpgroup 1 is idle (<= 64 rows: skewed routing, few rows per expert), 2-CTA clusters (the up
+// GEMMs), both scale formats and both layouts.
+TEST(DeepGemm, Fp8TakingTurnsIsBitIdentical) {
+#if !MOEX_FP8_TURNS
+  GTEST_SKIP() << "the experiment is not compiled in: configure with -DMOEX_FP8_TURNS=ON";
+#endif
+  SKIP_WITHOUT_HOPPER();
+  std::vector<check::Case> cases;
+  for (const QuantSpec& q : {QuantSpec::fp8_block(128, 128, ScaleFormat::f32), QuantSpec::fp8_block(128, 128, ScaleFormat::ue8m0)}) {
+    cases.push_back(make_case(31, 8, 512, 384, 600, 2, q));  // ~150 rows per expert: both warpgroups busy
+    { auto c = make_case(32, 16, 512, 256, 257, 4, q); c.routing = check::Routing::skewed; cases.push_back(c); }
+    { auto c = make_case(33, 12, 256, 128, 333, 3, q); c.routing = check::Routing::dropped; cases.push_back(c); }
+    { auto c = make_case(34, 8, 256, 256, 150, 2, q); c.spec.interleaved = true; c.spec.has_bias = true; cases.push_back(c); }
+  }
+  int compared = 0;
+  for (const char* layout_name : {"contiguous", "masked"}) {
+    LayoutScope layout(layout_name);
+    for (const auto& c : cases) {
+      const check::Instance host = check::make_instance(c);
+      const check::Instance dev = host.to(Device::cuda());
+      const int64_t T = c.tokens, H = c.spec.hidden;
+      Tensor out_default = Tensor::empty(DType::bf16, {T, H}, Device::cuda());
+      Tensor out_turns = Tensor::empty(DType::bf16, {T, H}, Device::cuda());
+      cuda_ok(cudaMemset(out_default.data(), 0xff, out_default.nbytes()));
+      cuda_ok(cudaMemset(out_turns.data(), 0x7f, out_turns.nbytes()));
+      unsetenv("MOEX_CUDA_FP8_TURNS");
+      experts_forward("deepgemm", dev.experts(), dev.call(out_default));
+      setenv("MOEX_CUDA_FP8_TURNS", "1", 1);
+      experts_forward("deepgemm", dev.experts(), dev.call(out_turns));
+      unsetenv("MOEX_CUDA_FP8_TURNS");
+      cuda_ok(cudaDeviceSynchronize());
+      const auto a = to_host(out_default), b = to_host(out_turns);
+      EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size()), 0) << layout_name << " " << c.describe();
+      ++compared;
+    }
+  }
+  std::printf("FP8 QGMMA with the warpgroups taking turns: %d cases compared bit for bit\n", compared);
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, DeepGemmGraph,
