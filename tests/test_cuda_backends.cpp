@@ -34,6 +34,8 @@ using namespace moex;
 
 namespace {
 
+using test::ScopedEnv;
+
 const std::vector<std::string> kCudaBackends = {"eager", "batched_mm", "grouped_mm"};
 
 uint64_t seed_from_env() {
@@ -112,28 +114,6 @@ std::vector<check::Case> quant_cases(uint64_t seed, DType dt) {
   return out;
 }
 
-// Sets an environment variable for a scope and restores its previous value.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    const char* prev = std::getenv(name);
-    had_ = prev != nullptr;
-    if (had_) saved_ = prev;
-    if (value) setenv(name, value, 1);
-    else unsetenv(name);  // nullptr: unset for the scope
-  }
-  ~ScopedEnv() {
-    if (had_) setenv(name_, saved_.c_str(), 1);
-    else unsetenv(name_);
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-  std::string saved_;
-  bool had_ = false;
-};
 
 // The FP8 decode path (quant_decode.cu; MOEX_CUDA_FP8_DECODE=1 forces it at any T): T in
 // {1, 3, 8, 64, 200} (200: experts with more rows than one 32-row pass), H or I not multiples of

@@ -306,11 +306,14 @@ TEST(DeepGemm, Fp8TakingTurnsIsBitIdentical) {
       Tensor out_turns = Tensor::empty(DType::bf16, {T, H}, Device::cuda());
       cuda_ok(cudaMemset(out_default.data(), 0xff, out_default.nbytes()));
       cuda_ok(cudaMemset(out_turns.data(), 0x7f, out_turns.nbytes()));
-      unsetenv("MOEX_CUDA_FP8_TURNS");
-      experts_forward("deepgemm", dev.experts(), dev.call(out_default));
-      setenv("MOEX_CUDA_FP8_TURNS", "1", 1);
-      experts_forward("deepgemm", dev.experts(), dev.call(out_turns));
-      unsetenv("MOEX_CUDA_FP8_TURNS");
+      {
+        test::ScopedEnv off("MOEX_CUDA_FP8_TURNS", nullptr);
+        experts_forward("deepgemm", dev.experts(), dev.call(out_default));
+      }
+      {
+        test::ScopedEnv on("MOEX_CUDA_FP8_TURNS", "1");
+        experts_forward("deepgemm", dev.experts(), dev.call(out_turns));
+      }
       cuda_ok(cudaDeviceSynchronize());
       const auto a = to_host(out_default), b = to_host(out_turns);
       EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size()), 0) << layout_name << " " << c.describe();

@@ -1,5 +1,6 @@
 // tests/test_util.hpp — helpers shared by the test suites: the source tree and its fixtures,
-// temporary directories, relative L2 error, and skipping without a CUDA device.
+// temporary directories, relative L2 error, skipping without a CUDA device, and environment
+// variables set for a scope.
 #pragma once
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -81,5 +82,28 @@ inline check::Case make_case(uint64_t seed, DType dt, int64_t E, int64_t H, int6
   c.top_k = K;
   return c;
 }
+
+// Sets an environment variable for a scope and restores its previous value.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    const char* prev = std::getenv(name);
+    had_ = prev != nullptr;
+    if (had_) saved_ = prev;
+    if (value) setenv(name, value, 1);
+    else unsetenv(name);  // nullptr: unset for the scope
+  }
+  ~ScopedEnv() {
+    if (had_) setenv(name_, saved_.c_str(), 1);
+    else unsetenv(name_);
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::string saved_;
+  bool had_ = false;
+};
 
 }  // namespace moex::test
