@@ -4,7 +4,9 @@
 # the same-day tables of the two expert issues that had not been re-measured on it. Every step writes
 # into $OUT as it goes and is skipped once DEADLINE seconds (default 570) have passed. Steps (PARTS,
 # default "build tests side fp8", in this order):
-#   build  moex, moex_tests (CUDA, Release) into $BUILD
+#   build  moex, moex_tests (CUDA, Release) into $BUILD (cmake arguments: $CMAKE_EXTRA); with BUILD2 set,
+#          $BUILD2_TARGETS (default moex) into $BUILD2 at the same time (cmake arguments: $CMAKE_EXTRA2),
+#          for sweep variants that run another build ("name@dir:ENV")
 #   tests  $TEST_FILTER (default: every CUDA test but the timed one) -> $OUT/tests.log
 #   side   issue 7's side by side (bench/gpu_session18.sh PARTS=side: moex deepgemm / grouped_mm bf16
 #          and FP8, the dense cuBLAS GEMM of the same FLOPs, the reference library's experts backends)
@@ -14,12 +16,18 @@
 #   sweep  (not in the default) issue 7: `moex bench --device cuda --backends $SWEEP_BACKENDS --dtype bf16
 #          --quant $SWEEP_QUANT` (default none; fp8 for FP8 experts) on $SWEEP_SHAPES x $SWEEP_TOKENS
 #          for "base" and every "name:ENV=V[,ENV=V]" of
-#          $SWEEP_VARIANTS (the TMA grouped GEMM's existing switches), $SWEEP_ROUNDS rounds interleaved
+#          $SWEEP_VARIANTS (the TMA grouped GEMM's existing switches; "name@dir:ENV" runs dir/moex instead
+#          of $BUILD/moex), $SWEEP_ROUNDS rounds interleaved
 #          -> $OUT/sweep.json, medians in $OUT/sweep.md
 source "$(dirname "$0")/gpu_common.sh" "build tests side fp8"
 DEADLINE=${DEADLINE:-570}
 if has build; then
+  if [ -n "${BUILD2:-}" ]; then
+    ( OUT=$OUT/build2; mkdir -p "$OUT"; BUILD=$BUILD2; CMAKE_EXTRA=${CMAKE_EXTRA2:-}; gpu_build ${BUILD2_TARGETS:-moex} ) &
+    build2=$!
+  fi
   gpu_build moex moex_tests
+  if [ -n "${BUILD2:-}" ]; then wait "$build2" || { echo "the build of $BUILD2 failed"; exit 1; }; fi
   stamp built
 fi
 if has tests && [ "$(left)" -gt 60 ]; then
@@ -43,8 +51,9 @@ if has sweep && [ "$(left)" -gt 30 ]; then
   for round in $(seq 1 "${SWEEP_ROUNDS:-2}"); do
     for v in "base:-" ${SWEEP_VARIANTS:-}; do
       [ "$(left)" -gt 25 ] || break
-      name=${v%%:*}
-      env $(envs_of "${v#*:}") timeout 60 "$BUILD/moex" bench --device cuda --backends "${SWEEP_BACKENDS:-deepgemm,grouped_mm}" \
+      name=${v%%:*} dir=$BUILD
+      if [[ $name == *@* ]]; then dir=${name#*@} name=${name%%@*}; fi
+      env $(envs_of "${v#*:}") timeout 60 "$dir/moex" bench --device cuda --backends "${SWEEP_BACKENDS:-deepgemm,grouped_mm}" \
         --shapes "${SWEEP_SHAPES:-qwen3_30b_a3b}" --tokens "${SWEEP_TOKENS:-4096,16384}" --dtype bf16 --quant "${SWEEP_QUANT:-none}" --no-dense --format json \
         --min-time-ms 40 --max-iters 20 --warmup 2 2>> "$OUT/sweep.err" | sed "s/^{/{\"variant\": \"$name\", /" >> "$OUT/sweep.json"
     done
