@@ -2,8 +2,8 @@
 // weight scales) experts against the f64 reference of the harness, in both layouts (contiguous
 // padded for prefill, masked for decode), with the harness' edge cases and larger cases that cross
 // every tile, K block and pipeline boundary, and the small-batch route; CUDA graph replay with new routing equals the direct
-// call bit for bit; the opt-in turn-taking of the QGMMA kernel's warpgroups (MOEX_CUDA_FP8_TURNS)
-// equals the default bit for bit; the requirement messages of this build's kernels. Without an sm_90 device
+// call bit for bit; the opt-in pre-gathered token codes of the FP8 up GEMM (MOEX_CUDA_FP8_X_PREGATHER)
+// equal the gathered default bit for bit; the requirement messages of this build's kernels. Without an sm_90 device
 // every test is skipped with the reason.
 #include <gtest/gtest.h>
 
@@ -278,15 +278,14 @@ TEST_P(DeepGemmGraph, ReplayWithNewRoutingEqualsDirectCall) {
   cudaStreamDestroy(stream);
 }
 
-// MOEX_CUDA_FP8_TURNS=1 (TmaFp8Extra::fp8_turns; built with -DMOEX_FP8_TURNS=ON): the two consumer warpgroups of the QGMMA
-// kernel take turns at each stage's first part. Only the timing may change: the output must equal
-// the default's bit for bit, on cases with tiles where both warpgroups compute, tiles where
-// warpgroup 1 is idle (<= 64 rows: skewed routing, few rows per expert), 2-CTA clusters (the up
-// GEMMs), both scale formats and both layouts.
-TEST(DeepGemm, Fp8TakingTurnsIsBitIdentical) {
-#if !MOEX_FP8_TURNS
-  GTEST_SKIP() << "the experiment is not compiled in: configure with -DMOEX_FP8_TURNS=ON";
-#endif
+// MOEX_CUDA_FP8_X_PREGATHER=1 on deepgemm's QGMMA path (opt-in): the quantizer writes each pair's
+// token codes at its layout row and the up GEMM loads them by TMA instead of gathering them with
+// cp.async. Same codes, same scales, same MMAs in the same order: the output must equal the gathered
+// default's bit for bit, on tiles where both warpgroups compute, tiles where warpgroup 1 is idle
+// (skewed routing, few rows per expert), dropped slots, 2-CTA clusters (the up GEMMs), both scale
+// formats, the fused h quantization (concatenated gate / up) and the separate pass (interleaved),
+// both layouts.
+TEST(DeepGemm, Fp8PregatheredTokenCodesAreBitIdentical) {
   SKIP_WITHOUT_HOPPER();
   std::vector<check::Case> cases;
   for (const QuantSpec& q : {QuantSpec::fp8_block(128, 128, ScaleFormat::f32), QuantSpec::fp8_block(128, 128, ScaleFormat::ue8m0)}) {
@@ -303,24 +302,24 @@ TEST(DeepGemm, Fp8TakingTurnsIsBitIdentical) {
       const check::Instance dev = host.to(Device::cuda());
       const int64_t T = c.tokens, H = c.spec.hidden;
       Tensor out_default = Tensor::empty(DType::bf16, {T, H}, Device::cuda());
-      Tensor out_turns = Tensor::empty(DType::bf16, {T, H}, Device::cuda());
+      Tensor out_pregathered = Tensor::empty(DType::bf16, {T, H}, Device::cuda());
       cuda_ok(cudaMemset(out_default.data(), 0xff, out_default.nbytes()));
-      cuda_ok(cudaMemset(out_turns.data(), 0x7f, out_turns.nbytes()));
+      cuda_ok(cudaMemset(out_pregathered.data(), 0x7f, out_pregathered.nbytes()));
       {
-        test::ScopedEnv off("MOEX_CUDA_FP8_TURNS", nullptr);
+        test::ScopedEnv off("MOEX_CUDA_FP8_X_PREGATHER", nullptr);
         experts_forward("deepgemm", dev.experts(), dev.call(out_default));
       }
       {
-        test::ScopedEnv on("MOEX_CUDA_FP8_TURNS", "1");
-        experts_forward("deepgemm", dev.experts(), dev.call(out_turns));
+        test::ScopedEnv on("MOEX_CUDA_FP8_X_PREGATHER", "1");
+        experts_forward("deepgemm", dev.experts(), dev.call(out_pregathered));
       }
       cuda_ok(cudaDeviceSynchronize());
-      const auto a = to_host(out_default), b = to_host(out_turns);
+      const auto a = to_host(out_default), b = to_host(out_pregathered);
       EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size()), 0) << layout_name << " " << c.describe();
       ++compared;
     }
   }
-  std::printf("FP8 QGMMA with the warpgroups taking turns: %d cases compared bit for bit\n", compared);
+  std::printf("FP8 QGMMA with pre-gathered token codes: %d cases compared bit for bit\n", compared);
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, DeepGemmGraph,

@@ -382,9 +382,10 @@ Sizes sizes_of(const ExpertsSpec& s, int64_t T, int64_t K, LayoutChoice choice =
   z.fp8 = s.quant.kind == QuantKind::fp8_block;
   z.up_exact = z.fp8 && kernels.up_exact;
   z.down_exact = z.fp8 && kernels.down_exact;
-  if (z.up_exact) {
+  if (z.fp8) {
     const char* pre = std::getenv("MOEX_CUDA_FP8_X_PREGATHER");  // read per call, as the route
-    z.x_pregather = pre && *pre ? *pre == '1' : z.S <= kPregatherMaxPairs;
+    // QGMMA up GEMM: opt-in only (an experiment: e4m3 codes at the layout rows, A by TMA)
+    z.x_pregather = pre && *pre ? *pre == '1' : z.up_exact && z.S <= kPregatherMaxPairs;
   }
   z.x_rows = z.x_pregather ? z.M : z.T;
   z.x_scale_ld = z.x_pregather ? z.M4 : z.T4;
@@ -542,9 +543,12 @@ void run_deepgemm(const Experts& ex, const ExpertsCall& call, const RunContext& 
     // runs both): measured on the H200, 2 % faster to 11 % slower than the transposed kernel at T = 4096.
     const char* x_nt_env = std::getenv("MOEX_CUDA_FP8_X_NT");
     const bool x_nt = x_nt_env && *x_nt_env == '1';
-    if (z.x_pregather)  // pair p's token row p / K at its layout row (padding rows stay unwritten: discarded)
+    if (z.x_pregather && z.up_exact)  // pair p's token row p / K at its layout row (padding rows stay unwritten: discarded)
       quantize_rows(s.dtype, call.hidden.data, z.S, int(z.H), pair_lrow, static_cast<uint16_t*>(xq), xs, int(z.x_scale_ld),
                     stream, int(K), x_nt);
+    else if (z.x_pregather)  // the same for the QGMMA up GEMM's e4m3 codes
+      quantize_rows(s.dtype, call.hidden.data, z.S, int(z.H), pair_lrow, static_cast<uint8_t*>(xq), xs, int(z.x_scale_ld),
+                    stream, int(K));
     else if (z.up_exact)
       quantize_rows(s.dtype, call.hidden.data, T, int(z.H), nullptr, static_cast<uint16_t*>(xq), xs, int(z.T4), stream, 1,
                     x_nt);

@@ -357,12 +357,6 @@ void launch_grouped_gemm_tma_ex(const GroupedGemmArgs& a, DType act_dtype, bool 
   x.group_m = group_m;
   x.compact_epilogue = compact;
   x.skip_idle_rows = idle_skip;
-#if MOEX_FP8_TURNS
-  {  // per call, so that a test can compare both forms in one process (built with -DMOEX_FP8_TURNS=ON)
-    const char* e = std::getenv("MOEX_CUDA_FP8_TURNS");
-    x.fp8_turns = fp8 && e && *e == '1';
-  }
-#endif
   x.work_counter = dynamic ? a.plan.sched : nullptr;  // the kernels in clusters / ping-pong ignore it
   if (fp8) {
     MOEX_ASSERT(x.a_scales && x.w_scales && x.a_scales_ld % 4 == 0);

@@ -43,13 +43,6 @@ struct TmaFp8Extra {
   // A consumer warpgroup with no row of its own in a tile (an expert's last tile of <= 64 rows; rank 1
   // of an odd last pair) skips its MMAs (set by the launcher unless MOEX_CUDA_TMA_IDLE_SKIP=0)
   bool skip_idle_rows = false;
-  // QGMMA (FP8, not exact): the two consumer warpgroups take turns at each stage's first 128-column
-  // part, warpgroup 1 issuing its MMAs only once warpgroup 0's have completed, so that each one's
-  // promotion runs under the other's MMAs even if the tensor pipe would interleave two groups issued
-  // together. Same arithmetic (bit-identical output). An experiment: compiled in only with the CMake
-  // option MOEX_FP8_TURNS=ON, then on per call with MOEX_CUDA_FP8_TURNS=1 (read by the launcher).
-  // Not yet timed on a GPU (2026-12-03).
-  bool fp8_turns = false;
   // m tiles (m-tile pairs in clusters) per group of the work order (set by the launcher: 8, or
   // MOEX_CUDA_TMA_GROUP_M in [1, 64])
   int group_m = 8;

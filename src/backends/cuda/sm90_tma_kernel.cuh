@@ -1089,23 +1089,6 @@ __global__ void __launch_bounds__(THREADS, 1)
           w_lo_next = weight_scale(x, ws_lo);
           w_hi_next = weight_scale(x, ws_hi);
         }
-        // TmaFp8Extra::fp8_turns (opt-in): warpgroup 1 issues a stage's part 0 only after warpgroup
-        // 0's part 0 has completed (named barrier kTurnDone0: 0 arrives, 1 waits), and warpgroup 0
-        // issues the next stage's part 0 only after warpgroup 1's has completed (kTurnDone1: 1 arrives,
-        // 0 waits; the tile's last arrival is taken after the loop). Each barrier thus alternates
-        // arrive / wait strictly. Only where both warpgroups compute the tile: an idle one (above)
-        // reaches neither barrier, and both derive the same flag from the tile.
-        // Compiled in only with the CMake option MOEX_FP8_TURNS: the barriers' branches cost the
-        // default loop its uniform-datapath descriptor arithmetic (297 -> 348 instructions per stage
-        // in the SASS of the 256-wide clustered kernel) even with the flag off.
-#if MOEX_FP8_TURNS
-        constexpr int kTurnDone0 = 2, kTurnDone1 = 3;  // (1: the X = 2 variant's stage barrier)
-        bool turns = false;
-        if (x.fp8_turns) {
-          const int4 tr = a.plan.tiles[m];
-          turns = __shfl_sync(0xffffffffu, int(own && !(x.skip_idle_rows && tr.z - tr.y <= 64)), 0) != 0;
-        }
-#endif
         for (int kt = 0; kt < ktiles; ++kt) {
           mbar_wait(full_bar(stage), phase);
           if constexpr (GATHER) wgmma::fence_proxy_async();
@@ -1129,12 +1112,6 @@ __global__ void __launch_bounds__(THREADS, 1)
           float sa0 = 0.0f, sa1 = 0.0f;
 #pragma unroll
           for (int h = 0; h < PARTS; ++h) {
-#if MOEX_FP8_TURNS
-            if (turns && h == 0) {
-              if (cw == 1) ptx::named_barrier_sync(kTurnDone0, 256);
-              else if (kt > 0) ptx::named_barrier_sync(kTurnDone1, 256);
-            }
-#endif
             wgmma::fence_acc(part);
             wgmma::fence();
 #pragma unroll
@@ -1144,9 +1121,6 @@ __global__ void __launch_bounds__(THREADS, 1)
             wgmma::commit();
             wgmma::wait<0>();
             wgmma::fence_acc(part);
-#if MOEX_FP8_TURNS
-            if (turns && h == 0) ptx::named_barrier_arrive(cw == 0 ? kTurnDone0 : kTurnDone1, 256);
-#endif
             if (h == 0) {
               const float* sa = reinterpret_cast<const float*>(smem_raw + (sSA - raw) + stage * SA_BYTES);
               sa0 = sa[srow];
@@ -1168,9 +1142,6 @@ __global__ void __launch_bounds__(THREADS, 1)
             }
           }
         }
-#if MOEX_FP8_TURNS
-        if (turns && cw == 0) ptx::named_barrier_sync(kTurnDone1, 256);  // warpgroup 1's last arrival
-#endif
       } else {
       int prev = -1;
       for (int kt = 0; kt < ktiles; ++kt) {
