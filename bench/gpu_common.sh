@@ -9,7 +9,7 @@
 #   stamp TEXT                 "== TEXT (seconds since start)"
 #   envs_of "A=1,B=2"          "A=1 B=2" for env ("-" or "": nothing)
 #   gpu_build TARGET...        CUDA Release build of the targets into $BUILD (plus the cmake arguments
-#                              of $CMAKE_EXTRA, e.g. -DMOEX_FP8_TURNS=ON); exits on error with the
+#                              of $CMAKE_EXTRA, e.g. -DMOEX_BUILD_TESTS=OFF); exits on error with the
 #                              compiler's error lines; prints how many functions ptxas serialized (C7511)
 #   gpu_tests FILTER [TIMEOUT] moex_tests on FILTER -> $OUT/tests.log; prints rc, the summary lines,
 #                              the harness' "rel L2" lines and the failures
