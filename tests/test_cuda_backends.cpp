@@ -114,7 +114,6 @@ std::vector<check::Case> quant_cases(uint64_t seed, DType dt) {
   return out;
 }
 
-
 // The FP8 decode path (quant_decode.cu; MOEX_CUDA_FP8_DECODE=1 forces it at any T): T in
 // {1, 3, 8, 64, 200} (200: experts with more rows than one 32-row pass), H or I not multiples of
 // 128 (partial k blocks, partial column blocks, partial 128-groups of h), skewed / dropped /

@@ -40,11 +40,9 @@ std::string no_hopper_reason() {
     if (!why.empty()) GTEST_SKIP() << why;                     \
   } while (0)
 
-// Sets MOEX_DEEPGEMM_LAYOUT for the scope.
-class LayoutScope {
- public:
-  explicit LayoutScope(const char* layout) { setenv("MOEX_DEEPGEMM_LAYOUT", layout, 1); }
-  ~LayoutScope() { unsetenv("MOEX_DEEPGEMM_LAYOUT"); }
+// Sets MOEX_DEEPGEMM_LAYOUT for the scope (and restores what was there).
+struct LayoutScope : test::ScopedEnv {
+  explicit LayoutScope(const char* layout) : test::ScopedEnv("MOEX_DEEPGEMM_LAYOUT", layout) {}
 };
 
 // deepgemm's cases are bf16 experts (FP8 when q says so)

@@ -345,9 +345,10 @@ struct Sizes {
   bool fp8;
   // FP8 GEMMs through the exact kernel (f16 codes, rows of x_code_ld columns), else QGMMA (e4m3 codes)
   bool up_exact, down_exact;
-  // exact up GEMM: the quantizer writes the token codes at the layout rows ([M, x_code_ld(H)], one
-  // copy per pair) and the up GEMM reads them by TMA instead of gathering them with cp.async. Where
-  // S = T·K <= 8192 (kPregatherMaxPairs); MOEX_CUDA_FP8_X_PREGATHER=1 / 0 forces it on / off.
+  // the quantizer writes the token codes at the layout rows ([M, x_ld], one copy per pair) and the up
+  // GEMM reads them by TMA instead of gathering them with cp.async. Exact up GEMM: where S = T·K <= 8192
+  // (kPregatherMaxPairs); QGMMA: opt-in only (measured slower at K = 8). MOEX_CUDA_FP8_X_PREGATHER=1 / 0
+  // forces it on / off.
   bool x_pregather;
   // FP8 code buffers (derived from the flags above): x codes [x_rows, x_ld] and their scales
   // [ceil(H/128), x_scale_ld]; h codes [M, h_ld]. Code bytes: 2 (exact, f16 values) or 1 (e4m3).
@@ -384,7 +385,6 @@ Sizes sizes_of(const ExpertsSpec& s, int64_t T, int64_t K, LayoutChoice choice =
   z.down_exact = z.fp8 && kernels.down_exact;
   if (z.fp8) {
     const char* pre = std::getenv("MOEX_CUDA_FP8_X_PREGATHER");  // read per call, as the route
-    // QGMMA up GEMM: opt-in only (an experiment: e4m3 codes at the layout rows, A by TMA)
     z.x_pregather = pre && *pre ? *pre == '1' : z.up_exact && z.S <= kPregatherMaxPairs;
   }
   z.x_rows = z.x_pregather ? z.M : z.T;
@@ -543,17 +543,17 @@ void run_deepgemm(const Experts& ex, const ExpertsCall& call, const RunContext& 
     // runs both): measured on the H200, 2 % faster to 11 % slower than the transposed kernel at T = 4096.
     const char* x_nt_env = std::getenv("MOEX_CUDA_FP8_X_NT");
     const bool x_nt = x_nt_env && *x_nt_env == '1';
-    if (z.x_pregather && z.up_exact)  // pair p's token row p / K at its layout row (padding rows stay unwritten: discarded)
-      quantize_rows(s.dtype, call.hidden.data, z.S, int(z.H), pair_lrow, static_cast<uint16_t*>(xq), xs, int(z.x_scale_ld),
-                    stream, int(K), x_nt);
-    else if (z.x_pregather)  // the same for the QGMMA up GEMM's e4m3 codes
-      quantize_rows(s.dtype, call.hidden.data, z.S, int(z.H), pair_lrow, static_cast<uint8_t*>(xq), xs, int(z.x_scale_ld),
-                    stream, int(K));
-    else if (z.up_exact)
-      quantize_rows(s.dtype, call.hidden.data, T, int(z.H), nullptr, static_cast<uint16_t*>(xq), xs, int(z.T4), stream, 1,
-                    x_nt);
+    // pre-gathered: pair p's token row p / K at its layout row (padding rows stay unwritten: discarded);
+    // else one row of codes per token
+    const int64_t x_in_rows = z.x_pregather ? z.S : T;
+    const int* x_row_map = z.x_pregather ? pair_lrow : nullptr;
+    const int x_in_div = z.x_pregather ? int(K) : 1;
+    if (z.up_exact)
+      quantize_rows(s.dtype, call.hidden.data, x_in_rows, int(z.H), x_row_map, static_cast<uint16_t*>(xq), xs,
+                    int(z.x_scale_ld), stream, x_in_div, x_nt);
     else
-      quantize_rows(s.dtype, call.hidden.data, T, int(z.H), nullptr, static_cast<uint8_t*>(xq), xs, int(z.T4), stream);
+      quantize_rows(s.dtype, call.hidden.data, x_in_rows, int(z.H), x_row_map, static_cast<uint8_t*>(xq), xs,
+                    int(z.x_scale_ld), stream, x_in_div);
     xu.exact = z.up_exact;
     xd.exact = z.down_exact;
     xu.exact_nt = xd.exact_nt = x_nt;
