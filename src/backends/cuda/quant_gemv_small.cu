@@ -1,0 +1,360 @@
+// backends/cuda/quant_gemv_small.cu — batched_mm (and grouped_mm) on FP8 block-scaled experts at
+// decode (T = 1 by default): two kernels chained with programmatic dependent launch (pdl.cuh), each
+// quantizing its own activations in shared memory, so that a forward is the two weight streams:
+//
+//   small_up    grid (pair p, ceil(I / (8·OPW))), OPW outputs i per warp: the warp requests its
+//               gate and up weight rows (e4m3, 16-byte loads) first; while they arrive, the block
+//               quantizes the pair's token row per 128 channels into shared memory;
+//               h[p, i] = round(act(gate, up)) in the activation dtype.
+//   small_down  grid (token t, ceil(H / 8)), one output n per warp: the weight rows of the token's
+//               slots are requested before pdl_wait (the routing was written at least two kernels
+//               back: final once small_up has passed its own wait, as in quant_decode.cu), then the
+//               block quantizes the token's K h rows into shared memory;
+//               out[t, n] = round(Σ_j w_j · (y_j[n] + bias_j[n])) in slot order (f32).
+//
+// Why: at T = 1 the decode path (quant_decode.cu) is four dependent kernels, and its tensor-core up
+// kernel streams qwen3_30b_a3b's 25 MB at 1.86 TB/s with 117 registers (two blocks per SM), where
+// bf16 batched_mm's GEMV (batched_gemv.cu) streams at 2.9 TB/s (H200, docs/PERF.md, twenty-second
+// session). This path has the bf16 GEMV's structure on half the bytes.
+//
+// Numerics (SPEC §6, as quant_gemv.cu and the CPU): activations quantized per token and 128
+// channels (scale = amax / 448, 1 when amax is 0 or not finite; codes e4m3, saturating, nearest
+// even); a lane sums a 16-code chunk's exact products (code × code, both exact in f32) in f32 and
+// adds the sum times activation scale × weight block scale (a chunk never crosses a 128-k block);
+// the lanes' sums meet in a warp reduction.
+//
+// Shared memory holds code VALUES as f32, permuted so that the four float4 loads of a lane's chunk
+// are conflict-free: element k of a row of n = 16·nv channels sits at float4 ((k/4) % 4)·nv + k/16,
+// lane (k % 4). Requirements (quant_small_usable): FP8 [E, out, in] weights, H and I multiples of
+// 16, 16-byte aligned expert bases and strides, the rows' code values within kSmallMaxSmem.
+#include <cstdlib>
+#include <cstring>
+
+#include "backends/cuda/pdl.cuh"
+#include "backends/cuda/quant_common.cuh"
+
+namespace moex::cuda {
+
+namespace {
+
+constexpr int THREADS = 256, WARPS = THREADS / 32;
+// 16-byte chunks per weight row and lane in flight in the up kernel (32 registers of weights)
+template <int NR>
+constexpr int up_chunks() { return NR <= 2 ? 4 : 2; }
+// Shared memory of one block: the up kernel's token row, the down kernel's K h rows (f32 code
+// values + scales). 96 KB leave two blocks per SM (the kernels ask for three).
+constexpr size_t kSmallMaxSmem = 96 * 1024;
+// T bound of the default route (MOEX_CUDA_FP8_SMALL=1: any T, =0: never).
+constexpr int64_t kSmallMaxTokens = 1;
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Float index of element k in the permuted shared-memory row of nv 16-element chunks.
+__device__ __forceinline__ int64_t perm_index(int64_t k, int64_t nv) { return (((k >> 2) & 3) * nv + (k >> 4)) * 4 + (k & 3); }
+
+// Group g (128 channels) of row x [n] quantized by one warp: the code values into codes (permuted
+// row), the scale into *scale. Same arithmetic as quant_activation.cu's quantize_activations.
+template <class T>
+__device__ __forceinline__ void quantize_group(const T* x, int64_t n, int64_t nv, int64_t g, float* codes, float* scale,
+                                               int lane) {
+  constexpr int PER_LANE = kQuantGroup / 32;
+  const int64_t c0 = g * kQuantGroup;
+  float v[PER_LANE];
+  float amax = 0.0f;
+#pragma unroll
+  for (int q = 0; q < PER_LANE; ++q) {
+    const int64_t c = c0 + q * 32 + lane;
+    v[q] = c < n ? to_f32(x[c]) : 0.0f;
+    amax = fmaxf(amax, fabsf(v[q]));
+  }
+  amax = warp_max(amax);
+  const float s = amax > 0.0f && isfinite(amax) ? __fdiv_rn(amax, 448.0f) : 1.0f;
+  if (lane == 0) *scale = s;
+#pragma unroll
+  for (int q = 0; q < PER_LANE; ++q) {
+    const int64_t c = c0 + q * 32 + lane;
+    if (c < n) codes[perm_index(c, nv)] = e4m3_value(e4m3_code_sat(__fdiv_rn(v[q], s)));
+  }
+}
+
+// s + Σ of 4 exact products: activation code values x (one float4 of the permuted row) × the 4
+// e4m3 weight codes of word w (low byte first). A chunk's 16 products are its 4 words in order.
+__device__ __forceinline__ float dot4(const float4& x, uint32_t w, float s) {
+  const float2 lo = e4m3x2_value(uint16_t(w & 0xffffu)), hi = e4m3x2_value(uint16_t(w >> 16));
+  s = fmaf(x.x, lo.x, s);
+  s = fmaf(x.y, lo.y, s);
+  s = fmaf(x.z, hi.x, s);
+  return fmaf(x.w, hi.y, s);
+}
+__device__ __forceinline__ uint32_t word(const uint4& v, int q) { return q == 0 ? v.x : q == 1 ? v.y : q == 2 ? v.z : v.w; }
+
+// Index of weight row n's first block scale in expert e (fp8_block_scale's, without the k block).
+__device__ __forceinline__ int64_t scale_row(const QuantWeights& w, int64_t e, int64_t n) {
+  return e * w.scale_stride + (n / w.block_n) * quant_groups(w.K);
+}
+__device__ __forceinline__ float scale_at(const QuantWeights& w, int64_t i) {
+  return w.ue8m0 ? ue8m0_value(static_cast<const uint8_t*>(w.scales)[i]) : static_cast<const float*>(w.scales)[i];
+}
+
+
+// ---- up: OPW outputs i per warp, gate and up rows (GATED) or one row each -------------------
+template <class T, bool GATED, int OPW>
+__global__ void __launch_bounds__(THREADS, 3) small_up(QuantBatchedArgs a) {
+  extern __shared__ float4 smem4[];
+  constexpr int NR = (GATED ? 2 : 1) * OPW;  // weight rows per warp
+  const BatchedArgs& b = a.b;
+  const int64_t H = b.H, I = b.I, gH = quant_groups(H);
+  const int nv = int(H / 16);  // 16-byte chunks per weight row
+  float* const xcodes = reinterpret_cast<float*>(smem4);  // [H] permuted
+  float* const xscale = xcodes + H;                       // [gH]
+  pdl_wait();  // the routing and the tokens come from the previous kernels
+  pdl_launch_dependents();
+  const int64_t p = blockIdx.x;
+  const int64_t e = load_index(b.idx, b.idx64, p);
+  if (e < 0 || e >= b.E) return;  // dropped slot (uniform over the block): its h row is never read
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t i0 = (int64_t(blockIdx.y) * WARPS + warp) * OPW;
+  // Weight row r of the warp: output i0 + r / (GATED ? 2 : 1), gate (even r) or up (odd r) when gated.
+  // Rows of outputs past I are not read (their warp's tail, or the whole warp).
+  const uint4* wrow[NR];
+  int64_t srow[NR];
+  bool live[NR];
+#pragma unroll
+  for (int r = 0; r < NR; ++r) {
+    const int64_t i = i0 + (GATED ? r / 2 : r);
+    live[r] = i < I;
+    const int64_t row = !GATED ? i : b.interleaved ? 2 * i + (r & 1) : (r & 1) * I + i;
+    wrow[r] = reinterpret_cast<const uint4*>(a.up.data + e * a.up.data_stride + (live[r] ? row : 0) * H);
+    srow[r] = scale_row(a.up, e, live[r] ? row : 0);
+  }
+  constexpr int UP_CHUNKS = up_chunks<NR>();
+  uint4 wa[NR][UP_CHUNKS];
+  auto load_round = [&](int c0) {
+#pragma unroll
+    for (int u = 0; u < UP_CHUNKS; ++u)
+#pragma unroll
+      for (int r = 0; r < NR; ++r)
+        if (live[r] && c0 + 32 * u < nv) wa[r][u] = __ldg(wrow[r] + c0 + 32 * u);
+  };
+  load_round(lane);
+  // the pair's token row, quantized into shared memory while the first weights arrive
+  const T* x = static_cast<const T*>(b.hidden) + (p / b.K) * H;
+  for (int64_t g = warp; g < gH; g += WARPS) quantize_group<T>(x, H, nv, g, xcodes, xscale + g, lane);
+  __syncthreads();
+  if (!live[0]) return;
+  float acc[NR];
+#pragma unroll
+  for (int r = 0; r < NR; ++r) acc[r] = 0.0f;
+  for (int c0 = lane; c0 < nv; c0 += 32 * UP_CHUNKS) {
+    if (c0 != lane) load_round(c0);
+#pragma unroll
+    for (int u = 0; u < UP_CHUNKS; ++u) {
+      const int c = c0 + 32 * u;
+      if (c >= nv) break;
+      const int kb = c >> 3;
+      float part[NR];
+#pragma unroll
+      for (int r = 0; r < NR; ++r) part[r] = 0.0f;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {  // one float4 of codes at a time: few registers
+        const float4 x4 = smem4[q * nv + c];
+#pragma unroll
+        for (int r = 0; r < NR; ++r) part[r] = dot4(x4, word(wa[r][u], q), part[r]);
+      }
+      const float xs = xscale[kb];
+#pragma unroll
+      for (int r = 0; r < NR; ++r)
+        if (live[r]) acc[r] = fmaf(part[r], xs * scale_at(a.up, srow[r] + kb), acc[r]);
+    }
+  }
+  const T* bias = b.gate_up_bias ? static_cast<const T*>(b.gate_up_bias) + e * (GATED ? 2 * I : I) : nullptr;
+  T* h = static_cast<T*>(b.h) + p * I;
+#pragma unroll
+  for (int o = 0; o < OPW; ++o) {
+    const int64_t i = i0 + o;
+    if (i >= I) break;  // warp-uniform; the outputs past I are the last ones
+    if constexpr (GATED) {
+      float g = warp_sum(acc[2 * o]), u = warp_sum(acc[2 * o + 1]);
+      if (bias) {
+        g += to_f32(bias[b.interleaved ? 2 * i : i]);
+        u += to_f32(bias[b.interleaved ? 2 * i + 1 : I + i]);
+      }
+      if (lane == 0) h[i] = from_f32<T>(gated_act(b.act, g, u));
+    } else {
+      float v = warp_sum(acc[o]);
+      if (bias) v += to_f32(bias[i]);
+      if (lane == 0) h[i] = from_f32<T>(plain_act(b.act, v));
+    }
+  }
+}
+
+// ---- down + weighted slot sum: one output n per warp, SLOTS slots' rows in flight -------------
+template <class T, int SLOTS>
+__global__ void __launch_bounds__(THREADS, 3) small_down(QuantBatchedArgs a) {
+  extern __shared__ float4 smem4[];
+  constexpr int CHUNKS = SLOTS >= 8 ? 1 : 2;  // per slot and lane in flight: 8 loads at most
+  const BatchedArgs& b = a.b;
+  const int64_t H = b.H, I = b.I, K = b.K, gI = quant_groups(I);
+  const int nv = int(I / 16);  // 16-byte chunks per weight row
+  float* const hcodes = reinterpret_cast<float*>(smem4);  // [K][I] permuted rows
+  float* const hscale = hcodes + K * I;                    // [K][gI]
+  const int64_t t = blockIdx.x;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t n = int64_t(blockIdx.y) * WARPS + warp;
+  const bool active = n < H;
+  const int64_t nrow = active ? n : 0;
+  const int64_t sblock = (nrow / a.down.block_n) * quant_groups(I);  // row n's block scales, past the expert
+  int e[SLOTS];  // expert of slot j0 + q, -1 when dropped or past K (or the warp is past H)
+  uint4 wa[SLOTS][CHUNKS];
+  auto take_slots = [&](int64_t j0) {
+#pragma unroll
+    for (int q = 0; q < SLOTS; ++q) {
+      const int64_t j = j0 + q;
+      const int64_t ej = j < K ? load_index(b.idx, b.idx64, t * K + j) : -1;
+      e[q] = active && ej >= 0 && ej < b.E ? int(ej) : -1;
+    }
+  };
+  auto load_round = [&](int c0) {
+#pragma unroll
+    for (int u = 0; u < CHUNKS; ++u)
+#pragma unroll
+      for (int q = 0; q < SLOTS; ++q)
+        if (e[q] >= 0 && c0 + 32 * u < nv)
+          wa[q][u] = __ldg(reinterpret_cast<const uint4*>(a.down.data + e[q] * a.down.data_stride + nrow * I) + c0 + 32 * u);
+  };
+  // the first slots' weights before pdl_wait: the routing is final (see the header), weights are
+  // never written
+  take_slots(0);
+  load_round(lane);
+  pdl_wait();
+  pdl_launch_dependents();
+  // the token's K h rows, quantized into shared memory (dropped slots skipped: never read)
+  for (int64_t item = warp; item < K * gI; item += WARPS) {
+    const int64_t j = item / gI, g = item % gI, pj = t * K + j;
+    const int64_t ej = load_index(b.idx, b.idx64, pj);
+    if (ej < 0 || ej >= b.E) continue;
+    quantize_group<T>(static_cast<const T*>(b.h) + pj * I, I, nv, g, hcodes + j * I, hscale + j * gI + g, lane);
+  }
+  __syncthreads();
+  if (!active) return;
+  float acc = 0.0f;
+  for (int64_t j0 = 0; j0 < K; j0 += SLOTS) {
+    if (j0 > 0) {
+      take_slots(j0);
+      load_round(lane);
+    }
+    float part[SLOTS];
+#pragma unroll
+    for (int q = 0; q < SLOTS; ++q) part[q] = 0.0f;
+    for (int c0 = lane; c0 < nv; c0 += 32 * CHUNKS) {
+      if (c0 != lane) load_round(c0);
+#pragma unroll
+      for (int u = 0; u < CHUNKS; ++u) {
+        const int c = c0 + 32 * u;
+        if (c >= nv) break;
+        const int kb = c >> 3;
+#pragma unroll
+        for (int q = 0; q < SLOTS; ++q) {
+          if (e[q] < 0) continue;
+          const int64_t j = j0 + q;
+          const float4* row = smem4 + j * (I / 4);
+          float s = 0.0f;
+#pragma unroll
+          for (int w = 0; w < 4; ++w) s = dot4(row[w * nv + c], word(wa[q][u], w), s);
+          const float ws = scale_at(a.down, e[q] * a.down.scale_stride + sblock + kb);
+          part[q] = fmaf(s, hscale[j * gI + kb] * ws, part[q]);
+        }
+      }
+    }
+#pragma unroll
+    for (int q = 0; q < SLOTS; ++q) {
+      if (e[q] < 0) continue;  // warp-uniform
+      float y = warp_sum(part[q]);
+      if (b.down_bias) y += to_f32(static_cast<const T*>(b.down_bias)[int64_t(e[q]) * H + n]);
+      acc += load_any(b.topw, b.topw_code, t * K + j0 + q) * y;
+    }
+  }
+  if (lane == 0) static_cast<T*>(b.out)[t * H + n] = from_f32<T>(acc);
+}
+
+size_t up_smem_bytes(int64_t H) { return size_t(H + quant_groups(H)) * sizeof(float); }
+size_t down_smem_bytes(int64_t K, int64_t I) { return size_t(K * (I + quant_groups(I))) * sizeof(float); }
+
+// MOEX_CUDA_FP8_SMALL_OPW=2: two outputs i per warp in the up kernel (half the blocks); default 1.
+int outputs_per_warp() {
+  const char* s = std::getenv("MOEX_CUDA_FP8_SMALL_OPW");
+  return s && std::atoi(s) == 2 ? 2 : 1;
+}
+
+template <class Kernel>
+void allow_smem(Kernel kernel, size_t bytes) {
+  if (bytes > 48 * 1024)
+    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)), "cudaFuncSetAttribute");
+}
+
+template <class T, bool GATED>
+void launch_up(const QuantBatchedArgs& a, int opw, cudaStream_t stream) {
+  const BatchedArgs& b = a.b;
+  const dim3 grid(unsigned(b.T * b.K), unsigned(ceil_div(b.I, int64_t(WARPS) * opw)));
+  const size_t smem = up_smem_bytes(b.H);
+  const auto kernel = opw == 2 ? small_up<T, GATED, 2> : small_up<T, GATED, 1>;
+  allow_smem(kernel, smem);
+  launch_pdl("quant_small_up", kernel, grid, dim3(THREADS), smem, stream, a);
+}
+
+template <class T>
+void launch_typed(const QuantBatchedArgs& a, cudaStream_t stream) {
+  const BatchedArgs& b = a.b;
+  const int opw = outputs_per_warp();
+  if (b.has_gate) launch_up<T, true>(a, opw, stream);
+  else launch_up<T, false>(a, opw, stream);
+  const dim3 grid(unsigned(b.T), unsigned(ceil_div(b.H, WARPS)));
+  const size_t smem = down_smem_bytes(b.K, b.I);
+  const auto kernel = b.K <= 1 ? small_down<T, 1> : b.K <= 2 ? small_down<T, 2> : b.K <= 4 ? small_down<T, 4> : small_down<T, 8>;
+  allow_smem(kernel, smem);
+  launch_pdl("quant_small_down", kernel, grid, dim3(THREADS), smem, stream, a);
+}
+
+bool weights_ok(const QuantWeights& w) {
+  return !w.fp4 && !w.transposed && w.K % 16 == 0 && w.data_stride % 16 == 0 && aligned16(w.data);
+}
+
+}  // namespace
+
+bool quant_small_wanted(int64_t T) {
+  const char* s = std::getenv("MOEX_CUDA_FP8_SMALL");
+  if (s && *s) return std::strcmp(s, "0") != 0;
+  // the decode path's own tests force it with MOEX_CUDA_FP8_DECODE=1; leave them that path
+  const char* d = std::getenv("MOEX_CUDA_FP8_DECODE");
+  if (d && std::strcmp(d, "1") == 0) return false;
+  return T <= kSmallMaxTokens;
+}
+
+bool quant_small_usable(const QuantBatchedArgs& a) {
+  const BatchedArgs& b = a.b;
+  if (!quant_small_wanted(b.T) || b.T <= 0 || b.K <= 0) return false;
+  if (!weights_ok(a.up) || !weights_ok(a.down) || b.H % 16 != 0 || b.I % 16 != 0) return false;
+  if (up_smem_bytes(b.H) > kSmallMaxSmem || down_smem_bytes(b.K, b.I) > kSmallMaxSmem) return false;
+  const int64_t S = b.T * b.K;
+  return S < (int64_t(1) << 31) && ceil_div(b.I, WARPS) <= 65535 && ceil_div(b.H, WARPS) <= 65535;
+}
+
+void launch_quant_batched_small(const QuantBatchedArgs& a, DType dtype, cudaStream_t stream) {
+  switch (dtype) {
+    case DType::f32: launch_typed<float>(a, stream); break;
+    case DType::f16: launch_typed<__half>(a, stream); break;
+    case DType::bf16: launch_typed<__nv_bfloat16>(a, stream); break;
+    default: detail::fail(ErrorCode::internal, "batched_mm on CUDA: unexpected dtype {}", dtype_name(dtype));
+  }
+}
+
+}  // namespace moex::cuda
