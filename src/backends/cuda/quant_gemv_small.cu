@@ -38,11 +38,13 @@ namespace moex::cuda {
 namespace {
 
 constexpr int THREADS = 256, WARPS = THREADS / 32;
+constexpr int STAGE_BATCH = 2;  // 128-channel groups whose loads a warp issues together (quantize_rows)
 // 16-byte chunks per weight row and lane in flight in the up kernel (32 registers of weights)
 template <int NR>
 constexpr int up_chunks() { return NR <= 2 ? 4 : 2; }
 // Shared memory of one block: the up kernel's token row, the down kernel's K h rows (f32 code
-// values + scales). 96 KB leave two blocks per SM (the kernels ask for three).
+// values + scales). 96 KB leave two blocks per SM; the up kernel asks for three (80 registers),
+// the down kernel for two (its 8-slot variant holds 8 weight loads and 8 experts in ~95 registers).
 constexpr size_t kSmallMaxSmem = 96 * 1024;
 // T bound of the default route (MOEX_CUDA_FP8_SMALL=1: any T, =0: never).
 constexpr int64_t kSmallMaxTokens = 1;
@@ -61,28 +63,46 @@ __device__ __forceinline__ float warp_max(float v) {
 // Float index of element k in the permuted shared-memory row of nv 16-element chunks.
 __device__ __forceinline__ int64_t perm_index(int64_t k, int64_t nv) { return (((k >> 2) & 3) * nv + (k >> 4)) * 4 + (k & 3); }
 
-// Group g (128 channels) of row x [n] quantized by one warp: the code values into codes (permuted
-// row), the scale into *scale. Same arithmetic as quant_activation.cu's quantize_activations.
-template <class T>
-__device__ __forceinline__ void quantize_group(const T* x, int64_t n, int64_t nv, int64_t g, float* codes, float* scale,
-                                               int lane) {
+// Rows [0, rows) of n channels quantized per 128 channels into shared memory by the block's warps:
+// row j's code values into codes + j·n (permuted), its group scales into scales + j·ceil(n/128).
+// row_of(j): the row's first element, nullptr to skip it. A warp takes the (row, group) items
+// warp, warp + WARPS, ... and issues the loads of B items before reducing any of them, so that the
+// staging costs one memory round trip per B items. Same arithmetic as quant_activation.cu.
+template <class T, int B, class RowOf>
+__device__ __forceinline__ void quantize_rows(int64_t rows, int64_t n, int nv, RowOf row_of, float* codes, float* scales,
+                                              int warp, int lane) {
   constexpr int PER_LANE = kQuantGroup / 32;
-  const int64_t c0 = g * kQuantGroup;
-  float v[PER_LANE];
-  float amax = 0.0f;
+  const int64_t gpr = quant_groups(n), items = rows * gpr;
+  for (int64_t base = warp; base < items; base += int64_t(WARPS) * B) {
+    const T* src[B];
+    float v[B][PER_LANE];
 #pragma unroll
-  for (int q = 0; q < PER_LANE; ++q) {
-    const int64_t c = c0 + q * 32 + lane;
-    v[q] = c < n ? to_f32(x[c]) : 0.0f;
-    amax = fmaxf(amax, fabsf(v[q]));
-  }
-  amax = warp_max(amax);
-  const float s = amax > 0.0f && isfinite(amax) ? __fdiv_rn(amax, 448.0f) : 1.0f;
-  if (lane == 0) *scale = s;
+    for (int b = 0; b < B; ++b) {
+      const int64_t item = base + int64_t(WARPS) * b;
+      src[b] = item < items ? row_of(item / gpr) : nullptr;
+      const int64_t c0 = (item % gpr) * kQuantGroup;
 #pragma unroll
-  for (int q = 0; q < PER_LANE; ++q) {
-    const int64_t c = c0 + q * 32 + lane;
-    if (c < n) codes[perm_index(c, nv)] = e4m3_value(e4m3_code_sat(__fdiv_rn(v[q], s)));
+      for (int q = 0; q < PER_LANE; ++q) {
+        const int64_t c = c0 + q * 32 + lane;
+        v[b][q] = src[b] && c < n ? to_f32(src[b][c]) : 0.0f;
+      }
+    }
+#pragma unroll
+    for (int b = 0; b < B; ++b) {
+      if (!src[b]) continue;  // warp-uniform
+      const int64_t item = base + int64_t(WARPS) * b, j = item / gpr, g = item % gpr;
+      float amax = 0.0f;
+#pragma unroll
+      for (int q = 0; q < PER_LANE; ++q) amax = fmaxf(amax, fabsf(v[b][q]));
+      amax = warp_max(amax);
+      const float s = amax > 0.0f && isfinite(amax) ? __fdiv_rn(amax, 448.0f) : 1.0f;
+      if (lane == 0) scales[j * gpr + g] = s;
+#pragma unroll
+      for (int q = 0; q < PER_LANE; ++q) {
+        const int64_t c = g * kQuantGroup + q * 32 + lane;
+        if (c < n) codes[j * n + perm_index(c, nv)] = e4m3_value(e4m3_code_sat(__fdiv_rn(v[b][q], s)));
+      }
+    }
   }
 }
 
@@ -148,7 +168,7 @@ __global__ void __launch_bounds__(THREADS, 3) small_up(QuantBatchedArgs a) {
   load_round(lane);
   // the pair's token row, quantized into shared memory while the first weights arrive
   const T* x = static_cast<const T*>(b.hidden) + (p / b.K) * H;
-  for (int64_t g = warp; g < gH; g += WARPS) quantize_group<T>(x, H, nv, g, xcodes, xscale + g, lane);
+  quantize_rows<T, STAGE_BATCH>(1, H, nv, [&](int64_t) { return x; }, xcodes, xscale, warp, lane);
   __syncthreads();
   if (!live[0]) return;
   float acc[NR];
@@ -199,7 +219,7 @@ __global__ void __launch_bounds__(THREADS, 3) small_up(QuantBatchedArgs a) {
 
 // ---- down + weighted slot sum: one output n per warp, SLOTS slots' rows in flight -------------
 template <class T, int SLOTS>
-__global__ void __launch_bounds__(THREADS, 3) small_down(QuantBatchedArgs a) {
+__global__ void __launch_bounds__(THREADS, 2) small_down(QuantBatchedArgs a) {
   extern __shared__ float4 smem4[];
   constexpr int CHUNKS = SLOTS >= 8 ? 1 : 2;  // per slot and lane in flight: 8 loads at most
   const BatchedArgs& b = a.b;
@@ -238,12 +258,14 @@ __global__ void __launch_bounds__(THREADS, 3) small_down(QuantBatchedArgs a) {
   pdl_wait();
   pdl_launch_dependents();
   // the token's K h rows, quantized into shared memory (dropped slots skipped: never read)
-  for (int64_t item = warp; item < K * gI; item += WARPS) {
-    const int64_t j = item / gI, g = item % gI, pj = t * K + j;
-    const int64_t ej = load_index(b.idx, b.idx64, pj);
-    if (ej < 0 || ej >= b.E) continue;
-    quantize_group<T>(static_cast<const T*>(b.h) + pj * I, I, nv, g, hcodes + j * I, hscale + j * gI + g, lane);
-  }
+  const T* h = static_cast<const T*>(b.h) + t * K * I;
+  quantize_rows<T, STAGE_BATCH>(
+      K, I, nv,
+      [&](int64_t j) -> const T* {
+        const int64_t ej = load_index(b.idx, b.idx64, t * K + j);
+        return ej >= 0 && ej < b.E ? h + j * I : nullptr;
+      },
+      hcodes, hscale, warp, lane);
   __syncthreads();
   if (!active) return;
   float acc = 0.0f;
