@@ -2,20 +2,23 @@
 // decode (T = 1 by default): two kernels chained with programmatic dependent launch (pdl.cuh), each
 // quantizing its own activations in shared memory, so that a forward is the two weight streams:
 //
-//   small_up    grid (pair p, ceil(I / (8·OPW))), OPW outputs i per warp: the warp requests its
-//               gate and up weight rows (e4m3, 16-byte loads) first; while they arrive, the block
-//               quantizes the pair's token row per 128 channels into shared memory;
-//               h[p, i] = round(act(gate, up)) in the activation dtype.
-//   small_down  grid (token t, ceil(H / 8)), one output n per warp: the weight rows of the token's
-//               slots are requested before pdl_wait (the routing was written at least two kernels
-//               back: final once small_up has passed its own wait, as in quant_decode.cu), then the
-//               block quantizes the token's K h rows into shared memory;
+//   small_up    grid (pair p, ceil(I / (8·OPW))), OPW outputs i per warp: the warp copies its gate
+//               and up weight rows (e4m3) into shared memory with cp.async, all at once; while they
+//               arrive, the block quantizes the pair's token row per 128 channels into shared
+//               memory; h[p, i] = round(act(gate, up)) in the activation dtype.
+//   small_down  grid (token t, ceil(H / 8)), one output n per warp: the warp copies row n of every
+//               routed slot's expert into shared memory before pdl_wait (the routing was written at
+//               least two kernels back: final once small_up has passed its own wait, as in
+//               quant_decode.cu), then the block quantizes the token's K h rows into shared memory;
 //               out[t, n] = round(Σ_j w_j · (y_j[n] + bias_j[n])) in slot order (f32).
 //
 // Why: at T = 1 the decode path (quant_decode.cu) is four dependent kernels, and its tensor-core up
 // kernel streams qwen3_30b_a3b's 25 MB at 1.86 TB/s with 117 registers (two blocks per SM), where
 // bf16 batched_mm's GEMV (batched_gemv.cu) streams at 2.9 TB/s (H200, docs/PERF.md, twenty-second
-// session). This path has the bf16 GEMV's structure on half the bytes.
+// session). A first version of these kernels held the weights in registers (80-95 per thread, 96
+// KB in flight per SM) and streamed at 1.3 / 0.6 TB/s (H200, 2026-12-03, thirty-first session):
+// at T = 1 what sets the pace is the bytes in flight per SM, and cp.async puts a warp's whole share
+// in flight without registers.
 //
 // Numerics (SPEC §6, as quant_gemv.cu and the CPU): activations quantized per token and 128
 // channels (scale = amax / 448, 1 when amax is 0 or not finite; codes e4m3, saturating, nearest
@@ -23,13 +26,16 @@
 // adds the sum times activation scale × weight block scale (a chunk never crosses a 128-k block);
 // the lanes' sums meet in a warp reduction.
 //
-// Shared memory holds code VALUES as f32, permuted so that the four float4 loads of a lane's chunk
-// are conflict-free: element k of a row of n = 16·nv channels sits at float4 ((k/4) % 4)·nv + k/16,
-// lane (k % 4). Requirements (quant_small_usable): FP8 [E, out, in] weights, H and I multiples of
-// 16, 16-byte aligned expert bases and strides, the rows' code values within kSmallMaxSmem.
+// Shared memory holds the activation code VALUES as f32, permuted so that the four float4 loads of
+// a lane's chunk are conflict-free: element k of a row of n = 16·nv channels sits at float4
+// ((k/4) % 4)·nv + k/16, lane (k % 4). Requirements (quant_small_usable): FP8 [E, out, in]
+// weights, H and I multiples of 16, 16-byte aligned expert bases and strides, each block's shared
+// memory (the activation rows as f32 and the warps' weight rows) within kSmallMaxSmem — the
+// small-expert shapes (qwen3_30b_a3b, qwen15_moe_a2_7b); larger ones keep the decode path.
 #include <cstdlib>
 #include <cstring>
 
+#include "backends/cuda/mma_ptx.cuh"
 #include "backends/cuda/pdl.cuh"
 #include "backends/cuda/quant_common.cuh"
 
@@ -39,13 +45,8 @@ namespace {
 
 constexpr int THREADS = 256, WARPS = THREADS / 32;
 constexpr int STAGE_BATCH = 2;  // 128-channel groups whose loads a warp issues together (quantize_rows)
-// 16-byte chunks per weight row and lane in flight in the up kernel (32 registers of weights)
-template <int NR>
-constexpr int up_chunks() { return NR <= 2 ? 4 : 2; }
-// Shared memory of one block: the up kernel's token row, the down kernel's K h rows (f32 code
-// values + scales). 96 KB leave two blocks per SM; the up kernel asks for three (80 registers),
-// the down kernel for two (its 8-slot variant holds 8 weight loads and 8 experts in ~95 registers).
-constexpr size_t kSmallMaxSmem = 96 * 1024;
+// Shared memory of one block at most: two blocks per SM.
+constexpr int64_t kSmallMaxSmem = 112 * 1024;
 // T bound of the default route (MOEX_CUDA_FP8_SMALL=1: any T, =0: never).
 constexpr int64_t kSmallMaxTokens = 1;
 
@@ -126,16 +127,33 @@ __device__ __forceinline__ float scale_at(const QuantWeights& w, int64_t i) {
 }
 
 
+// Shared memory of a block (bytes), in this order: the activation code values (f32, rows × n
+// permuted), their scales (rows × ceil(n/128) f32, rounded up to 16 bytes), then each warp's
+// weight rows (WARPS × wrows × n e4m3 bytes, 16-byte aligned).
+__host__ __device__ inline int64_t smem_scales_offset(int64_t rows, int64_t n) { return rows * n * 4; }
+__host__ __device__ inline int64_t smem_weights_offset(int64_t rows, int64_t n) {
+  return (smem_scales_offset(rows, n) + rows * quant_groups(n) * 4 + 15) / 16 * 16;
+}
+__host__ __device__ inline int64_t smem_bytes(int64_t rows, int64_t n, int64_t wrows) {
+  return smem_weights_offset(rows, n) + int64_t(WARPS) * wrows * n;
+}
+
+// Copies `bytes` (a multiple of 16) from global src to shared dst, 16 bytes per lane at a time.
+__device__ __forceinline__ void warp_copy_async(uint8_t* dst, const uint8_t* src, int64_t bytes, int lane) {
+  for (int64_t o = int64_t(lane) * 16; o < bytes; o += 32 * 16) ptx::cp_async16(ptx::smem_u32(dst + o), src + o, true);
+}
+
 // ---- up: OPW outputs i per warp, gate and up rows (GATED) or one row each -------------------
 template <class T, bool GATED, int OPW>
-__global__ void __launch_bounds__(THREADS, 3) small_up(QuantBatchedArgs a) {
+__global__ void __launch_bounds__(THREADS, 2) small_up(QuantBatchedArgs a) {
   extern __shared__ float4 smem4[];
   constexpr int NR = (GATED ? 2 : 1) * OPW;  // weight rows per warp
   const BatchedArgs& b = a.b;
-  const int64_t H = b.H, I = b.I, gH = quant_groups(H);
+  const int64_t H = b.H, I = b.I;
   const int nv = int(H / 16);  // 16-byte chunks per weight row
-  float* const xcodes = reinterpret_cast<float*>(smem4);  // [H] permuted
-  float* const xscale = xcodes + H;                       // [gH]
+  uint8_t* const smem = reinterpret_cast<uint8_t*>(smem4);
+  float* const xcodes = reinterpret_cast<float*>(smem);                           // [H] permuted
+  float* const xscale = reinterpret_cast<float*>(smem + smem_scales_offset(1, H));  // [ceil(H/128)]
   pdl_wait();  // the routing and the tokens come from the previous kernels
   pdl_launch_dependents();
   const int64_t p = blockIdx.x;
@@ -143,58 +161,45 @@ __global__ void __launch_bounds__(THREADS, 3) small_up(QuantBatchedArgs a) {
   if (e < 0 || e >= b.E) return;  // dropped slot (uniform over the block): its h row is never read
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t i0 = (int64_t(blockIdx.y) * WARPS + warp) * OPW;
-  // Weight row r of the warp: output i0 + r / (GATED ? 2 : 1), gate (even r) or up (odd r) when gated.
-  // Rows of outputs past I are not read (their warp's tail, or the whole warp).
-  const uint4* wrow[NR];
+  // Weight row r of the warp: output i0 + r / (GATED ? 2 : 1), gate (even r) or up (odd r) when
+  // gated. Rows of outputs past I are not read.
+  uint8_t* const wsm = smem + smem_weights_offset(1, H) + int64_t(warp) * NR * H;
   int64_t srow[NR];
-  bool live[NR];
 #pragma unroll
   for (int r = 0; r < NR; ++r) {
     const int64_t i = i0 + (GATED ? r / 2 : r);
-    live[r] = i < I;
     const int64_t row = !GATED ? i : b.interleaved ? 2 * i + (r & 1) : (r & 1) * I + i;
-    wrow[r] = reinterpret_cast<const uint4*>(a.up.data + e * a.up.data_stride + (live[r] ? row : 0) * H);
-    srow[r] = scale_row(a.up, e, live[r] ? row : 0);
+    if (i < I) warp_copy_async(wsm + r * H, a.up.data + e * a.up.data_stride + row * H, H, lane);
+    srow[r] = scale_row(a.up, e, i < I ? row : 0);
   }
-  constexpr int UP_CHUNKS = up_chunks<NR>();
-  uint4 wa[NR][UP_CHUNKS];
-  auto load_round = [&](int c0) {
-#pragma unroll
-    for (int u = 0; u < UP_CHUNKS; ++u)
-#pragma unroll
-      for (int r = 0; r < NR; ++r)
-        if (live[r] && c0 + 32 * u < nv) wa[r][u] = __ldg(wrow[r] + c0 + 32 * u);
-  };
-  load_round(lane);
-  // the pair's token row, quantized into shared memory while the first weights arrive
+  ptx::cp_async_commit();
+  // the pair's token row, quantized into shared memory while the weights arrive
   const T* x = static_cast<const T*>(b.hidden) + (p / b.K) * H;
   quantize_rows<T, STAGE_BATCH>(1, H, nv, [&](int64_t) { return x; }, xcodes, xscale, warp, lane);
+  ptx::cp_async_wait<0>();
   __syncthreads();
-  if (!live[0]) return;
+  if (i0 >= I) return;
   float acc[NR];
 #pragma unroll
   for (int r = 0; r < NR; ++r) acc[r] = 0.0f;
-  for (int c0 = lane; c0 < nv; c0 += 32 * UP_CHUNKS) {
-    if (c0 != lane) load_round(c0);
+#pragma unroll 2
+  for (int c = lane; c < nv; c += 32) {
+    const int kb = c >> 3;
+    float part[NR];
 #pragma unroll
-    for (int u = 0; u < UP_CHUNKS; ++u) {
-      const int c = c0 + 32 * u;
-      if (c >= nv) break;
-      const int kb = c >> 3;
-      float part[NR];
+    for (int r = 0; r < NR; ++r) part[r] = 0.0f;
+    uint4 w[NR];
 #pragma unroll
-      for (int r = 0; r < NR; ++r) part[r] = 0.0f;
+    for (int r = 0; r < NR; ++r) w[r] = ptx::lds128(ptx::smem_u32(wsm + r * H + int64_t(c) * 16));
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {  // one float4 of codes at a time: few registers
-        const float4 x4 = smem4[q * nv + c];
+    for (int q = 0; q < 4; ++q) {  // one float4 of codes at a time
+      const float4 x4 = smem4[q * nv + c];
 #pragma unroll
-        for (int r = 0; r < NR; ++r) part[r] = dot4(x4, word(wa[r][u], q), part[r]);
-      }
-      const float xs = xscale[kb];
-#pragma unroll
-      for (int r = 0; r < NR; ++r)
-        if (live[r]) acc[r] = fmaf(part[r], xs * scale_at(a.up, srow[r] + kb), acc[r]);
+      for (int r = 0; r < NR; ++r) part[r] = dot4(x4, word(w[r], q), part[r]);
     }
+    const float xs = xscale[kb];
+#pragma unroll
+    for (int r = 0; r < NR; ++r) acc[r] = fmaf(part[r], xs * scale_at(a.up, srow[r] + kb), acc[r]);
   }
   const T* bias = b.gate_up_bias ? static_cast<const T*>(b.gate_up_bias) + e * (GATED ? 2 * I : I) : nullptr;
   T* h = static_cast<T*>(b.h) + p * I;
@@ -217,44 +222,29 @@ __global__ void __launch_bounds__(THREADS, 3) small_up(QuantBatchedArgs a) {
   }
 }
 
-// ---- down + weighted slot sum: one output n per warp, SLOTS slots' rows in flight -------------
-template <class T, int SLOTS>
+// ---- down + weighted slot sum: one output n per warp, all K slots' rows in shared memory -------
+template <class T>
 __global__ void __launch_bounds__(THREADS, 2) small_down(QuantBatchedArgs a) {
   extern __shared__ float4 smem4[];
-  constexpr int CHUNKS = SLOTS >= 8 ? 1 : 2;  // per slot and lane in flight: 8 loads at most
   const BatchedArgs& b = a.b;
   const int64_t H = b.H, I = b.I, K = b.K, gI = quant_groups(I);
   const int nv = int(I / 16);  // 16-byte chunks per weight row
-  float* const hcodes = reinterpret_cast<float*>(smem4);  // [K][I] permuted rows
-  float* const hscale = hcodes + K * I;                    // [K][gI]
+  uint8_t* const smem = reinterpret_cast<uint8_t*>(smem4);
+  float* const hcodes = reinterpret_cast<float*>(smem);                           // [K][I] permuted rows
+  float* const hscale = reinterpret_cast<float*>(smem + smem_scales_offset(K, I));  // [K][gI]
   const int64_t t = blockIdx.x;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t n = int64_t(blockIdx.y) * WARPS + warp;
   const bool active = n < H;
-  const int64_t nrow = active ? n : 0;
-  const int64_t sblock = (nrow / a.down.block_n) * quant_groups(I);  // row n's block scales, past the expert
-  int e[SLOTS];  // expert of slot j0 + q, -1 when dropped or past K (or the warp is past H)
-  uint4 wa[SLOTS][CHUNKS];
-  auto take_slots = [&](int64_t j0) {
-#pragma unroll
-    for (int q = 0; q < SLOTS; ++q) {
-      const int64_t j = j0 + q;
-      const int64_t ej = j < K ? load_index(b.idx, b.idx64, t * K + j) : -1;
-      e[q] = active && ej >= 0 && ej < b.E ? int(ej) : -1;
+  uint8_t* const wsm = smem + smem_weights_offset(K, I) + int64_t(warp) * K * I;  // [K][I] this warp's rows
+  // the weight rows of every routed slot before pdl_wait: the routing is final (see the header),
+  // weights are never written
+  if (active)
+    for (int64_t j = 0; j < K; ++j) {
+      const int64_t e = load_index(b.idx, b.idx64, t * K + j);
+      if (e >= 0 && e < b.E) warp_copy_async(wsm + j * I, a.down.data + e * a.down.data_stride + n * I, I, lane);
     }
-  };
-  auto load_round = [&](int c0) {
-#pragma unroll
-    for (int u = 0; u < CHUNKS; ++u)
-#pragma unroll
-      for (int q = 0; q < SLOTS; ++q)
-        if (e[q] >= 0 && c0 + 32 * u < nv)
-          wa[q][u] = __ldg(reinterpret_cast<const uint4*>(a.down.data + e[q] * a.down.data_stride + nrow * I) + c0 + 32 * u);
-  };
-  // the first slots' weights before pdl_wait: the routing is final (see the header), weights are
-  // never written
-  take_slots(0);
-  load_round(lane);
+  ptx::cp_async_commit();
   pdl_wait();
   pdl_launch_dependents();
   // the token's K h rows, quantized into shared memory (dropped slots skipped: never read)
@@ -266,50 +256,36 @@ __global__ void __launch_bounds__(THREADS, 2) small_down(QuantBatchedArgs a) {
         return ej >= 0 && ej < b.E ? h + j * I : nullptr;
       },
       hcodes, hscale, warp, lane);
+  ptx::cp_async_wait<0>();
   __syncthreads();
   if (!active) return;
+  const int64_t sblock = (n / a.down.block_n) * gI;  // row n's block scales, past the expert's
   float acc = 0.0f;
-  for (int64_t j0 = 0; j0 < K; j0 += SLOTS) {
-    if (j0 > 0) {
-      take_slots(j0);
-      load_round(lane);
+  for (int64_t j = 0; j < K; ++j) {
+    const int64_t e = load_index(b.idx, b.idx64, t * K + j);
+    if (e < 0 || e >= b.E) continue;  // warp-uniform
+    const float4* row = smem4 + j * (I / 4);
+    const uint8_t* wrow = wsm + j * I;
+    const int64_t sbase = e * a.down.scale_stride + sblock;
+    float part = 0.0f;
+#pragma unroll 2
+    for (int c = lane; c < nv; c += 32) {
+      const int kb = c >> 3;
+      const uint4 w = ptx::lds128(ptx::smem_u32(wrow + int64_t(c) * 16));
+      float s = 0.0f;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) s = dot4(row[q * nv + c], word(w, q), s);
+      part = fmaf(s, hscale[j * gI + kb] * scale_at(a.down, sbase + kb), part);
     }
-    float part[SLOTS];
-#pragma unroll
-    for (int q = 0; q < SLOTS; ++q) part[q] = 0.0f;
-    for (int c0 = lane; c0 < nv; c0 += 32 * CHUNKS) {
-      if (c0 != lane) load_round(c0);
-#pragma unroll
-      for (int u = 0; u < CHUNKS; ++u) {
-        const int c = c0 + 32 * u;
-        if (c >= nv) break;
-        const int kb = c >> 3;
-#pragma unroll
-        for (int q = 0; q < SLOTS; ++q) {
-          if (e[q] < 0) continue;
-          const int64_t j = j0 + q;
-          const float4* row = smem4 + j * (I / 4);
-          float s = 0.0f;
-#pragma unroll
-          for (int w = 0; w < 4; ++w) s = dot4(row[w * nv + c], word(wa[q][u], w), s);
-          const float ws = scale_at(a.down, e[q] * a.down.scale_stride + sblock + kb);
-          part[q] = fmaf(s, hscale[j * gI + kb] * ws, part[q]);
-        }
-      }
-    }
-#pragma unroll
-    for (int q = 0; q < SLOTS; ++q) {
-      if (e[q] < 0) continue;  // warp-uniform
-      float y = warp_sum(part[q]);
-      if (b.down_bias) y += to_f32(static_cast<const T*>(b.down_bias)[int64_t(e[q]) * H + n]);
-      acc += load_any(b.topw, b.topw_code, t * K + j0 + q) * y;
-    }
+    float y = warp_sum(part);
+    if (b.down_bias) y += to_f32(static_cast<const T*>(b.down_bias)[e * H + n]);
+    acc += load_any(b.topw, b.topw_code, t * K + j) * y;
   }
   if (lane == 0) static_cast<T*>(b.out)[t * H + n] = from_f32<T>(acc);
 }
 
-size_t up_smem_bytes(int64_t H) { return size_t(H + quant_groups(H)) * sizeof(float); }
-size_t down_smem_bytes(int64_t K, int64_t I) { return size_t(K * (I + quant_groups(I))) * sizeof(float); }
+int64_t up_smem(const BatchedArgs& b, int opw) { return smem_bytes(1, b.H, (b.has_gate ? 2 : 1) * opw); }
+int64_t down_smem(const BatchedArgs& b) { return smem_bytes(b.K, b.I, b.K); }
 
 // MOEX_CUDA_FP8_SMALL_OPW=2: two outputs i per warp in the up kernel (half the blocks); default 1.
 int outputs_per_warp() {
@@ -318,7 +294,7 @@ int outputs_per_warp() {
 }
 
 template <class Kernel>
-void allow_smem(Kernel kernel, size_t bytes) {
+void allow_smem(Kernel kernel, int64_t bytes) {
   if (bytes > 48 * 1024)
     check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)), "cudaFuncSetAttribute");
 }
@@ -327,10 +303,10 @@ template <class T, bool GATED>
 void launch_up(const QuantBatchedArgs& a, int opw, cudaStream_t stream) {
   const BatchedArgs& b = a.b;
   const dim3 grid(unsigned(b.T * b.K), unsigned(ceil_div(b.I, int64_t(WARPS) * opw)));
-  const size_t smem = up_smem_bytes(b.H);
+  const int64_t smem = up_smem(b, opw);
   const auto kernel = opw == 2 ? small_up<T, GATED, 2> : small_up<T, GATED, 1>;
   allow_smem(kernel, smem);
-  launch_pdl("quant_small_up", kernel, grid, dim3(THREADS), smem, stream, a);
+  launch_pdl("quant_small_up", kernel, grid, dim3(THREADS), size_t(smem), stream, a);
 }
 
 template <class T>
@@ -340,10 +316,9 @@ void launch_typed(const QuantBatchedArgs& a, cudaStream_t stream) {
   if (b.has_gate) launch_up<T, true>(a, opw, stream);
   else launch_up<T, false>(a, opw, stream);
   const dim3 grid(unsigned(b.T), unsigned(ceil_div(b.H, WARPS)));
-  const size_t smem = down_smem_bytes(b.K, b.I);
-  const auto kernel = b.K <= 1 ? small_down<T, 1> : b.K <= 2 ? small_down<T, 2> : b.K <= 4 ? small_down<T, 4> : small_down<T, 8>;
-  allow_smem(kernel, smem);
-  launch_pdl("quant_small_down", kernel, grid, dim3(THREADS), smem, stream, a);
+  const int64_t smem = down_smem(b);
+  allow_smem(small_down<T>, smem);
+  launch_pdl("quant_small_down", small_down<T>, grid, dim3(THREADS), size_t(smem), stream, a);
 }
 
 bool weights_ok(const QuantWeights& w) {
@@ -365,7 +340,7 @@ bool quant_small_usable(const QuantBatchedArgs& a) {
   const BatchedArgs& b = a.b;
   if (!quant_small_wanted(b.T) || b.T <= 0 || b.K <= 0) return false;
   if (!weights_ok(a.up) || !weights_ok(a.down) || b.H % 16 != 0 || b.I % 16 != 0) return false;
-  if (up_smem_bytes(b.H) > kSmallMaxSmem || down_smem_bytes(b.K, b.I) > kSmallMaxSmem) return false;
+  if (up_smem(b, 2) > kSmallMaxSmem || down_smem(b) > kSmallMaxSmem) return false;
   const int64_t S = b.T * b.K;
   return S < (int64_t(1) << 31) && ceil_div(b.I, WARPS) <= 65535 && ceil_div(b.H, WARPS) <= 65535;
 }
