@@ -293,10 +293,14 @@ int outputs_per_warp() {
   return s && std::atoi(s) == 2 ? 2 : 1;
 }
 
+// The block's dynamic shared memory allowed, and the SM's L1 / shared split set to the largest
+// shared part, so that several blocks fit per SM (these kernels read little through L1).
 template <class Kernel>
 void allow_smem(Kernel kernel, int64_t bytes) {
   if (bytes > 48 * 1024)
     check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)), "cudaFuncSetAttribute");
+  check(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, int(cudaSharedmemCarveoutMaxShared)),
+        "cudaFuncSetAttribute");
 }
 
 template <class T, bool GATED>
