@@ -134,13 +134,13 @@ fi
 
 # ncu: GPU time of each FP8 decode kernel of one forward (serialised, no PDL overlap) per NCU_CASES
 # "shape:T" (default: the 12 cells of the table), grouped_mm FP8; NCU_KERNELS: the kernel-name regex
-# (default: quant_decode.cu's and quant_gemv_small.cu's kernels)
+# (default: quant_decode.cu's kernels)
 if has ncu && command -v ncu > /dev/null; then
   stamp ncu
   for c in ${NCU_CASES:-$(for s in ${SHAPES//,/ }; do for t in ${TOKENS//,/ }; do echo "$s:$t"; done; done)}; do
     MOEX_CUDA_PERF=1 MOEX_CUDA_PERF_QUANT=fp8 MOEX_CUDA_PERF_TOKENS="${c#*:}" MOEX_CUDA_PERF_SHAPES="${c%%:*}" \
       MOEX_CUDA_PERF_BACKENDS=grouped_mm MOEX_CUDA_PERF_REPS=2 timeout 120 ncu --clock-control none --csv --print-units base \
-      --kernel-name "regex:${NCU_KERNELS:-decode_|small_}" --metrics gpu__time_duration.sum,dram__bytes_read.sum \
+      --kernel-name "regex:${NCU_KERNELS:-decode_}" --metrics gpu__time_duration.sum,dram__bytes_read.sum \
       "$BUILD/moex_tests" --gtest_filter='CudaPerf.Shapes' > "$OUT/ncu_${c/:/_}.csv" 2> /dev/null
   done
   python3 - "$OUT" <<'PY' | tee "$OUT/ncu.md"
@@ -156,7 +156,7 @@ for path in sorted(glob.glob(os.path.join(sys.argv[1], "ncu_*.csv"))):
     k = {}
     for r in rows[hdr + 1:]:
         if len(r) > vi:
-            name = next((n for n in ("decode_prep", "decode_up", "decode_down", "small_up", "small_down") if n in r[ki]), r[ki][:30])
+            name = next((n for n in ("decode_prep", "decode_up", "decode_down") if n in r[ki]), r[ki][:30])
             k.setdefault(r[ii], {"name": name})[r[mi]] = float(r[vi].replace(",", ""))
     per = collections.defaultdict(lambda: ([], []))
     for d in k.values():

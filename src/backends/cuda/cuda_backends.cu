@@ -14,8 +14,7 @@
 //               Grids sized by static bounds, offsets read on the device: capturable.
 //
 // FP8 block-scaled / FP4 experts (SPEC §6; quant_common.cuh): the tokens and h are quantized on
-// the device per token and 128 channels. At T = 1 FP8 [E, out, in] experts take quant_gemv_small.cu
-// in both batched_mm and grouped_mm (two GEMV kernels; MOEX_CUDA_FP8_SMALL=0/1 off / any T). At small T (T <= kDecodeMaxTokens = 64; the env
+// the device per token and 128 channels. At small T (T <= kDecodeMaxTokens = 64; the env
 // MOEX_CUDA_FP8_DECODE=0/1 turns it off / on for any T) FP8 [E, out, in] experts on sm_89+ take
 // quant_decode.cu in both batched_mm and grouped_mm: each routed expert's weights read once for
 // all its rows, four kernels per forward (grouped_mm on Hopper only up to 6 pairs per expert, its
@@ -32,7 +31,6 @@
 //               (+ quantized: xq [T, H] u8 + xs [T, H/128] f32 + hq [S, I] u8 + hs [S, I/128] f32)
 //   grouped_mm  plan (~8·S + 16·(S/128 + E) bytes) + h [S, I] act dtype + y [S, H] f32
 //               (+ quantized: the batched_mm codes and scales)
-//   FP8 T = 1   (either backend) h [S, I] activation dtype, as batched_mm
 //   FP8 decode  (either backend, at most) xq, xs, h, hq, hs as above + y [S, H] f32 + a plan of
 //               ~S + 2·min(S, E) ints and counters (quant_decode_workspace)
 //   eager       plan + xs [S, H] act + gu [S, R] f32 + h [S, I] act + y [S, H] f32
@@ -351,10 +349,18 @@ size_t cuda_eager_workspace(const Problem& p) {
 
 // ---- batched_mm ------------------------------------------------------------------------------
 
-// The batched GEMV arguments of a call; h taken from the workspace.
-BatchedArgs batched_args(const Experts& ex, const ExpertsCall& call, WorkspaceCarver& ws) {
+void cuda_batched(const Experts& ex, const ExpertsCall& call, const RunContext& ctx) {
   const ExpertsSpec& s = ex.spec;
+  DeviceGuard guard(call.hidden.device.index);
+  if (s.quant.quantized()) {
+    QuantDecodeArgs d;
+    if (decode_route(ex, call, ctx, d)) {  // small T: each expert's weights read once (quant_decode.cu)
+      launch_quant_decode(d, stream_of(ctx));
+      return;
+    }
+  }
   const int64_t T = call.hidden.shape[0], K = call.top_k_index.shape[1], S = T * K;
+  WorkspaceCarver ws(ctx.workspace.data(), ctx.workspace.capacity());
   BatchedArgs a{};
   a.hidden = call.hidden.data;
   a.idx = call.top_k_index.data;
@@ -376,38 +382,6 @@ BatchedArgs batched_args(const Experts& ex, const ExpertsCall& call, WorkspaceCa
   a.I = s.intermediate;
   a.h = ws.take_bytes(size_t(S * s.intermediate) * dtype_size(s.dtype));
   a.out = call.out.data;
-  return a;
-}
-
-// FP8 experts at T = 1 (quant_gemv_small.cu): true when the two-kernel path ran. Both batched_mm
-// and grouped_mm take it (at T = 1 every pair is its expert's only row).
-bool small_route(const Experts& ex, const ExpertsCall& call, const RunContext& ctx) {
-  const ExpertsSpec& s = ex.spec;
-  if (!s.quant.quantized() || !quant_small_wanted(call.hidden.shape[0])) return false;
-  WorkspaceCarver ws(ctx.workspace.data(), ctx.workspace.capacity());
-  QuantBatchedArgs q{};
-  q.b = batched_args(ex, call, ws);
-  q.up = up_weights(ex);
-  q.down = down_weights(ex);
-  if (!quant_small_usable(q)) return false;
-  launch_quant_batched_small(q, s.dtype, stream_of(ctx));
-  return true;
-}
-
-void cuda_batched(const Experts& ex, const ExpertsCall& call, const RunContext& ctx) {
-  const ExpertsSpec& s = ex.spec;
-  DeviceGuard guard(call.hidden.device.index);
-  if (s.quant.quantized()) {
-    if (small_route(ex, call, ctx)) return;  // T = 1: two GEMV kernels (quant_gemv_small.cu)
-    QuantDecodeArgs d;
-    if (decode_route(ex, call, ctx, d)) {  // small T: each expert's weights read once (quant_decode.cu)
-      launch_quant_decode(d, stream_of(ctx));
-      return;
-    }
-  }
-  const int64_t T = call.hidden.shape[0], K = call.top_k_index.shape[1], S = T * K;
-  WorkspaceCarver ws(ctx.workspace.data(), ctx.workspace.capacity());
-  const BatchedArgs a = batched_args(ex, call, ws);
   if (s.quant.quantized()) {
     QuantBatchedArgs q{};
     q.b = a;
@@ -437,9 +411,8 @@ void cuda_grouped(const Experts& ex, const ExpertsCall& call, const RunContext& 
   const bool many_pairs = decode_many_pairs(call.hidden.shape[0], call.top_k_index.shape[1], s.num_experts);
   const bool tma_for_many = many_pairs && fp8_tma();
   if (s.quant.quantized()) {
-    DeviceGuard guard(call.hidden.device.index);
-    if (small_route(ex, call, ctx)) return;  // T = 1: two GEMV kernels (quant_gemv_small.cu)
     QuantDecodeArgs d;
+    DeviceGuard guard(call.hidden.device.index);
     if (decode_route(ex, call, ctx, d, tma_for_many)) {  // small T: four kernels, no separate plan (quant_decode.cu)
       launch_quant_decode(d, stream_of(ctx));
       return;

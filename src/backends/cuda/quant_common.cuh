@@ -115,15 +115,6 @@ struct QuantBatchedArgs {
 };
 void launch_quant_batched(const QuantBatchedArgs& a, DType dtype, cudaStream_t stream);
 
-// batched_mm / grouped_mm on FP8 [E, out, in] experts at decode (quant_gemv_small.cu): two PDL
-// kernels that quantize their activations in shared memory (xq/xs/hq/hs unused; b.h is h).
-// quant_small_wanted: T <= 1 by default; MOEX_CUDA_FP8_SMALL=1 any T, =0 never, and
-// MOEX_CUDA_FP8_DECODE=1 (forcing quant_decode.cu) leaves it off unless MOEX_CUDA_FP8_SMALL=1.
-// quant_small_usable: that, and the layout / size / alignment conditions.
-bool quant_small_wanted(int64_t T);
-bool quant_small_usable(const QuantBatchedArgs& a);
-void launch_quant_batched_small(const QuantBatchedArgs& a, DType dtype, cudaStream_t stream);
-
 // Grouped GEMM over per-expert row blocks on quantized experts (quant_grouped_gemm.cu):
 // C[r, c] = Σ_kb xs[arow(r), kb] · wscale(w(c), kb) · Σ_{k in kb} codes[arow(r), k] · wv[w(c), k],
 // then the epilogue of g.epi (g.A, g.W and g.w_transposed are not used).

@@ -20,6 +20,18 @@
 // slower (qwen3_30b_a3b T = 1 0.0265 ms against 0.0243, T = 8 0.1066 against 0.0839): the last
 // blocks' slot sums add a serial tail, and decode_up can no longer request weights before pdl_wait.
 //
+// Tried on the H200 and removed (2026-12-03, thirty-first session, docs/PERF.md): at T = 1, two
+// CUDA-core GEMV kernels in batched_mm's structure (batched_gemv.cu; one warp per output row, the
+// weights' e4m3 codes converted to f32 and multiplied by activation code values staged in shared
+// memory), each quantizing its own activations in shared memory — correct (the same references,
+// 1.5e-6 / 2.1e-4 / 1.7e-3) but slower: qwen3_30b_a3b 0.0391 ms against 0.0237, qwen15_moe_a2_7b
+// 0.0334 against 0.0231. ncu: the up kernel 18.8 us for 25 MB executes 9.2 M warp instructions
+// (bf16's up GEMV: 4.4 M for 50 MB) with its issue slots 48 % busy — an FP8 byte is twice the
+// elements of a bf16 byte, each converted twice on CUDA cores — and the down kernel 25.7 us for
+// 12.6 MB, 10.8 M instructions, most of them every block re-quantizing the token's 8 h rows. With
+// the weights in registers (80-95 of them) instead of cp.async into shared memory: as slow. The
+// tensor-core MMAs of this file convert once per two codes and sum 16 × 8 × 16 per instruction.
+//
 // The four are chained with programmatic dependent launch (pdl.cuh): each becomes resident while
 // its predecessor runs. decode_up finds its slot's expert from the routing indices and decode_down
 // reads decode_prep's plan — both written at least two kernels back, final once the predecessor
