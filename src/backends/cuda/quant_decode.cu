@@ -80,6 +80,7 @@
 // Shapes: W_up [E, R, H] (R = 2I gated, concatenated or interleaved, or I), W_down [E, H, I],
 // block scales [E, ceil(out/block_n), ceil(in/128)] f32 or UE8M0.
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -124,6 +125,13 @@ struct DecodeParams {
   bool h_quant_in_down; // decode_down quantizes h while staging it (else decode_up's last blocks)
   bool early_plan;      // decode_up / decode_down read the routing / plan before pdl_wait
   void* out;            // [T, H]
+};
+
+// A block's warps: `mt` m16 tiles (16·mt weight rows) × `ks` slices of the k blocks, mt·ks <= 8
+// warps; warps past mt·ks idle through the k loop (mt = 3: 48-row blocks, which spread qwen3's
+// T = 1 up rows over 256 blocks instead of 192 — two per SM on 124 of 132 SMs).
+struct TileShape {
+  int mt, ks;
 };
 
 // ---- small device helpers ------------------------------------------------------------------
@@ -427,9 +435,9 @@ struct WarpTile {
 
 template <int NT>
 __device__ __forceinline__ void tile_setup(WarpTile<NT>& wt, const QuantWeights& w, int e, const int* rows_of_m, int K,
-                                           int ks_count) {
+                                           TileShape ts) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int mt_count = WARPS / ks_count, mt = warp % mt_count, ks = warp / mt_count;
+  const int mt = warp % ts.mt, ks = warp / ts.mt;  // ks >= ts.ks: an idle warp (empty k slice)
   TileArgs<NT>& t = wt.t;
   t.g = lane >> 2;
   t.q = lane & 3;
@@ -449,8 +457,8 @@ __device__ __forceinline__ void tile_setup(WarpTile<NT>& wt, const QuantWeights&
     t.ws_lo = static_cast<const float*>(w.scales) + s_lo;
     t.ws_hi = static_cast<const float*>(w.scales) + s_hi;
   }
-  wt.kb0 = ks * t.gK / ks_count;
-  wt.kb1 = (ks + 1) * t.gK / ks_count;
+  wt.kb0 = ks < ts.ks ? ks * t.gK / ts.ks : 0;
+  wt.kb1 = ks < ts.ks ? (ks + 1) * t.gK / ts.ks : 0;
 }
 
 // Runs the pass (columns = pair-list entries [r, min(r + 8·NT, r_end))) from the issued
@@ -557,10 +565,9 @@ __device__ __forceinline__ void stage_h_quantized(const TileSmem<NT>& sm, uint8_
 
 // Local row m, column c of the block tile: the KS slices added in slice order.
 template <int NT>
-__device__ __forceinline__ float tile_value(const TileSmem<NT>& sm, int ks_count, int m, int c) {
-  const int mt_count = WARPS / ks_count;
+__device__ __forceinline__ float tile_value(const TileSmem<NT>& sm, TileShape ts, int m, int c) {
   float v = 0.0f;
-  for (int ks = 0; ks < ks_count; ++ks) v += sm.part[ks * mt_count + m / 16][m % 16][c];
+  for (int ks = 0; ks < ts.ks; ++ks) v += sm.part[ks * ts.mt + m / 16][m % 16][c];
   return v;
 }
 
@@ -631,13 +638,13 @@ __device__ __forceinline__ uint8_t* dynamic_smem() {
 // Column block bx covers outputs i in [i0, i0 + BI): BI = BM/2 gated (local rows [0, BI) gate,
 // [BI, BM) up for the concatenated layout; rows 2i, 2i+1 interleaved), BI = BM otherwise.
 template <class T, int NT, bool kStaged>
-__global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_up(DecodeParams a, int ks_count) {
+__global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_up(DecodeParams a, TileShape ts) {
   __shared__ TileSmem<NT> sm;
   __shared__ int rows_of_m[16 * WARPS];
   __shared__ unsigned s_bits[kDecodeMaxExperts / 32];
   __shared__ int s_expert;
   const int b = blockIdx.y;
-  const int BM = 16 * (WARPS / ks_count);
+  const int BM = 16 * ts.mt;
   const bool gated = a.up_epi != Epi::up_plain;
   const int BI = gated ? BM / 2 : BM, i0 = int(blockIdx.x) * BI;
   const int tid = threadIdx.x;
@@ -661,7 +668,7 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_up(DecodePara
   }
   WarpTile<NT> wt;
   if (e >= 0) {
-    tile_setup<NT>(wt, a.up, e, rows_of_m, a.H, ks_count);
+    tile_setup<NT>(wt, a.up, e, rows_of_m, a.H, ts);
     ring_prologue<NT>(wt.t, wt.kb0, wt.kb1, wt.s0, wt.s1);
   }
   if (a.early_plan) pdl_wait();
@@ -688,14 +695,14 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_up(DecodePara
       float v;
       if (gated) {
         const int mg = a.up_epi == Epi::up_concat ? il : 2 * il, mu = a.up_epi == Epi::up_concat ? BI + il : 2 * il + 1;
-        float gv = tile_value(sm, ks_count, mg, c), uv = tile_value(sm, ks_count, mu, c);
+        float gv = tile_value(sm, ts, mg, c), uv = tile_value(sm, ts, mu, c);
         if (bias) {
           gv += to_f32(bias[rows_of_m[mg]]);
           uv += to_f32(bias[rows_of_m[mu]]);
         }
         v = gated_act(a.act, gv, uv);
       } else {
-        v = tile_value(sm, ks_count, il, c) + (bias ? to_f32(bias[i]) : 0.0f);
+        v = tile_value(sm, ts, il, c) + (bias ? to_f32(bias[i]) : 0.0f);
         v = plain_act(a.act, v);
       }
       h[int64_t(sm.pair[c]) * a.I + i] = from_f32<T>(v);
@@ -727,11 +734,11 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_up(DecodePara
 
 // ---- 3. down projection ------------------------------------------------------------------------
 template <class T, int NT, bool kStaged>
-__global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_down(DecodeParams a, int ks_count) {
+__global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_down(DecodeParams a, TileShape ts) {
   __shared__ TileSmem<NT> sm;
   __shared__ int rows_of_m[16 * WARPS];
   const int b = blockIdx.y, tid = threadIdx.x;
-  const int BM = 16 * (WARPS / ks_count), n0 = int(blockIdx.x) * BM, n1 = min(a.H, n0 + BM);
+  const int BM = 16 * ts.mt, n0 = int(blockIdx.x) * BM, n1 = min(a.H, n0 + BM);
   if (tid < BM) rows_of_m[tid] = min(n0 + tid, a.H - 1);
   // Before pdl_wait: decode_prep's plan (two kernels back: decode_up released its dependents only
   // after its own wait), the warp's weight rows and the first two stages of loads.
@@ -743,7 +750,7 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_down(DecodePa
   __syncthreads();  // rows_of_m
   if (b >= n_hit) return;  // (block-uniform; the combine writes the output of dropped slots)
   WarpTile<NT> wt;
-  tile_setup<NT>(wt, a.down, e, rows_of_m, a.I, ks_count);
+  tile_setup<NT>(wt, a.down, e, rows_of_m, a.I, ts);
   ring_prologue<NT>(wt.t, wt.kb0, wt.kb1, wt.s0, wt.s1);
   if (a.early_plan) pdl_wait();  // decode_up's h
   pdl_launch_dependents();
@@ -768,10 +775,72 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_down(DecodePa
     for (int item = tid; item < BM * ncols; item += THREADS) {
       const int m = item / ncols, c = item % ncols, n = n0 + m;
       if (n >= a.H) continue;
-      a.y[int64_t(sm.pair[c]) * a.H + n] = tile_value(sm, ks_count, m, c) + (bias ? to_f32(bias[n]) : 0.0f);
+      a.y[int64_t(sm.pair[c]) * a.H + n] = tile_value(sm, ts, m, c) + (bias ? to_f32(bias[n]) : 0.0f);
     }
     __syncthreads();
   }
+}
+
+// ---- 3'. down projection + combine in one kernel, at T = 1 ---------------------------------------
+// One block per 16 output rows n0 .. n0+15; warp (j, ks) = (warp % K, warp / K) takes slot j's
+// expert over k slice ks (ts = {K, ks}, K <= 8): all the token's K h rows are staged and quantized
+// in every block, each warp's MMA computes the 16 × 8 tile of its expert against all of them and
+// keeps column j (h quantized here while staging, or by decode_up's last blocks: h_quant_in_down).
+// The block then sums out[n] = Σ_j w_j · (y_j[n] + bias_j[n]) over the valid slots in
+// slot order, in f32 — the combine kernel's arithmetic — so the path ends here: no y round trip
+// through memory and no fourth kernel waiting for this one's last block.
+template <class T>
+__global__ void __launch_bounds__(THREADS, 2) decode_down_combine(DecodeParams a, TileShape ts) {
+  __shared__ TileSmem<1> sm;
+  __shared__ int rows_of_m[16 * WARPS];
+  __shared__ int s_expert[WARPS];
+  const int tid = threadIdx.x, warp = tid >> 5;
+  const int n0 = int(blockIdx.x) * 16;
+  if (tid < 16 * ts.mt) rows_of_m[tid] = min(n0 + tid % 16, a.H - 1);
+  // slot j's expert (pair j at T = 1), before pdl_wait: the routing is final two kernels back
+  // (decode_up released its dependents only after its own wait)
+  if (tid < WARPS) {
+    const int64_t e = tid < a.K ? load_index_cg(a.idx, a.idx64, tid) : -1;
+    s_expert[tid] = e >= 0 && e < a.E ? int(e) : -1;
+  }
+  __syncthreads();
+  const int j = warp % ts.mt, e = s_expert[j];
+  WarpTile<1> wt;
+  tile_setup<1>(wt, a.down, e < 0 ? 0 : e, rows_of_m, a.I, ts);
+  if (e < 0) wt.kb0 = wt.kb1 = 0;  // a dropped slot: no loads, its column is not summed
+  ring_prologue<1>(wt.t, wt.kb0, wt.kb1, wt.s0, wt.s1);
+  pdl_wait();  // decode_up's h
+  pdl_launch_dependents();
+  if (tid < 8) {  // columns = the K slots; a dropped slot's row is staged as zeros
+    const int c = tid;
+    const bool valid = c < a.K && s_expert[c] >= 0;
+    sm.pair[c] = valid ? c : -1;
+    sm.arow[c] = valid ? c : -1;
+    sm.col[c] = c < a.K ? c : 0;
+  }
+  __syncthreads();
+  uint8_t* s_act = dynamic_smem();
+  float* s_act_s = reinterpret_cast<float*>(s_act + 8 * staged_stride(a.I));
+  if (a.h_quant_in_down) {
+    T* raw = reinterpret_cast<T*>(s_act + staged_smem_bytes(1, a.I));
+    stage_h_quantized<T, 1>(sm, s_act, s_act_s, raw, static_cast<const T*>(a.h), a.I, a.K);
+  } else {
+    stage_activations<1>(sm, s_act, s_act_s, a.hq, a.hs, a.I, a.K);
+  }
+  tile_finish<1, true>(sm, wt, s_act, s_act_s, staged_stride(a.I), a.K);
+  if (tid >= 16) return;
+  const int m = tid, n = n0 + m;
+  if (n >= a.H) return;
+  float acc = 0.0f;
+  for (int jj = 0; jj < a.K; ++jj) {
+    const int ej = s_expert[jj];
+    if (ej < 0) continue;
+    float y = 0.0f;
+    for (int k = 0; k < ts.ks; ++k) y += sm.part[k * ts.mt + jj][m][jj];
+    if (a.down_bias) y += to_f32(static_cast<const T*>(a.down_bias)[int64_t(ej) * a.H + n]);
+    acc += load_any(a.topw, a.topw_code, jj) * y;
+  }
+  static_cast<T*>(a.out)[n] = from_f32<T>(acc);
 }
 
 // ---- host side -------------------------------------------------------------------------------
@@ -817,6 +886,24 @@ int choose_ks(int64_t slots, int64_t out_rows, int nt, int64_t k_blocks) {
   return ks;
 }
 
+// The block tile of one GEMV kernel: choose_ks' rule (mt = 8 / ks), unless `env` (A/B
+// measurement: MOEX_CUDA_FP8_DECODE_UP_TILE / _DOWN_TILE) reads "MxK" with 1 <= M·K <= 8 and
+// 1 <= K <= k_blocks. `bi_divides_group`: the kernel's column block (16·M rows, halved when
+// `gated`) must divide 128 (decode_up's last-block quantization of h); an override that breaks it
+// is ignored.
+TileShape choose_tile(const char* env, int64_t slots, int64_t out_rows, int nt, int64_t k_blocks, bool bi_divides_group,
+                      bool gated) {
+  if (const char* s = decode_env(env)) {
+    int m = 0, k = 0;
+    if (std::sscanf(s, "%dx%d", &m, &k) == 2 && m >= 1 && k >= 1 && m * k <= WARPS && k <= k_blocks) {
+      const int bi = gated ? 8 * m : 16 * m;
+      if (!bi_divides_group || kQuantGroup % bi == 0) return TileShape{m, k};
+    }
+  }
+  const int ks = choose_ks(slots, out_rows, nt, k_blocks);
+  return TileShape{WARPS / ks, ks};
+}
+
 struct Carved {
   uint8_t* xq;
   float* xs;
@@ -854,9 +941,9 @@ size_t staged_limit(int nt) {
 // One GEMV kernel of the path: the staged instantiation where the pass' activation rows fit in
 // shared memory (the attribute for > 48 KB set once per instantiation), else the plain one.
 template <auto kPlain, auto kStaged>
-void launch_gemv(const char* what, int nt, size_t smem, dim3 grid, const DecodeParams& p, int ks, cudaStream_t stream) {
+void launch_gemv(const char* what, int nt, size_t smem, dim3 grid, const DecodeParams& p, TileShape ts, cudaStream_t stream) {
   if (smem > staged_limit(nt)) {
-    launch_pdl(what, kPlain, grid, dim3(THREADS), 0, stream, p, ks);
+    launch_pdl(what, kPlain, grid, dim3(THREADS), 0, stream, p, ts);
     return;
   }
   static const bool attr_set = [] {
@@ -864,26 +951,54 @@ void launch_gemv(const char* what, int nt, size_t smem, dim3 grid, const DecodeP
     return true;
   }();
   (void)attr_set;
-  launch_pdl(what, kStaged, grid, dim3(THREADS), smem, stream, p, ks);
+  launch_pdl(what, kStaged, grid, dim3(THREADS), smem, stream, p, ts);
+}
+
+// decode_down_combine's staging: the K code rows and scales, plus the raw h rows when it quantizes them.
+size_t down_combine_smem(const DecodeParams& p, size_t esz) {
+  return p.h_quant_in_down ? staged_h_smem_bytes(1, p.I, esz) : staged_smem_bytes(1, p.I);
+}
+
+// At T = 1 the down projection and the combine run as one kernel (decode_down_combine) where the
+// token's K <= 8 h rows fit in its shared memory. MOEX_CUDA_FP8_DECODE_FUSED=0 keeps them apart
+// (A/B measurement, tests).
+bool fused_combine(const DecodeParams& p, size_t esz) {
+  return p.T == 1 && p.K <= WARPS && down_combine_smem(p, esz) <= staged_limit(1) &&
+         !decode_env_is("MOEX_CUDA_FP8_DECODE_FUSED", "0");
 }
 
 template <class T>
-void launch_typed(const DecodeParams& p, DType dtype, int nt, int ks_up, int ks_down, cudaStream_t stream) {
+void launch_typed(const DecodeParams& p, DType dtype, int nt, TileShape up, TileShape down, cudaStream_t stream) {
   const int64_t prep_blocks = 1 + ceil_div(int64_t(p.T) * p.gH, WARPS);
   MOEX_CHECK(prep_blocks < (int64_t(1) << 31), "FP8 decode path: {} tokens are too many", p.T);
   launch_pdl("decode_prep", decode_prep<T>, dim3(unsigned(prep_blocks)), dim3(THREADS), 0, stream, p);
   const bool gated = p.up_epi != Epi::up_plain;
-  const int bm_up = 16 * (WARPS / ks_up), bi = gated ? bm_up / 2 : bm_up;
+  const int bm_up = 16 * up.mt, bi = gated ? bm_up / 2 : bm_up;
   const dim3 g_up(unsigned(ceil_div(p.I, bi)), unsigned(p.slots));
-  const dim3 g_down(unsigned(ceil_div(p.H, 16 * (WARPS / ks_down))), unsigned(p.slots));
+  const dim3 g_down(unsigned(ceil_div(p.H, 16 * down.mt)), unsigned(p.slots));
   const size_t smem_up = staged_smem_bytes(nt, p.H);
   const size_t smem_down = p.h_quant_in_down ? staged_h_smem_bytes(nt, p.I, sizeof(T)) : staged_smem_bytes(nt, p.I);
+  const bool fused = nt == 1 && fused_combine(p, sizeof(T));
   if (nt == 1) {
-    launch_gemv<decode_up<T, 1, false>, decode_up<T, 1, true>>("decode_up", 1, smem_up, g_up, p, ks_up, stream);
-    launch_gemv<decode_down<T, 1, false>, decode_down<T, 1, true>>("decode_down", 1, smem_down, g_down, p, ks_down, stream);
+    launch_gemv<decode_up<T, 1, false>, decode_up<T, 1, true>>("decode_up", 1, smem_up, g_up, p, up, stream);
+    if (!fused)
+      launch_gemv<decode_down<T, 1, false>, decode_down<T, 1, true>>("decode_down", 1, smem_down, g_down, p, down, stream);
   } else {
-    launch_gemv<decode_up<T, 4, false>, decode_up<T, 4, true>>("decode_up", 4, smem_up, g_up, p, ks_up, stream);
-    launch_gemv<decode_down<T, 4, false>, decode_down<T, 4, true>>("decode_down", 4, smem_down, g_down, p, ks_down, stream);
+    launch_gemv<decode_up<T, 4, false>, decode_up<T, 4, true>>("decode_up", 4, smem_up, g_up, p, up, stream);
+    launch_gemv<decode_down<T, 4, false>, decode_down<T, 4, true>>("decode_down", 4, smem_down, g_down, p, down, stream);
+  }
+  if (fused) {  // 3 + 4 in one kernel
+    const size_t smem = down_combine_smem(p, sizeof(T));
+    static const bool attr_set = [] {
+      check(cudaFuncSetAttribute(decode_down_combine<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(160 << 10)),
+            "decode kernel attribute");
+      return true;
+    }();
+    (void)attr_set;
+    const TileShape ts{p.K, std::max(1, std::min(WARPS / p.K, p.gI))};
+    launch_pdl("decode_down_combine", decode_down_combine<T>, dim3(unsigned(ceil_div(p.H, 16))), dim3(THREADS), smem, stream,
+               p, ts);
+    return;
   }
   // 4. the slot-order sum: combine.cu's kernel, y rows indexed by pair (pair_row), as a PDL link
   CombineArgs c{};
@@ -981,8 +1096,6 @@ void launch_quant_decode(const QuantDecodeArgs& a, cudaStream_t stream) {
   // T = 64: few experts need a second pass, and the NT = 1 kernel runs 2 blocks per SM, 64 KB of
   // loads in flight); else 32 rows (mixtral at T = 64: ~16 rows per expert).
   const int nt = a.T <= 8 || S <= 5 * slots ? 1 : 4;
-  const int ks_up = choose_ks(slots, a.up.N, nt, p.gH);
-  const int ks_down = choose_ks(slots, a.H, nt, p.gI);
   // Who quantizes h: decode_down while staging it at T <= 8 (decode_up then has no counters and
   // no last-block work: its one or two waves would end on that tail), decode_up's last blocks
   // above (every down column block of a slot would quantize the same rows again: at T = 64 that
@@ -996,10 +1109,13 @@ void launch_quant_decode(const QuantDecodeArgs& a, cudaStream_t stream) {
   // two kernels back; measured 2-9 % faster at T = 1 on the H200, 2026-12-01).
   // MOEX_CUDA_FP8_DECODE_EARLY=0 reads them after it (A/B measurement, debugging).
   p.early_plan = !decode_env_is("MOEX_CUDA_FP8_DECODE_EARLY", "0");
+  const bool gated = a.up_epi != Epi::up_plain;
+  const TileShape up = choose_tile("MOEX_CUDA_FP8_DECODE_UP_TILE", slots, a.up.N, nt, p.gH, !p.h_quant_in_down, gated);
+  const TileShape down = choose_tile("MOEX_CUDA_FP8_DECODE_DOWN_TILE", slots, a.H, nt, p.gI, false, false);
   switch (a.dtype) {
-    case DType::f32: launch_typed<float>(p, a.dtype, nt, ks_up, ks_down, stream); break;
-    case DType::f16: launch_typed<__half>(p, a.dtype, nt, ks_up, ks_down, stream); break;
-    case DType::bf16: launch_typed<__nv_bfloat16>(p, a.dtype, nt, ks_up, ks_down, stream); break;
+    case DType::f32: launch_typed<float>(p, a.dtype, nt, up, down, stream); break;
+    case DType::f16: launch_typed<__half>(p, a.dtype, nt, up, down, stream); break;
+    case DType::bf16: launch_typed<__nv_bfloat16>(p, a.dtype, nt, up, down, stream); break;
     default: detail::fail(ErrorCode::internal, "FP8 decode path: unexpected dtype {}", dtype_name(a.dtype));
   }
 }
