@@ -145,8 +145,7 @@ std::vector<check::Case> decode_cases(uint64_t seed, DType dt) {
   add(make_case(seed + 51, dt, 4, 2048, 256, 1, 2), fp8);                    // up: 8 k slices, down: 1
   { auto c = make_case(seed + 52, dt, 8, 336, 112, 3, 2); c.spec.has_gate = false; c.spec.activation.kind = Activation::relu;
     c.routing = check::Routing::dropped; add(c, QuantSpec::fp8_block(64, 128, ScaleFormat::ue8m0)); }
-  // T = 1 (down projection and combine in one kernel): K = 8 with dropped slots and biases, and
-  // K = 3 (warps 6 and 7 of each block idle)
+  // T = 1 with K = 8, dropped slots and biases; T = 1 with K = 3
   { auto c = make_case(seed + 54, dt, 16, 272, 208, 1, 8); c.routing = check::Routing::dropped; c.spec.has_bias = true;
     add(c, ue8m0); }
   add(make_case(seed + 55, dt, 8, 384, 256, 1, 3), fp8);
@@ -179,8 +178,7 @@ TEST_P(CudaFp8Decode, MatchesTheReference) {
 // The path's A/B switches each select other kernels than the default on these small shapes: the
 // unstaged activations (the default for rows too long to stage, e.g. mixtral's down projection),
 // the plan read after pdl_wait, h quantized by decode_up at every T, and by decode_down at every T,
-// the T = 1 down projection and combine as two kernels, 48-row blocks (3 m16 tiles × 2 k slices:
-// two warps idle) in the up and in the down projection.
+// 48-row blocks (3 m16 tiles × 2 k slices: two warps idle) in the up and in the down projection.
 TEST_P(CudaFp8Decode, EverySwitchMatchesTheReference) {
   SKIP_WITHOUT_CUDA();
   const DType dt = GetParam();
@@ -190,7 +188,6 @@ TEST_P(CudaFp8Decode, EverySwitchMatchesTheReference) {
                                                           {"MOEX_CUDA_FP8_DECODE_EARLY", "0"},
                                                           {"MOEX_CUDA_FP8_DECODE_HQ", "up"},
                                                           {"MOEX_CUDA_FP8_DECODE_HQ", "down"},
-                                                          {"MOEX_CUDA_FP8_DECODE_FUSED", "0"},
                                                           {"MOEX_CUDA_FP8_DECODE_UP_TILE", "3x2"},
                                                           {"MOEX_CUDA_FP8_DECODE_DOWN_TILE", "3x2"}};
   for (const auto& [name, value] : switches) {

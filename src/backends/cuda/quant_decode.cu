@@ -32,6 +32,13 @@
 // the weights in registers (80-95 of them) instead of cp.async into shared memory: as slow. The
 // tensor-core MMAs of this file convert once per two codes and sum 16 × 8 × 16 per instruction.
 //
+// Tried on the H200 and removed (2026-12-03, thirty-second session, docs/PERF.md): at T = 1 the
+// down projection and the combine as one kernel (one block per 16 output rows, warp j = slot j's
+// expert, all K h rows staged in every block, the slot-order sum in shared memory) — correct, but
+// slower: qwen3_30b_a3b 0.0261 ms against 0.0237 (ncu: 13.0 us alone against decode_down's 10.7);
+// with h quantized by decode_up instead, 0.0246. Block tiles of 3 × 2 and 2 × 4 m16 tiles × k
+// slices in decode_up, 4 × 2 in decode_down: no gain (MOEX_CUDA_FP8_DECODE_UP_TILE / _DOWN_TILE).
+//
 // The four are chained with programmatic dependent launch (pdl.cuh): each becomes resident while
 // its predecessor runs. decode_up finds its slot's expert from the routing indices and decode_down
 // reads decode_prep's plan — both written at least two kernels back, final once the predecessor
@@ -128,8 +135,10 @@ struct DecodeParams {
 };
 
 // A block's warps: `mt` m16 tiles (16·mt weight rows) × `ks` slices of the k blocks, mt·ks <= 8
-// warps; warps past mt·ks idle through the k loop (mt = 3: 48-row blocks, which spread qwen3's
-// T = 1 up rows over 256 blocks instead of 192 — two per SM on 124 of 132 SMs).
+// warps; warps past mt·ks idle through the k loop. The host's rule gives mt = 8 / ks; other
+// shapes are A/B overrides (choose_tile). E.g. mt = 3 × ks = 2 spreads qwen3_30b_a3b's T = 1 up
+// rows over 256 blocks (two per SM on 124 of 132 SMs) instead of 192 (two on 60, one on 72): not
+// faster on the H200 (2026-12-03, docs/PERF.md, thirty-second session).
 struct TileShape {
   int mt, ks;
 };
@@ -781,68 +790,6 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_down(DecodePa
   }
 }
 
-// ---- 3'. down projection + combine in one kernel, at T = 1 ---------------------------------------
-// One block per 16 output rows n0 .. n0+15; warp (j, ks) = (warp % K, warp / K) takes slot j's
-// expert over k slice ks (ts = {K, ks}, K <= 8): all the token's K h rows are staged and quantized
-// in every block, each warp's MMA computes the 16 × 8 tile of its expert against all of them and
-// keeps column j (h quantized here while staging, or by decode_up's last blocks: h_quant_in_down).
-// The block then sums out[n] = Σ_j w_j · (y_j[n] + bias_j[n]) over the valid slots in
-// slot order, in f32 — the combine kernel's arithmetic — so the path ends here: no y round trip
-// through memory and no fourth kernel waiting for this one's last block.
-template <class T>
-__global__ void __launch_bounds__(THREADS, 2) decode_down_combine(DecodeParams a, TileShape ts) {
-  __shared__ TileSmem<1> sm;
-  __shared__ int rows_of_m[16 * WARPS];
-  __shared__ int s_expert[WARPS];
-  const int tid = threadIdx.x, warp = tid >> 5;
-  const int n0 = int(blockIdx.x) * 16;
-  if (tid < 16 * ts.mt) rows_of_m[tid] = min(n0 + tid % 16, a.H - 1);
-  // slot j's expert (pair j at T = 1), before pdl_wait: the routing is final two kernels back
-  // (decode_up released its dependents only after its own wait)
-  if (tid < WARPS) {
-    const int64_t e = tid < a.K ? load_index_cg(a.idx, a.idx64, tid) : -1;
-    s_expert[tid] = e >= 0 && e < a.E ? int(e) : -1;
-  }
-  __syncthreads();
-  const int j = warp % ts.mt, e = s_expert[j];
-  WarpTile<1> wt;
-  tile_setup<1>(wt, a.down, e < 0 ? 0 : e, rows_of_m, a.I, ts);
-  if (e < 0) wt.kb0 = wt.kb1 = 0;  // a dropped slot: no loads, its column is not summed
-  ring_prologue<1>(wt.t, wt.kb0, wt.kb1, wt.s0, wt.s1);
-  pdl_wait();  // decode_up's h
-  pdl_launch_dependents();
-  if (tid < 8) {  // columns = the K slots; a dropped slot's row is staged as zeros
-    const int c = tid;
-    const bool valid = c < a.K && s_expert[c] >= 0;
-    sm.pair[c] = valid ? c : -1;
-    sm.arow[c] = valid ? c : -1;
-    sm.col[c] = c < a.K ? c : 0;
-  }
-  __syncthreads();
-  uint8_t* s_act = dynamic_smem();
-  float* s_act_s = reinterpret_cast<float*>(s_act + 8 * staged_stride(a.I));
-  if (a.h_quant_in_down) {
-    T* raw = reinterpret_cast<T*>(s_act + staged_smem_bytes(1, a.I));
-    stage_h_quantized<T, 1>(sm, s_act, s_act_s, raw, static_cast<const T*>(a.h), a.I, a.K);
-  } else {
-    stage_activations<1>(sm, s_act, s_act_s, a.hq, a.hs, a.I, a.K);
-  }
-  tile_finish<1, true>(sm, wt, s_act, s_act_s, staged_stride(a.I), a.K);
-  if (tid >= 16) return;
-  const int m = tid, n = n0 + m;
-  if (n >= a.H) return;
-  float acc = 0.0f;
-  for (int jj = 0; jj < a.K; ++jj) {
-    const int ej = s_expert[jj];
-    if (ej < 0) continue;
-    float y = 0.0f;
-    for (int k = 0; k < ts.ks; ++k) y += sm.part[k * ts.mt + jj][m][jj];
-    if (a.down_bias) y += to_f32(static_cast<const T*>(a.down_bias)[int64_t(ej) * a.H + n]);
-    acc += load_any(a.topw, a.topw_code, jj) * y;
-  }
-  static_cast<T*>(a.out)[n] = from_f32<T>(acc);
-}
-
 // ---- host side -------------------------------------------------------------------------------
 // The path's A/B switches (MOEX_CUDA_FP8_DECODE_*) are read at every launch, like
 // MOEX_CUDA_FP8_DECODE itself, so that one process (the tests) can run each variant.
@@ -954,19 +901,6 @@ void launch_gemv(const char* what, int nt, size_t smem, dim3 grid, const DecodeP
   launch_pdl(what, kStaged, grid, dim3(THREADS), smem, stream, p, ts);
 }
 
-// decode_down_combine's staging: the K code rows and scales, plus the raw h rows when it quantizes them.
-size_t down_combine_smem(const DecodeParams& p, size_t esz) {
-  return p.h_quant_in_down ? staged_h_smem_bytes(1, p.I, esz) : staged_smem_bytes(1, p.I);
-}
-
-// At T = 1 the down projection and the combine run as one kernel (decode_down_combine) where the
-// token's K <= 8 h rows fit in its shared memory. MOEX_CUDA_FP8_DECODE_FUSED=0 keeps them apart
-// (A/B measurement, tests).
-bool fused_combine(const DecodeParams& p, size_t esz) {
-  return p.T == 1 && p.K <= WARPS && down_combine_smem(p, esz) <= staged_limit(1) &&
-         !decode_env_is("MOEX_CUDA_FP8_DECODE_FUSED", "0");
-}
-
 template <class T>
 void launch_typed(const DecodeParams& p, DType dtype, int nt, TileShape up, TileShape down, cudaStream_t stream) {
   const int64_t prep_blocks = 1 + ceil_div(int64_t(p.T) * p.gH, WARPS);
@@ -978,27 +912,12 @@ void launch_typed(const DecodeParams& p, DType dtype, int nt, TileShape up, Tile
   const dim3 g_down(unsigned(ceil_div(p.H, 16 * down.mt)), unsigned(p.slots));
   const size_t smem_up = staged_smem_bytes(nt, p.H);
   const size_t smem_down = p.h_quant_in_down ? staged_h_smem_bytes(nt, p.I, sizeof(T)) : staged_smem_bytes(nt, p.I);
-  const bool fused = nt == 1 && fused_combine(p, sizeof(T));
   if (nt == 1) {
     launch_gemv<decode_up<T, 1, false>, decode_up<T, 1, true>>("decode_up", 1, smem_up, g_up, p, up, stream);
-    if (!fused)
-      launch_gemv<decode_down<T, 1, false>, decode_down<T, 1, true>>("decode_down", 1, smem_down, g_down, p, down, stream);
+    launch_gemv<decode_down<T, 1, false>, decode_down<T, 1, true>>("decode_down", 1, smem_down, g_down, p, down, stream);
   } else {
     launch_gemv<decode_up<T, 4, false>, decode_up<T, 4, true>>("decode_up", 4, smem_up, g_up, p, up, stream);
     launch_gemv<decode_down<T, 4, false>, decode_down<T, 4, true>>("decode_down", 4, smem_down, g_down, p, down, stream);
-  }
-  if (fused) {  // 3 + 4 in one kernel
-    const size_t smem = down_combine_smem(p, sizeof(T));
-    static const bool attr_set = [] {
-      check(cudaFuncSetAttribute(decode_down_combine<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(160 << 10)),
-            "decode kernel attribute");
-      return true;
-    }();
-    (void)attr_set;
-    const TileShape ts{p.K, std::max(1, std::min(WARPS / p.K, p.gI))};
-    launch_pdl("decode_down_combine", decode_down_combine<T>, dim3(unsigned(ceil_div(p.H, 16))), dim3(THREADS), smem, stream,
-               p, ts);
-    return;
   }
   // 4. the slot-order sum: combine.cu's kernel, y rows indexed by pair (pair_row), as a PDL link
   CombineArgs c{};
