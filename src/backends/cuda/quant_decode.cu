@@ -143,6 +143,13 @@ struct TileShape {
   int mt, ks;
 };
 
+// The m16 tiles of a block: ts.mt at NT = 1; 8 / ts.ks at NT = 4, whose kernels (255 registers)
+// spill when mt is one more run-time value (the overrides apply to NT = 1 only: choose_tile).
+template <int NT>
+__device__ __forceinline__ int tile_mt(TileShape ts) {
+  return NT == 1 ? ts.mt : WARPS / ts.ks;
+}
+
 // ---- small device helpers ------------------------------------------------------------------
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
@@ -530,7 +537,7 @@ template <int NT>
 __device__ __forceinline__ void tile_setup(WarpTile<NT>& wt, const QuantWeights& w, int e, const int* rows_of_m, int K,
                                            TileShape ts) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int mt = warp % ts.mt, ks = warp / ts.mt;  // ks >= ts.ks: an idle warp (empty k slice)
+  const int mt_count = tile_mt<NT>(ts), mt = warp % mt_count, ks = warp / mt_count;  // ks >= ts.ks: idle
   TileArgs<NT>& t = wt.t;
   t.g = lane >> 2;
   t.q = lane & 3;
@@ -661,7 +668,8 @@ __device__ __forceinline__ void stage_h_quantized(const TileSmem<NT>& sm, uint8_
 template <int NT>
 __device__ __forceinline__ float tile_value(const TileSmem<NT>& sm, TileShape ts, int m, int c) {
   float v = 0.0f;
-  for (int ks = 0; ks < ts.ks; ++ks) v += sm.part[ks * ts.mt + m / 16][m % 16][c];
+  const int mt_count = tile_mt<NT>(ts);
+  for (int ks = 0; ks < ts.ks; ++ks) v += sm.part[ks * mt_count + m / 16][m % 16][c];
   return v;
 }
 
@@ -750,7 +758,7 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_up(DecodePara
   __shared__ unsigned s_bits[kDecodeMaxExperts / 32];
   __shared__ int s_expert;
   const int b = blockIdx.y;
-  const int BM = 16 * ts.mt;
+  const int BM = 16 * tile_mt<NT>(ts);
   const bool gated = a.up_epi != Epi::up_plain;
   const int BI = gated ? BM / 2 : BM, i0 = int(blockIdx.x) * BI;
   const int tid = threadIdx.x;
@@ -845,7 +853,7 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_down(DecodePa
   __shared__ TileSmem<NT> sm;
   __shared__ int rows_of_m[16 * WARPS];
   const int b = blockIdx.y, tid = threadIdx.x;
-  const int BM = 16 * ts.mt, n0 = int(blockIdx.x) * BM, n1 = min(a.H, n0 + BM);
+  const int BM = 16 * tile_mt<NT>(ts), n0 = int(blockIdx.x) * BM, n1 = min(a.H, n0 + BM);
   if (tid < BM) rows_of_m[tid] = min(n0 + tid, a.H - 1);
   // Before pdl_wait: decode_prep's plan (two kernels back: decode_up released its dependents only
   // after its own wait), the warp's weight rows and the first two stages of loads.
@@ -932,14 +940,14 @@ int choose_ks(int64_t slots, int64_t out_rows, int nt, int64_t k_blocks) {
   return ks;
 }
 
-// The block tile of one GEMV kernel: choose_ks' rule (mt = 8 / ks), unless `env` (A/B
-// measurement: MOEX_CUDA_FP8_DECODE_UP_TILE / _DOWN_TILE) reads "MxK" with 1 <= M·K <= 8 and
+// The block tile of one GEMV kernel: choose_ks' rule (mt = 8 / ks), unless, for the NT = 1
+// kernels, `env` (A/B measurement: MOEX_CUDA_FP8_DECODE_UP_TILE / _DOWN_TILE) reads "MxK" with 1 <= M·K <= 8 and
 // 1 <= K <= k_blocks. `bi_divides_group`: the kernel's column block (16·M rows, halved when
 // `gated`) must divide 128 (decode_up's last-block quantization of h); an override that breaks it
 // is ignored.
 TileShape choose_tile(const char* env, int64_t slots, int64_t out_rows, int nt, int64_t k_blocks, bool bi_divides_group,
                       bool gated) {
-  if (const char* s = decode_env(env)) {
+  if (const char* s = nt == 1 ? decode_env(env) : nullptr) {
     int m = 0, k = 0;
     if (std::sscanf(s, "%dx%d", &m, &k) == 2 && m >= 1 && k >= 1 && m * k <= WARPS && k <= k_blocks) {
       const int bi = gated ? 8 * m : 16 * m;
