@@ -38,6 +38,12 @@
 // slower: qwen3_30b_a3b 0.0261 ms against 0.0237 (ncu: 13.0 us alone against decode_down's 10.7);
 // with h quantized by decode_up instead, 0.0246. Block tiles of 3 × 2 and 2 × 4 m16 tiles × k
 // slices in decode_up, 4 × 2 in decode_down: no gain (MOEX_CUDA_FP8_DECODE_UP_TILE / _DOWN_TILE).
+// Also removed (same session): the NT = 1 kernels' weights through a 4-stage shared-memory ring
+// (each lane cp.async-ing its own four 16-byte chunks per stage, 6 KB per warp in flight instead of
+// 4 KB, 84-110 registers instead of 118-127) — correct, memcheck clean, but slower everywhere:
+// qwen3_30b_a3b T = 1 0.0253 ms against 0.0236, deepseek_v3 T = 1 0.1354 against 0.1010, T = 8
+// 20-40 % slower (ncu of the register ring at qwen3 T = 1: 14 cycles per issued instruction, 37 %
+// of them the L1TEX scoreboard, 1.83 TB/s).
 //
 // The four are chained with programmatic dependent launch (pdl.cuh): each becomes resident while
 // its predecessor runs. decode_up finds its slot's expert from the routing indices and decode_down
@@ -430,82 +436,6 @@ __device__ __forceinline__ void ring_run(const TileArgs<NT>& t, int kb0, int kb1
   }
 }
 
-// The same k loop with the weights through a ring of kRingStages stages in shared memory
-// (MOEX_CUDA_FP8_DECODE_RING=1, NT = 1 kernels; A/B): each lane copies its own four 16-byte
-// chunks of a stage with cp.async and reads back only those, so no barrier is needed, and
-// kRingStages - 1 stages (6 KB per warp) are in flight instead of the register ring's two (4 KB),
-// without the registers that hold them. Chunk c of slot s for lane l sits at
-// ring + ((s·4 + c)·32 + l)·16: a warp's 128-bit accesses to one chunk are 512 contiguous bytes.
-constexpr int kRingStages = 4;
-constexpr size_t kRingBytesPerWarp = size_t(kRingStages) * 4 * 32 * 16;  // 8 KB
-constexpr size_t kRingBytes = size_t(WARPS) * kRingBytesPerWarp;         // 64 KB per block
-
-__device__ __forceinline__ uint32_t ring_addr(uint32_t ring, int slot, int c, int lane) {
-  return ring + uint32_t(((slot * 4 + c) * 32 + lane) * 16);
-}
-
-// 16 bytes global → shared, L2 only, with load_stage's 256-byte L2 prefetch.
-__device__ __forceinline__ void cp_async16_stream(uint32_t dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
-}
-
-// Stage kb into slot `slot`: load_stage's four chunks (lo0, hi0, lo1, hi1), its clamp at K.
-template <int NT>
-__device__ __forceinline__ void issue_stage(const TileArgs<NT>& t, int kb, uint32_t ring, int slot, int lane) {
-  const int k0 = min(kb * kQuantGroup + 16 * t.q, t.K - 16), k1 = min(kb * kQuantGroup + 64 + 16 * t.q, t.K - 16);
-  cp_async16_stream(ring_addr(ring, slot, 0, lane), t.row_lo + k0);
-  cp_async16_stream(ring_addr(ring, slot, 1, lane), t.row_hi + k0);
-  cp_async16_stream(ring_addr(ring, slot, 2, lane), t.row_lo + k1);
-  cp_async16_stream(ring_addr(ring, slot, 3, lane), t.row_hi + k1);
-}
-
-// The first kRingStages - 1 stages, one commit group each (empty past kb1), so that the loop's
-// wait counts groups the same way whatever the slice length; weights only: may run before
-// pdl_wait. (A cp.async.wait_group 0 between here and ring_run_smem — the activation staging —
-// only completes these earlier.)
-template <int NT>
-__device__ __forceinline__ void ring_prologue_smem(const TileArgs<NT>& t, int kb0, int kb1, uint32_t ring) {
-  const int lane = threadIdx.x & 31;
-#pragma unroll
-  for (int i = 0; i < kRingStages - 1; ++i) {
-    if (kb0 + i < kb1) issue_stage(t, kb0 + i, ring, i, lane);
-    ptx::cp_async_commit();
-  }
-}
-
-template <int NT, int NU>
-__device__ __forceinline__ void ring_run_smem(const TileArgs<NT>& t, int kb0, int kb1, uint32_t ring, float (&acc)[NU][4]) {
-#pragma unroll
-  for (int nt = 0; nt < NU; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
-  const PassCols<NU> cols = pass_cols<NT, NU>(t);
-  const int lane = threadIdx.x & 31;
-  // the block scales one k block ahead, in registers (L1-cached: a row's scales share a line)
-  float next_lo = 0.0f, next_hi = 0.0f;
-  if (kb0 < kb1) {
-    next_lo = block_scale(t.ws_lo, t.ue8m0, kb0);
-    next_hi = block_scale(t.ws_hi, t.ue8m0, kb0);
-  }
-  for (int kb = kb0, i = 0; kb < kb1; ++kb, ++i) {
-    // refill the slot computed in the previous iteration (this lane's reads of it are done)
-    if (kb + kRingStages - 1 < kb1) issue_stage(t, kb + kRingStages - 1, ring, (i + kRingStages - 1) % kRingStages, lane);
-    ptx::cp_async_commit();
-    Stage st;
-    st.ws_lo = next_lo;
-    st.ws_hi = next_hi;
-    if (kb + 1 < kb1) {
-      next_lo = block_scale(t.ws_lo, t.ue8m0, kb + 1);
-      next_hi = block_scale(t.ws_hi, t.ue8m0, kb + 1);
-    }
-    ptx::cp_async_wait<kRingStages - 1>();  // stage kb's group (kRingStages - 1 newer ones may pend)
-    const int slot = i % kRingStages;
-    st.lo0 = ptx::lds128(ring_addr(ring, slot, 0, lane));
-    st.hi0 = ptx::lds128(ring_addr(ring, slot, 1, lane));
-    st.lo1 = ptx::lds128(ring_addr(ring, slot, 2, lane));
-    st.hi1 = ptx::lds128(ring_addr(ring, slot, 3, lane));
-    compute_stage<NT, NU>(t, cols, kb, st, acc);
-  }
-}
-
 // Shared memory of the up/down kernels.
 template <int NT>
 struct TileSmem {
@@ -522,16 +452,8 @@ template <int NT>
 struct WarpTile {
   TileArgs<NT> t;
   int kb0, kb1;
-  Stage s0, s1;   // the register ring's first two stages
-  uint32_t ring;  // this warp's shared-memory ring (kRing kernels)
+  Stage s0, s1;  // the ring's first two stages
 };
-
-// The warp's first weight stages, before pdl_wait: into registers or into its shared-memory ring.
-template <int NT, bool kRing>
-__device__ __forceinline__ void warp_prologue(WarpTile<NT>& wt) {
-  if constexpr (kRing) ring_prologue_smem<NT>(wt.t, wt.kb0, wt.kb1, wt.ring);
-  else ring_prologue<NT>(wt.t, wt.kb0, wt.kb1, wt.s0, wt.s1);
-}
 
 template <int NT>
 __device__ __forceinline__ void tile_setup(WarpTile<NT>& wt, const QuantWeights& w, int e, const int* rows_of_m, int K,
@@ -563,7 +485,7 @@ __device__ __forceinline__ void tile_setup(WarpTile<NT>& wt, const QuantWeights&
 
 // Runs the pass (columns = pair-list entries [r, min(r + 8·NT, r_end))) from the issued
 // prologue and leaves the KS-reduced values readable through tile_value(). Syncs before returning.
-template <int NT, bool kStaged, bool kRing>
+template <int NT, bool kStaged>
 __device__ __forceinline__ void tile_finish(TileSmem<NT>& sm, WarpTile<NT>& wt, const uint8_t* act, const float* act_s,
                                             int act_stride, int ncols) {
   const int warp = threadIdx.x >> 5;
@@ -577,8 +499,7 @@ __device__ __forceinline__ void tile_finish(TileSmem<NT>& sm, WarpTile<NT>& wt, 
   auto run = [&](auto nu_tag) {
     constexpr int NU = decltype(nu_tag)::value;
     float acc[NU][4];
-    if constexpr (kRing) ring_run_smem<NT, NU>(t, wt.kb0, wt.kb1, wt.ring, acc);
-    else ring_run<NT, NU>(t, wt.kb0, wt.kb1, wt.s0, wt.s1, acc);
+    ring_run<NT, NU>(t, wt.kb0, wt.kb1, wt.s0, wt.s1, acc);
 #pragma unroll
     for (int nt = 0; nt < NU; ++nt) {
       const int c = nt * 8 + 2 * t.q;
@@ -736,22 +657,10 @@ __device__ __forceinline__ uint8_t* dynamic_smem() {
   return reinterpret_cast<uint8_t*>(s_dynamic);
 }
 
-// kRing kernels: the weight rings first in the dynamic shared memory (kRingBytes), the staged
-// activations after them.
-template <bool kRing>
-__device__ __forceinline__ uint32_t warp_ring() {
-  if constexpr (kRing) return uint32_t(__cvta_generic_to_shared(dynamic_smem())) + uint32_t((threadIdx.x >> 5) * kRingBytesPerWarp);
-  else return 0u;
-}
-template <bool kRing>
-__device__ __forceinline__ uint8_t* staging_smem() {
-  return dynamic_smem() + (kRing ? kRingBytes : 0);
-}
-
 // ---- 2. up projection + gated activation + quantization of h ---------------------------------
 // Column block bx covers outputs i in [i0, i0 + BI): BI = BM/2 gated (local rows [0, BI) gate,
 // [BI, BM) up for the concatenated layout; rows 2i, 2i+1 interleaved), BI = BM otherwise.
-template <class T, int NT, bool kStaged, bool kRing = false>
+template <class T, int NT, bool kStaged>
 __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_up(DecodeParams a, TileShape ts) {
   __shared__ TileSmem<NT> sm;
   __shared__ int rows_of_m[16 * WARPS];
@@ -781,10 +690,9 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_up(DecodePara
     __syncthreads();  // rows_of_m
   }
   WarpTile<NT> wt;
-  wt.ring = warp_ring<kRing>();
   if (e >= 0) {
     tile_setup<NT>(wt, a.up, e, rows_of_m, a.H, ts);
-    warp_prologue<NT, kRing>(wt);
+    ring_prologue<NT>(wt.t, wt.kb0, wt.kb1, wt.s0, wt.s1);
   }
   if (a.early_plan) pdl_wait();
   pdl_launch_dependents();
@@ -795,14 +703,14 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_up(DecodePara
   for (int r = r_begin; r < r_end; r += 8 * NT) {
     const int ncols = min(8 * NT, r_end - r);
     set_columns(sm, a, r, ncols, true);
-    if (r != r_begin) warp_prologue<NT, kRing>(wt);  // the pass re-reads the rows
+    if (r != r_begin) ring_prologue<NT>(wt.t, wt.kb0, wt.kb1, wt.s0, wt.s1);  // the pass re-reads the rows
     if constexpr (kStaged) {
-      uint8_t* s_act = staging_smem<kRing>();
+      uint8_t* s_act = dynamic_smem();
       float* s_act_s = reinterpret_cast<float*>(s_act + 8 * NT * staged_stride(a.H));
       stage_activations<NT>(sm, s_act, s_act_s, a.xq, a.xs, a.H, ncols);
-      tile_finish<NT, true, kRing>(sm, wt, s_act, s_act_s, staged_stride(a.H), ncols);
+      tile_finish<NT, true>(sm, wt, s_act, s_act_s, staged_stride(a.H), ncols);
     } else {
-      tile_finish<NT, false, kRing>(sm, wt, a.xq, a.xs, a.Hp, ncols);
+      tile_finish<NT, false>(sm, wt, a.xq, a.xs, a.Hp, ncols);
     }
     for (int item = tid; item < BI * ncols; item += THREADS) {
       const int il = item / ncols, c = item % ncols, i = i0 + il;
@@ -848,7 +756,7 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_up(DecodePara
 }
 
 // ---- 3. down projection ------------------------------------------------------------------------
-template <class T, int NT, bool kStaged, bool kRing = false>
+template <class T, int NT, bool kStaged>
 __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_down(DecodeParams a, TileShape ts) {
   __shared__ TileSmem<NT> sm;
   __shared__ int rows_of_m[16 * WARPS];
@@ -865,18 +773,17 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_down(DecodePa
   __syncthreads();  // rows_of_m
   if (b >= n_hit) return;  // (block-uniform; the combine writes the output of dropped slots)
   WarpTile<NT> wt;
-  wt.ring = warp_ring<kRing>();
   tile_setup<NT>(wt, a.down, e, rows_of_m, a.I, ts);
-  warp_prologue<NT, kRing>(wt);
+  ring_prologue<NT>(wt.t, wt.kb0, wt.kb1, wt.s0, wt.s1);
   if (a.early_plan) pdl_wait();  // decode_up's h
   pdl_launch_dependents();
   const T* bias = a.down_bias ? static_cast<const T*>(a.down_bias) + int64_t(e) * a.H : nullptr;
   for (int r = r_begin; r < r_end; r += 8 * NT) {
     const int ncols = min(8 * NT, r_end - r);
     set_columns(sm, a, r, ncols, false);
-    if (r != r_begin) warp_prologue<NT, kRing>(wt);
+    if (r != r_begin) ring_prologue<NT>(wt.t, wt.kb0, wt.kb1, wt.s0, wt.s1);
     if constexpr (kStaged) {
-      uint8_t* s_act = staging_smem<kRing>();
+      uint8_t* s_act = dynamic_smem();
       float* s_act_s = reinterpret_cast<float*>(s_act + 8 * NT * staged_stride(a.I));
       if (a.h_quant_in_down) {
         T* raw = reinterpret_cast<T*>(s_act + staged_smem_bytes(NT, a.I));
@@ -884,9 +791,9 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_down(DecodePa
       } else {
         stage_activations<NT>(sm, s_act, s_act_s, a.hq, a.hs, a.I, ncols);
       }
-      tile_finish<NT, true, kRing>(sm, wt, s_act, s_act_s, staged_stride(a.I), ncols);
+      tile_finish<NT, true>(sm, wt, s_act, s_act_s, staged_stride(a.I), ncols);
     } else {
-      tile_finish<NT, false, kRing>(sm, wt, a.hq, a.hs, a.Ip, ncols);
+      tile_finish<NT, false>(sm, wt, a.hq, a.hs, a.Ip, ncols);
     }
     for (int item = tid; item < BM * ncols; item += THREADS) {
       const int m = item / ncols, c = item % ncols, n = n0 + m;
@@ -987,35 +894,25 @@ Carved carve(void* base, size_t capacity, int64_t T, int64_t S, int64_t slots, i
 
 // Largest staged activation tile per block: 2 blocks per SM at NT = 1 (each keeps < 100 KB), one
 // at NT = 4. MOEX_CUDA_FP8_DECODE_STAGE=0 never stages (A/B measurement).
-// With the shared-memory weight ring (`ring`, NT = 1) each block also holds kRingBytes (64 KB):
-// 40 KB of staging keeps two blocks per SM within the SM's 228 KB.
-size_t staged_limit(int nt, bool ring = false) {
+size_t staged_limit(int nt) {
   const bool on = !decode_env_is("MOEX_CUDA_FP8_DECODE_STAGE", "0");
-  return on ? (nt == 1 ? size_t(ring ? 40 : 72) << 10 : size_t(160) << 10) : 0;
+  return on ? (nt == 1 ? size_t(72) << 10 : size_t(160) << 10) : 0;
 }
 
-// MOEX_CUDA_FP8_DECODE_RING=1: the NT = 1 kernels take their weights through the shared-memory
-// ring (ring_run_smem) instead of registers (A/B measurement; off by default).
-bool smem_ring(int nt) { return nt == 1 && decode_env_is("MOEX_CUDA_FP8_DECODE_RING", "1"); }
-
 // One GEMV kernel of the path: the staged instantiation where the pass' activation rows fit in
-// shared memory, else the plain one; `ring`: both have kRingBytes of weight ring before the
-// staging. The attribute for > 48 KB is set once per instantiation.
+// shared memory (the attribute for > 48 KB set once per instantiation), else the plain one.
 template <auto kPlain, auto kStaged>
-void launch_gemv(const char* what, int nt, bool ring, size_t smem, dim3 grid, const DecodeParams& p, TileShape ts,
-                 cudaStream_t stream) {
+void launch_gemv(const char* what, int nt, size_t smem, dim3 grid, const DecodeParams& p, TileShape ts, cudaStream_t stream) {
+  if (smem > staged_limit(nt)) {
+    launch_pdl(what, kPlain, grid, dim3(THREADS), 0, stream, p, ts);
+    return;
+  }
   static const bool attr_set = [] {
     check(cudaFuncSetAttribute(kStaged, cudaFuncAttributeMaxDynamicSharedMemorySize, int(160 << 10)), "decode kernel attribute");
-    check(cudaFuncSetAttribute(kPlain, cudaFuncAttributeMaxDynamicSharedMemorySize, int(160 << 10)), "decode kernel attribute");
     return true;
   }();
   (void)attr_set;
-  const size_t ring_bytes = ring ? kRingBytes : 0;
-  if (smem > staged_limit(nt, ring)) {
-    launch_pdl(what, kPlain, grid, dim3(THREADS), ring_bytes, stream, p, ts);
-    return;
-  }
-  launch_pdl(what, kStaged, grid, dim3(THREADS), ring_bytes + smem, stream, p, ts);
+  launch_pdl(what, kStaged, grid, dim3(THREADS), smem, stream, p, ts);
 }
 
 template <class T>
@@ -1029,16 +926,12 @@ void launch_typed(const DecodeParams& p, DType dtype, int nt, TileShape up, Tile
   const dim3 g_down(unsigned(ceil_div(p.H, 16 * down.mt)), unsigned(p.slots));
   const size_t smem_up = staged_smem_bytes(nt, p.H);
   const size_t smem_down = p.h_quant_in_down ? staged_h_smem_bytes(nt, p.I, sizeof(T)) : staged_smem_bytes(nt, p.I);
-  if (nt == 1 && smem_ring(nt)) {
-    launch_gemv<decode_up<T, 1, false, true>, decode_up<T, 1, true, true>>("decode_up", 1, true, smem_up, g_up, p, up, stream);
-    launch_gemv<decode_down<T, 1, false, true>, decode_down<T, 1, true, true>>("decode_down", 1, true, smem_down, g_down, p, down,
-                                                                              stream);
-  } else if (nt == 1) {
-    launch_gemv<decode_up<T, 1, false>, decode_up<T, 1, true>>("decode_up", 1, false, smem_up, g_up, p, up, stream);
-    launch_gemv<decode_down<T, 1, false>, decode_down<T, 1, true>>("decode_down", 1, false, smem_down, g_down, p, down, stream);
+  if (nt == 1) {
+    launch_gemv<decode_up<T, 1, false>, decode_up<T, 1, true>>("decode_up", 1, smem_up, g_up, p, up, stream);
+    launch_gemv<decode_down<T, 1, false>, decode_down<T, 1, true>>("decode_down", 1, smem_down, g_down, p, down, stream);
   } else {
-    launch_gemv<decode_up<T, 4, false>, decode_up<T, 4, true>>("decode_up", 4, false, smem_up, g_up, p, up, stream);
-    launch_gemv<decode_down<T, 4, false>, decode_down<T, 4, true>>("decode_down", 4, false, smem_down, g_down, p, down, stream);
+    launch_gemv<decode_up<T, 4, false>, decode_up<T, 4, true>>("decode_up", 4, smem_up, g_up, p, up, stream);
+    launch_gemv<decode_down<T, 4, false>, decode_down<T, 4, true>>("decode_down", 4, smem_down, g_down, p, down, stream);
   }
   // 4. the slot-order sum: combine.cu's kernel, y rows indexed by pair (pair_row), as a PDL link
   CombineArgs c{};
@@ -1142,7 +1035,7 @@ void launch_quant_decode(const QuantDecodeArgs& a, cudaStream_t stream) {
   // cost 3-4 % on the H200, 2026-12-01). Only where the raw rows fit beside the staged codes.
   // MOEX_CUDA_FP8_DECODE_HQ=up|down forces one (A/B measurement, tests).
   const char* hq = decode_env("MOEX_CUDA_FP8_DECODE_HQ");
-  const bool hq_fits = staged_h_smem_bytes(nt, p.I, dtype_size(a.dtype)) <= staged_limit(nt, smem_ring(nt));
+  const bool hq_fits = staged_h_smem_bytes(nt, p.I, dtype_size(a.dtype)) <= staged_limit(nt);
   const bool hq_down = hq && std::strcmp(hq, "up") == 0 ? false : hq && std::strcmp(hq, "down") == 0 ? true : a.T <= 8;
   p.h_quant_in_down = hq_fits && hq_down;
   // decode_up and decode_down read the routing / the plan before pdl_wait (both written at least
