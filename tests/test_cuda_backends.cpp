@@ -177,8 +177,7 @@ TEST_P(CudaFp8Decode, MatchesTheReference) {
 
 // The path's A/B switches each select other kernels than the default on these small shapes: the
 // unstaged activations (the default for rows too long to stage, e.g. mixtral's down projection),
-// the plan read after pdl_wait, h quantized by decode_up at every T, and by decode_down at every T,
-// 48-row blocks (3 m16 tiles × 2 k slices: two warps idle) in the up and in the down projection.
+// the plan read after pdl_wait, h quantized by decode_up at every T, and by decode_down at every T.
 TEST_P(CudaFp8Decode, EverySwitchMatchesTheReference) {
   SKIP_WITHOUT_CUDA();
   const DType dt = GetParam();
@@ -187,9 +186,7 @@ TEST_P(CudaFp8Decode, EverySwitchMatchesTheReference) {
   const std::pair<const char*, const char*> switches[] = {{"MOEX_CUDA_FP8_DECODE_STAGE", "0"},
                                                           {"MOEX_CUDA_FP8_DECODE_EARLY", "0"},
                                                           {"MOEX_CUDA_FP8_DECODE_HQ", "up"},
-                                                          {"MOEX_CUDA_FP8_DECODE_HQ", "down"},
-                                                          {"MOEX_CUDA_FP8_DECODE_UP_TILE", "3x2"},
-                                                          {"MOEX_CUDA_FP8_DECODE_DOWN_TILE", "3x2"}};
+                                                          {"MOEX_CUDA_FP8_DECODE_HQ", "down"}};
   for (const auto& [name, value] : switches) {
     ScopedEnv variant(name, value);
     double worst = 0;

@@ -36,8 +36,10 @@
 // down projection and the combine as one kernel (one block per 16 output rows, warp j = slot j's
 // expert, all K h rows staged in every block, the slot-order sum in shared memory) — correct, but
 // slower: qwen3_30b_a3b 0.0261 ms against 0.0237 (ncu: 13.0 us alone against decode_down's 10.7);
-// with h quantized by decode_up instead, 0.0246. Block tiles of 3 × 2 and 2 × 4 m16 tiles × k
-// slices in decode_up, 4 × 2 in decode_down: no gain (MOEX_CUDA_FP8_DECODE_UP_TILE / _DOWN_TILE).
+// with h quantized by decode_up instead, 0.0246. Block tiles other than 8 / KS m16 tiles × KS
+// k slices (3 × 2 and 2 × 4 in decode_up — 3 × 2 spreads qwen3's T = 1 up rows evenly, two blocks
+// on 124 of 132 SMs — and 4 × 2 in decode_down, warps past M·K idle): no gain at T = 1, 12-20 %
+// slower at T = 8; the switches were removed with them.
 // Also removed (same session): the NT = 1 kernels' weights through a 4-stage shared-memory ring
 // (each lane cp.async-ing its own four 16-byte chunks per stage, 6 KB per warp in flight instead of
 // 4 KB, 84-110 registers instead of 118-127) — correct, memcheck clean, but slower everywhere:
@@ -93,7 +95,6 @@
 // Shapes: W_up [E, R, H] (R = 2I gated, concatenated or interleaved, or I), W_down [E, H, I],
 // block scales [E, ceil(out/block_n), ceil(in/128)] f32 or UE8M0.
 #include <algorithm>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -139,22 +140,6 @@ struct DecodeParams {
   bool early_plan;      // decode_up / decode_down read the routing / plan before pdl_wait
   void* out;            // [T, H]
 };
-
-// A block's warps: `mt` m16 tiles (16·mt weight rows) × `ks` slices of the k blocks, mt·ks <= 8
-// warps; warps past mt·ks idle through the k loop. The host's rule gives mt = 8 / ks; other
-// shapes are A/B overrides (choose_tile). E.g. mt = 3 × ks = 2 spreads qwen3_30b_a3b's T = 1 up
-// rows over 256 blocks (two per SM on 124 of 132 SMs) instead of 192 (two on 60, one on 72): not
-// faster on the H200 (2026-12-03, docs/PERF.md, thirty-second session).
-struct TileShape {
-  int mt, ks;
-};
-
-// The m16 tiles of a block: ts.mt at NT = 1; 8 / ts.ks at NT = 4, whose kernels (255 registers)
-// spill when mt is one more run-time value (the overrides apply to NT = 1 only: choose_tile).
-template <int NT>
-__device__ __forceinline__ int tile_mt(TileShape ts) {
-  return NT == 1 ? ts.mt : WARPS / ts.ks;
-}
 
 // ---- small device helpers ------------------------------------------------------------------
 __device__ __forceinline__ float warp_max(float v) {
@@ -457,9 +442,9 @@ struct WarpTile {
 
 template <int NT>
 __device__ __forceinline__ void tile_setup(WarpTile<NT>& wt, const QuantWeights& w, int e, const int* rows_of_m, int K,
-                                           TileShape ts) {
+                                           int ks_count) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int mt_count = tile_mt<NT>(ts), mt = warp % mt_count, ks = warp / mt_count;  // ks >= ts.ks: idle
+  const int mt_count = WARPS / ks_count, mt = warp % mt_count, ks = warp / mt_count;
   TileArgs<NT>& t = wt.t;
   t.g = lane >> 2;
   t.q = lane & 3;
@@ -479,8 +464,8 @@ __device__ __forceinline__ void tile_setup(WarpTile<NT>& wt, const QuantWeights&
     t.ws_lo = static_cast<const float*>(w.scales) + s_lo;
     t.ws_hi = static_cast<const float*>(w.scales) + s_hi;
   }
-  wt.kb0 = ks < ts.ks ? ks * t.gK / ts.ks : 0;
-  wt.kb1 = ks < ts.ks ? (ks + 1) * t.gK / ts.ks : 0;
+  wt.kb0 = ks * t.gK / ks_count;
+  wt.kb1 = (ks + 1) * t.gK / ks_count;
 }
 
 // Runs the pass (columns = pair-list entries [r, min(r + 8·NT, r_end))) from the issued
@@ -587,10 +572,10 @@ __device__ __forceinline__ void stage_h_quantized(const TileSmem<NT>& sm, uint8_
 
 // Local row m, column c of the block tile: the KS slices added in slice order.
 template <int NT>
-__device__ __forceinline__ float tile_value(const TileSmem<NT>& sm, TileShape ts, int m, int c) {
+__device__ __forceinline__ float tile_value(const TileSmem<NT>& sm, int ks_count, int m, int c) {
+  const int mt_count = WARPS / ks_count;
   float v = 0.0f;
-  const int mt_count = tile_mt<NT>(ts);
-  for (int ks = 0; ks < ts.ks; ++ks) v += sm.part[ks * mt_count + m / 16][m % 16][c];
+  for (int ks = 0; ks < ks_count; ++ks) v += sm.part[ks * mt_count + m / 16][m % 16][c];
   return v;
 }
 
@@ -661,13 +646,13 @@ __device__ __forceinline__ uint8_t* dynamic_smem() {
 // Column block bx covers outputs i in [i0, i0 + BI): BI = BM/2 gated (local rows [0, BI) gate,
 // [BI, BM) up for the concatenated layout; rows 2i, 2i+1 interleaved), BI = BM otherwise.
 template <class T, int NT, bool kStaged>
-__global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_up(DecodeParams a, TileShape ts) {
+__global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_up(DecodeParams a, int ks_count) {
   __shared__ TileSmem<NT> sm;
   __shared__ int rows_of_m[16 * WARPS];
   __shared__ unsigned s_bits[kDecodeMaxExperts / 32];
   __shared__ int s_expert;
   const int b = blockIdx.y;
-  const int BM = 16 * tile_mt<NT>(ts);
+  const int BM = 16 * (WARPS / ks_count);
   const bool gated = a.up_epi != Epi::up_plain;
   const int BI = gated ? BM / 2 : BM, i0 = int(blockIdx.x) * BI;
   const int tid = threadIdx.x;
@@ -691,7 +676,7 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_up(DecodePara
   }
   WarpTile<NT> wt;
   if (e >= 0) {
-    tile_setup<NT>(wt, a.up, e, rows_of_m, a.H, ts);
+    tile_setup<NT>(wt, a.up, e, rows_of_m, a.H, ks_count);
     ring_prologue<NT>(wt.t, wt.kb0, wt.kb1, wt.s0, wt.s1);
   }
   if (a.early_plan) pdl_wait();
@@ -718,14 +703,14 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_up(DecodePara
       float v;
       if (gated) {
         const int mg = a.up_epi == Epi::up_concat ? il : 2 * il, mu = a.up_epi == Epi::up_concat ? BI + il : 2 * il + 1;
-        float gv = tile_value(sm, ts, mg, c), uv = tile_value(sm, ts, mu, c);
+        float gv = tile_value(sm, ks_count, mg, c), uv = tile_value(sm, ks_count, mu, c);
         if (bias) {
           gv += to_f32(bias[rows_of_m[mg]]);
           uv += to_f32(bias[rows_of_m[mu]]);
         }
         v = gated_act(a.act, gv, uv);
       } else {
-        v = tile_value(sm, ts, il, c) + (bias ? to_f32(bias[i]) : 0.0f);
+        v = tile_value(sm, ks_count, il, c) + (bias ? to_f32(bias[i]) : 0.0f);
         v = plain_act(a.act, v);
       }
       h[int64_t(sm.pair[c]) * a.I + i] = from_f32<T>(v);
@@ -757,11 +742,11 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_up(DecodePara
 
 // ---- 3. down projection ------------------------------------------------------------------------
 template <class T, int NT, bool kStaged>
-__global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_down(DecodeParams a, TileShape ts) {
+__global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_down(DecodeParams a, int ks_count) {
   __shared__ TileSmem<NT> sm;
   __shared__ int rows_of_m[16 * WARPS];
   const int b = blockIdx.y, tid = threadIdx.x;
-  const int BM = 16 * tile_mt<NT>(ts), n0 = int(blockIdx.x) * BM, n1 = min(a.H, n0 + BM);
+  const int BM = 16 * (WARPS / ks_count), n0 = int(blockIdx.x) * BM, n1 = min(a.H, n0 + BM);
   if (tid < BM) rows_of_m[tid] = min(n0 + tid, a.H - 1);
   // Before pdl_wait: decode_prep's plan (two kernels back: decode_up released its dependents only
   // after its own wait), the warp's weight rows and the first two stages of loads.
@@ -773,7 +758,7 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_down(DecodePa
   __syncthreads();  // rows_of_m
   if (b >= n_hit) return;  // (block-uniform; the combine writes the output of dropped slots)
   WarpTile<NT> wt;
-  tile_setup<NT>(wt, a.down, e, rows_of_m, a.I, ts);
+  tile_setup<NT>(wt, a.down, e, rows_of_m, a.I, ks_count);
   ring_prologue<NT>(wt.t, wt.kb0, wt.kb1, wt.s0, wt.s1);
   if (a.early_plan) pdl_wait();  // decode_up's h
   pdl_launch_dependents();
@@ -798,7 +783,7 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_down(DecodePa
     for (int item = tid; item < BM * ncols; item += THREADS) {
       const int m = item / ncols, c = item % ncols, n = n0 + m;
       if (n >= a.H) continue;
-      a.y[int64_t(sm.pair[c]) * a.H + n] = tile_value(sm, ts, m, c) + (bias ? to_f32(bias[n]) : 0.0f);
+      a.y[int64_t(sm.pair[c]) * a.H + n] = tile_value(sm, ks_count, m, c) + (bias ? to_f32(bias[n]) : 0.0f);
     }
     __syncthreads();
   }
@@ -847,24 +832,6 @@ int choose_ks(int64_t slots, int64_t out_rows, int nt, int64_t k_blocks) {
   return ks;
 }
 
-// The block tile of one GEMV kernel: choose_ks' rule (mt = 8 / ks), unless, for the NT = 1
-// kernels, `env` (A/B measurement: MOEX_CUDA_FP8_DECODE_UP_TILE / _DOWN_TILE) reads "MxK" with 1 <= M·K <= 8 and
-// 1 <= K <= k_blocks. `bi_divides_group`: the kernel's column block (16·M rows, halved when
-// `gated`) must divide 128 (decode_up's last-block quantization of h); an override that breaks it
-// is ignored.
-TileShape choose_tile(const char* env, int64_t slots, int64_t out_rows, int nt, int64_t k_blocks, bool bi_divides_group,
-                      bool gated) {
-  if (const char* s = nt == 1 ? decode_env(env) : nullptr) {
-    int m = 0, k = 0;
-    if (std::sscanf(s, "%dx%d", &m, &k) == 2 && m >= 1 && k >= 1 && m * k <= WARPS && k <= k_blocks) {
-      const int bi = gated ? 8 * m : 16 * m;
-      if (!bi_divides_group || kQuantGroup % bi == 0) return TileShape{m, k};
-    }
-  }
-  const int ks = choose_ks(slots, out_rows, nt, k_blocks);
-  return TileShape{WARPS / ks, ks};
-}
-
 struct Carved {
   uint8_t* xq;
   float* xs;
@@ -902,9 +869,9 @@ size_t staged_limit(int nt) {
 // One GEMV kernel of the path: the staged instantiation where the pass' activation rows fit in
 // shared memory (the attribute for > 48 KB set once per instantiation), else the plain one.
 template <auto kPlain, auto kStaged>
-void launch_gemv(const char* what, int nt, size_t smem, dim3 grid, const DecodeParams& p, TileShape ts, cudaStream_t stream) {
+void launch_gemv(const char* what, int nt, size_t smem, dim3 grid, const DecodeParams& p, int ks, cudaStream_t stream) {
   if (smem > staged_limit(nt)) {
-    launch_pdl(what, kPlain, grid, dim3(THREADS), 0, stream, p, ts);
+    launch_pdl(what, kPlain, grid, dim3(THREADS), 0, stream, p, ks);
     return;
   }
   static const bool attr_set = [] {
@@ -912,26 +879,26 @@ void launch_gemv(const char* what, int nt, size_t smem, dim3 grid, const DecodeP
     return true;
   }();
   (void)attr_set;
-  launch_pdl(what, kStaged, grid, dim3(THREADS), smem, stream, p, ts);
+  launch_pdl(what, kStaged, grid, dim3(THREADS), smem, stream, p, ks);
 }
 
 template <class T>
-void launch_typed(const DecodeParams& p, DType dtype, int nt, TileShape up, TileShape down, cudaStream_t stream) {
+void launch_typed(const DecodeParams& p, DType dtype, int nt, int ks_up, int ks_down, cudaStream_t stream) {
   const int64_t prep_blocks = 1 + ceil_div(int64_t(p.T) * p.gH, WARPS);
   MOEX_CHECK(prep_blocks < (int64_t(1) << 31), "FP8 decode path: {} tokens are too many", p.T);
   launch_pdl("decode_prep", decode_prep<T>, dim3(unsigned(prep_blocks)), dim3(THREADS), 0, stream, p);
   const bool gated = p.up_epi != Epi::up_plain;
-  const int bm_up = 16 * up.mt, bi = gated ? bm_up / 2 : bm_up;
+  const int bm_up = 16 * (WARPS / ks_up), bi = gated ? bm_up / 2 : bm_up;
   const dim3 g_up(unsigned(ceil_div(p.I, bi)), unsigned(p.slots));
-  const dim3 g_down(unsigned(ceil_div(p.H, 16 * down.mt)), unsigned(p.slots));
+  const dim3 g_down(unsigned(ceil_div(p.H, 16 * (WARPS / ks_down))), unsigned(p.slots));
   const size_t smem_up = staged_smem_bytes(nt, p.H);
   const size_t smem_down = p.h_quant_in_down ? staged_h_smem_bytes(nt, p.I, sizeof(T)) : staged_smem_bytes(nt, p.I);
   if (nt == 1) {
-    launch_gemv<decode_up<T, 1, false>, decode_up<T, 1, true>>("decode_up", 1, smem_up, g_up, p, up, stream);
-    launch_gemv<decode_down<T, 1, false>, decode_down<T, 1, true>>("decode_down", 1, smem_down, g_down, p, down, stream);
+    launch_gemv<decode_up<T, 1, false>, decode_up<T, 1, true>>("decode_up", 1, smem_up, g_up, p, ks_up, stream);
+    launch_gemv<decode_down<T, 1, false>, decode_down<T, 1, true>>("decode_down", 1, smem_down, g_down, p, ks_down, stream);
   } else {
-    launch_gemv<decode_up<T, 4, false>, decode_up<T, 4, true>>("decode_up", 4, smem_up, g_up, p, up, stream);
-    launch_gemv<decode_down<T, 4, false>, decode_down<T, 4, true>>("decode_down", 4, smem_down, g_down, p, down, stream);
+    launch_gemv<decode_up<T, 4, false>, decode_up<T, 4, true>>("decode_up", 4, smem_up, g_up, p, ks_up, stream);
+    launch_gemv<decode_down<T, 4, false>, decode_down<T, 4, true>>("decode_down", 4, smem_down, g_down, p, ks_down, stream);
   }
   // 4. the slot-order sum: combine.cu's kernel, y rows indexed by pair (pair_row), as a PDL link
   CombineArgs c{};
@@ -1029,6 +996,8 @@ void launch_quant_decode(const QuantDecodeArgs& a, cudaStream_t stream) {
   // T = 64: few experts need a second pass, and the NT = 1 kernel runs 2 blocks per SM, 64 KB of
   // loads in flight); else 32 rows (mixtral at T = 64: ~16 rows per expert).
   const int nt = a.T <= 8 || S <= 5 * slots ? 1 : 4;
+  const int ks_up = choose_ks(slots, a.up.N, nt, p.gH);
+  const int ks_down = choose_ks(slots, a.H, nt, p.gI);
   // Who quantizes h: decode_down while staging it at T <= 8 (decode_up then has no counters and
   // no last-block work: its one or two waves would end on that tail), decode_up's last blocks
   // above (every down column block of a slot would quantize the same rows again: at T = 64 that
@@ -1042,13 +1011,10 @@ void launch_quant_decode(const QuantDecodeArgs& a, cudaStream_t stream) {
   // two kernels back; measured 2-9 % faster at T = 1 on the H200, 2026-12-01).
   // MOEX_CUDA_FP8_DECODE_EARLY=0 reads them after it (A/B measurement, debugging).
   p.early_plan = !decode_env_is("MOEX_CUDA_FP8_DECODE_EARLY", "0");
-  const bool gated = a.up_epi != Epi::up_plain;
-  const TileShape up = choose_tile("MOEX_CUDA_FP8_DECODE_UP_TILE", slots, a.up.N, nt, p.gH, !p.h_quant_in_down, gated);
-  const TileShape down = choose_tile("MOEX_CUDA_FP8_DECODE_DOWN_TILE", slots, a.H, nt, p.gI, false, false);
   switch (a.dtype) {
-    case DType::f32: launch_typed<float>(p, a.dtype, nt, up, down, stream); break;
-    case DType::f16: launch_typed<__half>(p, a.dtype, nt, up, down, stream); break;
-    case DType::bf16: launch_typed<__nv_bfloat16>(p, a.dtype, nt, up, down, stream); break;
+    case DType::f32: launch_typed<float>(p, a.dtype, nt, ks_up, ks_down, stream); break;
+    case DType::f16: launch_typed<__half>(p, a.dtype, nt, ks_up, ks_down, stream); break;
+    case DType::bf16: launch_typed<__nv_bfloat16>(p, a.dtype, nt, ks_up, ks_down, stream); break;
     default: detail::fail(ErrorCode::internal, "FP8 decode path: unexpected dtype {}", dtype_name(a.dtype));
   }
 }
