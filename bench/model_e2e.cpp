@@ -11,6 +11,12 @@
 //
 //   moex_model_bench [--layers 48] [--prompt 2048] [--decode-prompt 128] [--new 64] [--batches 1,8,64]
 //                    [--variants switch+graphs,no_switch+graphs,switch_no_graphs] [--out results.json]
+//                    [--trace FILE [--trace-steps 8]]
+//
+// --trace (a build configured with -DMOEX_CUDA_TRACE=ON): after the measurements, one more batch-1
+// generate (switching + graphs, the same prompt length) with every traced kernel's blocks recorded
+// (src/backends/cuda/trace.hpp); FILE gets the records as CSV and FILE.anchors.csv the SM clock
+// anchors taken before and after. bench/trace_report.py reads both.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -20,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/cuda/trace.hpp"
 #include "model/cuda_forward.hpp"
 #include "moex/moex.hpp"
 
@@ -67,7 +74,8 @@ double time_median(int reps, F&& f) {
 int main(int argc, char** argv) {
   int64_t layers = 48, prompt = 2048, decode_prompt = 128, new_tokens = 64;
   std::vector<int64_t> batches = {1, 8, 64};
-  std::string out_path, only;  // only: the decode variants to run (names separated by ','), all when empty
+  int64_t trace_steps = 8;
+  std::string out_path, only, trace_path;  // only: the decode variants to run (names separated by ','), all when empty
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -82,6 +90,8 @@ int main(int argc, char** argv) {
     else if (a == "--decode-prompt") decode_prompt = std::atoll(next().c_str());
     else if (a == "--new") new_tokens = std::atoll(next().c_str());
     else if (a == "--out") out_path = next();
+    else if (a == "--trace") trace_path = next();
+    else if (a == "--trace-steps") trace_steps = std::atoll(next().c_str());
     else if (a == "--variants") only = "," + next() + ",";
     else if (a == "--batches") {
       batches.clear();
@@ -94,13 +104,17 @@ int main(int argc, char** argv) {
       }
     } else {
       std::fprintf(stderr, "usage: %s [--layers N] [--prompt N] [--decode-prompt N] [--new N] [--batches 1,8,64] "
-                   "[--variants switch+graphs,no_switch+graphs,switch_no_graphs] [--out FILE]\n",
+                   "[--variants switch+graphs,no_switch+graphs,switch_no_graphs] [--out FILE] [--trace FILE [--trace-steps N]]\n",
                    argv[0]);
       return 2;
     }
   }
-  if (layers < 1 || prompt < 1 || decode_prompt < 1 || new_tokens < 2 || batches.empty()) {
+  if (layers < 1 || prompt < 1 || decode_prompt < 1 || new_tokens < 2 || batches.empty() || trace_steps < 1) {
     std::fprintf(stderr, "error: sizes must be positive (--new at least 2)\n");
+    return 2;
+  }
+  if (!trace_path.empty() && !cuda::trace::compiled()) {
+    std::fprintf(stderr, "error: --trace needs a build configured with -DMOEX_CUDA_TRACE=ON\n");
     return 2;
   }
   try {
@@ -183,6 +197,35 @@ int main(int argc, char** argv) {
     json += "]}";
     if (!out_path.empty()) std::ofstream(out_path) << json << "\n";
     std::printf("%s\n", json.c_str());
+    if (!trace_path.empty()) {
+      // batch 1, switching + graphs: one untraced run (captures the graphs if no variant did), then
+      // the traced one between two sets of SM clock anchors
+      const auto p = random_prompts(1, decode_prompt, V, 12);
+      model::CudaGenerateOptions o;
+      o.eos = {-1};
+      o.prefill_backend = "grouped_mm";
+      o.decode_backend = "batched_mm";
+      o.cuda_graphs = true;
+      o.max_new_tokens = trace_steps + 1;
+      m->generate(p, o);
+      const auto before = cuda::trace::anchors();
+      cuda::trace::start(size_t(4) << 20);
+      m->generate(p, o);
+      size_t dropped = 0;
+      const auto recs = cuda::trace::stop(&dropped);
+      const auto after = cuda::trace::anchors();
+      std::ofstream f(trace_path);
+      f << "kernel,block,grid,smid,c_start,c_wait,c_end,g_start,g_end\n";
+      for (const auto& r : recs)
+        f << r.kernel << ',' << r.block << ',' << r.grid << ',' << r.smid << ',' << r.c_start << ',' << r.c_wait << ','
+          << r.c_end << ',' << r.g_start << ',' << r.g_end << '\n';
+      std::ofstream fa(trace_path + ".anchors.csv");
+      fa << "when,smid,g,c\n";
+      for (const auto& a : before) fa << "before," << a.smid << ',' << a.g << ',' << a.c << '\n';
+      for (const auto& a : after) fa << "after," << a.smid << ',' << a.g << ',' << a.c << '\n';
+      std::printf("trace: %zu block records (%zu dropped), %lld decode steps after a %lld-token prompt -> %s\n",
+                  recs.size(), dropped, (long long)trace_steps, (long long)decode_prompt, trace_path.c_str());
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "moex_model_bench: %s\n", e.what());
     return 1;

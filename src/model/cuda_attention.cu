@@ -103,8 +103,10 @@ __device__ __forceinline__ void row_slices(const float* row, int width, int lane
 // memory instead (a separate instantiation: without it the kernel's code has no cluster barrier).
 template <int NQ, int NV, bool CLUSTER>
 __global__ void __launch_bounds__(kDecThreads, 2) decode_attention_kernel(DecodeAttentionParams p) {
+  MOEX_CUDA_TRACE_BLOCK(k_decode_attention);
   if (!p.early) {
     ::moex::cuda::pdl_wait();  // launched with PDL (pdl.cuh)
+    MOEX_CUDA_TRACE_WAITED();
     ::moex::cuda::pdl_launch_dependents();
   }
   extern __shared__ __align__(16) float dsm[];
@@ -167,6 +169,7 @@ __global__ void __launch_bounds__(kDecThreads, 2) decode_attention_kernel(Decode
     if (issued) issue(0, 0);
     if (p.post_fused) rope_table(p.post.rope, pos, rope_cs, rope_sn);
     ::moex::cuda::pdl_wait();
+    MOEX_CUDA_TRACE_WAITED();
     ::moex::cuda::pdl_launch_dependents();
   }
   if (p.post_fused) {

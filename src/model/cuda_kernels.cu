@@ -111,6 +111,7 @@ __device__ __forceinline__ float act_f(int kind, float g) {
 // One thread per element: a 2-D grid (column blocks, rows) keeps every load independent (a loop
 // over the row in one block serialises its round trips: 5 us for one row of 2048).
 __global__ void embed_kernel(const int32_t* ids, const void* embed, int dt, int64_t T, int64_t H, float* x) {
+  MOEX_CUDA_TRACE_BLOCK(k_embed);
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (i >= H) return;
   for (int64_t r = blockIdx.y; r < T; r += gridDim.y) x[r * H + i] = load_any(embed, dt, int64_t(ids[r]) * H + i);
@@ -136,7 +137,9 @@ __device__ __forceinline__ void norm_output(const RmsNormParams& p, int64_t r, i
 // x is read once and every load of a thread is issued before the reduction.
 template <int PER>
 __global__ void __launch_bounds__(1024) rmsnorm_reg_kernel(RmsNormParams p) {
+  MOEX_CUDA_TRACE_BLOCK(k_rmsnorm);
   pdl_wait();  // launched with PDL (pdl.cuh): everything below reads or writes the stream's data
+  MOEX_CUDA_TRACE_WAITED();
   pdl_launch_dependents();
   const int64_t r = blockIdx.x;
   const int64_t src = p.rows ? int64_t(p.rows[r]) : r;
@@ -162,7 +165,9 @@ __global__ void __launch_bounds__(1024) rmsnorm_reg_kernel(RmsNormParams p) {
 
 // Rows too long for registers: two passes over the row (x re-read from L1/L2).
 __global__ void rmsnorm_kernel(RmsNormParams p) {
+  MOEX_CUDA_TRACE_BLOCK(k_rmsnorm);
   pdl_wait();
+  MOEX_CUDA_TRACE_WAITED();
   pdl_launch_dependents();
   const int64_t r = blockIdx.x;
   const int64_t src = p.rows ? int64_t(p.rows[r]) : r;
@@ -315,6 +320,7 @@ template <int TM, class W, bool ROUTE>
 __global__ void __launch_bounds__(kGemvWarps * 32)
     gemv_kernel(const W* w, int64_t out, int64_t in, const float* x, int64_t xp, const float* bias, const float* row_gate,
                 float* y, int64_t yp, bool acc, RouterParams rp, unsigned* ticket) {
+  MOEX_CUDA_TRACE_BLOCK(k_gemv);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t row = blockIdx.x * int64_t(kGemvWarps) + warp;
   // The lane's first eight weight chunks are requested before waiting for the previous kernel
@@ -328,6 +334,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
     for (int u = 0; u < 8; ++u) first[u] = __ldcs(reinterpret_cast<const uint4*>(wr + c + u * 256));
   }
   pdl_wait();
+  MOEX_CUDA_TRACE_WAITED();
   pdl_launch_dependents();
   if (row < out) {
     float sum[TM];
@@ -373,6 +380,7 @@ template <int TM, class W>
 __global__ void __launch_bounds__(kRouterWarps * 32)
     gemv_router_cluster_kernel(const W* w, int64_t in, const float* x, int64_t xp, const float* bias, RouterParams rp) {
   namespace mc = ::moex::cuda;
+  MOEX_CUDA_TRACE_BLOCK(k_gemv_router);
   __shared__ float logits[kGemvMaxRows * kRouterMaxExperts];  // [TM, E] in CTA 0
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const uint32_t rank = mc::cluster_ctarank();
@@ -387,6 +395,7 @@ __global__ void __launch_bounds__(kRouterWarps * 32)
     for (int u = 0; u < 8; ++u) first[u] = __ldcs(reinterpret_cast<const uint4*>(wr + u * 256));
   }
   pdl_wait();
+  MOEX_CUDA_TRACE_WAITED();
   pdl_launch_dependents();
   mc::cluster_wait();  // every CTA of the cluster has started: CTA 0's shared memory may be written
   for (; row < E; row += stride) {
@@ -1016,7 +1025,9 @@ __device__ unsigned long long block_max_u64(unsigned long long v) {
 // scratch: [rows] u32 tickets (padded to 8 bytes), then [rows, gridDim.x] u64 keys.
 __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const float* logits, int64_t V, int32_t* next,
                                                                  unsigned* tickets, unsigned long long* keys) {
+  MOEX_CUDA_TRACE_BLOCK(k_argmax);
   pdl_wait();
+  MOEX_CUDA_TRACE_WAITED();
   pdl_launch_dependents();
   const int64_t r = blockIdx.y;
   const float* row = logits + r * V;

@@ -106,7 +106,9 @@ __device__ __forceinline__ float2 warp_dot2(const T* x, const T* wg, const T* wu
 // ---- up projection, weights [E, R, H]: one warp per (pair, i) ----
 template <class T, bool VEC>
 __global__ void __launch_bounds__(THREADS) batched_up_nt(BatchedArgs a) {
+  MOEX_CUDA_TRACE_BLOCK(k_batched_up);
   pdl_wait();  // launched with PDL (pdl.cuh): the expert index comes from the previous kernels
+  MOEX_CUDA_TRACE_WAITED();
   pdl_launch_dependents();
   const int64_t p = blockIdx.x;
   const int64_t e = load_index(a.idx, a.idx64, p);
@@ -144,7 +146,9 @@ __global__ void __launch_bounds__(THREADS) batched_up_nt(BatchedArgs a) {
 // same f32 result whatever SLOTS and UC are.
 template <class T, bool VEC, int SLOTS>
 __global__ void __launch_bounds__(THREADS) batched_down_nt(BatchedArgs a) {
+  MOEX_CUDA_TRACE_BLOCK(k_batched_down);
   pdl_wait();
+  MOEX_CUDA_TRACE_WAITED();
   pdl_launch_dependents();
   constexpr int UC = VEC ? 8 / SLOTS : 1;
   const int64_t t = blockIdx.x;

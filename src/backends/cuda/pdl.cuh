@@ -26,6 +26,7 @@
 #include <utility>
 
 #include "backends/cuda/cuda_common.cuh"
+#include "backends/cuda/trace.cuh"
 
 namespace moex::cuda {
 
