@@ -215,10 +215,10 @@ int main(int argc, char** argv) {
       const auto recs = cuda::trace::stop(&dropped);
       const auto after = cuda::trace::anchors();
       std::ofstream f(trace_path);
-      f << "kernel,block,grid,smid,c_start,c_wait,c_end,g_start,g_end\n";
+      f << "kernel,block,grid,smid,c_start,c_wait,c_end,g_start,g_end,c_mark0,c_mark1\n";
       for (const auto& r : recs)
         f << r.kernel << ',' << r.block << ',' << r.grid << ',' << r.smid << ',' << r.c_start << ',' << r.c_wait << ','
-          << r.c_end << ',' << r.g_start << ',' << r.g_end << '\n';
+          << r.c_end << ',' << r.g_start << ',' << r.g_end << ',' << r.c_mark0 << ',' << r.c_mark1 << '\n';
       std::ofstream fa(trace_path + ".anchors.csv");
       fa << "when,smid,g,c\n";
       for (const auto& a : before) fa << "before," << a.smid << ',' << a.g << ',' << a.c << '\n';

@@ -50,20 +50,25 @@ def timer_step(anchors):
     return min(d) if d else None
 
 
-def to_ns(recs, anchors):
-    missing = 0
+def to_ns(recs, anchors, timer_ns):
+    """Entry and exit from the global timer where it is fine enough (<= 100 ns steps), the wait return
+    from the block's own clock (the SM clock moves with the boost state, so no fixed rate maps clocks
+    of different moments: the block's own entry-to-exit rate does, or 1.98 GHz for short blocks)."""
+    coarse = timer_ns is None or timer_ns > 100
     for r in recs:
-        a = anchors.get(r["smid"], {})
-        if "before" in a and "after" in a and a["after"][1] > a["before"][1]:
+        if coarse:
+            a = anchors.get(r["smid"], {})
             (gb, cb), (ga, ca) = a["before"], a["after"]
             k = (ga - gb) / (ca - cb)
-            f = lambda c: gb + (c - cb) * k  # noqa: E731
-            r["t_start"], r["t_end"] = f(r["c_start"]), f(r["c_end"])
-            r["t_wait"] = f(r["c_wait"]) if r["c_wait"] else None
-        else:  # no anchors on this SM: the global timer (coarser), no wait time
-            missing += 1
-            r["t_start"], r["t_end"], r["t_wait"] = float(r["g_start"]), float(r["g_end"]), None
-    return missing
+            r["t_start"], r["t_end"] = gb + (r["c_start"] - cb) * k, gb + (r["c_end"] - cb) * k
+        else:
+            r["t_start"], r["t_end"] = float(r["g_start"]), float(r["g_end"])
+        dc, dg = r["c_end"] - r["c_start"], r["t_end"] - r["t_start"]
+        ghz = dc / dg if dg >= 2000 and dc > 0 else 1.98
+        at = lambda c: r["t_start"] + (c - r["c_start"]) / ghz if c else None  # noqa: E731
+        r["t_wait"] = at(r["c_wait"])
+        r["t_mark0"], r["t_mark1"] = at(r.get("c_mark0", 0)), at(r.get("c_mark1", 0))
+    return 0
 
 
 def launches_of(recs):
@@ -79,11 +84,13 @@ def launches_of(recs):
                 bad += 1
             waits = [r["t_wait"] for r in chunk if r["t_wait"] is not None]
             ends = sorted(r["t_end"] for r in chunk)
+            crit = max(chunk, key=lambda r: r["t_end"])  # the block that ends the launch
             out.append({
                 "kernel": k, "name": NAMES.get(k, str(k)), "grid": grid,
                 "start": min(r["t_start"] for r in chunk), "last_start": max(r["t_start"] for r in chunk),
                 "release": min(waits) if waits else None, "end": ends[-1], "end_median": ends[len(ends) // 2],
                 "sms": len({r["smid"] for r in chunk}),
+                "crit": {k: crit[k] for k in ("t_start", "t_wait", "t_mark0", "t_mark1", "t_end")},
             })
     out.sort(key=lambda l: l["end"])
     return out, bad
@@ -97,8 +104,8 @@ def main():
     ap.add_argument("--launches", help="write every launch of the decode steps as CSV here (ns from the step's start)")
     a = ap.parse_args()
     recs, anchors = load(a.trace)
-    missing = to_ns(recs, anchors)
     step_ns = timer_step(anchors)
+    missing = to_ns(recs, anchors, step_ns)
     print(f"# {len(recs)} block records; SMs with anchors: {len(anchors)}; records on SMs without: {missing}; "
           f"global timer step seen: {step_ns} ns")
     ls, bad = launches_of(recs)
@@ -133,6 +140,11 @@ def main():
                 d["body"].append(l["end"] - l["release"])
             d["tail"].append(l["end"] - l["end_median"])
             d["sms"].append(l["sms"])
+            c = l["crit"]
+            if c["t_wait"] is not None and c["t_mark0"] is not None and c["t_mark1"] is not None:
+                d["crit_q"].append(c["t_mark0"] - c["t_wait"])
+                d["crit_loop"].append(c["t_mark1"] - c["t_mark0"])
+                d["crit_rest"].append(c["t_end"] - c["t_mark1"])
             prev_end = l["end"]
     if a.launches:
         with open(a.launches, "w") as f:
@@ -162,6 +174,12 @@ def main():
         print(f'| {role} | {row["per_step"]:.0f} | {row["adds_us"]:.2f} | {row["resident_us"]:.2f} | '
               f'{row["last_resident_us"]:.2f} | {row["release_us"]:.2f} | {row["body_us"]:.2f} | {row["tail_us"]:.2f} | '
               f'{row["sms"]:.0f} | {row["us_per_step"]:.1f} |')
+    for row in table:
+        d = roles[row["role"]]
+        if d["crit_q"]:
+            row.update(crit_q_us=us(d["crit_q"]), crit_loop_us=us(d["crit_loop"]), crit_rest_us=us(d["crit_rest"]))
+            print(f'# {row["role"]}: the last block to end: wait return -> mark 0 {row["crit_q_us"]:.2f} µs, '
+                  f'mark 0 -> mark 1 {row["crit_loop_us"]:.2f} µs, mark 1 -> exit {row["crit_rest_us"]:.2f} µs')
     total = sum(r["us_per_step"] for r in table)
     print(f"# sum of 'adds' per step: {total / 1e3:.3f} ms (the step less the previous argmax's end)")
     if a.json:

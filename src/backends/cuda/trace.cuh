@@ -47,7 +47,7 @@ __device__ __forceinline__ bool block_leader() { return threadIdx.x == 0 && thre
 // Lives for the kernel body: entry clocks at construction, the record at destruction (thread 0).
 struct BlockScope {
   uint32_t kernel;
-  uint64_t c_start = 0, g_start = 0, c_wait = 0;
+  uint64_t c_start = 0, g_start = 0, c_wait = 0, c_mark[2] = {0, 0};
   __device__ explicit BlockScope(uint32_t k) : kernel(k) {
     if (block_leader()) {
       c_start = clock64();
@@ -57,6 +57,9 @@ struct BlockScope {
   // right after the kernel's pdl_wait (MOEX_CUDA_TRACE_WAITED)
   __device__ void waited() {
     if (block_leader()) c_wait = clock64();
+  }
+  __device__ void mark(int i) {
+    if (block_leader()) c_mark[i] = clock64();
   }
   __device__ ~BlockScope() {
     if (!block_leader() || !g_target.buf) return;
@@ -73,6 +76,8 @@ struct BlockScope {
     r.c_end = c_end;
     r.g_start = g_start;
     r.g_end = g_end;
+    r.c_mark0 = c_mark[0];
+    r.c_mark1 = c_mark[1];
     g_target.buf[slot] = r;
   }
 };
@@ -81,7 +86,9 @@ struct BlockScope {
 
 #define MOEX_CUDA_TRACE_BLOCK(k) ::moex::cuda::trace::BlockScope moex_trace_block_(::moex::cuda::trace::k)
 #define MOEX_CUDA_TRACE_WAITED() moex_trace_block_.waited()
+#define MOEX_CUDA_TRACE_MARK(i) moex_trace_block_.mark(i)
 #else
 #define MOEX_CUDA_TRACE_BLOCK(k) ((void)0)
 #define MOEX_CUDA_TRACE_WAITED() ((void)0)
+#define MOEX_CUDA_TRACE_MARK(i) ((void)0)
 #endif

@@ -29,11 +29,13 @@ enum Kernel : uint32_t {
 
 // One block of one launch. Clocks are the SM's clock64 (c_*; per SM, not synchronised across SMs:
 // see SmAnchor), g_* the device's %globaltimer in ns. c_wait is 0 where the block never called
-// pdl_wait.
+// pdl_wait; c_mark0 / c_mark1 are 0 unless the kernel marks points of its own
+// (MOEX_CUDA_TRACE_MARK: the decode attention marks q ready and the end of its key loop).
 struct Record {
   uint32_t kernel, block, grid, smid;
   uint64_t c_start, c_wait, c_end;
   uint64_t g_start, g_end;
+  uint64_t c_mark0, c_mark1;
 };
 
 // A global-timer tick seen on an SM together with that SM's clock64: two anchors per SM (before and
