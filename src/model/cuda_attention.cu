@@ -164,32 +164,9 @@ __global__ void __launch_bounds__(kDecThreads, 2) decode_attention_kernel(Decode
   // waiting for it — the first tile of a chunk that ends before pos (those keys were written by
   // earlier steps, and every kernel two or more back has finished once this one runs, pdl.cuh) and
   // the RoPE table. pos and slot were written before the step's first kernel.
-  // p.early_last (with the post-processing fused): the row's last chunk too — its first tile whole
-  // where it ends before pos, else (one tile, holding pos) its rows before pos, the row at pos
-  // written by this block's own post-processing below (kv_copy) and the rows past it zeroed. The
-  // last chunk is the one that ends the launch (it also post-processes k and v); without this it
-  // requested its only tile after the post-processing, one more round trip on the step's path.
-  const bool last_early = p.early && p.early_last && p.post_fused && z == nz - 1;
-  const bool pos_in_tile0 = last_early && ntiles == 1;
-  const bool issued = p.early && (z < nz - 1 || last_early);
+  const bool issued = p.early && z < nz - 1;
   if (p.early) {
-    if (issued && !pos_in_tile0) issue(0, 0);
-    if (pos_in_tile0) {  // rows a .. pos - 1 by cp.async; row pos by the post below; rows past it zero
-      const int rpos = int(pos - a);
-      for (int e = tid; e < kDecKeys * dq4; e += kDecThreads) {
-        const int r = e / dq4, q4 = e % dq4;
-        float* d = ks + r * dq + 4 * q4;
-        if (r < rpos) ptx::cp_async16(ptx::smem_u32(d), kbase + (a + r) * kstride + 4 * q4, true);
-        else if (r > rpos) *reinterpret_cast<float4*>(d) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      }
-      for (int e = tid; e < kDecKeys * dv4; e += kDecThreads) {
-        const int r = e / dv4, q4 = e % dv4;
-        float* d = vs + r * dv + 4 * q4;
-        if (r < rpos) ptx::cp_async16(ptx::smem_u32(d), vbase + (a + r) * vstride + 4 * q4, true);
-        else if (r > rpos) *reinterpret_cast<float4*>(d) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      }
-      ptx::cp_async_commit();
-    }
+    if (issued) issue(0, 0);
     if (p.post_fused) rope_table(p.post.rope, pos, rope_cs, rope_sn);
     ::moex::cuda::pdl_wait();
     MOEX_CUDA_TRACE_WAITED();
@@ -204,12 +181,9 @@ __global__ void __launch_bounds__(kDecThreads, 2) decode_attention_kernel(Decode
     __syncthreads();
     float* scratch = ks + (p.early ? kDecKeys * dq : 0);
     const int jobs = hc + (z == nz - 1 ? 2 : 0);  // chunks == 1 here (decode_attention_fuses_post): c == 0
-    const int rpos = int(pos - a);  // pos_in_tile0: the row of pos in tile 0
     for (int j = warp; j < jobs; j += kDecWarps) {
       const int hs = j < hc ? h0 + j : j == hc ? p.nh + kh : p.nh + p.nkv + kh;
-      float* kv_copy = !pos_in_tile0 || j < hc ? nullptr : j == hc ? ks + rpos * dq : vs + rpos * dv;
-      qkv_post_slot(p.post, row, hs, scratch + warp * dq, rope_cs, rope_sn, 1.0f, 1.0f, j < hc ? qs + j * dq : nullptr,
-                    kv_copy);
+      qkv_post_slot(p.post, row, hs, scratch + warp * dq, rope_cs, rope_sn, 1.0f, 1.0f, j < hc ? qs + j * dq : nullptr);
       __syncwarp();  // the scratch is rewritten by the warp's next head
     }
     for (int e = tid; e < (kDecodeHeads - hc) * dq; e += kDecThreads) qs[hc * dq + e] = 0.0f;

@@ -54,9 +54,6 @@ struct DecodeAttentionParams {
   // computed, before waiting for the previous kernel (PDL) — the same bits, earlier loads. Requires
   // that the cache rows before pos and pos / slot were written at least two kernels back.
   bool early = false;
-  // early_last (with early and post_fused): the row's last chunk requests its first tile before the
-  // wait too, the row at pos filled from its own post-processing — the same bits.
-  bool early_last = false;
   // cluster: the chunks of a (row, head block) run as thread-block clusters of min(splits,
   // kDecodeClusterMax) CTAs (decode_attention_cluster_ok). A row whose non-empty chunks fit in one
   // cluster merges them through distributed shared memory after a cluster barrier, spread over the

@@ -142,8 +142,6 @@ struct CudaModel::Impl {
   // computed) before waiting for the qkv GEMV (MOEX_CUDA_DECODE_EARLY=0: after it; H200, 2026-12-03:
   // batch 1 -0.07 ms / step, batch 8 -0.14, docs/PERF.md twenty-seventh session)
   bool decode_early = true;
-  // decode attention: the row's last chunk requests its tile before the wait too (MOEX_CUDA_DECODE_EARLY_LAST=0: not)
-  bool decode_early_last = true;
   // decode attention: a row's key chunks as one thread-block cluster merged through distributed
   // shared memory (MOEX_CUDA_DECODE_CLUSTER): 0 never; 1 (default) where the split bound is at most 7
   // (short KV capacities: one cluster of `splits` CTAs per row); 2 at every split count, rounded down
@@ -688,7 +686,6 @@ struct CudaModel::Impl {
       dp.post_fused = post_fused;
       dp.post = qp;
       dp.early = decode_early;
-      dp.early_last = decode_early_last;
       dp.q = b.q.ptr<float>();
       dp.k_cache = b.k_cache[l].ptr<float>();
       dp.v_cache = b.v_cache[l].ptr<float>();
@@ -944,7 +941,6 @@ CudaModel::CudaModel(const ModelWeights& w, const TextConfig& t, Device dev) : i
   if (const char* e = std::getenv("MOEX_CUDA_GEMV")) m.gemv_enabled = std::string(e) != "0";
   if (const char* e = std::getenv("MOEX_CUDA_FUSE_QKV_POST")) m.fuse_qkv_post = std::string(e) != "0";
   if (const char* e = std::getenv("MOEX_CUDA_DECODE_EARLY")) m.decode_early = std::string(e) != "0";
-  if (const char* e = std::getenv("MOEX_CUDA_DECODE_EARLY_LAST")) m.decode_early_last = std::string(e) != "0";
   if (const char* e = std::getenv("MOEX_CUDA_DECODE_CLUSTER")) m.decode_cluster = std::clamp(std::atoi(e), 0, 2);
   if (const char* e = std::getenv("MOEX_CUDA_LINEAR_TERMS")) m.linear_terms = std::string(e) == "2" ? 2 : 1;
   if (const char* e = std::getenv("MOEX_CUDA_DEBUG_SKIP")) {

@@ -28,10 +28,9 @@ __device__ __forceinline__ void rope_table(const RopeParams& rope, int64_t pos, 
 // from p.qkv, through `a` ([hd] floats of the warp's scratch), normalised (norm_mode 1: the head's
 // RMS; 2: inv_q / inv_k, the projection's, computed by the caller), clipped, rotated by the table
 // (cs, sn) of the row's position, and stored: q heads at q_dst ([hd]; null: p.q_out's row), k and v
-// heads in the layer's cache at (slot[r], pos[r]) and, where kv_copy is set, into kv_copy ([hd]) too.
+// heads in the layer's cache at (slot[r], pos[r]).
 __device__ __forceinline__ void qkv_post_slot(const QkvPostParams& p, int64_t r, int hs, float* a, const double* cs,
-                                              const double* sn, float inv_q, float inv_k, float* q_dst,
-                                              float* kv_copy = nullptr) {
+                                              const double* sn, float inv_q, float inv_k, float* q_dst) {
   const int lane = threadIdx.x & 31, hd = p.hd, h2 = p.rope.dim / 2;
   const int kind = hs < p.nh ? 0 : hs < p.nh + p.nkv ? 1 : 2;
   const int head = kind == 0 ? hs : kind == 1 ? hs - p.nh : hs - p.nh - p.nkv;
@@ -59,28 +58,17 @@ __device__ __forceinline__ void qkv_post_slot(const QkvPostParams& p, int64_t r,
     dst = (kind == 1 ? p.k_cache : p.v_cache) + cache_row * hd;
   }
   if (kind == 2) {
-    for (int i = lane; i < hd; i += 32) {
-      dst[i] = a[i];
-      if (kv_copy) kv_copy[i] = a[i];
-    }
+    for (int i = lane; i < hd; i += 32) dst[i] = a[i];
     return;
   }
   for (int i = lane; i < h2; i += 32) {
     const double c = cs[i], s = sn[i];
     const double x1 = p.rope.interleave ? a[2 * i] : a[i];
     const double x2 = p.rope.interleave ? a[2 * i + 1] : a[i + h2];
-    const float y1 = float(x1 * c - x2 * s), y2 = float(x2 * c + x1 * s);
-    dst[i] = y1;
-    dst[i + h2] = y2;
-    if (kv_copy) {
-      kv_copy[i] = y1;
-      kv_copy[i + h2] = y2;
-    }
+    dst[i] = float(x1 * c - x2 * s);
+    dst[i + h2] = float(x2 * c + x1 * s);
   }
-  for (int i = p.rope.dim + lane; i < hd; i += 32) {  // beyond the rotary dim: unchanged
-    dst[i] = a[i];
-    if (kv_copy) kv_copy[i] = a[i];
-  }
+  for (int i = p.rope.dim + lane; i < hd; i += 32) dst[i] = a[i];  // beyond the rotary dim: unchanged
 }
 
 }  // namespace moex::model::cuda
