@@ -61,9 +61,6 @@ struct DecodeAttentionParams {
   // the last chunk — the same arithmetic in the same order, the same bits. Longer rows take the
   // ticket merge as without it.
   bool cluster = false;
-  // where the kernel releases its dependents (pdl_trigger_point; set by launch_decode_attention from
-  // MOEX_CUDA_PDL_LATE_ATTN): 0 after its wait, 1 after its key loop (every K/V load done), 2 never
-  int pdl_trigger = 0;
 };
 
 // Whether the decode kernel handles these head dims (multiples of 4, at most 256).

@@ -140,7 +140,10 @@ __global__ void __launch_bounds__(1024) rmsnorm_reg_kernel(RmsNormParams p) {
   MOEX_CUDA_TRACE_BLOCK(k_rmsnorm);
   pdl_wait();  // launched with PDL (pdl.cuh): everything below reads or writes the stream's data
   MOEX_CUDA_TRACE_WAITED();
-  if (p.pdl_trigger == 0) pdl_launch_dependents();
+  // Released right away: releasing after the reduction (the row's loads done, so that the qkv GEMV's
+  // weight requests do not queue ahead of them) measured no faster, at exit slower (H200,
+  // 2026-12-04, docs/PERF.md thirty-third session).
+  pdl_launch_dependents();
   const int64_t r = blockIdx.x;
   const int64_t src = p.rows ? int64_t(p.rows[r]) : r;
   const bool write_x = (p.ids || p.add) && !p.rows;
@@ -153,7 +156,6 @@ __global__ void __launch_bounds__(1024) rmsnorm_reg_kernel(RmsNormParams p) {
     ss += v[k] * v[k];
   }
   ss = block_sum(ss);  // synchronises: in-place outputs (out == x) are written after every read
-  if (p.pdl_trigger == 1) pdl_launch_dependents();
   const float inv = rsqrtf(ss / float(p.n) + p.eps);
 #pragma unroll
   for (int k = 0; k < PER; ++k) {
@@ -169,7 +171,7 @@ __global__ void rmsnorm_kernel(RmsNormParams p) {
   MOEX_CUDA_TRACE_BLOCK(k_rmsnorm);
   pdl_wait();
   MOEX_CUDA_TRACE_WAITED();
-  if (p.pdl_trigger == 0) pdl_launch_dependents();
+  pdl_launch_dependents();
   const int64_t r = blockIdx.x;
   const int64_t src = p.rows ? int64_t(p.rows[r]) : r;
   const bool write_x = (p.ids || p.add) && !p.rows;
@@ -1116,10 +1118,8 @@ void launch_rmsnorm(float* x, int64_t xp, const float* w, float eps, int64_t T, 
   launch_rmsnorm(p, s);
 }
 
-void launch_rmsnorm(const RmsNormParams& p_in, cudaStream_t s) {
-  if (p_in.T == 0) return;
-  RmsNormParams p = p_in;
-  p.pdl_trigger = ::moex::cuda::pdl_trigger_point("MOEX_CUDA_PDL_LATE_NORM");
+void launch_rmsnorm(const RmsNormParams& p, cudaStream_t s) {
+  if (p.T == 0) return;
   MOEX_ASSERT(p.T < (int64_t(1) << 31));
   // the row in registers: 4 values a thread up to 4096 (<= 1024 threads), 8 up to 8192
   auto threads = [&](int per) { return unsigned(std::max<int64_t>(32, (p.n + per - 1) / per + 31) / 32 * 32); };

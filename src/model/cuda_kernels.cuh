@@ -51,9 +51,6 @@ struct RmsNormParams {
   int64_t out_pitch = 0;
   void* split = nullptr;
   int split_dtype = 0;
-  // where the kernel releases its dependents (pdl_trigger_point; set by launch_rmsnorm from
-  // MOEX_CUDA_PDL_LATE_NORM): 0 after its wait, 1 after its reduction (every load done), 2 never
-  int pdl_trigger = 0;
 };
 void launch_rmsnorm(const RmsNormParams& p, cudaStream_t s);
 

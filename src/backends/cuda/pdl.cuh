@@ -51,16 +51,6 @@ inline bool pdl_enabled() {
   return env_on && current_device_cc() >= 90;
 }
 
-// Where a latency-bound kernel of the decode chain releases its dependents (A/B measurement through
-// the environment variable `env`, read at every launch): 0 (unset) right after its wait, 1 once its
-// own loads are done, 2 never (its dependents launch as its blocks exit). Why: the next kernel, once
-// resident, requests its weights before its own wait, and on the H200 that stream queues ahead of
-// the latency-bound kernel's own loads and stores (docs/PERF.md, thirty-third session).
-inline int pdl_trigger_point(const char* env) {
-  const char* s = std::getenv(env);
-  return s && *s ? std::atoi(s) : 0;
-}
-
 // kernel<<<grid, block, smem, stream>>>(args...) with the PDL attribute when pdl_enabled() and, where
 // `cluster` has more than one block, in thread-block clusters of that shape (compute capability
 // >= 9.0); launch errors become moex::Error naming `what`.
