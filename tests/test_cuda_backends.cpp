@@ -388,6 +388,28 @@ TEST_P(CudaEquivalence, EveryCudaBackendMatchesTheReference) {
               worst_quant[1], worst_quant[2]);
 }
 
+// batched_mm's up kernel with several intermediate channels per warp (MOEX_CUDA_UP_CHANNELS; by
+// default 2 only where one per warp would not fit one wave of blocks, e.g. qwen3 at batch 1): the
+// same cases must still match the reference, partial last channels and dropped slots included.
+TEST_P(CudaEquivalence, BatchedMmWithSeveralChannelsPerWarpMatchesTheReference) {
+  SKIP_WITHOUT_CUDA();
+  const DType dt = GetParam();
+  const uint64_t seed = seed_from_env();
+  auto cases = check::generate_cases(seed + 7 + uint64_t(dt), count_from_env(40), dt);
+  for (const char* channels : {"2", "3"}) {
+    ScopedEnv force("MOEX_CUDA_UP_CHANNELS", channels);
+    double worst = 0;
+    for (const auto& c : cases) {
+      const auto r = check::run_case("batched_mm", c, Device::cuda());
+      EXPECT_EQ(r.status, check::Result::Status::passed)
+          << "MOEX_CUDA_UP_CHANNELS=" << channels << " " << c.describe() << ": " << check::status_name(r.status) << ": "
+          << r.message;
+      worst = std::max(worst, r.rel_l2);
+    }
+    std::printf("batched_mm, MOEX_CUDA_UP_CHANNELS=%s: %zu cases, worst rel L2 %.2e\n", channels, cases.size(), worst);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Dtypes, CudaEquivalence, ::testing::Values(DType::f32, DType::f16, DType::bf16),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
 

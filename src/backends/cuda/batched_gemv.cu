@@ -104,7 +104,12 @@ __device__ __forceinline__ float2 warp_dot2(const T* x, const T* wg, const T* wu
 }
 
 // ---- up projection, weights [E, R, H]: one warp per (pair, i) ----
-template <class T, bool VEC>
+// MULTI: a warp computes a.up_channels channels, i0, i0 + stride, ... (stride: the warps of a
+// pair's blocks), one after the other: where one channel per warp would need a second wave of
+// blocks (qwen3 at batch 1: 768 blocks, 660 resident), two per warp put every block on the GPU at
+// once (launch_typed). A separate instantiation: the loop costs registers (bf16: 62 against 48),
+// which would cut the one-channel kernel's blocks per SM. Each channel's arithmetic is the same.
+template <class T, bool VEC, bool MULTI>
 __global__ void __launch_bounds__(THREADS) batched_up_nt(BatchedArgs a) {
   MOEX_CUDA_TRACE_BLOCK(k_batched_up);
   pdl_wait();  // launched with PDL (pdl.cuh): the expert index comes from the previous kernels
@@ -114,27 +119,31 @@ __global__ void __launch_bounds__(THREADS) batched_up_nt(BatchedArgs a) {
   const int64_t e = load_index(a.idx, a.idx64, p);
   if (e < 0 || e >= a.E) return;  // dropped slot: h row never read
   const int lane = threadIdx.x & 31;
-  const int64_t i = int64_t(blockIdx.y) * (THREADS / 32) + (threadIdx.x >> 5);
-  if (i >= a.I) return;
+  const int64_t stride = int64_t(gridDim.y) * (THREADS / 32);
   const int64_t H = a.H, I = a.I, R = a.has_gate ? 2 * I : I;
   const T* x = static_cast<const T*>(a.hidden) + (p / a.K) * H;
   const T* W = static_cast<const T*>(a.gate_up) + e * R * H;
   const T* bias = a.gate_up_bias ? static_cast<const T*>(a.gate_up_bias) + e * R : nullptr;
-  float h;
-  if (a.has_gate) {
-    const int64_t wg = a.interleaved ? 2 * i : i, wu = a.interleaved ? 2 * i + 1 : I + i;
-    float2 gu = warp_dot2<T, VEC>(x, W + wg * H, W + wu * H, H, lane);
-    if (bias) {
-      gu.x += to_f32(bias[wg]);
-      gu.y += to_f32(bias[wu]);
+  const int channels = MULTI ? a.up_channels : 1;
+#pragma unroll 1
+  for (int64_t i = int64_t(blockIdx.y) * (THREADS / 32) + (threadIdx.x >> 5), c = 0; c < channels && i < I;
+       ++c, i += stride) {
+    float h;
+    if (a.has_gate) {
+      const int64_t wg = a.interleaved ? 2 * i : i, wu = a.interleaved ? 2 * i + 1 : I + i;
+      float2 gu = warp_dot2<T, VEC>(x, W + wg * H, W + wu * H, H, lane);
+      if (bias) {
+        gu.x += to_f32(bias[wg]);
+        gu.y += to_f32(bias[wu]);
+      }
+      h = gated_act(a.act, gu.x, gu.y);
+    } else {
+      float v = warp_dot<T, VEC>(x, W + i * H, H, lane);
+      if (bias) v += to_f32(bias[i]);
+      h = plain_act(a.act, v);
     }
-    h = gated_act(a.act, gu.x, gu.y);
-  } else {
-    float v = warp_dot<T, VEC>(x, W + i * H, H, lane);
-    if (bias) v += to_f32(bias[i]);
-    h = plain_act(a.act, v);
+    if (lane == 0) static_cast<T*>(a.h)[p * I + i] = from_f32<T>(h);
   }
-  if (lane == 0) static_cast<T*>(a.h)[p * I + i] = from_f32<T>(h);
 }
 
 // ---- down projection + weighted slot sum, weights [E, H, I]: one warp per (token, n) ----
@@ -289,23 +298,52 @@ __global__ void __launch_bounds__(THREADS) batched_down_tn(BatchedArgs a) {
   if (ks == 0 && n < H) static_cast<T*>(a.out)[t * H + n] = from_f32<T>(acc);
 }
 
+// Blocks of an up kernel resident on the device at once (sized once per process: one device kind).
+template <class T, bool VEC, bool MULTI>
+int64_t resident_up_blocks() {
+  static const int64_t n = [] {
+    int blocks = 0, dev = 0, sms = 0;
+    check(cudaGetDevice(&dev), "cudaGetDevice");
+    check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
+    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, batched_up_nt<T, VEC, MULTI>, THREADS, 0),
+          "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+    return int64_t(blocks) * sms;
+  }();
+  return n;
+}
+
+// Channels per warp of the up kernel: 2 where one per warp needs more than one wave of blocks and
+// the two-channel kernel's fit in one (a second wave started ~10 µs into qwen3's batch-1 up kernel:
+// docs/PERF.md, thirty-third session), else 1. MOEX_CUDA_UP_CHANNELS=n forces n (A/B measurement).
+template <class T, bool VEC>
+int up_channels(int64_t pairs, int64_t I) {
+  if (const char* e = std::getenv("MOEX_CUDA_UP_CHANNELS"); e && *e) return std::max(1, std::atoi(e));
+  const int warps = THREADS / 32;
+  const int64_t one = pairs * ceil_div(I, warps), two = pairs * ceil_div(I, 2 * warps);
+  return one > resident_up_blocks<T, VEC, false>() && two <= resident_up_blocks<T, VEC, true>() ? 2 : 1;
+}
+
 template <class T>
-void launch_typed(const BatchedArgs& a, bool vec16, cudaStream_t stream) {
+void launch_typed(const BatchedArgs& a_in, bool vec16, cudaStream_t stream) {
+  BatchedArgs a = a_in;
   const int64_t S = a.T * a.K;
   MOEX_CHECK(S < (int64_t(1) << 31) && a.T < (int64_t(1) << 31), "batched_mm on CUDA: T*K = {} pairs is too many", S);
   const int warps = THREADS / 32;
   if (!a.transposed) {
-    dim3 g_up(unsigned(S), unsigned(ceil_div(a.I, warps)));
+    a.up_channels = vec16 ? up_channels<T, true>(S, a.I) : up_channels<T, false>(S, a.I);
+    dim3 g_up(unsigned(S), unsigned(ceil_div(a.I, int64_t(warps) * a.up_channels)));
     dim3 g_down(unsigned(a.T), unsigned(ceil_div(a.H, warps)));
     MOEX_CHECK(g_up.y <= 65535 && g_down.y <= 65535, "batched_mm on CUDA: sizes H={} I={} too large", a.H, a.I);
     if (vec16) {
-      launch_pdl("batched_up_nt", batched_up_nt<T, true>, g_up, dim3(THREADS), 0, stream, a);
+      launch_pdl("batched_up_nt", a.up_channels > 1 ? batched_up_nt<T, true, true> : batched_up_nt<T, true, false>, g_up,
+                 dim3(THREADS), 0, stream, a);
       // slots interleaved: K itself up to 8 (rounded up to a power of two), else groups of 8
       const auto down = a.K <= 1 ? batched_down_nt<T, true, 1> : a.K <= 2 ? batched_down_nt<T, true, 2>
                         : a.K <= 4 ? batched_down_nt<T, true, 4> : batched_down_nt<T, true, 8>;
       launch_pdl("batched_down_nt", down, g_down, dim3(THREADS), 0, stream, a);
     } else {
-      launch_pdl("batched_up_nt", batched_up_nt<T, false>, g_up, dim3(THREADS), 0, stream, a);
+      launch_pdl("batched_up_nt", a.up_channels > 1 ? batched_up_nt<T, false, true> : batched_up_nt<T, false, false>, g_up,
+                 dim3(THREADS), 0, stream, a);
       launch_pdl("batched_down_nt", batched_down_nt<T, false, 4>, g_down, dim3(THREADS), 0, stream, a);
     }
   } else {

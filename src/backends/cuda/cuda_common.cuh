@@ -291,6 +291,7 @@ struct BatchedArgs {
   int64_t T, K, E, H, I;
   void* h;                  // [S, I] activation dtype (workspace)
   void* out;                // [T, H]
+  int up_channels = 1;      // intermediate channels per warp in the up kernel (set by launch_batched)
 };
 void launch_batched(const BatchedArgs& a, DType dtype, bool vec16, cudaStream_t stream);
 
