@@ -9,7 +9,11 @@
 #          (switching + graphs) with --trace, then bench/trace_report.py -> $OUT/trace_report.md
 #   base   the same bench from an ordinary build (build-gpu): the step time without the hooks
 # Environment: TRACE_STEPS (8), PROMPT (2048: the end-to-end table's KV capacity), NEW (32),
-#   TRACE_ENV ("A=1,B=2": environment of the traced run, e.g. a switch under study).
+#   TRACE_ENV ("A=1,B=2": environment of the traced run, e.g. a switch under study:
+#   TRACE_ENV=MOEX_CUDA_DECODE_CLUSTER=2 traces the attention's cluster merge instead of the ticket).
+# The report gives, per kernel, when its blocks became resident, when its wait returned, how long it
+# ran after that, and for the launch's last block the time between its marks (the decode attention:
+# q ready, key loop done, partial published, merge weights computed).
 source bench/gpu_common.sh
 PARTS=${PARTS:-"trace base"}
 TRACE_STEPS=${TRACE_STEPS:-8}

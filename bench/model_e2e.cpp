@@ -215,10 +215,15 @@ int main(int argc, char** argv) {
       const auto recs = cuda::trace::stop(&dropped);
       const auto after = cuda::trace::anchors();
       std::ofstream f(trace_path);
-      f << "kernel,block,grid,smid,c_start,c_wait,c_end,g_start,g_end,c_mark0,c_mark1\n";
-      for (const auto& r : recs)
+      f << "kernel,block,grid,smid,c_start,c_wait,c_end,g_start,g_end";
+      for (int i = 0; i < cuda::trace::kMarks; ++i) f << ",c_mark" << i;
+      f << '\n';
+      for (const auto& r : recs) {
         f << r.kernel << ',' << r.block << ',' << r.grid << ',' << r.smid << ',' << r.c_start << ',' << r.c_wait << ','
-          << r.c_end << ',' << r.g_start << ',' << r.g_end << ',' << r.c_mark0 << ',' << r.c_mark1 << '\n';
+          << r.c_end << ',' << r.g_start << ',' << r.g_end;
+        for (int i = 0; i < cuda::trace::kMarks; ++i) f << ',' << r.c_mark[i];
+        f << '\n';
+      }
       std::ofstream fa(trace_path + ".anchors.csv");
       fa << "when,smid,g,c\n";
       for (const auto& a : before) fa << "before," << a.smid << ',' << a.g << ',' << a.c << '\n';

@@ -26,6 +26,7 @@ import json
 import statistics
 import sys
 
+MARKS = 4  # trace::kMarks
 NAMES = {1: "embed", 2: "rmsnorm", 3: "gemv", 4: "router", 5: "attention", 6: "batched_up", 7: "batched_down",
          8: "combine", 9: "argmax"}
 
@@ -67,7 +68,8 @@ def to_ns(recs, anchors, timer_ns):
         ghz = dc / dg if dg >= 2000 and dc > 0 else 1.98
         at = lambda c: r["t_start"] + (c - r["c_start"]) / ghz if c else None  # noqa: E731
         r["t_wait"] = at(r["c_wait"])
-        r["t_mark0"], r["t_mark1"] = at(r.get("c_mark0", 0)), at(r.get("c_mark1", 0))
+        for i in range(MARKS):
+            r[f"t_mark{i}"] = at(r.get(f"c_mark{i}", 0))
     return 0
 
 
@@ -90,7 +92,7 @@ def launches_of(recs):
                 "start": min(r["t_start"] for r in chunk), "last_start": max(r["t_start"] for r in chunk),
                 "release": min(waits) if waits else None, "end": ends[-1], "end_median": ends[len(ends) // 2],
                 "sms": len({r["smid"] for r in chunk}),
-                "crit": {k: crit[k] for k in ("t_start", "t_wait", "t_mark0", "t_mark1", "t_end")},
+                "crit": {k: crit[k] for k in ["t_start", "t_wait", "t_end"] + [f"t_mark{i}" for i in range(MARKS)]},
             })
     out.sort(key=lambda l: l["end"])
     return out, bad
@@ -117,7 +119,7 @@ def main():
     steps = [(ends[i] + 1, ends[i + 1] + 1) for i in range(len(ends) - 1)]  # the first step (prefill) skipped
     if a.steps:
         steps = steps[-a.steps:]
-    roles = collections.defaultdict(lambda: collections.defaultdict(list))
+    roles = collections.defaultdict(lambda: collections.defaultdict(list, crit={}))
     order = []
     step_ms = []
     for s0, s1 in steps:
@@ -141,10 +143,13 @@ def main():
             d["tail"].append(l["end"] - l["end_median"])
             d["sms"].append(l["sms"])
             c = l["crit"]
-            if c["t_wait"] is not None and c["t_mark0"] is not None and c["t_mark1"] is not None:
-                d["crit_q"].append(c["t_mark0"] - c["t_wait"])
-                d["crit_loop"].append(c["t_mark1"] - c["t_mark0"])
-                d["crit_rest"].append(c["t_end"] - c["t_mark1"])
+            # the launch's last block: wait -> each mark it reached -> exit (marks never reached skipped)
+            if c["t_wait"] is not None:
+                points = [("wait", c["t_wait"])] + [(f"mark {i}", c[f"t_mark{i}"]) for i in range(MARKS)
+                                                    if c[f"t_mark{i}"] is not None] + [("exit", c["t_end"])]
+                if len(points) > 2:
+                    for (a_name, a_t), (b_name, b_t) in zip(points, points[1:]):
+                        d["crit"].setdefault(f"{a_name} -> {b_name}", []).append(b_t - a_t)
             prev_end = l["end"]
     if a.launches:
         with open(a.launches, "w") as f:
@@ -175,11 +180,11 @@ def main():
               f'{row["last_resident_us"]:.2f} | {row["release_us"]:.2f} | {row["body_us"]:.2f} | {row["tail_us"]:.2f} | '
               f'{row["sms"]:.0f} | {row["us_per_step"]:.1f} |')
     for row in table:
-        d = roles[row["role"]]
-        if d["crit_q"]:
-            row.update(crit_q_us=us(d["crit_q"]), crit_loop_us=us(d["crit_loop"]), crit_rest_us=us(d["crit_rest"]))
-            print(f'# {row["role"]}: the last block to end: wait return -> mark 0 {row["crit_q_us"]:.2f} µs, '
-                  f'mark 0 -> mark 1 {row["crit_loop_us"]:.2f} µs, mark 1 -> exit {row["crit_rest_us"]:.2f} µs')
+        crit = roles[row["role"]]["crit"]
+        if crit:
+            row["crit_us"] = {k: us(v) for k, v in crit.items()}
+            print(f'# {row["role"]}: the last block to end: '
+                  + ", ".join(f"{k} {v:.2f} µs ({len(crit[k])}x)" for k, v in row["crit_us"].items()))
     total = sum(r["us_per_step"] for r in table)
     print(f"# sum of 'adds' per step: {total / 1e3:.3f} ms (the step less the previous argmax's end)")
     if a.json:

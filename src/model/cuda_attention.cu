@@ -376,6 +376,7 @@ __global__ void __launch_bounds__(kDecThreads, 2) decode_attention_kernel(Decode
       if (lane == 0) linv[warp] = L > 0.0f ? 1.0f / L : 0.0f;
     }
     __syncthreads();
+    MOEX_CUDA_TRACE_MARK(3);  // merge weights computed
     for (int e = e0; e < hc * dv4; e += step) {
       const int h = e / dv4, d4 = e % dv4;
       const float* src = part_of(h, d4);
@@ -408,6 +409,7 @@ __global__ void __launch_bounds__(kDecThreads, 2) decode_attention_kernel(Decode
       *reinterpret_cast<float4*>(po + h * dv + 4 * d4) = block_out(h, d4);
     }
     ::moex::cuda::cluster_sync();  // release / acquire: every chunk's po and ml are visible
+    MOEX_CUDA_TRACE_MARK(2);       // every chunk's partial visible
     merge([&](int h) { return ml + 2 * h; }, [](const float* a, int k) { return load_cluster_f2(a, uint32_t(k)); },
           [&](int h, int d4) { return po + h * dv + 4 * d4; },
           [](const float* a, int k) { return load_cluster_f4(a, uint32_t(k)); }, tid * nz + z, kDecThreads * nz);
@@ -435,6 +437,7 @@ __global__ void __launch_bounds__(kDecThreads, 2) decode_attention_kernel(Decode
     if (is_last) *ctr = 0;  // every non-empty chunk has taken its ticket: ready for the next launch
   }
   __syncthreads();
+  MOEX_CUDA_TRACE_MARK(2);  // partial published, ticket taken
   if (!is_last) return;
   __threadfence();
   // merge, (m, l) read in one pass

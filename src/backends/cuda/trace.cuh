@@ -47,7 +47,7 @@ __device__ __forceinline__ bool block_leader() { return threadIdx.x == 0 && thre
 // Lives for the kernel body: entry clocks at construction, the record at destruction (thread 0).
 struct BlockScope {
   uint32_t kernel;
-  uint64_t c_start = 0, g_start = 0, c_wait = 0, c_mark[2] = {0, 0};
+  uint64_t c_start = 0, g_start = 0, c_wait = 0, c_mark[kMarks] = {};
   __device__ explicit BlockScope(uint32_t k) : kernel(k) {
     if (block_leader()) {
       c_start = clock64();
@@ -76,8 +76,7 @@ struct BlockScope {
     r.c_end = c_end;
     r.g_start = g_start;
     r.g_end = g_end;
-    r.c_mark0 = c_mark[0];
-    r.c_mark1 = c_mark[1];
+    for (int i = 0; i < kMarks; ++i) r.c_mark[i] = c_mark[i];
     g_target.buf[slot] = r;
   }
 };

@@ -29,13 +29,15 @@ enum Kernel : uint32_t {
 
 // One block of one launch. Clocks are the SM's clock64 (c_*; per SM, not synchronised across SMs:
 // see SmAnchor), g_* the device's %globaltimer in ns. c_wait is 0 where the block never called
-// pdl_wait; c_mark0 / c_mark1 are 0 unless the kernel marks points of its own
-// (MOEX_CUDA_TRACE_MARK: the decode attention marks q ready and the end of its key loop).
+// pdl_wait; c_mark[i] is 0 unless the kernel marks points of its own (MOEX_CUDA_TRACE_MARK(i); the
+// decode attention marks 0 q ready, 1 its key loop done, 2 its partial published (the ticket taken)
+// or the cluster barrier passed, 3 the merge weights computed).
+constexpr int kMarks = 4;
 struct Record {
   uint32_t kernel, block, grid, smid;
   uint64_t c_start, c_wait, c_end;
   uint64_t g_start, g_end;
-  uint64_t c_mark0, c_mark1;
+  uint64_t c_mark[kMarks];
 };
 
 // A global-timer tick seen on an SM together with that SM's clock64: two anchors per SM (before and
