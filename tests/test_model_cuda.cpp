@@ -512,7 +512,8 @@ TEST(CudaModelKernels, ArgmaxMatchesMaxElement) {
 
 // RMSNorm (every variant of RmsNormParams) against a host computation: own rows with the split
 // terms, the embedding lookup fused in (x written), the residual add (x written back), a gather of
-// rows with an add (x untouched); rows in registers (n <= 8192) and the two-pass kernel beyond.
+// rows with an add (x untouched); rows in registers (n <= 8192) and the two-pass kernel beyond; with
+// the weights read before the PDL wait (w_early) and after.
 TEST(CudaModelKernels, RmsNormVariantsMatchTheHost) {
   SKIP_WITHOUT_CUDA();
 #ifndef MOEX_WITH_CUDA
@@ -521,7 +522,8 @@ TEST(CudaModelKernels, RmsNormVariantsMatchTheHost) {
   std::mt19937 rng(11);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   const float eps = 1e-6f;
-  for (const int64_t n : {int64_t(16), int64_t(2048), int64_t(5000), int64_t(9000)}) {
+  for (const int64_t n : {int64_t(16), int64_t(2048), int64_t(5000), int64_t(9000)})
+  for (const bool w_early : {false, true}) {
     const int64_t T = 5, V = 7;
     std::vector<float> x(size_t(T * n)), w(static_cast<size_t>(n)), add(size_t(T * n)), emb(size_t(V * n));
     for (auto& v : x) v = nd(rng);
@@ -543,7 +545,7 @@ TEST(CudaModelKernels, RmsNormVariantsMatchTheHost) {
       ASSERT_EQ(got.size(), want.size());
       double worst = 0;
       for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::fabs(double(got[i]) - want[i]) / (1.0 + std::fabs(want[i])));
-      EXPECT_LE(worst, 2e-6) << what << " n " << n;
+      EXPECT_LE(worst, 2e-6) << what << " n " << n << (w_early ? " w_early" : "");
     };
     const Tensor dw = to_device(w, DType::f32), dadd = to_device(add, DType::f32), demb = to_device(emb, DType::f32);
     const Tensor dids = to_device(ids, DType::i32), drows = to_device(rows, DType::i32);
@@ -555,6 +557,7 @@ TEST(CudaModelKernels, RmsNormVariantsMatchTheHost) {
     p.n = n;
     p.out = dout.ptr<float>();
     p.out_pitch = n;
+    p.w_early = w_early;
     // 1. own rows, split terms (hi + lo reproduce the output to ~16 bits)
     {
       Tensor dx = to_device(x, DType::f32);

@@ -259,8 +259,9 @@ TEST(CudaAttentionKernels, DecodeMatchesReferenceAndTheOldKernel) {
 // KV-cache write) against qkv_post_kernel followed by the plain decode kernel: the same bits in the
 // output and in both caches, for per-head and no q/k norm, clip, NeoX and interleaved RoPE, a partial
 // rotary dim, windows and sinks, groups 1/4/8, 1 and many key chunks, with and without the early
-// first tile (DecodeAttentionParams::early), and early as one cluster (DecodeAttentionParams::cluster,
-// 3 and 8 chunks); q of the fused runs is a NaN buffer they must not read.
+// first tile (DecodeAttentionParams::early), with the q/k norm weights copied early
+// (norm_w_early), and that as one cluster (DecodeAttentionParams::cluster, 3 and 8 chunks); q of the
+// fused runs is a NaN buffer they must not read.
 TEST(CudaAttentionKernels, DecodeWithThePostProcessingMatchesTheTwoKernels) {
   SKIP_WITHOUT_CUDA();
   struct Case {
@@ -309,10 +310,10 @@ TEST(CudaAttentionKernels, DecodeWithThePostProcessingMatchesTheTwoKernels) {
                              "/" + std::to_string(c.nkv) + " hd " + std::to_string(c.hd) + " rope " + std::to_string(c.rope_dim);
     const int runtime_splits = kern::decode_attention_splits(T, c.nh, c.nkv, max_len, 132);
     for (int splits : {runtime_splits, 1, 3, 8, 16}) {
-      // [two kernels, fused, fused + early, fused + early as one cluster][out, k cache, v cache]
+      // [two kernels, fused, + early, + norm_w_early, + as one cluster][out, k cache, v cache]
       const bool cluster_ok = kern::decode_attention_cluster_ok(splits, c.hd, c.hd);
-      const int runs = cluster_ok ? 4 : 3;
-      std::vector<float> got[4][3];
+      const int runs = cluster_ok ? 5 : 4;
+      std::vector<float> got[5][3];
       for (int run = 0; run < runs; ++run) {
         const bool fused = run > 0;
         const Tensor dk = to_device(kc), dvv = to_device(vc);
@@ -363,7 +364,8 @@ TEST(CudaAttentionKernels, DecodeWithThePostProcessingMatchesTheTwoKernels) {
         p.counters = ctr.ptr<int32_t>();
         p.out = out.ptr<float>();
         p.early = run >= 2;
-        p.cluster = run == 3;
+        p.norm_w_early = run >= 3;
+        p.cluster = run == 4;
         if (fused) {
           p.post_fused = true;
           p.post = qp;
@@ -381,7 +383,7 @@ TEST(CudaAttentionKernels, DecodeWithThePostProcessingMatchesTheTwoKernels) {
         }
       }
       const char* names[3] = {"output", "k cache", "v cache"};
-      const char* modes[4] = {"", "", " early", " early cluster"};
+      const char* modes[5] = {"", "", " early", " early norm_w_early", " early norm_w_early cluster"};
       for (int run = 1; run < runs; ++run)
         for (int i = 0; i < 3; ++i) {
           ASSERT_EQ(got[0][i].size(), got[run][i].size());

@@ -165,6 +165,15 @@ __global__ void __launch_bounds__(kDecThreads, 2) decode_attention_kernel(Decode
   // earlier steps, and every kernel two or more back has finished once this one runs, pdl.cuh) and
   // the RoPE table. pos and slot were written before the step's first kernel.
   const bool issued = p.early && z < nz - 1;
+  // p.norm_w_early: the q (and, in the last chunk, k) norm weights into ss (free until the key loop;
+  // 2·dq <= kDecWarps·kDecKeys floats), ordered before their use by the barrier after the RoPE table
+  const bool norm_w_smem = p.norm_w_early && p.post_fused && p.post.norm_mode == 1 && 2 * dq <= kDecWarps * kDecKeys;
+  if (norm_w_smem) {
+    for (int i = tid; i < dq; i += kDecThreads) {
+      ss[i] = __ldg(p.post.q_norm + i);
+      if (z == nz - 1) ss[dq + i] = __ldg(p.post.k_norm + i);
+    }
+  }
   if (p.early) {
     if (issued) issue(0, 0);
     if (p.post_fused) rope_table(p.post.rope, pos, rope_cs, rope_sn);
@@ -185,7 +194,9 @@ __global__ void __launch_bounds__(kDecThreads, 2) decode_attention_kernel(Decode
     const int jobs = hc + (z == nz - 1 ? 2 : 0);  // chunks == 1 here (decode_attention_fuses_post): c == 0
     for (int j = warp; j < jobs; j += kDecWarps) {
       const int hs = j < hc ? h0 + j : j == hc ? p.nh + kh : p.nh + p.nkv + kh;
-      qkv_post_slot(p.post, row, hs, scratch + warp * dq, rope_cs, rope_sn, 1.0f, 1.0f, j < hc ? qs + j * dq : nullptr);
+      const float* norm_w = !norm_w_smem || j > hc ? nullptr : j < hc ? ss : ss + dq;  // j == hc: the k head
+      qkv_post_slot(p.post, row, hs, scratch + warp * dq, rope_cs, rope_sn, 1.0f, 1.0f, j < hc ? qs + j * dq : nullptr,
+                    norm_w);
       __syncwarp();  // the scratch is rewritten by the warp's next head
     }
     for (int e = tid; e < (kDecodeHeads - hc) * dq; e += kDecThreads) qs[hc * dq + e] = 0.0f;

@@ -54,6 +54,10 @@ struct DecodeAttentionParams {
   // computed, before waiting for the previous kernel (PDL) — the same bits, earlier loads. Requires
   // that the cache rows before pos and pos / slot were written at least two kernels back.
   bool early = false;
+  // norm_w_early (post_fused, post.norm_mode 1, dq <= 128): the q and k norm weights copied into shared
+  // memory at the kernel's start (with early: before the wait), so that the post-processing reads no
+  // global memory after the q / k rows — the same bits (CudaModel's MOEX_CUDA_WEIGHTS_EARLY)
+  bool norm_w_early = false;
   // cluster: the chunks of a (row, head block) run as thread-block clusters of min(splits,
   // kDecodeClusterMax) CTAs (decode_attention_cluster_ok). A row whose non-empty chunks fit in one
   // cluster merges them through distributed shared memory after a cluster barrier, spread over the

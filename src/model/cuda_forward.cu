@@ -142,6 +142,10 @@ struct CudaModel::Impl {
   // computed) before waiting for the qkv GEMV (MOEX_CUDA_DECODE_EARLY=0: after it; H200, 2026-12-03:
   // batch 1 -0.07 ms / step, batch 8 -0.14, docs/PERF.md twenty-seventh session)
   bool decode_early = true;
+  // the norms and the decode attention's q/k norm read their (constant) weights before their PDL
+  // wait instead of after their reduction (MOEX_CUDA_WEIGHTS_EARLY=1; prepared in the thirty-third
+  // session, not yet measured: off by default)
+  bool weights_early = false;
   // decode attention: a row's key chunks as one thread-block cluster merged through distributed
   // shared memory (MOEX_CUDA_DECODE_CLUSTER): 0 never; 1 (default) where the split bound is at most 7
   // (short KV capacities: one cluster of `splits` CTAs per row); 2 at every split count, rounded down
@@ -498,8 +502,10 @@ struct CudaModel::Impl {
   // RMSNorm rows of x into out, also writing the split terms for the next linear (bf16/f16 models).
   // `add`: the experts' output [T, n] (model dtype) added into x first (see mlp_layer).
   void norm(float* x, int64_t xp, const float* w, int64_t T, int64_t n, float* out, int64_t op, const void* add = nullptr) {
-    kern::launch_rmsnorm(x, xp, w, float(t.rms_norm_eps), T, n, out, op, dtc == 0 ? nullptr : b.split.data(), dtc, stream,
-                         add, dtc);
+    kern::RmsNormParams p = norm_params(x, xp, w, T, n, out, op);
+    p.add = add;
+    p.add_dtype = dtc;
+    kern::launch_rmsnorm(p, stream);
   }
 
   kern::RmsNormParams norm_params(float* x, int64_t xp, const float* w, int64_t T, int64_t n, float* out, int64_t op) {
@@ -514,6 +520,7 @@ struct CudaModel::Impl {
     p.out_pitch = op;
     p.split = dtc == 0 ? nullptr : b.split.data();
     p.split_dtype = dtc;
+    p.w_early = weights_early;
     return p;
   }
   unsigned* router_ticket() { return static_cast<unsigned*>(b.sync.data()); }
@@ -686,6 +693,7 @@ struct CudaModel::Impl {
       dp.post_fused = post_fused;
       dp.post = qp;
       dp.early = decode_early;
+      dp.norm_w_early = weights_early;
       dp.q = b.q.ptr<float>();
       dp.k_cache = b.k_cache[l].ptr<float>();
       dp.v_cache = b.v_cache[l].ptr<float>();
@@ -941,6 +949,7 @@ CudaModel::CudaModel(const ModelWeights& w, const TextConfig& t, Device dev) : i
   if (const char* e = std::getenv("MOEX_CUDA_GEMV")) m.gemv_enabled = std::string(e) != "0";
   if (const char* e = std::getenv("MOEX_CUDA_FUSE_QKV_POST")) m.fuse_qkv_post = std::string(e) != "0";
   if (const char* e = std::getenv("MOEX_CUDA_DECODE_EARLY")) m.decode_early = std::string(e) != "0";
+  if (const char* e = std::getenv("MOEX_CUDA_WEIGHTS_EARLY")) m.weights_early = std::string(e) == "1";
   if (const char* e = std::getenv("MOEX_CUDA_DECODE_CLUSTER")) m.decode_cluster = std::clamp(std::atoi(e), 0, 2);
   if (const char* e = std::getenv("MOEX_CUDA_LINEAR_TERMS")) m.linear_terms = std::string(e) == "2" ? 2 : 1;
   if (const char* e = std::getenv("MOEX_CUDA_DEBUG_SKIP")) {

@@ -123,8 +123,9 @@ __device__ __forceinline__ float norm_input(const RmsNormParams& p, int64_t r, i
   if (p.add) a += load_any(p.add, p.add_dtype, src * p.n + i);
   return a;
 }
-__device__ __forceinline__ void norm_output(const RmsNormParams& p, int64_t r, int64_t i, float v, float inv) {
-  const float o = p.w[i] * (v * inv);
+// wi: p.w[i], loaded by the caller (early, or here at the call)
+__device__ __forceinline__ void norm_output(const RmsNormParams& p, int64_t r, int64_t i, float v, float inv, float wi) {
+  const float o = wi * (v * inv);
   if (p.out) p.out[r * p.out_pitch + i] = o;
   if (p.split) {
     const float hi = round_to(p.split_dtype, o);
@@ -138,6 +139,16 @@ __device__ __forceinline__ void norm_output(const RmsNormParams& p, int64_t r, i
 template <int PER>
 __global__ void __launch_bounds__(1024) rmsnorm_reg_kernel(RmsNormParams p) {
   MOEX_CUDA_TRACE_BLOCK(k_rmsnorm);
+  // p.w_early: the weights (constant: allowed before the wait, pdl.cuh) requested now, so that after
+  // the reduction no load remains on the kernel's path
+  float wv[PER];
+  if (p.w_early) {
+#pragma unroll
+    for (int k = 0; k < PER; ++k) {
+      const int64_t i = threadIdx.x + int64_t(k) * blockDim.x;
+      wv[k] = i < p.n ? __ldg(p.w + i) : 0.0f;
+    }
+  }
   pdl_wait();  // launched with PDL (pdl.cuh): everything below reads or writes the stream's data
   MOEX_CUDA_TRACE_WAITED();
   // Released right away: releasing after the reduction (the row's loads done, so that the qkv GEMV's
@@ -162,7 +173,7 @@ __global__ void __launch_bounds__(1024) rmsnorm_reg_kernel(RmsNormParams p) {
     const int64_t i = threadIdx.x + int64_t(k) * blockDim.x;
     if (i >= p.n) continue;
     if (write_x) p.x[src * p.x_pitch + i] = v[k];
-    norm_output(p, r, i, v[k], inv);
+    norm_output(p, r, i, v[k], inv, p.w_early ? wv[k] : p.w[i]);
   }
 }
 
@@ -185,7 +196,7 @@ __global__ void rmsnorm_kernel(RmsNormParams p) {
   ss = block_sum(ss);
   const float inv = rsqrtf(ss / float(p.n) + p.eps);
   for (int64_t i = threadIdx.x; i < p.n; i += blockDim.x)
-    norm_output(p, r, i, write_x ? xr[i] : norm_input(p, r, src, i), inv);
+    norm_output(p, r, i, write_x ? xr[i] : norm_input(p, r, src, i), inv, p.w[i]);
 }
 
 // split [2T, n] = (hi, lo) of x [T, n]: four values per thread, grid-stride over T · n/4.

@@ -51,6 +51,9 @@ struct RmsNormParams {
   int64_t out_pitch = 0;
   void* split = nullptr;
   int split_dtype = 0;
+  // w_early: the kernel (rows in registers, n <= 8192) reads its weights w before the PDL wait, off
+  // the critical path after its reduction — the same bits (CudaModel's MOEX_CUDA_WEIGHTS_EARLY)
+  bool w_early = false;
 };
 void launch_rmsnorm(const RmsNormParams& p, cudaStream_t s);
 

@@ -28,9 +28,12 @@ __device__ __forceinline__ void rope_table(const RopeParams& rope, int64_t pos, 
 // from p.qkv, through `a` ([hd] floats of the warp's scratch), normalised (norm_mode 1: the head's
 // RMS; 2: inv_q / inv_k, the projection's, computed by the caller), clipped, rotated by the table
 // (cs, sn) of the row's position, and stored: q heads at q_dst ([hd]; null: p.q_out's row), k and v
-// heads in the layer's cache at (slot[r], pos[r]).
+// heads in the layer's cache at (slot[r], pos[r]). norm_w (norm_mode 1 only, optional): this head
+// kind's [hd] norm weights already in shared memory (the decode attention's early copy), read instead
+// of p.q_norm / p.k_norm — the same values.
 __device__ __forceinline__ void qkv_post_slot(const QkvPostParams& p, int64_t r, int hs, float* a, const double* cs,
-                                              const double* sn, float inv_q, float inv_k, float* q_dst) {
+                                              const double* sn, float inv_q, float inv_k, float* q_dst,
+                                              const float* norm_w = nullptr) {
   const int lane = threadIdx.x & 31, hd = p.hd, h2 = p.rope.dim / 2;
   const int kind = hs < p.nh ? 0 : hs < p.nh + p.nkv ? 1 : 2;
   const int head = kind == 0 ? hs : kind == 1 ? hs - p.nh : hs - p.nh - p.nkv;
@@ -42,7 +45,7 @@ __device__ __forceinline__ void qkv_post_slot(const QkvPostParams& p, int64_t r,
     ss += v * v;
   }
   if (kind < 2 && p.norm_mode != 0) {
-    const float* w = kind == 0 ? p.q_norm : p.k_norm;
+    const float* w = norm_w ? norm_w : kind == 0 ? p.q_norm : p.k_norm;
     const float inv = p.norm_mode == 1 ? rsqrtf(warp_sum(ss) / float(hd) + p.eps) : kind == 0 ? inv_q : inv_k;
     const int woff = p.norm_mode == 1 ? 0 : head * hd;  // per-head [hd] weights, or the projection's
     for (int i = lane; i < hd; i += 32) a[i] = w[woff + i] * (a[i] * inv);
