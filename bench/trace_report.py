@@ -70,7 +70,6 @@ def to_ns(recs, anchors, timer_ns):
         r["t_wait"] = at(r["c_wait"])
         for i in range(MARKS):
             r[f"t_mark{i}"] = at(r.get(f"c_mark{i}", 0))
-    return 0
 
 
 def launches_of(recs):
@@ -107,8 +106,8 @@ def main():
     a = ap.parse_args()
     recs, anchors = load(a.trace)
     step_ns = timer_step(anchors)
-    missing = to_ns(recs, anchors, step_ns)
-    print(f"# {len(recs)} block records; SMs with anchors: {len(anchors)}; records on SMs without: {missing}; "
+    to_ns(recs, anchors, step_ns)
+    print(f"# {len(recs)} block records; SMs with anchors: {len(anchors)}; "
           f"global timer step seen: {step_ns} ns")
     ls, bad = launches_of(recs)
     if bad:

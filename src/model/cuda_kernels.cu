@@ -1111,24 +1111,6 @@ void launch_embed(const int32_t* ids, const void* embed, int dt, int64_t T, int6
   check_launch("embed_kernel");
 }
 
-void launch_rmsnorm(float* x, int64_t xp, const float* w, float eps, int64_t T, int64_t n, float* out, int64_t op,
-                    void* split, int sdt, cudaStream_t s, const void* add, int adt) {
-  RmsNormParams p;
-  p.x = x;
-  p.x_pitch = xp;
-  p.add = add;
-  p.add_dtype = adt;
-  p.w = w;
-  p.eps = eps;
-  p.T = T;
-  p.n = n;
-  p.out = out;
-  p.out_pitch = op;
-  p.split = split;
-  p.split_dtype = sdt;
-  launch_rmsnorm(p, s);
-}
-
 void launch_rmsnorm(const RmsNormParams& p, cudaStream_t s) {
   if (p.T == 0) return;
   MOEX_ASSERT(p.T < (int64_t(1) << 31));

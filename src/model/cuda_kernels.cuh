@@ -20,20 +20,15 @@ struct AttnTile {
 // x [T, H] f32 = embed[ids] (embed [V, H] of dtype code 0 f32 / 1 f16 / 2 bf16).
 void launch_embed(const int32_t* ids, const void* embed, int embed_dtype, int64_t T, int64_t H, float* x, cudaStream_t s);
 
-// out[r, :n] = w ⊙ x[r, :n] / sqrt(mean(x²) + eps) for rows r < T (row pitches in elements).
-// `split` (optional, dtype code 1 or 2): also writes hi = round(out) in rows [0, T) and
-// lo = round(out − hi) in rows [T, 2T) of a [2T, n] buffer (the two-term input of a GEMM).
-// `add` (optional, [T, n] contiguous of dtype code add_dtype): first x += add (x written back; the
-// residual add of the experts' output fused into the next norm).
-void launch_rmsnorm(float* x, int64_t x_pitch, const float* w, float eps, int64_t T, int64_t n, float* out,
-                    int64_t out_pitch, void* split, int split_dtype, cudaStream_t s, const void* add = nullptr,
-                    int add_dtype = 0);
-
-// The general RMSNorm: the input row of output row r is
+// RMSNorm: out[r, :n] = w ⊙ in[r, :n] / sqrt(mean(in²) + eps) for rows r < T (row pitches in
+// elements), where the input row of output row r is
 //   embed[ids[r]] (when `ids`: the embedding lookup fused in; written to x row r as well), or
 //   x[rows[r]] (when `rows`: a gather, e.g. the rows whose logits are wanted; x is not written), or
 //   x[r];
-// plus add[src row] when `add` (x written back unless `rows`). Then out / split as launch_rmsnorm.
+// plus add[src row] when `add` ([rows of x, n] of dtype code add_dtype: the residual add of the
+// experts' output fused into the next norm; x written back unless `rows`).
+// `split` (optional, dtype code 1 or 2): also writes hi = round(out) in rows [0, T) and
+// lo = round(out − hi) in rows [T, 2T) of a [2T, n] buffer (the two-term input of a GEMM).
 // One block per row; rows of n <= 8192 stay in registers (x is read once).
 struct RmsNormParams {
   float* x = nullptr;

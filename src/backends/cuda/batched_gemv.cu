@@ -298,18 +298,17 @@ __global__ void __launch_bounds__(THREADS) batched_down_tn(BatchedArgs a) {
   if (ks == 0 && n < H) static_cast<T*>(a.out)[t * H + n] = from_f32<T>(acc);
 }
 
-// Blocks of an up kernel resident on the device at once (sized once per process: one device kind).
+// Blocks of an up kernel resident on the current device at once (blocks per SM sized once per
+// process: they depend on the kernel's registers, not on the device's SM count).
 template <class T, bool VEC, bool MULTI>
 int64_t resident_up_blocks() {
-  static const int64_t n = [] {
-    int blocks = 0, dev = 0, sms = 0;
-    check(cudaGetDevice(&dev), "cudaGetDevice");
-    check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
+  static const int per_sm = [] {
+    int blocks = 0;
     check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, batched_up_nt<T, VEC, MULTI>, THREADS, 0),
           "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-    return int64_t(blocks) * sms;
+    return blocks;
   }();
-  return n;
+  return int64_t(per_sm) * current_device_sms();
 }
 
 // Channels per warp of the up kernel: 2 where one per warp needs more than one wave of blocks and

@@ -22,8 +22,8 @@ constexpr int SLOT_CHUNK = 8;
 template <class T>
 __global__ void __launch_bounds__(THREADS) combine_kernel(CombineArgs a) {
   MOEX_CUDA_TRACE_BLOCK(k_combine);
-  pdl_wait();
-  MOEX_CUDA_TRACE_WAITED();  // no-op unless launched with PDL (launch_combine's `pdl`): y is the previous kernel's
+  pdl_wait();  // no-op unless launched with PDL (launch_combine's `pdl`): y is the previous kernel's
+  MOEX_CUDA_TRACE_WAITED();
   pdl_launch_dependents();
   const int64_t t = blockIdx.x;
   const int64_t n0 = (int64_t(blockIdx.y) * THREADS + threadIdx.x) * COLS;

@@ -85,10 +85,7 @@ std::vector<Record> stop(size_t* dropped) {
 }
 
 std::vector<SmAnchor> anchors() {
-  int dev = 0, sms = 0;
-  check(cudaGetDevice(&dev), "cudaGetDevice");
-  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
-  const int blocks = 4 * sms;  // enough that every SM gets one in practice; the report checks
+  const int blocks = 4 * current_device_sms();  // enough that every SM gets one in practice; the report checks
   SmAnchor* d = nullptr;
   check(cudaMalloc(&d, size_t(blocks) * sizeof(SmAnchor)), "trace: cudaMalloc");
   anchor_kernel<<<blocks, 32>>>(d);
