@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# bench/gpu_session34.sh — one call on the GPU machine for the thirty-fourth session, from the
+# repository root (`run` with command `bash bench/gpu_session34.sh`). It chains the project's one-call
+# scripts, each into its own folder under $OUT/r, and packs them into $OUT/results.tgz at the end (the
+# device tool brings back at most 8 files); the summaries are also copied to $OUT/summary.txt.
+#
+# STEPS (default "trace ab fp8"), in this order:
+#   trace       bench/gpu_trace.sh PARTS=trace (batch-1 timeline, the ticket merge), then again with
+#               TRACE_ENV=MOEX_CUDA_DECODE_CLUSTER=2 (the cluster merge) on the same build
+#   ab          bench/gpu_session28.sh PARTS="build ab" with $AB_VARIANTS (model step A/B)
+#   tests       bench/gpu_session28.sh PARTS=tests on $TEST_FILTER (the build of "ab")
+#   model       bench/gpu_session28.sh PARTS=model (issue 5's end-to-end table beside the reference)
+#   fp8         bench/gpu_fp8_decode.sh PARTS=perf TOKENS=$FP8_TOKENS on the build of "ab" (issue 6)
+set -u
+OUT=${OUT:-$PWD/out}
+R=$OUT/r
+mkdir -p "$R"
+STEPS=${STEPS:-"trace ab fp8"}
+step() { [[ " $STEPS " == *" $1 "* ]]; }
+t0=$(date +%s)
+note() { echo "== $1 ($(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"; }
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,driver_version --format=csv,noheader | tee -a "$OUT/summary.txt"
+if step trace; then
+  note "trace (ticket merge)"
+  mkdir -p "$R/trace"
+  OUT=$R/trace PARTS=trace bash bench/gpu_trace.sh > "$R/trace/run.txt" 2>&1
+  { grep -E "decode|^==" "$R/trace/run.txt"; cat "$R/trace/trace_report.md"; } >> "$OUT/summary.txt" 2>&1
+  note "trace (cluster merge)"
+  mkdir -p "$R/trace_cluster"
+  OUT=$R/trace_cluster PARTS=trace TRACE_ENV=MOEX_CUDA_DECODE_CLUSTER=2 bash bench/gpu_trace.sh > "$R/trace_cluster/run.txt" 2>&1
+  { grep -E "decode|^==" "$R/trace_cluster/run.txt"; cat "$R/trace_cluster/trace_report.md"; } >> "$OUT/summary.txt" 2>&1
+fi
+if step ab; then
+  note "build + model A/B"
+  mkdir -p "$R/ab"
+  OUT=$R/ab PARTS="build ab" DEADLINE=${AB_DEADLINE:-330} bash bench/gpu_session28.sh > "$R/ab/run.txt" 2>&1
+  grep -E "^==|wgmma|^\[|error" "$R/ab/run.txt" >> "$OUT/summary.txt"
+fi
+if step tests; then
+  note "tests"
+  mkdir -p "$R/tests"
+  OUT=$R/tests PARTS=tests DEADLINE=${TESTS_DEADLINE:-200} SANITIZE_RESERVE=5 bash bench/gpu_session28.sh > "$R/tests/run.txt" 2>&1
+  grep -E "tests rc|tests OK|PASSED|FAILED|Failure" "$R/tests/run.txt" | head -40 >> "$OUT/summary.txt"
+fi
+if step model; then
+  note "end-to-end table"
+  mkdir -p "$R/model"
+  OUT=$R/model PARTS=model DEADLINE=${MODEL_DEADLINE:-300} bash bench/gpu_session28.sh > "$R/model/run.txt" 2>&1
+  cat "$R/model/side_by_side.md" >> "$OUT/summary.txt" 2>/dev/null || tail -20 "$R/model/run.txt" >> "$OUT/summary.txt"
+fi
+if step fp8; then
+  note "FP8 decode timings (issue 6)"
+  mkdir -p "$R/fp8"
+  OUT=$R/fp8 SKIP_BUILD=1 BUILD=build-gpu PARTS=perf TOKENS=${FP8_TOKENS:-1,8} COMPARE_OLD=0 AB_ROUNDS=${FP8_ROUNDS:-2} \
+    bash bench/gpu_fp8_decode.sh > "$R/fp8/run.txt" 2>&1
+  cat "$R/fp8/fp8_decode.md" >> "$OUT/summary.txt" 2>/dev/null || tail -20 "$R/fp8/run.txt" >> "$OUT/summary.txt"
+fi
+note done
+tar czf "$OUT/results.tgz" -C "$OUT" r && rm -rf "$R"
