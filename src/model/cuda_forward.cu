@@ -143,9 +143,9 @@ struct CudaModel::Impl {
   // batch 1 -0.07 ms / step, batch 8 -0.14, docs/PERF.md twenty-seventh session)
   bool decode_early = true;
   // the norms and the decode attention's q/k norm read their (constant) weights before their PDL
-  // wait instead of after their reduction (MOEX_CUDA_WEIGHTS_EARLY=1; prepared in the thirty-third
-  // session, not yet measured: off by default)
-  bool weights_early = false;
+  // wait instead of after their reduction (MOEX_CUDA_WEIGHTS_EARLY=0: after it; H200, 2026-12-04:
+  // batch 1 -0.16 ms / step, batch 8 -0.14, docs/PERF.md thirty-fourth session)
+  bool weights_early = true;
   // decode attention: a row's key chunks as one thread-block cluster merged through distributed
   // shared memory (MOEX_CUDA_DECODE_CLUSTER): 0 never; 1 (default) where the split bound is at most 7
   // (short KV capacities: one cluster of `splits` CTAs per row); 2 at every split count, rounded down
@@ -949,7 +949,7 @@ CudaModel::CudaModel(const ModelWeights& w, const TextConfig& t, Device dev) : i
   if (const char* e = std::getenv("MOEX_CUDA_GEMV")) m.gemv_enabled = std::string(e) != "0";
   if (const char* e = std::getenv("MOEX_CUDA_FUSE_QKV_POST")) m.fuse_qkv_post = std::string(e) != "0";
   if (const char* e = std::getenv("MOEX_CUDA_DECODE_EARLY")) m.decode_early = std::string(e) != "0";
-  if (const char* e = std::getenv("MOEX_CUDA_WEIGHTS_EARLY")) m.weights_early = std::string(e) == "1";
+  if (const char* e = std::getenv("MOEX_CUDA_WEIGHTS_EARLY")) m.weights_early = std::string(e) != "0";
   if (const char* e = std::getenv("MOEX_CUDA_DECODE_CLUSTER")) m.decode_cluster = std::clamp(std::atoi(e), 0, 2);
   if (const char* e = std::getenv("MOEX_CUDA_LINEAR_TERMS")) m.linear_terms = std::string(e) == "2" ? 2 : 1;
   if (const char* e = std::getenv("MOEX_CUDA_DEBUG_SKIP")) {
