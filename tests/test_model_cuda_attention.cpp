@@ -260,8 +260,11 @@ TEST(CudaAttentionKernels, DecodeMatchesReferenceAndTheOldKernel) {
 // output and in both caches, for per-head and no q/k norm, clip, NeoX and interleaved RoPE, a partial
 // rotary dim, windows and sinks, groups 1/4/8, 1 and many key chunks, with and without the early
 // first tile (DecodeAttentionParams::early), with the q/k norm weights copied early
-// (norm_w_early), and that as one cluster (DecodeAttentionParams::cluster, 3 and 8 chunks); q of the
-// fused runs is a NaN buffer they must not read.
+// (norm_w_early), and that as one cluster (DecodeAttentionParams::cluster, 3 and 8 chunks). The two
+// kernels run the post-processing's loop form and the merge without its early partial loads; the
+// fused runs their loads-first form (QkvPostParams::loads_first) and the merge prefetch
+// (merge_prefetch), and a last run the loop form and no prefetch again. q of the fused runs is a NaN
+// buffer they must not read.
 TEST(CudaAttentionKernels, DecodeWithThePostProcessingMatchesTheTwoKernels) {
   SKIP_WITHOUT_CUDA();
   struct Case {
@@ -310,11 +313,13 @@ TEST(CudaAttentionKernels, DecodeWithThePostProcessingMatchesTheTwoKernels) {
                              "/" + std::to_string(c.nkv) + " hd " + std::to_string(c.hd) + " rope " + std::to_string(c.rope_dim);
     const int runtime_splits = kern::decode_attention_splits(T, c.nh, c.nkv, max_len, 132);
     for (int splits : {runtime_splits, 1, 3, 8, 16}) {
-      // [two kernels, fused, + early, + norm_w_early, + as one cluster][out, k cache, v cache]
+      // [two kernels, fused, + early, + norm_w_early, + loop form and no merge prefetch, + as one
+      // cluster][out, k cache, v cache]
       const bool cluster_ok = kern::decode_attention_cluster_ok(splits, c.hd, c.hd);
-      const int runs = cluster_ok ? 5 : 4;
-      std::vector<float> got[5][3];
+      const int runs = cluster_ok ? 6 : 5;
+      std::vector<float> got[6][3];
       for (int run = 0; run < runs; ++run) {
+        const bool old_forms = run == 0 || run == 4;  // the loop form, no merge prefetch
         const bool fused = run > 0;
         const Tensor dk = to_device(kc), dvv = to_device(vc);
         Tensor dq = to_device(std::vector<float>(n_out, NAN));
@@ -343,6 +348,7 @@ TEST(CudaAttentionKernels, DecodeWithThePostProcessingMatchesTheTwoKernels) {
         qp.k_cache = const_cast<float*>(dk.ptr<float>());
         qp.v_cache = const_cast<float*>(dvv.ptr<float>());
         qp.max_len = max_len;
+        qp.loads_first = !old_forms;
         ASSERT_TRUE(kern::decode_attention_fuses_post(qp, c.nh, c.nkv, c.hd, c.hd)) << what;
         kern::DecodeAttentionParams p{};
         p.q = dq.ptr<float>();
@@ -365,7 +371,8 @@ TEST(CudaAttentionKernels, DecodeWithThePostProcessingMatchesTheTwoKernels) {
         p.out = out.ptr<float>();
         p.early = run >= 2;
         p.norm_w_early = run >= 3;
-        p.cluster = run == 4;
+        p.cluster = run == 5;
+        p.merge_prefetch = !old_forms;
         if (fused) {
           p.post_fused = true;
           p.post = qp;
@@ -383,7 +390,8 @@ TEST(CudaAttentionKernels, DecodeWithThePostProcessingMatchesTheTwoKernels) {
         }
       }
       const char* names[3] = {"output", "k cache", "v cache"};
-      const char* modes[5] = {"", "", " early", " early norm_w_early", " early norm_w_early cluster"};
+      const char* modes[6] = {"", "", " early", " early norm_w_early", " early norm_w_early loop-form no-prefetch",
+                              " early norm_w_early cluster"};
       for (int run = 1; run < runs; ++run)
         for (int i = 0; i < 3; ++i) {
           ASSERT_EQ(got[0][i].size(), got[run][i].size());

@@ -192,12 +192,27 @@ __global__ void __launch_bounds__(kDecThreads, 2) decode_attention_kernel(Decode
     __syncthreads();
     float* scratch = ks + (p.early ? kDecKeys * dq : 0);
     const int jobs = hc + (z == nz - 1 ? 2 : 0);  // chunks == 1 here (decode_attention_fuses_post): c == 0
-    for (int j = warp; j < jobs; j += kDecWarps) {
-      const int hs = j < hc ? h0 + j : j == hc ? p.nh + kh : p.nh + p.nkv + kh;
-      const float* norm_w = !norm_w_smem || j > hc ? nullptr : j < hc ? ss : ss + dq;  // j == hc: the k head
-      qkv_post_slot(p.post, row, hs, scratch + warp * dq, rope_cs, rope_sn, 1.0f, 1.0f, j < hc ? qs + j * dq : nullptr,
-                    norm_w);
-      __syncwarp();  // the scratch is rewritten by the warp's next head
+    auto slot_of = [&](int j) { return j < hc ? h0 + j : j == hc ? p.nh + kh : p.nh + p.nkv + kh; };
+    auto norm_w_of = [&](int j) -> const float* { return !norm_w_smem || j > hc ? nullptr : j < hc ? ss : ss + dq; };
+    float* wscratch = scratch + warp * dq;
+    if (p.post.loads_first && dq <= kPostMaxDims && jobs <= 2 * kDecWarps) {
+      // at most two slots per warp (8 q heads + k + v on 8 warps): both slots' loads issued before
+      // either is finished, so that the second costs no second L2 round trip
+      const int j1 = warp, j2 = warp + kDecWarps;
+      QkvPostRegs g1, g2;
+      if (j1 < jobs) qkv_post_load(p.post, row, slot_of(j1), norm_w_of(j1), g1);
+      if (j2 < jobs) qkv_post_load(p.post, row, slot_of(j2), norm_w_of(j2), g2);
+      if (j1 < jobs)
+        qkv_post_finish(p.post, row, slot_of(j1), wscratch, rope_cs, rope_sn, 1.0f, 1.0f, j1 < hc ? qs + j1 * dq : nullptr, g1);
+      __syncwarp();  // the scratch is rewritten by the warp's second slot
+      if (j2 < jobs)
+        qkv_post_finish(p.post, row, slot_of(j2), wscratch, rope_cs, rope_sn, 1.0f, 1.0f, j2 < hc ? qs + j2 * dq : nullptr, g2);
+    } else {
+      for (int j = warp; j < jobs; j += kDecWarps) {
+        qkv_post_slot(p.post, row, slot_of(j), wscratch, rope_cs, rope_sn, 1.0f, 1.0f, j < hc ? qs + j * dq : nullptr,
+                      norm_w_of(j));
+        __syncwarp();  // the scratch is rewritten by the warp's next head
+      }
     }
     for (int e = tid; e < (kDecodeHeads - hc) * dq; e += kDecThreads) qs[hc * dq + e] = 0.0f;
     __syncthreads();  // q complete; the key at pos is in the cache before this block's copies read it
@@ -361,6 +376,14 @@ __global__ void __launch_bounds__(kDecThreads, 2) decode_attention_kernel(Decode
   constexpr int kMlPerLane = kDecodeMaxSplits / 32;
   constexpr int kMergeLoads = 8;  // partial loads in flight per thread
   auto merge = [&](auto ml_of, auto load_ml, auto part_of, auto load_part, int e0, int step) {
+    // the thread's first output element's first kMergeLoads partials, requested before the merge
+    // weights are computed (they do not depend on them): one round trip less on the last block's path
+    float4 first[kMergeLoads];
+    if (p.merge_prefetch && e0 < hc * dv4) {
+      const float* src = part_of(e0 / dv4, e0 % dv4);
+#pragma unroll
+      for (int u = 0; u < kMergeLoads; ++u) first[u] = u < nz ? load_part(src, u) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
     if (warp < hc) {
       const float* mlh = ml_of(warp);
       float2 mlk[kMlPerLane];
@@ -395,8 +418,10 @@ __global__ void __launch_bounds__(kDecThreads, 2) decode_attention_kernel(Decode
       float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       for (int k0 = 0; k0 < nz; k0 += kMergeLoads) {
         float4 x[kMergeLoads];
+        const bool pre = p.merge_prefetch && e == e0 && k0 == 0;
 #pragma unroll
-        for (int u = 0; u < kMergeLoads; ++u) x[u] = k0 + u < nz ? load_part(src, k0 + u) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int u = 0; u < kMergeLoads; ++u)
+          x[u] = pre ? first[u] : k0 + u < nz ? load_part(src, k0 + u) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
         for (int u = 0; u < kMergeLoads; ++u) {
           const float w = k0 + u < nz ? wh[k0 + u] : 0.0f;

@@ -146,6 +146,11 @@ struct CudaModel::Impl {
   // wait instead of after their reduction (MOEX_CUDA_WEIGHTS_EARLY=0: after it; H200, 2026-12-04:
   // batch 1 -0.16 ms / step, batch 8 -0.14, docs/PERF.md thirty-fourth session)
   bool weights_early = true;
+  // the q/k/v post-processing issues every load of a head before its arithmetic
+  // (MOEX_CUDA_POST_LOADS_FIRST=0: the loop form), and the decode attention's merging block requests
+  // its first partials before computing the merge weights (MOEX_CUDA_MERGE_PREFETCH=0: after)
+  bool post_loads_first = true;
+  bool merge_prefetch = true;
   // decode attention: a row's key chunks as one thread-block cluster merged through distributed
   // shared memory (MOEX_CUDA_DECODE_CLUSTER): 0 never; 1 (default) where the split bound is at most 7
   // (short KV capacities: one cluster of `splits` CTAs per row); 2 at every split count, rounded down
@@ -674,6 +679,7 @@ struct CudaModel::Impl {
       qp.k_cache = b.k_cache[l].ptr<float>();
       qp.v_cache = b.v_cache[l].ptr<float>();
       qp.max_len = cap_len;
+      qp.loads_first = post_loads_first;
       // decode steps: the decode attention kernel post-processes q, k, v itself (one kernel less)
       post_fused = fuse_qkv_post && !skip(T, kSkipQkvPost) && flash_decode &&
                    kern::decode_attention_fuses_post(qp, int(nh), int(nkv), int(dq), int(dv));
@@ -694,6 +700,7 @@ struct CudaModel::Impl {
       dp.post = qp;
       dp.early = decode_early;
       dp.norm_w_early = weights_early;
+      dp.merge_prefetch = merge_prefetch;
       dp.q = b.q.ptr<float>();
       dp.k_cache = b.k_cache[l].ptr<float>();
       dp.v_cache = b.v_cache[l].ptr<float>();
@@ -950,6 +957,8 @@ CudaModel::CudaModel(const ModelWeights& w, const TextConfig& t, Device dev) : i
   if (const char* e = std::getenv("MOEX_CUDA_FUSE_QKV_POST")) m.fuse_qkv_post = std::string(e) != "0";
   if (const char* e = std::getenv("MOEX_CUDA_DECODE_EARLY")) m.decode_early = std::string(e) != "0";
   if (const char* e = std::getenv("MOEX_CUDA_WEIGHTS_EARLY")) m.weights_early = std::string(e) != "0";
+  if (const char* e = std::getenv("MOEX_CUDA_POST_LOADS_FIRST")) m.post_loads_first = std::string(e) != "0";
+  if (const char* e = std::getenv("MOEX_CUDA_MERGE_PREFETCH")) m.merge_prefetch = std::string(e) != "0";
   if (const char* e = std::getenv("MOEX_CUDA_DECODE_CLUSTER")) m.decode_cluster = std::clamp(std::atoi(e), 0, 2);
   if (const char* e = std::getenv("MOEX_CUDA_LINEAR_TERMS")) m.linear_terms = std::string(e) == "2" ? 2 : 1;
   if (const char* e = std::getenv("MOEX_CUDA_DEBUG_SKIP")) {

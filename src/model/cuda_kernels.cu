@@ -166,7 +166,9 @@ __global__ void __launch_bounds__(1024) rmsnorm_reg_kernel(RmsNormParams p) {
     v[k] = i < p.n ? norm_input(p, r, src, i) : 0.0f;
     ss += v[k] * v[k];
   }
-  ss = block_sum(ss);  // synchronises: in-place outputs (out == x) are written after every read
+  MOEX_CUDA_TRACE_MARK(0);  // the row's values in registers (thread 0's)
+  ss = block_sum(ss);       // synchronises: in-place outputs (out == x) are written after every read
+  MOEX_CUDA_TRACE_MARK(1);  // reduced
   const float inv = rsqrtf(ss / float(p.n) + p.eps);
 #pragma unroll
   for (int k = 0; k < PER; ++k) {
@@ -426,7 +428,9 @@ __global__ void __launch_bounds__(kRouterWarps * 32)
       }
     }
   }
-  mc::cluster_sync();  // every logit is in CTA 0's shared memory
+  MOEX_CUDA_TRACE_MARK(0);  // this CTA's logits computed
+  mc::cluster_sync();       // every logit is in CTA 0's shared memory
+  MOEX_CUDA_TRACE_MARK(1);  // every CTA's logits visible
   if (rank != 0) return;
   for (int t = warp; t < TM && t < rp.T; t += kRouterWarps) route_warp<false>(rp, t, lane, logits + t * E);
 }

@@ -100,6 +100,10 @@ struct QkvPostParams {
   float* q_out;
   float *k_cache, *v_cache;
   int64_t max_len;
+  // heads of at most 256 dims: every load of a head slot issued before its arithmetic (and, in the
+  // decode attention, both slots of a warp before either is finished); false: the loop form, one
+  // load in flight per lane. The same bits either way (CudaModel's MOEX_CUDA_POST_LOADS_FIRST).
+  bool loads_first = true;
 };
 void launch_qkv_post(const QkvPostParams& p, cudaStream_t s);
 

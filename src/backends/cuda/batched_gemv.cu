@@ -153,18 +153,39 @@ __global__ void __launch_bounds__(THREADS) batched_up_nt(BatchedArgs a) {
 // with K = 2 (mixtral) four slots in flight were two. Each slot's per-lane partial sum runs over its
 // chunks in order and the warp reduction is warp_dot's, and the slots are added in slot order: the
 // same f32 result whatever SLOTS and UC are.
+//
+// a.down_early (VEC): the first group's expert indices and its first weight chunks are requested
+// before pdl_wait. The indices come from the kernel before the up kernel, which has finished once
+// this kernel runs: the up kernel releases its dependents only after its own wait (pdl.cuh); read
+// through L2 (__ldcg). The weights of the step are then in flight while the up kernel ends.
 template <class T, bool VEC, int SLOTS>
-__global__ void __launch_bounds__(THREADS) batched_down_nt(BatchedArgs a) {
+__global__ void __launch_bounds__(THREADS, 2) batched_down_nt(BatchedArgs a) {
   MOEX_CUDA_TRACE_BLOCK(k_batched_down);
-  pdl_wait();
-  MOEX_CUDA_TRACE_WAITED();
-  pdl_launch_dependents();
   constexpr int UC = VEC ? 8 / SLOTS : 1;
   const int64_t t = blockIdx.x;
   const int64_t n = int64_t(blockIdx.y) * (THREADS / 32) + (threadIdx.x >> 5);
-  if (n >= a.H) return;
   const int lane = threadIdx.x & 31;
   const int64_t H = a.H, I = a.I;
+  uint4 first[SLOTS][UC];  // a.down_early: slot group 0's weight chunks c0 = lane + 32·u
+  const bool early = VEC && a.down_early && n < H;
+  if (early) {
+    constexpr int V = 16 / sizeof(T);
+    const int64_t nv = I / V;
+#pragma unroll
+    for (int q = 0; q < SLOTS; ++q) {
+      const int64_t e = q < a.K ? (a.idx64 ? __ldcg(static_cast<const int64_t*>(a.idx) + t * a.K + q)
+                                           : int64_t(__ldcg(static_cast<const int32_t*>(a.idx) + t * a.K + q)))
+                                : -1;
+      const T* W = static_cast<const T*>(a.down) + ((e >= 0 && e < a.E ? e : 0) * H + n) * I;
+#pragma unroll
+      for (int u = 0; u < UC; ++u)
+        if (e >= 0 && e < a.E && lane + 32 * u < nv) first[q][u] = __ldg(reinterpret_cast<const uint4*>(W) + lane + 32 * u);
+    }
+  }
+  pdl_wait();
+  MOEX_CUDA_TRACE_WAITED();
+  pdl_launch_dependents();
+  if (n >= a.H) return;
   float acc = 0.0f;
   for (int64_t j0 = 0; j0 < a.K; j0 += SLOTS) {
     const T* hp[SLOTS];
@@ -187,13 +208,14 @@ __global__ void __launch_bounds__(THREADS) batched_down_nt(BatchedArgs a) {
       const int64_t nv = I / V;
       for (int64_t c0 = lane; c0 < nv; c0 += 32 * UC) {
         uint4 xh[SLOTS][UC], xw[SLOTS][UC];
+        const bool pre = early && j0 == 0 && c0 == lane;  // this group's first chunks: already in `first`
 #pragma unroll
         for (int q = 0; q < SLOTS; ++q)
 #pragma unroll
           for (int u = 0; u < UC; ++u)
             if (ok[q] && c0 + 32 * u < nv) {
               xh[q][u] = __ldg(reinterpret_cast<const uint4*>(hp[q]) + c0 + 32 * u);
-              xw[q][u] = __ldg(reinterpret_cast<const uint4*>(W[q]) + c0 + 32 * u);
+              xw[q][u] = pre ? first[q][u] : __ldg(reinterpret_cast<const uint4*>(W[q]) + c0 + 32 * u);
             }
 #pragma unroll
         for (int q = 0; q < SLOTS; ++q)
@@ -322,6 +344,16 @@ int up_channels(int64_t pairs, int64_t I) {
   return one > resident_up_blocks<T, VEC, false>() && two <= resident_up_blocks<T, VEC, true>() ? 2 : 1;
 }
 
+// Whether the down kernel requests its first weights before its PDL wait (BatchedArgs::down_early);
+// MOEX_CUDA_DOWN_EARLY=0 turns it off (A/B measurement). Read once per process.
+bool down_early_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("MOEX_CUDA_DOWN_EARLY");
+    return !(e && std::string(e) == "0");
+  }();
+  return on;
+}
+
 template <class T>
 void launch_typed(const BatchedArgs& a_in, bool vec16, cudaStream_t stream) {
   BatchedArgs a = a_in;
@@ -330,6 +362,7 @@ void launch_typed(const BatchedArgs& a_in, bool vec16, cudaStream_t stream) {
   const int warps = THREADS / 32;
   if (!a.transposed) {
     a.up_channels = vec16 ? up_channels<T, true>(S, a.I) : up_channels<T, false>(S, a.I);
+    a.down_early = down_early_enabled();
     dim3 g_up(unsigned(S), unsigned(ceil_div(a.I, int64_t(warps) * a.up_channels)));
     dim3 g_down(unsigned(a.T), unsigned(ceil_div(a.H, warps)));
     MOEX_CHECK(g_up.y <= 65535 && g_down.y <= 65535, "batched_mm on CUDA: sizes H={} I={} too large", a.H, a.I);
