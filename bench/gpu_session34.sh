@@ -4,32 +4,24 @@
 # scripts, each into its own folder under $OUT/r, and packs them into $OUT/results.tgz at the end (the
 # device tool brings back at most 8 files); the summaries are also copied to $OUT/summary.txt.
 #
-# STEPS (default "trace ab fp8"), in this order:
-#   trace       bench/gpu_trace.sh PARTS=trace (batch-1 timeline, the ticket merge), then again with
-#               TRACE_ENV=MOEX_CUDA_DECODE_CLUSTER=2 (the cluster merge) on the same build
+# STEPS (default "ab trace fp8"), in this order:
 #   ab          bench/gpu_session28.sh PARTS="build ab" with $AB_VARIANTS (model step A/B)
 #   tests       bench/gpu_session28.sh PARTS=tests on $TEST_FILTER (the build of "ab")
+#   sanitize    bench/gpu_session28.sh PARTS=sanitize on $SANITIZE_FILTER (the build of "ab")
+#   trace       bench/gpu_trace.sh PARTS=trace (batch-1 timeline, the ticket merge), then again with
+#               TRACE_ENV=MOEX_CUDA_DECODE_CLUSTER=2 (the cluster merge) on the same build; skipped
+#               when TRACE_BEFORE seconds (default 400) have passed
 #   model       bench/gpu_session28.sh PARTS=model (issue 5's end-to-end table beside the reference)
 #   fp8         bench/gpu_fp8_decode.sh PARTS=perf TOKENS=$FP8_TOKENS on the build of "ab" (issue 6)
 set -u
 OUT=${OUT:-$PWD/out}
 R=$OUT/r
 mkdir -p "$R"
-STEPS=${STEPS:-"trace ab fp8"}
+STEPS=${STEPS:-"ab trace fp8"}
 step() { [[ " $STEPS " == *" $1 "* ]]; }
 t0=$(date +%s)
 note() { echo "== $1 ($(( $(date +%s) - t0 )) s)" | tee -a "$OUT/summary.txt"; }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,driver_version --format=csv,noheader | tee -a "$OUT/summary.txt"
-if step trace; then
-  note "trace (ticket merge)"
-  mkdir -p "$R/trace"
-  OUT=$R/trace PARTS=trace bash bench/gpu_trace.sh > "$R/trace/run.txt" 2>&1
-  { grep -E "decode|^==" "$R/trace/run.txt"; cat "$R/trace/trace_report.md"; } >> "$OUT/summary.txt" 2>&1
-  note "trace (cluster merge)"
-  mkdir -p "$R/trace_cluster"
-  OUT=$R/trace_cluster PARTS=trace TRACE_ENV=MOEX_CUDA_DECODE_CLUSTER=2 bash bench/gpu_trace.sh > "$R/trace_cluster/run.txt" 2>&1
-  { grep -E "decode|^==" "$R/trace_cluster/run.txt"; cat "$R/trace_cluster/trace_report.md"; } >> "$OUT/summary.txt" 2>&1
-fi
 if step ab; then
   note "build + model A/B"
   mkdir -p "$R/ab"
@@ -41,6 +33,22 @@ if step tests; then
   mkdir -p "$R/tests"
   OUT=$R/tests PARTS=tests DEADLINE=${TESTS_DEADLINE:-200} SANITIZE_RESERVE=5 bash bench/gpu_session28.sh > "$R/tests/run.txt" 2>&1
   grep -E "tests rc|tests OK|PASSED|FAILED|Failure" "$R/tests/run.txt" | head -40 >> "$OUT/summary.txt"
+fi
+if step sanitize; then
+  note "compute-sanitizer"
+  mkdir -p "$R/sanitize"
+  OUT=$R/sanitize PARTS=sanitize DEADLINE=${SANITIZE_DEADLINE:-120} bash bench/gpu_session28.sh > "$R/sanitize/run.txt" 2>&1
+  grep -E "rc|SUMMARY" "$R/sanitize/run.txt" | head -10 >> "$OUT/summary.txt"
+fi
+if step trace && [ $(( $(date +%s) - t0 )) -lt ${TRACE_BEFORE:-400} ]; then
+  note "trace (ticket merge)"
+  mkdir -p "$R/trace"
+  OUT=$R/trace PARTS=trace bash bench/gpu_trace.sh > "$R/trace/run.txt" 2>&1
+  { grep -E "decode|^==" "$R/trace/run.txt"; cat "$R/trace/trace_report.md"; } >> "$OUT/summary.txt" 2>&1
+  note "trace (cluster merge)"
+  mkdir -p "$R/trace_cluster"
+  OUT=$R/trace_cluster PARTS=trace TRACE_ENV=MOEX_CUDA_DECODE_CLUSTER=2 bash bench/gpu_trace.sh > "$R/trace_cluster/run.txt" 2>&1
+  { grep -E "decode|^==" "$R/trace_cluster/run.txt"; cat "$R/trace_cluster/trace_report.md"; } >> "$OUT/summary.txt" 2>&1
 fi
 if step model; then
   note "end-to-end table"

@@ -261,10 +261,9 @@ TEST(CudaAttentionKernels, DecodeMatchesReferenceAndTheOldKernel) {
 // rotary dim, windows and sinks, groups 1/4/8, 1 and many key chunks, with and without the early
 // first tile (DecodeAttentionParams::early), with the q/k norm weights copied early
 // (norm_w_early), and that as one cluster (DecodeAttentionParams::cluster, 3 and 8 chunks). The two
-// kernels run the post-processing's loop form and the merge without its early partial loads; the
-// fused runs their loads-first form (QkvPostParams::loads_first) and the merge prefetch
-// (merge_prefetch), and a last run the loop form and no prefetch again. q of the fused runs is a NaN
-// buffer they must not read.
+// kernels run the post-processing's loop form; the fused runs its loads-first form
+// (QkvPostParams::loads_first), and one run the loop form again. q of the fused runs is a NaN buffer
+// they must not read.
 TEST(CudaAttentionKernels, DecodeWithThePostProcessingMatchesTheTwoKernels) {
   SKIP_WITHOUT_CUDA();
   struct Case {
@@ -313,13 +312,12 @@ TEST(CudaAttentionKernels, DecodeWithThePostProcessingMatchesTheTwoKernels) {
                              "/" + std::to_string(c.nkv) + " hd " + std::to_string(c.hd) + " rope " + std::to_string(c.rope_dim);
     const int runtime_splits = kern::decode_attention_splits(T, c.nh, c.nkv, max_len, 132);
     for (int splits : {runtime_splits, 1, 3, 8, 16}) {
-      // [two kernels, fused, + early, + norm_w_early, + loop form and no merge prefetch, + as one
-      // cluster][out, k cache, v cache]
+      // [two kernels, fused, + early, + norm_w_early, + loop form, + as one cluster][out, k cache, v cache]
       const bool cluster_ok = kern::decode_attention_cluster_ok(splits, c.hd, c.hd);
       const int runs = cluster_ok ? 6 : 5;
       std::vector<float> got[6][3];
       for (int run = 0; run < runs; ++run) {
-        const bool old_forms = run == 0 || run == 4;  // the loop form, no merge prefetch
+        const bool old_forms = run == 0 || run == 4;  // the post-processing's loop form
         const bool fused = run > 0;
         const Tensor dk = to_device(kc), dvv = to_device(vc);
         Tensor dq = to_device(std::vector<float>(n_out, NAN));
@@ -372,7 +370,6 @@ TEST(CudaAttentionKernels, DecodeWithThePostProcessingMatchesTheTwoKernels) {
         p.early = run >= 2;
         p.norm_w_early = run >= 3;
         p.cluster = run == 5;
-        p.merge_prefetch = !old_forms;
         if (fused) {
           p.post_fused = true;
           p.post = qp;
@@ -390,7 +387,7 @@ TEST(CudaAttentionKernels, DecodeWithThePostProcessingMatchesTheTwoKernels) {
         }
       }
       const char* names[3] = {"output", "k cache", "v cache"};
-      const char* modes[6] = {"", "", " early", " early norm_w_early", " early norm_w_early loop-form no-prefetch",
+      const char* modes[6] = {"", "", " early", " early norm_w_early", " early norm_w_early loop-form",
                               " early norm_w_early cluster"};
       for (int run = 1; run < runs; ++run)
         for (int i = 0; i < 3; ++i) {

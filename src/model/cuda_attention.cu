@@ -376,14 +376,6 @@ __global__ void __launch_bounds__(kDecThreads, 2) decode_attention_kernel(Decode
   constexpr int kMlPerLane = kDecodeMaxSplits / 32;
   constexpr int kMergeLoads = 8;  // partial loads in flight per thread
   auto merge = [&](auto ml_of, auto load_ml, auto part_of, auto load_part, int e0, int step) {
-    // the thread's first output element's first kMergeLoads partials, requested before the merge
-    // weights are computed (they do not depend on them): one round trip less on the last block's path
-    float4 first[kMergeLoads];
-    if (p.merge_prefetch && e0 < hc * dv4) {
-      const float* src = part_of(e0 / dv4, e0 % dv4);
-#pragma unroll
-      for (int u = 0; u < kMergeLoads; ++u) first[u] = u < nz ? load_part(src, u) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
     if (warp < hc) {
       const float* mlh = ml_of(warp);
       float2 mlk[kMlPerLane];
@@ -418,10 +410,8 @@ __global__ void __launch_bounds__(kDecThreads, 2) decode_attention_kernel(Decode
       float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       for (int k0 = 0; k0 < nz; k0 += kMergeLoads) {
         float4 x[kMergeLoads];
-        const bool pre = p.merge_prefetch && e == e0 && k0 == 0;
 #pragma unroll
-        for (int u = 0; u < kMergeLoads; ++u)
-          x[u] = pre ? first[u] : k0 + u < nz ? load_part(src, k0 + u) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int u = 0; u < kMergeLoads; ++u) x[u] = k0 + u < nz ? load_part(src, k0 + u) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
         for (int u = 0; u < kMergeLoads; ++u) {
           const float w = k0 + u < nz ? wh[k0 + u] : 0.0f;

@@ -58,9 +58,6 @@ struct DecodeAttentionParams {
   // memory at the kernel's start (with early: before the wait), so that the post-processing reads no
   // global memory after the q / k rows — the same bits (CudaModel's MOEX_CUDA_WEIGHTS_EARLY)
   bool norm_w_early = false;
-  // merge_prefetch: the merging block requests its first partials before computing the merge
-  // weights — the same bits (CudaModel's MOEX_CUDA_MERGE_PREFETCH)
-  bool merge_prefetch = true;
   // cluster: the chunks of a (row, head block) run as thread-block clusters of min(splits,
   // kDecodeClusterMax) CTAs (decode_attention_cluster_ok). A row whose non-empty chunks fit in one
   // cluster merges them through distributed shared memory after a cluster barrier, spread over the

@@ -147,10 +147,8 @@ struct CudaModel::Impl {
   // batch 1 -0.16 ms / step, batch 8 -0.14, docs/PERF.md thirty-fourth session)
   bool weights_early = true;
   // the q/k/v post-processing issues every load of a head before its arithmetic
-  // (MOEX_CUDA_POST_LOADS_FIRST=0: the loop form), and the decode attention's merging block requests
-  // its first partials before computing the merge weights (MOEX_CUDA_MERGE_PREFETCH=0: after)
+  // (MOEX_CUDA_POST_LOADS_FIRST=0: the loop form)
   bool post_loads_first = true;
-  bool merge_prefetch = true;
   // decode attention: a row's key chunks as one thread-block cluster merged through distributed
   // shared memory (MOEX_CUDA_DECODE_CLUSTER): 0 never; 1 (default) where the split bound is at most 7
   // (short KV capacities: one cluster of `splits` CTAs per row); 2 at every split count, rounded down
@@ -700,7 +698,6 @@ struct CudaModel::Impl {
       dp.post = qp;
       dp.early = decode_early;
       dp.norm_w_early = weights_early;
-      dp.merge_prefetch = merge_prefetch;
       dp.q = b.q.ptr<float>();
       dp.k_cache = b.k_cache[l].ptr<float>();
       dp.v_cache = b.v_cache[l].ptr<float>();
@@ -958,7 +955,6 @@ CudaModel::CudaModel(const ModelWeights& w, const TextConfig& t, Device dev) : i
   if (const char* e = std::getenv("MOEX_CUDA_DECODE_EARLY")) m.decode_early = std::string(e) != "0";
   if (const char* e = std::getenv("MOEX_CUDA_WEIGHTS_EARLY")) m.weights_early = std::string(e) != "0";
   if (const char* e = std::getenv("MOEX_CUDA_POST_LOADS_FIRST")) m.post_loads_first = std::string(e) != "0";
-  if (const char* e = std::getenv("MOEX_CUDA_MERGE_PREFETCH")) m.merge_prefetch = std::string(e) != "0";
   if (const char* e = std::getenv("MOEX_CUDA_DECODE_CLUSTER")) m.decode_cluster = std::clamp(std::atoi(e), 0, 2);
   if (const char* e = std::getenv("MOEX_CUDA_LINEAR_TERMS")) m.linear_terms = std::string(e) == "2" ? 2 : 1;
   if (const char* e = std::getenv("MOEX_CUDA_DEBUG_SKIP")) {

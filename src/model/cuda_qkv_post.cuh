@@ -105,10 +105,10 @@ __device__ __forceinline__ void qkv_post_finish(const QkvPostParams& p, int64_t 
   const int lane = threadIdx.x & 31, hd = p.hd;
   const int kind = qkv_post_kind(p, hs);
   float* dst = qkv_post_dst(p, r, hs, q_dst);
-  if (kind == 2) {
+  if (kind == 2) {  // v: clipped only
 #pragma unroll
     for (int k = 0; k < kPostPerLane; ++k)
-      if (lane + 32 * k < hd) dst[lane + 32 * k] = g.v[k];
+      if (lane + 32 * k < hd) dst[lane + 32 * k] = p.clip > 0.0f ? fminf(fmaxf(g.v[k], -p.clip), p.clip) : g.v[k];
     return;
   }
   float o[kPostPerLane];

@@ -60,8 +60,19 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
+// A 16-byte weight chunk. CS (BatchedArgs::stream_weights): loaded as streaming data (ld.global.cs,
+// evict-first in L2) — the experts' weights are read once per step, and at normal priority their
+// 75 MB per layer (qwen3, batch 1) push the residual, the activations and the KV cache out of the
+// 50 MB L2, which the latency-bound kernels after them (RMSNorm, attention) then fetch from DRAM
+// behind the next GEMV's weight requests.
+template <bool CS>
+__device__ __forceinline__ uint4 load_weight(const uint4* p) {
+  if constexpr (CS) return __ldcs(p);
+  else return __ldg(p);
+}
+
 // Σ_k x[k]·w[k] over n elements, by one warp (all lanes get the sum).
-template <class T, bool VEC>
+template <class T, bool VEC, bool CS = false>
 __device__ __forceinline__ float warp_dot(const T* x, const T* w, int64_t n, int lane) {
   float acc = 0.0f;
   if constexpr (VEC) {
@@ -70,7 +81,7 @@ __device__ __forceinline__ float warp_dot(const T* x, const T* w, int64_t n, int
     const uint4* wv = reinterpret_cast<const uint4*>(w);
     const int64_t nv = n / V;
 #pragma unroll 4
-    for (int64_t c = lane; c < nv; c += 32) acc = dot_vec<T>(__ldg(xv + c), __ldg(wv + c), acc);
+    for (int64_t c = lane; c < nv; c += 32) acc = dot_vec<T>(__ldg(xv + c), load_weight<CS>(wv + c), acc);
   } else {
     for (int64_t k = lane; k < n; k += 32) acc = fmaf(to_f32(x[k]), to_f32(w[k]), acc);
   }
@@ -78,7 +89,7 @@ __device__ __forceinline__ float warp_dot(const T* x, const T* w, int64_t n, int
 }
 
 // Two dot products sharing x (gate and up rows), by one warp.
-template <class T, bool VEC>
+template <class T, bool VEC, bool CS = false>
 __device__ __forceinline__ float2 warp_dot2(const T* x, const T* wg, const T* wu, int64_t n, int lane) {
   float g = 0.0f, u = 0.0f;
   if constexpr (VEC) {
@@ -90,8 +101,8 @@ __device__ __forceinline__ float2 warp_dot2(const T* x, const T* wg, const T* wu
 #pragma unroll 4
     for (int64_t c = lane; c < nv; c += 32) {
       const uint4 xa = __ldg(xv + c);
-      g = dot_vec<T>(xa, __ldg(gv + c), g);
-      u = dot_vec<T>(xa, __ldg(uv + c), u);
+      g = dot_vec<T>(xa, load_weight<CS>(gv + c), g);
+      u = dot_vec<T>(xa, load_weight<CS>(uv + c), u);
     }
   } else {
     for (int64_t k = lane; k < n; k += 32) {
@@ -109,7 +120,7 @@ __device__ __forceinline__ float2 warp_dot2(const T* x, const T* wg, const T* wu
 // blocks (qwen3 at batch 1: 768 blocks, 660 resident), two per warp put every block on the GPU at
 // once (launch_typed). A separate instantiation: the loop costs registers (bf16: 62 against 48),
 // which would cut the one-channel kernel's blocks per SM. Each channel's arithmetic is the same.
-template <class T, bool VEC, bool MULTI>
+template <class T, bool VEC, bool MULTI, bool CS>
 __global__ void __launch_bounds__(THREADS) batched_up_nt(BatchedArgs a) {
   MOEX_CUDA_TRACE_BLOCK(k_batched_up);
   pdl_wait();  // launched with PDL (pdl.cuh): the expert index comes from the previous kernels
@@ -131,14 +142,14 @@ __global__ void __launch_bounds__(THREADS) batched_up_nt(BatchedArgs a) {
     float h;
     if (a.has_gate) {
       const int64_t wg = a.interleaved ? 2 * i : i, wu = a.interleaved ? 2 * i + 1 : I + i;
-      float2 gu = warp_dot2<T, VEC>(x, W + wg * H, W + wu * H, H, lane);
+      float2 gu = warp_dot2<T, VEC, CS>(x, W + wg * H, W + wu * H, H, lane);
       if (bias) {
         gu.x += to_f32(bias[wg]);
         gu.y += to_f32(bias[wu]);
       }
       h = gated_act(a.act, gu.x, gu.y);
     } else {
-      float v = warp_dot<T, VEC>(x, W + i * H, H, lane);
+      float v = warp_dot<T, VEC, CS>(x, W + i * H, H, lane);
       if (bias) v += to_f32(bias[i]);
       h = plain_act(a.act, v);
     }
@@ -153,39 +164,18 @@ __global__ void __launch_bounds__(THREADS) batched_up_nt(BatchedArgs a) {
 // with K = 2 (mixtral) four slots in flight were two. Each slot's per-lane partial sum runs over its
 // chunks in order and the warp reduction is warp_dot's, and the slots are added in slot order: the
 // same f32 result whatever SLOTS and UC are.
-//
-// a.down_early (VEC): the first group's expert indices and its first weight chunks are requested
-// before pdl_wait. The indices come from the kernel before the up kernel, which has finished once
-// this kernel runs: the up kernel releases its dependents only after its own wait (pdl.cuh); read
-// through L2 (__ldcg). The weights of the step are then in flight while the up kernel ends.
-template <class T, bool VEC, int SLOTS>
-__global__ void __launch_bounds__(THREADS, 2) batched_down_nt(BatchedArgs a) {
+template <class T, bool VEC, int SLOTS, bool CS>
+__global__ void __launch_bounds__(THREADS) batched_down_nt(BatchedArgs a) {
   MOEX_CUDA_TRACE_BLOCK(k_batched_down);
-  constexpr int UC = VEC ? 8 / SLOTS : 1;
-  const int64_t t = blockIdx.x;
-  const int64_t n = int64_t(blockIdx.y) * (THREADS / 32) + (threadIdx.x >> 5);
-  const int lane = threadIdx.x & 31;
-  const int64_t H = a.H, I = a.I;
-  uint4 first[SLOTS][UC];  // a.down_early: slot group 0's weight chunks c0 = lane + 32·u
-  const bool early = VEC && a.down_early && n < H;
-  if (early) {
-    constexpr int V = 16 / sizeof(T);
-    const int64_t nv = I / V;
-#pragma unroll
-    for (int q = 0; q < SLOTS; ++q) {
-      const int64_t e = q < a.K ? (a.idx64 ? __ldcg(static_cast<const int64_t*>(a.idx) + t * a.K + q)
-                                           : int64_t(__ldcg(static_cast<const int32_t*>(a.idx) + t * a.K + q)))
-                                : -1;
-      const T* W = static_cast<const T*>(a.down) + ((e >= 0 && e < a.E ? e : 0) * H + n) * I;
-#pragma unroll
-      for (int u = 0; u < UC; ++u)
-        if (e >= 0 && e < a.E && lane + 32 * u < nv) first[q][u] = __ldg(reinterpret_cast<const uint4*>(W) + lane + 32 * u);
-    }
-  }
   pdl_wait();
   MOEX_CUDA_TRACE_WAITED();
   pdl_launch_dependents();
+  constexpr int UC = VEC ? 8 / SLOTS : 1;
+  const int64_t t = blockIdx.x;
+  const int64_t n = int64_t(blockIdx.y) * (THREADS / 32) + (threadIdx.x >> 5);
   if (n >= a.H) return;
+  const int lane = threadIdx.x & 31;
+  const int64_t H = a.H, I = a.I;
   float acc = 0.0f;
   for (int64_t j0 = 0; j0 < a.K; j0 += SLOTS) {
     const T* hp[SLOTS];
@@ -208,14 +198,13 @@ __global__ void __launch_bounds__(THREADS, 2) batched_down_nt(BatchedArgs a) {
       const int64_t nv = I / V;
       for (int64_t c0 = lane; c0 < nv; c0 += 32 * UC) {
         uint4 xh[SLOTS][UC], xw[SLOTS][UC];
-        const bool pre = early && j0 == 0 && c0 == lane;  // this group's first chunks: already in `first`
 #pragma unroll
         for (int q = 0; q < SLOTS; ++q)
 #pragma unroll
           for (int u = 0; u < UC; ++u)
             if (ok[q] && c0 + 32 * u < nv) {
               xh[q][u] = __ldg(reinterpret_cast<const uint4*>(hp[q]) + c0 + 32 * u);
-              xw[q][u] = pre ? first[q][u] : __ldg(reinterpret_cast<const uint4*>(W[q]) + c0 + 32 * u);
+              xw[q][u] = load_weight<CS>(reinterpret_cast<const uint4*>(W[q]) + c0 + 32 * u);
             }
 #pragma unroll
         for (int q = 0; q < SLOTS; ++q)
@@ -326,7 +315,7 @@ template <class T, bool VEC, bool MULTI>
 int64_t resident_up_blocks() {
   static const int per_sm = [] {
     int blocks = 0;
-    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, batched_up_nt<T, VEC, MULTI>, THREADS, 0),
+    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, batched_up_nt<T, VEC, MULTI, false>, THREADS, 0),
           "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
     return blocks;
   }();
@@ -344,14 +333,26 @@ int up_channels(int64_t pairs, int64_t I) {
   return one > resident_up_blocks<T, VEC, false>() && two <= resident_up_blocks<T, VEC, true>() ? 2 : 1;
 }
 
-// Whether the down kernel requests its first weights before its PDL wait (BatchedArgs::down_early);
-// MOEX_CUDA_DOWN_EARLY=0 turns it off (A/B measurement). Read once per process.
-bool down_early_enabled() {
+// Whether the 16-byte weight loads of the [E, out, in] kernels are streaming loads (load_weight);
+// MOEX_CUDA_EXPERT_STREAM=0: ordinary loads (A/B measurement). Read once per process.
+bool stream_weights_enabled() {
   static const bool on = [] {
-    const char* e = std::getenv("MOEX_CUDA_DOWN_EARLY");
+    const char* e = std::getenv("MOEX_CUDA_EXPERT_STREAM");
     return !(e && std::string(e) == "0");
   }();
   return on;
+}
+
+template <class T, bool CS>
+void launch_vec(const BatchedArgs& a, dim3 g_up, dim3 g_down, cudaStream_t stream) {
+  launch_pdl("batched_up_nt", a.up_channels > 1 ? batched_up_nt<T, true, true, CS> : batched_up_nt<T, true, false, CS>,
+             g_up, dim3(THREADS), 0, stream, a);
+  // slots interleaved: K itself up to 8 (rounded up to a power of two), else groups of 8
+  const auto down = a.K <= 1   ? batched_down_nt<T, true, 1, CS>
+                    : a.K <= 2 ? batched_down_nt<T, true, 2, CS>
+                    : a.K <= 4 ? batched_down_nt<T, true, 4, CS>
+                               : batched_down_nt<T, true, 8, CS>;
+  launch_pdl("batched_down_nt", down, g_down, dim3(THREADS), 0, stream, a);
 }
 
 template <class T>
@@ -362,21 +363,16 @@ void launch_typed(const BatchedArgs& a_in, bool vec16, cudaStream_t stream) {
   const int warps = THREADS / 32;
   if (!a.transposed) {
     a.up_channels = vec16 ? up_channels<T, true>(S, a.I) : up_channels<T, false>(S, a.I);
-    a.down_early = down_early_enabled();
     dim3 g_up(unsigned(S), unsigned(ceil_div(a.I, int64_t(warps) * a.up_channels)));
     dim3 g_down(unsigned(a.T), unsigned(ceil_div(a.H, warps)));
     MOEX_CHECK(g_up.y <= 65535 && g_down.y <= 65535, "batched_mm on CUDA: sizes H={} I={} too large", a.H, a.I);
     if (vec16) {
-      launch_pdl("batched_up_nt", a.up_channels > 1 ? batched_up_nt<T, true, true> : batched_up_nt<T, true, false>, g_up,
-                 dim3(THREADS), 0, stream, a);
-      // slots interleaved: K itself up to 8 (rounded up to a power of two), else groups of 8
-      const auto down = a.K <= 1 ? batched_down_nt<T, true, 1> : a.K <= 2 ? batched_down_nt<T, true, 2>
-                        : a.K <= 4 ? batched_down_nt<T, true, 4> : batched_down_nt<T, true, 8>;
-      launch_pdl("batched_down_nt", down, g_down, dim3(THREADS), 0, stream, a);
+      if (stream_weights_enabled()) launch_vec<T, true>(a, g_up, g_down, stream);
+      else launch_vec<T, false>(a, g_up, g_down, stream);
     } else {
-      launch_pdl("batched_up_nt", a.up_channels > 1 ? batched_up_nt<T, false, true> : batched_up_nt<T, false, false>, g_up,
-                 dim3(THREADS), 0, stream, a);
-      launch_pdl("batched_down_nt", batched_down_nt<T, false, 4>, g_down, dim3(THREADS), 0, stream, a);
+      launch_pdl("batched_up_nt", a.up_channels > 1 ? batched_up_nt<T, false, true, false> : batched_up_nt<T, false, false, false>,
+                 g_up, dim3(THREADS), 0, stream, a);
+      launch_pdl("batched_down_nt", batched_down_nt<T, false, 4, false>, g_down, dim3(THREADS), 0, stream, a);
     }
   } else {
     const int per = a.has_gate ? TN_COLS / 2 : TN_COLS;

@@ -292,7 +292,6 @@ struct BatchedArgs {
   void* h;                  // [S, I] activation dtype (workspace)
   void* out;                // [T, H]
   int up_channels = 1;      // intermediate channels per warp in the up kernel (set by launch_batched)
-  bool down_early = false;  // the down kernel's first weights requested before its PDL wait (launch_batched)
 };
 void launch_batched(const BatchedArgs& a, DType dtype, bool vec16, cudaStream_t stream);
 
