@@ -355,7 +355,8 @@ TEST(CudaModelRouters, MatchTheHostRouters) {
   const std::vector<Case> cases = {{RouterKind::qwen3_moe, 0, 128, 8, true},  {RouterKind::qwen2_moe, 0, 60, 4, false},
                                    {RouterKind::mixtral, 0, 8, 2, true},      {RouterKind::olmoe, 0, 64, 8, false},
                                    {RouterKind::gpt_oss, 2, 32, 4, true},     {RouterKind::deepseek_v3, 1, 64, 6, true, 8, 4, 2.5f},
-                                   {RouterKind::qwen3_moe, 0, 512, 32, true}};
+                                   {RouterKind::qwen3_moe, 0, 512, 32, true}, {RouterKind::qwen3_moe, 0, 256, 8, true},
+                                   {RouterKind::gpt_oss, 2, 129, 4, true}};  // 4, 8 and 16 experts per lane
   std::mt19937 rng(20261129);
   std::normal_distribution<float> nd(0.0f, 2.0f);
   const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
@@ -399,18 +400,25 @@ TEST(CudaModelRouters, MatchTheHostRouters) {
     p.scaling = c.scaling;
     p.idx = di.ptr<int32_t>();
     p.w = dw.ptr<float>();
-    model::cuda::launch_router(p, nullptr);
-    std::vector<int32_t> gi(idx.size());
-    std::vector<float> gw(w.size());
-    copy_bytes(gi.data(), Device::cpu(), di.data(), Device::cuda(), gi.size() * 4);
-    copy_bytes(gw.data(), Device::cpu(), dw.data(), Device::cuda(), gw.size() * 4);
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t j = 0; j < K; ++j) {
-        const size_t q = size_t(t * K + j);
-        EXPECT_EQ(gi[q], idx[q]) << router_kind_name(c.kind) << " E=" << E << " token " << t << " slot " << j;
-        if (std::isnan(w[q])) EXPECT_TRUE(std::isnan(gw[q])) << router_kind_name(c.kind) << " token " << t;
-        else EXPECT_NEAR(gw[q], w[q], 1e-5f * std::max(1.0f, std::fabs(w[q]))) << router_kind_name(c.kind) << " token " << t;
-      }
+    for (const bool wide : {false, true}) {  // the warp routers' per-lane count fitted to E, or 16 (RouterParams::wide)
+      p.wide = wide;
+      ASSERT_EQ(cudaMemset(di.data(), 0xff, size_t(T * K) * 4), cudaSuccess);  // poisoned
+      ASSERT_EQ(cudaMemset(dw.data(), 0xff, size_t(T * K) * 4), cudaSuccess);
+      model::cuda::launch_router(p, nullptr);
+      std::vector<int32_t> gi(idx.size());
+      std::vector<float> gw(w.size());
+      copy_bytes(gi.data(), Device::cpu(), di.data(), Device::cuda(), gi.size() * 4);
+      copy_bytes(gw.data(), Device::cpu(), dw.data(), Device::cuda(), gw.size() * 4);
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t j = 0; j < K; ++j) {
+          const size_t q = size_t(t * K + j);
+          EXPECT_EQ(gi[q], idx[q]) << router_kind_name(c.kind) << " E=" << E << " wide " << wide << " token " << t << " slot " << j;
+          if (std::isnan(w[q])) EXPECT_TRUE(std::isnan(gw[q])) << router_kind_name(c.kind) << " token " << t;
+          else
+            EXPECT_NEAR(gw[q], w[q], 1e-5f * std::max(1.0f, std::fabs(w[q])))
+                << router_kind_name(c.kind) << " E=" << E << " wide " << wide << " token " << t;
+        }
+    }
   }
 #endif
 }
@@ -701,7 +709,7 @@ void check_fused_router(model::cuda::RouterKernel kernel, int64_t E) {
 
 // The router GEMV fused with the routing (decode steps) against the host: logits = x · Wᵀ (+ bias)
 // and moex::route on them, for 1..8 rows, softmax (qwen3_moe) and gpt_oss (router bias) kinds, bf16
-// and f16 weights, 128 and 200 experts; both kernels (the ticket kernel launched twice on one
+// and f16 weights, 128, 200 and 300 experts (4, 8 and 16 per lane in the routing); both kernels (the ticket kernel launched twice on one
 // ticket: it must reset; the cluster kernel where the device has clusters), outputs poisoned first.
 TEST(CudaModelKernels, FusedRouterGemvMatchesTheHost) {
   SKIP_WITHOUT_CUDA();
@@ -714,7 +722,7 @@ TEST(CudaModelKernels, FusedRouterGemvMatchesTheHost) {
   std::vector<model::cuda::RouterKernel> kernels = {model::cuda::RouterKernel::ticket};
   if (major >= 9) kernels.push_back(model::cuda::RouterKernel::cluster);
   for (const auto kernel : kernels)
-    for (const int64_t E : {int64_t(128), int64_t(200)}) check_fused_router(kernel, E);
+    for (const int64_t E : {int64_t(128), int64_t(200), int64_t(300)}) check_fused_router(kernel, E);
 #endif
 }
 

@@ -907,16 +907,18 @@ __device__ __forceinline__ uint64_t warp_max_u64(uint64_t v) {
 
 // Token t's routing by one warp (lane = its lane) from its logits l [E]: read through L2 (__ldcg)
 // when L2 (the ticket kernel: other blocks just wrote them), plainly otherwise (shared memory in the
-// cluster kernel).
-template <bool L2>
-__device__ void route_warp(const RouterParams& p, int64_t t, int lane, const float* l) {
+// cluster kernel). PER = experts per lane, E <= 32·PER (route_warp picks the smallest: qwen3's 128
+// experts take 4 per lane, not kRouterPerLane's 16). Selected expert j and its value end in lane j
+// (registers: no per-thread arrays in local memory on the decode step's path).
+template <bool L2, int PER>
+__device__ void route_warp_n(const RouterParams& p, int64_t t, int lane, const float* l) {
   int32_t* idx = p.idx + t * p.K;
   float* w = p.w + t * p.K;
   const int E = p.E, K = p.K;
-  float v[kRouterPerLane];
+  float v[PER];
   bool any = false;
 #pragma unroll
-  for (int i = 0; i < kRouterPerLane; ++i) {
+  for (int i = 0; i < PER; ++i) {
     const int e = lane + 32 * i;
     v[i] = e < E ? (L2 ? __ldcg(l + e) : l[e]) : NAN;
     any = any || (e < E && !isnan(v[i]));
@@ -932,7 +934,7 @@ __device__ void route_warp(const RouterParams& p, int64_t t, int lane, const flo
     float m = -INFINITY;
     bool has = false;
 #pragma unroll
-    for (int i = 0; i < kRouterPerLane; ++i)
+    for (int i = 0; i < PER; ++i)
       if (lane + 32 * i < E && !isnan(v[i])) {
         m = has ? fmaxf(m, v[i]) : v[i];
         has = true;
@@ -941,66 +943,78 @@ __device__ void route_warp(const RouterParams& p, int64_t t, int lane, const flo
     if (isinf(m)) {  // infinite maximum: the entries equal to it share the mass
       float cnt = 0.0f;
 #pragma unroll
-      for (int i = 0; i < kRouterPerLane; ++i) cnt += (lane + 32 * i < E && !isnan(v[i]) && v[i] == m) ? 1.0f : 0.0f;
+      for (int i = 0; i < PER; ++i) cnt += (lane + 32 * i < E && !isnan(v[i]) && v[i] == m) ? 1.0f : 0.0f;
       cnt = warp_sum(cnt);
 #pragma unroll
-      for (int i = 0; i < kRouterPerLane; ++i)
+      for (int i = 0; i < PER; ++i)
         if (!isnan(v[i])) v[i] = v[i] == m ? 1.0f / cnt : 0.0f;
     } else {
       float z = 0.0f;
 #pragma unroll
-      for (int i = 0; i < kRouterPerLane; ++i)
+      for (int i = 0; i < PER; ++i)
         if (lane + 32 * i < E && !isnan(v[i])) {
           v[i] = expf(v[i] - m);
           z += v[i];
         }
       z = warp_sum(z);
 #pragma unroll
-      for (int i = 0; i < kRouterPerLane; ++i)
+      for (int i = 0; i < PER; ++i)
         if (!isnan(v[i])) v[i] = v[i] / z;
     }
   }
   // top-K of v (probabilities, or GPT-OSS's raw logits), best first, ties → lower expert: the keys
   // are computed once (0 = none: a real key is never 0), each lane keeps its best, and per round
   // only the lane whose expert was taken rescans its own keys
-  uint64_t key[kRouterPerLane];
+  uint64_t key[PER];
   uint64_t mine = 0;
 #pragma unroll
-  for (int i = 0; i < kRouterPerLane; ++i) {
+  for (int i = 0; i < PER; ++i) {
     const int e = lane + 32 * i;
     key[i] = e < E ? sel_key(v[i], e) : 0;
     mine = key[i] > mine ? key[i] : mine;
   }
-  int32_t sel[kRouterMaxK];
-  float val[kRouterMaxK];
+  int32_t my_e = 0;      // lane j < K: the j-th selected expert
+  float my_val = 0.0f;   // and its value
   for (int j = 0; j < K; ++j) {
     const uint64_t best = warp_max_u64(mine);
     const int32_t e = int32_t(0xFFFFFFFFu - uint32_t(best & 0xFFFFFFFFu));
     if (best != 0 && best == mine) {  // this lane's expert: drop it, find the lane's next best
       mine = 0;
 #pragma unroll
-      for (int i = 0; i < kRouterPerLane; ++i) {
+      for (int i = 0; i < PER; ++i) {
         if (key[i] == best) key[i] = 0;
         mine = key[i] > mine ? key[i] : mine;
       }
     }
-    sel[j] = e;
-    val[j] = from_ordered_bits(uint32_t(best >> 32));
-  }
-  if (lane != 0) return;
-  if (p.kind == 0) {
-    float sum = 0.0f;
-    for (int j = 0; j < K; ++j) {
-      w[j] = isnan(val[j]) ? 0.0f : val[j];  // a NaN logit weighs 0
-      sum += w[j];
+    if (lane == j) {
+      my_e = e;
+      my_val = from_ordered_bits(uint32_t(best >> 32));
     }
-    if (p.renorm)
-      for (int j = 0; j < K; ++j) w[j] /= sum;
-  } else {  // gpt_oss: softmax over the K selected logits
-    softmax_dev(val, K, 0.0f);
-    for (int j = 0; j < K; ++j) w[j] = val[j];
   }
-  for (int j = 0; j < K; ++j) idx[j] = sel[j];
+  if (p.kind == 0) {
+    const float wj = isnan(my_val) ? 0.0f : my_val;  // a NaN logit weighs 0
+    float sum = 0.0f;  // Σ_j w_j in slot order (every lane the same sum)
+    for (int j = 0; j < K; ++j) sum += __shfl_sync(0xffffffffu, wj, j);
+    if (lane < K) {
+      idx[lane] = my_e;
+      w[lane] = p.renorm ? wj / sum : wj;
+    }
+  } else {  // gpt_oss: softmax over the K selected logits (lane 0, softmax_dev's rules)
+    float val[kRouterMaxK];
+    for (int j = 0; j < K; ++j) val[j] = __shfl_sync(0xffffffffu, my_val, j);
+    if (lane == 0) {
+      softmax_dev(val, K, 0.0f);
+      for (int j = 0; j < K; ++j) w[j] = val[j];
+    }
+    if (lane < K) idx[lane] = my_e;
+  }
+}
+
+template <bool L2>
+__device__ void route_warp(const RouterParams& p, int64_t t, int lane, const float* l) {
+  if (p.E <= 128 && !p.wide) route_warp_n<L2, 4>(p, t, lane, l);
+  else if (p.E <= 256 && !p.wide) route_warp_n<L2, 8>(p, t, lane, l);
+  else route_warp_n<L2, kRouterPerLane>(p, t, lane, l);
 }
 
 __global__ void router_warp_kernel(RouterParams p) {

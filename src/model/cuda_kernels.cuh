@@ -166,6 +166,9 @@ struct RouterParams {
   float scaling;
   int32_t* idx;
   float* w;
+  // the warp routers scan kRouterMaxExperts / 32 values per lane whatever E is (the layout before the
+  // thirty-fourth session; A/B measurement, CudaModel's MOEX_CUDA_ROUTE_WIDE=1) — the same routing
+  bool wide = false;
 };
 constexpr int kRouterMaxExperts = 512;
 constexpr int kRouterMaxK = 32;
