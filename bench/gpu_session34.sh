@@ -12,7 +12,8 @@
 #               TRACE_ENV=MOEX_CUDA_DECODE_CLUSTER=2 (the cluster merge) on the same build; skipped
 #               when TRACE_BEFORE seconds (default 400) have passed
 #   model       bench/gpu_session28.sh PARTS=model (issue 5's end-to-end table beside the reference)
-#   fp8         bench/gpu_fp8_decode.sh PARTS=perf TOKENS=$FP8_TOKENS on the build of "ab" (issue 6)
+#   fp8         bench/gpu_fp8_decode.sh PARTS=perf TOKENS=$FP8_TOKENS on the build of "ab" (issue 6),
+#               FP8_ROUNDS rounds (default 2) of the default and of every FP8_VARIANTS entry
 set -u
 OUT=${OUT:-$PWD/out}
 R=$OUT/r
@@ -60,6 +61,7 @@ if step fp8; then
   note "FP8 decode timings (issue 6)"
   mkdir -p "$R/fp8"
   OUT=$R/fp8 SKIP_BUILD=1 BUILD=build-gpu PARTS=perf TOKENS=${FP8_TOKENS:-1,8} COMPARE_OLD=0 AB_ROUNDS=${FP8_ROUNDS:-2} \
+    AB_VARIANTS=${FP8_VARIANTS:-} \
     bash bench/gpu_fp8_decode.sh > "$R/fp8/run.txt" 2>&1
   cat "$R/fp8/fp8_decode.md" >> "$OUT/summary.txt" 2>/dev/null || tail -20 "$R/fp8/run.txt" >> "$OUT/summary.txt"
 fi
