@@ -29,6 +29,15 @@ import sys
 MARKS = 4  # trace::kMarks
 NAMES = {1: "embed", 2: "rmsnorm", 3: "gemv", 4: "router", 5: "attention", 6: "batched_up", 7: "batched_down",
          8: "combine", 9: "argmax"}
+# what each kernel's MOEX_CUDA_TRACE_MARK(i) marks (the comments at the marks in the kernels)
+MARK_LABELS = {"rmsnorm": ["row loaded", "reduced"],
+               "router": ["logits computed", "cluster barrier passed"],
+               "attention": ["q ready", "key loop done", "partial published", "merge weights computed"]}
+
+
+def mark_label(kernel, i):
+    labels = MARK_LABELS.get(kernel, [])
+    return labels[i] if i < len(labels) else f"mark {i}"
 
 
 def load(path):
@@ -144,7 +153,7 @@ def main():
             c = l["crit"]
             # the launch's last block: wait -> each mark it reached -> exit (marks never reached skipped)
             if c["t_wait"] is not None:
-                points = [("wait", c["t_wait"])] + [(f"mark {i}", c[f"t_mark{i}"]) for i in range(MARKS)
+                points = [("wait", c["t_wait"])] + [(mark_label(l["name"], i), c[f"t_mark{i}"]) for i in range(MARKS)
                                                     if c[f"t_mark{i}"] is not None] + [("exit", c["t_end"])]
                 if len(points) > 2:
                     for (a_name, a_t), (b_name, b_t) in zip(points, points[1:]):
