@@ -11,15 +11,13 @@ namespace moex::cuda::trace {
 namespace {
 __global__ void anchor_kernel(SmAnchor* out) {
   // one lane per block: wait for the global timer to change, then read this SM's clock at once
-  uint64_t g0, g;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g0));
+  const uint64_t g0 = global_ns();
+  uint64_t g;
   do {
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g));
+    g = global_ns();
   } while (g == g0);
   const uint64_t c = clock64();
-  uint32_t s;
-  asm volatile("mov.u32 %0, %%smid;" : "=r"(s));
-  out[blockIdx.x] = SmAnchor{s, g, c};
+  out[blockIdx.x] = SmAnchor{sm_id(), g, c};
 }
 
 #if defined(MOEX_CUDA_TRACE) && MOEX_CUDA_TRACE

@@ -9,6 +9,20 @@
 #pragma once
 #include "backends/cuda/trace.hpp"
 
+namespace moex::cuda::trace {
+// The device's global timer (ns) and this block's SM (the hooks below and trace.cu's anchors).
+__device__ __forceinline__ uint64_t global_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ uint32_t sm_id() {
+  uint32_t s;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(s));
+  return s;
+}
+}  // namespace moex::cuda::trace
+
 #if defined(MOEX_CUDA_TRACE) && MOEX_CUDA_TRACE
 #include <cuda_runtime.h>
 
@@ -33,16 +47,6 @@ cudaError_t set_target_here(const Target& t) { return cudaMemcpyToSymbol(g_targe
 [[maybe_unused]] const bool registered_here = (setters().push_back(&set_target_here), true);
 }  // namespace
 
-__device__ __forceinline__ uint64_t global_ns() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-__device__ __forceinline__ uint32_t sm_id() {
-  uint32_t s;
-  asm volatile("mov.u32 %0, %%smid;" : "=r"(s));
-  return s;
-}
 __device__ __forceinline__ bool block_leader() { return threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0; }
 // Lives for the kernel body: entry clocks at construction, the record at destruction (thread 0).
 struct BlockScope {
