@@ -8,7 +8,6 @@
 #include <cmath>
 
 #include "backends/cuda/cuda_common.cuh"
-#include "backends/cuda/l2_prefetch.cuh"
 #include "backends/cuda/pdl.cuh"
 #include "backends/cuda/mma_ptx.cuh"
 #include "model/cuda_qkv_post.cuh"
@@ -105,11 +104,6 @@ __device__ __forceinline__ void row_slices(const float* row, int width, int lane
 template <int NQ, int NV, bool CLUSTER>
 __global__ void __launch_bounds__(kDecThreads, 2) decode_attention_kernel(DecodeAttentionParams p) {
   MOEX_CUDA_TRACE_BLOCK(k_decode_attention);
-  {
-    const int64_t part = blockIdx.x + int64_t(gridDim.x) * (blockIdx.y + int64_t(gridDim.y) * blockIdx.z);
-    const int64_t parts = int64_t(gridDim.x) * gridDim.y * gridDim.z;
-    for (const auto& r : p.l2_next) ::moex::cuda::l2_prefetch_part(r.ptr, r.bytes, part, parts);
-  }
   if (!p.early) {
     ::moex::cuda::pdl_wait();  // launched with PDL (pdl.cuh)
     MOEX_CUDA_TRACE_WAITED();

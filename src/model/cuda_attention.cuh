@@ -65,14 +65,6 @@ struct DecodeAttentionParams {
   // the last chunk — the same arithmetic in the same order, the same bits. Longer rows take the
   // ticket merge as without it.
   bool cluster = false;
-  // l2_next: weights of the kernels after this one (the o projection's, the router's), asked of L2 by
-  // this kernel's blocks at their start, a share each (backends/cuda/l2_prefetch.cuh): DRAM streams
-  // them while this kernel waits on its latency chain. {nullptr, 0}: none. A hint, the same results.
-  struct L2Range {
-    const void* ptr = nullptr;
-    int64_t bytes = 0;
-  };
-  L2Range l2_next[2];
 };
 
 // Whether the decode kernel handles these head dims (multiples of 4, at most 256).

@@ -14,7 +14,6 @@
 #include <utility>
 
 #include "backends/cuda/cuda_common.cuh"
-#include "backends/cuda/l2_prefetch.cuh"
 #include "model/cuda_attention.cuh"
 #include "model/cuda_kernels.cuh"
 #include "model/reference_forward.hpp"
@@ -161,10 +160,6 @@ struct CudaModel::Impl {
   // clusters of 8 (mode 2 at a 2 113-key capacity) gain 0.01-0.04 ms at batch 1 but lose 0.38-0.44
   // ms at batch 8, not understood yet
   int decode_cluster = 1;
-  // decode attention: its blocks ask L2 for the o projection's and the router's weights at their start
-  // (backends/cuda/l2_prefetch.cuh), so that DRAM streams them during the attention's latency chain
-  // (MOEX_CUDA_PREFETCH_O=0: not)
-  bool prefetch_next = true;
   // Terms of x in the cuBLAS linears of bf16/f16 models (MOEX_CUDA_LINEAR_TERMS): 1 = bf16(x) only
   // (the default: the reference library's rounding; half the FLOPs, and no finishing kernel without
   // bias/gate), 2 = x ≈ hi + lo (~16 mantissa bits, the CPU runtime's split; a GEMM of 2T columns).
@@ -732,14 +727,6 @@ struct CudaModel::Impl {
       dp.partial = b.dec_partial.ptr<float>();
       dp.counters = b.dec_counters.ptr<int32_t>();
       dp.out = b.attn.ptr<float>();
-      if (prefetch_next && T <= kern::kGemvMaxRows) {
-        // the weights read next, once whatever T is (GEMVs), where they fit L2 beside the rest
-        const int64_t ob = int64_t(d.o.bytes()), rb = d.router.defined() ? int64_t(d.router.bytes()) : 0;
-        if (ob + rb <= ::moex::cuda::l2_prefetch_budget()) {
-          dp.l2_next[0] = {d.o.w, ob};
-          dp.l2_next[1] = {d.router.w, rb};
-        }
-      }
       if (!skip(T, kSkipAttn)) kern::launch_decode_attention(dp, stream);
       if (!skip(T, kSkipO)) linear(d.o, b.attn.ptr<float>(), nh * dv, T, b.x.ptr<float>(), H, true);
       return;
@@ -973,7 +960,6 @@ CudaModel::CudaModel(const ModelWeights& w, const TextConfig& t, Device dev) : i
   if (const char* e = std::getenv("MOEX_CUDA_WEIGHTS_EARLY")) m.weights_early = std::string(e) != "0";
   if (const char* e = std::getenv("MOEX_CUDA_POST_LOADS_FIRST")) m.post_loads_first = std::string(e) != "0";
   if (const char* e = std::getenv("MOEX_CUDA_ROUTE_WIDE")) m.route_wide = std::string(e) == "1";
-  if (const char* e = std::getenv("MOEX_CUDA_PREFETCH_O")) m.prefetch_next = std::string(e) != "0";
   if (const char* e = std::getenv("MOEX_CUDA_DECODE_CLUSTER")) m.decode_cluster = std::clamp(std::atoi(e), 0, 2);
   if (const char* e = std::getenv("MOEX_CUDA_LINEAR_TERMS")) m.linear_terms = std::string(e) == "2" ? 2 : 1;
   if (const char* e = std::getenv("MOEX_CUDA_DEBUG_SKIP")) {

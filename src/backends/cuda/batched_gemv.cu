@@ -11,7 +11,6 @@
 // Weights stored [E, out, in] (default) use one warp per output row; transposed weights
 // [E, in, out] use 64 output columns × 4 k-slices per block (coalesced along the output dim).
 #include "backends/cuda/cuda_common.cuh"
-#include "backends/cuda/l2_prefetch.cuh"
 #include "backends/cuda/pdl.cuh"
 
 namespace moex::cuda {
@@ -137,11 +136,6 @@ __global__ void __launch_bounds__(THREADS) batched_up_nt(BatchedArgs a) {
   const T* W = static_cast<const T*>(a.gate_up) + e * R * H;
   const T* bias = a.gate_up_bias ? static_cast<const T*>(a.gate_up_bias) + e * R : nullptr;
   const int channels = MULTI ? a.up_channels : 1;
-  // a.down_prefetch: the down kernel becomes resident only as this kernel's blocks leave, so it
-  // cannot request its weights early; the pair's blocks ask L2 for its expert's down matrix
-  // ([H, I], a share each) so that DRAM streams it beside this kernel's own weights
-  if (a.down_prefetch)
-    l2_prefetch_part(static_cast<const T*>(a.down) + e * H * I, H * I * int64_t(sizeof(T)), blockIdx.y, gridDim.y);
 #pragma unroll 1
   for (int64_t i = int64_t(blockIdx.y) * (THREADS / 32) + (threadIdx.x >> 5), c = 0; c < channels && i < I;
        ++c, i += stride) {
@@ -340,17 +334,6 @@ int up_channels(int64_t pairs, int64_t I) {
   return one > resident_up_blocks<T, VEC, false>() && two <= resident_up_blocks<T, VEC, true>() ? 2 : 1;
 }
 
-// BatchedArgs::down_prefetch for S pairs whose down matrices take `bytes` in all: where the bytes fit
-// l2_prefetch_budget() (qwen3 at batch 1: 8 × 3.1 MB; at batch 8 up to 64 × 3.1 MB, which would only
-// evict each other) and MOEX_CUDA_PREFETCH_DOWN is not 0 (A/B measurement).
-bool down_prefetch_on(int64_t bytes) {
-  static const bool on = [] {
-    const char* e = std::getenv("MOEX_CUDA_PREFETCH_DOWN");
-    return !(e && std::string(e) == "0");
-  }();
-  return on && bytes <= l2_prefetch_budget();
-}
-
 // Whether the 16-byte weight loads of the [E, out, in] kernels are streaming loads (load_weight);
 // MOEX_CUDA_EXPERT_STREAM=0: ordinary loads (A/B measurement). Read once per process.
 bool stream_weights_enabled() {
@@ -381,7 +364,6 @@ void launch_typed(const BatchedArgs& a_in, bool vec16, cudaStream_t stream) {
   const int warps = THREADS / 32;
   if (!a.transposed) {
     a.up_channels = vec16 ? up_channels<T, true>(S, a.I) : up_channels<T, false>(S, a.I);
-    a.down_prefetch = down_prefetch_on(S * a.H * a.I * int64_t(sizeof(T)));
     dim3 g_up(unsigned(S), unsigned(ceil_div(a.I, int64_t(warps) * a.up_channels)));
     dim3 g_down(unsigned(a.T), unsigned(ceil_div(a.H, warps)));
     MOEX_CHECK(g_up.y <= 65535 && g_down.y <= 65535, "batched_mm on CUDA: sizes H={} I={} too large", a.H, a.I);

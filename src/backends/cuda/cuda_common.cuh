@@ -292,9 +292,6 @@ struct BatchedArgs {
   void* h;                  // [S, I] activation dtype (workspace)
   void* out;                // [T, H]
   int up_channels = 1;      // intermediate channels per warp in the up kernel (set by launch_batched)
-  // set by launch_batched: the up kernel asks L2 for its slot's down matrix (l2_prefetch.cuh) before
-  // its own weight loads
-  bool down_prefetch = false;
 };
 void launch_batched(const BatchedArgs& a, DType dtype, bool vec16, cudaStream_t stream);
 

@@ -99,7 +99,6 @@
 #include <cstring>
 
 #include "backends/cuda/mma_ptx.cuh"
-#include "backends/cuda/l2_prefetch.cuh"
 #include "backends/cuda/pdl.cuh"
 #include "backends/cuda/quant_common.cuh"
 
@@ -139,7 +138,6 @@ struct DecodeParams {
   int n_ctr;            // counters (zeroed by decode_prep)
   bool h_quant_in_down; // decode_down quantizes h while staging it (else decode_up's last blocks)
   bool early_plan;      // decode_up / decode_down read the routing / plan before pdl_wait
-  bool down_prefetch;   // decode_up's blocks ask L2 for their slot's down weights (l2_prefetch.cuh)
   void* out;            // [T, H]
 };
 
@@ -680,15 +678,6 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_up(DecodePara
   if (e >= 0) {
     tile_setup<NT>(wt, a.up, e, rows_of_m, a.H, ks_count);
     ring_prologue<NT>(wt.t, wt.kb0, wt.kb1, wt.s0, wt.s1);
-    if (a.down_prefetch) {
-      // decode_down's blocks become resident only as these leave: the slot's column blocks ask L2
-      // for its expert's down codes and scales, a share each, behind their own first stages
-      const QuantWeights& d = a.down;
-      l2_prefetch_part(d.data + int64_t(e) * d.data_stride, d.data_stride, blockIdx.x, gridDim.x);
-      const int64_t sb = d.fp4 || d.ue8m0 ? 1 : 4;
-      l2_prefetch_part(static_cast<const uint8_t*>(d.scales) + int64_t(e) * d.scale_stride * sb, d.scale_stride * sb,
-                       blockIdx.x, gridDim.x);
-    }
   }
   if (a.early_plan) pdl_wait();
   pdl_launch_dependents();
@@ -1022,10 +1011,6 @@ void launch_quant_decode(const QuantDecodeArgs& a, cudaStream_t stream) {
   // two kernels back; measured 2-9 % faster at T = 1 on the H200, 2026-12-01).
   // MOEX_CUDA_FP8_DECODE_EARLY=0 reads them after it (A/B measurement, debugging).
   p.early_plan = !decode_env_is("MOEX_CUDA_FP8_DECODE_EARLY", "0");
-  // decode_up asks L2 for the down weights of its slots where all of them fit l2_prefetch_budget()
-  // (qwen3 at T = 1: 8 × 1.6 MB); MOEX_CUDA_PREFETCH_DOWN=0: not (A/B measurement)
-  p.down_prefetch = !decode_env_is("MOEX_CUDA_PREFETCH_DOWN", "0") &&
-                    int64_t(slots) * a.down.data_stride <= l2_prefetch_budget();
   switch (a.dtype) {
     case DType::f32: launch_typed<float>(p, a.dtype, nt, ks_up, ks_down, stream); break;
     case DType::f16: launch_typed<__half>(p, a.dtype, nt, ks_up, ks_down, stream); break;
