@@ -330,26 +330,12 @@ __device__ __forceinline__ void gemv_row(const W* wr, int lane, int64_t in, cons
   for (int t = 0; t < TM; ++t) sum[t] = warp_sum(sum[t]);
 }
 
-// Bytes [p, p + bytes) (16-byte aligned, a multiple of 16) asked of L2 by the warp's lanes, a piece
-// of up to 4 KB per cp.async.bulk.prefetch (sm_90; no registers held, nothing to wait for; a hint
-// that changes no result). Before compute capability 9.0: nothing.
-__device__ __forceinline__ void prefetch_l2_rest(const void* p, int64_t bytes, int lane) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  constexpr int64_t piece = 4096;
-  for (int64_t o = int64_t(lane) * piece; o < bytes; o += 32 * piece) {
-    const uint32_t n = uint32_t(min(piece, bytes - o));
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(static_cast<const char*>(p) + o), "r"(n) : "memory");
-  }
-#endif
-}
-
 // ROUTE: y holds router logits [TM, E] (rp.logits); the last block to finish routes the TM rows
 // (the other blocks' logits made visible by their fences before the ticket).
 template <int TM, class W, bool ROUTE>
 __global__ void __launch_bounds__(kGemvWarps * 32)
     gemv_kernel(const W* w, int64_t out, int64_t in, const float* x, int64_t xp, const float* bias, const float* row_gate,
-                float* y, int64_t yp, bool acc, RouterParams rp, unsigned* ticket, bool gemv_prefetch_rest,
-                unsigned wave_blocks) {
+                float* y, int64_t yp, bool acc, RouterParams rp, unsigned* ticket) {
   MOEX_CUDA_TRACE_BLOCK(k_gemv);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t row = blockIdx.x * int64_t(kGemvWarps) + warp;
@@ -362,17 +348,6 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
   if (early) {
 #pragma unroll
     for (int u = 0; u < 8; ++u) first[u] = __ldcs(reinterpret_cast<const uint4*>(wr + c + u * 256));
-    // A row longer than those chunks (the o projection: in = 4096) is asked of L2 for the rest, so
-    // that it too streams in while the previous kernel runs (16 chunks in registers spill: 128
-    // registers for 4 blocks per SM, the o GEMV's one wave).
-    if (gemv_prefetch_rest) prefetch_l2_rest(wr + 8 * 256, (in - 8 * 256) * int64_t(sizeof(W)), lane);
-  }
-  // wave_blocks > 0: the blocks resident at once (a grid of more waves, the qkv projection's 1 280
-  // blocks at batch 1): a block asks L2 for the rows of the block one wave after it, which becomes
-  // resident only when a block of this wave leaves and could request nothing before.
-  if (wave_blocks > 0 && blockIdx.x + wave_blocks < gridDim.x) {
-    const int64_t r2 = (int64_t(blockIdx.x) + wave_blocks) * kGemvWarps + warp;
-    if (r2 < out) prefetch_l2_rest(w + r2 * in, in * int64_t(sizeof(W)), lane);
   }
   pdl_wait();
   MOEX_CUDA_TRACE_WAITED();
@@ -482,38 +457,16 @@ void launch_router_cluster(const W* w, int64_t in, const float* x, int64_t xp, c
   }
 }
 
-// gemv_kernel's wave_blocks for a grid of `grid` blocks: the blocks resident at once on the current
-// device where the grid needs more (sized once per instantiation: they depend on its registers), else
-// 0; MOEX_CUDA_GEMV_PREFETCH_WAVE=0: always 0 (A/B measurement).
-template <int TM, class W, bool ROUTE>
-unsigned gemv_wave_blocks(unsigned grid) {
-  static const int64_t resident = [] {
-    const char* e = std::getenv("MOEX_CUDA_GEMV_PREFETCH_WAVE");
-    if ((e && std::string(e) == "0") || ::moex::cuda::current_device_cc() < 90) return int64_t(0);
-    int blocks = 0;
-    ::moex::cuda::check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, gemv_kernel<TM, W, ROUTE>, kGemvWarps * 32, 0),
-                        "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-    return int64_t(blocks) * ::moex::cuda::current_device_sms();
-  }();
-  return resident > 0 && int64_t(grid) > resident ? unsigned(resident) : 0u;
-}
-
 template <class W, bool ROUTE>
 void launch_gemv_t(const W* w, int64_t out, int64_t in, const float* x, int64_t xp, int64_t T, const float* bias,
                    const float* gate, float* y, int64_t yp, bool acc, const RouterParams& rp, unsigned* ticket,
                    cudaStream_t s) {
   const unsigned grid = unsigned((out + kGemvWarps - 1) / kGemvWarps);
-  // MOEX_CUDA_GEMV_PREFETCH_REST=0: rows longer than the early chunks are not asked of L2 (A/B)
-  static const bool prefetch_rest_on = [] {
-    const char* e = std::getenv("MOEX_CUDA_GEMV_PREFETCH_REST");
-    return !(e && std::string(e) == "0") && ::moex::cuda::current_device_cc() >= 90;
-  }();
-  const bool prefetch_rest = prefetch_rest_on && in > 8 * 256;
   switch (T) {
 #define MOEX_GEMV_CASE(n)                                                                                    \
   case n:                                                                                                    \
     launch_pdl("gemv_kernel", gemv_kernel<n, W, ROUTE>, dim3(grid), dim3(kGemvWarps * 32), 0, s, w, out, in, x, xp, \
-               bias, gate, y, yp, acc, rp, ticket, prefetch_rest, gemv_wave_blocks<n, W, ROUTE>(grid));      \
+               bias, gate, y, yp, acc, rp, ticket);                                                          \
     break;
     MOEX_GEMV_CASE(1)
     MOEX_GEMV_CASE(2)
