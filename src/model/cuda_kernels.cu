@@ -272,6 +272,11 @@ __device__ void route_warp(const RouterParams& p, int64_t t, int lane, const flo
 // 8l, 8l + 256, ... and the matching x values of each of the TM rows (x stays in L1/L2: every warp
 // of the grid reads the same rows). The weights stream through with up to eight 16-byte loads in
 // flight per lane (issued before their FMAs: one load in flight per lane reached only 1.8 TB/s).
+// Tried and slower (H200, thirty-fifth session, docs/PERF.md): rows longer than the eight early chunks
+// (the o projection) asking L2 for their rest before the wait; first-wave blocks asking L2 for the
+// rows of the block one wave after them (the qkv projection); the decode attention asking L2 for the
+// o projection's and the router's weights. DRAM traffic during a latency-bound kernel delays it more
+// than the later kernel gains.
 constexpr int kGemvWarps = 4;
 
 template <int TM, class W>

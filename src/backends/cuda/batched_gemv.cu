@@ -158,6 +158,11 @@ __global__ void __launch_bounds__(THREADS) batched_up_nt(BatchedArgs a) {
 }
 
 // ---- down projection + weighted slot sum, weights [E, H, I]: one warp per (token, n) ----
+// Its blocks become resident only as the up kernel's leave, so its weights cannot be requested early.
+// Asking L2 for them from elsewhere was slower every time (docs/PERF.md): this kernel issuing
+// prefetch.global.L2 per line before its wait (twenty-sixth session), and the up kernel's blocks
+// issuing cp.async.bulk.prefetch.L2 for their slot's down matrix (thirty-fifth session: H200, 48-layer
+// Qwen3-30B-A3B, batch 1 +0.17 ms per step) — the up kernel's own stream is what they delay.
 // Slots in groups of SLOTS whose dot products run interleaved, UC chunks of each in flight
 // (SLOTS·UC = 8 sixteen-byte weight loads per lane): a row of W is short (I elements: 1.5 KB on
 // qwen3), so one slot at a time left too few loads in flight (H200, batch 1: 17 µs for 25 MB), and
