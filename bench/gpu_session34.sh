@@ -9,8 +9,8 @@
 #   tests       bench/gpu_session28.sh PARTS=tests on $TEST_FILTER (the build of "ab")
 #   sanitize    bench/gpu_session28.sh PARTS=sanitize on $SANITIZE_FILTER (the build of "ab")
 #   trace       bench/gpu_trace.sh PARTS=trace (batch-1 timeline, the ticket merge), then again with
-#               TRACE_ENV=MOEX_CUDA_DECODE_CLUSTER=2 (the cluster merge) on the same build; skipped
-#               when TRACE_BEFORE seconds (default 400) have passed
+#               TRACE_ENV=MOEX_CUDA_DECODE_CLUSTER=2 (the cluster merge) on the same build (TRACE_CLUSTER=0:
+#               not); skipped when TRACE_BEFORE seconds (default 400) have passed
 #   model       bench/gpu_session28.sh PARTS=model (issue 5's end-to-end table beside the reference)
 #   fp8         bench/gpu_fp8_decode.sh PARTS=perf TOKENS=$FP8_TOKENS on the build of "ab" (issue 6),
 #               FP8_ROUNDS rounds (default 2) of the default and of every FP8_VARIANTS entry
@@ -46,10 +46,12 @@ if step trace && [ $(( $(date +%s) - t0 )) -lt ${TRACE_BEFORE:-400} ]; then
   mkdir -p "$R/trace"
   OUT=$R/trace PARTS=trace bash bench/gpu_trace.sh > "$R/trace/run.txt" 2>&1
   { grep -E "decode|^==" "$R/trace/run.txt"; cat "$R/trace/trace_report.md"; } >> "$OUT/summary.txt" 2>&1
-  note "trace (cluster merge)"
-  mkdir -p "$R/trace_cluster"
-  OUT=$R/trace_cluster PARTS=trace TRACE_ENV=MOEX_CUDA_DECODE_CLUSTER=2 bash bench/gpu_trace.sh > "$R/trace_cluster/run.txt" 2>&1
-  { grep -E "decode|^==" "$R/trace_cluster/run.txt"; cat "$R/trace_cluster/trace_report.md"; } >> "$OUT/summary.txt" 2>&1
+  if [ "${TRACE_CLUSTER:-1}" != 0 ]; then
+    note "trace (cluster merge)"
+    mkdir -p "$R/trace_cluster"
+    OUT=$R/trace_cluster PARTS=trace TRACE_ENV=MOEX_CUDA_DECODE_CLUSTER=2 bash bench/gpu_trace.sh > "$R/trace_cluster/run.txt" 2>&1
+    { grep -E "decode|^==" "$R/trace_cluster/run.txt"; cat "$R/trace_cluster/trace_report.md"; } >> "$OUT/summary.txt" 2>&1
+  fi
 fi
 if step model; then
   note "end-to-end table"
