@@ -107,7 +107,7 @@ __global__ void __launch_bounds__(kDecThreads, 2) decode_attention_kernel(Decode
   if (!p.early) {
     ::moex::cuda::pdl_wait();  // launched with PDL (pdl.cuh)
     MOEX_CUDA_TRACE_WAITED();
-    if (p.release == 0) ::moex::cuda::pdl_launch_dependents();
+    ::moex::cuda::pdl_launch_dependents();
   }
   extern __shared__ __align__(16) float dsm[];
   const int dq = p.dq, dv = p.dv;
@@ -179,10 +179,9 @@ __global__ void __launch_bounds__(kDecThreads, 2) decode_attention_kernel(Decode
     if (p.post_fused) rope_table(p.post.rope, pos, rope_cs, rope_sn);
     ::moex::cuda::pdl_wait();
     MOEX_CUDA_TRACE_WAITED();
-    // released right away (p.release 0): after the key loop (the o GEMV's weight requests then no
-    // longer queue ahead of this kernel's loads) measured 0.03 ms per step slower, at exit 0.17 (H200,
-    // 2026-12-04, thirty-third session, when the KV cache still came from DRAM)
-    if (p.release == 0) ::moex::cuda::pdl_launch_dependents();
+    // released right away: after the key loop (the o GEMV's weight requests then no longer queue
+    // ahead of this kernel's loads) measured 0.03 ms per step slower, at exit 0.17 (H200, 2026-12-04)
+    ::moex::cuda::pdl_launch_dependents();
   }
   if (p.post_fused) {
     // the step's q of the block's heads (into qs) and, in the block of the row's last chunk, its kv
@@ -230,7 +229,6 @@ __global__ void __launch_bounds__(kDecThreads, 2) decode_attention_kernel(Decode
   }
 
   MOEX_CUDA_TRACE_MARK(0);        // q ready
-  if (p.release == 1) ::moex::cuda::pdl_launch_dependents();
   float m = -INFINITY, l = 0.0f;  // warp h's running max / sum of head h (lane-uniform)
   float acc[kDecodeHeads][NV][4];
 #pragma unroll
@@ -323,7 +321,6 @@ __global__ void __launch_bounds__(kDecThreads, 2) decode_attention_kernel(Decode
     __syncthreads();  // buffers and ss are rewritten by the next tile
   }
   MOEX_CUDA_TRACE_MARK(1);  // key loop done
-  if (p.release == 2) ::moex::cuda::pdl_launch_dependents();
   if (warp < hc && lane == 0) {
     ml[2 * warp] = m;
     ml[2 * warp + 1] = l;

@@ -65,11 +65,6 @@ struct DecodeAttentionParams {
   // the last chunk — the same arithmetic in the same order, the same bits. Longer rows take the
   // ticket merge as without it.
   bool cluster = false;
-  // When the kernel releases its dependents (the o GEMV, launched with PDL): 0 right after its wait,
-  // 1 once q is ready, 2 after the key loop — later, the o GEMV's early weight requests queue behind
-  // this kernel's loads instead of ahead of them (CudaModel's MOEX_CUDA_ATTN_RELEASE; A/B). The same
-  // results.
-  int release = 0;
 };
 
 // Whether the decode kernel handles these head dims (multiples of 4, at most 256).

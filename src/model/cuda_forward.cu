@@ -152,11 +152,6 @@ struct CudaModel::Impl {
   // the warp routers scan 16 values per lane whatever the expert count (MOEX_CUDA_ROUTE_WIDE=1; the
   // layout before the thirty-fourth session: A/B measurement)
   bool route_wide = false;
-  // when the RMSNorms and the decode attention release their dependents (A/B, default: right after
-  // their wait): MOEX_CUDA_NORM_RELEASE_LATE=1 once a norm's row is loaded; MOEX_CUDA_ATTN_RELEASE=1 once
-  // the attention's q is ready, 2 after its key loop
-  bool norm_release_late = false;
-  int attn_release = 0;
   // decode attention: a row's key chunks as one thread-block cluster merged through distributed
   // shared memory (MOEX_CUDA_DECODE_CLUSTER): 0 never; 1 (default) where the split bound is at most 7
   // (short KV capacities: one cluster of `splits` CTAs per row); 2 at every split count, rounded down
@@ -532,7 +527,6 @@ struct CudaModel::Impl {
     p.split = dtc == 0 ? nullptr : b.split.data();
     p.split_dtype = dtc;
     p.w_early = weights_early;
-    p.release_late = norm_release_late;
     return p;
   }
   unsigned* router_ticket() { return static_cast<unsigned*>(b.sync.data()); }
@@ -707,7 +701,6 @@ struct CudaModel::Impl {
       dp.post = qp;
       dp.early = decode_early;
       dp.norm_w_early = weights_early;
-      dp.release = attn_release;
       dp.q = b.q.ptr<float>();
       dp.k_cache = b.k_cache[l].ptr<float>();
       dp.v_cache = b.v_cache[l].ptr<float>();
@@ -967,8 +960,6 @@ CudaModel::CudaModel(const ModelWeights& w, const TextConfig& t, Device dev) : i
   if (const char* e = std::getenv("MOEX_CUDA_WEIGHTS_EARLY")) m.weights_early = std::string(e) != "0";
   if (const char* e = std::getenv("MOEX_CUDA_POST_LOADS_FIRST")) m.post_loads_first = std::string(e) != "0";
   if (const char* e = std::getenv("MOEX_CUDA_ROUTE_WIDE")) m.route_wide = std::string(e) == "1";
-  if (const char* e = std::getenv("MOEX_CUDA_NORM_RELEASE_LATE")) m.norm_release_late = std::string(e) == "1";
-  if (const char* e = std::getenv("MOEX_CUDA_ATTN_RELEASE")) m.attn_release = std::clamp(std::atoi(e), 0, 2);
   if (const char* e = std::getenv("MOEX_CUDA_DECODE_CLUSTER")) m.decode_cluster = std::clamp(std::atoi(e), 0, 2);
   if (const char* e = std::getenv("MOEX_CUDA_LINEAR_TERMS")) m.linear_terms = std::string(e) == "2" ? 2 : 1;
   if (const char* e = std::getenv("MOEX_CUDA_DEBUG_SKIP")) {

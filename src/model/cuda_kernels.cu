@@ -151,11 +151,10 @@ __global__ void __launch_bounds__(1024) rmsnorm_reg_kernel(RmsNormParams p) {
   }
   pdl_wait();  // launched with PDL (pdl.cuh): everything below reads or writes the stream's data
   MOEX_CUDA_TRACE_WAITED();
-  // Released right away, or with p.release_late once the row is loaded (the qkv GEMV's weight
-  // requests then queue behind the row's loads instead of ahead of them). After the reduction measured
-  // no faster, at exit slower (H200, 2026-12-04, docs/PERF.md thirty-third session, when x still came
-  // from DRAM).
-  if (!p.release_late) pdl_launch_dependents();
+  // Released right away: releasing after the reduction (the row's loads done, so that the qkv GEMV's
+  // weight requests do not queue ahead of them) measured no faster, at exit slower (H200,
+  // 2026-12-04, docs/PERF.md thirty-third session).
+  pdl_launch_dependents();
   const int64_t r = blockIdx.x;
   const int64_t src = p.rows ? int64_t(p.rows[r]) : r;
   const bool write_x = (p.ids || p.add) && !p.rows;
@@ -168,7 +167,6 @@ __global__ void __launch_bounds__(1024) rmsnorm_reg_kernel(RmsNormParams p) {
     ss += v[k] * v[k];
   }
   MOEX_CUDA_TRACE_MARK(0);  // the row's values in registers (thread 0's)
-  if (p.release_late) pdl_launch_dependents();
   ss = block_sum(ss);       // synchronises: in-place outputs (out == x) are written after every read
   MOEX_CUDA_TRACE_MARK(1);  // reduced
   const float inv = rsqrtf(ss / float(p.n) + p.eps);

@@ -49,10 +49,6 @@ struct RmsNormParams {
   // w_early: the kernel (rows in registers, n <= 8192) reads its weights w before the PDL wait, off
   // the critical path after its reduction — the same bits (CudaModel's MOEX_CUDA_WEIGHTS_EARLY)
   bool w_early = false;
-  // release_late (rows in registers): the dependents (the qkv GEMV, the router) released once the
-  // thread's row values are loaded instead of right after the wait (CudaModel's
-  // MOEX_CUDA_NORM_RELEASE_LATE; A/B) — the same results
-  bool release_late = false;
 };
 void launch_rmsnorm(const RmsNormParams& p, cudaStream_t s);
 
