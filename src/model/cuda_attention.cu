@@ -180,7 +180,9 @@ __global__ void __launch_bounds__(kDecThreads, 2) decode_attention_kernel(Decode
     ::moex::cuda::pdl_wait();
     MOEX_CUDA_TRACE_WAITED();
     // released right away: after the key loop (the o GEMV's weight requests then no longer queue
-    // ahead of this kernel's loads) measured 0.03 ms per step slower, at exit 0.17 (H200, 2026-12-04)
+    // ahead of this kernel's loads) measured 0.03 ms per step slower, at exit 0.17 (H200, 2026-12-04);
+    // again with the KV cache in L2 (thirty-fifth session): once q is ready +0.03, after the key loop
+    // +0.02 ms per step
     ::moex::cuda::pdl_launch_dependents();
   }
   if (p.post_fused) {

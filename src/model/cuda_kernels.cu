@@ -153,7 +153,8 @@ __global__ void __launch_bounds__(1024) rmsnorm_reg_kernel(RmsNormParams p) {
   MOEX_CUDA_TRACE_WAITED();
   // Released right away: releasing after the reduction (the row's loads done, so that the qkv GEMV's
   // weight requests do not queue ahead of them) measured no faster, at exit slower (H200,
-  // 2026-12-04, docs/PERF.md thirty-third session).
+  // 2026-12-04, docs/PERF.md thirty-third session); once the row is loaded, with x an L2 hit since
+  // the experts' weights stream past L2, 0.01-0.03 ms per step slower (thirty-fifth session).
   pdl_launch_dependents();
   const int64_t r = blockIdx.x;
   const int64_t src = p.rows ? int64_t(p.rows[r]) : r;
