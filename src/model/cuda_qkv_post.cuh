@@ -142,7 +142,7 @@ __device__ __forceinline__ void qkv_post_slot(const QkvPostParams& p, int64_t r,
     qkv_post_finish(p, r, hs, a, cs, sn, inv_q, inv_k, q_dst, g);
     return;
   }
-  // longer heads: the loop form (one load in flight per lane and 32 dims)
+  // heads longer than kPostMaxDims, or loads_first off: the loop form (one load in flight per lane and 32 dims)
   const int lane = threadIdx.x & 31, hd = p.hd;
   const int kind = qkv_post_kind(p, hs);
   const float* row = p.qkv + r * int64_t(p.nh + 2 * p.nkv) * hd + int64_t(hs) * hd;
