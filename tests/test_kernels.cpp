@@ -3,10 +3,13 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <string>
 #include <random>
 
 #include "backends/cpu/kernels.hpp"
 #include "backends/cpu/packed_weights.hpp"
+#include "core/memory.hpp"
 #include "moex/moex.hpp"
 #include "moex/quant.hpp"
 
@@ -318,7 +321,8 @@ void run_packed(const KernelTable& kt, const std::vector<typename P::Elem>& x, i
 }
 
 // m across every row-block split (1..30), n with partial last panels, k from 0 across the 256-k
-// chunks (odd k included: bf16's last pair has a zero partner); a column range starting on a panel;
+// chunks of one row block and (the third draw) across the 2048-k chunks of several (odd k included:
+// bf16's last pair has a zero partner); a column range starting on a panel;
 // nothing outside it written; against an f64 loop over the same (rounded) inputs.
 template <class P>
 void packed_matches_loop(uint32_t seed, int iters) {
@@ -326,7 +330,7 @@ void packed_matches_loop(uint32_t seed, int iters) {
   std::normal_distribution<float> nd;
   for (const KernelTable* kt : tables_with<P>()) {
     for (int iter = 0; iter < iters; ++iter) {
-      const int64_t m = 1 + rng() % 30, n = 1 + rng() % 100, k = iter == 0 ? 0 : iter == 1 ? 1 : 1 + rng() % 700;
+      const int64_t m = 1 + rng() % 30, n = 1 + rng() % 100, k = iter == 0 ? 0 : iter == 1 ? 1 : iter == 2 ? 2049 + rng() % 400 : 1 + rng() % 700;
       std::vector<typename P::Elem> x(static_cast<size_t>(m * k)), w(static_cast<size_t>(n * k));
       for (auto& v : x) v = P::from_float(nd(rng));
       for (auto& v : w) v = P::from_float(nd(rng));
@@ -381,7 +385,10 @@ void packed_rows_do_not_depend_on_the_batch(uint32_t seed, int64_t k) {
 
 TEST(CpuKernels, PackedMatmulMatchesLoopOnEveryIsa) { packed_matches_loop<PackedF32>(23, 40); }
 
-TEST(CpuKernels, PackedMatmulRowsDoNotDependOnTheBatch) { packed_rows_do_not_depend_on_the_batch<PackedF32>(29, 600); }
+TEST(CpuKernels, PackedMatmulRowsDoNotDependOnTheBatch) {
+  packed_rows_do_not_depend_on_the_batch<PackedF32>(29, 600);
+  packed_rows_do_not_depend_on_the_batch<PackedF32>(29, 2300);
+}
 
 // The vdpbf16ps kernel on VNNI-pair panels (skipped where no table has it: AVX512_BF16 without AMX).
 TEST(CpuKernels, PackedBf16MatmulMatchesLoop) {
@@ -392,6 +399,7 @@ TEST(CpuKernels, PackedBf16MatmulMatchesLoop) {
 TEST(CpuKernels, PackedBf16MatmulRowsDoNotDependOnTheBatch) {
   if (tables_with<PackedBf16>().empty()) GTEST_SKIP() << "no kernel table with the packed bf16 kernel on this CPU";
   packed_rows_do_not_depend_on_the_batch<PackedBf16>(37, 601);
+  packed_rows_do_not_depend_on_the_batch<PackedBf16>(37, 2301);
 }
 
 namespace {
@@ -525,6 +533,31 @@ TEST(CpuKernels, PackedWeightsStayWithinTheirBudget) {
 // The benchmark's peak probes: present where the table's kernels use the instruction, and counting
 // the flops of what they ran (FMA: 2 per lane; vdpbf16ps: 2 products and sums per bf16 pair = 64 per
 // 512-bit instruction, 12 chains).
+// Host buffers: 64-byte aligned at every size; those of whole 2 MiB pages (within 1/8) 2 MiB aligned
+// for transparent huge pages (Linux, unless MOEX_CPU_HUGE_PAGES=0); every byte writable, freed with free.
+TEST(HostMemory, AlignmentAndHugePageRule) {
+  const char* off = std::getenv("MOEX_CPU_HUGE_PAGES");
+  const bool huge = !(off && std::string(off) == "0");
+  constexpr size_t kMiB = size_t(1) << 20;
+  for (size_t bytes : {size_t(0), size_t(1), size_t(4096), 2 * kMiB - 1, 2 * kMiB, 3 * kMiB, 6 * kMiB + 64, 17 * kMiB + 5}) {
+    void* p = moex::detail::host_alloc(bytes);
+    ASSERT_NE(p, nullptr) << bytes;
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 64, 0u) << bytes;
+    const size_t whole = (bytes + 2 * kMiB - 1) / (2 * kMiB) * (2 * kMiB);
+    const bool expect_huge = huge && bytes >= 2 * kMiB && (whole - bytes) * 8 <= bytes;
+#if defined(__linux__)
+    if (expect_huge) EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % (2 * kMiB), 0u) << bytes;
+#else
+    (void)expect_huge;
+#endif
+    if (bytes) {
+      std::memset(p, 0x5a, bytes);
+      EXPECT_EQ(static_cast<unsigned char*>(p)[bytes - 1], 0x5a);
+    }
+    std::free(p);
+  }
+}
+
 TEST(CpuKernels, PeakProbesCountTheirFlops) {
   for (const KernelTable* kt : tables()) {
     SCOPED_TRACE(kt->isa);

@@ -5,6 +5,10 @@
 #include <cstring>
 #include <new>
 
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
 #include "core/check.hpp"
 #include "core/memory.hpp"
 
@@ -82,10 +86,30 @@ void copy_bytes(void* dst, Device dst_dev, const void* src, Device src_dev, size
 
 namespace detail {
 
+void* host_alloc(size_t bytes) noexcept {
+  constexpr size_t kHugePage = size_t(2) << 20;
+  static const bool huge_pages = [] {
+    const char* e = std::getenv("MOEX_CPU_HUGE_PAGES");
+    return !(e && std::strcmp(e, "0") == 0);
+  }();
+  const size_t whole_pages = (bytes + kHugePage - 1) / kHugePage * kHugePage;
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  if (huge_pages && bytes >= kHugePage && (whole_pages - bytes) * 8 <= bytes) {
+    void* p = std::aligned_alloc(kHugePage, whole_pages);
+    if (p) madvise(p, whole_pages, MADV_HUGEPAGE);  // a hint: where the kernel refuses, 4 KiB pages serve
+    return p;
+  }
+#else
+  (void)huge_pages;
+  (void)whole_pages;
+#endif
+  const size_t rounded = (bytes + 63) & ~size_t(63);
+  return std::aligned_alloc(64, rounded ? rounded : 64);
+}
+
 void* device_alloc(Device dev, size_t bytes) {
   if (dev.is_cuda()) return cuda_alloc(dev.index, bytes);
-  size_t rounded = (bytes + 63) & ~size_t(63);
-  void* p = std::aligned_alloc(64, rounded ? rounded : 64);
+  void* p = host_alloc(bytes);
   if (!p) fail(ErrorCode::out_of_memory, "out of host memory allocating {} bytes", bytes);
   return p;
 }

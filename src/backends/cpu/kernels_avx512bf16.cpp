@@ -74,11 +74,14 @@ inline void dot_rows(const MatmulArgs& a, int64_t i0, int64_t n, int nr, const c
 // 64-byte vectors, one broadcast 32-bit word (two bf16 of x) per row, 2·MR vdpbf16ps — no
 // horizontal sums, and 2 vector loads per 2·MR products where the nt dot kernel above needs 8 per 16
 // (its x and weight rows both stream through L1). The order is the f32 packed kernel's
-// (impl::packed_matmul): panel-outer, k in chunks whose block of the panel (kPackedBf16Pairs pairs ×
-// 128 bytes = 16 KiB) stays in L1 while every row block passes over it, the next chunk prefetched
-// into L2 spread over the row blocks; 8-row blocks (as the f32 kernel's, for the general registers).
-constexpr int64_t kPackedBf16Pairs = 128;
-constexpr int kPackedBf16Rows = 8;
+// (impl::packed_matmul): panel-outer, k in chunks (impl::packed_k_chunk: whole panels up to 2048 k
+// where there are several row blocks, 128 pairs = 16 KiB for decode) over which every row block
+// passes, the next chunk prefetched into L2 spread over the row blocks; blocks of at most 7 rows, as
+// the f32 kernel's, for the general registers (8 rows: 50.2–50.5 ms, 7 rows: 49.8–50.0 ms on
+// qwen3_30b_a3b bf16 T = 256, small_moe bf16 T = 256 4.17–4.27 / 4.13–4.21 ms, both with whole
+// panels, the AMD EPYC development VM at 2 threads, 2026-12-04).
+constexpr int kPackedBf16Rows = 7;
+constexpr int kPackedBf16MaxRows = 8;
 
 inline __m512i x_pair(const uint16_t* row, int64_t j) {
   int32_t v;
@@ -149,7 +152,7 @@ inline void packed_bf16_block(const PackedBf16MatmulArgs& a, int64_t i0, const u
   }
 }
 
-template <int MR = kPackedBf16Rows>
+template <int MR = kPackedBf16MaxRows>
 inline void packed_bf16_rows(int mr, const PackedBf16MatmulArgs& a, int64_t i0, const uint16_t* panel, int ncols, float* y,
                              int64_t p0, int64_t p1, bool first, const char* pf, int64_t pf_lines) {
   if constexpr (MR > 1) {
@@ -168,21 +171,28 @@ void packed_matmul_bf16_impl(const PackedBf16MatmulArgs& a) {
     return;
   }
   const int64_t pairs = (a.k + 1) / 2, panel_elems = packed_bf16_panel_elems(a.k);
-  const int64_t blocks = (a.m + kPackedBf16Rows - 1) / kPackedBf16Rows;  // near-equal row blocks
+  // near-equal row blocks of at most kPackedBf16Rows, or MOEX_CPU_PACKED_ROWS (1 .. 8; A/B)
+  static const int64_t rows_max = [] {
+    const char* e = std::getenv("MOEX_CPU_PACKED_ROWS");
+    const int v = e ? std::atoi(e) : 0;
+    return int64_t(v >= 1 && v <= kPackedBf16MaxRows ? v : kPackedBf16Rows);
+  }();
+  const int64_t blocks = (a.m + rows_max - 1) / rows_max;
+  const int64_t chunk = (impl::packed_k_chunk(blocks) + 1) / 2;  // in pairs of k
   for (int64_t n = a.n0; n < a.n1; n += kPanelCols) {
     const uint16_t* panel = a.panels + (n / kPanelCols) * panel_elems;
     const int width = int(std::min<int64_t>(kPanelCols, a.n1 - n));
     float* yp = a.y + (n - a.n0);
-    for (int64_t p0 = 0; p0 < pairs; p0 += kPackedBf16Pairs) {
-      const int64_t p1 = std::min(pairs, p0 + kPackedBf16Pairs);
+    for (int64_t p0 = 0; p0 < pairs; p0 += chunk) {
+      const int64_t p1 = std::min(pairs, p0 + chunk);
       // the next chunk of the stream starts right after this one (this panel further along k, or the
       // next panel); its lines are shared out over the row blocks. One row block: the lines from
       // a.prefetch_ahead bytes past this chunk's start instead, where that is set.
       const int64_t ahead = blocks == 1 ? a.prefetch_ahead : 0;
-      const char* next = ahead > 0 && ahead < kPackedBf16Pairs * 128
+      const char* next = ahead > 0 && ahead < chunk * 128
                              ? reinterpret_cast<const char*>(panel + p0 * 64) + ahead
                              : reinterpret_cast<const char*>(panel + p1 * 64);
-      const int64_t next_lines = kPackedBf16Pairs * 2;
+      const int64_t next_lines = std::min(chunk, pairs) * 2;
       for (int64_t b = 0; b < blocks; ++b) {
         const int64_t i0 = b * a.m / blocks, i1 = (b + 1) * a.m / blocks;
         const int64_t l0 = b * next_lines / blocks, l1 = (b + 1) * next_lines / blocks;

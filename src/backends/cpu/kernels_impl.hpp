@@ -409,27 +409,48 @@ void fp8_matmul(const Fp8MatmulArgs& a) {
 // The register-blocked micro-kernel keeps MR rows × NV vectors of outputs in registers, loads NV
 // weight vectors per k step from the contiguous panel and broadcasts one x value per row: MR·NV
 // FMAs per NV loads + MR broadcasts (AVX-512: up to 12 rows × 2 vectors = 24 accumulators).
-// NOTE: panel-outer order with k in chunks of kPackedKChunk: the [chunk, 32] block of the panel
-// (32 KiB) stays in L1 while every row block of x passes over it, so the weights come from DRAM
-// once per call and from L1 for the other row blocks. Meanwhile the next chunk of the stream
-// (contiguous: the same panel further along k, or the next panel) is prefetched into L2, spread
-// over all row blocks of this chunk so that DRAM stays busy the whole time, not only during the
-// first row block (with 16 rows = 2 blocks that halved the streaming rate).
+// NOTE: panel-outer order with k in chunks: every row block of x passes over the [chunk, 32] block of
+// the panel, so the weights come from DRAM once per call and from the caches for the other row
+// blocks. Meanwhile the next chunk of the stream (contiguous: the same panel further along k, or the
+// next panel) is prefetched into L2, spread over all row blocks of this chunk so that DRAM stays busy
+// the whole time, not only during the first row block (with 16 rows = 2 blocks that halved the
+// streaming rate). Chunk length (packed_k_chunk):
+// - several row blocks: up to kPackedKChunkRows k steps (256 KiB of an f32 panel, from L2). Chunks of
+//   256 (the block in L1) cost each row block a reload of its accumulators and a restart of the
+//   stream every 256 steps: on the AMD EPYC development VM (2 threads, 2026-12-04) small_moe f32
+//   T = 256 took 8.53–8.62 ms with them and 8.17–8.21 ms with whole panels (docs/PERF.md,
+//   thirty-sixth session);
+// - one row block (decode): kPackedKChunk, the prefetch distance those paths were tuned with.
+// MOEX_CPU_PACKED_KCHUNK=n (≥ 16) sets the first for A/B runs.
 constexpr int64_t kPackedKChunk = 256;
+constexpr int64_t kPackedKChunkRows = 2048;
+
+inline int64_t packed_k_chunk(int64_t row_blocks) {
+  static const int64_t several = [] {
+    const char* e = std::getenv("MOEX_CPU_PACKED_KCHUNK");
+    const int v = e ? std::atoi(e) : 0;
+    return int64_t(v >= 16 ? v : kPackedKChunkRows);
+  }();
+  return row_blocks == 1 ? kPackedKChunk : several;
+}
 
 template <class Isa>
 constexpr int packed_max_rows() {
   return Isa::W >= 16 ? 12 : 6;  // accumulators + NV weights + 1 broadcast within 32 (AVX-512) or 16 registers
 }
-// The row block used by default. AVX-512: 8, not 12. Twelve rows' accumulators fit the 32 vector
-// registers, but their 12 row pointers do not fit the 16 general ones beside the loop's own: GCC kept
-// some on the stack or in xmm registers, 5 extra moves per 24 FMAs (perf annotate). Measured on the
-// AMD EPYC development VM, 2 threads, 2026-12-01, interleaved pairs (12 / 8 rows, medians; the VM's
-// noise is ±10 %): small_moe f32 T = 256 11.66 / 10.42 ms (8 faster in 8 of 10 pairs), qwen3_30b_a3b
-// f32 T = 256 119.7 / 115.5 ms (5 of 6). Not measured on the Intel (AMX) machines.
+// The row block used by default. AVX-512: 7, not 8 or 12. Twelve rows' accumulators fit the 32
+// vector registers, but their 12 row pointers do not fit the 16 general ones beside the loop's own:
+// GCC kept some on the stack or in xmm registers, 5 extra moves per 24 FMAs (perf annotate). Eight
+// still keep one pointer in an xmm register (a vmovq per k step); seven keep all in general registers.
+// Measured on the AMD EPYC development VM, 2 threads, interleaved (the VM's noise is ±10 %):
+// - 2026-12-01, 12 / 8 rows: small_moe f32 T = 256 11.66 / 10.42 ms (8 faster in 8 of 10 pairs),
+//   qwen3_30b_a3b f32 T = 256 119.7 / 115.5 ms (5 of 6);
+// - 2026-12-04, 8 / 7 rows with whole-panel chunks: small_moe 8.24–8.37 / 7.67–8.19 ms, qwen3
+//   101.0–101.2 / 99.6–100.0 ms (3 of 3 each).
+// Not measured on the Intel (AMX) machines.
 template <class Isa>
 constexpr int packed_default_rows() {
-  return Isa::W >= 16 ? 8 : packed_max_rows<Isa>();
+  return Isa::W >= 16 ? 7 : packed_max_rows<Isa>();
 }
 
 // Rows [i0, i0 + MR) × columns [c0, c0 + ncols) of a panel (c0 relative to the panel, ncols ≤ NV·W), k in
@@ -519,20 +540,21 @@ void packed_matmul(const PackedMatmulArgs& a) {
   }();
   // rows in blocks of near-equal size (16 rows: 8 + 8 rather than 12 + 4)
   const int64_t blocks = (a.m + MRmax - 1) / MRmax;
+  const int64_t chunk = packed_k_chunk(blocks);
   for (int64_t n = a.n0; n < a.n1; n += kPanelCols) {
     const float* panel = a.panels + (n / kPanelCols) * a.k * kPanelCols;
     const int64_t width = std::min<int64_t>(kPanelCols, a.n1 - n);
     float* yp = a.y + (n - a.n0);
-    for (int64_t k0 = 0; k0 < a.k; k0 += kPackedKChunk) {
-      const int64_t k1 = std::min(a.k, k0 + kPackedKChunk);
+    for (int64_t k0 = 0; k0 < a.k; k0 += chunk) {
+      const int64_t k1 = std::min(a.k, k0 + chunk);
       // the next chunk of the stream starts right after this one; its lines are shared out over
       // the row blocks (and the column groups of the first one). One row block: the lines from
       // a.prefetch_ahead bytes past this chunk's start instead, where that is set.
       const int64_t ahead = blocks == 1 ? a.prefetch_ahead : 0;
-      const float* next = ahead > 0 && ahead < kPackedKChunk * kPanelCols * int64_t(sizeof(float))
+      const float* next = ahead > 0 && ahead < chunk * kPanelCols * int64_t(sizeof(float))
                               ? panel + k0 * kPanelCols + ahead / int64_t(sizeof(float))
                               : panel + k1 * kPanelCols;
-      const int64_t next_lines = kPackedKChunk * kPanelCols / 16;
+      const int64_t next_lines = std::min(chunk, a.k) * kPanelCols / 16;
       for (int64_t b = 0; b < blocks; ++b) {
         const int64_t i0 = b * a.m / blocks, i1 = (b + 1) * a.m / blocks;
         const int64_t l0 = b * next_lines / blocks, l1 = (b + 1) * next_lines / blocks;

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "core/check.hpp"
+#include "core/memory.hpp"
 
 namespace moex::cpu {
 namespace {
@@ -303,8 +304,9 @@ void PackedWeights::prepare(const Experts& ex, const std::vector<int64_t>& exper
     Slot& slot = experts_[size_t(e)];
     slot.ready = false;
     if (slot.storage) continue;
-    // 64-byte aligned, so each 128-byte k step of a panel is two whole cache lines
-    void* mem = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+    // 64-byte aligned, so each 128-byte k step of a panel is two whole cache lines; on huge pages
+    // where they fit (host_alloc), so the stream of panels does not miss the TLB every 4 KiB
+    void* mem = detail::host_alloc(bytes);
     if (!mem)
       detail::fail(ErrorCode::out_of_memory, "packing expert {} of {} for the CPU kernels: cannot allocate {} bytes (MOEX_CPU_PACK=0 "
                    "runs without packed copies)", e, s.describe(), bytes);
