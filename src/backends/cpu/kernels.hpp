@@ -84,7 +84,8 @@ struct PackedMatmulArgs {
   int64_t n0 = 0, n1 = 0;
   // Where all of m fits one row block (decode), how far ahead of its reads the kernel prefetches
   // the panels, in bytes; 0: one k chunk ahead (the form used wherever there are several row
-  // blocks). PackedMatrix::prefetch_ahead says why and when it is set.
+  // blocks); negative: no software prefetch (the hardware prefetchers alone). PackedMatrix::
+  // prefetch_ahead says why and when each is set.
   int64_t prefetch_ahead = 0;
 };
 

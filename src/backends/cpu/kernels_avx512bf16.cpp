@@ -189,6 +189,7 @@ void packed_matmul_bf16_impl(const PackedBf16MatmulArgs& a) {
       // next panel); its lines are shared out over the row blocks. One row block: the lines from
       // a.prefetch_ahead bytes past this chunk's start instead, where that is set.
       const int64_t ahead = blocks == 1 ? a.prefetch_ahead : 0;
+      const bool stream = blocks > 1 || a.prefetch_ahead >= 0;  // prefetch_ahead < 0: none (one row block)
       const char* next = ahead > 0 && ahead < chunk * 128
                              ? reinterpret_cast<const char*>(panel + p0 * 64) + ahead
                              : reinterpret_cast<const char*>(panel + p1 * 64);
@@ -196,7 +197,7 @@ void packed_matmul_bf16_impl(const PackedBf16MatmulArgs& a) {
       for (int64_t b = 0; b < blocks; ++b) {
         const int64_t i0 = b * a.m / blocks, i1 = (b + 1) * a.m / blocks;
         const int64_t l0 = b * next_lines / blocks, l1 = (b + 1) * next_lines / blocks;
-        packed_bf16_rows(int(i1 - i0), a, i0, panel, width, yp, p0, p1, p0 == 0, next + l0 * 64, l1 - l0);
+        packed_bf16_rows(int(i1 - i0), a, i0, panel, width, yp, p0, p1, p0 == 0, next + l0 * 64, stream ? l1 - l0 : 0);
       }
     }
   }

@@ -551,6 +551,7 @@ void packed_matmul(const PackedMatmulArgs& a) {
       // the row blocks (and the column groups of the first one). One row block: the lines from
       // a.prefetch_ahead bytes past this chunk's start instead, where that is set.
       const int64_t ahead = blocks == 1 ? a.prefetch_ahead : 0;
+      const bool stream = blocks > 1 || a.prefetch_ahead >= 0;  // prefetch_ahead < 0: none (one row block)
       const float* next = ahead > 0 && ahead < chunk * kPanelCols * int64_t(sizeof(float))
                               ? panel + k0 * kPanelCols + ahead / int64_t(sizeof(float))
                               : panel + k1 * kPanelCols;
@@ -560,7 +561,7 @@ void packed_matmul(const PackedMatmulArgs& a) {
         const int64_t l0 = b * next_lines / blocks, l1 = (b + 1) * next_lines / blocks;
         for (int c0 = 0; c0 < width; c0 += NC)
           packed_rows<Isa, NV>(int(i1 - i0), a, i0, panel, c0, int(std::min<int64_t>(NC, width - c0)), yp + c0, k0, k1, k0 == 0,
-                               next + l0 * 16, c0 == 0 ? l1 - l0 : 0);
+                               next + l0 * 16, c0 == 0 && stream ? l1 - l0 : 0);
       }
     }
   }

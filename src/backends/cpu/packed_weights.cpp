@@ -212,9 +212,9 @@ bool intel_cpu() {
 
 // PackedMatrix::prefetch_ahead for experts whose packed copy is `bytes` long.
 int64_t stream_prefetch_ahead(size_t bytes) {
-  if (const char* e = std::getenv("MOEX_CPU_PREFETCH_AHEAD"); e && *e) return std::max<int64_t>(0, std::atoll(e));
+  if (const char* e = std::getenv("MOEX_CPU_PREFETCH_AHEAD"); e && *e) return std::max<int64_t>(-1, std::atoll(e));
   static const bool intel = intel_cpu();
-  if (!intel) return 0;
+  if (!intel) return -1;
   const long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);  // 0 or -1 where unknown: taken as smaller
   return llc > 0 && bytes <= size_t(llc) ? 0 : 2048;
 }

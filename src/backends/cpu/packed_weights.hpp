@@ -39,13 +39,19 @@ struct PackedMatrix {
   int64_t row0 = 0, n = 0, k = 0;
   const uint16_t* panels_bf16 = nullptr;
   // The kernels' prefetch distance where one row block streams the panels (PackedMatmulArgs::
-  // prefetch_ahead): 2 KiB on Intel CPUs when the experts' packed weights exceed the last-level
-  // cache (they stream from DRAM), else 0 (one k chunk ahead). Measured on the Intel Xeon (AMX)
-  // development VM, 2 threads, 2026-12-02, grouped_mm, ms, one chunk / 2 KiB ahead:
-  // qwen3_30b_a3b f32 (2.4 GB) T = 1 5.80-5.91 / 4.92-5.11, T = 16 62.9-66.5 / 54.5-56.7; but
-  // small_moe f32 (100 MB, in its 480 MB L3) T = 16 1.78-2.09 / 2.15-2.67: from the cache the short
-  // distance is too short. The AMD EPYC VM of the earlier sessions is not measured here and keeps
-  // one chunk. MOEX_CPU_PREFETCH_AHEAD=bytes sets it for every matrix (0: one chunk; A/B runs).
+  // prefetch_ahead): on Intel CPUs 2 KiB when the experts' packed weights exceed the last-level
+  // cache (they stream from DRAM), else 0 (one k chunk ahead); on other CPUs −1 (none).
+  // - Intel Xeon (AMX) development VM, 2 threads, 2026-12-02, grouped_mm, ms, one chunk / 2 KiB
+  //   ahead: qwen3_30b_a3b f32 (2.4 GB) T = 1 5.80-5.91 / 4.92-5.11, T = 16 62.9-66.5 / 54.5-56.7;
+  //   but small_moe f32 (100 MB, in its 480 MB L3) T = 16 1.78-2.09 / 2.15-2.67: from the cache the
+  //   short distance is too short.
+  // - AMD EPYC (Zen 4) development VM, 2 threads, 2026-12-04, grouped_mm, ms, one chunk / none,
+  //   three interleaved rounds: qwen3_30b_a3b bf16 T = 1 1.68-1.75 / 1.22-1.23, T = 16 19.0-19.4 /
+  //   12.9-13.0; f32 T = 1 3.53-3.61 / 2.41, T = 16 37.6-38.3 / 25.6-25.8; small_moe bf16 T = 1
+  //   0.078-0.079 / 0.068-0.069, f32 T = 16 1.54-1.66 / 1.28-1.33. There the hardware prefetchers
+  //   stream at the read probe's rate (~63 GB/s) on their own, and the chunk-ahead software
+  //   prefetches held them to ~45 GB/s (docs/PERF.md, thirty-sixth session).
+  // MOEX_CPU_PREFETCH_AHEAD=bytes sets it for every matrix (0: one chunk; −1: none; A/B runs).
   int64_t prefetch_ahead = 0;
   // Calls with fewer rows read the weights in place (the dot-product kernels) instead of the panels.
   // On Intel CPUs, f32 weights in the default [out, in] layout: 4 — there the in-place dot kernel
