@@ -9,6 +9,12 @@
 # CPU_THREADS (default "16 2") picks the thread counts, TOTAL (s, default 570) the time budget the
 # reference run is fitted into, SKIP_TESTS=1 builds moex only and skips step 1's tests, SKIP_BUILD=1
 # uses the moex already in $BUILD (a CUDA build's moex runs `bench --device cpu` with the same CPU code).
+# CPU_AB (optional) runs A/B rounds before the side by side, each variant "name:ENV=V,ENV2=V" (or
+# "name:" for the defaults), interleaved over CPU_AB_ROUNDS rounds (default 3), grouped_mm on
+# CPU_AB_CASES ("shape dtype tokens" entries separated by ';', default: qwen3_30b_a3b bf16 and f32 at
+# T = 1,16,256), at every thread count; the table goes to $OUT/cpu_ab.txt. Example (the thirty-sixth
+# session's open questions for Intel hosts: software prefetch in decode and huge pages):
+#   CPU_AB="default: none:MOEX_CPU_PREFETCH_AHEAD=-1 chunk:MOEX_CPU_PREFETCH_AHEAD=0 small_pages:MOEX_CPU_HUGE_PAGES=0"
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
@@ -30,6 +36,25 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
   OMP_WAIT_POLICY=passive "$BUILD/moex_tests" --gtest_filter='CpuKernels*:Dtypes/Equivalence*' --gtest_brief=1 > "$OUT/tests.txt" 2>&1
   tests_status=$?
   tail -3 "$OUT/tests.txt"
+fi
+if [ -n "${CPU_AB:-}" ]; then
+  echo "== cpu A/B ($(( $(date +%s) - t0 )) s)"
+  IFS=';' read -ra ab_cases <<< "${CPU_AB_CASES:-qwen3_30b_a3b bf16 1,16,256;qwen3_30b_a3b f32 1,16,256}"
+  for round in $(seq 1 "${CPU_AB_ROUNDS:-3}"); do
+    for th in ${CPU_THREADS:-16 2}; do
+      for variant in $CPU_AB; do
+        name=${variant%%:*}; envs=${variant#*:}
+        for c in "${ab_cases[@]}"; do
+          read -r shape dt toks <<< "$c"
+          # one line per case: round, threads, variant, shape, dtype, then "T=ms" per token count
+          line=$(env $(echo "$envs" | tr ',' ' ') timeout 60 "$BUILD/moex" bench --device cpu --backends grouped_mm \
+                   --shapes "$shape" --tokens "$toks" --dtype "$dt" --threads "$th" --min-time-ms 300 --max-iters 20 2>&1 |
+                 awk -v s="$shape" '$1 == s { printf "T=%s %s  ", $2, $4 }')
+          echo "round $round  threads $th  $name  $shape $dt  $line" | tee -a "$OUT/cpu_ab.txt"
+        done
+      done
+    done
+  done
 fi
 echo "== cpu side by side ($(( $(date +%s) - t0 )) s, $(left) s left)"
 tmp=$OUT/cpu_raw; mkdir -p "$tmp"  # under $OUT: a run cut by its time limit still brings these back
