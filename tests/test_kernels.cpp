@@ -192,6 +192,93 @@ TEST(CpuKernels, E4m3ToF32AllCodes) {
   }
 }
 
+// fp8_matmul against an f64 loop of the same codes and scales: weight blocks of normal codes only
+// (AVX-512's fast conversion, sums taken back by 2^56), blocks with zero and subnormal codes, and
+// blocks with a NaN code (the exact conversion; the row's outputs NaN), for f32 and UE8M0 weight
+// scales, per-row and 128-row scale blocks, k with partial 128-blocks and 16-lane tails.
+TEST(CpuKernels, Fp8MatmulMatchesLoopForEveryKindOfCode) {
+  std::mt19937 rng(53);
+  std::uniform_real_distribution<float> unit(0.5f, 2.0f);
+  std::vector<uint8_t> normal_codes, any_codes;  // any: every code but NaN
+  for (int c = 0; c < 256; ++c) {
+    const int em = c & 0x7f;
+    if (em == 0x7f) continue;
+    any_codes.push_back(uint8_t(c));
+    if (em >= 8) normal_codes.push_back(uint8_t(c));
+  }
+  for (const KernelTable* kt : tables()) {
+    for (int iter = 0; iter < 24; ++iter) {
+      const int64_t m = 1 + rng() % 9, n = 1 + rng() % 37, k = 1 + rng() % 400;
+      const int64_t block_n = iter % 2 ? 1 : 128, blocks = (k + 127) / 128, block_rows = (n + block_n - 1) / block_n;
+      const bool ue8m0 = iter % 4 >= 2;
+      std::vector<uint8_t> w(size_t(n * k));
+      std::vector<bool> nan_row(size_t(n), false);
+      for (int64_t r = 0; r < n; ++r)
+        for (int64_t kb = 0; kb < blocks; ++kb) {
+          const int kind = int(rng() % 3);  // 0: normal codes, 1: any but NaN, 2: any with one NaN
+          const auto& pool = kind == 0 ? normal_codes : any_codes;
+          const int64_t k0 = kb * 128, k1 = std::min(k, k0 + 128);
+          for (int64_t c = k0; c < k1; ++c) w[size_t(r * k + c)] = pool[rng() % pool.size()];
+          if (kind == 2 && rng() % 4 == 0) {
+            w[size_t(r * k + k0 + int64_t(rng() % uint32_t(k1 - k0)))] = rng() % 2 ? 0x7f : 0xff;
+            nan_row[size_t(r)] = true;
+          }
+        }
+      std::vector<float> x(size_t(m * k)), xs(size_t(m * blocks)), wsf(size_t(block_rows * blocks));
+      std::vector<uint8_t> wsu(wsf.size());
+      for (auto& v : x) v = e4m3_to_float(any_codes[rng() % any_codes.size()]);
+      for (auto& v : xs) v = unit(rng);
+      for (size_t i = 0; i < wsf.size(); ++i) {
+        wsu[i] = uint8_t(120 + rng() % 10);
+        wsf[i] = ue8m0 ? ue8m0_to_float(wsu[i]) : unit(rng) * 1e-3f;
+      }
+      const int64_t ldy = n + 2;
+      std::vector<float> y(size_t(m * ldy), -777.0f);
+      Fp8MatmulArgs a;
+      a.x = x.data();
+      a.ldx = k;
+      a.xs = xs.data();
+      a.m = m;
+      a.k = k;
+      a.w = w.data();
+      a.ldw = k;
+      a.ws = ue8m0 ? static_cast<const void*>(wsu.data()) : static_cast<const void*>(wsf.data());
+      a.ws_ue8m0 = ue8m0;
+      a.block_n = block_n;
+      a.y = y.data();
+      a.ldy = ldy;
+      a.n0 = 0;
+      a.n1 = n;
+      kt->fp8_matmul(a);
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < ldy; ++j) {
+          const float got = y[size_t(i * ldy + j)];
+          if (j >= n) {
+            ASSERT_EQ(got, -777.0f) << kt->isa << ": column past n1 was written";
+            continue;
+          }
+          if (nan_row[size_t(j)]) {
+            ASSERT_TRUE(std::isnan(got)) << kt->isa << " row " << j << " holds a NaN code";
+            continue;
+          }
+          double ref = 0, mag = 0;
+          for (int64_t kb = 0; kb < blocks; ++kb) {
+            double part = 0, part_mag = 0;
+            for (int64_t c = kb * 128; c < std::min(k, kb * 128 + 128); ++c) {
+              const double p = double(x[size_t(i * k + c)]) * e4m3_to_float(w[size_t(j * k + c)]);
+              part += p;
+              part_mag += std::fabs(p);
+            }
+            const double scale = double(xs[size_t(i * blocks + kb)]) * wsf[size_t((j / block_n) * blocks + kb)];
+            ref += part * scale;
+            mag += part_mag * scale;
+          }
+          ASSERT_NEAR(got, ref, 1e-5 * (1e-30 + mag)) << kt->isa << " m" << m << " n" << n << " k" << k << " [" << i << ", " << j << "]";
+        }
+    }
+  }
+}
+
 TEST(CpuKernels, ConversionsMatchScalar) {
   std::mt19937 rng(9);
   std::normal_distribution<float> nd(0, 100);
