@@ -9,6 +9,7 @@
 
 #include "backends/cpu/kernels.hpp"
 #include "backends/cpu/packed_weights.hpp"
+#include "backends/cpu/quant_math.hpp"
 #include "core/memory.hpp"
 #include "moex/moex.hpp"
 #include "moex/quant.hpp"
@@ -274,6 +275,49 @@ TEST(CpuKernels, Fp8MatmulMatchesLoopForEveryKindOfCode) {
             mag += part_mag * scale;
           }
           ASSERT_NEAR(got, ref, 1e-5 * (1e-30 + mag)) << kt->isa << " m" << m << " n" << n << " k" << k << " [" << i << ", " << j << "]";
+        }
+    }
+  }
+}
+
+// The FP4 path of quant_matmul (e2m1 codes two per byte, low nibble first, UE8M0 scales per group of
+// 1, 16 or 32; odd K, so rows end on half a byte) against an f64 loop over the same dequantized
+// weights (dequantize_fp4_groups) and e4m3 activation codes.
+TEST(CpuKernels, Fp4MatmulMatchesLoopForEveryGroupSize) {
+  std::mt19937 rng(59);
+  std::normal_distribution<float> nd;
+  std::uniform_real_distribution<float> unit(0.5f, 2.0f);
+  for (const KernelTable* kt : tables()) {
+    for (const int group : {1, 16, 32}) {
+      const int64_t m = 1 + rng() % 5, n = 1 + rng() % 70, k = 2 * (rng() % 150) + 1 + (group == 1 ? 0 : 128);
+      const int64_t row_bytes = (k + 1) / 2, groups = (k + group - 1) / group, blocks = (k + 127) / 128;
+      std::vector<float> wf(size_t(n * k));
+      for (auto& v : wf) v = nd(rng);
+      std::vector<uint8_t> packed(size_t(n * row_bytes)), scales(size_t(n * groups));
+      quantize_fp4_groups(wf.data(), n, k, group, packed.data(), scales.data());
+      std::vector<float> deq(wf.size());
+      dequantize_fp4_groups(packed.data(), scales.data(), n, k, group, deq.data());
+      std::vector<float> codes(size_t(m * k)), xs(size_t(m * blocks));
+      for (auto& v : codes) v = e4m3_to_float(uint8_t(rng() % 0x7f) | uint8_t(rng() % 2 ? 0x80 : 0));
+      for (auto& v : xs) v = unit(rng);
+      cpu::QuantMatrix qm{QuantSpec::fp4_group(group), packed.data(), scales.data(), n, k, false};
+      const int64_t n0 = int64_t(rng() % uint32_t(n)), ldy = n + 1;
+      std::vector<float> y(size_t(m * ldy), -777.0f), scratch(size_t(cpu::kQuantScratch));
+      cpu::quant_matmul(*kt, qm, codes.data(), xs.data(), m, y.data(), ldy, n0, n, scratch.data());
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < ldy; ++j) {
+          const float got = y[size_t(i * ldy + j)];
+          if (j < n0 || j >= n) {
+            ASSERT_EQ(got, -777.0f) << kt->isa << ": column outside [n0, n1) was written";
+            continue;
+          }
+          double ref = 0, mag = 0;
+          for (int64_t c = 0; c < k; ++c) {
+            const double p = double(codes[size_t(i * k + c)]) * deq[size_t(j * k + c)] * xs[size_t(i * blocks + c / 128)];
+            ref += p;
+            mag += std::fabs(p);
+          }
+          ASSERT_NEAR(got, ref, 1e-5 * (1e-30 + mag)) << kt->isa << " group " << group << " m" << m << " n" << n << " k" << k;
         }
     }
   }
