@@ -280,6 +280,109 @@ TEST(CpuKernels, Fp8MatmulMatchesLoopForEveryKindOfCode) {
   }
 }
 
+// The packed FP8 kernel against the same f64 loop as the in-place one, on weights packed by
+// pack_rows_fp8: blocks of normal codes only (the fast conversion), with zero / subnormal codes and
+// with a NaN code; partial last panels and k blocks; a column range starting on a later panel; f32
+// and UE8M0 scales on per-row and 128-row scale blocks.
+TEST(CpuKernels, PackedFp8MatmulMatchesLoopForEveryKindOfCode) {
+  std::mt19937 rng(61);
+  std::uniform_real_distribution<float> unit(0.5f, 2.0f);
+  std::vector<uint8_t> normal_codes, any_codes;
+  for (int c = 0; c < 256; ++c) {
+    if ((c & 0x7f) == 0x7f) continue;
+    any_codes.push_back(uint8_t(c));
+    if ((c & 0x7f) >= 8) normal_codes.push_back(uint8_t(c));
+  }
+  bool ran = false;
+  for (const KernelTable* kt : tables()) {
+    if (!kt->packed_matmul_fp8) continue;
+    ran = true;
+    for (int iter = 0; iter < 16; ++iter) {
+      const int64_t m = 1 + rng() % 14, n = 1 + rng() % 100, k = 1 + rng() % 400;
+      const int64_t blocks = (k + 127) / 128;
+      QuantSpec q = QuantSpec::fp8_block(iter % 2 ? 1 : 128, 128, iter % 4 >= 2 ? ScaleFormat::ue8m0 : ScaleFormat::f32);
+      const int64_t block_rows = (n + q.block_n - 1) / q.block_n;
+      std::vector<uint8_t> w(size_t(n * k));
+      std::vector<bool> nan_row(size_t(n), false);
+      for (int64_t r = 0; r < n; ++r)
+        for (int64_t kb = 0; kb < blocks; ++kb) {
+          const int kind = int(rng() % 4);  // 0, 1: normal only (panels of 32 rows need many), 2: any, 3: NaN
+          const auto& pool = kind <= 1 ? normal_codes : any_codes;
+          const int64_t k0 = kb * 128, k1 = std::min(k, k0 + 128);
+          for (int64_t c = k0; c < k1; ++c) w[size_t(r * k + c)] = pool[rng() % pool.size()];
+          if (kind == 3 && rng() % 8 == 0) {
+            w[size_t(r * k + k0 + int64_t(rng() % uint32_t(k1 - k0)))] = rng() % 2 ? 0x7f : 0xff;
+            nan_row[size_t(r)] = true;
+          }
+        }
+      if (iter < 4) {  // whole panels of normal codes, so that the fast form surely runs
+        for (auto& v : w) v = normal_codes[rng() % normal_codes.size()];
+        nan_row.assign(size_t(n), false);
+      }
+      std::vector<float> wsf(size_t(block_rows * blocks));
+      std::vector<uint8_t> wsu(wsf.size());
+      for (size_t i = 0; i < wsf.size(); ++i) {
+        wsu[i] = uint8_t(118 + rng() % 12);
+        wsf[i] = q.scale_format == ScaleFormat::ue8m0 ? ue8m0_to_float(wsu[i]) : unit(rng) * 1e-3f;
+      }
+      const int64_t panels = (n + kPanelCols - 1) / kPanelCols;
+      std::vector<uint8_t> codes(size_t(panels * k * kPanelCols)), flags(size_t(panels * blocks));
+      std::vector<float> block_scales(size_t(panels * blocks * kPanelCols));
+      const void* scales = q.scale_format == ScaleFormat::ue8m0 ? static_cast<const void*>(wsu.data()) : static_cast<const void*>(wsf.data());
+      pack_rows_fp8(w.data(), scales, q, k, 0, n, codes.data(), block_scales.data(), flags.data());
+      if (iter < 4) {
+        for (uint8_t f : flags) ASSERT_EQ(f, 1) << "blocks of normal codes only are flagged for the fast form";
+      }
+      std::vector<float> x(size_t(m * k)), xs(size_t(m * blocks));
+      for (auto& v : x) v = e4m3_to_float(any_codes[rng() % any_codes.size()]);
+      for (auto& v : xs) v = unit(rng);
+      const int64_t n0 = (rng() % uint32_t(n)) / kPanelCols * kPanelCols, ldy = n - n0 + 3;
+      std::vector<float> y(size_t(m * ldy), -777.0f);
+      PackedFp8MatmulArgs a;
+      a.x = x.data();
+      a.ldx = k;
+      a.xs = xs.data();
+      a.m = m;
+      a.k = k;
+      a.panels = codes.data();
+      a.block_scales = block_scales.data();
+      a.block_normal = flags.data();
+      a.y = y.data();
+      a.ldy = ldy;
+      a.n0 = n0;
+      a.n1 = n;
+      kt->packed_matmul_fp8(a);
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t jc = 0; jc < ldy; ++jc) {
+          const float got = y[size_t(i * ldy + jc)];
+          const int64_t j = n0 + jc;
+          if (j >= n) {
+            ASSERT_EQ(got, -777.0f) << kt->isa << ": column past n1 was written";
+            continue;
+          }
+          if (nan_row[size_t(j)]) {
+            ASSERT_TRUE(std::isnan(got)) << kt->isa << " row " << j << " holds a NaN code";
+            continue;
+          }
+          double ref = 0, mag = 0;
+          for (int64_t kb = 0; kb < blocks; ++kb) {
+            double part = 0, part_mag = 0;
+            for (int64_t c = kb * 128; c < std::min(k, kb * 128 + 128); ++c) {
+              const double p = double(x[size_t(i * k + c)]) * e4m3_to_float(w[size_t(j * k + c)]);
+              part += p;
+              part_mag += std::fabs(p);
+            }
+            const double scale = double(xs[size_t(i * blocks + kb)]) * wsf[size_t((j / q.block_n) * blocks + kb)];
+            ref += part * scale;
+            mag += part_mag * scale;
+          }
+          ASSERT_NEAR(got, ref, 1e-5 * (1e-30 + mag)) << kt->isa << " m" << m << " n" << n << " k" << k << " [" << i << ", " << j << "]";
+        }
+    }
+  }
+  if (!ran) GTEST_SKIP() << "no kernel table with the packed FP8 kernel on this CPU";
+}
+
 // The FP4 path of quant_matmul (e2m1 codes two per byte, low nibble first, UE8M0 scales per group of
 // 1, 16 or 32; odd K, so rows end on half a byte) against an f64 loop over the same dequantized
 // weights (dequantize_fp4_groups) and e4m3 activation codes.
@@ -602,6 +705,64 @@ TEST(CpuKernels, PackedWeightsFollowNewWeightsAtTheSameAddress) {
   release_packed_weights();
   EXPECT_EQ(PackedWeights::total_bytes(), 0u);
   EXPECT_EQ(moe.forward(moe.gate_up, moe.down), fresh);
+}
+
+TEST(CpuKernels, PackedFp8ExpertsFollowNewScalesAtTheSameAddress) {
+  // FP8 experts are packed with their block scales folded in; new scales written into the same scale
+  // buffers (the codes unchanged) must be repacked, giving the output of those scales in fresh buffers.
+  constexpr int64_t E = 4, H = 256, I = 128, T = 9, K = 2;
+  std::mt19937 rng(67);
+  std::normal_distribution<float> nd(0.0f, 0.05f);
+  auto random = [&](int64_t n) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (auto& f : v) f = nd(rng);
+    return v;
+  };
+  const std::vector<float> gu_f = random(E * 2 * I * H), dn_f = random(E * H * I);
+  std::vector<uint8_t> gu(gu_f.size()), dn(dn_f.size());
+  std::vector<float> gu_s(size_t(E * (2 * I / 128) * (H / 128))), dn_s(size_t(E * (H / 128) * (I / 128)));
+  for (int64_t e = 0; e < E; ++e) {
+    quantize_fp8_blocks(gu_f.data() + e * 2 * I * H, 2 * I, H, 128, 128, ScaleFormat::f32, gu.data() + e * 2 * I * H,
+                        gu_s.data() + e * (2 * I / 128) * (H / 128));
+    quantize_fp8_blocks(dn_f.data() + e * H * I, H, I, 128, 128, ScaleFormat::f32, dn.data() + e * H * I,
+                        dn_s.data() + e * (H / 128) * (I / 128));
+  }
+  ExpertsSpec spec;
+  spec.num_experts = E;
+  spec.hidden = H;
+  spec.intermediate = I;
+  spec.dtype = DType::f32;
+  spec.quant = QuantSpec::fp8_block();
+  std::vector<float> hidden = random(T * H), weights(size_t(T * K), 0.5f);
+  std::vector<int32_t> index(size_t(T * K));
+  for (auto& i : index) i = int32_t(rng() % E);
+  auto forward = [&](std::vector<uint8_t>& g, std::vector<float>& gs, std::vector<uint8_t>& d, std::vector<float>& ds) {
+    const Experts ex{spec,
+                     TensorView(g.data(), DType::fp8_e4m3, {E, 2 * I, H}),
+                     TensorView(d.data(), DType::fp8_e4m3, {E, H, I}),
+                     {},
+                     {},
+                     TensorView(gs.data(), DType::f32, {E, 2 * I / 128, H / 128}),
+                     TensorView(ds.data(), DType::f32, {E, H / 128, I / 128})};
+    std::vector<float> out(size_t(T * H));
+    ExpertsCall call{TensorView(hidden.data(), DType::f32, {T, H}), TensorView(index.data(), DType::i32, {T, K}),
+                     TensorView(weights.data(), DType::f32, {T, K}), TensorView(out.data(), DType::f32, {T, H})};
+    RunOptions opts;
+    opts.num_threads = 2;
+    experts_forward("grouped_mm", ex, call, opts);
+    return out;
+  };
+  release_packed_weights();
+  const std::vector<float> first = forward(gu, gu_s, dn, dn_s);
+  for (auto& v : gu_s) v *= 1.5f;  // same address, new scales
+  for (auto& v : dn_s) v *= 0.75f;
+  const std::vector<float> second = forward(gu, gu_s, dn, dn_s);
+  std::vector<uint8_t> gu2 = gu, dn2 = dn;
+  std::vector<float> gu_s2 = gu_s, dn_s2 = dn_s;
+  const std::vector<float> fresh = forward(gu2, gu_s2, dn2, dn_s2);
+  EXPECT_NE(first, second);
+  EXPECT_EQ(second, fresh);
+  release_packed_weights();
 }
 
 TEST(CpuKernels, PackedWeightsNoticeNewWeightsThatAgreeAtTheSampledElements) {

@@ -77,6 +77,39 @@ bool project_packed(const KernelTable& kt, PackedParts pk, const void* x, DType 
   return true;
 }
 
+// The FP8 form of project_packed: x the activations' e4m3 codes as f32 [m, K], xs their scales
+// [m, ceil(K / 128)]; y's columns 0.. are the weight rows r0.. False (read in place) where the table
+// has no packed FP8 kernel or a piece would not start on a panel.
+bool project_packed_fp8(const KernelTable& kt, PackedParts pk, const float* x, const float* xs, int64_t m, int64_t K,
+                        int64_t r0, int64_t width, float* y, int64_t ldy) {
+  if (!kt.packed_matmul_fp8) return false;
+  for (int i = 0; i < pk.count; ++i) {
+    const PackedMatrix& p = pk.parts[i];
+    const int64_t lo = std::max(r0, p.row0), hi = std::min(r0 + width, p.row0 + p.n);
+    if (lo < hi && (!p.panels_e4m3 || (lo - p.row0) % kPanelCols != 0)) return false;
+  }
+  for (int i = 0; i < pk.count; ++i) {
+    const PackedMatrix& p = pk.parts[i];
+    const int64_t lo = std::max(r0, p.row0), hi = std::min(r0 + width, p.row0 + p.n);
+    if (lo >= hi) continue;
+    PackedFp8MatmulArgs a;
+    a.x = x;
+    a.ldx = K;
+    a.xs = xs;
+    a.m = m;
+    a.k = K;
+    a.panels = p.panels_e4m3;
+    a.block_scales = p.block_scales;
+    a.block_normal = p.block_normal;
+    a.y = y + (lo - r0);
+    a.ldy = ldy;
+    a.n0 = lo - p.row0;
+    a.n1 = hi - p.row0;
+    kt.packed_matmul_fp8(a);
+  }
+  return true;
+}
+
 // y[0:m, 0:w] (row stride ldy) = x[m, K] · W[r0 : r0 + w, :]ᵀ (+ bias[r0 : r0 + w]): the weight rows
 // r0.. of the logical [N, K] matrix, written to columns 0.. of a compact buffer. With `packed` (f32
 // experts, bf16 experts with bf16 x) the packed copy of W is read instead of W.
@@ -114,7 +147,9 @@ void project(const KernelTable& kt, const ExpertsSpec& s, const void* w, const Q
              DType xdt, int64_t m, int64_t N, int64_t K, float* y, int64_t n0, int64_t n1, QuantOperand q, PackedParts packed,
              const uint16_t* x_vnni = nullptr) {
   if (s.quant.quantized()) {
-    quant_matmul(kt, wq, static_cast<const float*>(x), q.scales, m, y, N, n0, n1, q.scratch);
+    // FP8 experts packed (PackedWeights): the packed kernel; else the weights in place
+    if (packed.count == 0 || !project_packed_fp8(kt, packed, static_cast<const float*>(x), q.scales, m, K, n0, n1 - n0, y + n0, N))
+      quant_matmul(kt, wq, static_cast<const float*>(x), q.scales, m, y, N, n0, n1, q.scratch);
     add_bias(bias, s.dtype, y, N, m, n0, n1);
   } else {
     project_rows(kt, s, w, bias, x, xdt, m, N, K, n0, n1 - n0, y + n0, N, packed, x_vnni);

@@ -110,6 +110,26 @@ struct PackedBf16MatmulArgs {
 // bf16 elements of one panel of PackedBf16MatmulArgs.
 inline int64_t packed_bf16_panel_elems(int64_t k) { return (k + 1) / 2 * 2 * kPanelCols; }
 
+// Y[0:m, 0:n1−n0] = Σ_kb xs[:, kb] · ws[·, kb] · Σ_{k in kb} X[:, k] · W[·, k] for FP8 block-scaled
+// weights packed into panels of 32 output columns (PackedWeights, FP8 experts): panel p holds the
+// e4m3 codes of output columns [32p, 32p + 32) as [k, 32] bytes, beside each 128-k block's 32 weight
+// scales (f32, whatever the checkpoint's scale format) and whether the block's codes are all normal
+// numbers (then the fast conversion serves it). X: the activations' e4m3 codes as f32 with one scale
+// per row and 128 channels (quantize_rows). n0 must be a multiple of kPanelCols. Each output is, per
+// 128-k block, one f32 chain in k order, so results do not depend on m or the column range.
+struct PackedFp8MatmulArgs {
+  const float* x = nullptr;  // [m, k] codes, row stride ldx
+  int64_t ldx = 0;
+  const float* xs = nullptr;  // [m, ceil(k / 128)]
+  int64_t m = 0, k = 0;
+  const uint8_t* panels = nullptr;        // [ceil(N / 32), k, 32] e4m3
+  const float* block_scales = nullptr;    // [ceil(N / 32), ceil(k / 128), 32]
+  const uint8_t* block_normal = nullptr;  // [ceil(N / 32), ceil(k / 128)]: 1 = every code normal
+  float* y = nullptr;  // [m, n1 − n0], row stride ldy: column 0 is output column n0
+  int64_t ldy = 0;
+  int64_t n0 = 0, n1 = 0;
+};
+
 struct KernelTable {
   const char* isa;  // "avx512_amx", "avx512_bf16", "avx512", "avx2", "generic"
   bool bf16_dot;    // matmul takes bf16 X with bf16 nt weights
@@ -136,6 +156,9 @@ struct KernelTable {
   // The packed bf16 micro-kernel (PackedBf16MatmulArgs); nullptr where the table has none (no
   // AVX512_BF16, or AMX, whose tiles read the weights in place).
   void (*packed_matmul_bf16)(const PackedBf16MatmulArgs& a);
+  // The packed FP8 kernel (PackedFp8MatmulArgs); nullptr where the table has no fast e4m3 form
+  // (AVX-512 tables have it), and FP8 experts are then read in place.
+  void (*packed_matmul_fp8)(const PackedFp8MatmulArgs& a);
 };
 
 // The table for this CPU. MOEX_CPU_ISA=avx512|avx2|generic forces a (supported) variant.

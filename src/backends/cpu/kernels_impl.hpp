@@ -602,6 +602,97 @@ void packed_matmul(const PackedMatmulArgs& a) {
   }
 }
 
+// ---- packed FP8: see PackedFp8MatmulArgs ---------------------------------------------------------
+// MR rows × one panel (2 vectors of 16 columns): per k step one 32-byte row of codes converted to two
+// vectors (fast form where the block is all normal: × 2^-56, taken back with the block's scales), one
+// broadcast x per row, 2·MR FMAs. Per 128-k block the sums are folded into the totals with x's scale
+// × the 32 columns' weight scales. Accumulators + totals: 4·MR vectors, so MR ≤ 6 within 32.
+constexpr int kPackedFp8Rows = 6;
+
+template <class Isa, int MR>
+inline void packed_fp8_block(const PackedFp8MatmulArgs& a, int64_t i0, int64_t p, int ncols, float* y) {
+  using V = typename Isa::V;
+  static_assert(Isa::W == 16, "one panel = two vectors of 16 columns");
+  const int64_t blocks = (a.k + 127) / 128;
+  const uint8_t* panel = a.panels + p * a.k * kPanelCols;
+  const float* scales = a.block_scales + p * blocks * kPanelCols;
+  const uint8_t* normal = a.block_normal + p * blocks;
+  const float* xr[MR];
+  for (int r = 0; r < MR; ++r) xr[r] = a.x + (i0 + r) * a.ldx;
+  V total[MR][2];
+  for (int r = 0; r < MR; ++r) total[r][0] = total[r][1] = Isa::zero();
+  for (int64_t kb = 0; kb < blocks; ++kb) {
+    const int64_t k0 = kb * 128, k1 = std::min<int64_t>(a.k, k0 + 128);
+    V acc[MR][2];
+    for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = Isa::zero();
+    const uint8_t* pp = panel + k0 * kPanelCols;
+    if (normal[kb]) {
+      for (int64_t kk = k0; kk < k1; ++kk, pp += kPanelCols) {
+        const V w0 = Isa::load_e4m3_scaled(pp), w1 = Isa::load_e4m3_scaled(pp + 16);
+        for (int r = 0; r < MR; ++r) {
+          const V xb = Isa::set1(xr[r][kk]);
+          acc[r][0] = Isa::fma(xb, w0, acc[r][0]);
+          acc[r][1] = Isa::fma(xb, w1, acc[r][1]);
+        }
+      }
+    } else {
+      for (int64_t kk = k0; kk < k1; ++kk, pp += kPanelCols) {
+        const V w0 = Isa::load_e4m3(pp), w1 = Isa::load_e4m3(pp + 16);
+        for (int r = 0; r < MR; ++r) {
+          const V xb = Isa::set1(xr[r][kk]);
+          acc[r][0] = Isa::fma(xb, w0, acc[r][0]);
+          acc[r][1] = Isa::fma(xb, w1, acc[r][1]);
+        }
+      }
+    }
+    const V back = Isa::set1(normal[kb] ? kE4m3ScaledBack : 1.0f);
+    const V s0 = Isa::load(scales + kb * kPanelCols), s1 = Isa::load(scales + kb * kPanelCols + 16);
+    for (int r = 0; r < MR; ++r) {
+      const V xs = Isa::set1(a.xs[(i0 + r) * blocks + kb]);
+      // (sums × 2^56 exactly) × (x scale × weight scale), as the in-place kernel folds them
+      const V sc0 = Isa::fma(s0, xs, Isa::zero()), sc1 = Isa::fma(s1, xs, Isa::zero());
+      total[r][0] = Isa::fma(Isa::fma(acc[r][0], back, Isa::zero()), sc0, total[r][0]);
+      total[r][1] = Isa::fma(Isa::fma(acc[r][1], back, Isa::zero()), sc1, total[r][1]);
+    }
+  }
+  for (int r = 0; r < MR; ++r) {
+    float* yr = y + (i0 + r) * a.ldy;
+    if (ncols == kPanelCols) {
+      Isa::store(yr, total[r][0]);
+      Isa::store(yr + 16, total[r][1]);
+    } else {
+      alignas(64) float tmp[kPanelCols];
+      Isa::store(tmp, total[r][0]);
+      Isa::store(tmp + 16, total[r][1]);
+      std::memcpy(yr, tmp, size_t(ncols) * sizeof(float));
+    }
+  }
+}
+
+template <class Isa, int MR = kPackedFp8Rows>
+inline void packed_fp8_rows(int mr, const PackedFp8MatmulArgs& a, int64_t i0, int64_t p, int ncols, float* y) {
+  if constexpr (MR > 1) {
+    if (mr < MR) {
+      packed_fp8_rows<Isa, MR - 1>(mr, a, i0, p, ncols, y);
+      return;
+    }
+  }
+  packed_fp8_block<Isa, MR>(a, i0, p, ncols, y);
+}
+
+template <class Isa>
+void packed_fp8_matmul(const PackedFp8MatmulArgs& a) {
+  if (a.m <= 0 || a.n1 <= a.n0) return;
+  const int64_t blocks_of_rows = (a.m + kPackedFp8Rows - 1) / kPackedFp8Rows;  // near-equal row blocks
+  for (int64_t n = a.n0; n < a.n1; n += kPanelCols) {
+    const int ncols = int(std::min<int64_t>(kPanelCols, a.n1 - n));
+    for (int64_t b = 0; b < blocks_of_rows; ++b) {
+      const int64_t i0 = b * a.m / blocks_of_rows, i1 = (b + 1) * a.m / blocks_of_rows;
+      packed_fp8_rows<Isa>(int(i1 - i0), a, i0, n / kPanelCols, ncols, a.y + (n - a.n0));
+    }
+  }
+}
+
 // ---- gated SiLU: out = g / (1 + e^−g) · u -------------------------------------------------------
 // ISAs with a vector form provide Isa::silu_mul; the others run this scalar loop (std::exp).
 template <class Isa>
@@ -620,10 +711,12 @@ KernelTable make_table(const char* name) {
   void (*packed_bf16)(const PackedBf16MatmulArgs&) = nullptr;
   if constexpr (requires { Isa::kPackedBf16; })
     if constexpr (Isa::kPackedBf16) packed_bf16 = &Isa::packed_matmul_bf16;
+  void (*packed_fp8)(const PackedFp8MatmulArgs&) = nullptr;
+  if constexpr (requires(const uint8_t* q) { Isa::load_e4m3_scaled(q); }) packed_fp8 = &packed_fp8_matmul<Isa>;
   return KernelTable{name,           Isa::kBf16Dot,        &matmul<Isa>,         &to_f32<Isa>,
                      &from_f32<Isa>, &fma_probe<Isa>,      &e4m3_to_f32<Isa>,    &fp8_matmul<Isa>,
                      &packed_matmul<Isa>, &silu_mul<Isa>,  &read_probe<Isa>,     dot_probe,
-                     packed_bf16};
+                     packed_bf16,    packed_fp8};
 }
 
 // Scalar rounding loops shared by the traits (the compiler vectorises the bf16 one).

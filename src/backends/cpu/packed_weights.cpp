@@ -13,6 +13,7 @@
 
 #include "core/check.hpp"
 #include "core/memory.hpp"
+#include "moex/quant.hpp"
 
 namespace moex::cpu {
 namespace {
@@ -27,8 +28,24 @@ bool packing_enabled() {
 
 int64_t padded_rows(int64_t n) { return (n + kPanelCols - 1) / kPanelCols * kPanelCols; }
 
-// Bytes of n rows × k of one matrix packed in dtype dt (f32 [k, 32] or bf16 [ceil(k / 2), 32, 2] panels).
+size_t round64(size_t b) { return (b + 63) / 64 * 64; }
+
+// The three parts of an FP8 packed matrix, each starting on 64 bytes: codes, block scales, flags.
+struct Fp8Sizes {
+  size_t codes, scales, flags;
+};
+Fp8Sizes fp8_sizes(int64_t n, int64_t k) {
+  const size_t panels = size_t(padded_rows(n) / kPanelCols), blocks = size_t((k + 127) / 128);
+  return {round64(panels * size_t(k) * kPanelCols), round64(panels * blocks * kPanelCols * sizeof(float)), round64(panels * blocks)};
+}
+
+// Bytes of n rows × k of one matrix packed in dtype dt (f32 [k, 32], bf16 [ceil(k / 2), 32, 2] or
+// FP8 panels with their block scales and flags).
 size_t packed_matrix_bytes(DType dt, int64_t n, int64_t k) {
+  if (dt == DType::fp8_e4m3) {
+    const Fp8Sizes z = fp8_sizes(n, k);
+    return z.codes + z.scales + z.flags;
+  }
   const int64_t panels = padded_rows(n) / kPanelCols;
   return size_t(panels * (dt == DType::bf16 ? packed_bf16_panel_elems(k) : k * kPanelCols)) * dtype_size(dt);
 }
@@ -117,6 +134,41 @@ const void* expert_matrix(const TensorView& t, int64_t e) {
 
 }  // namespace
 
+// (packed_weights.hpp) Rows [r0, r0 + n) of one expert's FP8 matrix: codes w [N, K] e4m3 (row-major), scales [ceil(N /
+// block_n), ceil(K / 128)] (f32 or UE8M0) → e4m3 panels [ceil(n / 32), K, 32] (padding columns 1.0),
+// each 128-k block's 32 column scales as f32, and its "all normal" flag (no zero, subnormal or NaN code
+// among the real columns), at the three destinations.
+void pack_rows_fp8(const uint8_t* w, const void* scales, const QuantSpec& q, int64_t K, int64_t r0, int64_t n, uint8_t* codes,
+                   float* block_scales, uint8_t* flags) {
+  constexpr uint8_t kOne = 0x38;  // e4m3 1.0: a normal code for the padding columns
+  const int64_t panels = padded_rows(n) / kPanelCols, blocks = (K + 127) / 128;
+  for (int64_t p = 0; p < panels; ++p) {
+    uint8_t* panel = codes + p * K * kPanelCols;
+    const int64_t c_end = std::min<int64_t>(kPanelCols, n - p * kPanelCols);
+    const int64_t row = r0 + p * kPanelCols;
+    for (int64_t kb = 0; kb < blocks; ++kb) {
+      const int64_t k0 = kb * 128, k1 = std::min(K, k0 + 128);
+      bool normal = true;
+      for (int64_t c = 0; c < kPanelCols; ++c) {
+        for (int64_t k = k0; k < k1; ++k) {
+          const uint8_t code = c < c_end ? w[(row + c) * K + k] : kOne;
+          const int em = code & 0x7f;
+          normal = normal && em >= 8 && em != 0x7f;
+          panel[k * kPanelCols + c] = code;
+        }
+        float sc = 0.0f;
+        if (c < c_end) {
+          const int64_t at = ((row + c) / q.block_n) * blocks + kb;
+          sc = q.scale_format == ScaleFormat::ue8m0 ? ue8m0_to_float(static_cast<const uint8_t*>(scales)[at])
+                                                    : static_cast<const float*>(scales)[at];
+        }
+        block_scales[(p * blocks + kb) * kPanelCols + c] = sc;
+      }
+      flags[p * blocks + kb] = normal ? 1 : 0;
+    }
+  }
+}
+
 // ---- the cache: one entry per experts object, keyed by its weight buffers ------------------
 
 struct PackedCache {
@@ -125,12 +177,19 @@ struct PackedCache {
     const void* down;
     int64_t gate_up_stride, down_stride;
     ExpertsSpec spec;
+    DType weight_dtype;                    // the tensors' (e4m3 for FP8 experts, else spec.dtype)
+    const void* gate_up_scale = nullptr;   // FP8: the scale tensors
+    const void* down_scale = nullptr;
     bool same(const Experts& ex) const {
       const ExpertsSpec& s = ex.spec;
+      const QuantSpec &q = spec.quant, &r = s.quant;
       return gate_up == ex.gate_up.data && down == ex.down.data && gate_up_stride == ex.gate_up.strides[0] &&
              down_stride == ex.down.strides[0] && spec.num_experts == s.num_experts && spec.hidden == s.hidden &&
              spec.intermediate == s.intermediate && spec.has_gate == s.has_gate && spec.transposed == s.transposed &&
-             spec.interleaved == s.interleaved && spec.dtype == s.dtype;
+             spec.interleaved == s.interleaved && spec.dtype == s.dtype && weight_dtype == ex.gate_up.dtype &&
+             q.kind == r.kind && q.block_n == r.block_n && q.block_k == r.block_k && q.scale_format == r.scale_format &&
+             gate_up_scale == (r.quantized() ? ex.gate_up_scale.data : nullptr) &&
+             down_scale == (r.quantized() ? ex.down_scale.data : nullptr);
     }
     // Byte range [lo, hi) of one weight tensor.
     static std::pair<uintptr_t, uintptr_t> range(const void* p, int64_t stride, int64_t E, DType dt) {
@@ -140,7 +199,7 @@ struct PackedCache {
     bool overlaps(const Experts& ex) const {
       const int64_t E = spec.num_experts;
       auto hit = [](std::pair<uintptr_t, uintptr_t> a, std::pair<uintptr_t, uintptr_t> b) { return a.first < b.second && b.first < a.second; };
-      const auto mine = {range(gate_up, gate_up_stride, E, spec.dtype), range(down, down_stride, E, spec.dtype)};
+      const auto mine = {range(gate_up, gate_up_stride, E, weight_dtype), range(down, down_stride, E, weight_dtype)};
       const auto theirs = {range(ex.gate_up.data, ex.gate_up.strides[0], ex.spec.num_experts, ex.gate_up.dtype),
                            range(ex.down.data, ex.down.strides[0], ex.spec.num_experts, ex.down.dtype)};
       for (auto a : mine)
@@ -172,7 +231,10 @@ std::shared_ptr<PackedWeights> PackedWeights::of(const Experts& ex) {
   const bool f32 = s.dtype == DType::f32 && ex.gate_up.dtype == DType::f32 && ex.down.dtype == DType::f32;
   const bool bf16 = s.dtype == DType::bf16 && ex.gate_up.dtype == DType::bf16 && ex.down.dtype == DType::bf16 &&
                     !s.transposed && kernels().packed_matmul_bf16 != nullptr;
-  if (!packing_enabled() || !(f32 || bf16) || s.quant.quantized() || s.num_experts <= 0) return nullptr;
+  const bool fp8 = s.quant.kind == QuantKind::fp8_block && s.quant.block_k == 128 && s.quant.block_n >= 1 && !s.transposed &&
+                   ex.gate_up.dtype == DType::fp8_e4m3 && ex.down.dtype == DType::fp8_e4m3 && kernels().packed_matmul_fp8 != nullptr;
+  if (!packing_enabled() || s.num_experts <= 0) return nullptr;
+  if (s.quant.quantized() ? !fp8 : !(f32 || bf16)) return nullptr;
   PackedCache& cache = PackedCache::get();
   std::lock_guard<std::mutex> lock(cache.mutex);
   ++cache.clock;
@@ -192,7 +254,8 @@ std::shared_ptr<PackedWeights> PackedWeights::of(const Experts& ex) {
   size_t held = 0;
   for (const auto& entry : cache.entries) held += size_t(entry.key.spec.num_experts) * expert_bytes(entry.key.spec);
   if (held + size_t(s.num_experts) * expert_bytes(s) > pack_budget_bytes()) return nullptr;
-  PackedCache::Key key{ex.gate_up.data, ex.down.data, ex.gate_up.strides[0], ex.down.strides[0], s};
+  PackedCache::Key key{ex.gate_up.data, ex.down.data, ex.gate_up.strides[0], ex.down.strides[0], s, ex.gate_up.dtype,
+                       s.quant.quantized() ? ex.gate_up_scale.data : nullptr, s.quant.quantized() ? ex.down_scale.data : nullptr};
   auto packed = std::make_shared<PackedWeights>(ex);
   cache.entries.push_back({key, packed, cache.clock});
   return packed;
@@ -229,7 +292,7 @@ int64_t packed_min_rows(const ExpertsSpec& s) {
 }  // namespace
 
 PackedWeights::PackedWeights(const Experts& ex)
-    : dtype_(ex.spec.dtype),
+    : dtype_(ex.spec.quant.quantized() ? DType::fp8_e4m3 : ex.spec.dtype),
       prefetch_ahead_(stream_prefetch_ahead(size_t(ex.spec.num_experts) * expert_bytes(ex.spec))),
       min_rows_(packed_min_rows(ex.spec)),
       experts_(size_t(ex.spec.num_experts)) {}
@@ -238,9 +301,23 @@ PackedWeights::~PackedWeights() = default;
 // Bytes of one expert's packed copy (the gate and up halves padded separately when split).
 size_t PackedWeights::expert_bytes(const ExpertsSpec& s) {
   const int64_t H = s.hidden, I = s.intermediate;
-  const size_t gate_up = s.has_gate && !s.interleaved ? 2 * packed_matrix_bytes(s.dtype, I, H)
-                                                      : packed_matrix_bytes(s.dtype, s.gate_up_rows(), H);
-  return gate_up + packed_matrix_bytes(s.dtype, H, I);
+  const DType dt = s.quant.quantized() ? DType::fp8_e4m3 : s.dtype;
+  const size_t gate_up = s.has_gate && !s.interleaved ? 2 * packed_matrix_bytes(dt, I, H)
+                                                      : packed_matrix_bytes(dt, s.gate_up_rows(), H);
+  return gate_up + packed_matrix_bytes(dt, H, I);
+}
+
+uint64_t PackedWeights::expert_fingerprint(const Experts& ex, int64_t e) const {
+  const ExpertsSpec& s = ex.spec;
+  const int64_t H = s.hidden, I = s.intermediate, R = s.gate_up_rows();
+  uint64_t h = fingerprint(expert_matrix(ex.gate_up, e), R * H, expert_matrix(ex.down, e), H * I, dtype_size(dtype_));
+  if (s.quant.quantized()) {  // FP8: the scales too ([ceil(N / block_n), ceil(K / 128)] each)
+    const int64_t gu_scales = (R + s.quant.block_n - 1) / s.quant.block_n * ((H + 127) / 128);
+    const int64_t dn_scales = (H + s.quant.block_n - 1) / s.quant.block_n * ((I + 127) / 128);
+    h ^= fingerprint(expert_matrix(ex.gate_up_scale, e), gu_scales, expert_matrix(ex.down_scale, e), dn_scales,
+                     dtype_size(ex.gate_up_scale.dtype)) * 0x9E3779B97F4A7C15ull;
+  }
+  return h;
 }
 
 void PackedWeights::pack_expert(const Experts& ex, int64_t e) {
@@ -250,17 +327,26 @@ void PackedWeights::pack_expert(const Experts& ex, int64_t e) {
   const void* dn = expert_matrix(ex.down, e);
   Slot& slot = experts_[size_t(e)];
   PackedExpert& pe = slot.packed;
-  const bool bf16 = dtype_ == DType::bf16;
+  const bool bf16 = dtype_ == DType::bf16, fp8 = dtype_ == DType::fp8_e4m3;
   char* dst = reinterpret_cast<char*>(slot.storage.get());
   // rows [r0, r0 + n) of the [N, K] matrix w into dst; advances dst past them
-  auto pack = [&](PackedMatrix& m, const void* w, int64_t N, int64_t K, int64_t r0, int64_t n) {
+  auto pack = [&](PackedMatrix& m, const void* w, const void* scales, int64_t N, int64_t K, int64_t r0, int64_t n) {
     m = PackedMatrix{};
     m.row0 = r0;
     m.n = n;
     m.k = K;
     m.prefetch_ahead = prefetch_ahead_;
     m.min_rows = min_rows_;
-    if (bf16) {
+    if (fp8) {
+      const Fp8Sizes z = fp8_sizes(n, K);
+      auto* codes = reinterpret_cast<uint8_t*>(dst);
+      auto* block_scales = reinterpret_cast<float*>(dst + z.codes);
+      auto* flags = reinterpret_cast<uint8_t*>(dst + z.codes + z.scales);
+      pack_rows_fp8(static_cast<const uint8_t*>(w), scales, s.quant, K, r0, n, codes, block_scales, flags);
+      m.panels_e4m3 = codes;
+      m.block_scales = block_scales;
+      m.block_normal = flags;
+    } else if (bf16) {
       m.panels_bf16 = reinterpret_cast<const uint16_t*>(dst);
       pack_rows_bf16(static_cast<const uint16_t*>(w), K, r0, n, reinterpret_cast<uint16_t*>(dst));
     } else {
@@ -269,16 +355,18 @@ void PackedWeights::pack_expert(const Experts& ex, int64_t e) {
     }
     dst += packed_matrix_bytes(dtype_, n, K);
   };
+  const void* gus = fp8 ? expert_matrix(ex.gate_up_scale, e) : nullptr;
+  const void* dns = fp8 ? expert_matrix(ex.down_scale, e) : nullptr;
   if (s.has_gate && !s.interleaved) {  // [gate; up] → two matrices of I rows
-    pack(pe.gate_up[0], gu, R, H, 0, I);
-    pack(pe.gate_up[1], gu, R, H, I, I);
+    pack(pe.gate_up[0], gu, gus, R, H, 0, I);
+    pack(pe.gate_up[1], gu, gus, R, H, I, I);
     pe.gate_up_parts = 2;
   } else {
-    pack(pe.gate_up[0], gu, R, H, 0, R);
+    pack(pe.gate_up[0], gu, gus, R, H, 0, R);
     pe.gate_up_parts = 1;
   }
-  pack(pe.down, dn, H, I, 0, H);
-  slot.fingerprint = fingerprint(gu, R * H, dn, H * I, dtype_size(dtype_));
+  pack(pe.down, dn, dns, H, I, 0, H);
+  slot.fingerprint = expert_fingerprint(ex, e);
   slot.ready = true;
 }
 
@@ -292,9 +380,7 @@ void PackedWeights::prepare(const Experts& ex, const std::vector<int64_t>& exper
   } else {
     for (int64_t e : experts) {
       const Slot& slot = experts_[size_t(e)];
-      if (!slot.ready || slot.fingerprint != fingerprint(expert_matrix(ex.gate_up, e), s.gate_up_rows() * s.hidden,
-                                                         expert_matrix(ex.down, e), s.hidden * s.intermediate,
-                                                         dtype_size(dtype_)))
+      if (!slot.ready || slot.fingerprint != expert_fingerprint(ex, e))
         to_pack.push_back(e);
     }
   }

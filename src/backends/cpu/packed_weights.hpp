@@ -1,24 +1,29 @@
-// backends/cpu/packed_weights.hpp — f32 and bf16 expert weights repacked once into the panels of the
-// packed micro-kernels (kernels.hpp: PackedMatmulArgs, PackedBf16MatmulArgs), cached per experts object.
+// backends/cpu/packed_weights.hpp — f32, bf16 and FP8 expert weights repacked once into the panels of
+// the packed micro-kernels (kernels.hpp: PackedMatmulArgs, PackedBf16MatmulArgs, PackedFp8MatmulArgs),
+// cached per experts object.
 //
 // The CPU backends read expert weights where they are; for f32 and bf16 weights that means a
 // dot-product kernel over [out, in] rows. Packed, each projection streams contiguous panels of 32
 // output columns through a register-blocked kernel instead: f32 [in, 32] panels on FMA; bf16
 // [in / 2, 32, 2] panels on vdpbf16ps, where the kernel table has the bf16 packed kernel (AVX512_BF16
-// without AMX; bf16 weights in the default [out, in] layout). The first call on an experts object
+// without AMX; bf16 weights in the default [out, in] layout); FP8 block-scaled weights (128-k blocks,
+// default layout) as e4m3 [in, 32] panels with each block's 32 column scales in f32 and an "all codes
+// normal" flag, where the table has the packed FP8 kernel (AVX-512). The first call on an experts object
 // packs all its experts (in parallel: about 2.4 GB written for qwen3_30b_a3b in f32, 1.2 GB in
 // bf16); later calls reuse the copies.
 //
 // Memory: one copy of the weights in their own dtype (+ padding of each matrix to a multiple of 32
-// rows, and of bf16 rows to an even length); all copies together at most MOEX_CPU_PACK_MAX_MB
+// rows, and of bf16 rows to an even length; FP8: + 129 bytes per 4 KiB block of codes for its scales
+// and flag); all copies together at most MOEX_CPU_PACK_MAX_MB
 // (default: a quarter of the physical memory; experts whose copy would not fit are read in place),
 // each held
 // until the weights' address range is reused by other experts, the copies of 512 experts objects
 // used more recently exist, or release_packed_weights() is called. MOEX_CPU_PACK=0 turns packing off
 // (the kernels then read the weights in place).
 //
-// The cache is keyed by the weight pointers, shapes, strides and dtype; a sampled fingerprint of
-// each expert's weights (64 bytes at 16 places per matrix) is checked on every call, so new weights
+// The cache is keyed by the weight pointers, shapes, strides and dtype (FP8: also the scale pointers
+// and the quantization spec); a sampled fingerprint of each expert's weights (64 bytes at 16 places
+// per matrix; FP8: of its scales too) is checked on every call, so new weights
 // loaded at the same address are repacked. Weights changed in place only away from those places are
 // not noticed: release first.
 #pragma once
@@ -38,6 +43,12 @@ struct PackedMatrix {
   const float* panels = nullptr;
   int64_t row0 = 0, n = 0, k = 0;
   const uint16_t* panels_bf16 = nullptr;
+  // FP8 block-scaled experts (128-k weight blocks): e4m3 panels [ceil(n / 32), k, 32], each 128-k
+  // block's 32 column scales as f32 [ceil(n / 32), ceil(k / 128), 32] and whether its codes are all
+  // normal numbers [ceil(n / 32), ceil(k / 128)] (PackedFp8MatmulArgs). Padding columns hold 1.0.
+  const uint8_t* panels_e4m3 = nullptr;
+  const float* block_scales = nullptr;
+  const uint8_t* block_normal = nullptr;
   // The kernels' prefetch distance where one row block streams the panels (PackedMatmulArgs::
   // prefetch_ahead): on Intel CPUs 2 KiB when the experts' packed weights exceed the last-level
   // cache (they stream from DRAM), else 0 (one k chunk ahead); on other CPUs −1 (none).
@@ -76,8 +87,9 @@ struct PackedExpert {
 class PackedWeights {
  public:
   // The packed weights of `ex` (an empty cache entry the first time), or nullptr when packing does
-  // not apply: weights neither f32 nor bf16 (bf16: only where the kernel table has the bf16 packed
-  // kernel, and not transposed), quantized, MOEX_CPU_PACK=0, or the copy would exceed the budget.
+  // not apply: weights neither f32, bf16 nor FP8 (bf16: only where the kernel table has the bf16 packed
+  // kernel, and not transposed; FP8: e4m3 with 128-k weight blocks, not transposed, where the table
+  // has the packed FP8 kernel), FP4, MOEX_CPU_PACK=0, or the copy would exceed the budget.
   static std::shared_ptr<PackedWeights> of(const Experts& ex);
 
   // The first time: packs every expert. Later: repacks the experts in `experts` whose weights
@@ -102,15 +114,23 @@ class PackedWeights {
   };
   static size_t expert_bytes(const ExpertsSpec& s);
   void pack_expert(const Experts& ex, int64_t e);  // into its slot's storage, allocated by prepare
+  uint64_t expert_fingerprint(const Experts& ex, int64_t e) const;  // weights (and FP8 scales) sampled
 
   std::mutex mutex_;
-  DType dtype_;  // f32 or bf16: the weights' dtype, kept by the panels
+  DType dtype_;  // f32, bf16 or fp8_e4m3: the weights' dtype, kept by the panels
   int64_t prefetch_ahead_;  // PackedMatrix::prefetch_ahead of every matrix
   int64_t min_rows_;        // PackedMatrix::min_rows of every matrix
   std::vector<Slot> experts_;
   bool primed_ = false;  // every expert packed once
   friend struct PackedCache;
 };
+
+// Rows [r0, r0 + n) of one expert's FP8 matrix (e4m3 codes w [N, K], scales per q.block_n × 128 block,
+// f32 or UE8M0) packed for PackedFp8MatmulArgs: codes [ceil(n / 32), K, 32], block_scales
+// [ceil(n / 32), ceil(K / 128), 32], flags [ceil(n / 32), ceil(K / 128)]. PackedWeights packs with it;
+// declared here for the kernel tests.
+void pack_rows_fp8(const uint8_t* w, const void* scales, const QuantSpec& q, int64_t K, int64_t r0, int64_t n, uint8_t* codes,
+                   float* block_scales, uint8_t* flags);
 
 // Frees every packed copy (they are rebuilt on the next call that needs them). Not to be called
 // while an experts call runs.
