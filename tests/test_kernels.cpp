@@ -193,89 +193,118 @@ TEST(CpuKernels, E4m3ToF32AllCodes) {
   }
 }
 
+// A random FP8 block-scaled product for the kernel tests: weight codes w [n, k] whose 128-k blocks
+// hold normal codes only, any code but NaN (zeros and subnormals), or also one NaN code (the row's
+// outputs are then NaN: nan_row); activation codes x [m, k] with scales xs; weight scales per
+// block_n × 128 block as f32 (wsf) and, when ue8m0, as UE8M0 bytes (wsu) of the same values.
+namespace {
+
+struct Fp8Problem {
+  int64_t m, n, k, block_n, blocks;
+  bool ue8m0;
+  std::vector<uint8_t> w, wsu;
+  std::vector<bool> nan_row;
+  std::vector<float> x, xs, wsf;
+
+  // normal_kinds of the four block kinds (0..4) hold normal codes only; the others are split between
+  // "any but NaN" and "one NaN code".
+  Fp8Problem(std::mt19937& rng, int64_t m_, int64_t n_, int64_t k_, int64_t block_n_, bool ue8m0_, int normal_kinds)
+      : m(m_), n(n_), k(k_), block_n(block_n_), blocks((k_ + 127) / 128), ue8m0(ue8m0_) {
+    std::vector<uint8_t> normal_codes, any_codes;
+    for (int c = 0; c < 256; ++c) {
+      if ((c & 0x7f) == 0x7f) continue;
+      any_codes.push_back(uint8_t(c));
+      if ((c & 0x7f) >= 8) normal_codes.push_back(uint8_t(c));
+    }
+    std::uniform_real_distribution<float> unit(0.5f, 2.0f);
+    w.resize(size_t(n * k));
+    nan_row.assign(size_t(n), false);
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t kb = 0; kb < blocks; ++kb) {
+        const int kind = int(rng() % 4);
+        const bool normal = kind < normal_kinds, with_nan = !normal && kind % 2 == 1;
+        const auto& pool = normal ? normal_codes : any_codes;
+        const int64_t k0 = kb * 128, k1 = std::min(k, k0 + 128);
+        for (int64_t c = k0; c < k1; ++c) w[size_t(r * k + c)] = pool[rng() % pool.size()];
+        if (with_nan && rng() % 4 == 0) {
+          w[size_t(r * k + k0 + int64_t(rng() % uint32_t(k1 - k0)))] = rng() % 2 ? 0x7f : 0xff;
+          nan_row[size_t(r)] = true;
+        }
+      }
+    x.resize(size_t(m * k));
+    xs.resize(size_t(m * blocks));
+    for (auto& v : x) v = e4m3_to_float(any_codes[rng() % any_codes.size()]);
+    for (auto& v : xs) v = unit(rng);
+    wsf.resize(size_t((n + block_n - 1) / block_n * blocks));
+    wsu.resize(wsf.size());
+    for (size_t i = 0; i < wsf.size(); ++i) {
+      wsu[i] = uint8_t(118 + rng() % 12);
+      wsf[i] = ue8m0 ? ue8m0_to_float(wsu[i]) : unit(rng) * 1e-3f;
+    }
+  }
+  const void* scales() const { return ue8m0 ? static_cast<const void*>(wsu.data()) : static_cast<const void*>(wsf.data()); }
+
+  // Checks y [m, ldy] (column 0 = output n0) against the f64 reference; nothing written past n.
+  void check(const std::vector<float>& y, int64_t n0, int64_t ldy, const char* isa) const {
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t jc = 0; jc < ldy; ++jc) {
+        const float got = y[size_t(i * ldy + jc)];
+        const int64_t j = n0 + jc;
+        if (j >= n) {
+          ASSERT_EQ(got, -777.0f) << isa << ": column past n1 was written";
+          continue;
+        }
+        if (nan_row[size_t(j)]) {
+          ASSERT_TRUE(std::isnan(got)) << isa << " row " << j << " holds a NaN code";
+          continue;
+        }
+        double ref = 0, mag = 0;
+        for (int64_t kb = 0; kb < blocks; ++kb) {
+          double part = 0, part_mag = 0;
+          for (int64_t c = kb * 128; c < std::min(k, kb * 128 + 128); ++c) {
+            const double p = double(x[size_t(i * k + c)]) * e4m3_to_float(w[size_t(j * k + c)]);
+            part += p;
+            part_mag += std::fabs(p);
+          }
+          const double scale = double(xs[size_t(i * blocks + kb)]) * wsf[size_t((j / block_n) * blocks + kb)];
+          ref += part * scale;
+          mag += part_mag * scale;
+        }
+        ASSERT_NEAR(got, ref, 1e-5 * (1e-30 + mag)) << isa << " m" << m << " n" << n << " k" << k << " [" << i << ", " << j << "]";
+      }
+  }
+};
+
+}  // namespace
+
 // fp8_matmul against an f64 loop of the same codes and scales: weight blocks of normal codes only
 // (AVX-512's fast conversion, sums taken back by 2^56), blocks with zero and subnormal codes, and
 // blocks with a NaN code (the exact conversion; the row's outputs NaN), for f32 and UE8M0 weight
 // scales, per-row and 128-row scale blocks, k with partial 128-blocks and 16-lane tails.
 TEST(CpuKernels, Fp8MatmulMatchesLoopForEveryKindOfCode) {
   std::mt19937 rng(53);
-  std::uniform_real_distribution<float> unit(0.5f, 2.0f);
-  std::vector<uint8_t> normal_codes, any_codes;  // any: every code but NaN
-  for (int c = 0; c < 256; ++c) {
-    const int em = c & 0x7f;
-    if (em == 0x7f) continue;
-    any_codes.push_back(uint8_t(c));
-    if (em >= 8) normal_codes.push_back(uint8_t(c));
-  }
   for (const KernelTable* kt : tables()) {
     for (int iter = 0; iter < 24; ++iter) {
-      const int64_t m = 1 + rng() % 9, n = 1 + rng() % 37, k = 1 + rng() % 400;
-      const int64_t block_n = iter % 2 ? 1 : 128, blocks = (k + 127) / 128, block_rows = (n + block_n - 1) / block_n;
-      const bool ue8m0 = iter % 4 >= 2;
-      std::vector<uint8_t> w(size_t(n * k));
-      std::vector<bool> nan_row(size_t(n), false);
-      for (int64_t r = 0; r < n; ++r)
-        for (int64_t kb = 0; kb < blocks; ++kb) {
-          const int kind = int(rng() % 3);  // 0: normal codes, 1: any but NaN, 2: any with one NaN
-          const auto& pool = kind == 0 ? normal_codes : any_codes;
-          const int64_t k0 = kb * 128, k1 = std::min(k, k0 + 128);
-          for (int64_t c = k0; c < k1; ++c) w[size_t(r * k + c)] = pool[rng() % pool.size()];
-          if (kind == 2 && rng() % 4 == 0) {
-            w[size_t(r * k + k0 + int64_t(rng() % uint32_t(k1 - k0)))] = rng() % 2 ? 0x7f : 0xff;
-            nan_row[size_t(r)] = true;
-          }
-        }
-      std::vector<float> x(size_t(m * k)), xs(size_t(m * blocks)), wsf(size_t(block_rows * blocks));
-      std::vector<uint8_t> wsu(wsf.size());
-      for (auto& v : x) v = e4m3_to_float(any_codes[rng() % any_codes.size()]);
-      for (auto& v : xs) v = unit(rng);
-      for (size_t i = 0; i < wsf.size(); ++i) {
-        wsu[i] = uint8_t(120 + rng() % 10);
-        wsf[i] = ue8m0 ? ue8m0_to_float(wsu[i]) : unit(rng) * 1e-3f;
-      }
-      const int64_t ldy = n + 2;
-      std::vector<float> y(size_t(m * ldy), -777.0f);
+      const Fp8Problem pr(rng, 1 + rng() % 9, 1 + rng() % 37, 1 + rng() % 400, iter % 2 ? 1 : 128, iter % 4 >= 2, 2);
+      const int64_t ldy = pr.n + 2;
+      std::vector<float> y(size_t(pr.m * ldy), -777.0f);
       Fp8MatmulArgs a;
-      a.x = x.data();
-      a.ldx = k;
-      a.xs = xs.data();
-      a.m = m;
-      a.k = k;
-      a.w = w.data();
-      a.ldw = k;
-      a.ws = ue8m0 ? static_cast<const void*>(wsu.data()) : static_cast<const void*>(wsf.data());
-      a.ws_ue8m0 = ue8m0;
-      a.block_n = block_n;
+      a.x = pr.x.data();
+      a.ldx = pr.k;
+      a.xs = pr.xs.data();
+      a.m = pr.m;
+      a.k = pr.k;
+      a.w = pr.w.data();
+      a.ldw = pr.k;
+      a.ws = pr.scales();
+      a.ws_ue8m0 = pr.ue8m0;
+      a.block_n = pr.block_n;
       a.y = y.data();
       a.ldy = ldy;
       a.n0 = 0;
-      a.n1 = n;
+      a.n1 = pr.n;
       kt->fp8_matmul(a);
-      for (int64_t i = 0; i < m; ++i)
-        for (int64_t j = 0; j < ldy; ++j) {
-          const float got = y[size_t(i * ldy + j)];
-          if (j >= n) {
-            ASSERT_EQ(got, -777.0f) << kt->isa << ": column past n1 was written";
-            continue;
-          }
-          if (nan_row[size_t(j)]) {
-            ASSERT_TRUE(std::isnan(got)) << kt->isa << " row " << j << " holds a NaN code";
-            continue;
-          }
-          double ref = 0, mag = 0;
-          for (int64_t kb = 0; kb < blocks; ++kb) {
-            double part = 0, part_mag = 0;
-            for (int64_t c = kb * 128; c < std::min(k, kb * 128 + 128); ++c) {
-              const double p = double(x[size_t(i * k + c)]) * e4m3_to_float(w[size_t(j * k + c)]);
-              part += p;
-              part_mag += std::fabs(p);
-            }
-            const double scale = double(xs[size_t(i * blocks + kb)]) * wsf[size_t((j / block_n) * blocks + kb)];
-            ref += part * scale;
-            mag += part_mag * scale;
-          }
-          ASSERT_NEAR(got, ref, 1e-5 * (1e-30 + mag)) << kt->isa << " m" << m << " n" << n << " k" << k << " [" << i << ", " << j << "]";
-        }
+      pr.check(y, 0, ldy, kt->isa);
     }
   }
 }
@@ -286,98 +315,38 @@ TEST(CpuKernels, Fp8MatmulMatchesLoopForEveryKindOfCode) {
 // and UE8M0 scales on per-row and 128-row scale blocks.
 TEST(CpuKernels, PackedFp8MatmulMatchesLoopForEveryKindOfCode) {
   std::mt19937 rng(61);
-  std::uniform_real_distribution<float> unit(0.5f, 2.0f);
-  std::vector<uint8_t> normal_codes, any_codes;
-  for (int c = 0; c < 256; ++c) {
-    if ((c & 0x7f) == 0x7f) continue;
-    any_codes.push_back(uint8_t(c));
-    if ((c & 0x7f) >= 8) normal_codes.push_back(uint8_t(c));
-  }
   bool ran = false;
   for (const KernelTable* kt : tables()) {
     if (!kt->packed_matmul_fp8) continue;
     ran = true;
     for (int iter = 0; iter < 16; ++iter) {
-      const int64_t m = 1 + rng() % 14, n = 1 + rng() % 100, k = 1 + rng() % 400;
-      const int64_t blocks = (k + 127) / 128;
-      QuantSpec q = QuantSpec::fp8_block(iter % 2 ? 1 : 128, 128, iter % 4 >= 2 ? ScaleFormat::ue8m0 : ScaleFormat::f32);
-      const int64_t block_rows = (n + q.block_n - 1) / q.block_n;
-      std::vector<uint8_t> w(size_t(n * k));
-      std::vector<bool> nan_row(size_t(n), false);
-      for (int64_t r = 0; r < n; ++r)
-        for (int64_t kb = 0; kb < blocks; ++kb) {
-          const int kind = int(rng() % 4);  // 0, 1: normal only (panels of 32 rows need many), 2: any, 3: NaN
-          const auto& pool = kind <= 1 ? normal_codes : any_codes;
-          const int64_t k0 = kb * 128, k1 = std::min(k, k0 + 128);
-          for (int64_t c = k0; c < k1; ++c) w[size_t(r * k + c)] = pool[rng() % pool.size()];
-          if (kind == 3 && rng() % 8 == 0) {
-            w[size_t(r * k + k0 + int64_t(rng() % uint32_t(k1 - k0)))] = rng() % 2 ? 0x7f : 0xff;
-            nan_row[size_t(r)] = true;
-          }
-        }
-      if (iter < 4) {  // whole panels of normal codes, so that the fast form surely runs
-        for (auto& v : w) v = normal_codes[rng() % normal_codes.size()];
-        nan_row.assign(size_t(n), false);
-      }
-      std::vector<float> wsf(size_t(block_rows * blocks));
-      std::vector<uint8_t> wsu(wsf.size());
-      for (size_t i = 0; i < wsf.size(); ++i) {
-        wsu[i] = uint8_t(118 + rng() % 12);
-        wsf[i] = q.scale_format == ScaleFormat::ue8m0 ? ue8m0_to_float(wsu[i]) : unit(rng) * 1e-3f;
-      }
-      const int64_t panels = (n + kPanelCols - 1) / kPanelCols;
-      std::vector<uint8_t> codes(size_t(panels * k * kPanelCols)), flags(size_t(panels * blocks));
-      std::vector<float> block_scales(size_t(panels * blocks * kPanelCols));
-      const void* scales = q.scale_format == ScaleFormat::ue8m0 ? static_cast<const void*>(wsu.data()) : static_cast<const void*>(wsf.data());
-      pack_rows_fp8(w.data(), scales, q, k, 0, n, codes.data(), block_scales.data(), flags.data());
+      // the first four: normal codes only, so that whole panels take the fast form; then 3 in 4 blocks
+      const Fp8Problem pr(rng, 1 + rng() % 14, 1 + rng() % 100, 1 + rng() % 400, iter % 2 ? 1 : 128, iter % 4 >= 2, iter < 4 ? 4 : 3);
+      const QuantSpec q = QuantSpec::fp8_block(int(pr.block_n), 128, pr.ue8m0 ? ScaleFormat::ue8m0 : ScaleFormat::f32);
+      const int64_t panels = (pr.n + kPanelCols - 1) / kPanelCols;
+      std::vector<uint8_t> codes(size_t(panels * pr.k * kPanelCols)), flags(size_t(panels * pr.blocks));
+      std::vector<float> block_scales(size_t(panels * pr.blocks * kPanelCols));
+      pack_rows_fp8(pr.w.data(), pr.scales(), q, pr.k, 0, pr.n, codes.data(), block_scales.data(), flags.data());
       if (iter < 4) {
         for (uint8_t f : flags) ASSERT_EQ(f, 1) << "blocks of normal codes only are flagged for the fast form";
       }
-      std::vector<float> x(size_t(m * k)), xs(size_t(m * blocks));
-      for (auto& v : x) v = e4m3_to_float(any_codes[rng() % any_codes.size()]);
-      for (auto& v : xs) v = unit(rng);
-      const int64_t n0 = (rng() % uint32_t(n)) / kPanelCols * kPanelCols, ldy = n - n0 + 3;
-      std::vector<float> y(size_t(m * ldy), -777.0f);
+      const int64_t n0 = (rng() % uint32_t(pr.n)) / kPanelCols * kPanelCols, ldy = pr.n - n0 + 3;
+      std::vector<float> y(size_t(pr.m * ldy), -777.0f);
       PackedFp8MatmulArgs a;
-      a.x = x.data();
-      a.ldx = k;
-      a.xs = xs.data();
-      a.m = m;
-      a.k = k;
+      a.x = pr.x.data();
+      a.ldx = pr.k;
+      a.xs = pr.xs.data();
+      a.m = pr.m;
+      a.k = pr.k;
       a.panels = codes.data();
       a.block_scales = block_scales.data();
       a.block_normal = flags.data();
       a.y = y.data();
       a.ldy = ldy;
       a.n0 = n0;
-      a.n1 = n;
+      a.n1 = pr.n;
       kt->packed_matmul_fp8(a);
-      for (int64_t i = 0; i < m; ++i)
-        for (int64_t jc = 0; jc < ldy; ++jc) {
-          const float got = y[size_t(i * ldy + jc)];
-          const int64_t j = n0 + jc;
-          if (j >= n) {
-            ASSERT_EQ(got, -777.0f) << kt->isa << ": column past n1 was written";
-            continue;
-          }
-          if (nan_row[size_t(j)]) {
-            ASSERT_TRUE(std::isnan(got)) << kt->isa << " row " << j << " holds a NaN code";
-            continue;
-          }
-          double ref = 0, mag = 0;
-          for (int64_t kb = 0; kb < blocks; ++kb) {
-            double part = 0, part_mag = 0;
-            for (int64_t c = kb * 128; c < std::min(k, kb * 128 + 128); ++c) {
-              const double p = double(x[size_t(i * k + c)]) * e4m3_to_float(w[size_t(j * k + c)]);
-              part += p;
-              part_mag += std::fabs(p);
-            }
-            const double scale = double(xs[size_t(i * blocks + kb)]) * wsf[size_t((j / q.block_n) * blocks + kb)];
-            ref += part * scale;
-            mag += part_mag * scale;
-          }
-          ASSERT_NEAR(got, ref, 1e-5 * (1e-30 + mag)) << kt->isa << " m" << m << " n" << n << " k" << k << " [" << i << ", " << j << "]";
-        }
+      pr.check(y, n0, ldy, kt->isa);
     }
   }
   if (!ran) GTEST_SKIP() << "no kernel table with the packed FP8 kernel on this CPU";

@@ -43,13 +43,17 @@ struct PackedParts {
   int count = 0;
 };
 
-// x: f32 rows for f32 panels, bf16 rows for bf16 panels (false, in place, for any other pairing, and
-// for fewer rows than the matrix's min_rows).
+// x: f32 rows for f32 panels, bf16 rows for bf16 panels, for FP8 panels the activations' e4m3 codes as
+// f32 with their scales xs [m, ceil(K / 128)] (false, in place, for any other pairing, and for fewer
+// rows than the matrix's min_rows).
 bool project_packed(const KernelTable& kt, PackedParts pk, const void* x, DType xdt, int64_t m, int64_t K, int64_t r0,
-                    int64_t width, float* y, int64_t ldy) {
+                    int64_t width, float* y, int64_t ldy, const float* xs = nullptr) {
   for (int i = 0; i < pk.count; ++i) {
     const PackedMatrix& p = pk.parts[i];
-    const bool kernel = (p.panels_bf16 ? xdt == DType::bf16 && kt.packed_matmul_bf16 : xdt == DType::f32) && m >= p.min_rows;
+    const bool pairing = p.panels_e4m3  ? xdt == DType::f32 && xs && kt.packed_matmul_fp8
+                         : p.panels_bf16 ? xdt == DType::bf16 && kt.packed_matmul_bf16
+                                         : xdt == DType::f32;
+    const bool kernel = pairing && m >= p.min_rows;
     const int64_t lo = std::max(r0, p.row0), hi = std::min(r0 + width, p.row0 + p.n);
     if (lo < hi && (!kernel || (lo - p.row0) % kPanelCols != 0)) return false;
   }
@@ -57,8 +61,8 @@ bool project_packed(const KernelTable& kt, PackedParts pk, const void* x, DType 
     const PackedMatrix& p = pk.parts[i];
     const int64_t lo = std::max(r0, p.row0), hi = std::min(r0 + width, p.row0 + p.n);
     if (lo >= hi) continue;
-    // the two argument structs share their fields: x, its rows, the panels, y's columns [lo, hi)
-    auto run = [&](auto args, const auto* xp, const auto* panels, auto kernel) {
+    // the three argument structs share these fields: x, its rows, the panels, y's columns [lo, hi)
+    auto fill = [&](auto& args, const auto* xp, const auto* panels) {
       args.x = xp;
       args.ldx = K;
       args.m = m;
@@ -68,44 +72,25 @@ bool project_packed(const KernelTable& kt, PackedParts pk, const void* x, DType 
       args.ldy = ldy;
       args.n0 = lo - p.row0;
       args.n1 = hi - p.row0;
-      args.prefetch_ahead = p.prefetch_ahead;
-      kernel(args);
     };
-    if (p.panels_bf16) run(PackedBf16MatmulArgs{}, static_cast<const uint16_t*>(x), p.panels_bf16, kt.packed_matmul_bf16);
-    else run(PackedMatmulArgs{}, static_cast<const float*>(x), p.panels, kt.packed_matmul);
-  }
-  return true;
-}
-
-// The FP8 form of project_packed: x the activations' e4m3 codes as f32 [m, K], xs their scales
-// [m, ceil(K / 128)]; y's columns 0.. are the weight rows r0.. False (read in place) where the table
-// has no packed FP8 kernel or a piece would not start on a panel.
-bool project_packed_fp8(const KernelTable& kt, PackedParts pk, const float* x, const float* xs, int64_t m, int64_t K,
-                        int64_t r0, int64_t width, float* y, int64_t ldy) {
-  if (!kt.packed_matmul_fp8) return false;
-  for (int i = 0; i < pk.count; ++i) {
-    const PackedMatrix& p = pk.parts[i];
-    const int64_t lo = std::max(r0, p.row0), hi = std::min(r0 + width, p.row0 + p.n);
-    if (lo < hi && (!p.panels_e4m3 || (lo - p.row0) % kPanelCols != 0)) return false;
-  }
-  for (int i = 0; i < pk.count; ++i) {
-    const PackedMatrix& p = pk.parts[i];
-    const int64_t lo = std::max(r0, p.row0), hi = std::min(r0 + width, p.row0 + p.n);
-    if (lo >= hi) continue;
-    PackedFp8MatmulArgs a;
-    a.x = x;
-    a.ldx = K;
-    a.xs = xs;
-    a.m = m;
-    a.k = K;
-    a.panels = p.panels_e4m3;
-    a.block_scales = p.block_scales;
-    a.block_normal = p.block_normal;
-    a.y = y + (lo - r0);
-    a.ldy = ldy;
-    a.n0 = lo - p.row0;
-    a.n1 = hi - p.row0;
-    kt.packed_matmul_fp8(a);
+    if (p.panels_e4m3) {
+      PackedFp8MatmulArgs a;
+      fill(a, static_cast<const float*>(x), p.panels_e4m3);
+      a.xs = xs;
+      a.block_scales = p.block_scales;
+      a.block_normal = p.block_normal;
+      kt.packed_matmul_fp8(a);
+    } else if (p.panels_bf16) {
+      PackedBf16MatmulArgs a;
+      fill(a, static_cast<const uint16_t*>(x), p.panels_bf16);
+      a.prefetch_ahead = p.prefetch_ahead;
+      kt.packed_matmul_bf16(a);
+    } else {
+      PackedMatmulArgs a;
+      fill(a, static_cast<const float*>(x), p.panels);
+      a.prefetch_ahead = p.prefetch_ahead;
+      kt.packed_matmul(a);
+    }
   }
   return true;
 }
@@ -148,7 +133,7 @@ void project(const KernelTable& kt, const ExpertsSpec& s, const void* w, const Q
              const uint16_t* x_vnni = nullptr) {
   if (s.quant.quantized()) {
     // FP8 experts packed (PackedWeights): the packed kernel; else the weights in place
-    if (packed.count == 0 || !project_packed_fp8(kt, packed, static_cast<const float*>(x), q.scales, m, K, n0, n1 - n0, y + n0, N))
+    if (packed.count == 0 || !project_packed(kt, packed, x, DType::f32, m, K, n0, n1 - n0, y + n0, N, q.scales))
       quant_matmul(kt, wq, static_cast<const float*>(x), q.scales, m, y, N, n0, n1, q.scratch);
     add_bias(bias, s.dtype, y, N, m, n0, n1);
   } else {

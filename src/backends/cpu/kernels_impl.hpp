@@ -625,26 +625,22 @@ inline void packed_fp8_block(const PackedFp8MatmulArgs& a, int64_t i0, int64_t p
     const int64_t k0 = kb * 128, k1 = std::min<int64_t>(a.k, k0 + 128);
     V acc[MR][2];
     for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = Isa::zero();
-    const uint8_t* pp = panel + k0 * kPanelCols;
-    if (normal[kb]) {
+    // the block's k steps with one of the two conversions (a loop each, not a branch per step)
+    auto steps = [&](auto convert) {
+      const uint8_t* pp = panel + k0 * kPanelCols;
       for (int64_t kk = k0; kk < k1; ++kk, pp += kPanelCols) {
-        const V w0 = Isa::load_e4m3_scaled(pp), w1 = Isa::load_e4m3_scaled(pp + 16);
+        const V w0 = convert(pp), w1 = convert(pp + 16);
         for (int r = 0; r < MR; ++r) {
           const V xb = Isa::set1(xr[r][kk]);
           acc[r][0] = Isa::fma(xb, w0, acc[r][0]);
           acc[r][1] = Isa::fma(xb, w1, acc[r][1]);
         }
       }
-    } else {
-      for (int64_t kk = k0; kk < k1; ++kk, pp += kPanelCols) {
-        const V w0 = Isa::load_e4m3(pp), w1 = Isa::load_e4m3(pp + 16);
-        for (int r = 0; r < MR; ++r) {
-          const V xb = Isa::set1(xr[r][kk]);
-          acc[r][0] = Isa::fma(xb, w0, acc[r][0]);
-          acc[r][1] = Isa::fma(xb, w1, acc[r][1]);
-        }
-      }
-    }
+    };
+    if (normal[kb])
+      steps([](const uint8_t* q) { return Isa::load_e4m3_scaled(q); });
+    else
+      steps([](const uint8_t* q) { return Isa::load_e4m3(q); });
     const V back = Isa::set1(normal[kb] ? kE4m3ScaledBack : 1.0f);
     const V s0 = Isa::load(scales + kb * kPanelCols), s1 = Isa::load(scales + kb * kPanelCols + 16);
     for (int r = 0; r < MR; ++r) {

@@ -286,7 +286,7 @@ int64_t stream_prefetch_ahead(size_t bytes) {
 int64_t packed_min_rows(const ExpertsSpec& s) {
   if (const char* e = std::getenv("MOEX_CPU_PACKED_MIN_ROWS"); e && *e) return std::max<int64_t>(0, std::atoll(e));
   static const bool intel = intel_cpu();
-  return intel && s.dtype == DType::f32 && !s.transposed ? 4 : 0;
+  return intel && s.dtype == DType::f32 && !s.transposed && !s.quant.quantized() ? 4 : 0;
 }
 
 }  // namespace
