@@ -817,6 +817,8 @@ TEST(HostMemory, AlignmentAndHugePageRule) {
     }
     std::free(p);
   }
+  EXPECT_EQ(moex::detail::host_alloc(SIZE_MAX), nullptr) << "a size whose rounding wraps is out of memory, not a small block";
+  EXPECT_EQ(moex::detail::host_alloc(SIZE_MAX - 100), nullptr);
 }
 
 TEST(CpuKernels, PeakProbesCountTheirFlops) {

@@ -1,6 +1,7 @@
 // core/tensor.cpp — tensor views, owning tensors, host/device memory.
 #include "moex/tensor.hpp"
 
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -92,12 +93,14 @@ void* host_alloc(size_t bytes) noexcept {
     const char* e = std::getenv("MOEX_CPU_HUGE_PAGES");
     return !(e && std::strcmp(e, "0") == 0);
   }();
+  if (bytes > SIZE_MAX - kHugePage) return nullptr;  // no such buffer; and the roundings below would wrap
   const size_t whole_pages = (bytes + kHugePage - 1) / kHugePage * kHugePage;
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
   if (huge_pages && bytes >= kHugePage && (whole_pages - bytes) * 8 <= bytes) {
-    void* p = std::aligned_alloc(kHugePage, whole_pages);
-    if (p) madvise(p, whole_pages, MADV_HUGEPAGE);  // a hint: where the kernel refuses, 4 KiB pages serve
-    return p;
+    if (void* p = std::aligned_alloc(kHugePage, whole_pages)) {
+      madvise(p, whole_pages, MADV_HUGEPAGE);  // a hint: where the kernel refuses, 4 KiB pages serve
+      return p;
+    }  // else: the plain allocation below (a 2 MiB-aligned block may be harder to find)
   }
 #else
   (void)huge_pages;
