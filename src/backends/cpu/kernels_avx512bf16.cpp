@@ -172,11 +172,7 @@ void packed_matmul_bf16_impl(const PackedBf16MatmulArgs& a) {
   }
   const int64_t pairs = (a.k + 1) / 2, panel_elems = packed_bf16_panel_elems(a.k);
   // near-equal row blocks of at most kPackedBf16Rows, or MOEX_CPU_PACKED_ROWS (1 .. 8; A/B)
-  static const int64_t rows_max = [] {
-    const char* e = std::getenv("MOEX_CPU_PACKED_ROWS");
-    const int v = e ? std::atoi(e) : 0;
-    return int64_t(v >= 1 && v <= kPackedBf16MaxRows ? v : kPackedBf16Rows);
-  }();
+  static const int64_t rows_max = impl::packed_rows_setting(kPackedBf16MaxRows, kPackedBf16Rows);
   const int64_t blocks = (a.m + rows_max - 1) / rows_max;
   const int64_t chunk = (impl::packed_k_chunk(blocks) + 1) / 2;  // in pairs of k
   for (int64_t n = a.n0; n < a.n1; n += kPanelCols) {

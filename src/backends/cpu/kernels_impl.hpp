@@ -374,29 +374,25 @@ inline void fp8_block(const Fp8MatmulArgs& a, int64_t i0, int64_t n0, const uint
       fast = true;
       for (int c = 0; c < NR; ++c) fast = fast && Isa::e4m3_all_normal(a.w + (n0 + c) * a.ldw + k0, kv - k0);
     }
-    if (fast) {
-      if constexpr (kHasFast) {
-        for (int64_t kk = k0; kk < kv; kk += W) {
-          V xv[MR];
-          for (int r = 0; r < MR; ++r) xv[r] = Isa::load(a.x + (i0 + r) * a.ldx + kk);
-          for (int c = 0; c < NR; ++c) {
-            const V wv = Isa::load_e4m3_scaled(a.w + (n0 + c) * a.ldw + kk);
-            for (int r = 0; r < MR; ++r) acc[r][c] = Isa::fma(xv[r], wv, acc[r][c]);
-          }
-        }
-        for (int r = 0; r < MR; ++r)
-          for (int c = 0; c < NR; ++c) acc[r][c] = Isa::fma(acc[r][c], Isa::set1(kE4m3ScaledBack), Isa::zero());
-      }
-    } else {
+    // the block's vector steps with one of the two conversions (a loop each, not a branch per step)
+    auto steps = [&](auto convert) {
       for (int64_t kk = k0; kk < kv; kk += W) {
         V xv[MR];
         for (int r = 0; r < MR; ++r) xv[r] = Isa::load(a.x + (i0 + r) * a.ldx + kk);
         for (int c = 0; c < NR; ++c) {
-          const V wv = load_e4m3_any<Isa>(a.w + (n0 + c) * a.ldw + kk);
+          const V wv = convert(a.w + (n0 + c) * a.ldw + kk);
           for (int r = 0; r < MR; ++r) acc[r][c] = Isa::fma(xv[r], wv, acc[r][c]);
         }
       }
+    };
+    if constexpr (kHasFast) {
+      if (fast) {
+        steps([](const uint8_t* q) { return Isa::load_e4m3_scaled(q); });
+        for (int r = 0; r < MR; ++r)
+          for (int c = 0; c < NR; ++c) acc[r][c] = Isa::fma(acc[r][c], Isa::set1(kE4m3ScaledBack), Isa::zero());
+      }
     }
+    if (!fast) steps([](const uint8_t* q) { return load_e4m3_any<Isa>(q); });
     for (int c = 0; c < NR; ++c) {
       const float wsc = fp8_weight_scale(a, MR <= 2 ? scale_row[c] : (n0 + c) / a.block_n, kb, blocks);
       for (int r = 0; r < MR; ++r) {
@@ -459,6 +455,16 @@ void fp8_matmul(const Fp8MatmulArgs& a) {
 // MOEX_CPU_PACKED_KCHUNK=n (≥ 16) sets the first for A/B runs.
 constexpr int64_t kPackedKChunk = 256;
 constexpr int64_t kPackedKChunkRows = 2048;
+
+// The largest row block of a packed kernel: MOEX_CPU_PACKED_ROWS where it is 1 .. max_rows (A/B
+// runs), else default_rows.
+inline int64_t packed_rows_setting(int max_rows, int default_rows) {
+  static const int requested = [] {
+    const char* e = std::getenv("MOEX_CPU_PACKED_ROWS");
+    return e ? std::atoi(e) : 0;
+  }();
+  return requested >= 1 && requested <= max_rows ? requested : default_rows;
+}
 
 inline int64_t packed_k_chunk(int64_t row_blocks) {
   static const int64_t several = [] {
@@ -568,11 +574,7 @@ void packed_matmul(const PackedMatmulArgs& a) {
   constexpr int NV = 2, NC = NV * Isa::W;  // columns per micro-kernel call; a panel is kPanelCols / NC calls
   static_assert(kPanelCols % NC == 0, "a panel is a whole number of micro-kernel column groups");
   // The largest row block: packed_default_rows, or MOEX_CPU_PACKED_ROWS (1 .. packed_max_rows; A/B).
-  static const int64_t MRmax = [] {
-    const char* e = std::getenv("MOEX_CPU_PACKED_ROWS");
-    const int v = e ? std::atoi(e) : 0;
-    return int64_t(v >= 1 && v <= packed_max_rows<Isa>() ? v : packed_default_rows<Isa>());
-  }();
+  static const int64_t MRmax = packed_rows_setting(packed_max_rows<Isa>(), packed_default_rows<Isa>());
   // rows in blocks of near-equal size (16 rows: 8 + 8 rather than 12 + 4)
   const int64_t blocks = (a.m + MRmax - 1) / MRmax;
   const int64_t chunk = packed_k_chunk(blocks);

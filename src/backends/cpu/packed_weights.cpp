@@ -13,7 +13,7 @@
 
 #include "core/check.hpp"
 #include "core/memory.hpp"
-#include "moex/quant.hpp"
+#include "backends/cpu/quant_math.hpp"
 
 namespace moex::cpu {
 namespace {
@@ -142,6 +142,7 @@ void pack_rows_fp8(const uint8_t* w, const void* scales, const QuantSpec& q, int
                    float* block_scales, uint8_t* flags) {
   constexpr uint8_t kOne = 0x38;  // e4m3 1.0: a normal code for the padding columns
   const int64_t panels = padded_rows(n) / kPanelCols, blocks = (K + 127) / 128;
+  const QuantMatrix wq{q, w, scales, r0 + n, K, false};  // (rows past r0 + n are not read)
   for (int64_t p = 0; p < panels; ++p) {
     uint8_t* panel = codes + p * K * kPanelCols;
     const int64_t c_end = std::min<int64_t>(kPanelCols, n - p * kPanelCols);
@@ -156,13 +157,7 @@ void pack_rows_fp8(const uint8_t* w, const void* scales, const QuantSpec& q, int
           normal = normal && em >= 8 && em != 0x7f;
           panel[k * kPanelCols + c] = code;
         }
-        float sc = 0.0f;
-        if (c < c_end) {
-          const int64_t at = ((row + c) / q.block_n) * blocks + kb;
-          sc = q.scale_format == ScaleFormat::ue8m0 ? ue8m0_to_float(static_cast<const uint8_t*>(scales)[at])
-                                                    : static_cast<const float*>(scales)[at];
-        }
-        block_scales[(p * blocks + kb) * kPanelCols + c] = sc;
+        block_scales[(p * blocks + kb) * kPanelCols + c] = c < c_end ? weight_block_scale(wq, row + c, kb) : 0.0f;
       }
       flags[p * blocks + kb] = normal ? 1 : 0;
     }

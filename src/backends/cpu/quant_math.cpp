@@ -20,13 +20,6 @@ const std::array<float, 256>& e4m3_table() {
   return table;
 }
 
-float weight_block_scale(const QuantMatrix& w, int64_t n, int64_t kb) {
-  const int64_t bc = (w.K + w.quant.block_k - 1) / w.quant.block_k;
-  const int64_t idx = (n / w.quant.block_n) * bc + kb;
-  return w.quant.scale_format == ScaleFormat::ue8m0 ? ue8m0_to_float(static_cast<const uint8_t*>(w.scales)[idx])
-                                                    : static_cast<const float*>(w.scales)[idx];
-}
-
 // dst[r, 0:kc] = weight values of rows n..n+nc, columns k0..k0+kc: e4m3 codes (fp8, the block
 // scale is applied later) or e2m1 · group scale (fp4).
 void dequant_block(const KernelTable& kt, const QuantMatrix& w, int64_t n, int64_t nc, int64_t k0, int64_t kc,
@@ -75,6 +68,13 @@ void dequant_block(const KernelTable& kt, const QuantMatrix& w, int64_t n, int64
 }
 
 }  // namespace
+
+float weight_block_scale(const QuantMatrix& w, int64_t n, int64_t kb) {
+  const int64_t bc = (w.K + w.quant.block_k - 1) / w.quant.block_k;
+  const int64_t idx = (n / w.quant.block_n) * bc + kb;
+  return w.quant.scale_format == ScaleFormat::ue8m0 ? ue8m0_to_float(static_cast<const uint8_t*>(w.scales)[idx])
+                                                    : static_cast<const float*>(w.scales)[idx];
+}
 
 void quantize_rows(float* x, int64_t m, int64_t k, float* scales) {
   const int64_t groups = (k + kActGroup - 1) / kActGroup;

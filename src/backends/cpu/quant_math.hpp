@@ -22,6 +22,9 @@ struct QuantMatrix {
   bool transposed;
 };
 
+// The scale of the FP8 weight block holding row n and k block kb of w (f32, or UE8M0 decoded).
+float weight_block_scale(const QuantMatrix& w, int64_t n, int64_t kb);
+
 // Replaces each row of x [m, k] (row stride k) by its e4m3 codes (as exact f32 values) and writes
 // the row's scales [m, ceil(k/128)]: x ≈ codes · scale.
 void quantize_rows(float* x, int64_t m, int64_t k, float* scales);
