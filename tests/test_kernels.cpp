@@ -194,7 +194,8 @@ TEST(CpuKernels, E4m3ToF32AllCodes) {
 }
 
 // A random FP8 block-scaled product for the kernel tests: weight codes w [n, k] whose 128-k blocks
-// hold normal codes only, any code but NaN (zeros and subnormals), or also one NaN code (the row's
+// hold normal codes only, any code but NaN (zeros and subnormals; or only those and the smallest
+// normals), or also one NaN code (the row's
 // outputs are then NaN: nan_row); activation codes x [m, k] with scales xs; weight scales per
 // block_n × 128 block as f32 (wsf) and, when ue8m0, as UE8M0 bytes (wsu) of the same values.
 namespace {
@@ -210,11 +211,14 @@ struct Fp8Problem {
   // "any but NaN" and "one NaN code".
   Fp8Problem(std::mt19937& rng, int64_t m_, int64_t n_, int64_t k_, int64_t block_n_, bool ue8m0_, int normal_kinds)
       : m(m_), n(n_), k(k_), block_n(block_n_), blocks((k_ + 127) / 128), ue8m0(ue8m0_) {
-    std::vector<uint8_t> normal_codes, any_codes;
+    // small_codes: zeros, subnormals and the lowest binade of normals, so that a wrong subnormal
+    // value is not lost beside large products
+    std::vector<uint8_t> normal_codes, any_codes, small_codes;
     for (int c = 0; c < 256; ++c) {
       if ((c & 0x7f) == 0x7f) continue;
       any_codes.push_back(uint8_t(c));
       if ((c & 0x7f) >= 8) normal_codes.push_back(uint8_t(c));
+      if ((c & 0x7f) < 16) small_codes.push_back(uint8_t(c));
     }
     std::uniform_real_distribution<float> unit(0.5f, 2.0f);
     w.resize(size_t(n * k));
@@ -223,7 +227,7 @@ struct Fp8Problem {
       for (int64_t kb = 0; kb < blocks; ++kb) {
         const int kind = int(rng() % 4);
         const bool normal = kind < normal_kinds, with_nan = !normal && kind % 2 == 1;
-        const auto& pool = normal ? normal_codes : any_codes;
+        const auto& pool = normal ? normal_codes : rng() % 2 ? any_codes : small_codes;
         const int64_t k0 = kb * 128, k1 = std::min(k, k0 + 128);
         for (int64_t c = k0; c < k1; ++c) w[size_t(r * k + c)] = pool[rng() % pool.size()];
         if (with_nan && rng() % 4 == 0) {
@@ -324,9 +328,9 @@ TEST(CpuKernels, PackedFp8MatmulMatchesLoopForEveryKindOfCode) {
       const Fp8Problem pr(rng, 1 + rng() % 14, 1 + rng() % 100, 1 + rng() % 400, iter % 2 ? 1 : 128, iter % 4 >= 2, iter < 4 ? 4 : 3);
       const QuantSpec q = QuantSpec::fp8_block(int(pr.block_n), 128, pr.ue8m0 ? ScaleFormat::ue8m0 : ScaleFormat::f32);
       const int64_t panels = (pr.n + kPanelCols - 1) / kPanelCols;
-      std::vector<uint8_t> codes(size_t(panels * pr.k * kPanelCols)), flags(size_t(panels * pr.blocks));
+      std::vector<uint8_t> codes(size_t(panels * fp8_panel_bytes(pr.k, kt->packed_fp8_pairs))), flags(size_t(panels * pr.blocks));
       std::vector<float> block_scales(size_t(panels * pr.blocks * kPanelCols));
-      pack_rows_fp8(pr.w.data(), pr.scales(), q, pr.k, 0, pr.n, codes.data(), block_scales.data(), flags.data());
+      pack_rows_fp8(pr.w.data(), pr.scales(), q, pr.k, 0, pr.n, kt->packed_fp8_pairs, codes.data(), block_scales.data(), flags.data());
       if (iter < 4) {
         for (uint8_t f : flags) ASSERT_EQ(f, 1) << "blocks of normal codes only are flagged for the fast form";
       }
@@ -350,6 +354,58 @@ TEST(CpuKernels, PackedFp8MatmulMatchesLoopForEveryKindOfCode) {
     }
   }
   if (!ran) GTEST_SKIP() << "no kernel table with the packed FP8 kernel on this CPU";
+}
+
+// Each table's quantize_rows against the scalar one (quant_math), bit for bit: normal values of many
+// magnitudes, rows holding 448 (scale 1) with exact ties between e4m3 values (normal and subnormal),
+// zeros of both signs, NaN and infinities, groups of all zeros, and k with partial 16-lane and
+// 128-channel tails.
+TEST(CpuKernels, QuantizeRowsMatchesScalarBitForBit) {
+  std::mt19937 rng(67);
+  std::normal_distribution<float> nd;
+  const float ties[] = {1.0625f, 1.1875f, -1.3125f, 0x1p-10f, 0x3p-10f, -0x5p-10f, 0x1.1p-6f, 0x1.dp7f, 440.0f, 0x1p-12f};
+  for (const KernelTable* kt : tables()) {
+    for (int iter = 0; iter < 40; ++iter) {
+      const int64_t m = 1 + rng() % 4, k = 1 + rng() % 700, groups = (k + 127) / 128;
+      std::vector<float> x(size_t(m * k));
+      const float mag = std::ldexp(1.0f, int(rng() % 60) - 30);
+      for (auto& v : x) v = nd(rng) * mag;
+      for (int64_t i = 0; i < m; ++i) {
+        float* row = x.data() + i * k;
+        switch (iter % 5) {
+          case 1:  // scale 1: the ties land on x / scale exactly
+            row[0] = 448.0f;
+            for (int64_t c = 1; c < k; ++c) row[c] = ties[rng() % std::size(ties)] * (rng() % 2 ? 1.0f : -1.0f);
+            break;
+          case 2:
+            row[rng() % k] = NAN;
+            row[rng() % k] = 0.0f;
+            row[rng() % k] = -0.0f;
+            break;
+          case 3:
+            row[rng() % k] = rng() % 2 ? INFINITY : -INFINITY;
+            break;
+          case 4:
+            std::fill(row, row + std::min<int64_t>(k, 128), 0.0f);
+            break;
+        }
+      }
+      std::vector<float> want = x, got = x, ws(size_t(m * groups)), gs(size_t(m * groups));
+      quantize_rows(want.data(), m, k, ws.data());
+      kt->quantize_rows(got.data(), m, k, gs.data());
+      for (size_t i = 0; i < want.size(); ++i) {
+        uint32_t a, b;
+        std::memcpy(&a, &want[i], 4);
+        std::memcpy(&b, &got[i], 4);
+        if (std::isnan(want[i])) {
+          ASSERT_TRUE(std::isnan(got[i])) << kt->isa << " at " << i;
+        } else {
+          ASSERT_EQ(a, b) << kt->isa << " iter " << iter << " at " << i << ": " << want[i] << " vs " << got[i];
+        }
+      }
+      for (size_t i = 0; i < ws.size(); ++i) ASSERT_EQ(ws[i], gs[i]) << kt->isa << " scale " << i;
+    }
+  }
 }
 
 // The FP4 path of quant_matmul (e2m1 codes two per byte, low nibble first, UE8M0 scales per group of

@@ -101,7 +101,7 @@ struct QuantBuffers {
   void quantize(const OperandRows& rows, int64_t n, float* scales, int64_t g, int threads) const {
     if (!on) return;
 #pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t r = 0; r < n; ++r) quantize_rows(static_cast<float*>(rows.row(r)), 1, rows.width, scales + r * g);
+    for (int64_t r = 0; r < n; ++r) kernels().quantize_rows(static_cast<float*>(rows.row(r)), 1, rows.width, scales + r * g);
   }
 };
 

@@ -50,7 +50,7 @@ bool project_packed(const KernelTable& kt, PackedParts pk, const void* x, DType 
                     int64_t width, float* y, int64_t ldy, const float* xs = nullptr) {
   for (int i = 0; i < pk.count; ++i) {
     const PackedMatrix& p = pk.parts[i];
-    const bool pairing = p.panels_e4m3  ? xdt == DType::f32 && xs && kt.packed_matmul_fp8
+    const bool pairing = p.panels_e4m3  ? xdt == DType::f32 && xs && kt.packed_matmul_fp8 && kt.packed_fp8_pairs == p.fp8_pairs
                          : p.panels_bf16 ? xdt == DType::bf16 && kt.packed_matmul_bf16
                                          : xdt == DType::f32;
     const bool kernel = pairing && m >= p.min_rows;

@@ -112,17 +112,19 @@ inline int64_t packed_bf16_panel_elems(int64_t k) { return (k + 1) / 2 * 2 * kPa
 
 // Y[0:m, 0:n1−n0] = Σ_kb xs[:, kb] · ws[·, kb] · Σ_{k in kb} X[:, k] · W[·, k] for FP8 block-scaled
 // weights packed into panels of 32 output columns (PackedWeights, FP8 experts): panel p holds the
-// e4m3 codes of output columns [32p, 32p + 32) as [k, 32] bytes, beside each 128-k block's 32 weight
-// scales (f32, whatever the checkpoint's scale format) and whether the block's codes are all normal
-// numbers (then the fast conversion serves it). X: the activations' e4m3 codes as f32 with one scale
-// per row and 128 channels (quantize_rows). n0 must be a multiple of kPanelCols. Each output is, per
-// 128-k block, one f32 chain in k order, so results do not depend on m or the column range.
+// e4m3 codes of output columns [32p, 32p + 32) as [k, 32] bytes, or — for the tables whose kernel runs
+// on vdpbf16ps (KernelTable::packed_fp8_pairs) — in k pairs as [ceil(k / 2), 32, 2] bytes (an odd k's
+// last pair padded with a normal code), beside each 128-k block's 32 weight scales (f32, whatever the
+// checkpoint's scale format) and whether the block's codes are all normal numbers (then the fast
+// conversion serves it). X: the activations' e4m3 codes as f32 with one scale per row and 128
+// channels (quantize_rows). n0 must be a multiple of kPanelCols. Each output is, per 128-k block, one
+// f32 chain in k order (pairs of k on vdpbf16ps), so results do not depend on m or the column range.
 struct PackedFp8MatmulArgs {
   const float* x = nullptr;  // [m, k] codes, row stride ldx
   int64_t ldx = 0;
   const float* xs = nullptr;  // [m, ceil(k / 128)]
   int64_t m = 0, k = 0;
-  const uint8_t* panels = nullptr;        // [ceil(N / 32), k, 32] e4m3
+  const uint8_t* panels = nullptr;        // [ceil(N / 32), k, 32] e4m3, or [ceil(N / 32), ceil(k / 2), 32, 2]
   const float* block_scales = nullptr;    // [ceil(N / 32), ceil(k / 128), 32]
   const uint8_t* block_normal = nullptr;  // [ceil(N / 32), ceil(k / 128)]: 1 = every code normal
   float* y = nullptr;  // [m, n1 − n0], row stride ldy: column 0 is output column n0
@@ -159,6 +161,12 @@ struct KernelTable {
   // The packed FP8 kernel (PackedFp8MatmulArgs); nullptr where the table has no fast e4m3 form
   // (AVX-512 tables have it), and FP8 experts are then read in place.
   void (*packed_matmul_fp8)(const PackedFp8MatmulArgs& a);
+  // Whether packed_matmul_fp8 reads k-pair panels ([ceil(k / 2), 32, 2]: AVX512_BF16 tables, whose
+  // kernel runs on vdpbf16ps) rather than [k, 32] ones (PackedFp8MatmulArgs).
+  bool packed_fp8_pairs;
+  // quantize_rows (quant_math.hpp: x rows → their e4m3 values in place, scales per 128 channels), in
+  // vectors where the table has them; the same results bit for bit.
+  void (*quantize_rows)(float* x, int64_t m, int64_t k, float* scales);
 };
 
 // The table for this CPU. MOEX_CPU_ISA=avx512|avx2|generic forces a (supported) variant.

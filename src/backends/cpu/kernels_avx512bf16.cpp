@@ -199,10 +199,136 @@ void packed_matmul_bf16_impl(const PackedBf16MatmulArgs& a) {
   }
 }
 
+// ---- packed FP8 on vdpbf16ps (see PackedFp8MatmulArgs, k-pair panels) ------------------------
+// Every e4m3 value is a bf16 value, and so is every activation code: converted to bf16, the products
+// are exact in f32 and vdpbf16ps sums two of them per lane, at twice the rate of the f32 FMAs the
+// AVX-512 kernel (impl::packed_fp8_block) needs after its conversion. The weights are converted × 2^-8
+// so that the normal codes take three operations: the sign-extended code shifted left by 4 puts the
+// exponent and mantissa bits at bits 10..4 of the bf16 (and copies of the sign at 15..11), then bits
+// 14..11 are set to 0111 (exponent + 112 = the bias difference 120 − 8). Products stay far above
+// vdpbf16ps's flush-to-zero: |x| ≥ 2^-9, |w| ≥ 2^-17 after the scaling.
+
+// 32 codes (16 columns × one k pair) → 32 bf16 × 2^-8, for blocks of normal codes only.
+inline __m512i e4m3_pairs_normal(const uint8_t* p) {
+  const __m512i w = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  // select: bits where the mask (0x7800) is set from 0x3800, the rest from w << 4 (imm 0xB8: b ? c : a)
+  return _mm512_ternarylogic_epi32(_mm512_slli_epi16(w, 4), _mm512_set1_epi16(0x7800), _mm512_set1_epi16(0x3800), 0xB8);
+}
+
+// The same for any code: zero and subnormal codes (m · 2^-9, so m · 2^-17 here) from a table of the
+// eight magnitudes with the code's sign, the NaN codes as NaN.
+inline __m512i e4m3_pairs_any(const uint8_t* p) {
+  const __m512i w = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  const __m512i normal = _mm512_ternarylogic_epi32(_mm512_slli_epi16(w, 4), _mm512_set1_epi16(0x7800), _mm512_set1_epi16(0x3800), 0xB8);
+  const __m512i mag = _mm512_and_si512(w, _mm512_set1_epi16(0x7f));
+  const __mmask32 sub = _mm512_cmplt_epu16_mask(mag, _mm512_set1_epi16(8));
+  const __mmask32 nan = _mm512_cmpeq_epi16_mask(mag, _mm512_set1_epi16(0x7f));
+  // bf16 of m · 2^-17, m = 0..7, in the first eight words (vpermw reads the index's low 5 bits)
+  const __m512i table = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x3860, 0x3840,
+                                         0x3820, 0x3800, 0x37C0, 0x3780, 0x3700, 0);
+  const __m512i subv = _mm512_or_si512(_mm512_permutexvar_epi16(mag, table), _mm512_and_si512(w, _mm512_set1_epi16(int16_t(0x8000))));
+  return _mm512_mask_mov_epi16(_mm512_mask_mov_epi16(normal, sub, subv), nan, _mm512_set1_epi16(0x7fc0));
+}
+
+// MR rows × one panel: per k pair one 64-byte row of the panel (32 columns × 2 codes) converted to two
+// vectors, one broadcast pair of x per row, 2·MR vdpbf16ps; per 128-k block (64 pairs) the sums are
+// folded into the totals with 2^8 × x's scale × the columns' weight scales. 4·MR accumulators and
+// totals + 2 weights + 2 constants: MR ≤ 6.
+constexpr int kPackedFp8Bf16Rows = 6;
+
+template <int MR>
+inline void packed_fp8_bf16_block(const PackedFp8MatmulArgs& a, const uint32_t* xpairs, int64_t pairs, int64_t i0, int64_t p,
+                                  int ncols, float* y) {
+  const int64_t blocks = (a.k + 127) / 128;
+  const uint8_t* panel = a.panels + p * pairs * 64;
+  const float* scales = a.block_scales + p * blocks * kPanelCols;
+  const uint8_t* normal = a.block_normal + p * blocks;
+  const uint32_t* xr[MR];
+  for (int r = 0; r < MR; ++r) xr[r] = xpairs + (i0 + r) * pairs;
+  __m512 total[MR][2];
+  for (int r = 0; r < MR; ++r) total[r][0] = total[r][1] = _mm512_setzero_ps();
+  for (int64_t kb = 0; kb < blocks; ++kb) {
+    const int64_t j0 = kb * 64, j1 = std::min(pairs, j0 + 64);
+    __m512 acc[MR][2];
+    for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    // the block's pair steps with one of the two conversions (a loop each, not a branch per step)
+    auto steps = [&](auto convert) {
+      const uint8_t* pp = panel + j0 * 64;
+      for (int64_t j = j0; j < j1; ++j, pp += 64) {
+        const __m512i w0 = convert(pp), w1 = convert(pp + 32);
+        for (int r = 0; r < MR; ++r) {
+          const __m512i xb = _mm512_set1_epi32(int32_t(xr[r][j]));
+          acc[r][0] = _mm512_dpbf16_ps(acc[r][0], (__m512bh)xb, (__m512bh)w0);
+          acc[r][1] = _mm512_dpbf16_ps(acc[r][1], (__m512bh)xb, (__m512bh)w1);
+        }
+      }
+    };
+    if (normal[kb])
+      steps([](const uint8_t* q) { return e4m3_pairs_normal(q); });
+    else
+      steps([](const uint8_t* q) { return e4m3_pairs_any(q); });
+    const __m512 s0 = _mm512_loadu_ps(scales + kb * kPanelCols), s1 = _mm512_loadu_ps(scales + kb * kPanelCols + 16);
+    for (int r = 0; r < MR; ++r) {
+      const __m512 xs = _mm512_set1_ps(a.xs[(i0 + r) * blocks + kb] * 256.0f);  // × 2^8: exact
+      total[r][0] = _mm512_fmadd_ps(acc[r][0], _mm512_mul_ps(s0, xs), total[r][0]);
+      total[r][1] = _mm512_fmadd_ps(acc[r][1], _mm512_mul_ps(s1, xs), total[r][1]);
+    }
+  }
+  for (int r = 0; r < MR; ++r) {
+    float* yr = y + (i0 + r) * a.ldy;
+    if (ncols == kPanelCols) {
+      _mm512_storeu_ps(yr, total[r][0]);
+      _mm512_storeu_ps(yr + 16, total[r][1]);
+    } else {
+      alignas(64) float tmp[kPanelCols];
+      _mm512_store_ps(tmp, total[r][0]);
+      _mm512_store_ps(tmp + 16, total[r][1]);
+      std::memcpy(yr, tmp, size_t(ncols) * sizeof(float));
+    }
+  }
+}
+
+template <int MR = kPackedFp8Bf16Rows>
+inline void packed_fp8_bf16_rows(int mr, const PackedFp8MatmulArgs& a, const uint32_t* xpairs, int64_t pairs, int64_t i0, int64_t p,
+                                 int ncols, float* y) {
+  if constexpr (MR > 1) {
+    if (mr < MR) {
+      packed_fp8_bf16_rows<MR - 1>(mr, a, xpairs, pairs, i0, p, ncols, y);
+      return;
+    }
+  }
+  packed_fp8_bf16_block<MR>(a, xpairs, pairs, i0, p, ncols, y);
+}
+
+void packed_matmul_fp8_bf16_impl(const PackedFp8MatmulArgs& a) {
+  if (a.m <= 0 || a.n1 <= a.n0) return;
+  // x's codes as bf16 pairs [m, ceil(k / 2)] (an odd k's last pair: (x[k − 1], 0)): exact, each code
+  // is a bf16 value; m · k conversions against m · k · (n1 − n0) products
+  const int64_t pairs = (a.k + 1) / 2;
+  thread_local std::vector<uint32_t> xbuf;
+  xbuf.resize(size_t(a.m * pairs));
+  for (int64_t i = 0; i < a.m; ++i) {
+    uint16_t* row = reinterpret_cast<uint16_t*>(xbuf.data() + i * pairs);
+    Avx512::store_as_bf16(a.x + i * a.ldx, row, a.k);
+    if (a.k % 2) row[a.k] = 0;
+  }
+  const int64_t row_blocks = (a.m + kPackedFp8Bf16Rows - 1) / kPackedFp8Bf16Rows;  // near-equal
+  for (int64_t n = a.n0; n < a.n1; n += kPanelCols) {
+    const int ncols = int(std::min<int64_t>(kPanelCols, a.n1 - n));
+    for (int64_t b = 0; b < row_blocks; ++b) {
+      const int64_t i0 = b * a.m / row_blocks, i1 = (b + 1) * a.m / row_blocks;
+      packed_fp8_bf16_rows(int(i1 - i0), a, xbuf.data(), pairs, i0, n / kPanelCols, ncols, a.y + (n - a.n0));
+    }
+  }
+}
+
 struct Avx512Bf16 : Avx512 {
   static constexpr bool kBf16Dot = true;
   static constexpr bool kPackedBf16 = true;
   static void packed_matmul_bf16(const PackedBf16MatmulArgs& a) { packed_matmul_bf16_impl(a); }
+  // FP8 panels in k pairs, on vdpbf16ps (packed_matmul_fp8_bf16_impl)
+  static constexpr bool kPackedFp8Pairs = true;
+  static void packed_matmul_fp8_pairs(const PackedFp8MatmulArgs& a) { packed_matmul_fp8_bf16_impl(a); }
   // The benchmark's bf16 peak probe: 12 independent vdpbf16ps chains (64 flops per instruction).
   // It issues at the rate of a 512-bit FMA on the AMD EPYC development VM, so the bf16 peak is twice
   // the f32 one there (2026-12-01, one idle core: 227-232 vs 115 GFLOP/s).

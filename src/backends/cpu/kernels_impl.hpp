@@ -12,6 +12,7 @@
 #include <limits>
 
 #include "backends/cpu/kernels.hpp"
+#include "backends/cpu/quant_math.hpp"
 
 namespace moex::cpu::impl {
 
@@ -709,12 +710,21 @@ KernelTable make_table(const char* name) {
   void (*packed_bf16)(const PackedBf16MatmulArgs&) = nullptr;
   if constexpr (requires { Isa::kPackedBf16; })
     if constexpr (Isa::kPackedBf16) packed_bf16 = &Isa::packed_matmul_bf16;
+  // the packed FP8 kernel: on vdpbf16ps with k-pair panels where the ISA has one, else on FMAs
   void (*packed_fp8)(const PackedFp8MatmulArgs&) = nullptr;
-  if constexpr (requires(const uint8_t* q) { Isa::load_e4m3_scaled(q); }) packed_fp8 = &packed_fp8_matmul<Isa>;
+  bool fp8_pairs = false;
+  if constexpr (requires { Isa::kPackedFp8Pairs; }) {
+    packed_fp8 = &Isa::packed_matmul_fp8_pairs;
+    fp8_pairs = true;
+  } else if constexpr (requires(const uint8_t* q) { Isa::load_e4m3_scaled(q); }) {
+    packed_fp8 = &packed_fp8_matmul<Isa>;
+  }
+  void (*quantize)(float*, int64_t, int64_t, float*) = &cpu::quantize_rows;
+  if constexpr (requires(float* f) { Isa::quantize_e4m3_rows(f, int64_t(1), int64_t(1), f); }) quantize = &Isa::quantize_e4m3_rows;
   return KernelTable{name,           Isa::kBf16Dot,        &matmul<Isa>,         &to_f32<Isa>,
                      &from_f32<Isa>, &fma_probe<Isa>,      &e4m3_to_f32<Isa>,    &fp8_matmul<Isa>,
                      &packed_matmul<Isa>, &silu_mul<Isa>,  &read_probe<Isa>,     dot_probe,
-                     packed_bf16,    packed_fp8};
+                     packed_bf16,    packed_fp8,           fp8_pairs,            quantize};
 }
 
 // Scalar rounding loops shared by the traits (the compiler vectorises the bf16 one).

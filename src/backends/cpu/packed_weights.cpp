@@ -36,7 +36,8 @@ struct Fp8Sizes {
 };
 Fp8Sizes fp8_sizes(int64_t n, int64_t k) {
   const size_t panels = size_t(padded_rows(n) / kPanelCols), blocks = size_t((k + 127) / 128);
-  return {round64(panels * size_t(k) * kPanelCols), round64(panels * blocks * kPanelCols * sizeof(float)), round64(panels * blocks)};
+  return {round64(panels * size_t(fp8_panel_bytes(k, kernels().packed_fp8_pairs))),
+          round64(panels * blocks * kPanelCols * sizeof(float)), round64(panels * blocks)};
 }
 
 // Bytes of n rows × k of one matrix packed in dtype dt (f32 [k, 32], bf16 [ceil(k / 2), 32, 2] or
@@ -135,16 +136,21 @@ const void* expert_matrix(const TensorView& t, int64_t e) {
 }  // namespace
 
 // (packed_weights.hpp) Rows [r0, r0 + n) of one expert's FP8 matrix: codes w [N, K] e4m3 (row-major), scales [ceil(N /
-// block_n), ceil(K / 128)] (f32 or UE8M0) → e4m3 panels [ceil(n / 32), K, 32] (padding columns 1.0),
-// each 128-k block's 32 column scales as f32, and its "all normal" flag (no zero, subnormal or NaN code
-// among the real columns), at the three destinations.
-void pack_rows_fp8(const uint8_t* w, const void* scales, const QuantSpec& q, int64_t K, int64_t r0, int64_t n, uint8_t* codes,
-                   float* block_scales, uint8_t* flags) {
-  constexpr uint8_t kOne = 0x38;  // e4m3 1.0: a normal code for the padding columns
+// block_n), ceil(K / 128)] (f32 or UE8M0) → e4m3 panels [ceil(n / 32), K, 32], or [ceil(n / 32), ceil(K /
+// 2), 32, 2] with `pairs` (padding columns, and an odd K's last pair partner, 1.0), each 128-k block's
+// 32 column scales as f32, and its "all normal" flag (no zero, subnormal or NaN code among the real
+// columns), at the three destinations.
+void pack_rows_fp8(const uint8_t* w, const void* scales, const QuantSpec& q, int64_t K, int64_t r0, int64_t n, bool pairs,
+                   uint8_t* codes, float* block_scales, uint8_t* flags) {
+  constexpr uint8_t kOne = 0x38;  // e4m3 1.0: a normal code for the padding
   const int64_t panels = padded_rows(n) / kPanelCols, blocks = (K + 127) / 128;
   const QuantMatrix wq{q, w, scales, r0 + n, K, false};  // (rows past r0 + n are not read)
+  // where code (k, c) of a panel lives
+  const auto at = [pairs](int64_t k, int64_t c) { return pairs ? (k / 2) * 2 * kPanelCols + c * 2 + k % 2 : k * kPanelCols + c; };
   for (int64_t p = 0; p < panels; ++p) {
-    uint8_t* panel = codes + p * K * kPanelCols;
+    uint8_t* panel = codes + p * fp8_panel_bytes(K, pairs);
+    if (pairs && K % 2)
+      for (int64_t c = 0; c < kPanelCols; ++c) panel[at(K, c)] = kOne;
     const int64_t c_end = std::min<int64_t>(kPanelCols, n - p * kPanelCols);
     const int64_t row = r0 + p * kPanelCols;
     for (int64_t kb = 0; kb < blocks; ++kb) {
@@ -155,7 +161,7 @@ void pack_rows_fp8(const uint8_t* w, const void* scales, const QuantSpec& q, int
           const uint8_t code = c < c_end ? w[(row + c) * K + k] : kOne;
           const int em = code & 0x7f;
           normal = normal && em >= 8 && em != 0x7f;
-          panel[k * kPanelCols + c] = code;
+          panel[at(k, c)] = code;
         }
         block_scales[(p * blocks + kb) * kPanelCols + c] = c < c_end ? weight_block_scale(wq, row + c, kb) : 0.0f;
       }
@@ -337,7 +343,8 @@ void PackedWeights::pack_expert(const Experts& ex, int64_t e) {
       auto* codes = reinterpret_cast<uint8_t*>(dst);
       auto* block_scales = reinterpret_cast<float*>(dst + z.codes);
       auto* flags = reinterpret_cast<uint8_t*>(dst + z.codes + z.scales);
-      pack_rows_fp8(static_cast<const uint8_t*>(w), scales, s.quant, K, r0, n, codes, block_scales, flags);
+      m.fp8_pairs = kernels().packed_fp8_pairs;
+      pack_rows_fp8(static_cast<const uint8_t*>(w), scales, s.quant, K, r0, n, m.fp8_pairs, codes, block_scales, flags);
       m.panels_e4m3 = codes;
       m.block_scales = block_scales;
       m.block_normal = flags;

@@ -7,8 +7,9 @@
 // output columns through a register-blocked kernel instead: f32 [in, 32] panels on FMA; bf16
 // [in / 2, 32, 2] panels on vdpbf16ps, where the kernel table has the bf16 packed kernel (AVX512_BF16
 // without AMX; bf16 weights in the default [out, in] layout); FP8 block-scaled weights (128-k blocks,
-// default layout) as e4m3 [in, 32] panels with each block's 32 column scales in f32 and an "all codes
-// normal" flag, where the table has the packed FP8 kernel (AVX-512). The first call on an experts object
+// default layout) as e4m3 [in, 32] panels (AVX-512) or [in / 2, 32, 2] panels (AVX512_BF16, whose
+// kernel runs on vdpbf16ps) with each block's 32 column scales in f32 and an "all codes normal" flag,
+// where the table has a packed FP8 kernel. The first call on an experts object
 // packs all its experts (in parallel: about 2.4 GB written for qwen3_30b_a3b in f32, 1.2 GB in
 // bf16); later calls reuse the copies.
 //
@@ -43,12 +44,14 @@ struct PackedMatrix {
   const float* panels = nullptr;
   int64_t row0 = 0, n = 0, k = 0;
   const uint16_t* panels_bf16 = nullptr;
-  // FP8 block-scaled experts (128-k weight blocks): e4m3 panels [ceil(n / 32), k, 32], each 128-k
-  // block's 32 column scales as f32 [ceil(n / 32), ceil(k / 128), 32] and whether its codes are all
-  // normal numbers [ceil(n / 32), ceil(k / 128)] (PackedFp8MatmulArgs). Padding columns hold 1.0.
+  // FP8 block-scaled experts (128-k weight blocks): e4m3 panels [ceil(n / 32), k, 32], or in k pairs
+  // [ceil(n / 32), ceil(k / 2), 32, 2] (fp8_pairs: the tables with KernelTable::packed_fp8_pairs), each
+  // 128-k block's 32 column scales as f32 [ceil(n / 32), ceil(k / 128), 32] and whether its codes are
+  // all normal numbers [ceil(n / 32), ceil(k / 128)] (PackedFp8MatmulArgs). Padding holds 1.0.
   const uint8_t* panels_e4m3 = nullptr;
   const float* block_scales = nullptr;
   const uint8_t* block_normal = nullptr;
+  bool fp8_pairs = false;
   // The kernels' prefetch distance where one row block streams the panels (PackedMatmulArgs::
   // prefetch_ahead): on Intel CPUs 2 KiB when the experts' packed weights exceed the last-level
   // cache (they stream from DRAM), else 0 (one k chunk ahead); on other CPUs −1 (none).
@@ -126,11 +129,13 @@ class PackedWeights {
 };
 
 // Rows [r0, r0 + n) of one expert's FP8 matrix (e4m3 codes w [N, K], scales per q.block_n × 128 block,
-// f32 or UE8M0) packed for PackedFp8MatmulArgs: codes [ceil(n / 32), K, 32], block_scales
-// [ceil(n / 32), ceil(K / 128), 32], flags [ceil(n / 32), ceil(K / 128)]. PackedWeights packs with it;
-// declared here for the kernel tests.
-void pack_rows_fp8(const uint8_t* w, const void* scales, const QuantSpec& q, int64_t K, int64_t r0, int64_t n, uint8_t* codes,
-                   float* block_scales, uint8_t* flags);
+// f32 or UE8M0) packed for PackedFp8MatmulArgs: codes [ceil(n / 32), fp8_panel_bytes(K, pairs)] (k-pair
+// panels with `pairs`), block_scales [ceil(n / 32), ceil(K / 128), 32], flags [ceil(n / 32), ceil(K /
+// 128)]. PackedWeights packs with it; declared here for the kernel tests.
+void pack_rows_fp8(const uint8_t* w, const void* scales, const QuantSpec& q, int64_t K, int64_t r0, int64_t n, bool pairs,
+                   uint8_t* codes, float* block_scales, uint8_t* flags);
+// Bytes of one FP8 panel of k codes per column: [k, 32], or [ceil(k / 2), 32, 2] in k pairs.
+inline int64_t fp8_panel_bytes(int64_t k, bool pairs) { return (pairs ? (k + 1) / 2 * 2 : k) * kPanelCols; }
 
 // Frees every packed copy (they are rebuilt on the next call that needs them). Not to be called
 // while an experts call runs.

@@ -3,6 +3,9 @@
 #pragma once
 #include <immintrin.h>
 
+#include <algorithm>
+#include <cmath>
+
 #include "backends/cpu/kernels_impl.hpp"
 
 namespace moex::cpu {
@@ -47,6 +50,37 @@ struct Avx512 {
       special |= _mm512_mask_cmplt_epu8_mask(in, em, eight) | _mm512_mask_cmpeq_epi8_mask(in, em, low7);
     }
     return special == 0;
+  }
+  // quantize_rows (quant_math.hpp) in vectors, with the same results bit for bit: per 128 channels
+  // amax (NaN ignored, as std::max ignores it), scale = amax / 448 (1 where amax is 0 or not finite),
+  // x / scale clamped to ±448 (NaN kept), then rounded to the nearest e4m3 value (ties to even) as
+  // round(q · 2^(3 − e)) · 2^(e − 3) with e = max(exponent of q, −6): three mantissa bits for normals,
+  // multiples of 2^-9 below 2^-6. Scalings by powers of two and the rounding to an integer are exact.
+  static void quantize_e4m3_rows(float* x, int64_t m, int64_t k, float* scales) {
+    const int64_t groups = (k + 127) / 128;
+    const __m512 hi = _mm512_set1_ps(448.0f), lo = _mm512_set1_ps(-448.0f), min_exp = _mm512_set1_ps(-6.0f), three = _mm512_set1_ps(3.0f);
+    const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t g = 0; g < groups; ++g) {
+        float* p = x + i * k + g * 128;
+        const int64_t n = std::min<int64_t>(128, k - g * 128);
+        auto lanes = [n](int64_t c) { return n - c >= 16 ? __mmask16(0xffff) : __mmask16((1u << (n - c)) - 1u); };
+        __m512 amax = _mm512_setzero_ps();
+        for (int64_t c = 0; c < n; c += 16)  // max_ps returns its second operand where one is NaN
+          amax = _mm512_max_ps(_mm512_and_ps(_mm512_maskz_loadu_ps(lanes(c), p + c), abs_mask), amax);
+        const float am = _mm512_reduce_max_ps(amax);
+        const float scale = am > 0 && std::isfinite(am) ? am / 448.0f : 1.0f;
+        scales[i * groups + g] = scale;
+        const __m512 sv = _mm512_set1_ps(scale);
+        for (int64_t c = 0; c < n; c += 16) {
+          const __mmask16 in = lanes(c);
+          __m512 q = _mm512_div_ps(_mm512_maskz_loadu_ps(in, p + c), sv);
+          q = _mm512_max_ps(lo, _mm512_min_ps(hi, q));  // a NaN q is the second operand: kept
+          const __m512 e = _mm512_max_ps(_mm512_getexp_ps(q), min_exp);  // getexp(0) = −inf → −6
+          const __m512 r = _mm512_roundscale_ps(_mm512_scalef_ps(q, _mm512_sub_ps(three, e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+          _mm512_mask_storeu_ps(p + c, in, _mm512_scalef_ps(r, _mm512_sub_ps(e, three)));
+        }
+      }
   }
   static V zero() { return _mm512_setzero_ps(); }
   static V set1(float v) { return _mm512_set1_ps(v); }
