@@ -344,7 +344,7 @@ TEST(CpuKernels, PackedFp8MatmulMatchesLoopForEveryKindOfCode) {
       a.k = pr.k;
       a.panels = codes.data();
       a.block_scales = block_scales.data();
-      a.block_normal = flags.data();
+      a.block_kind = flags.data();
       a.y = y.data();
       a.ldy = ldy;
       a.n0 = n0;

@@ -267,7 +267,7 @@ void cpu_batched(const Experts& ex, const ExpertsCall& call, const RunContext& c
     for (int64_t p = 0; p < S; ++p)
       if (expert_of(call, p, E) >= 0) {
         activation_rows(kt, s, gu + p * R, 1, h.row(p), xdt);
-        if (q.on) quantize_rows(static_cast<float*>(h.row(p)), 1, I, q.hs + p * q.gi);
+        if (q.on) kt.quantize_rows(static_cast<float*>(h.row(p)), 1, I, q.hs + p * q.gi);
       }
 #pragma omp for schedule(dynamic, 4) collapse(2)
     for (int64_t p = 0; p < S; ++p)
@@ -385,7 +385,7 @@ void cpu_grouped(const Experts& ex, const ExpertsCall& call, const RunContext& c
 #pragma omp for schedule(static)
       for (int64_t r = 0; r < rows; ++r) {
         activation_rows(kt, s, gu + r * R, 1, h.row(r), xdt);
-        quantize_rows(static_cast<float*>(h.row(r)), 1, I, q.hs + r * q.gi);
+        kt.quantize_rows(static_cast<float*>(h.row(r)), 1, I, q.hs + r * q.gi);
       }
     }
     if (hv) {  // after the up loop's barrier: every h column is written

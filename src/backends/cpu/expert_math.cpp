@@ -78,7 +78,7 @@ bool project_packed(const KernelTable& kt, PackedParts pk, const void* x, DType 
       fill(a, static_cast<const float*>(x), p.panels_e4m3);
       a.xs = xs;
       a.block_scales = p.block_scales;
-      a.block_normal = p.block_normal;
+      a.block_kind = p.block_kind;
       kt.packed_matmul_fp8(a);
     } else if (p.panels_bf16) {
       PackedBf16MatmulArgs a;

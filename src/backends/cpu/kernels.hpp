@@ -110,13 +110,21 @@ struct PackedBf16MatmulArgs {
 // bf16 elements of one panel of PackedBf16MatmulArgs.
 inline int64_t packed_bf16_panel_elems(int64_t k) { return (k + 1) / 2 * 2 * kPanelCols; }
 
+// What the codes of one 128-k block of a packed FP8 panel hold, so that the kernels convert them with
+// the fewest operations that are exact for them.
+enum Fp8BlockKind : uint8_t {
+  kFp8BlockAny = 0,     // a NaN code (or anything else)
+  kFp8BlockNormal = 1,  // normal numbers only (exponent field 1..15, no NaN)
+  kFp8BlockSmall = 2,   // normal numbers and zero / subnormal codes, no NaN
+};
+
 // Y[0:m, 0:n1−n0] = Σ_kb xs[:, kb] · ws[·, kb] · Σ_{k in kb} X[:, k] · W[·, k] for FP8 block-scaled
 // weights packed into panels of 32 output columns (PackedWeights, FP8 experts): panel p holds the
 // e4m3 codes of output columns [32p, 32p + 32) as [k, 32] bytes, or — for the tables whose kernel runs
 // on vdpbf16ps (KernelTable::packed_fp8_pairs) — in k pairs as [ceil(k / 2), 32, 2] bytes (an odd k's
 // last pair padded with a normal code), beside each 128-k block's 32 weight scales (f32, whatever the
-// checkpoint's scale format) and whether the block's codes are all normal numbers (then the fast
-// conversion serves it). X: the activations' e4m3 codes as f32 with one scale per row and 128
+// checkpoint's scale format) and the kind of codes the block holds (Fp8BlockKind: the fewer kinds of
+// code, the fewer operations convert them). X: the activations' e4m3 codes as f32 with one scale per row and 128
 // channels (quantize_rows). n0 must be a multiple of kPanelCols. Each output is, per 128-k block, one
 // f32 chain in k order (pairs of k on vdpbf16ps), so results do not depend on m or the column range.
 struct PackedFp8MatmulArgs {
@@ -126,7 +134,7 @@ struct PackedFp8MatmulArgs {
   int64_t m = 0, k = 0;
   const uint8_t* panels = nullptr;        // [ceil(N / 32), k, 32] e4m3, or [ceil(N / 32), ceil(k / 2), 32, 2]
   const float* block_scales = nullptr;    // [ceil(N / 32), ceil(k / 128), 32]
-  const uint8_t* block_normal = nullptr;  // [ceil(N / 32), ceil(k / 128)]: 1 = every code normal
+  const uint8_t* block_kind = nullptr;  // [ceil(N / 32), ceil(k / 128)]: Fp8BlockKind
   float* y = nullptr;  // [m, n1 − n0], row stride ldy: column 0 is output column n0
   int64_t ldy = 0;
   int64_t n0 = 0, n1 = 0;

@@ -215,6 +215,20 @@ inline __m512i e4m3_pairs_normal(const uint8_t* p) {
   return _mm512_ternarylogic_epi32(_mm512_slli_epi16(w, 4), _mm512_set1_epi16(0x7800), _mm512_set1_epi16(0x3800), 0xB8);
 }
 
+// The same for blocks with zero and subnormal codes but no NaN: those lanes (exponent field 0) take
+// m · 2^-17 with the code's sign from a table, indexed by the low five bits of w | w >> 3 — m in bits
+// 0..2, and for a negative code (w = 0xFF80 | m after the sign extension) the sign in bit 4.
+inline __m512i e4m3_pairs_small(const uint8_t* p) {
+  const __m512i w = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  const __m512i normal = _mm512_ternarylogic_epi32(_mm512_slli_epi16(w, 4), _mm512_set1_epi16(0x7800), _mm512_set1_epi16(0x3800), 0xB8);
+  const __mmask32 sub = _mm512_testn_epi16_mask(w, _mm512_set1_epi16(0x78));
+  // bf16 of ±m · 2^-17: + at 0..7, − at 16..23
+  const __m512i table = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, int16_t(0xB860), int16_t(0xB840), int16_t(0xB820), int16_t(0xB800),
+                                         int16_t(0xB7C0), int16_t(0xB780), int16_t(0xB700), int16_t(0x8000), 0, 0, 0, 0, 0, 0, 0, 0,
+                                         0x3860, 0x3840, 0x3820, 0x3800, 0x37C0, 0x3780, 0x3700, 0);
+  return _mm512_mask_permutexvar_epi16(normal, sub, _mm512_or_si512(w, _mm512_srli_epi16(w, 3)), table);
+}
+
 // The same for any code: zero and subnormal codes (m · 2^-9, so m · 2^-17 here) from a table of the
 // eight magnitudes with the code's sign, the NaN codes as NaN.
 inline __m512i e4m3_pairs_any(const uint8_t* p) {
@@ -232,9 +246,11 @@ inline __m512i e4m3_pairs_any(const uint8_t* p) {
 
 // MR rows × one panel: per k pair one 64-byte row of the panel (32 columns × 2 codes) converted to two
 // vectors, one broadcast pair of x per row, 2·MR vdpbf16ps; per 128-k block (64 pairs) the sums are
-// folded into the totals with 2^8 × x's scale × the columns' weight scales. 4·MR accumulators and
-// totals + 2 weights + 2 constants: MR ≤ 6.
-constexpr int kPackedFp8Bf16Rows = 6;
+// folded into the totals with 2^8 × x's scale × the columns' weight scales. The totals live in an L1
+// buffer, not registers (a load and a store per row and block against 128 vdpbf16ps), so that 2·MR
+// accumulators + 2 weights + 2 constants allow MR up to 12 and the conversion is shared by more rows.
+constexpr int kPackedFp8Bf16MaxRows = 12;
+constexpr int kPackedFp8Bf16Rows = 8;
 
 template <int MR>
 inline void packed_fp8_bf16_block(const PackedFp8MatmulArgs& a, const uint32_t* xpairs, int64_t pairs, int64_t i0, int64_t p,
@@ -242,11 +258,10 @@ inline void packed_fp8_bf16_block(const PackedFp8MatmulArgs& a, const uint32_t* 
   const int64_t blocks = (a.k + 127) / 128;
   const uint8_t* panel = a.panels + p * pairs * 64;
   const float* scales = a.block_scales + p * blocks * kPanelCols;
-  const uint8_t* normal = a.block_normal + p * blocks;
+  const uint8_t* kind = a.block_kind + p * blocks;
   const uint32_t* xr[MR];
   for (int r = 0; r < MR; ++r) xr[r] = xpairs + (i0 + r) * pairs;
-  __m512 total[MR][2];
-  for (int r = 0; r < MR; ++r) total[r][0] = total[r][1] = _mm512_setzero_ps();
+  alignas(64) float total[MR][kPanelCols];
   for (int64_t kb = 0; kb < blocks; ++kb) {
     const int64_t j0 = kb * 64, j1 = std::min(pairs, j0 + 64);
     __m512 acc[MR][2];
@@ -263,32 +278,25 @@ inline void packed_fp8_bf16_block(const PackedFp8MatmulArgs& a, const uint32_t* 
         }
       }
     };
-    if (normal[kb])
+    if (kind[kb] == kFp8BlockNormal)
       steps([](const uint8_t* q) { return e4m3_pairs_normal(q); });
+    else if (kind[kb] == kFp8BlockSmall)
+      steps([](const uint8_t* q) { return e4m3_pairs_small(q); });
     else
       steps([](const uint8_t* q) { return e4m3_pairs_any(q); });
     const __m512 s0 = _mm512_loadu_ps(scales + kb * kPanelCols), s1 = _mm512_loadu_ps(scales + kb * kPanelCols + 16);
     for (int r = 0; r < MR; ++r) {
       const __m512 xs = _mm512_set1_ps(a.xs[(i0 + r) * blocks + kb] * 256.0f);  // × 2^8: exact
-      total[r][0] = _mm512_fmadd_ps(acc[r][0], _mm512_mul_ps(s0, xs), total[r][0]);
-      total[r][1] = _mm512_fmadd_ps(acc[r][1], _mm512_mul_ps(s1, xs), total[r][1]);
+      const __m512 t0 = kb ? _mm512_load_ps(total[r]) : _mm512_setzero_ps();
+      const __m512 t1 = kb ? _mm512_load_ps(total[r] + 16) : _mm512_setzero_ps();
+      _mm512_store_ps(total[r], _mm512_fmadd_ps(acc[r][0], _mm512_mul_ps(s0, xs), t0));
+      _mm512_store_ps(total[r] + 16, _mm512_fmadd_ps(acc[r][1], _mm512_mul_ps(s1, xs), t1));
     }
   }
-  for (int r = 0; r < MR; ++r) {
-    float* yr = y + (i0 + r) * a.ldy;
-    if (ncols == kPanelCols) {
-      _mm512_storeu_ps(yr, total[r][0]);
-      _mm512_storeu_ps(yr + 16, total[r][1]);
-    } else {
-      alignas(64) float tmp[kPanelCols];
-      _mm512_store_ps(tmp, total[r][0]);
-      _mm512_store_ps(tmp + 16, total[r][1]);
-      std::memcpy(yr, tmp, size_t(ncols) * sizeof(float));
-    }
-  }
+  for (int r = 0; r < MR; ++r) std::memcpy(y + (i0 + r) * a.ldy, total[r], size_t(ncols) * sizeof(float));
 }
 
-template <int MR = kPackedFp8Bf16Rows>
+template <int MR = kPackedFp8Bf16MaxRows>
 inline void packed_fp8_bf16_rows(int mr, const PackedFp8MatmulArgs& a, const uint32_t* xpairs, int64_t pairs, int64_t i0, int64_t p,
                                  int ncols, float* y) {
   if constexpr (MR > 1) {
@@ -312,7 +320,9 @@ void packed_matmul_fp8_bf16_impl(const PackedFp8MatmulArgs& a) {
     Avx512::store_as_bf16(a.x + i * a.ldx, row, a.k);
     if (a.k % 2) row[a.k] = 0;
   }
-  const int64_t row_blocks = (a.m + kPackedFp8Bf16Rows - 1) / kPackedFp8Bf16Rows;  // near-equal
+  // near-equal row blocks of at most kPackedFp8Bf16Rows, or MOEX_CPU_PACKED_ROWS (1 .. 12; A/B)
+  static const int64_t rows_max = impl::packed_rows_setting(kPackedFp8Bf16MaxRows, kPackedFp8Bf16Rows);
+  const int64_t row_blocks = (a.m + rows_max - 1) / rows_max;
   for (int64_t n = a.n0; n < a.n1; n += kPanelCols) {
     const int ncols = int(std::min<int64_t>(kPanelCols, a.n1 - n));
     for (int64_t b = 0; b < row_blocks; ++b) {

@@ -619,7 +619,7 @@ inline void packed_fp8_block(const PackedFp8MatmulArgs& a, int64_t i0, int64_t p
   const int64_t blocks = (a.k + 127) / 128;
   const uint8_t* panel = a.panels + p * a.k * kPanelCols;
   const float* scales = a.block_scales + p * blocks * kPanelCols;
-  const uint8_t* normal = a.block_normal + p * blocks;
+  const uint8_t* kind = a.block_kind + p * blocks;
   const float* xr[MR];
   for (int r = 0; r < MR; ++r) xr[r] = a.x + (i0 + r) * a.ldx;
   V total[MR][2];
@@ -640,11 +640,12 @@ inline void packed_fp8_block(const PackedFp8MatmulArgs& a, int64_t i0, int64_t p
         }
       }
     };
-    if (normal[kb])
+    const bool normal = kind[kb] == kFp8BlockNormal;
+    if (normal)
       steps([](const uint8_t* q) { return Isa::load_e4m3_scaled(q); });
     else
       steps([](const uint8_t* q) { return Isa::load_e4m3(q); });
-    const V back = Isa::set1(normal[kb] ? kE4m3ScaledBack : 1.0f);
+    const V back = Isa::set1(normal ? kE4m3ScaledBack : 1.0f);
     const V s0 = Isa::load(scales + kb * kPanelCols), s1 = Isa::load(scales + kb * kPanelCols + 16);
     for (int r = 0; r < MR; ++r) {
       const V xs = Isa::set1(a.xs[(i0 + r) * blocks + kb]);

@@ -138,8 +138,8 @@ const void* expert_matrix(const TensorView& t, int64_t e) {
 // (packed_weights.hpp) Rows [r0, r0 + n) of one expert's FP8 matrix: codes w [N, K] e4m3 (row-major), scales [ceil(N /
 // block_n), ceil(K / 128)] (f32 or UE8M0) → e4m3 panels [ceil(n / 32), K, 32], or [ceil(n / 32), ceil(K /
 // 2), 32, 2] with `pairs` (padding columns, and an odd K's last pair partner, 1.0), each 128-k block's
-// 32 column scales as f32, and its "all normal" flag (no zero, subnormal or NaN code among the real
-// columns), at the three destinations.
+// 32 column scales as f32, and its Fp8BlockKind (of the real columns' codes), at the three
+// destinations.
 void pack_rows_fp8(const uint8_t* w, const void* scales, const QuantSpec& q, int64_t K, int64_t r0, int64_t n, bool pairs,
                    uint8_t* codes, float* block_scales, uint8_t* flags) {
   constexpr uint8_t kOne = 0x38;  // e4m3 1.0: a normal code for the padding
@@ -155,17 +155,18 @@ void pack_rows_fp8(const uint8_t* w, const void* scales, const QuantSpec& q, int
     const int64_t row = r0 + p * kPanelCols;
     for (int64_t kb = 0; kb < blocks; ++kb) {
       const int64_t k0 = kb * 128, k1 = std::min(K, k0 + 128);
-      bool normal = true;
+      bool small = false, nan = false;
       for (int64_t c = 0; c < kPanelCols; ++c) {
         for (int64_t k = k0; k < k1; ++k) {
           const uint8_t code = c < c_end ? w[(row + c) * K + k] : kOne;
           const int em = code & 0x7f;
-          normal = normal && em >= 8 && em != 0x7f;
+          small = small || em < 8;
+          nan = nan || em == 0x7f;
           panel[at(k, c)] = code;
         }
         block_scales[(p * blocks + kb) * kPanelCols + c] = c < c_end ? weight_block_scale(wq, row + c, kb) : 0.0f;
       }
-      flags[p * blocks + kb] = normal ? 1 : 0;
+      flags[p * blocks + kb] = nan ? kFp8BlockAny : small ? kFp8BlockSmall : kFp8BlockNormal;
     }
   }
 }
@@ -347,7 +348,7 @@ void PackedWeights::pack_expert(const Experts& ex, int64_t e) {
       pack_rows_fp8(static_cast<const uint8_t*>(w), scales, s.quant, K, r0, n, m.fp8_pairs, codes, block_scales, flags);
       m.panels_e4m3 = codes;
       m.block_scales = block_scales;
-      m.block_normal = flags;
+      m.block_kind = flags;
     } else if (bf16) {
       m.panels_bf16 = reinterpret_cast<const uint16_t*>(dst);
       pack_rows_bf16(static_cast<const uint16_t*>(w), K, r0, n, reinterpret_cast<uint16_t*>(dst));

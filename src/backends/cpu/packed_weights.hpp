@@ -8,7 +8,7 @@
 // [in / 2, 32, 2] panels on vdpbf16ps, where the kernel table has the bf16 packed kernel (AVX512_BF16
 // without AMX; bf16 weights in the default [out, in] layout); FP8 block-scaled weights (128-k blocks,
 // default layout) as e4m3 [in, 32] panels (AVX-512) or [in / 2, 32, 2] panels (AVX512_BF16, whose
-// kernel runs on vdpbf16ps) with each block's 32 column scales in f32 and an "all codes normal" flag,
+// kernel runs on vdpbf16ps) with each block's 32 column scales in f32 and the kind of codes it holds,
 // where the table has a packed FP8 kernel. The first call on an experts object
 // packs all its experts (in parallel: about 2.4 GB written for qwen3_30b_a3b in f32, 1.2 GB in
 // bf16); later calls reuse the copies.
@@ -47,10 +47,11 @@ struct PackedMatrix {
   // FP8 block-scaled experts (128-k weight blocks): e4m3 panels [ceil(n / 32), k, 32], or in k pairs
   // [ceil(n / 32), ceil(k / 2), 32, 2] (fp8_pairs: the tables with KernelTable::packed_fp8_pairs), each
   // 128-k block's 32 column scales as f32 [ceil(n / 32), ceil(k / 128), 32] and whether its codes are
-  // all normal numbers [ceil(n / 32), ceil(k / 128)] (PackedFp8MatmulArgs). Padding holds 1.0.
+  // normal numbers only, also zeros / subnormals, or a NaN (Fp8BlockKind) [ceil(n / 32), ceil(k / 128)]
+  // (PackedFp8MatmulArgs). Padding holds 1.0.
   const uint8_t* panels_e4m3 = nullptr;
   const float* block_scales = nullptr;
-  const uint8_t* block_normal = nullptr;
+  const uint8_t* block_kind = nullptr;
   bool fp8_pairs = false;
   // The kernels' prefetch distance where one row block streams the panels (PackedMatmulArgs::
   // prefetch_ahead): on Intel CPUs 2 KiB when the experts' packed weights exceed the last-level
