@@ -79,6 +79,7 @@ bool project_packed(const KernelTable& kt, PackedParts pk, const void* x, DType 
       a.xs = xs;
       a.block_scales = p.block_scales;
       a.block_kind = p.block_kind;
+      a.prefetch_ahead = p.prefetch_ahead;
       kt.packed_matmul_fp8(a);
     } else if (p.panels_bf16) {
       PackedBf16MatmulArgs a;

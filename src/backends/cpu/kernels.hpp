@@ -138,6 +138,9 @@ struct PackedFp8MatmulArgs {
   float* y = nullptr;  // [m, n1 − n0], row stride ldy: column 0 is output column n0
   int64_t ldy = 0;
   int64_t n0 = 0, n1 = 0;
+  // as PackedMatmulArgs::prefetch_ahead, where the kernel prefetches (the k-pair kernel); 0 there:
+  // the next panel, its lines shared out over the row blocks' passes
+  int64_t prefetch_ahead = 0;
 };
 
 struct KernelTable {

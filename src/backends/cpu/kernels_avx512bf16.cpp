@@ -252,9 +252,11 @@ inline __m512i e4m3_pairs_any(const uint8_t* p) {
 constexpr int kPackedFp8Bf16MaxRows = 12;
 constexpr int kPackedFp8Bf16Rows = 8;
 
+// pf, pf_lines: the pair steps j < pf_lines prefetch the line at pf + 64 j into L2 (see
+// packed_matmul_fp8_bf16_impl)
 template <int MR>
 inline void packed_fp8_bf16_block(const PackedFp8MatmulArgs& a, const uint32_t* xpairs, int64_t pairs, int64_t i0, int64_t p,
-                                  int ncols, float* y) {
+                                  int ncols, float* y, const char* pf, int64_t pf_lines) {
   const int64_t blocks = (a.k + 127) / 128;
   const uint8_t* panel = a.panels + p * pairs * 64;
   const float* scales = a.block_scales + p * blocks * kPanelCols;
@@ -270,6 +272,7 @@ inline void packed_fp8_bf16_block(const PackedFp8MatmulArgs& a, const uint32_t* 
     auto steps = [&](auto convert) {
       const uint8_t* pp = panel + j0 * 64;
       for (int64_t j = j0; j < j1; ++j, pp += 64) {
+        if (j < pf_lines) impl::prefetch_line_l2(pf + 64 * j);
         const __m512i w0 = convert(pp), w1 = convert(pp + 32);
         for (int r = 0; r < MR; ++r) {
           const __m512i xb = _mm512_set1_epi32(int32_t(xr[r][j]));
@@ -298,14 +301,14 @@ inline void packed_fp8_bf16_block(const PackedFp8MatmulArgs& a, const uint32_t* 
 
 template <int MR = kPackedFp8Bf16MaxRows>
 inline void packed_fp8_bf16_rows(int mr, const PackedFp8MatmulArgs& a, const uint32_t* xpairs, int64_t pairs, int64_t i0, int64_t p,
-                                 int ncols, float* y) {
+                                 int ncols, float* y, const char* pf, int64_t pf_lines) {
   if constexpr (MR > 1) {
     if (mr < MR) {
-      packed_fp8_bf16_rows<MR - 1>(mr, a, xpairs, pairs, i0, p, ncols, y);
+      packed_fp8_bf16_rows<MR - 1>(mr, a, xpairs, pairs, i0, p, ncols, y, pf, pf_lines);
       return;
     }
   }
-  packed_fp8_bf16_block<MR>(a, xpairs, pairs, i0, p, ncols, y);
+  packed_fp8_bf16_block<MR>(a, xpairs, pairs, i0, p, ncols, y, pf, pf_lines);
 }
 
 void packed_matmul_fp8_bf16_impl(const PackedFp8MatmulArgs& a) {
@@ -323,11 +326,29 @@ void packed_matmul_fp8_bf16_impl(const PackedFp8MatmulArgs& a) {
   // near-equal row blocks of at most kPackedFp8Bf16Rows, or MOEX_CPU_PACKED_ROWS (1 .. 12; A/B)
   static const int64_t rows_max = impl::packed_rows_setting(kPackedFp8Bf16MaxRows, kPackedFp8Bf16Rows);
   const int64_t row_blocks = (a.m + rows_max - 1) / rows_max;
+  // The next panel's lines (one per pair) are prefetched into L2, shared out over the row blocks'
+  // passes, one per pair step: while the later blocks read this panel from L2, the next one comes from
+  // memory. One row block: the same where prefetch_ahead is 0, none where it is negative, else the
+  // line prefetch_ahead bytes past each step's.
+  const int64_t panel_bytes = pairs * 64;
   for (int64_t n = a.n0; n < a.n1; n += kPanelCols) {
     const int ncols = int(std::min<int64_t>(kPanelCols, a.n1 - n));
+    const char* panel = reinterpret_cast<const char*>(a.panels) + (n / kPanelCols) * panel_bytes;
+    const bool next_panel = n + kPanelCols < a.n1 && (row_blocks > 1 || a.prefetch_ahead == 0);
     for (int64_t b = 0; b < row_blocks; ++b) {
       const int64_t i0 = b * a.m / row_blocks, i1 = (b + 1) * a.m / row_blocks;
-      packed_fp8_bf16_rows(int(i1 - i0), a, xbuf.data(), pairs, i0, n / kPanelCols, ncols, a.y + (n - a.n0));
+      const int64_t l0 = b * pairs / row_blocks, l1 = (b + 1) * pairs / row_blocks;
+      // the block function prefetches pf + 64 j for its pair steps j < pf_lines
+      const char* pf = nullptr;
+      int64_t pf_lines = 0;
+      if (next_panel) {
+        pf = panel + panel_bytes + 64 * l0;
+        pf_lines = l1 - l0;
+      } else if (row_blocks == 1 && a.prefetch_ahead > 0) {  // (not past the call's last panel)
+        pf = panel + a.prefetch_ahead;
+        pf_lines = n + kPanelCols < a.n1 ? pairs : std::max<int64_t>(0, pairs - a.prefetch_ahead / 64);
+      }
+      packed_fp8_bf16_rows(int(i1 - i0), a, xbuf.data(), pairs, i0, n / kPanelCols, ncols, a.y + (n - a.n0), pf, pf_lines);
     }
   }
 }
