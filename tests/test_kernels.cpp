@@ -1,6 +1,7 @@
 // The CPU micro-kernels of every instruction set this CPU has, against a plain loop.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -451,6 +452,81 @@ TEST(CpuKernels, Fp4MatmulMatchesLoopForEveryGroupSize) {
   }
 }
 
+// The packed FP4 kernel on weights packed by pack_rows_fp4 against an f64 loop over the dequantized
+// weights: groups of 2, 16, 32 and 128 channels, odd K (rows ending on half a byte), partial last
+// panels and 128-k blocks, a column range starting on a later panel, UE8M0 scale bytes of 0 (2^-127)
+// and of 255 (NaN: the row's outputs NaN) in some rows.
+TEST(CpuKernels, PackedFp4MatmulMatchesLoopForEveryGroupSize) {
+  std::mt19937 rng(71);
+  std::normal_distribution<float> nd;
+  std::uniform_real_distribution<float> unit(0.5f, 2.0f);
+  bool ran = false;
+  for (const KernelTable* kt : tables()) {
+    if (!kt->packed_matmul_fp4) continue;
+    ran = true;
+    for (int iter = 0; iter < 16; ++iter) {
+      const int group = std::array{2, 16, 32, 128}[size_t(iter % 4)];
+      const int64_t m = 1 + rng() % 14, n = 1 + rng() % 100, k = 2 * (rng() % 200) + 1 + (iter % 3 == 0 ? 0 : 1);
+      const int64_t row_bytes = (k + 1) / 2, groups = (k + group - 1) / group, blocks = (k + 127) / 128;
+      std::vector<float> wf(size_t(n * k));
+      for (auto& v : wf) v = nd(rng) * std::ldexp(1.0f, int(rng() % 9) - 4);
+      std::vector<uint8_t> packed(size_t(n * row_bytes)), scales(size_t(n * groups));
+      quantize_fp4_groups(wf.data(), n, k, group, packed.data(), scales.data());
+      if (iter % 4 == 1) {
+        scales[rng() % scales.size()] = 0;    // 2^-127
+        scales[rng() % scales.size()] = 255;  // NaN
+      }
+      std::vector<float> deq(wf.size());
+      dequantize_fp4_groups(packed.data(), scales.data(), n, k, group, deq.data());
+      const int64_t panels = (n + kPanelCols - 1) / kPanelCols;
+      std::vector<uint8_t> codes(size_t(panels * fp4_panel_bytes(k)));
+      std::vector<float> group_scales(size_t(panels * groups * kPanelCols));
+      pack_rows_fp4(packed.data(), scales.data(), group, k, 0, n, codes.data(), group_scales.data());
+      std::vector<float> x(size_t(m * k)), xs(size_t(m * blocks));
+      for (auto& v : x) v = e4m3_to_float(uint8_t(rng() % 0x7f) | uint8_t(rng() % 2 ? 0x80 : 0));
+      for (auto& v : xs) v = unit(rng);
+      const int64_t n0 = (rng() % uint32_t(n)) / kPanelCols * kPanelCols, ldy = n - n0 + 3;
+      std::vector<float> y(size_t(m * ldy), -777.0f);
+      PackedFp4MatmulArgs a;
+      a.x = x.data();
+      a.ldx = k;
+      a.xs = xs.data();
+      a.m = m;
+      a.k = k;
+      a.panels = codes.data();
+      a.group_scales = group_scales.data();
+      a.group = group;
+      a.y = y.data();
+      a.ldy = ldy;
+      a.n0 = n0;
+      a.n1 = n;
+      kt->packed_matmul_fp4(a);
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t jc = 0; jc < ldy; ++jc) {
+          const float got = y[size_t(i * ldy + jc)];
+          const int64_t j = n0 + jc;
+          if (j >= n) {
+            ASSERT_EQ(got, -777.0f) << kt->isa << ": column past n1 was written";
+            continue;
+          }
+          double ref = 0, mag = 0;
+          for (int64_t c = 0; c < k; ++c) {
+            const double p = double(x[size_t(i * k + c)]) * deq[size_t(j * k + c)] * xs[size_t(i * blocks + c / 128)];
+            ref += p;
+            mag += std::fabs(p);
+          }
+          if (std::isnan(ref)) {
+            ASSERT_TRUE(std::isnan(got)) << kt->isa << " row " << j << " has a NaN scale";
+            continue;
+          }
+          ASSERT_NEAR(got, ref, 1e-5 * (1e-30 + mag)) << kt->isa << " group " << group << " m" << m << " n" << n << " k" << k << " ["
+                                                      << i << ", " << j << "]";
+        }
+    }
+  }
+  if (!ran) GTEST_SKIP() << "no kernel table with the packed FP4 kernel on this CPU";
+}
+
 TEST(CpuKernels, ConversionsMatchScalar) {
   std::mt19937 rng(9);
   std::normal_distribution<float> nd(0, 100);
@@ -787,6 +863,59 @@ TEST(CpuKernels, PackedFp8ExpertsFollowNewScalesAtTheSameAddress) {
   const std::vector<float> fresh = forward(gu2, gu_s2, dn2, dn_s2);
   EXPECT_NE(first, second);
   EXPECT_EQ(second, fresh);
+  release_packed_weights();
+}
+
+TEST(CpuKernels, PackedFp4ExpertsFollowNewScalesAtTheSameAddress) {
+  // The same for FP4 experts (their group scales packed as f32 beside the codes): scale bytes raised
+  // by one (× 2) in place must be repacked.
+  constexpr int64_t E = 4, H = 256, I = 128, T = 9, K = 2, G = 32;
+  std::mt19937 rng(73);
+  std::normal_distribution<float> nd(0.0f, 0.05f);
+  auto random = [&](int64_t n) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (auto& f : v) f = nd(rng);
+    return v;
+  };
+  const std::vector<float> gu_f = random(E * 2 * I * H), dn_f = random(E * H * I);
+  std::vector<uint8_t> gu(size_t(E * 2 * I * H / 2)), dn(size_t(E * H * I / 2)), gu_s(size_t(E * 2 * I * H / G)), dn_s(size_t(E * H * I / G));
+  quantize_fp4_groups(gu_f.data(), E * 2 * I, H, G, gu.data(), gu_s.data());
+  quantize_fp4_groups(dn_f.data(), E * H, I, G, dn.data(), dn_s.data());
+  ExpertsSpec spec;
+  spec.num_experts = E;
+  spec.hidden = H;
+  spec.intermediate = I;
+  spec.dtype = DType::f32;
+  spec.quant = QuantSpec::fp4_group(G);
+  std::vector<float> hidden = random(T * H), weights(size_t(T * K), 0.5f);
+  std::vector<int32_t> index(size_t(T * K));
+  for (auto& i : index) i = int32_t(rng() % E);
+  auto forward = [&](std::vector<uint8_t>& g, std::vector<uint8_t>& gs, std::vector<uint8_t>& d, std::vector<uint8_t>& ds) {
+    const Experts ex{spec,
+                     TensorView(g.data(), DType::u8, {E, 2 * I, H / 2}),
+                     TensorView(d.data(), DType::u8, {E, H, I / 2}),
+                     {},
+                     {},
+                     TensorView(gs.data(), DType::u8, {E, 2 * I, H / G}),
+                     TensorView(ds.data(), DType::u8, {E, H, I / G})};
+    std::vector<float> out(size_t(T * H));
+    ExpertsCall call{TensorView(hidden.data(), DType::f32, {T, H}), TensorView(index.data(), DType::i32, {T, K}),
+                     TensorView(weights.data(), DType::f32, {T, K}), TensorView(out.data(), DType::f32, {T, H})};
+    RunOptions opts;
+    opts.num_threads = 2;
+    experts_forward("grouped_mm", ex, call, opts);
+    return out;
+  };
+  release_packed_weights();
+  const std::vector<float> first = forward(gu, gu_s, dn, dn_s);
+  for (auto& v : gu_s) v = uint8_t(v + 1);  // same address, scales × 2
+  for (auto& v : dn_s) v = uint8_t(v + 1);
+  const std::vector<float> second = forward(gu, gu_s, dn, dn_s);
+  std::vector<uint8_t> gu2 = gu, dn2 = dn, gu_s2 = gu_s, dn_s2 = dn_s;
+  const std::vector<float> fresh = forward(gu2, gu_s2, dn2, dn_s2);
+  EXPECT_NE(first, second);
+  EXPECT_EQ(second, fresh);
+  EXPECT_GT(PackedWeights::total_bytes(), 0u) << "the FP4 experts were packed";
   release_packed_weights();
 }
 

@@ -43,14 +43,15 @@ struct PackedParts {
   int count = 0;
 };
 
-// x: f32 rows for f32 panels, bf16 rows for bf16 panels, for FP8 panels the activations' e4m3 codes as
-// f32 with their scales xs [m, ceil(K / 128)] (false, in place, for any other pairing, and for fewer
+// x: f32 rows for f32 panels, bf16 rows for bf16 panels, for FP8 and FP4 panels the activations' e4m3
+// codes as f32 with their scales xs [m, ceil(K / 128)] (false, in place, for any other pairing, and for fewer
 // rows than the matrix's min_rows).
 bool project_packed(const KernelTable& kt, PackedParts pk, const void* x, DType xdt, int64_t m, int64_t K, int64_t r0,
                     int64_t width, float* y, int64_t ldy, const float* xs = nullptr) {
   for (int i = 0; i < pk.count; ++i) {
     const PackedMatrix& p = pk.parts[i];
     const bool pairing = p.panels_e4m3  ? xdt == DType::f32 && xs && kt.packed_matmul_fp8 && kt.packed_fp8_pairs == p.fp8_pairs
+                         : p.panels_fp4  ? xdt == DType::f32 && xs && kt.packed_matmul_fp4
                          : p.panels_bf16 ? xdt == DType::bf16 && kt.packed_matmul_bf16
                                          : xdt == DType::f32;
     const bool kernel = pairing && m >= p.min_rows;
@@ -81,6 +82,14 @@ bool project_packed(const KernelTable& kt, PackedParts pk, const void* x, DType 
       a.block_kind = p.block_kind;
       a.prefetch_ahead = p.prefetch_ahead;
       kt.packed_matmul_fp8(a);
+    } else if (p.panels_fp4) {
+      PackedFp4MatmulArgs a;
+      fill(a, static_cast<const float*>(x), p.panels_fp4);
+      a.xs = xs;
+      a.group_scales = p.group_scales;
+      a.group = p.group;
+      a.prefetch_ahead = p.prefetch_ahead;
+      kt.packed_matmul_fp4(a);
     } else if (p.panels_bf16) {
       PackedBf16MatmulArgs a;
       fill(a, static_cast<const uint16_t*>(x), p.panels_bf16);
@@ -133,7 +142,7 @@ void project(const KernelTable& kt, const ExpertsSpec& s, const void* w, const Q
              DType xdt, int64_t m, int64_t N, int64_t K, float* y, int64_t n0, int64_t n1, QuantOperand q, PackedParts packed,
              const uint16_t* x_vnni = nullptr) {
   if (s.quant.quantized()) {
-    // FP8 experts packed (PackedWeights): the packed kernel; else the weights in place
+    // FP8 / FP4 experts packed (PackedWeights): the packed kernel; else the weights in place
     if (packed.count == 0 || !project_packed(kt, packed, x, DType::f32, m, K, n0, n1 - n0, y + n0, N, q.scales))
       quant_matmul(kt, wq, static_cast<const float*>(x), q.scales, m, y, N, n0, n1, q.scratch);
     add_bias(bias, s.dtype, y, N, m, n0, n1);

@@ -143,6 +143,30 @@ struct PackedFp8MatmulArgs {
   int64_t prefetch_ahead = 0;
 };
 
+// Y[0:m, 0:n1−n0] = Σ_kb xs[:, kb] · Σ_{k in kb} X[:, k] · e2m1(W[·, k]) · 2^(s[·, k / group] − 127) for FP4
+// experts (e2m1 codes, one UE8M0 scale per row and `group` channels; group even and a divisor of 128)
+// packed into panels of 32 output columns (PackedWeights): panel p holds per k pair j 32 bytes, byte i
+// holding the code of column i / 2 at k = 2j + i % 2 in its low nibble and that of column 16 + i / 2
+// in its high nibble (padding codes 0), so that one widening and one shift give the kernel its two
+// vectors of pairs; beside the group scales as f32 [ceil(N / 32), ceil(k / group), 32]. X, xs, n0 and
+// prefetch_ahead as PackedFp8MatmulArgs. The group sums are scaled per group, the block sums per
+// 128-k block, each in a fixed order: results do not depend on m or the column range.
+struct PackedFp4MatmulArgs {
+  const float* x = nullptr;  // [m, k] e4m3 codes, row stride ldx
+  int64_t ldx = 0;
+  const float* xs = nullptr;  // [m, ceil(k / 128)]
+  int64_t m = 0, k = 0;
+  const uint8_t* panels = nullptr;        // [ceil(N / 32), ceil(k / 2), 32]
+  const float* group_scales = nullptr;    // [ceil(N / 32), ceil(k / group), 32]
+  int64_t group = 32;
+  float* y = nullptr;  // [m, n1 − n0], row stride ldy: column 0 is output column n0
+  int64_t ldy = 0;
+  int64_t n0 = 0, n1 = 0;
+  int64_t prefetch_ahead = 0;
+};
+// Bytes of one FP4 panel (PackedFp4MatmulArgs) of k codes per column.
+inline int64_t fp4_panel_bytes(int64_t k) { return (k + 1) / 2 * kPanelCols; }
+
 struct KernelTable {
   const char* isa;  // "avx512_amx", "avx512_bf16", "avx512", "avx2", "generic"
   bool bf16_dot;    // matmul takes bf16 X with bf16 nt weights
@@ -178,6 +202,9 @@ struct KernelTable {
   // quantize_rows (quant_math.hpp: x rows → their e4m3 values in place, scales per 128 channels), in
   // vectors where the table has them; the same results bit for bit.
   void (*quantize_rows)(float* x, int64_t m, int64_t k, float* scales);
+  // The packed FP4 kernel (PackedFp4MatmulArgs); nullptr where the table has none (no AVX512_BF16),
+  // and FP4 experts are then read in place.
+  void (*packed_matmul_fp4)(const PackedFp4MatmulArgs& a);
 };
 
 // The table for this CPU. MOEX_CPU_ISA=avx512|avx2|generic forces a (supported) variant.

@@ -244,6 +244,72 @@ inline __m512i e4m3_pairs_any(const uint8_t* p) {
   return _mm512_mask_mov_epi16(_mm512_mask_mov_epi16(normal, sub, subv), nan, _mm512_set1_epi16(0x7fc0));
 }
 
+// The prefetches of one row block's pass over a panel (see packed_pairs_driver): its pair steps
+// j < lines fetch the line at `at` + stride · j into L2.
+struct PairPrefetch {
+  const char* at = nullptr;
+  int64_t lines = 0, stride = 64;
+  void step(int64_t j) const {
+    if (j < lines) impl::prefetch_line_l2(at + stride * j);
+  }
+};
+
+// The x operand of the FP8 / FP4 pair kernels: x's codes as bf16 pairs [m, ceil(k / 2)] (an odd k's
+// last pair: (x[k − 1], 0)) in a per-thread buffer. Exact: each e4m3 code is a bf16 value. m · k
+// conversions against m · k · (n1 − n0) products.
+inline const uint32_t* x_code_pairs(const float* x, int64_t ldx, int64_t m, int64_t k) {
+  const int64_t pairs = (k + 1) / 2;
+  thread_local std::vector<uint32_t> xbuf;
+  xbuf.resize(size_t(m * pairs));
+  for (int64_t i = 0; i < m; ++i) {
+    uint16_t* row = reinterpret_cast<uint16_t*>(xbuf.data() + i * pairs);
+    Avx512::store_as_bf16(x + i * ldx, row, k);
+    if (k % 2) row[k] = 0;
+  }
+  return xbuf.data();
+}
+
+// The outer loops of the FP8 / FP4 pair kernels: panel by panel over columns [n0, n1), each panel
+// passed by near-equal row blocks of at most rows_max rows; rows(mr, i0, panel index, ncols, y, pf)
+// runs one block. The next panel's lines are prefetched into L2, shared out over the row blocks'
+// passes, one per pair step: while the later blocks read this panel from L2, the next one comes from
+// memory. One row block: the same where prefetch_ahead is 0, none where it is negative, else the line
+// prefetch_ahead bytes past each step's.
+template <class Rows>
+void packed_pairs_driver(int64_t m, int64_t k, int64_t n0, int64_t n1, const void* panels, int64_t panel_bytes, int64_t rows_max,
+                         int64_t prefetch_ahead, float* y, Rows rows) {
+  const int64_t pairs = (k + 1) / 2, step_bytes = panel_bytes / std::max<int64_t>(1, pairs), lines = (panel_bytes + 63) / 64;
+  const int64_t row_blocks = (m + rows_max - 1) / rows_max;
+  for (int64_t n = n0; n < n1; n += kPanelCols) {
+    const int ncols = int(std::min<int64_t>(kPanelCols, n1 - n));
+    const char* panel = static_cast<const char*>(panels) + (n / kPanelCols) * panel_bytes;
+    const bool last = n + kPanelCols >= n1;
+    for (int64_t b = 0; b < row_blocks; ++b) {
+      const int64_t i0 = b * m / row_blocks, i1 = (b + 1) * m / row_blocks;
+      PairPrefetch pf;
+      if (!last && (row_blocks > 1 || prefetch_ahead == 0)) {
+        const int64_t l0 = b * lines / row_blocks, l1 = (b + 1) * lines / row_blocks;
+        pf = {panel + panel_bytes + 64 * l0, l1 - l0, 64};
+      } else if (row_blocks == 1 && prefetch_ahead > 0) {  // (not past the call's last panel)
+        pf = {panel + prefetch_ahead, last ? std::max<int64_t>(0, (panel_bytes - prefetch_ahead) / step_bytes) : pairs, step_bytes};
+      }
+      rows(int(i1 - i0), i0, n / kPanelCols, ncols, y + (n - n0), pf);
+    }
+  }
+}
+
+// The row-block dispatch shared by both: Block<MR>::run for MR = mr (1 .. MaxRows).
+template <template <int> class Block, int MR, class... A>
+inline void packed_pairs_rows(int mr, A&&... args) {
+  if constexpr (MR > 1) {
+    if (mr < MR) {
+      packed_pairs_rows<Block, MR - 1>(mr, args...);
+      return;
+    }
+  }
+  Block<MR>::run(args...);
+}
+
 // MR rows × one panel: per k pair one 64-byte row of the panel (32 columns × 2 codes) converted to two
 // vectors, one broadcast pair of x per row, 2·MR vdpbf16ps; per 128-k block (64 pairs) the sums are
 // folded into the totals with 2^8 × x's scale × the columns' weight scales. The totals live in an L1
@@ -252,105 +318,136 @@ inline __m512i e4m3_pairs_any(const uint8_t* p) {
 constexpr int kPackedFp8Bf16MaxRows = 12;
 constexpr int kPackedFp8Bf16Rows = 8;
 
-// pf, pf_lines: the pair steps j < pf_lines prefetch the line at pf + 64 j into L2 (see
-// packed_matmul_fp8_bf16_impl)
 template <int MR>
-inline void packed_fp8_bf16_block(const PackedFp8MatmulArgs& a, const uint32_t* xpairs, int64_t pairs, int64_t i0, int64_t p,
-                                  int ncols, float* y, const char* pf, int64_t pf_lines) {
-  const int64_t blocks = (a.k + 127) / 128;
-  const uint8_t* panel = a.panels + p * pairs * 64;
-  const float* scales = a.block_scales + p * blocks * kPanelCols;
-  const uint8_t* kind = a.block_kind + p * blocks;
-  const uint32_t* xr[MR];
-  for (int r = 0; r < MR; ++r) xr[r] = xpairs + (i0 + r) * pairs;
-  alignas(64) float total[MR][kPanelCols];
-  for (int64_t kb = 0; kb < blocks; ++kb) {
-    const int64_t j0 = kb * 64, j1 = std::min(pairs, j0 + 64);
-    __m512 acc[MR][2];
-    for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-    // the block's pair steps with one of the two conversions (a loop each, not a branch per step)
-    auto steps = [&](auto convert) {
-      const uint8_t* pp = panel + j0 * 64;
-      for (int64_t j = j0; j < j1; ++j, pp += 64) {
-        if (j < pf_lines) impl::prefetch_line_l2(pf + 64 * j);
-        const __m512i w0 = convert(pp), w1 = convert(pp + 32);
-        for (int r = 0; r < MR; ++r) {
-          const __m512i xb = _mm512_set1_epi32(int32_t(xr[r][j]));
-          acc[r][0] = _mm512_dpbf16_ps(acc[r][0], (__m512bh)xb, (__m512bh)w0);
-          acc[r][1] = _mm512_dpbf16_ps(acc[r][1], (__m512bh)xb, (__m512bh)w1);
+struct PackedFp8Block {
+  static void run(const PackedFp8MatmulArgs& a, const uint32_t* xpairs, int64_t i0, int64_t p, int ncols, float* y,
+                  const PairPrefetch& pf) {
+    const int64_t blocks = (a.k + 127) / 128, pairs = (a.k + 1) / 2;
+    const uint8_t* panel = a.panels + p * pairs * 64;
+    const float* scales = a.block_scales + p * blocks * kPanelCols;
+    const uint8_t* kind = a.block_kind + p * blocks;
+    const uint32_t* xr[MR];
+    for (int r = 0; r < MR; ++r) xr[r] = xpairs + (i0 + r) * pairs;
+    alignas(64) float total[MR][kPanelCols];
+    for (int64_t kb = 0; kb < blocks; ++kb) {
+      const int64_t j0 = kb * 64, j1 = std::min(pairs, j0 + 64);
+      __m512 acc[MR][2];
+      for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+      // the block's pair steps with one of the three conversions (a loop each, not a branch per step)
+      auto steps = [&](auto convert) {
+        const uint8_t* pp = panel + j0 * 64;
+        for (int64_t j = j0; j < j1; ++j, pp += 64) {
+          pf.step(j);
+          const __m512i w0 = convert(pp), w1 = convert(pp + 32);
+          for (int r = 0; r < MR; ++r) {
+            const __m512i xb = _mm512_set1_epi32(int32_t(xr[r][j]));
+            acc[r][0] = _mm512_dpbf16_ps(acc[r][0], (__m512bh)xb, (__m512bh)w0);
+            acc[r][1] = _mm512_dpbf16_ps(acc[r][1], (__m512bh)xb, (__m512bh)w1);
+          }
         }
+      };
+      if (kind[kb] == kFp8BlockNormal)
+        steps([](const uint8_t* q) { return e4m3_pairs_normal(q); });
+      else if (kind[kb] == kFp8BlockSmall)
+        steps([](const uint8_t* q) { return e4m3_pairs_small(q); });
+      else
+        steps([](const uint8_t* q) { return e4m3_pairs_any(q); });
+      const __m512 s0 = _mm512_loadu_ps(scales + kb * kPanelCols), s1 = _mm512_loadu_ps(scales + kb * kPanelCols + 16);
+      for (int r = 0; r < MR; ++r) {
+        const __m512 xs = _mm512_set1_ps(a.xs[(i0 + r) * blocks + kb] * 256.0f);  // × 2^8: exact
+        const __m512 t0 = kb ? _mm512_load_ps(total[r]) : _mm512_setzero_ps();
+        const __m512 t1 = kb ? _mm512_load_ps(total[r] + 16) : _mm512_setzero_ps();
+        _mm512_store_ps(total[r], _mm512_fmadd_ps(acc[r][0], _mm512_mul_ps(s0, xs), t0));
+        _mm512_store_ps(total[r] + 16, _mm512_fmadd_ps(acc[r][1], _mm512_mul_ps(s1, xs), t1));
       }
-    };
-    if (kind[kb] == kFp8BlockNormal)
-      steps([](const uint8_t* q) { return e4m3_pairs_normal(q); });
-    else if (kind[kb] == kFp8BlockSmall)
-      steps([](const uint8_t* q) { return e4m3_pairs_small(q); });
-    else
-      steps([](const uint8_t* q) { return e4m3_pairs_any(q); });
-    const __m512 s0 = _mm512_loadu_ps(scales + kb * kPanelCols), s1 = _mm512_loadu_ps(scales + kb * kPanelCols + 16);
-    for (int r = 0; r < MR; ++r) {
-      const __m512 xs = _mm512_set1_ps(a.xs[(i0 + r) * blocks + kb] * 256.0f);  // × 2^8: exact
-      const __m512 t0 = kb ? _mm512_load_ps(total[r]) : _mm512_setzero_ps();
-      const __m512 t1 = kb ? _mm512_load_ps(total[r] + 16) : _mm512_setzero_ps();
-      _mm512_store_ps(total[r], _mm512_fmadd_ps(acc[r][0], _mm512_mul_ps(s0, xs), t0));
-      _mm512_store_ps(total[r] + 16, _mm512_fmadd_ps(acc[r][1], _mm512_mul_ps(s1, xs), t1));
     }
+    for (int r = 0; r < MR; ++r) std::memcpy(y + (i0 + r) * a.ldy, total[r], size_t(ncols) * sizeof(float));
   }
-  for (int r = 0; r < MR; ++r) std::memcpy(y + (i0 + r) * a.ldy, total[r], size_t(ncols) * sizeof(float));
-}
-
-template <int MR = kPackedFp8Bf16MaxRows>
-inline void packed_fp8_bf16_rows(int mr, const PackedFp8MatmulArgs& a, const uint32_t* xpairs, int64_t pairs, int64_t i0, int64_t p,
-                                 int ncols, float* y, const char* pf, int64_t pf_lines) {
-  if constexpr (MR > 1) {
-    if (mr < MR) {
-      packed_fp8_bf16_rows<MR - 1>(mr, a, xpairs, pairs, i0, p, ncols, y, pf, pf_lines);
-      return;
-    }
-  }
-  packed_fp8_bf16_block<MR>(a, xpairs, pairs, i0, p, ncols, y, pf, pf_lines);
-}
+};
 
 void packed_matmul_fp8_bf16_impl(const PackedFp8MatmulArgs& a) {
   if (a.m <= 0 || a.n1 <= a.n0) return;
-  // x's codes as bf16 pairs [m, ceil(k / 2)] (an odd k's last pair: (x[k − 1], 0)): exact, each code
-  // is a bf16 value; m · k conversions against m · k · (n1 − n0) products
-  const int64_t pairs = (a.k + 1) / 2;
-  thread_local std::vector<uint32_t> xbuf;
-  xbuf.resize(size_t(a.m * pairs));
-  for (int64_t i = 0; i < a.m; ++i) {
-    uint16_t* row = reinterpret_cast<uint16_t*>(xbuf.data() + i * pairs);
-    Avx512::store_as_bf16(a.x + i * a.ldx, row, a.k);
-    if (a.k % 2) row[a.k] = 0;
-  }
+  const uint32_t* xpairs = x_code_pairs(a.x, a.ldx, a.m, a.k);
   // near-equal row blocks of at most kPackedFp8Bf16Rows, or MOEX_CPU_PACKED_ROWS (1 .. 12; A/B)
   static const int64_t rows_max = impl::packed_rows_setting(kPackedFp8Bf16MaxRows, kPackedFp8Bf16Rows);
-  const int64_t row_blocks = (a.m + rows_max - 1) / rows_max;
-  // The next panel's lines (one per pair) are prefetched into L2, shared out over the row blocks'
-  // passes, one per pair step: while the later blocks read this panel from L2, the next one comes from
-  // memory. One row block: the same where prefetch_ahead is 0, none where it is negative, else the
-  // line prefetch_ahead bytes past each step's.
-  const int64_t panel_bytes = pairs * 64;
-  for (int64_t n = a.n0; n < a.n1; n += kPanelCols) {
-    const int ncols = int(std::min<int64_t>(kPanelCols, a.n1 - n));
-    const char* panel = reinterpret_cast<const char*>(a.panels) + (n / kPanelCols) * panel_bytes;
-    const bool next_panel = n + kPanelCols < a.n1 && (row_blocks > 1 || a.prefetch_ahead == 0);
-    for (int64_t b = 0; b < row_blocks; ++b) {
-      const int64_t i0 = b * a.m / row_blocks, i1 = (b + 1) * a.m / row_blocks;
-      const int64_t l0 = b * pairs / row_blocks, l1 = (b + 1) * pairs / row_blocks;
-      // the block function prefetches pf + 64 j for its pair steps j < pf_lines
-      const char* pf = nullptr;
-      int64_t pf_lines = 0;
-      if (next_panel) {
-        pf = panel + panel_bytes + 64 * l0;
-        pf_lines = l1 - l0;
-      } else if (row_blocks == 1 && a.prefetch_ahead > 0) {  // (not past the call's last panel)
-        pf = panel + a.prefetch_ahead;
-        pf_lines = n + kPanelCols < a.n1 ? pairs : std::max<int64_t>(0, pairs - a.prefetch_ahead / 64);
+  packed_pairs_driver(a.m, a.k, a.n0, a.n1, a.panels, (a.k + 1) / 2 * 64, rows_max, a.prefetch_ahead, a.y,
+                      [&](int mr, int64_t i0, int64_t p, int ncols, float* y, const PairPrefetch& pf) {
+                        packed_pairs_rows<PackedFp8Block, kPackedFp8Bf16MaxRows>(mr, a, xpairs, i0, p, ncols, y, pf);
+                      });
+}
+
+// ---- packed FP4 on vdpbf16ps (see PackedFp4MatmulArgs) ------------------------------------------
+// The e2m1 values are bf16 values too: per k pair, 32 bytes of the panel widened to 16-bit lanes
+// give, by the low nibbles and (shifted by 4) the high ones, the indices of two table lookups
+// (vpermw: 16 values, the table repeated in both halves because the index's bit 4 is the high
+// nibble's low bit) — the two vectors of pairs for columns 0..15 and 16..31. The group scales
+// (powers of two) are applied per group to the group's sums, the activation scale per 128-k block.
+// 2·MR accumulators + 2·MR block sums + 2 weights + the table: MR ≤ 6.
+constexpr int kPackedFp4Rows = 6;
+
+template <int MR>
+struct PackedFp4Block {
+  static void run(const PackedFp4MatmulArgs& a, const uint32_t* xpairs, int64_t i0, int64_t p, int ncols, float* y,
+                  const PairPrefetch& pf) {
+    const int64_t blocks = (a.k + 127) / 128, pairs = (a.k + 1) / 2, groups = (a.k + a.group - 1) / a.group;
+    const int64_t group_pairs = a.group / 2;
+    const uint8_t* panel = a.panels + p * pairs * 32;
+    const float* gscale = a.group_scales + p * groups * kPanelCols;
+    // bf16 of the e2m1 values 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives (codes 8..15), twice
+    const __m512i table = _mm512_set_epi16(
+        int16_t(0xC0C0), int16_t(0xC080), int16_t(0xC040), int16_t(0xC000), int16_t(0xBFC0), int16_t(0xBF80), int16_t(0xBF00),
+        int16_t(0x8000), 0x40C0, 0x4080, 0x4040, 0x4000, 0x3FC0, 0x3F80, 0x3F00, 0, int16_t(0xC0C0), int16_t(0xC080),
+        int16_t(0xC040), int16_t(0xC000), int16_t(0xBFC0), int16_t(0xBF80), int16_t(0xBF00), int16_t(0x8000), 0x40C0, 0x4080,
+        0x4040, 0x4000, 0x3FC0, 0x3F80, 0x3F00, 0);
+    const uint32_t* xr[MR];
+    for (int r = 0; r < MR; ++r) xr[r] = xpairs + (i0 + r) * pairs;
+    alignas(64) float total[MR][kPanelCols];
+    for (int64_t kb = 0; kb < blocks; ++kb) {
+      __m512 block[MR][2];
+      for (int r = 0; r < MR; ++r) block[r][0] = block[r][1] = _mm512_setzero_ps();
+      const int64_t g_end = std::min(groups, (kb + 1) * 128 / a.group);
+      for (int64_t g = kb * 128 / a.group; g < g_end; ++g) {
+        const int64_t j0 = g * group_pairs, j1 = std::min(pairs, j0 + group_pairs);
+        __m512 acc[MR][2];
+        for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+        const uint8_t* pp = panel + j0 * 32;
+        for (int64_t j = j0; j < j1; ++j, pp += 32) {
+          pf.step(j);
+          const __m512i codes = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(pp)));
+          const __m512i w0 = _mm512_permutexvar_epi16(codes, table);
+          const __m512i w1 = _mm512_permutexvar_epi16(_mm512_srli_epi16(codes, 4), table);
+          for (int r = 0; r < MR; ++r) {
+            const __m512i xb = _mm512_set1_epi32(int32_t(xr[r][j]));
+            acc[r][0] = _mm512_dpbf16_ps(acc[r][0], (__m512bh)xb, (__m512bh)w0);
+            acc[r][1] = _mm512_dpbf16_ps(acc[r][1], (__m512bh)xb, (__m512bh)w1);
+          }
+        }
+        const __m512 s0 = _mm512_loadu_ps(gscale + g * kPanelCols), s1 = _mm512_loadu_ps(gscale + g * kPanelCols + 16);
+        for (int r = 0; r < MR; ++r) {
+          block[r][0] = _mm512_fmadd_ps(acc[r][0], s0, block[r][0]);
+          block[r][1] = _mm512_fmadd_ps(acc[r][1], s1, block[r][1]);
+        }
       }
-      packed_fp8_bf16_rows(int(i1 - i0), a, xbuf.data(), pairs, i0, n / kPanelCols, ncols, a.y + (n - a.n0), pf, pf_lines);
+      for (int r = 0; r < MR; ++r) {
+        const __m512 xs = _mm512_set1_ps(a.xs[(i0 + r) * blocks + kb]);
+        const __m512 t0 = kb ? _mm512_load_ps(total[r]) : _mm512_setzero_ps();
+        const __m512 t1 = kb ? _mm512_load_ps(total[r] + 16) : _mm512_setzero_ps();
+        _mm512_store_ps(total[r], _mm512_fmadd_ps(block[r][0], xs, t0));
+        _mm512_store_ps(total[r] + 16, _mm512_fmadd_ps(block[r][1], xs, t1));
+      }
     }
+    for (int r = 0; r < MR; ++r) std::memcpy(y + (i0 + r) * a.ldy, total[r], size_t(ncols) * sizeof(float));
   }
+};
+
+void packed_matmul_fp4_bf16_impl(const PackedFp4MatmulArgs& a) {
+  if (a.m <= 0 || a.n1 <= a.n0) return;
+  const uint32_t* xpairs = x_code_pairs(a.x, a.ldx, a.m, a.k);
+  static const int64_t rows_max = impl::packed_rows_setting(kPackedFp4Rows, kPackedFp4Rows);
+  packed_pairs_driver(a.m, a.k, a.n0, a.n1, a.panels, (a.k + 1) / 2 * 32, rows_max, a.prefetch_ahead, a.y,
+                      [&](int mr, int64_t i0, int64_t p, int ncols, float* y, const PairPrefetch& pf) {
+                        packed_pairs_rows<PackedFp4Block, kPackedFp4Rows>(mr, a, xpairs, i0, p, ncols, y, pf);
+                      });
 }
 
 struct Avx512Bf16 : Avx512 {
@@ -360,6 +457,8 @@ struct Avx512Bf16 : Avx512 {
   // FP8 panels in k pairs, on vdpbf16ps (packed_matmul_fp8_bf16_impl)
   static constexpr bool kPackedFp8Pairs = true;
   static void packed_matmul_fp8_pairs(const PackedFp8MatmulArgs& a) { packed_matmul_fp8_bf16_impl(a); }
+  // FP4 panels (PackedFp4MatmulArgs), on vdpbf16ps
+  static void packed_matmul_fp4(const PackedFp4MatmulArgs& a) { packed_matmul_fp4_bf16_impl(a); }
   // The benchmark's bf16 peak probe: 12 independent vdpbf16ps chains (64 flops per instruction).
   // It issues at the rate of a 512-bit FMA on the AMD EPYC development VM, so the bf16 peak is twice
   // the f32 one there (2026-12-01, one idle core: 227-232 vs 115 GFLOP/s).

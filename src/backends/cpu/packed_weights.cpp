@@ -14,6 +14,7 @@
 #include "core/check.hpp"
 #include "core/memory.hpp"
 #include "backends/cpu/quant_math.hpp"
+#include "moex/quant.hpp"
 
 namespace moex::cpu {
 namespace {
@@ -28,6 +29,11 @@ bool packing_enabled() {
 
 int64_t padded_rows(int64_t n) { return (n + kPanelCols - 1) / kPanelCols * kPanelCols; }
 
+// The dtype the panels keep: e4m3 for FP8 experts, e2m1 pairs for FP4 ones, else the experts' dtype.
+DType weights_dtype(const ExpertsSpec& s) {
+  return s.quant.kind == QuantKind::fp8_block ? DType::fp8_e4m3 : s.quant.kind == QuantKind::fp4_group ? DType::fp4_e2m1x2 : s.dtype;
+}
+
 size_t round64(size_t b) { return (b + 63) / 64 * 64; }
 
 // The three parts of an FP8 packed matrix, each starting on 64 bytes: codes, block scales, flags.
@@ -40,12 +46,25 @@ Fp8Sizes fp8_sizes(int64_t n, int64_t k) {
           round64(panels * blocks * kPanelCols * sizeof(float)), round64(panels * blocks)};
 }
 
-// Bytes of n rows × k of one matrix packed in dtype dt (f32 [k, 32], bf16 [ceil(k / 2), 32, 2] or
-// FP8 panels with their block scales and flags).
-size_t packed_matrix_bytes(DType dt, int64_t n, int64_t k) {
+// The two parts of an FP4 packed matrix, each starting on 64 bytes: codes, group scales.
+struct Fp4Sizes {
+  size_t codes, scales;
+};
+Fp4Sizes fp4_sizes(int64_t n, int64_t k, int64_t group) {
+  const size_t panels = size_t(padded_rows(n) / kPanelCols), groups = size_t((k + group - 1) / group);
+  return {round64(panels * size_t(fp4_panel_bytes(k))), round64(panels * groups * kPanelCols * sizeof(float))};
+}
+
+// Bytes of n rows × k of one matrix packed in dtype dt (f32 [k, 32], bf16 [ceil(k / 2), 32, 2], FP8
+// panels with their block scales and flags, or FP4 panels with their group scales: group).
+size_t packed_matrix_bytes(DType dt, int64_t n, int64_t k, int64_t group = 0) {
   if (dt == DType::fp8_e4m3) {
     const Fp8Sizes z = fp8_sizes(n, k);
     return z.codes + z.scales + z.flags;
+  }
+  if (dt == DType::fp4_e2m1x2) {
+    const Fp4Sizes z = fp4_sizes(n, k, group);
+    return z.codes + z.scales;
   }
   const int64_t panels = padded_rows(n) / kPanelCols;
   return size_t(panels * (dt == DType::bf16 ? packed_bf16_panel_elems(k) : k * kPanelCols)) * dtype_size(dt);
@@ -171,6 +190,29 @@ void pack_rows_fp8(const uint8_t* w, const void* scales, const QuantSpec& q, int
   }
 }
 
+// (packed_weights.hpp) Rows [r0, r0 + n) of one expert's FP4 matrix: e2m1 codes w [N, ceil(K / 2)] (two per
+// byte, low nibble first), UE8M0 scales [N, ceil(K / group)] → the panels of PackedFp4MatmulArgs and
+// the group scales as f32 (padding: codes and scales 0).
+void pack_rows_fp4(const uint8_t* w, const uint8_t* scales, int64_t group, int64_t K, int64_t r0, int64_t n, uint8_t* codes,
+                   float* group_scales) {
+  const int64_t panels = padded_rows(n) / kPanelCols, pairs = (K + 1) / 2, groups = (K + group - 1) / group;
+  const int64_t row_bytes = (K + 1) / 2;
+  for (int64_t p = 0; p < panels; ++p) {
+    uint8_t* panel = codes + p * fp4_panel_bytes(K);
+    const int64_t c_end = std::min<int64_t>(kPanelCols, n - p * kPanelCols);
+    const int64_t row = r0 + p * kPanelCols;
+    auto code = [&](int64_t c, int64_t k) -> uint8_t { return c < c_end && k < K ? fp4_nibble(w + (row + c) * row_bytes, k) : 0; };
+    for (int64_t j = 0; j < pairs; ++j)
+      for (int64_t i = 0; i < 32; ++i) {
+        const int64_t k = 2 * j + i % 2;
+        panel[j * 32 + i] = uint8_t(code(i / 2, k) | (code(16 + i / 2, k) << 4));
+      }
+    for (int64_t g = 0; g < groups; ++g)
+      for (int64_t c = 0; c < kPanelCols; ++c)
+        group_scales[(p * groups + g) * kPanelCols + c] = c < c_end ? ue8m0_to_float(scales[(row + c) * groups + g]) : 0.0f;
+  }
+}
+
 // ---- the cache: one entry per experts object, keyed by its weight buffers ------------------
 
 struct PackedCache {
@@ -235,8 +277,11 @@ std::shared_ptr<PackedWeights> PackedWeights::of(const Experts& ex) {
                     !s.transposed && kernels().packed_matmul_bf16 != nullptr;
   const bool fp8 = s.quant.kind == QuantKind::fp8_block && s.quant.block_k == 128 && s.quant.block_n >= 1 && !s.transposed &&
                    ex.gate_up.dtype == DType::fp8_e4m3 && ex.down.dtype == DType::fp8_e4m3 && kernels().packed_matmul_fp8 != nullptr;
+  const int64_t group = s.quant.block_k;
+  const bool fp4 = s.quant.kind == QuantKind::fp4_group && group >= 2 && group % 2 == 0 && 128 % group == 0 && !s.transposed &&
+                   ex.gate_up.dtype == DType::u8 && ex.down.dtype == DType::u8 && kernels().packed_matmul_fp4 != nullptr;
   if (!packing_enabled() || s.num_experts <= 0) return nullptr;
-  if (s.quant.quantized() ? !fp8 : !(f32 || bf16)) return nullptr;
+  if (s.quant.quantized() ? !(fp8 || fp4) : !(f32 || bf16)) return nullptr;
   PackedCache& cache = PackedCache::get();
   std::lock_guard<std::mutex> lock(cache.mutex);
   ++cache.clock;
@@ -294,7 +339,7 @@ int64_t packed_min_rows(const ExpertsSpec& s) {
 }  // namespace
 
 PackedWeights::PackedWeights(const Experts& ex)
-    : dtype_(ex.spec.quant.quantized() ? DType::fp8_e4m3 : ex.spec.dtype),
+    : dtype_(weights_dtype(ex.spec)),
       prefetch_ahead_(stream_prefetch_ahead(size_t(ex.spec.num_experts) * expert_bytes(ex.spec))),
       min_rows_(packed_min_rows(ex.spec)),
       experts_(size_t(ex.spec.num_experts)) {}
@@ -303,19 +348,24 @@ PackedWeights::~PackedWeights() = default;
 // Bytes of one expert's packed copy (the gate and up halves padded separately when split).
 size_t PackedWeights::expert_bytes(const ExpertsSpec& s) {
   const int64_t H = s.hidden, I = s.intermediate;
-  const DType dt = s.quant.quantized() ? DType::fp8_e4m3 : s.dtype;
-  const size_t gate_up = s.has_gate && !s.interleaved ? 2 * packed_matrix_bytes(dt, I, H)
-                                                      : packed_matrix_bytes(dt, s.gate_up_rows(), H);
-  return gate_up + packed_matrix_bytes(dt, H, I);
+  const DType dt = weights_dtype(s);
+  const int64_t group = s.quant.block_k;
+  const size_t gate_up = s.has_gate && !s.interleaved ? 2 * packed_matrix_bytes(dt, I, H, group)
+                                                      : packed_matrix_bytes(dt, s.gate_up_rows(), H, group);
+  return gate_up + packed_matrix_bytes(dt, H, I, group);
 }
 
 uint64_t PackedWeights::expert_fingerprint(const Experts& ex, int64_t e) const {
   const ExpertsSpec& s = ex.spec;
   const int64_t H = s.hidden, I = s.intermediate, R = s.gate_up_rows();
-  uint64_t h = fingerprint(expert_matrix(ex.gate_up, e), R * H, expert_matrix(ex.down, e), H * I, dtype_size(dtype_));
-  if (s.quant.quantized()) {  // FP8: the scales too ([ceil(N / block_n), ceil(K / 128)] each)
-    const int64_t gu_scales = (R + s.quant.block_n - 1) / s.quant.block_n * ((H + 127) / 128);
-    const int64_t dn_scales = (H + s.quant.block_n - 1) / s.quant.block_n * ((I + 127) / 128);
+  // FP4 rows are ceil(K / 2) bytes
+  const bool fp4 = dtype_ == DType::fp4_e2m1x2;
+  const int64_t h_row = fp4 ? (H + 1) / 2 : H, i_row = fp4 ? (I + 1) / 2 : I;
+  uint64_t h = fingerprint(expert_matrix(ex.gate_up, e), R * h_row, expert_matrix(ex.down, e), H * i_row, dtype_size(dtype_));
+  if (s.quant.quantized()) {  // the scales too ([ceil(N / block_n), ceil(K / block_k)] each)
+    const int64_t bn = s.quant.block_n, bk = s.quant.block_k;
+    const int64_t gu_scales = (R + bn - 1) / bn * ((H + bk - 1) / bk);
+    const int64_t dn_scales = (H + bn - 1) / bn * ((I + bk - 1) / bk);
     h ^= fingerprint(expert_matrix(ex.gate_up_scale, e), gu_scales, expert_matrix(ex.down_scale, e), dn_scales,
                      dtype_size(ex.gate_up_scale.dtype)) * 0x9E3779B97F4A7C15ull;
   }
@@ -329,7 +379,8 @@ void PackedWeights::pack_expert(const Experts& ex, int64_t e) {
   const void* dn = expert_matrix(ex.down, e);
   Slot& slot = experts_[size_t(e)];
   PackedExpert& pe = slot.packed;
-  const bool bf16 = dtype_ == DType::bf16, fp8 = dtype_ == DType::fp8_e4m3;
+  const bool bf16 = dtype_ == DType::bf16, fp8 = dtype_ == DType::fp8_e4m3, fp4 = dtype_ == DType::fp4_e2m1x2;
+  const int64_t group = s.quant.block_k;
   char* dst = reinterpret_cast<char*>(slot.storage.get());
   // rows [r0, r0 + n) of the [N, K] matrix w into dst; advances dst past them
   auto pack = [&](PackedMatrix& m, const void* w, const void* scales, int64_t N, int64_t K, int64_t r0, int64_t n) {
@@ -349,6 +400,14 @@ void PackedWeights::pack_expert(const Experts& ex, int64_t e) {
       m.panels_e4m3 = codes;
       m.block_scales = block_scales;
       m.block_kind = flags;
+    } else if (fp4) {
+      const Fp4Sizes z = fp4_sizes(n, K, group);
+      auto* codes = reinterpret_cast<uint8_t*>(dst);
+      auto* group_scales = reinterpret_cast<float*>(dst + z.codes);
+      pack_rows_fp4(static_cast<const uint8_t*>(w), static_cast<const uint8_t*>(scales), group, K, r0, n, codes, group_scales);
+      m.panels_fp4 = codes;
+      m.group_scales = group_scales;
+      m.group = group;
     } else if (bf16) {
       m.panels_bf16 = reinterpret_cast<const uint16_t*>(dst);
       pack_rows_bf16(static_cast<const uint16_t*>(w), K, r0, n, reinterpret_cast<uint16_t*>(dst));
@@ -356,10 +415,10 @@ void PackedWeights::pack_expert(const Experts& ex, int64_t e) {
       m.panels = reinterpret_cast<const float*>(dst);
       pack_rows(static_cast<const float*>(w), s.transposed, N, K, r0, n, reinterpret_cast<float*>(dst));
     }
-    dst += packed_matrix_bytes(dtype_, n, K);
+    dst += packed_matrix_bytes(dtype_, n, K, group);
   };
-  const void* gus = fp8 ? expert_matrix(ex.gate_up_scale, e) : nullptr;
-  const void* dns = fp8 ? expert_matrix(ex.down_scale, e) : nullptr;
+  const void* gus = fp8 || fp4 ? expert_matrix(ex.gate_up_scale, e) : nullptr;
+  const void* dns = fp8 || fp4 ? expert_matrix(ex.down_scale, e) : nullptr;
   if (s.has_gate && !s.interleaved) {  // [gate; up] → two matrices of I rows
     pack(pe.gate_up[0], gu, gus, R, H, 0, I);
     pack(pe.gate_up[1], gu, gus, R, H, I, I);

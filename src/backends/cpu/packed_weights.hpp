@@ -1,6 +1,6 @@
-// backends/cpu/packed_weights.hpp — f32, bf16 and FP8 expert weights repacked once into the panels of
-// the packed micro-kernels (kernels.hpp: PackedMatmulArgs, PackedBf16MatmulArgs, PackedFp8MatmulArgs),
-// cached per experts object.
+// backends/cpu/packed_weights.hpp — f32, bf16, FP8 and FP4 expert weights repacked once into the
+// panels of the packed micro-kernels (kernels.hpp: PackedMatmulArgs, PackedBf16MatmulArgs,
+// PackedFp8MatmulArgs, PackedFp4MatmulArgs), cached per experts object.
 //
 // The CPU backends read expert weights where they are; for f32 and bf16 weights that means a
 // dot-product kernel over [out, in] rows. Packed, each projection streams contiguous panels of 32
@@ -9,22 +9,24 @@
 // without AMX; bf16 weights in the default [out, in] layout); FP8 block-scaled weights (128-k blocks,
 // default layout) as e4m3 [in, 32] panels (AVX-512) or [in / 2, 32, 2] panels (AVX512_BF16, whose
 // kernel runs on vdpbf16ps) with each block's 32 column scales in f32 and the kind of codes it holds,
-// where the table has a packed FP8 kernel. The first call on an experts object
-// packs all its experts (in parallel: about 2.4 GB written for qwen3_30b_a3b in f32, 1.2 GB in
-// bf16); later calls reuse the copies.
+// where the table has a packed FP8 kernel; FP4 weights (UE8M0 scales per group of 2..128 channels
+// dividing 128, default layout) as e2m1 pair panels with the group scales in f32, where the table
+// has the packed FP4 kernel (AVX512_BF16). The first call on an experts object packs all its experts
+// (in parallel: about 2.4 GB written for qwen3_30b_a3b in f32, 1.2 GB in bf16); later calls reuse
+// the copies.
 //
 // Memory: one copy of the weights in their own dtype (+ padding of each matrix to a multiple of 32
-// rows, and of bf16 rows to an even length; FP8: + 129 bytes per 4 KiB block of codes for its scales
-// and flag); all copies together at most MOEX_CPU_PACK_MAX_MB
-// (default: a quarter of the physical memory; experts whose copy would not fit are read in place),
-// each held
-// until the weights' address range is reused by other experts, the copies of 512 experts objects
-// used more recently exist, or release_packed_weights() is called. MOEX_CPU_PACK=0 turns packing off
-// (the kernels then read the weights in place).
+// rows, and of bf16 and FP4 rows to an even length; FP8: + 129 bytes per 4 KiB block of codes for its
+// scales and flag; FP4: each group scale as 4 bytes of f32, a quarter more than a group of 32 codes); all copies
+// together at most MOEX_CPU_PACK_MAX_MB (default: a quarter of the physical memory; experts whose
+// copy would not fit are read in place), each held until the weights' address range is reused by
+// other experts, the copies of 512 experts objects used more recently exist, or
+// release_packed_weights() is called. MOEX_CPU_PACK=0 turns packing off (the kernels then read the
+// weights in place).
 //
-// The cache is keyed by the weight pointers, shapes, strides and dtype (FP8: also the scale pointers
-// and the quantization spec); a sampled fingerprint of each expert's weights (64 bytes at 16 places
-// per matrix; FP8: of its scales too) is checked on every call, so new weights
+// The cache is keyed by the weight pointers, shapes, strides and dtype (FP8 / FP4: also the scale
+// pointers and the quantization spec); a sampled fingerprint of each expert's weights (64 bytes at 16
+// places per matrix; FP8 / FP4: of its scales too) is checked on every call, so new weights
 // loaded at the same address are repacked. Weights changed in place only away from those places are
 // not noticed: release first.
 #pragma once
@@ -53,6 +55,11 @@ struct PackedMatrix {
   const float* block_scales = nullptr;
   const uint8_t* block_kind = nullptr;
   bool fp8_pairs = false;
+  // FP4 experts (e2m1, UE8M0 scales per `group` channels): the panels of PackedFp4MatmulArgs and the
+  // group scales as f32 [ceil(n / 32), ceil(k / group), 32]. Padding holds code 0, scale 0.
+  const uint8_t* panels_fp4 = nullptr;
+  const float* group_scales = nullptr;
+  int64_t group = 0;
   // The kernels' prefetch distance where one row block streams the panels (PackedMatmulArgs::
   // prefetch_ahead): on Intel CPUs 2 KiB when the experts' packed weights exceed the last-level
   // cache (they stream from DRAM), else 0 (one k chunk ahead); on other CPUs −1 (none).
@@ -135,6 +142,11 @@ class PackedWeights {
 // 128)]. PackedWeights packs with it; declared here for the kernel tests.
 void pack_rows_fp8(const uint8_t* w, const void* scales, const QuantSpec& q, int64_t K, int64_t r0, int64_t n, bool pairs,
                    uint8_t* codes, float* block_scales, uint8_t* flags);
+// Rows [r0, r0 + n) of one expert's FP4 matrix (e2m1 codes w [N, ceil(K / 2)], two per byte, low nibble
+// first; UE8M0 scales [N, ceil(K / group)]) packed for PackedFp4MatmulArgs: codes [ceil(n / 32),
+// fp4_panel_bytes(K)], group_scales [ceil(n / 32), ceil(K / group), 32]. For the kernel tests too.
+void pack_rows_fp4(const uint8_t* w, const uint8_t* scales, int64_t group, int64_t K, int64_t r0, int64_t n, uint8_t* codes,
+                   float* group_scales);
 // Bytes of one FP8 panel of k codes per column: [k, 32], or [ceil(k / 2), 32, 2] in k pairs.
 inline int64_t fp8_panel_bytes(int64_t k, bool pairs) { return (pairs ? (k + 1) / 2 * 2 : k) * kPanelCols; }
 
