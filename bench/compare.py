@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Merges `moex bench --format json` lines with the reference library's JSON lines (the anchors'
 hf_experts_bench*.py) into one markdown table: per case each side's backends, each side's best,
-the speed-up of moex's best over the reference's best, and moex's % of the floor.
+the speed-up of moex's best over the reference's best, and moex's % of the floor. moex rows of
+quantized experts (`moex bench --quant`) are compared with the reference's rows of their dtype. Where
+a case was measured in several rounds, each side's fastest round counts (both sides alike).
 
     python3 bench/compare.py --moex moex.jsonl --ref hf.jsonl [--threads 2]
 """
@@ -36,7 +38,12 @@ for r in load(a.moex):
         continue
     if "ms" not in r:
         continue
-    moex[(r["shape"], norm_dtype(r["dtype"]), int(r["T"]))][r["backend"]] = r
+    # quantized experts (moex bench --quant): their own rows, "bf16+fp8", beside the reference's bf16 experts
+    dt = norm_dtype(r["dtype"]) + (f"+{r['quant']}" if r.get("quant", "none") != "none" else "")
+    # several rounds of the same case (cpu_side_by_side.sh ROUNDS=n): each side keeps its fastest
+    case = moex[(r["shape"], dt, int(r["T"]))]
+    if r["backend"] not in case or r["ms"] < case[r["backend"]]["ms"]:
+        case[r["backend"]] = r
 ref = collections.defaultdict(dict)
 for r in load(a.ref):
     if "ms" not in r:
@@ -44,8 +51,13 @@ for r in load(a.ref):
     if a.threads is not None and "threads" in r and int(r["threads"]) != a.threads:
         continue
     dt = norm_dtype(r.get("dtype", a.dtype or "bf16"))
-    ref[(r["shape"], dt, int(r["T"]))][r["backend"]] = r["ms"]
+    case = ref[(r["shape"], dt, int(r["T"]))]
+    case[r["backend"]] = min(r["ms"], case.get(r["backend"], float("inf")))
 
+if any("+" in k[1] for k in moex):
+    print("Rows bf16+fp8 / bf16+fp4: moex's FP8 / FP4 experts beside the reference's bf16 experts (its FP8 experts "
+          "need a hub kernel that does not run on the CPU; its dequantize load option gives these bf16 ones).")
+    print()
 for machine in machines:
     read = f" (streaming read {machine['read_gbps']:.1f} GB/s)" if machine.get('read_gbps') else ""
     print(f"machine: {machine.get('machine')}, copy {machine.get('copy_gbps', 0):.1f} GB/s{read}, "
@@ -57,7 +69,7 @@ print("| shape | dtype | T | floor ms | moex: " + " / ".join(["eager", "batched_
 print("|---|---|---|---|---|---|---|---|---|---|")
 for key in sorted(moex, key=lambda k: (k[0], k[1], k[2])):
     m = moex[key]
-    r = ref.get(key, {})
+    r = ref.get((key[0], key[1].split("+")[0], key[2]), {})
     def fmt(d, b):
         v = d.get(b)
         if v is None:
