@@ -524,6 +524,26 @@ TEST(CpuKernels, PackedFp4MatmulMatchesLoopForEveryGroupSize) {
         }
     }
   }
+  // k = 0: no products, zeros (not the kernels' unset totals)
+  for (const KernelTable* kt : tables()) {
+    if (!kt->packed_matmul_fp4 || !kt->packed_fp8_pairs) continue;
+    std::vector<float> y(6, -777.0f);
+    PackedFp4MatmulArgs a4;
+    a4.m = 2;
+    a4.ldy = 3;
+    a4.n1 = 3;
+    a4.y = y.data();
+    kt->packed_matmul_fp4(a4);
+    for (float v : y) ASSERT_EQ(v, 0.0f) << kt->isa << " FP4, k = 0";
+    std::fill(y.begin(), y.end(), -777.0f);
+    PackedFp8MatmulArgs a8;
+    a8.m = 2;
+    a8.ldy = 3;
+    a8.n1 = 3;
+    a8.y = y.data();
+    kt->packed_matmul_fp8(a8);
+    for (float v : y) ASSERT_EQ(v, 0.0f) << kt->isa << " FP8 pairs, k = 0";
+  }
   if (!ran) GTEST_SKIP() << "no kernel table with the packed FP4 kernel on this CPU";
 }
 

@@ -277,7 +277,11 @@ inline const uint32_t* x_code_pairs(const float* x, int64_t ldx, int64_t m, int6
 // prefetch_ahead bytes past each step's.
 template <class Rows>
 void packed_pairs_driver(int64_t m, int64_t k, int64_t n0, int64_t n1, const void* panels, int64_t panel_bytes, int64_t rows_max,
-                         int64_t prefetch_ahead, float* y, Rows rows) {
+                         int64_t prefetch_ahead, float* y, int64_t ldy, Rows rows) {
+  if (k == 0) {  // no products: zeros (the blocks would write their unset totals)
+    for (int64_t i = 0; i < m; ++i) std::fill(y + i * ldy, y + i * ldy + (n1 - n0), 0.0f);
+    return;
+  }
   const int64_t pairs = (k + 1) / 2, step_bytes = panel_bytes / std::max<int64_t>(1, pairs), lines = (panel_bytes + 63) / 64;
   const int64_t row_blocks = (m + rows_max - 1) / rows_max;
   for (int64_t n = n0; n < n1; n += kPanelCols) {
@@ -370,7 +374,7 @@ void packed_matmul_fp8_bf16_impl(const PackedFp8MatmulArgs& a) {
   const uint32_t* xpairs = x_code_pairs(a.x, a.ldx, a.m, a.k);
   // near-equal row blocks of at most kPackedFp8Bf16Rows, or MOEX_CPU_PACKED_ROWS (1 .. 12; A/B)
   static const int64_t rows_max = impl::packed_rows_setting(kPackedFp8Bf16MaxRows, kPackedFp8Bf16Rows);
-  packed_pairs_driver(a.m, a.k, a.n0, a.n1, a.panels, (a.k + 1) / 2 * 64, rows_max, a.prefetch_ahead, a.y,
+  packed_pairs_driver(a.m, a.k, a.n0, a.n1, a.panels, (a.k + 1) / 2 * 64, rows_max, a.prefetch_ahead, a.y, a.ldy,
                       [&](int mr, int64_t i0, int64_t p, int ncols, float* y, const PairPrefetch& pf) {
                         packed_pairs_rows<PackedFp8Block, kPackedFp8Bf16MaxRows>(mr, a, xpairs, i0, p, ncols, y, pf);
                       });
@@ -444,7 +448,7 @@ void packed_matmul_fp4_bf16_impl(const PackedFp4MatmulArgs& a) {
   if (a.m <= 0 || a.n1 <= a.n0) return;
   const uint32_t* xpairs = x_code_pairs(a.x, a.ldx, a.m, a.k);
   static const int64_t rows_max = impl::packed_rows_setting(kPackedFp4Rows, kPackedFp4Rows);
-  packed_pairs_driver(a.m, a.k, a.n0, a.n1, a.panels, (a.k + 1) / 2 * 32, rows_max, a.prefetch_ahead, a.y,
+  packed_pairs_driver(a.m, a.k, a.n0, a.n1, a.panels, (a.k + 1) / 2 * 32, rows_max, a.prefetch_ahead, a.y, a.ldy,
                       [&](int mr, int64_t i0, int64_t p, int ncols, float* y, const PairPrefetch& pf) {
                         packed_pairs_rows<PackedFp4Block, kPackedFp4Rows>(mr, a, xpairs, i0, p, ncols, y, pf);
                       });
