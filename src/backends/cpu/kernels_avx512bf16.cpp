@@ -314,6 +314,27 @@ inline void packed_pairs_rows(int mr, A&&... args) {
   Block<MR>::run(args...);
 }
 
+// One row's totals over a panel (32 floats, L1) after a 128-k block: total = (first ? 0 : total) + v · m,
+// per half of 16 columns.
+inline void fold_total(float* total, __m512 v0, __m512 m0, __m512 v1, __m512 m1, bool first) {
+  const __m512 t0 = first ? _mm512_setzero_ps() : _mm512_load_ps(total);
+  const __m512 t1 = first ? _mm512_setzero_ps() : _mm512_load_ps(total + 16);
+  _mm512_store_ps(total, _mm512_fmadd_ps(v0, m0, t0));
+  _mm512_store_ps(total + 16, _mm512_fmadd_ps(v1, m1, t1));
+}
+
+// A pair kernel (PackedFp8MatmulArgs or PackedFp4MatmulArgs): x's code pairs, then the driver over
+// panels of bytes_per_pair · ceil(k / 2) bytes, row blocks of at most rows_max through Block<MR>.
+template <template <int> class Block, int MaxRows, class Args>
+void packed_pairs_matmul(const Args& a, int64_t bytes_per_pair, int64_t rows_max) {
+  if (a.m <= 0 || a.n1 <= a.n0) return;
+  const uint32_t* xpairs = x_code_pairs(a.x, a.ldx, a.m, a.k);
+  packed_pairs_driver(a.m, a.k, a.n0, a.n1, a.panels, (a.k + 1) / 2 * bytes_per_pair, rows_max, a.prefetch_ahead, a.y, a.ldy,
+                      [&](int mr, int64_t i0, int64_t p, int ncols, float* y, const PairPrefetch& pf) {
+                        packed_pairs_rows<Block, MaxRows>(mr, a, xpairs, i0, p, ncols, y, pf);
+                      });
+}
+
 // MR rows × one panel: per k pair one 64-byte row of the panel (32 columns × 2 codes) converted to two
 // vectors, one broadcast pair of x per row, 2·MR vdpbf16ps; per 128-k block (64 pairs) the sums are
 // folded into the totals with 2^8 × x's scale × the columns' weight scales. The totals live in an L1
@@ -359,10 +380,7 @@ struct PackedFp8Block {
       const __m512 s0 = _mm512_loadu_ps(scales + kb * kPanelCols), s1 = _mm512_loadu_ps(scales + kb * kPanelCols + 16);
       for (int r = 0; r < MR; ++r) {
         const __m512 xs = _mm512_set1_ps(a.xs[(i0 + r) * blocks + kb] * 256.0f);  // × 2^8: exact
-        const __m512 t0 = kb ? _mm512_load_ps(total[r]) : _mm512_setzero_ps();
-        const __m512 t1 = kb ? _mm512_load_ps(total[r] + 16) : _mm512_setzero_ps();
-        _mm512_store_ps(total[r], _mm512_fmadd_ps(acc[r][0], _mm512_mul_ps(s0, xs), t0));
-        _mm512_store_ps(total[r] + 16, _mm512_fmadd_ps(acc[r][1], _mm512_mul_ps(s1, xs), t1));
+        fold_total(total[r], acc[r][0], _mm512_mul_ps(s0, xs), acc[r][1], _mm512_mul_ps(s1, xs), kb == 0);
       }
     }
     for (int r = 0; r < MR; ++r) std::memcpy(y + (i0 + r) * a.ldy, total[r], size_t(ncols) * sizeof(float));
@@ -370,14 +388,9 @@ struct PackedFp8Block {
 };
 
 void packed_matmul_fp8_bf16_impl(const PackedFp8MatmulArgs& a) {
-  if (a.m <= 0 || a.n1 <= a.n0) return;
-  const uint32_t* xpairs = x_code_pairs(a.x, a.ldx, a.m, a.k);
   // near-equal row blocks of at most kPackedFp8Bf16Rows, or MOEX_CPU_PACKED_ROWS (1 .. 12; A/B)
   static const int64_t rows_max = impl::packed_rows_setting(kPackedFp8Bf16MaxRows, kPackedFp8Bf16Rows);
-  packed_pairs_driver(a.m, a.k, a.n0, a.n1, a.panels, (a.k + 1) / 2 * 64, rows_max, a.prefetch_ahead, a.y, a.ldy,
-                      [&](int mr, int64_t i0, int64_t p, int ncols, float* y, const PairPrefetch& pf) {
-                        packed_pairs_rows<PackedFp8Block, kPackedFp8Bf16MaxRows>(mr, a, xpairs, i0, p, ncols, y, pf);
-                      });
+  packed_pairs_matmul<PackedFp8Block, kPackedFp8Bf16MaxRows>(a, 64, rows_max);
 }
 
 // ---- packed FP4 on vdpbf16ps (see PackedFp4MatmulArgs) ------------------------------------------
@@ -434,10 +447,7 @@ struct PackedFp4Block {
       }
       for (int r = 0; r < MR; ++r) {
         const __m512 xs = _mm512_set1_ps(a.xs[(i0 + r) * blocks + kb]);
-        const __m512 t0 = kb ? _mm512_load_ps(total[r]) : _mm512_setzero_ps();
-        const __m512 t1 = kb ? _mm512_load_ps(total[r] + 16) : _mm512_setzero_ps();
-        _mm512_store_ps(total[r], _mm512_fmadd_ps(block[r][0], xs, t0));
-        _mm512_store_ps(total[r] + 16, _mm512_fmadd_ps(block[r][1], xs, t1));
+        fold_total(total[r], block[r][0], xs, block[r][1], xs, kb == 0);
       }
     }
     for (int r = 0; r < MR; ++r) std::memcpy(y + (i0 + r) * a.ldy, total[r], size_t(ncols) * sizeof(float));
@@ -445,13 +455,8 @@ struct PackedFp4Block {
 };
 
 void packed_matmul_fp4_bf16_impl(const PackedFp4MatmulArgs& a) {
-  if (a.m <= 0 || a.n1 <= a.n0) return;
-  const uint32_t* xpairs = x_code_pairs(a.x, a.ldx, a.m, a.k);
-  static const int64_t rows_max = impl::packed_rows_setting(kPackedFp4Rows, kPackedFp4Rows);
-  packed_pairs_driver(a.m, a.k, a.n0, a.n1, a.panels, (a.k + 1) / 2 * 32, rows_max, a.prefetch_ahead, a.y, a.ldy,
-                      [&](int mr, int64_t i0, int64_t p, int ncols, float* y, const PairPrefetch& pf) {
-                        packed_pairs_rows<PackedFp4Block, kPackedFp4Rows>(mr, a, xpairs, i0, p, ncols, y, pf);
-                      });
+  static const int64_t rows_max = impl::packed_rows_setting(kPackedFp4Rows, kPackedFp4Rows);  // (MOEX_CPU_PACKED_ROWS 1 .. 6)
+  packed_pairs_matmul<PackedFp4Block, kPackedFp4Rows>(a, 32, rows_max);
 }
 
 struct Avx512Bf16 : Avx512 {
