@@ -828,18 +828,54 @@ TEST(CpuKernels, PackedWeightsFollowNewWeightsAtTheSameAddress) {
   EXPECT_EQ(moe.forward(moe.gate_up, moe.down), fresh);
 }
 
+namespace {
+
+// grouped_mm over quantized experts E = 4, H = 256, I = 128 whose weights and scales are the views given
+// (built per call by `views`, so that fresh buffers can be passed), on fixed random tokens: the two
+// "new scales at the same address" tests below.
+struct QuantExpertsRun {
+  static constexpr int64_t E = 4, H = 256, I = 128, T = 9, K = 2;
+  ExpertsSpec spec;
+  std::vector<float> hidden, weights;
+  std::vector<int32_t> index;
+  QuantExpertsRun(QuantSpec q, std::mt19937& rng) : hidden(size_t(T * H)), weights(size_t(T * K), 0.5f), index(size_t(T * K)) {
+    spec.num_experts = E;
+    spec.hidden = H;
+    spec.intermediate = I;
+    spec.dtype = DType::f32;
+    spec.quant = q;
+    std::normal_distribution<float> nd(0.0f, 0.05f);
+    for (auto& f : hidden) f = nd(rng);
+    for (auto& i : index) i = int32_t(rng() % E);
+  }
+  std::vector<float> operator()(TensorView gu, TensorView dn, TensorView gu_scale, TensorView dn_scale) {
+    const Experts ex{spec, gu, dn, {}, {}, gu_scale, dn_scale};
+    std::vector<float> out(size_t(T * H));
+    ExpertsCall call{TensorView(hidden.data(), DType::f32, {T, H}), TensorView(index.data(), DType::i32, {T, K}),
+                     TensorView(weights.data(), DType::f32, {T, K}), TensorView(out.data(), DType::f32, {T, H})};
+    RunOptions opts;
+    opts.num_threads = 2;
+    experts_forward("grouped_mm", ex, call, opts);
+    return out;
+  }
+};
+
+std::vector<float> normal_values(std::mt19937& rng, int64_t n) {
+  std::normal_distribution<float> nd(0.0f, 0.05f);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& f : v) f = nd(rng);
+  return v;
+}
+
+}  // namespace
+
 TEST(CpuKernels, PackedFp8ExpertsFollowNewScalesAtTheSameAddress) {
   // FP8 experts are packed with their block scales folded in; new scales written into the same scale
   // buffers (the codes unchanged) must be repacked, giving the output of those scales in fresh buffers.
-  constexpr int64_t E = 4, H = 256, I = 128, T = 9, K = 2;
   std::mt19937 rng(67);
-  std::normal_distribution<float> nd(0.0f, 0.05f);
-  auto random = [&](int64_t n) {
-    std::vector<float> v(static_cast<size_t>(n));
-    for (auto& f : v) f = nd(rng);
-    return v;
-  };
-  const std::vector<float> gu_f = random(E * 2 * I * H), dn_f = random(E * H * I);
+  QuantExpertsRun run(QuantSpec::fp8_block(), rng);
+  constexpr int64_t E = QuantExpertsRun::E, H = QuantExpertsRun::H, I = QuantExpertsRun::I;
+  const std::vector<float> gu_f = normal_values(rng, E * 2 * I * H), dn_f = normal_values(rng, E * H * I);
   std::vector<uint8_t> gu(gu_f.size()), dn(dn_f.size());
   std::vector<float> gu_s(size_t(E * (2 * I / 128) * (H / 128))), dn_s(size_t(E * (H / 128) * (I / 128)));
   for (int64_t e = 0; e < E; ++e) {
@@ -848,30 +884,9 @@ TEST(CpuKernels, PackedFp8ExpertsFollowNewScalesAtTheSameAddress) {
     quantize_fp8_blocks(dn_f.data() + e * H * I, H, I, 128, 128, ScaleFormat::f32, dn.data() + e * H * I,
                         dn_s.data() + e * (H / 128) * (I / 128));
   }
-  ExpertsSpec spec;
-  spec.num_experts = E;
-  spec.hidden = H;
-  spec.intermediate = I;
-  spec.dtype = DType::f32;
-  spec.quant = QuantSpec::fp8_block();
-  std::vector<float> hidden = random(T * H), weights(size_t(T * K), 0.5f);
-  std::vector<int32_t> index(size_t(T * K));
-  for (auto& i : index) i = int32_t(rng() % E);
   auto forward = [&](std::vector<uint8_t>& g, std::vector<float>& gs, std::vector<uint8_t>& d, std::vector<float>& ds) {
-    const Experts ex{spec,
-                     TensorView(g.data(), DType::fp8_e4m3, {E, 2 * I, H}),
-                     TensorView(d.data(), DType::fp8_e4m3, {E, H, I}),
-                     {},
-                     {},
-                     TensorView(gs.data(), DType::f32, {E, 2 * I / 128, H / 128}),
-                     TensorView(ds.data(), DType::f32, {E, H / 128, I / 128})};
-    std::vector<float> out(size_t(T * H));
-    ExpertsCall call{TensorView(hidden.data(), DType::f32, {T, H}), TensorView(index.data(), DType::i32, {T, K}),
-                     TensorView(weights.data(), DType::f32, {T, K}), TensorView(out.data(), DType::f32, {T, H})};
-    RunOptions opts;
-    opts.num_threads = 2;
-    experts_forward("grouped_mm", ex, call, opts);
-    return out;
+    return run(TensorView(g.data(), DType::fp8_e4m3, {E, 2 * I, H}), TensorView(d.data(), DType::fp8_e4m3, {E, H, I}),
+               TensorView(gs.data(), DType::f32, {E, 2 * I / 128, H / 128}), TensorView(ds.data(), DType::f32, {E, H / 128, I / 128}));
   };
   release_packed_weights();
   const std::vector<float> first = forward(gu, gu_s, dn, dn_s);
@@ -889,42 +904,17 @@ TEST(CpuKernels, PackedFp8ExpertsFollowNewScalesAtTheSameAddress) {
 TEST(CpuKernels, PackedFp4ExpertsFollowNewScalesAtTheSameAddress) {
   // The same for FP4 experts (their group scales packed as f32 beside the codes): scale bytes raised
   // by one (× 2) in place must be repacked.
-  constexpr int64_t E = 4, H = 256, I = 128, T = 9, K = 2, G = 32;
+  constexpr int64_t G = 32;
   std::mt19937 rng(73);
-  std::normal_distribution<float> nd(0.0f, 0.05f);
-  auto random = [&](int64_t n) {
-    std::vector<float> v(static_cast<size_t>(n));
-    for (auto& f : v) f = nd(rng);
-    return v;
-  };
-  const std::vector<float> gu_f = random(E * 2 * I * H), dn_f = random(E * H * I);
+  QuantExpertsRun run(QuantSpec::fp4_group(G), rng);
+  constexpr int64_t E = QuantExpertsRun::E, H = QuantExpertsRun::H, I = QuantExpertsRun::I;
+  const std::vector<float> gu_f = normal_values(rng, E * 2 * I * H), dn_f = normal_values(rng, E * H * I);
   std::vector<uint8_t> gu(size_t(E * 2 * I * H / 2)), dn(size_t(E * H * I / 2)), gu_s(size_t(E * 2 * I * H / G)), dn_s(size_t(E * H * I / G));
   quantize_fp4_groups(gu_f.data(), E * 2 * I, H, G, gu.data(), gu_s.data());
   quantize_fp4_groups(dn_f.data(), E * H, I, G, dn.data(), dn_s.data());
-  ExpertsSpec spec;
-  spec.num_experts = E;
-  spec.hidden = H;
-  spec.intermediate = I;
-  spec.dtype = DType::f32;
-  spec.quant = QuantSpec::fp4_group(G);
-  std::vector<float> hidden = random(T * H), weights(size_t(T * K), 0.5f);
-  std::vector<int32_t> index(size_t(T * K));
-  for (auto& i : index) i = int32_t(rng() % E);
   auto forward = [&](std::vector<uint8_t>& g, std::vector<uint8_t>& gs, std::vector<uint8_t>& d, std::vector<uint8_t>& ds) {
-    const Experts ex{spec,
-                     TensorView(g.data(), DType::u8, {E, 2 * I, H / 2}),
-                     TensorView(d.data(), DType::u8, {E, H, I / 2}),
-                     {},
-                     {},
-                     TensorView(gs.data(), DType::u8, {E, 2 * I, H / G}),
-                     TensorView(ds.data(), DType::u8, {E, H, I / G})};
-    std::vector<float> out(size_t(T * H));
-    ExpertsCall call{TensorView(hidden.data(), DType::f32, {T, H}), TensorView(index.data(), DType::i32, {T, K}),
-                     TensorView(weights.data(), DType::f32, {T, K}), TensorView(out.data(), DType::f32, {T, H})};
-    RunOptions opts;
-    opts.num_threads = 2;
-    experts_forward("grouped_mm", ex, call, opts);
-    return out;
+    return run(TensorView(g.data(), DType::u8, {E, 2 * I, H / 2}), TensorView(d.data(), DType::u8, {E, H, I / 2}),
+               TensorView(gs.data(), DType::u8, {E, 2 * I, H / G}), TensorView(ds.data(), DType::u8, {E, H, I / G}));
   };
   release_packed_weights();
   const std::vector<float> first = forward(gu, gu_s, dn, dn_s);
