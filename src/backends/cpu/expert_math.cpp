@@ -159,16 +159,24 @@ PackedParts down_parts(const ExpertView& ev) { return ev.packed ? PackedParts{&e
 }  // namespace
 
 // Whether h = silu(g) · u can go through the table's vector form (the SiLU-gated experts of most MoE
-// models, concatenated gate / up): not for other activations, interleaved gate / up, or experts
-// whose dtype is f16 / bf16 with an f32 h (rounded to the dtype, kept in f32).
+// models, concatenated gate / up): not for other activations or interleaved gate / up. h is bf16, or
+// f32 holding values rounded to the experts' dtype (f32 experts; quantized experts' f32 h).
 static bool vector_silu(const ExpertsSpec& s, DType hdt) {
-  return s.activation.kind == Activation::silu && s.has_gate && !s.interleaved &&
-         (hdt == DType::bf16 || (hdt == DType::f32 && s.dtype == DType::f32));
+  return s.activation.kind == Activation::silu && s.has_gate && !s.interleaved && (hdt == DType::bf16 || hdt == DType::f32);
 }
-// h[0:n] = silu(g) · u rounded to hdt (f32 or bf16), where vector_silu(s, hdt).
-static void silu_row(const KernelTable& kt, const float* g, const float* u, int64_t n, void* h, DType hdt) {
+// h[0:n] = silu(g) · u rounded to hdt (bf16), or to the experts' dtype `dt` and kept in f32 (hdt f32),
+// where vector_silu(s, hdt).
+static void silu_row(const KernelTable& kt, const float* g, const float* u, int64_t n, void* h, DType hdt, DType dt) {
   if (hdt == DType::f32) {
-    kt.silu_mul(g, u, static_cast<float*>(h), n);
+    float* hf = static_cast<float*>(h);
+    kt.silu_mul(g, u, hf, n);
+    if (dt == DType::f32) return;
+    uint16_t tmp[256];  // round to dt (bf16 / f16) in place, as round_to does one value at a time
+    for (int64_t c = 0; c < n; c += 256) {
+      const int64_t len = std::min<int64_t>(256, n - c);
+      kt.from_f32(hf + c, dt, tmp, len);
+      kt.to_f32(tmp, dt, hf + c, len);
+    }
     return;
   }
   float tmp[256];
@@ -203,7 +211,7 @@ void up_activation(const KernelTable& kt, const ExpertView& ev, const void* x, D
       const float* g = scratch + i * 2 * w;
       char* hr = static_cast<char*>(h) + (size_t(i0 + i) * size_t(I) + size_t(c0)) * hsz;
       if (vector_silu(s, hdt)) {
-        silu_row(kt, g, g + w, w, hr, hdt);
+        silu_row(kt, g, g + w, w, hr, hdt, s.dtype);
         continue;
       }
       for (int64_t c = 0; c < w; ++c) {
@@ -250,7 +258,7 @@ void activation_rows(const KernelTable& kt, const ExpertsSpec& s, const float* g
   if (vector_silu(s, hdt)) {
     const int64_t I = s.intermediate, R = s.gate_up_rows();
     const size_t hsz = dtype_size(hdt);
-    for (int64_t i = 0; i < m; ++i) silu_row(kt, gu + i * R, gu + i * R + I, I, static_cast<char*>(h) + size_t(i * I) * hsz, hdt);
+    for (int64_t i = 0; i < m; ++i) silu_row(kt, gu + i * R, gu + i * R + I, I, static_cast<char*>(h) + size_t(i * I) * hsz, hdt, s.dtype);
     return;
   }
   if (hdt == DType::bf16) {  // only for bf16 experts: rounding to bf16 is rounding to the activation dtype
