@@ -9,6 +9,8 @@
 # CPU_THREADS (default "16 2") picks the thread counts, TOTAL (s, default 570) the time budget the
 # reference run is fitted into, SKIP_TESTS=1 builds moex only and skips step 1's tests, SKIP_BUILD=1
 # uses the moex already in $BUILD (a CUDA build's moex runs `bench --device cpu` with the same CPU code).
+# QUANT="fp8 fp4" (optional) adds moex's FP8 / FP4 experts to the side by side (bf16 activations; each bench call
+# first quantizes its random weights, ~10-20 s for qwen3_30b_a3b).
 # CPU_AB (optional) runs A/B rounds before the side by side, each variant "name:ENV=V,ENV2=V" (or
 # "name:" for the defaults), interleaved over CPU_AB_ROUNDS rounds (default 3), grouped_mm on
 # CPU_AB_CASES ("shape dtype tokens" entries separated by ';', default: qwen3_30b_a3b bf16 and f32 at
@@ -66,6 +68,11 @@ tmp=$OUT/cpu_raw; mkdir -p "$tmp"  # under $OUT: a run cut by its time limit sti
       # which puts every parallel region's threads to sleep and back: fixed costs at T = 1)
       timeout 60 "$BUILD/moex" bench --device cpu --backends eager,batched_mm,grouped_mm --shapes qwen3_30b_a3b,small_moe \
         --tokens 1,16,256 --dtype $dt --threads $th --format json --min-time-ms 100 --max-iters 10 --warmup 2 >> "$tmp/moex_$th.jsonl"
+    done
+    # QUANT="fp8 fp4" (optional): moex's quantized experts too, beside the reference's bf16 rows (compare.py)
+    for q in ${QUANT:-}; do
+      timeout 90 "$BUILD/moex" bench --device cpu --backends eager,batched_mm,grouped_mm --shapes qwen3_30b_a3b,small_moe \
+        --tokens 1,16,256 --dtype bf16 --quant "$q" --threads $th --format json --min-time-ms 100 --max-iters 10 --warmup 2 >> "$tmp/moex_$th.jsonl"
     done
   done
   hf_left=$(( $(left) - 15 )); [ $hf_left -gt 200 ] && hf_left=200

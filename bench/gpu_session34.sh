@@ -14,6 +14,9 @@
 #   model       bench/gpu_session28.sh PARTS=model (issue 5's end-to-end table beside the reference)
 #   fp8         bench/gpu_fp8_decode.sh PARTS=perf TOKENS=$FP8_TOKENS on the build of "ab" (issue 6),
 #               FP8_ROUNDS rounds (default 2) of the default and of every FP8_VARIANTS entry
+#   cpu         bench/cpu_h200.sh on the build of "ab" (issue 8 on the host's CPU): the CPU kernel and
+#               equivalence tests (every kernel table this CPU has, AMX included), then the side by side at
+#               16 and 2 threads within CPU_TOTAL seconds (default 420); QUANT and CPU_AB pass through
 set -u
 OUT=${OUT:-$PWD/out}
 R=$OUT/r
@@ -66,6 +69,12 @@ if step fp8; then
     AB_VARIANTS=${FP8_VARIANTS:-} \
     bash bench/gpu_fp8_decode.sh > "$R/fp8/run.txt" 2>&1
   cat "$R/fp8/fp8_decode.md" >> "$OUT/summary.txt" 2>/dev/null || tail -20 "$R/fp8/run.txt" >> "$OUT/summary.txt"
+fi
+if step cpu; then
+  note "CPU tests + side by side (issue 8)"
+  mkdir -p "$R/cpu"
+  OUT=$R/cpu SKIP_BUILD=1 BUILD=build-gpu TOTAL=${CPU_TOTAL:-420} bash bench/cpu_h200.sh > "$R/cpu/run.txt" 2>&1
+  tail -45 "$R/cpu/run.txt" >> "$OUT/summary.txt"
 fi
 note done
 tar czf "$OUT/results.tgz" -C "$OUT" r && rm -rf "$R"
