@@ -51,7 +51,7 @@ bool project_packed(const KernelTable& kt, PackedParts pk, const void* x, DType 
   for (int i = 0; i < pk.count; ++i) {
     const PackedMatrix& p = pk.parts[i];
     const bool pairing = p.panels_e4m3  ? xdt == DType::f32 && xs && kt.packed_matmul_fp8 && kt.packed_fp8_pairs == p.fp8_pairs
-                         : p.panels_fp4  ? xdt == DType::f32 && xs && kt.packed_matmul_fp4
+                         : p.panels_fp4  ? xdt == DType::f32 && xs && kt.packed_matmul_fp4 && kt.packed_fp4_pairs == p.fp4_pairs
                          : p.panels_bf16 ? xdt == DType::bf16 && kt.packed_matmul_bf16
                                          : xdt == DType::f32;
     const bool kernel = pairing && m >= p.min_rows;

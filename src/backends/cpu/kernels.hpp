@@ -145,10 +145,12 @@ struct PackedFp8MatmulArgs {
 
 // Y[0:m, 0:n1−n0] = Σ_kb xs[:, kb] · Σ_{k in kb} X[:, k] · e2m1(W[·, k]) · 2^(s[·, k / group] − 127) for FP4
 // experts (e2m1 codes, one UE8M0 scale per row and `group` channels; group even and a divisor of 128)
-// packed into panels of 32 output columns (PackedWeights): panel p holds per k pair j 32 bytes, byte i
-// holding the code of column i / 2 at k = 2j + i % 2 in its low nibble and that of column 16 + i / 2
-// in its high nibble (padding codes 0), so that one widening and one shift give the kernel its two
-// vectors of pairs; beside the group scales as f32 [ceil(N / 32), ceil(k / group), 32]. X, xs, n0 and
+// packed into panels of 32 output columns (PackedWeights): for the tables whose kernel runs on vdpbf16ps
+// (KernelTable::packed_fp4_pairs) panel p holds per k pair j 32 bytes, byte i holding the code of
+// column i / 2 at k = 2j + i % 2 in its low nibble and that of column 16 + i / 2 in its high nibble;
+// for the f32 kernel (AVX-512) per k 16 bytes, byte i holding column i's code (low nibble) and column
+// 16 + i's (high); padding codes 0. One widening and one shift give either kernel its two vectors.
+// Beside the codes, the group scales as f32 [ceil(N / 32), ceil(k / group), 32]. X, xs, n0 and
 // prefetch_ahead as PackedFp8MatmulArgs. The group sums are scaled per group, the block sums per
 // 128-k block, each in a fixed order: results do not depend on m or the column range.
 struct PackedFp4MatmulArgs {
@@ -156,7 +158,7 @@ struct PackedFp4MatmulArgs {
   int64_t ldx = 0;
   const float* xs = nullptr;  // [m, ceil(k / 128)]
   int64_t m = 0, k = 0;
-  const uint8_t* panels = nullptr;        // [ceil(N / 32), ceil(k / 2), 32]
+  const uint8_t* panels = nullptr;        // [ceil(N / 32), ceil(k / 2), 32] pairs, or [ceil(N / 32), k, 16]
   const float* group_scales = nullptr;    // [ceil(N / 32), ceil(k / group), 32]
   int64_t group = 32;
   float* y = nullptr;  // [m, n1 − n0], row stride ldy: column 0 is output column n0
@@ -164,8 +166,8 @@ struct PackedFp4MatmulArgs {
   int64_t n0 = 0, n1 = 0;
   int64_t prefetch_ahead = 0;
 };
-// Bytes of one FP4 panel (PackedFp4MatmulArgs) of k codes per column.
-inline int64_t fp4_panel_bytes(int64_t k) { return (k + 1) / 2 * kPanelCols; }
+// Bytes of one FP4 panel (PackedFp4MatmulArgs) of k codes per column: in k pairs, or [k, 16].
+inline int64_t fp4_panel_bytes(int64_t k, bool pairs) { return pairs ? (k + 1) / 2 * kPanelCols : k * kPanelCols / 2; }
 
 struct KernelTable {
   const char* isa;  // "avx512_amx", "avx512_bf16", "avx512", "avx2", "generic"
@@ -202,9 +204,11 @@ struct KernelTable {
   // quantize_rows (quant_math.hpp: x rows → their e4m3 values in place, scales per 128 channels), in
   // vectors where the table has them; the same results bit for bit.
   void (*quantize_rows)(float* x, int64_t m, int64_t k, float* scales);
-  // The packed FP4 kernel (PackedFp4MatmulArgs); nullptr where the table has none (no AVX512_BF16),
-  // and FP4 experts are then read in place.
+  // The packed FP4 kernel (PackedFp4MatmulArgs); nullptr where the table has none (no AVX-512), and
+  // FP4 experts are then read in place.
   void (*packed_matmul_fp4)(const PackedFp4MatmulArgs& a);
+  // Whether it reads k-pair panels (AVX512_BF16 tables, vdpbf16ps) rather than [k, 16] ones (f32 FMAs).
+  bool packed_fp4_pairs;
 };
 
 // The table for this CPU. MOEX_CPU_ISA=avx512|avx2|generic forces a (supported) variant.

@@ -466,7 +466,8 @@ struct Avx512Bf16 : Avx512 {
   // FP8 panels in k pairs, on vdpbf16ps (packed_matmul_fp8_bf16_impl)
   static constexpr bool kPackedFp8Pairs = true;
   static void packed_matmul_fp8_pairs(const PackedFp8MatmulArgs& a) { packed_matmul_fp8_bf16_impl(a); }
-  // FP4 panels (PackedFp4MatmulArgs), on vdpbf16ps
+  // FP4 panels in k pairs (PackedFp4MatmulArgs), on vdpbf16ps
+  static constexpr bool kPackedFp4Pairs = true;
   static void packed_matmul_fp4(const PackedFp4MatmulArgs& a) { packed_matmul_fp4_bf16_impl(a); }
   // The benchmark's bf16 peak probe: 12 independent vdpbf16ps chains (64 flops per instruction).
   // It issues at the rate of a 512-bit FMA on the AMD EPYC development VM, so the bf16 peak is twice

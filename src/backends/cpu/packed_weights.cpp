@@ -52,7 +52,7 @@ struct Fp4Sizes {
 };
 Fp4Sizes fp4_sizes(int64_t n, int64_t k, int64_t group) {
   const size_t panels = size_t(padded_rows(n) / kPanelCols), groups = size_t((k + group - 1) / group);
-  return {round64(panels * size_t(fp4_panel_bytes(k))), round64(panels * groups * kPanelCols * sizeof(float))};
+  return {round64(panels * size_t(fp4_panel_bytes(k, kernels().packed_fp4_pairs))), round64(panels * groups * kPanelCols * sizeof(float))};
 }
 
 // Bytes of n rows × k of one matrix packed in dtype dt (f32 [k, 32], bf16 [ceil(k / 2), 32, 2], FP8
@@ -191,22 +191,27 @@ void pack_rows_fp8(const uint8_t* w, const void* scales, const QuantSpec& q, int
 }
 
 // (packed_weights.hpp) Rows [r0, r0 + n) of one expert's FP4 matrix: e2m1 codes w [N, ceil(K / 2)] (two per
-// byte, low nibble first), UE8M0 scales [N, ceil(K / group)] → the panels of PackedFp4MatmulArgs and
-// the group scales as f32 (padding: codes and scales 0).
-void pack_rows_fp4(const uint8_t* w, const uint8_t* scales, int64_t group, int64_t K, int64_t r0, int64_t n, uint8_t* codes,
-                   float* group_scales) {
-  const int64_t panels = padded_rows(n) / kPanelCols, pairs = (K + 1) / 2, groups = (K + group - 1) / group;
+// byte, low nibble first), UE8M0 scales [N, ceil(K / group)] → the panels of PackedFp4MatmulArgs (in k
+// pairs with `pairs`, else [K, 16]) and the group scales as f32 (padding: codes and scales 0).
+void pack_rows_fp4(const uint8_t* w, const uint8_t* scales, int64_t group, int64_t K, int64_t r0, int64_t n, bool pairs,
+                   uint8_t* codes, float* group_scales) {
+  const int64_t panels = padded_rows(n) / kPanelCols, groups = (K + group - 1) / group;
   const int64_t row_bytes = (K + 1) / 2;
   for (int64_t p = 0; p < panels; ++p) {
-    uint8_t* panel = codes + p * fp4_panel_bytes(K);
+    uint8_t* panel = codes + p * fp4_panel_bytes(K, pairs);
     const int64_t c_end = std::min<int64_t>(kPanelCols, n - p * kPanelCols);
     const int64_t row = r0 + p * kPanelCols;
     auto code = [&](int64_t c, int64_t k) -> uint8_t { return c < c_end && k < K ? fp4_nibble(w + (row + c) * row_bytes, k) : 0; };
-    for (int64_t j = 0; j < pairs; ++j)
-      for (int64_t i = 0; i < 32; ++i) {
-        const int64_t k = 2 * j + i % 2;
-        panel[j * 32 + i] = uint8_t(code(i / 2, k) | (code(16 + i / 2, k) << 4));
-      }
+    if (pairs) {
+      for (int64_t j = 0; j < (K + 1) / 2; ++j)
+        for (int64_t i = 0; i < 32; ++i) {
+          const int64_t k = 2 * j + i % 2;
+          panel[j * 32 + i] = uint8_t(code(i / 2, k) | (code(16 + i / 2, k) << 4));
+        }
+    } else {
+      for (int64_t k = 0; k < K; ++k)
+        for (int64_t i = 0; i < 16; ++i) panel[k * 16 + i] = uint8_t(code(i, k) | (code(16 + i, k) << 4));
+    }
     for (int64_t g = 0; g < groups; ++g)
       for (int64_t c = 0; c < kPanelCols; ++c)
         group_scales[(p * groups + g) * kPanelCols + c] = c < c_end ? ue8m0_to_float(scales[(row + c) * groups + g]) : 0.0f;
@@ -404,7 +409,9 @@ void PackedWeights::pack_expert(const Experts& ex, int64_t e) {
       const Fp4Sizes z = fp4_sizes(n, K, group);
       auto* codes = reinterpret_cast<uint8_t*>(dst);
       auto* group_scales = reinterpret_cast<float*>(dst + z.codes);
-      pack_rows_fp4(static_cast<const uint8_t*>(w), static_cast<const uint8_t*>(scales), group, K, r0, n, codes, group_scales);
+      m.fp4_pairs = kernels().packed_fp4_pairs;
+      pack_rows_fp4(static_cast<const uint8_t*>(w), static_cast<const uint8_t*>(scales), group, K, r0, n, m.fp4_pairs, codes,
+                    group_scales);
       m.panels_fp4 = codes;
       m.group_scales = group_scales;
       m.group = group;

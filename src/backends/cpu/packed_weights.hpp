@@ -10,8 +10,8 @@
 // default layout) as e4m3 [in, 32] panels (AVX-512) or [in / 2, 32, 2] panels (AVX512_BF16, whose
 // kernel runs on vdpbf16ps) with each block's 32 column scales in f32 and the kind of codes it holds,
 // where the table has a packed FP8 kernel; FP4 weights (UE8M0 scales per group of 2..128 channels
-// dividing 128, default layout) as e2m1 pair panels with the group scales in f32, where the table
-// has the packed FP4 kernel (AVX512_BF16). The first call on an experts object packs all its experts
+// dividing 128, default layout) as e2m1 panels (in k pairs for AVX512_BF16, else [in, 16] for f32 FMAs
+// on AVX-512) with the group scales in f32, where the table has a packed FP4 kernel. The first call on an experts object packs all its experts
 // (in parallel: about 2.4 GB written for qwen3_30b_a3b in f32, 1.2 GB in bf16); later calls reuse
 // the copies.
 //
@@ -60,6 +60,7 @@ struct PackedMatrix {
   const uint8_t* panels_fp4 = nullptr;
   const float* group_scales = nullptr;
   int64_t group = 0;
+  bool fp4_pairs = false;  // k-pair panels (KernelTable::packed_fp4_pairs), else [k, 16]
   // The kernels' prefetch distance where one row block streams the panels (PackedMatmulArgs::
   // prefetch_ahead): on Intel CPUs 2 KiB when the experts' packed weights exceed the last-level
   // cache (they stream from DRAM), else 0 (one k chunk ahead); on other CPUs −1 (none).
@@ -144,9 +145,10 @@ void pack_rows_fp8(const uint8_t* w, const void* scales, const QuantSpec& q, int
                    uint8_t* codes, float* block_scales, uint8_t* flags);
 // Rows [r0, r0 + n) of one expert's FP4 matrix (e2m1 codes w [N, ceil(K / 2)], two per byte, low nibble
 // first; UE8M0 scales [N, ceil(K / group)]) packed for PackedFp4MatmulArgs: codes [ceil(n / 32),
-// fp4_panel_bytes(K)], group_scales [ceil(n / 32), ceil(K / group), 32]. For the kernel tests too.
-void pack_rows_fp4(const uint8_t* w, const uint8_t* scales, int64_t group, int64_t K, int64_t r0, int64_t n, uint8_t* codes,
-                   float* group_scales);
+// fp4_panel_bytes(K, pairs)] (k-pair panels with `pairs`), group_scales [ceil(n / 32), ceil(K / group), 32].
+// For the kernel tests too.
+void pack_rows_fp4(const uint8_t* w, const uint8_t* scales, int64_t group, int64_t K, int64_t r0, int64_t n, bool pairs,
+                   uint8_t* codes, float* group_scales);
 // Bytes of one FP8 panel of k codes per column: [k, 32], or [ceil(k / 2), 32, 2] in k pairs.
 inline int64_t fp8_panel_bytes(int64_t k, bool pairs) { return (pairs ? (k + 1) / 2 * 2 : k) * kPanelCols; }
 

@@ -5,10 +5,76 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "backends/cpu/kernels_impl.hpp"
 
 namespace moex::cpu {
+
+// ---- packed FP4 on f32 FMAs (AVX-512 without BF16; PackedFp4MatmulArgs, [k, 16] panels) -----------
+// Per k step one 16-byte row of the panel: byte i holds column i's code in its low nibble and column
+// 16 + i's in its high one; widened to 32-bit lanes, one vpermps each (its index is the lane's low 4
+// bits: the e2m1 table fills one vector) gives the two vectors of 16 columns, exact in f32. Group sums
+// scaled per group, block sums by the activation scale per 128-k block, totals in an L1 buffer:
+// 2·MR accumulators + 2·MR block sums + 2 weights + the table, MR ≤ 6.
+constexpr int kPackedFp4F32Rows = 6;
+
+template <int MR>
+inline void packed_fp4_f32_block(const PackedFp4MatmulArgs& a, int64_t i0, int64_t p, int ncols, float* y) {
+  const int64_t blocks = (a.k + 127) / 128, groups = (a.k + a.group - 1) / a.group;
+  const uint8_t* panel = a.panels + p * a.k * 16;
+  const float* gscale = a.group_scales + p * groups * 32;
+  const __m512 table = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f);
+  const float* xr[MR];
+  for (int r = 0; r < MR; ++r) xr[r] = a.x + (i0 + r) * a.ldx;
+  alignas(64) float total[MR][32];
+  for (int64_t kb = 0; kb < blocks; ++kb) {
+    __m512 block[MR][2];
+    for (int r = 0; r < MR; ++r) block[r][0] = block[r][1] = _mm512_setzero_ps();
+    const int64_t g_end = std::min(groups, (kb + 1) * 128 / a.group);
+    for (int64_t g = kb * 128 / a.group; g < g_end; ++g) {
+      const int64_t k0 = g * a.group, k1 = std::min(a.k, k0 + a.group);
+      __m512 acc[MR][2];
+      for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+      for (int64_t k = k0; k < k1; ++k) {
+        const __m512i codes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(panel + k * 16)));
+        const __m512 w0 = _mm512_permutexvar_ps(codes, table), w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(codes, 4), table);
+        for (int r = 0; r < MR; ++r) {
+          const __m512 xb = _mm512_set1_ps(xr[r][k]);
+          acc[r][0] = _mm512_fmadd_ps(xb, w0, acc[r][0]);
+          acc[r][1] = _mm512_fmadd_ps(xb, w1, acc[r][1]);
+        }
+      }
+      const __m512 s0 = _mm512_loadu_ps(gscale + g * 32), s1 = _mm512_loadu_ps(gscale + g * 32 + 16);
+      for (int r = 0; r < MR; ++r) {
+        block[r][0] = _mm512_fmadd_ps(acc[r][0], s0, block[r][0]);
+        block[r][1] = _mm512_fmadd_ps(acc[r][1], s1, block[r][1]);
+      }
+    }
+    for (int r = 0; r < MR; ++r) {
+      const __m512 xs = _mm512_set1_ps(a.xs[(i0 + r) * blocks + kb]);
+      const __m512 t0 = kb ? _mm512_load_ps(total[r]) : _mm512_setzero_ps();
+      const __m512 t1 = kb ? _mm512_load_ps(total[r] + 16) : _mm512_setzero_ps();
+      _mm512_store_ps(total[r], _mm512_fmadd_ps(block[r][0], xs, t0));
+      _mm512_store_ps(total[r] + 16, _mm512_fmadd_ps(block[r][1], xs, t1));
+    }
+  }
+  for (int r = 0; r < MR; ++r) {
+    if (blocks == 0) std::fill(total[r], total[r] + 32, 0.0f);  // k = 0: no products
+    std::memcpy(y + (i0 + r) * a.ldy, total[r], size_t(ncols) * sizeof(float));
+  }
+}
+
+template <int MR = kPackedFp4F32Rows>
+inline void packed_fp4_f32_rows(int mr, const PackedFp4MatmulArgs& a, int64_t i0, int64_t p, int ncols, float* y) {
+  if constexpr (MR > 1) {
+    if (mr < MR) {
+      packed_fp4_f32_rows<MR - 1>(mr, a, i0, p, ncols, y);
+      return;
+    }
+  }
+  packed_fp4_f32_block<MR>(a, i0, p, ncols, y);
+}
 
 struct Avx512 {
   static constexpr int W = 16;
@@ -81,6 +147,18 @@ struct Avx512 {
           _mm512_mask_storeu_ps(p + c, in, _mm512_scalef_ps(r, _mm512_sub_ps(e, three)));
         }
       }
+  }
+  // FP4 experts packed as [k, 16] panels (packed_fp4_f32_block); panel-outer, near-equal row blocks
+  static void packed_matmul_fp4(const PackedFp4MatmulArgs& a) {
+    if (a.m <= 0 || a.n1 <= a.n0) return;
+    const int64_t row_blocks = (a.m + kPackedFp4F32Rows - 1) / kPackedFp4F32Rows;
+    for (int64_t n = a.n0; n < a.n1; n += 32) {
+      const int ncols = int(std::min<int64_t>(32, a.n1 - n));
+      for (int64_t b = 0; b < row_blocks; ++b) {
+        const int64_t i0 = b * a.m / row_blocks, i1 = (b + 1) * a.m / row_blocks;
+        packed_fp4_f32_rows(int(i1 - i0), a, i0, n / 32, ncols, a.y + (n - a.n0));
+      }
+    }
   }
   static V zero() { return _mm512_setzero_ps(); }
   static V set1(float v) { return _mm512_set1_ps(v); }
