@@ -314,15 +314,6 @@ inline void packed_pairs_rows(int mr, A&&... args) {
   Block<MR>::run(args...);
 }
 
-// One row's totals over a panel (32 floats, L1) after a 128-k block: total = (first ? 0 : total) + v · m,
-// per half of 16 columns.
-inline void fold_total(float* total, __m512 v0, __m512 m0, __m512 v1, __m512 m1, bool first) {
-  const __m512 t0 = first ? _mm512_setzero_ps() : _mm512_load_ps(total);
-  const __m512 t1 = first ? _mm512_setzero_ps() : _mm512_load_ps(total + 16);
-  _mm512_store_ps(total, _mm512_fmadd_ps(v0, m0, t0));
-  _mm512_store_ps(total + 16, _mm512_fmadd_ps(v1, m1, t1));
-}
-
 // A pair kernel (PackedFp8MatmulArgs or PackedFp4MatmulArgs): x's code pairs, then the driver over
 // panels of bytes_per_pair · ceil(k / 2) bytes, row blocks of at most rows_max through Block<MR>.
 template <template <int> class Block, int MaxRows, class Args>

@@ -19,6 +19,15 @@ namespace moex::cpu {
 // 2·MR accumulators + 2·MR block sums + 2 weights + the table, MR ≤ 6.
 constexpr int kPackedFp4F32Rows = 6;
 
+// One row's totals over a panel (32 floats, L1) after a 128-k block: total = (first ? 0 : total) + v · m,
+// per half of 16 columns (the FP4 kernels and the FP8 pair kernel).
+inline void fold_total(float* total, __m512 v0, __m512 m0, __m512 v1, __m512 m1, bool first) {
+  const __m512 t0 = first ? _mm512_setzero_ps() : _mm512_load_ps(total);
+  const __m512 t1 = first ? _mm512_setzero_ps() : _mm512_load_ps(total + 16);
+  _mm512_store_ps(total, _mm512_fmadd_ps(v0, m0, t0));
+  _mm512_store_ps(total + 16, _mm512_fmadd_ps(v1, m1, t1));
+}
+
 template <int MR>
 inline void packed_fp4_f32_block(const PackedFp4MatmulArgs& a, int64_t i0, int64_t p, int ncols, float* y) {
   const int64_t blocks = (a.k + 127) / 128, groups = (a.k + a.group - 1) / a.group;
@@ -53,10 +62,7 @@ inline void packed_fp4_f32_block(const PackedFp4MatmulArgs& a, int64_t i0, int64
     }
     for (int r = 0; r < MR; ++r) {
       const __m512 xs = _mm512_set1_ps(a.xs[(i0 + r) * blocks + kb]);
-      const __m512 t0 = kb ? _mm512_load_ps(total[r]) : _mm512_setzero_ps();
-      const __m512 t1 = kb ? _mm512_load_ps(total[r] + 16) : _mm512_setzero_ps();
-      _mm512_store_ps(total[r], _mm512_fmadd_ps(block[r][0], xs, t0));
-      _mm512_store_ps(total[r] + 16, _mm512_fmadd_ps(block[r][1], xs, t1));
+      fold_total(total[r], block[r][0], xs, block[r][1], xs, kb == 0);
     }
   }
   for (int r = 0; r < MR; ++r) {
