@@ -78,6 +78,8 @@ struct QuantBuffers {
   float* thread_scratch() const { return scratch + int64_t(omp_get_thread_num()) * kQuantScratch; }
   // Quantizes rows [0, n) of an f32 operand in place (x: width H; h: width I), in parallel.
   void quantize_x(const OperandRows& x, int64_t n, int threads) const { quantize(x, n, xs, gh, threads); }
+  // Rows [0, n) of x-shaped rows (width H) quantized in place, their scales [n, gh] at `scales`.
+  void quantize_rows_into(const OperandRows& rows, int64_t n, float* scales, int threads) const { quantize(rows, n, scales, gh, threads); }
   void quantize_h(const OperandRows& h, int64_t n, int threads) const { quantize(h, n, hs, gi, threads); }
 
   static size_t bytes(const ExpertsSpec& s, int64_t x_rows, int64_t h_rows, int threads) {
@@ -297,8 +299,10 @@ size_t cpu_grouped_workspace(const Problem& p) {
   const int64_t S = p.tokens * p.top_k, H = p.spec.hidden, I = p.spec.intermediate, R = p.spec.gate_up_rows();
   // quantized experts keep the [S, R] up-projection buffer; the others fuse the activation
   const size_t up = p.spec.quant.quantized() ? floats(S * R) : floats(int64_t(threads_of(p)) * fused_scratch_floats(I));
+  // quantized experts: each token's codes and scales once ([T, H] + [T, ceil(H / 128)]), copied to its pairs' rows
+  const size_t tokens = p.spec.quant.quantized() ? floats(p.tokens * H) + floats(p.tokens * ((H + kActGroup - 1) / kActGroup)) : 0;
   return floats(S * H) + up + floats(S * I) + floats(int64_t(threads_of(p)) * H) + QuantBuffers::bytes(p.spec, S, S, threads_of(p)) +
-         vnni_bytes(p, H) + vnni_bytes(p, I);
+         vnni_bytes(p, H) + vnni_bytes(p, I) + tokens;
 }
 
 void cpu_grouped(const Experts& ex, const ExpertsCall& call, const RunContext& ctx) {
@@ -348,8 +352,24 @@ void cpu_grouped(const Experts& ex, const ExpertsCall& call, const RunContext& c
   const auto x_vnni = [&](int64_t e) { return xv && xv_off[size_t(e)] >= 0 ? xv + xv_off[size_t(e)] : nullptr; };
   const auto h_vnni = [&](int64_t e) { return hv && hv_off[size_t(e)] >= 0 ? hv + hv_off[size_t(e)] : nullptr; };
   const std::shared_ptr<PackedWeights> packed = packed_for_call(ex, call, nt);
-  gather_rows(kt, call, rows, [&](int64_t r) { return int64_t(plan.sorted_pairs[size_t(r)]) / K; }, x.base, xdt, nt);
-  q.quantize_x(x, rows, nt);
+  const auto token_of = [&](int64_t r) { return int64_t(plan.sorted_pairs[size_t(r)]) / K; };
+  if (q.on) {
+    // each token converted and quantized once (not once per routed pair: K times fewer), then its codes
+    // and scales copied to its pairs' rows
+    const int64_t T = call.hidden.shape[0];
+    float* tok = ws.take<float>(size_t(std::max<int64_t>(T, 1) * H));
+    float* tok_scales = ws.take<float>(size_t(std::max<int64_t>(T, 1) * q.gh));
+    const OperandRows t{reinterpret_cast<char*>(tok), DType::f32, H};
+    gather_rows(kt, call, T, [](int64_t r) { return r; }, tok, DType::f32, nt);
+    q.quantize_rows_into(t, T, tok_scales, nt);
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      std::memcpy(x.row(r), tok + token_of(r) * H, size_t(H) * sizeof(float));
+      std::memcpy(q.xs + r * q.gh, tok_scales + token_of(r) * q.gh, size_t(q.gh) * sizeof(float));
+    }
+  } else {
+    gather_rows(kt, call, rows, token_of, x.base, xdt, nt);
+  }
   std::vector<Tile> up, down;
   int64_t active = 0;
   for (int64_t e = 0; e < E; ++e) active += plan.count(e) > 0;
