@@ -397,10 +397,8 @@ template <int MR>
 struct PackedFp4Block {
   static void run(const PackedFp4MatmulArgs& a, const uint32_t* xpairs, int64_t i0, int64_t p, int ncols, float* y,
                   const PairPrefetch& pf) {
-    const int64_t blocks = (a.k + 127) / 128, pairs = (a.k + 1) / 2, groups = (a.k + a.group - 1) / a.group;
-    const int64_t group_pairs = a.group / 2;
+    const int64_t pairs = (a.k + 1) / 2, groups = (a.k + a.group - 1) / a.group;
     const uint8_t* panel = a.panels + p * pairs * 32;
-    const float* gscale = a.group_scales + p * groups * kPanelCols;
     // bf16 of the e2m1 values 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives (codes 8..15), twice
     const __m512i table = _mm512_set_epi16(
         int16_t(0xC0C0), int16_t(0xC080), int16_t(0xC040), int16_t(0xC000), int16_t(0xBFC0), int16_t(0xBF80), int16_t(0xBF00),
@@ -409,39 +407,22 @@ struct PackedFp4Block {
         0x4040, 0x4000, 0x3FC0, 0x3F80, 0x3F00, 0);
     const uint32_t* xr[MR];
     for (int r = 0; r < MR; ++r) xr[r] = xpairs + (i0 + r) * pairs;
-    alignas(64) float total[MR][kPanelCols];
-    for (int64_t kb = 0; kb < blocks; ++kb) {
-      __m512 block[MR][2];
-      for (int r = 0; r < MR; ++r) block[r][0] = block[r][1] = _mm512_setzero_ps();
-      const int64_t g_end = std::min(groups, (kb + 1) * 128 / a.group);
-      for (int64_t g = kb * 128 / a.group; g < g_end; ++g) {
-        const int64_t j0 = g * group_pairs, j1 = std::min(pairs, j0 + group_pairs);
-        __m512 acc[MR][2];
-        for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-        const uint8_t* pp = panel + j0 * 32;
-        for (int64_t j = j0; j < j1; ++j, pp += 32) {
-          pf.step(j);
-          const __m512i codes = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(pp)));
-          const __m512i w0 = _mm512_permutexvar_epi16(codes, table);
-          const __m512i w1 = _mm512_permutexvar_epi16(_mm512_srli_epi16(codes, 4), table);
-          for (int r = 0; r < MR; ++r) {
-            const __m512i xb = _mm512_set1_epi32(int32_t(xr[r][j]));
-            acc[r][0] = _mm512_dpbf16_ps(acc[r][0], (__m512bh)xb, (__m512bh)w0);
-            acc[r][1] = _mm512_dpbf16_ps(acc[r][1], (__m512bh)xb, (__m512bh)w1);
-          }
-        }
-        const __m512 s0 = _mm512_loadu_ps(gscale + g * kPanelCols), s1 = _mm512_loadu_ps(gscale + g * kPanelCols + 16);
+    // groups are even: a group's k range is whole pairs
+    fp4_panel_pass<MR>(a, i0, a.group_scales + p * groups * kPanelCols, ncols, y, [&](int64_t k0, int64_t k1, __m512 (&acc)[MR][2]) {
+      const int64_t j1 = (k1 + 1) / 2;
+      const uint8_t* pp = panel + (k0 / 2) * 32;
+      for (int64_t j = k0 / 2; j < j1; ++j, pp += 32) {
+        pf.step(j);
+        const __m512i codes = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(pp)));
+        const __m512i w0 = _mm512_permutexvar_epi16(codes, table);
+        const __m512i w1 = _mm512_permutexvar_epi16(_mm512_srli_epi16(codes, 4), table);
         for (int r = 0; r < MR; ++r) {
-          block[r][0] = _mm512_fmadd_ps(acc[r][0], s0, block[r][0]);
-          block[r][1] = _mm512_fmadd_ps(acc[r][1], s1, block[r][1]);
+          const __m512i xb = _mm512_set1_epi32(int32_t(xr[r][j]));
+          acc[r][0] = _mm512_dpbf16_ps(acc[r][0], (__m512bh)xb, (__m512bh)w0);
+          acc[r][1] = _mm512_dpbf16_ps(acc[r][1], (__m512bh)xb, (__m512bh)w1);
         }
       }
-      for (int r = 0; r < MR; ++r) {
-        const __m512 xs = _mm512_set1_ps(a.xs[(i0 + r) * blocks + kb]);
-        fold_total(total[r], block[r][0], xs, block[r][1], xs, kb == 0);
-      }
-    }
-    for (int r = 0; r < MR; ++r) std::memcpy(y + (i0 + r) * a.ldy, total[r], size_t(ncols) * sizeof(float));
+    });
   }
 };
 

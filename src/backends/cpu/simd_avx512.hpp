@@ -28,32 +28,22 @@ inline void fold_total(float* total, __m512 v0, __m512 m0, __m512 v1, __m512 m1,
   _mm512_store_ps(total + 16, _mm512_fmadd_ps(v1, m1, t1));
 }
 
-template <int MR>
-inline void packed_fp4_f32_block(const PackedFp4MatmulArgs& a, int64_t i0, int64_t p, int ncols, float* y) {
+// The FP4 kernels' pass of MR rows over one panel: per 128-k block and group, group_steps(k0, k1, acc)
+// adds the products of k in [k0, k1) to acc (MR × 2 vectors, zeroed); the group's sums are scaled by its
+// 32 column scales (gscale [groups, 32]), the block's by x's scale into the L1 totals, written to y's
+// ncols columns at the end.
+template <int MR, class GroupSteps>
+inline void fp4_panel_pass(const PackedFp4MatmulArgs& a, int64_t i0, const float* gscale, int ncols, float* y, GroupSteps group_steps) {
   const int64_t blocks = (a.k + 127) / 128, groups = (a.k + a.group - 1) / a.group;
-  const uint8_t* panel = a.panels + p * a.k * 16;
-  const float* gscale = a.group_scales + p * groups * 32;
-  const __m512 table = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f);
-  const float* xr[MR];
-  for (int r = 0; r < MR; ++r) xr[r] = a.x + (i0 + r) * a.ldx;
   alignas(64) float total[MR][32];
   for (int64_t kb = 0; kb < blocks; ++kb) {
     __m512 block[MR][2];
     for (int r = 0; r < MR; ++r) block[r][0] = block[r][1] = _mm512_setzero_ps();
     const int64_t g_end = std::min(groups, (kb + 1) * 128 / a.group);
     for (int64_t g = kb * 128 / a.group; g < g_end; ++g) {
-      const int64_t k0 = g * a.group, k1 = std::min(a.k, k0 + a.group);
       __m512 acc[MR][2];
       for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-      for (int64_t k = k0; k < k1; ++k) {
-        const __m512i codes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(panel + k * 16)));
-        const __m512 w0 = _mm512_permutexvar_ps(codes, table), w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(codes, 4), table);
-        for (int r = 0; r < MR; ++r) {
-          const __m512 xb = _mm512_set1_ps(xr[r][k]);
-          acc[r][0] = _mm512_fmadd_ps(xb, w0, acc[r][0]);
-          acc[r][1] = _mm512_fmadd_ps(xb, w1, acc[r][1]);
-        }
-      }
+      group_steps(g * a.group, std::min(a.k, (g + 1) * a.group), acc);
       const __m512 s0 = _mm512_loadu_ps(gscale + g * 32), s1 = _mm512_loadu_ps(gscale + g * 32 + 16);
       for (int r = 0; r < MR; ++r) {
         block[r][0] = _mm512_fmadd_ps(acc[r][0], s0, block[r][0]);
@@ -69,6 +59,27 @@ inline void packed_fp4_f32_block(const PackedFp4MatmulArgs& a, int64_t i0, int64
     if (blocks == 0) std::fill(total[r], total[r] + 32, 0.0f);  // k = 0: no products
     std::memcpy(y + (i0 + r) * a.ldy, total[r], size_t(ncols) * sizeof(float));
   }
+}
+
+template <int MR>
+inline void packed_fp4_f32_block(const PackedFp4MatmulArgs& a, int64_t i0, int64_t p, int ncols, float* y) {
+  const uint8_t* panel = a.panels + p * a.k * 16;
+  const __m512 table = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f);
+  const float* xr[MR];
+  for (int r = 0; r < MR; ++r) xr[r] = a.x + (i0 + r) * a.ldx;
+  fp4_panel_pass<MR>(a, i0, a.group_scales + p * ((a.k + a.group - 1) / a.group) * 32, ncols, y,
+                     [&](int64_t k0, int64_t k1, __m512 (&acc)[MR][2]) {
+                       for (int64_t k = k0; k < k1; ++k) {
+                         const __m512i codes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(panel + k * 16)));
+                         const __m512 w0 = _mm512_permutexvar_ps(codes, table);
+                         const __m512 w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(codes, 4), table);
+                         for (int r = 0; r < MR; ++r) {
+                           const __m512 xb = _mm512_set1_ps(xr[r][k]);
+                           acc[r][0] = _mm512_fmadd_ps(xb, w0, acc[r][0]);
+                           acc[r][1] = _mm512_fmadd_ps(xb, w1, acc[r][1]);
+                         }
+                       }
+                     });
 }
 
 template <int MR = kPackedFp4F32Rows>
