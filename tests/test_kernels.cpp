@@ -409,6 +409,24 @@ TEST(CpuKernels, QuantizeRowsMatchesScalarBitForBit) {
   }
 }
 
+namespace {
+
+// The f64 reference of one FP4 product output: Σ_c codes[i, c] · deq[j, c] · xs[i, c / 128] and Σ of the
+// products' magnitudes (the tolerance's scale), for codes [m, k], dequantized weights deq [n, k].
+std::pair<double, double> fp4_reference(const std::vector<float>& codes, const std::vector<float>& deq, const std::vector<float>& xs,
+                                        int64_t i, int64_t j, int64_t k) {
+  const int64_t blocks = (k + 127) / 128;
+  double ref = 0, mag = 0;
+  for (int64_t c = 0; c < k; ++c) {
+    const double p = double(codes[size_t(i * k + c)]) * deq[size_t(j * k + c)] * xs[size_t(i * blocks + c / 128)];
+    ref += p;
+    mag += std::fabs(p);
+  }
+  return {ref, mag};
+}
+
+}  // namespace
+
 // The FP4 path of quant_matmul (e2m1 codes two per byte, low nibble first, UE8M0 scales per group of
 // 1, 16 or 32; odd K, so rows end on half a byte) against an f64 loop over the same dequantized
 // weights (dequantize_fp4_groups) and e4m3 activation codes.
@@ -440,12 +458,7 @@ TEST(CpuKernels, Fp4MatmulMatchesLoopForEveryGroupSize) {
             ASSERT_EQ(got, -777.0f) << kt->isa << ": column outside [n0, n1) was written";
             continue;
           }
-          double ref = 0, mag = 0;
-          for (int64_t c = 0; c < k; ++c) {
-            const double p = double(codes[size_t(i * k + c)]) * deq[size_t(j * k + c)] * xs[size_t(i * blocks + c / 128)];
-            ref += p;
-            mag += std::fabs(p);
-          }
+          const auto [ref, mag] = fp4_reference(codes, deq, xs, i, j, k);
           ASSERT_NEAR(got, ref, 1e-5 * (1e-30 + mag)) << kt->isa << " group " << group << " m" << m << " n" << n << " k" << k;
         }
     }
@@ -509,12 +522,7 @@ TEST(CpuKernels, PackedFp4MatmulMatchesLoopForEveryGroupSize) {
             ASSERT_EQ(got, -777.0f) << kt->isa << ": column past n1 was written";
             continue;
           }
-          double ref = 0, mag = 0;
-          for (int64_t c = 0; c < k; ++c) {
-            const double p = double(x[size_t(i * k + c)]) * deq[size_t(j * k + c)] * xs[size_t(i * blocks + c / 128)];
-            ref += p;
-            mag += std::fabs(p);
-          }
+          const auto [ref, mag] = fp4_reference(x, deq, xs, i, j, k);
           if (std::isnan(ref)) {
             ASSERT_TRUE(std::isnan(got)) << kt->isa << " row " << j << " has a NaN scale";
             continue;

@@ -62,7 +62,8 @@ bool project_packed(const KernelTable& kt, PackedParts pk, const void* x, DType 
     const PackedMatrix& p = pk.parts[i];
     const int64_t lo = std::max(r0, p.row0), hi = std::min(r0 + width, p.row0 + p.n);
     if (lo >= hi) continue;
-    // the three argument structs share these fields: x, its rows, the panels, y's columns [lo, hi)
+    // the four argument structs share these fields: x (and FP8 / FP4 activation scales), its rows, the
+    // panels, y's columns [lo, hi), the prefetch distance
     auto fill = [&](auto& args, const auto* xp, const auto* panels) {
       args.x = xp;
       args.ldx = K;
@@ -73,32 +74,28 @@ bool project_packed(const KernelTable& kt, PackedParts pk, const void* x, DType 
       args.ldy = ldy;
       args.n0 = lo - p.row0;
       args.n1 = hi - p.row0;
+      args.prefetch_ahead = p.prefetch_ahead;
+      if constexpr (requires { args.xs; }) args.xs = xs;  // FP8 / FP4: the activation scales
     };
     if (p.panels_e4m3) {
       PackedFp8MatmulArgs a;
       fill(a, static_cast<const float*>(x), p.panels_e4m3);
-      a.xs = xs;
       a.block_scales = p.block_scales;
       a.block_kind = p.block_kind;
-      a.prefetch_ahead = p.prefetch_ahead;
       kt.packed_matmul_fp8(a);
     } else if (p.panels_fp4) {
       PackedFp4MatmulArgs a;
       fill(a, static_cast<const float*>(x), p.panels_fp4);
-      a.xs = xs;
       a.group_scales = p.group_scales;
       a.group = p.group;
-      a.prefetch_ahead = p.prefetch_ahead;
       kt.packed_matmul_fp4(a);
     } else if (p.panels_bf16) {
       PackedBf16MatmulArgs a;
       fill(a, static_cast<const uint16_t*>(x), p.panels_bf16);
-      a.prefetch_ahead = p.prefetch_ahead;
       kt.packed_matmul_bf16(a);
     } else {
       PackedMatmulArgs a;
       fill(a, static_cast<const float*>(x), p.panels);
-      a.prefetch_ahead = p.prefetch_ahead;
       kt.packed_matmul(a);
     }
   }
