@@ -2,12 +2,13 @@
 # Builds moex and runs every test. Installs the build dependencies first (Debian packages only).
 #   ./scripts/test.sh            (build dir: build/, override with BUILD_DIR=...)
 # CUDA code is compiled when nvcc is found; GPU tests skip themselves (with the reason) where no GPU is.
+# CMAKE_EXTRA adds configure options, e.g. CMAKE_EXTRA=-DMOEX_CUDA=OFF for a CPU-only build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/bootstrap.sh
 BUILD_DIR=${BUILD_DIR:-build}
 JOBS=${JOBS:-$(nproc)}
-cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOEX_BUILD_TESTS=ON
+cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOEX_BUILD_TESTS=ON ${CMAKE_EXTRA:-}
 cmake --build "$BUILD_DIR" -j "$JOBS" 2>&1 | tee "$BUILD_DIR/build.log"
 # ptxas C7511 ("wgmma.mma_async instructions are serialized due to insufficient register
 # resources") turns a whole TMA kernel's tensor-core pipeline serial, its default path included: it

@@ -1,7 +1,6 @@
-// tests/cuda_test_util.hpp — small helpers shared by the CUDA tests (only with MOEX_WITH_CUDA).
+// tests/cuda_test_util.hpp — small helpers shared by the CUDA tests. They compile without CUDA too
+// (a CPU-only build, MOEX_CUDA=OFF, where the CUDA tests skip); only cuda_ok needs the runtime.
 #pragma once
-#ifdef MOEX_WITH_CUDA
-#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <vector>
@@ -9,9 +8,15 @@
 #include "moex/check.hpp"
 #include "moex/moex.hpp"
 
+#ifdef MOEX_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
+
 namespace moex::test {
 
+#ifdef MOEX_WITH_CUDA
 inline void cuda_ok(cudaError_t e) { ASSERT_EQ(e, cudaSuccess) << cudaGetErrorString(e); }
+#endif
 
 // The bytes of a tensor on the host, wherever it lives.
 inline std::vector<char> to_host(const Tensor& t) {
@@ -36,4 +41,3 @@ inline bool deepgemm_accepts(const check::Case& c, const check::Result& r) {
 }
 
 }  // namespace moex::test
-#endif

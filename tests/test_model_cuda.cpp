@@ -357,9 +357,9 @@ TEST(CudaModelRouters, MatchTheHostRouters) {
                                    {RouterKind::gpt_oss, 2, 32, 4, true},     {RouterKind::deepseek_v3, 1, 64, 6, true, 8, 4, 2.5f},
                                    {RouterKind::qwen3_moe, 0, 512, 32, true}, {RouterKind::qwen3_moe, 0, 256, 8, true},
                                    {RouterKind::gpt_oss, 2, 129, 4, true},    // 4, 8 and 16 experts per lane
-                                   {RouterKind::olmoe, 0, 64, 7, false},      // K below the butterfly's list size
+                                   {RouterKind::olmoe, 0, 64, 7, false},      // odd K
                                    {RouterKind::qwen3_moe, 0, 128, 3, true},  {RouterKind::mixtral, 0, 8, 1, false},
-                                   {RouterKind::qwen3_moe, 0, 256, 9, true}};  // K > 8: the rounds
+                                   {RouterKind::qwen3_moe, 0, 256, 9, true}};
   std::mt19937 rng(20261129);
   std::normal_distribution<float> nd(0.0f, 2.0f);
   const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
@@ -403,10 +403,8 @@ TEST(CudaModelRouters, MatchTheHostRouters) {
     p.scaling = c.scaling;
     p.idx = di.ptr<int32_t>();
     p.w = dw.ptr<float>();
-    for (const int variant : {0, 1, 2}) {  // the warp routers' per-lane count fitted to E, or 16
-      const bool wide = variant == 1;       // (RouterParams::wide); variant 2: the rounds' top K
+    for (const bool wide : {false, true}) {  // the warp routers' per-lane count fitted to E, or 16 (RouterParams::wide)
       p.wide = wide;
-      p.rounds = variant == 2;
       ASSERT_EQ(cudaMemset(di.data(), 0xff, size_t(T * K) * 4), cudaSuccess);  // poisoned
       ASSERT_EQ(cudaMemset(dw.data(), 0xff, size_t(T * K) * 4), cudaSuccess);
       model::cuda::launch_router(p, nullptr);
@@ -417,11 +415,11 @@ TEST(CudaModelRouters, MatchTheHostRouters) {
       for (int64_t t = 0; t < T; ++t)
         for (int64_t j = 0; j < K; ++j) {
           const size_t q = size_t(t * K + j);
-          EXPECT_EQ(gi[q], idx[q]) << router_kind_name(c.kind) << " E=" << E << " K=" << K << " variant " << variant << " token " << t << " slot " << j;
+          EXPECT_EQ(gi[q], idx[q]) << router_kind_name(c.kind) << " E=" << E << " K=" << K << " wide " << wide << " token " << t << " slot " << j;
           if (std::isnan(w[q])) EXPECT_TRUE(std::isnan(gw[q])) << router_kind_name(c.kind) << " token " << t;
           else
             EXPECT_NEAR(gw[q], w[q], 1e-5f * std::max(1.0f, std::fabs(w[q])))
-                << router_kind_name(c.kind) << " E=" << E << " K=" << K << " variant " << variant << " token " << t;
+                << router_kind_name(c.kind) << " E=" << E << " K=" << K << " wide " << wide << " token " << t;
         }
     }
   }

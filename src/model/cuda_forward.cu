@@ -152,9 +152,6 @@ struct CudaModel::Impl {
   // the warp routers scan 16 values per lane whatever the expert count (MOEX_CUDA_ROUTE_WIDE=1; the
   // layout before the thirty-fourth session: A/B measurement)
   bool route_wide = false;
-  // the warp routers' top K by K rounds of a warp maximum (MOEX_CUDA_ROUTE_ROUNDS=1; the form before the
-  // thirty-eighth session: A/B measurement) instead of a butterfly of sorted lists (K <= 8)
-  bool route_rounds = false;
   // decode attention: a row's key chunks as one thread-block cluster merged through distributed
   // shared memory (MOEX_CUDA_DECODE_CLUSTER): 0 never; 1 (default) where the split bound is at most 7
   // (short KV capacities: one cluster of `splits` CTAs per row); 2 at every split count, rounded down
@@ -767,7 +764,6 @@ struct CudaModel::Impl {
     const int64_t E = t.num_experts, K = t.num_experts_per_tok;
     kern::RouterParams rp{};
     rp.wide = route_wide;
-    rp.rounds = route_rounds;
     rp.logits = b.rlogits.ptr<float>();
     rp.T = T;
     rp.E = int(E);
@@ -964,7 +960,6 @@ CudaModel::CudaModel(const ModelWeights& w, const TextConfig& t, Device dev) : i
   if (const char* e = std::getenv("MOEX_CUDA_WEIGHTS_EARLY")) m.weights_early = std::string(e) != "0";
   if (const char* e = std::getenv("MOEX_CUDA_POST_LOADS_FIRST")) m.post_loads_first = std::string(e) != "0";
   if (const char* e = std::getenv("MOEX_CUDA_ROUTE_WIDE")) m.route_wide = std::string(e) == "1";
-  if (const char* e = std::getenv("MOEX_CUDA_ROUTE_ROUNDS")) m.route_rounds = std::string(e) == "1";
   if (const char* e = std::getenv("MOEX_CUDA_DECODE_CLUSTER")) m.decode_cluster = std::clamp(std::atoi(e), 0, 2);
   if (const char* e = std::getenv("MOEX_CUDA_LINEAR_TERMS")) m.linear_terms = std::string(e) == "2" ? 2 : 1;
   if (const char* e = std::getenv("MOEX_CUDA_DEBUG_SKIP")) {

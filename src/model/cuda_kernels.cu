@@ -911,63 +911,6 @@ __device__ __forceinline__ uint64_t warp_max_u64(uint64_t v) {
   return v;
 }
 
-// Compare-exchange into descending order (a keeps the larger key).
-__device__ __forceinline__ void cas_desc(uint64_t& a, uint64_t& b) {
-  const uint64_t hi = a > b ? a : b, lo = a > b ? b : a;
-  a = hi;
-  b = lo;
-}
-// Sorts k[0..N) descending, N a power of two: a bitonic network (compile-time indices: registers).
-template <int N>
-__device__ __forceinline__ void sort_desc(uint64_t (&k)[N]) {
-#pragma unroll
-  for (int size = 2; size <= N; size <<= 1)
-#pragma unroll
-    for (int stride = size >> 1; stride > 0; stride >>= 1)
-#pragma unroll
-      for (int i = 0; i < N; ++i) {
-        const int j = i ^ stride;
-        if (j <= i) continue;
-        if ((i & size) == 0) cas_desc(k[i], k[j]);  // the last stage (size = N) sorts all descending
-        else cas_desc(k[j], k[i]);
-      }
-}
-// The top N keys of the warp, best first, from each lane's PER keys (0 = none): each lane sorts its
-// own, keeps N, then 5 butterfly levels each merge the partner lane's sorted N (max(a[i], b[N-1-i])
-// holds the top N of both lists as a bitonic sequence; log2 N compare-exchange stages sort it). Every
-// lane ends with the same list; lane j < N takes entry j (the j-th selected expert and its value).
-// The keys are distinct (they hold the expert index), so the selection and its order are those of
-// K rounds of a warp-wide maximum, bit for bit.
-template <int N, int PER>
-__device__ __forceinline__ void top_k_butterfly(const uint64_t (&key)[PER], int lane, int32_t& my_e, float& my_val) {
-  constexpr int S = PER > N ? PER : N;
-  uint64_t k[S];
-#pragma unroll
-  for (int i = 0; i < S; ++i) k[i] = i < PER ? key[i] : 0;
-  sort_desc<S>(k);
-  uint64_t top[N];
-#pragma unroll
-  for (int i = 0; i < N; ++i) top[i] = k[i];
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    uint64_t other[N];
-#pragma unroll
-    for (int i = 0; i < N; ++i) other[i] = __shfl_xor_sync(0xffffffffu, top[i], o);
-#pragma unroll
-    for (int i = 0; i < N; ++i) top[i] = top[i] > other[N - 1 - i] ? top[i] : other[N - 1 - i];
-#pragma unroll
-    for (int stride = N >> 1; stride > 0; stride >>= 1)
-#pragma unroll
-      for (int i = 0; i < N; ++i)
-        if ((i & stride) == 0) cas_desc(top[i], top[i | stride]);
-  }
-  uint64_t mine = 0;
-#pragma unroll
-  for (int i = 0; i < N; ++i) mine = lane == i ? top[i] : mine;
-  my_e = int32_t(0xFFFFFFFFu - uint32_t(mine & 0xFFFFFFFFu));
-  my_val = from_ordered_bits(uint32_t(mine >> 32));
-}
-
 // Token t's routing by one warp (lane = its lane) from its logits l [E]: read through L2 (__ldcg)
 // when L2 (the ticket kernel: other blocks just wrote them), plainly otherwise (shared memory in the
 // cluster kernel). PER = experts per lane, E <= 32·PER (route_warp picks the smallest: qwen3's 128
@@ -1026,9 +969,10 @@ __device__ void route_warp_n(const RouterParams& p, int64_t t, int lane, const f
     }
   }
   // top-K of v (probabilities, or GPT-OSS's raw logits), best first, ties → lower expert: the keys
-  // are computed once (0 = none: a real key is never 0). K <= 8: top_k_butterfly. Otherwise (or
-  // RouterParams::rounds) K rounds of a warp-wide maximum: each lane keeps its best, and per round
-  // only the lane whose expert was taken rescans its own keys
+  // are computed once (0 = none: a real key is never 0), each lane keeps its best, and per round
+  // only the lane whose expert was taken rescans its own keys. (A butterfly of sorted 8-key lists,
+  // 5 shuffle levels in all instead of 5 per slot, gave the same routing and was no faster in the
+  // 48-layer decode step: H200, 2026-12-05, docs/PERF.md thirty-eighth session; removed.)
   uint64_t key[PER];
   uint64_t mine = 0;
 #pragma unroll
@@ -1039,11 +983,7 @@ __device__ void route_warp_n(const RouterParams& p, int64_t t, int lane, const f
   }
   int32_t my_e = 0;      // lane j < K: the j-th selected expert
   float my_val = 0.0f;   // and its value
-  if (K <= 8 && !p.rounds) {  // a butterfly of sorted lists: ~5 dependent shuffle steps, not 5 per slot
-    if (K <= 2) top_k_butterfly<2, PER>(key, lane, my_e, my_val);
-    else if (K <= 4) top_k_butterfly<4, PER>(key, lane, my_e, my_val);
-    else top_k_butterfly<8, PER>(key, lane, my_e, my_val);
-  } else for (int j = 0; j < K; ++j) {
+  for (int j = 0; j < K; ++j) {
     const uint64_t best = warp_max_u64(mine);
     const int32_t e = int32_t(0xFFFFFFFFu - uint32_t(best & 0xFFFFFFFFu));
     if (best != 0 && best == mine) {  // this lane's expert: drop it, find the lane's next best

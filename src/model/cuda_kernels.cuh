@@ -169,10 +169,6 @@ struct RouterParams {
   // the warp routers scan kRouterMaxExperts / 32 values per lane whatever E is (the layout before the
   // thirty-fourth session; A/B measurement, CudaModel's MOEX_CUDA_ROUTE_WIDE=1) — the same routing
   bool wide = false;
-  // the warp routers take the top K (<= 8) by K rounds of a warp-wide maximum, not by the butterfly of
-  // sorted lists (the form before the thirty-eighth session; A/B measurement, MOEX_CUDA_ROUTE_ROUNDS=1)
-  // — the same routing
-  bool rounds = false;
 };
 constexpr int kRouterMaxExperts = 512;
 constexpr int kRouterMaxK = 32;
