@@ -543,6 +543,7 @@ TEST(CpuKernels, PackedFp4MatmulMatchesLoopForEveryGroupSize) {
     a4.y = y.data();
     kt->packed_matmul_fp4(a4);
     for (float v : y) ASSERT_EQ(v, 0.0f) << kt->isa << " FP4, k = 0";
+    if (!kt->packed_matmul_fp8) continue;  // AVX2: FP4 packed, FP8 read in place
     std::fill(y.begin(), y.end(), -777.0f);
     PackedFp8MatmulArgs a8;
     a8.m = 2;
@@ -553,6 +554,52 @@ TEST(CpuKernels, PackedFp4MatmulMatchesLoopForEveryGroupSize) {
     for (float v : y) ASSERT_EQ(v, 0.0f) << kt->isa << " FP8, k = 0";
   }
   if (!ran) GTEST_SKIP() << "no kernel table with the packed FP4 kernel on this CPU";
+}
+
+// The f32 FP4 kernels ([k, 16] panels: AVX-512 without BF16, AVX2) do the same operations in the same
+// order per column, whatever their vector width: the same outputs bit for bit.
+TEST(CpuKernels, PackedFp4F32KernelsAgreeBitForBit) {
+  std::vector<const KernelTable*> f32_tables;
+  for (const KernelTable* kt : tables())
+    if (kt->packed_matmul_fp4 && !kt->packed_fp4_pairs) f32_tables.push_back(kt);
+  if (f32_tables.size() < 2) GTEST_SKIP() << "fewer than two f32 FP4 kernels on this CPU";
+  std::mt19937 rng(1205);
+  std::normal_distribution<float> nd;
+  for (const int group : {16, 32, 128}) {
+    const int64_t m = 5, n = 70, k = 300, row_bytes = (k + 1) / 2, groups = (k + group - 1) / group, blocks = (k + 127) / 128;
+    std::vector<float> wf(size_t(n * k));
+    for (auto& v : wf) v = nd(rng);
+    std::vector<uint8_t> packed(size_t(n * row_bytes)), scales(size_t(n * groups));
+    quantize_fp4_groups(wf.data(), n, k, group, packed.data(), scales.data());
+    const int64_t panels = (n + kPanelCols - 1) / kPanelCols;
+    std::vector<uint8_t> codes(size_t(panels * fp4_panel_bytes(k, false)));
+    std::vector<float> group_scales(size_t(panels * groups * kPanelCols));
+    pack_rows_fp4(packed.data(), scales.data(), group, k, 0, n, false, codes.data(), group_scales.data());
+    std::vector<float> x(size_t(m * k)), xs(size_t(m * blocks));
+    for (auto& v : x) v = e4m3_to_float(uint8_t(rng() % 0x7f) | uint8_t(rng() % 2 ? 0x80 : 0));
+    for (auto& v : xs) v = 0.5f + float(rng() % 100) / 64.0f;
+    std::vector<std::vector<float>> ys;
+    for (const KernelTable* kt : f32_tables) {
+      std::vector<float> y(size_t(m * n), -777.0f);
+      PackedFp4MatmulArgs a;
+      a.x = x.data();
+      a.ldx = k;
+      a.xs = xs.data();
+      a.m = m;
+      a.k = k;
+      a.panels = codes.data();
+      a.group_scales = group_scales.data();
+      a.group = group;
+      a.y = y.data();
+      a.ldy = n;
+      a.n1 = n;
+      kt->packed_matmul_fp4(a);
+      ys.push_back(std::move(y));
+    }
+    for (size_t t = 1; t < ys.size(); ++t)
+      EXPECT_EQ(std::memcmp(ys[0].data(), ys[t].data(), ys[0].size() * sizeof(float)), 0)
+          << f32_tables[0]->isa << " and " << f32_tables[t]->isa << " differ, group " << group;
+  }
 }
 
 TEST(CpuKernels, ConversionsMatchScalar) {

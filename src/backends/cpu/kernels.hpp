@@ -195,8 +195,8 @@ struct KernelTable {
   // The packed bf16 micro-kernel (PackedBf16MatmulArgs); nullptr where the table has none (no
   // AVX512_BF16, or AMX, whose tiles read the weights in place).
   void (*packed_matmul_bf16)(const PackedBf16MatmulArgs& a);
-  // The packed FP8 kernel (PackedFp8MatmulArgs); nullptr where the table has no fast e4m3 form
-  // (AVX-512 tables have it), and FP8 experts are then read in place.
+  // The packed FP8 kernel (PackedFp8MatmulArgs); nullptr where the table has none (AVX2: a panel is
+  // two vectors of 16; generic), and FP8 experts are then read in place (fp8_matmul).
   void (*packed_matmul_fp8)(const PackedFp8MatmulArgs& a);
   // Whether packed_matmul_fp8 reads k-pair panels ([ceil(k / 2), 32, 2]: AVX512_BF16 tables, whose
   // kernel runs on vdpbf16ps) rather than [k, 32] ones (PackedFp8MatmulArgs).
@@ -204,10 +204,11 @@ struct KernelTable {
   // quantize_rows (quant_math.hpp: x rows → their e4m3 values in place, scales per 128 channels), in
   // vectors where the table has them; the same results bit for bit.
   void (*quantize_rows)(float* x, int64_t m, int64_t k, float* scales);
-  // The packed FP4 kernel (PackedFp4MatmulArgs); nullptr where the table has none (no AVX-512), and
-  // FP4 experts are then read in place.
+  // The packed FP4 kernel (PackedFp4MatmulArgs); nullptr where the table has none (generic), and FP4
+  // experts are then read in place.
   void (*packed_matmul_fp4)(const PackedFp4MatmulArgs& a);
-  // Whether it reads k-pair panels (AVX512_BF16 tables, vdpbf16ps) rather than [k, 16] ones (f32 FMAs).
+  // Whether it reads k-pair panels (AVX512_BF16 tables, vdpbf16ps) rather than [k, 16] ones (f32 FMAs:
+  // AVX-512, AVX2).
   bool packed_fp4_pairs;
 };
 

@@ -1,10 +1,91 @@
 // backends/cpu/kernels_avx2.cpp — the kernels for AVX2 + FMA + F16C, 8 f32 lanes.
 #include <immintrin.h>
 
+#include <algorithm>
+#include <cstring>
+
 #include "backends/cpu/kernels_impl.hpp"
 
 namespace moex::cpu {
 namespace {
+
+// ---- packed FP4 on f32 FMAs ([k, 16] panels, PackedFp4MatmulArgs) ---------------------------------
+// Per k step the panel's 16 bytes: byte i holds column i's code in its low nibble and column 16 + i's
+// in its high one. Widened to 32-bit lanes (bytes 0..7 and 8..15), each nibble's magnitude comes from
+// one vpermps over the 8 e2m1 magnitudes (its index is the lane's low 3 bits) and its sign from bit 3:
+// four vectors of 8 columns, exact in f32. Per column the operations and their order are the AVX-512
+// f32 kernel's (packed_fp4_f32_block: group sums in k order, scaled per group, block sums by the
+// activation scale per 128-k block), so both give the same results bit for bit. The block sums and
+// totals live in L1 buffers: 4·MR accumulators + 4 weights + the table + the sign mask + one
+// broadcast fit the 16 registers for MR ≤ 2.
+constexpr int kPackedFp4Rows = 2;
+
+inline __m256 e2m1_lanes(__m256i codes, __m256 magnitudes) {
+  const __m256 mag = _mm256_permutevar8x32_ps(magnitudes, codes);
+  const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(codes, _mm256_set1_epi32(8)), 28);
+  return _mm256_or_ps(mag, _mm256_castsi256_ps(sign));
+}
+
+template <int MR>
+void packed_fp4_block(const PackedFp4MatmulArgs& a, int64_t i0, int64_t p, int ncols, float* y) {
+  const int64_t blocks = (a.k + 127) / 128, groups = (a.k + a.group - 1) / a.group;
+  const uint8_t* panel = a.panels + p * a.k * 16;
+  const float* gscale = a.group_scales + p * groups * kPanelCols;
+  const __m256 magnitudes = _mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f);
+  const float* xr[MR];
+  for (int r = 0; r < MR; ++r) xr[r] = a.x + (i0 + r) * a.ldx;
+  alignas(32) float block[MR][kPanelCols], total[MR][kPanelCols];
+  for (int64_t kb = 0; kb < blocks; ++kb) {
+    for (int r = 0; r < MR; ++r) std::fill(block[r], block[r] + kPanelCols, 0.0f);
+    const int64_t g_end = std::min(groups, (kb + 1) * 128 / a.group);
+    for (int64_t g = kb * 128 / a.group; g < g_end; ++g) {
+      __m256 acc[MR][4];
+      for (int r = 0; r < MR; ++r)
+        for (int j = 0; j < 4; ++j) acc[r][j] = _mm256_setzero_ps();
+      const int64_t k1 = std::min(a.k, (g + 1) * a.group);
+      for (int64_t k = g * a.group; k < k1; ++k) {
+        const __m256i lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(panel + k * 16)));
+        const __m256i hi = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(panel + k * 16 + 8)));
+        const __m256 w[4] = {e2m1_lanes(lo, magnitudes), e2m1_lanes(hi, magnitudes),  // columns 0..7, 8..15
+                             e2m1_lanes(_mm256_srli_epi32(lo, 4), magnitudes),         // 16..23
+                             e2m1_lanes(_mm256_srli_epi32(hi, 4), magnitudes)};        // 24..31
+        for (int r = 0; r < MR; ++r) {
+          const __m256 xb = _mm256_set1_ps(xr[r][k]);
+          for (int j = 0; j < 4; ++j) acc[r][j] = _mm256_fmadd_ps(xb, w[j], acc[r][j]);
+        }
+      }
+      for (int r = 0; r < MR; ++r)
+        for (int j = 0; j < 4; ++j)
+          _mm256_store_ps(block[r] + 8 * j, _mm256_fmadd_ps(acc[r][j], _mm256_loadu_ps(gscale + g * kPanelCols + 8 * j),
+                                                            _mm256_load_ps(block[r] + 8 * j)));
+    }
+    for (int r = 0; r < MR; ++r) {
+      const __m256 xs = _mm256_set1_ps(a.xs[(i0 + r) * blocks + kb]);
+      for (int j = 0; j < 4; ++j) {
+        const __m256 t = kb == 0 ? _mm256_setzero_ps() : _mm256_load_ps(total[r] + 8 * j);
+        _mm256_store_ps(total[r] + 8 * j, _mm256_fmadd_ps(_mm256_load_ps(block[r] + 8 * j), xs, t));
+      }
+    }
+  }
+  for (int r = 0; r < MR; ++r) {
+    if (blocks == 0) std::fill(total[r], total[r] + kPanelCols, 0.0f);  // k = 0: no products
+    std::memcpy(y + (i0 + r) * a.ldy, total[r], size_t(ncols) * sizeof(float));
+  }
+}
+
+// Panel-outer, near-equal row blocks of at most kPackedFp4Rows rows.
+void packed_matmul_fp4_avx2(const PackedFp4MatmulArgs& a) {
+  if (a.m <= 0 || a.n1 <= a.n0) return;
+  const int64_t row_blocks = (a.m + kPackedFp4Rows - 1) / kPackedFp4Rows;
+  for (int64_t n = a.n0; n < a.n1; n += kPanelCols) {
+    const int ncols = int(std::min<int64_t>(kPanelCols, a.n1 - n));
+    for (int64_t b = 0; b < row_blocks; ++b) {
+      const int64_t i0 = b * a.m / row_blocks, i1 = (b + 1) * a.m / row_blocks;
+      if (i1 - i0 == 2) packed_fp4_block<2>(a, i0, n / kPanelCols, ncols, a.y + (n - a.n0));
+      else packed_fp4_block<1>(a, i0, n / kPanelCols, ncols, a.y + (n - a.n0));
+    }
+  }
+}
 
 struct Avx2 {
   static constexpr int W = 8;
@@ -49,6 +130,9 @@ struct Avx2 {
     }
     return special == 0;
   }
+  // FP4 experts packed as [k, 16] panels (packed_fp4_block above)
+  static void packed_matmul_fp4(const PackedFp4MatmulArgs& a) { packed_matmul_fp4_avx2(a); }
+  static constexpr bool kPackedFp4Pairs = false;
   static V zero() { return _mm256_setzero_ps(); }
   static V set1(float v) { return _mm256_set1_ps(v); }
   static V load(const float* p) { return _mm256_loadu_ps(p); }
