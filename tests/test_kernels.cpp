@@ -543,7 +543,7 @@ TEST(CpuKernels, PackedFp4MatmulMatchesLoopForEveryGroupSize) {
     a4.y = y.data();
     kt->packed_matmul_fp4(a4);
     for (float v : y) ASSERT_EQ(v, 0.0f) << kt->isa << " FP4, k = 0";
-    if (!kt->packed_matmul_fp8) continue;  // AVX2: FP4 packed, FP8 read in place
+    if (!kt->packed_matmul_fp8) continue;
     std::fill(y.begin(), y.end(), -777.0f);
     PackedFp8MatmulArgs a8;
     a8.m = 2;
@@ -554,6 +554,45 @@ TEST(CpuKernels, PackedFp4MatmulMatchesLoopForEveryGroupSize) {
     for (float v : y) ASSERT_EQ(v, 0.0f) << kt->isa << " FP8, k = 0";
   }
   if (!ran) GTEST_SKIP() << "no kernel table with the packed FP4 kernel on this CPU";
+}
+
+// The f32 FP8 kernels ([k, 32] panels: AVX-512 without BF16, AVX2) do the same operations in the same
+// order per column, whatever their vector width: the same outputs bit for bit, every kind of block.
+TEST(CpuKernels, PackedFp8F32KernelsAgreeBitForBit) {
+  std::vector<const KernelTable*> f32_tables;
+  for (const KernelTable* kt : tables())
+    if (kt->packed_matmul_fp8 && !kt->packed_fp8_pairs) f32_tables.push_back(kt);
+  if (f32_tables.size() < 2) GTEST_SKIP() << "fewer than two f32 FP8 kernels on this CPU";
+  std::mt19937 rng(1206);
+  for (int iter = 0; iter < 6; ++iter) {
+    const Fp8Problem pr(rng, 1 + rng() % 7, 1 + rng() % 100, 1 + rng() % 400, iter % 2 ? 1 : 128, iter % 4 >= 2, iter < 2 ? 4 : 3);
+    const QuantSpec q = QuantSpec::fp8_block(int(pr.block_n), 128, pr.ue8m0 ? ScaleFormat::ue8m0 : ScaleFormat::f32);
+    const int64_t panels = (pr.n + kPanelCols - 1) / kPanelCols;
+    std::vector<uint8_t> codes(size_t(panels * fp8_panel_bytes(pr.k, false))), flags(size_t(panels * pr.blocks));
+    std::vector<float> block_scales(size_t(panels * pr.blocks * kPanelCols));
+    pack_rows_fp8(pr.w.data(), pr.scales(), q, pr.k, 0, pr.n, false, codes.data(), block_scales.data(), flags.data());
+    std::vector<std::vector<float>> ys;
+    for (const KernelTable* kt : f32_tables) {
+      std::vector<float> y(size_t(pr.m * pr.n), -777.0f);
+      PackedFp8MatmulArgs a;
+      a.x = pr.x.data();
+      a.ldx = pr.k;
+      a.xs = pr.xs.data();
+      a.m = pr.m;
+      a.k = pr.k;
+      a.panels = codes.data();
+      a.block_scales = block_scales.data();
+      a.block_kind = flags.data();
+      a.y = y.data();
+      a.ldy = pr.n;
+      a.n1 = pr.n;
+      kt->packed_matmul_fp8(a);
+      ys.push_back(std::move(y));
+    }
+    for (size_t t = 1; t < ys.size(); ++t)
+      EXPECT_EQ(std::memcmp(ys[0].data(), ys[t].data(), ys[0].size() * sizeof(float)), 0)
+          << f32_tables[0]->isa << " and " << f32_tables[t]->isa << " differ, iteration " << iter;
+  }
 }
 
 // The f32 FP4 kernels ([k, 16] panels: AVX-512 without BF16, AVX2) do the same operations in the same

@@ -195,8 +195,8 @@ struct KernelTable {
   // The packed bf16 micro-kernel (PackedBf16MatmulArgs); nullptr where the table has none (no
   // AVX512_BF16, or AMX, whose tiles read the weights in place).
   void (*packed_matmul_bf16)(const PackedBf16MatmulArgs& a);
-  // The packed FP8 kernel (PackedFp8MatmulArgs); nullptr where the table has none (AVX2: a panel is
-  // two vectors of 16; generic), and FP8 experts are then read in place (fp8_matmul).
+  // The packed FP8 kernel (PackedFp8MatmulArgs); nullptr where the table has none (generic), and FP8
+  // experts are then read in place (fp8_matmul).
   void (*packed_matmul_fp8)(const PackedFp8MatmulArgs& a);
   // Whether packed_matmul_fp8 reads k-pair panels ([ceil(k / 2), 32, 2]: AVX512_BF16 tables, whose
   // kernel runs on vdpbf16ps) rather than [k, 32] ones (PackedFp8MatmulArgs).

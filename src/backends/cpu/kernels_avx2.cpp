@@ -87,6 +87,79 @@ void packed_matmul_fp4_avx2(const PackedFp4MatmulArgs& a) {
   }
 }
 
+// ---- packed FP8 on f32 FMAs ([k, 32] panels, PackedFp8MatmulArgs) --------------------------------
+// Per k step the panel's 32 codes, four vectors of 8 columns: blocks of normal codes (Fp8BlockKind)
+// by the fast form (× 2^-56, three operations after the widening), the others by the exact
+// conversion. Per column the operations and their order are packed_fp8_block's (the 16-lane tables'
+// f32 kernel): the same results bit for bit. Totals in an L1 buffer: 4·MR accumulators + 4 weights +
+// one broadcast + 2 constants, MR ≤ 2.
+constexpr int kPackedFp8Rows = 2;
+
+inline __m256 e4m3_fast_lanes(__m128i codes8) {  // 8 codes of normal numbers → f32 × 2^-56
+  const __m256i v = _mm256_cvtepi8_epi32(codes8);
+  const __m256i bits = _mm256_and_si256(_mm256_slli_epi32(v, 20), _mm256_set1_epi32(int32_t(0x87F00000u)));
+  return _mm256_castsi256_ps(_mm256_add_epi32(bits, _mm256_set1_epi32(64 << 23)));
+}
+__m256 e4m3_exact_lanes(const uint8_t* p);  // Avx2::load_e4m3, defined below
+
+template <int MR>
+void packed_fp8_block(const PackedFp8MatmulArgs& a, int64_t i0, int64_t p, int ncols, float* y) {
+  const int64_t blocks = (a.k + 127) / 128;
+  const uint8_t* panel = a.panels + p * a.k * kPanelCols;
+  const float* scales = a.block_scales + p * blocks * kPanelCols;
+  const uint8_t* kind = a.block_kind + p * blocks;
+  const float* xr[MR];
+  for (int r = 0; r < MR; ++r) xr[r] = a.x + (i0 + r) * a.ldx;
+  alignas(32) float total[MR][kPanelCols];
+  for (int r = 0; r < MR; ++r) std::fill(total[r], total[r] + kPanelCols, 0.0f);
+  for (int64_t kb = 0; kb < blocks; ++kb) {
+    const int64_t k0 = kb * 128, k1 = std::min<int64_t>(a.k, k0 + 128);
+    __m256 acc[MR][4];
+    for (int r = 0; r < MR; ++r)
+      for (int j = 0; j < 4; ++j) acc[r][j] = _mm256_setzero_ps();
+    auto steps = [&](auto convert) {  // one loop per conversion, not a branch per step
+      for (int64_t kk = k0; kk < k1; ++kk) {
+        const uint8_t* pp = panel + kk * kPanelCols;
+        const __m256 w[4] = {convert(pp), convert(pp + 8), convert(pp + 16), convert(pp + 24)};
+        for (int r = 0; r < MR; ++r) {
+          const __m256 xb = _mm256_set1_ps(xr[r][kk]);
+          for (int j = 0; j < 4; ++j) acc[r][j] = _mm256_fmadd_ps(xb, w[j], acc[r][j]);
+        }
+      }
+    };
+    const bool normal = kind[kb] == kFp8BlockNormal;
+    if (normal)
+      steps([](const uint8_t* q) { return e4m3_fast_lanes(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q))); });
+    else
+      steps([](const uint8_t* q) { return e4m3_exact_lanes(q); });
+    const __m256 back = _mm256_set1_ps(normal ? impl::kE4m3ScaledBack : 1.0f);
+    for (int r = 0; r < MR; ++r) {
+      const __m256 xs = _mm256_set1_ps(a.xs[(i0 + r) * blocks + kb]);
+      for (int j = 0; j < 4; ++j) {
+        // (sums × 2^56 exactly) × (weight scale × x scale), as packed_fp8_block folds them
+        const __m256 sc = _mm256_fmadd_ps(_mm256_loadu_ps(scales + kb * kPanelCols + 8 * j), xs, _mm256_setzero_ps());
+        const __m256 sums = _mm256_fmadd_ps(acc[r][j], back, _mm256_setzero_ps());
+        _mm256_store_ps(total[r] + 8 * j, _mm256_fmadd_ps(sums, sc, _mm256_load_ps(total[r] + 8 * j)));
+      }
+    }
+  }
+  for (int r = 0; r < MR; ++r) std::memcpy(y + (i0 + r) * a.ldy, total[r], size_t(ncols) * sizeof(float));
+}
+
+// Panel-outer, near-equal row blocks of at most kPackedFp8Rows rows.
+void packed_matmul_fp8_avx2(const PackedFp8MatmulArgs& a) {
+  if (a.m <= 0 || a.n1 <= a.n0) return;
+  const int64_t row_blocks = (a.m + kPackedFp8Rows - 1) / kPackedFp8Rows;
+  for (int64_t n = a.n0; n < a.n1; n += kPanelCols) {
+    const int ncols = int(std::min<int64_t>(kPanelCols, a.n1 - n));
+    for (int64_t b = 0; b < row_blocks; ++b) {
+      const int64_t i0 = b * a.m / row_blocks, i1 = (b + 1) * a.m / row_blocks;
+      if (i1 - i0 == 2) packed_fp8_block<2>(a, i0, n / kPanelCols, ncols, a.y + (n - a.n0));
+      else packed_fp8_block<1>(a, i0, n / kPanelCols, ncols, a.y + (n - a.n0));
+    }
+  }
+}
+
 struct Avx2 {
   static constexpr int W = 8;
   static constexpr bool kBf16Dot = false;
@@ -130,6 +203,8 @@ struct Avx2 {
     }
     return special == 0;
   }
+  // FP8 experts packed as [k, 32] panels (packed_fp8_block above)
+  static void packed_matmul_fp8(const PackedFp8MatmulArgs& a) { packed_matmul_fp8_avx2(a); }
   // FP4 experts packed as [k, 16] panels (packed_fp4_block above)
   static void packed_matmul_fp4(const PackedFp4MatmulArgs& a) { packed_matmul_fp4_avx2(a); }
   static constexpr bool kPackedFp4Pairs = false;
@@ -158,6 +233,8 @@ struct Avx2 {
     impl::store_as_f16_scalar(src + i, dst + i, n - i);
   }
 };
+
+__m256 e4m3_exact_lanes(const uint8_t* p) { return Avx2::load_e4m3(p); }
 
 }  // namespace
 

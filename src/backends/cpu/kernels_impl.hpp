@@ -717,8 +717,9 @@ KernelTable make_table(const char* name) {
   if constexpr (requires { Isa::kPackedFp8Pairs; }) {
     packed_fp8 = &Isa::packed_matmul_fp8_pairs;
     fp8_pairs = true;
+  } else if constexpr (requires { &Isa::packed_matmul_fp8; }) {
+    packed_fp8 = &Isa::packed_matmul_fp8;  // the ISA's own [k, 32] kernel (AVX2: four vectors of 8)
   } else if constexpr (Isa::W == 16 && requires(const uint8_t* q) { Isa::load_e4m3_scaled(q); }) {
-    // (a panel is two vectors of 16: AVX2 keeps the in-place kernel, fp8_matmul, on its fast form)
     packed_fp8 = &packed_fp8_matmul<Isa>;
   }
   void (*quantize)(float*, int64_t, int64_t, float*) = &cpu::quantize_rows;
