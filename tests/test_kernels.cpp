@@ -556,6 +556,81 @@ TEST(CpuKernels, PackedFp4MatmulMatchesLoopForEveryGroupSize) {
   if (!ran) GTEST_SKIP() << "no kernel table with the packed FP4 kernel on this CPU";
 }
 
+// Every packed FP8 / FP4 kernel gives each row the same bits whatever the batch: one row alone (one row
+// block, with its own prefetch pattern) and the same row among 21 (several row blocks).
+TEST(CpuKernels, PackedFp8AndFp4RowsDoNotDependOnTheBatch) {
+  std::mt19937 rng(1207);
+  const int64_t m = 21, n = 45, k = 390;
+  const Fp8Problem pr(rng, m, n, k, 128, false, 2);  // every kind of block
+  const QuantSpec q = QuantSpec::fp8_block(128, 128, ScaleFormat::f32);
+  const int64_t panels = (n + kPanelCols - 1) / kPanelCols, blocks = (k + 127) / 128;
+  const int group = 32, groups = int((k + group - 1) / group);
+  std::vector<float> wf(size_t(n * k));
+  std::normal_distribution<float> nd;
+  for (auto& v : wf) v = nd(rng);
+  std::vector<uint8_t> fp4(size_t(n * ((k + 1) / 2))), fp4_scales(size_t(n * groups));
+  quantize_fp4_groups(wf.data(), n, k, group, fp4.data(), fp4_scales.data());
+  bool ran = false;
+  for (const KernelTable* kt : tables()) {
+    if (kt->packed_matmul_fp8) {
+      ran = true;
+      std::vector<uint8_t> codes(size_t(panels * fp8_panel_bytes(k, kt->packed_fp8_pairs))), kinds(size_t(panels * blocks));
+      std::vector<float> bscales(size_t(panels * blocks * kPanelCols));
+      pack_rows_fp8(pr.w.data(), pr.scales(), q, k, 0, n, kt->packed_fp8_pairs, codes.data(), bscales.data(), kinds.data());
+      auto run = [&](int64_t i0, int64_t rows) {
+        std::vector<float> y(size_t(rows * n), -777.0f);
+        PackedFp8MatmulArgs a;
+        a.x = pr.x.data() + i0 * k;
+        a.ldx = k;
+        a.xs = pr.xs.data() + i0 * blocks;
+        a.m = rows;
+        a.k = k;
+        a.panels = codes.data();
+        a.block_scales = bscales.data();
+        a.block_kind = kinds.data();
+        a.y = y.data();
+        a.ldy = n;
+        a.n1 = n;
+        kt->packed_matmul_fp8(a);
+        return y;
+      };
+      const auto all = run(0, m);
+      for (const int64_t i : {0, 7, 20}) {
+        const auto one = run(i, 1);
+        EXPECT_EQ(std::memcmp(one.data(), all.data() + i * n, size_t(n) * sizeof(float)), 0) << kt->isa << " FP8 row " << i;
+      }
+    }
+    if (kt->packed_matmul_fp4) {
+      std::vector<uint8_t> codes(size_t(panels * fp4_panel_bytes(k, kt->packed_fp4_pairs)));
+      std::vector<float> gscales(size_t(panels * groups * kPanelCols));
+      pack_rows_fp4(fp4.data(), fp4_scales.data(), group, k, 0, n, kt->packed_fp4_pairs, codes.data(), gscales.data());
+      auto run = [&](int64_t i0, int64_t rows) {
+        std::vector<float> y(size_t(rows * n), -777.0f);
+        PackedFp4MatmulArgs a;
+        a.x = pr.x.data() + i0 * k;
+        a.ldx = k;
+        a.xs = pr.xs.data() + i0 * blocks;
+        a.m = rows;
+        a.k = k;
+        a.panels = codes.data();
+        a.group_scales = gscales.data();
+        a.group = group;
+        a.y = y.data();
+        a.ldy = n;
+        a.n1 = n;
+        kt->packed_matmul_fp4(a);
+        return y;
+      };
+      const auto all = run(0, m);
+      for (const int64_t i : {0, 7, 20}) {
+        const auto one = run(i, 1);
+        EXPECT_EQ(std::memcmp(one.data(), all.data() + i * n, size_t(n) * sizeof(float)), 0) << kt->isa << " FP4 row " << i;
+      }
+    }
+  }
+  if (!ran) GTEST_SKIP() << "no kernel table with the packed FP8 kernel on this CPU";
+}
+
 // The f32 FP8 kernels ([k, 32] panels: AVX-512 without BF16, AVX2) do the same operations in the same
 // order per column, whatever their vector width: the same outputs bit for bit, every kind of block.
 TEST(CpuKernels, PackedFp8F32KernelsAgreeBitForBit) {

@@ -327,7 +327,10 @@ void packed_pairs_matmul(const Args& a, int64_t bytes_per_pair, int64_t rows_max
 }
 
 // MR rows × one panel: per k pair one 64-byte row of the panel (32 columns × 2 codes) converted to two
-// vectors, one broadcast pair of x per row, 2·MR vdpbf16ps; per 128-k block (64 pairs) the sums are
+// vectors (each row block converts them again: converting each panel once into a per-thread bf16
+// buffer that the row blocks load was ~13 % slower at qwen3_30b_a3b T = 256, FP8 and FP4 alike, on the
+// AMD EPYC VM — 128 bytes per pair step from L2 cost more than the conversion; docs/PERF.md,
+// thirty-eighth session), one broadcast pair of x per row, 2·MR vdpbf16ps; per 128-k block (64 pairs) the sums are
 // folded into the totals with 2^8 × x's scale × the columns' weight scales. The totals live in an L1
 // buffer, not registers (a load and a store per row and block against 128 vdpbf16ps), so that 2·MR
 // accumulators + 2 weights + 2 constants allow MR up to 12 and the conversion is shared by more rows.
