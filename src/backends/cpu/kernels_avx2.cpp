@@ -17,8 +17,7 @@ namespace {
 // f32 kernel's (packed_fp4_f32_block: group sums in k order, scaled per group, block sums by the
 // activation scale per 128-k block), so both give the same results bit for bit. The block sums and
 // totals live in L1 buffers: 4·MR accumulators + 4 weights + the table + the sign mask + one
-// broadcast fit the 16 registers for MR ≤ 2.
-constexpr int kPackedFp4Rows = 2;
+// broadcast fit the 16 registers for MR ≤ 2 (two_row_blocks).
 
 inline __m256 e2m1_lanes(__m256i codes, __m256 magnitudes) {
   const __m256 mag = _mm256_permutevar8x32_ps(magnitudes, codes);
@@ -73,18 +72,26 @@ void packed_fp4_block(const PackedFp4MatmulArgs& a, int64_t i0, int64_t p, int n
   }
 }
 
-// Panel-outer, near-equal row blocks of at most kPackedFp4Rows rows.
-void packed_matmul_fp4_avx2(const PackedFp4MatmulArgs& a) {
+// The AVX2 FP8 / FP4 kernels' outer loops: panel-outer, near-equal row blocks of one or two rows;
+// block(rows, i0, panel index, ncols, y) runs one.
+template <class Args, class Block>
+void two_row_blocks(const Args& a, Block block) {
   if (a.m <= 0 || a.n1 <= a.n0) return;
-  const int64_t row_blocks = (a.m + kPackedFp4Rows - 1) / kPackedFp4Rows;
+  const int64_t row_blocks = (a.m + 1) / 2;
   for (int64_t n = a.n0; n < a.n1; n += kPanelCols) {
     const int ncols = int(std::min<int64_t>(kPanelCols, a.n1 - n));
     for (int64_t b = 0; b < row_blocks; ++b) {
       const int64_t i0 = b * a.m / row_blocks, i1 = (b + 1) * a.m / row_blocks;
-      if (i1 - i0 == 2) packed_fp4_block<2>(a, i0, n / kPanelCols, ncols, a.y + (n - a.n0));
-      else packed_fp4_block<1>(a, i0, n / kPanelCols, ncols, a.y + (n - a.n0));
+      block(int(i1 - i0), i0, n / kPanelCols, ncols, a.y + (n - a.n0));
     }
   }
+}
+
+void packed_matmul_fp4_avx2(const PackedFp4MatmulArgs& a) {
+  two_row_blocks(a, [&](int rows, int64_t i0, int64_t p, int ncols, float* y) {
+    if (rows == 2) packed_fp4_block<2>(a, i0, p, ncols, y);
+    else packed_fp4_block<1>(a, i0, p, ncols, y);
+  });
 }
 
 // ---- packed FP8 on f32 FMAs ([k, 32] panels, PackedFp8MatmulArgs) --------------------------------
@@ -92,8 +99,7 @@ void packed_matmul_fp4_avx2(const PackedFp4MatmulArgs& a) {
 // by the fast form (× 2^-56, three operations after the widening), the others by the exact
 // conversion. Per column the operations and their order are packed_fp8_block's (the 16-lane tables'
 // f32 kernel): the same results bit for bit. Totals in an L1 buffer: 4·MR accumulators + 4 weights +
-// one broadcast + 2 constants, MR ≤ 2.
-constexpr int kPackedFp8Rows = 2;
+// one broadcast + 2 constants, MR ≤ 2 (two_row_blocks).
 
 inline __m256 e4m3_fast_lanes(__m128i codes8) {  // 8 codes of normal numbers → f32 × 2^-56
   const __m256i v = _mm256_cvtepi8_epi32(codes8);
@@ -146,18 +152,11 @@ void packed_fp8_block(const PackedFp8MatmulArgs& a, int64_t i0, int64_t p, int n
   for (int r = 0; r < MR; ++r) std::memcpy(y + (i0 + r) * a.ldy, total[r], size_t(ncols) * sizeof(float));
 }
 
-// Panel-outer, near-equal row blocks of at most kPackedFp8Rows rows.
 void packed_matmul_fp8_avx2(const PackedFp8MatmulArgs& a) {
-  if (a.m <= 0 || a.n1 <= a.n0) return;
-  const int64_t row_blocks = (a.m + kPackedFp8Rows - 1) / kPackedFp8Rows;
-  for (int64_t n = a.n0; n < a.n1; n += kPanelCols) {
-    const int ncols = int(std::min<int64_t>(kPanelCols, a.n1 - n));
-    for (int64_t b = 0; b < row_blocks; ++b) {
-      const int64_t i0 = b * a.m / row_blocks, i1 = (b + 1) * a.m / row_blocks;
-      if (i1 - i0 == 2) packed_fp8_block<2>(a, i0, n / kPanelCols, ncols, a.y + (n - a.n0));
-      else packed_fp8_block<1>(a, i0, n / kPanelCols, ncols, a.y + (n - a.n0));
-    }
-  }
+  two_row_blocks(a, [&](int rows, int64_t i0, int64_t p, int ncols, float* y) {
+    if (rows == 2) packed_fp8_block<2>(a, i0, p, ncols, y);
+    else packed_fp8_block<1>(a, i0, p, ncols, y);
+  });
 }
 
 struct Avx2 {
