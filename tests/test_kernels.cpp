@@ -318,6 +318,47 @@ TEST(CpuKernels, Fp8MatmulMatchesLoopForEveryKindOfCode) {
 // pack_rows_fp8: blocks of normal codes only (the fast conversion), with zero / subnormal codes and
 // with a NaN code; partial last panels and k blocks; a column range starting on a later panel; f32
 // and UE8M0 scales on per-row and 128-row scale blocks.
+// One call of kt's packed FP8 / FP4 kernel: x [m, k] codes (row stride k) with scales xs [m, ceil(k / 128)]
+// over columns [n0, n1), into a fresh y [m, ldy] poisoned with -777 (columns the kernel must not write keep it).
+std::vector<float> packed_fp8_call(const KernelTable& kt, const float* x, const float* xs, int64_t m, int64_t k, const uint8_t* panels,
+                                   const float* block_scales, const uint8_t* kinds, int64_t n0, int64_t n1, int64_t ldy) {
+  std::vector<float> y(size_t(m * ldy), -777.0f);
+  PackedFp8MatmulArgs a;
+  a.x = x;
+  a.ldx = k;
+  a.xs = xs;
+  a.m = m;
+  a.k = k;
+  a.panels = panels;
+  a.block_scales = block_scales;
+  a.block_kind = kinds;
+  a.y = y.data();
+  a.ldy = ldy;
+  a.n0 = n0;
+  a.n1 = n1;
+  kt.packed_matmul_fp8(a);
+  return y;
+}
+std::vector<float> packed_fp4_call(const KernelTable& kt, const float* x, const float* xs, int64_t m, int64_t k, const uint8_t* panels,
+                                   const float* group_scales, int64_t group, int64_t n0, int64_t n1, int64_t ldy) {
+  std::vector<float> y(size_t(m * ldy), -777.0f);
+  PackedFp4MatmulArgs a;
+  a.x = x;
+  a.ldx = k;
+  a.xs = xs;
+  a.m = m;
+  a.k = k;
+  a.panels = panels;
+  a.group_scales = group_scales;
+  a.group = group;
+  a.y = y.data();
+  a.ldy = ldy;
+  a.n0 = n0;
+  a.n1 = n1;
+  kt.packed_matmul_fp4(a);
+  return y;
+}
+
 TEST(CpuKernels, PackedFp8MatmulMatchesLoopForEveryKindOfCode) {
   std::mt19937 rng(61);
   bool ran = false;
@@ -336,21 +377,8 @@ TEST(CpuKernels, PackedFp8MatmulMatchesLoopForEveryKindOfCode) {
         for (uint8_t f : flags) ASSERT_EQ(f, 1) << "blocks of normal codes only are flagged for the fast form";
       }
       const int64_t n0 = (rng() % uint32_t(pr.n)) / kPanelCols * kPanelCols, ldy = pr.n - n0 + 3;
-      std::vector<float> y(size_t(pr.m * ldy), -777.0f);
-      PackedFp8MatmulArgs a;
-      a.x = pr.x.data();
-      a.ldx = pr.k;
-      a.xs = pr.xs.data();
-      a.m = pr.m;
-      a.k = pr.k;
-      a.panels = codes.data();
-      a.block_scales = block_scales.data();
-      a.block_kind = flags.data();
-      a.y = y.data();
-      a.ldy = ldy;
-      a.n0 = n0;
-      a.n1 = pr.n;
-      kt->packed_matmul_fp8(a);
+      const auto y = packed_fp8_call(*kt, pr.x.data(), pr.xs.data(), pr.m, pr.k, codes.data(), block_scales.data(), flags.data(), n0,
+                                     pr.n, ldy);
       pr.check(y, n0, ldy, kt->isa);
     }
   }
@@ -499,21 +527,7 @@ TEST(CpuKernels, PackedFp4MatmulMatchesLoopForEveryGroupSize) {
       for (auto& v : x) v = e4m3_to_float(uint8_t(rng() % 0x7f) | uint8_t(rng() % 2 ? 0x80 : 0));
       for (auto& v : xs) v = unit(rng);
       const int64_t n0 = (rng() % uint32_t(n)) / kPanelCols * kPanelCols, ldy = n - n0 + 3;
-      std::vector<float> y(size_t(m * ldy), -777.0f);
-      PackedFp4MatmulArgs a;
-      a.x = x.data();
-      a.ldx = k;
-      a.xs = xs.data();
-      a.m = m;
-      a.k = k;
-      a.panels = codes.data();
-      a.group_scales = group_scales.data();
-      a.group = group;
-      a.y = y.data();
-      a.ldy = ldy;
-      a.n0 = n0;
-      a.n1 = n;
-      kt->packed_matmul_fp4(a);
+      const auto y = packed_fp4_call(*kt, x.data(), xs.data(), m, k, codes.data(), group_scales.data(), group, n0, n, ldy);
       for (int64_t i = 0; i < m; ++i)
         for (int64_t jc = 0; jc < ldy; ++jc) {
           const float got = y[size_t(i * ldy + jc)];
@@ -578,21 +592,8 @@ TEST(CpuKernels, PackedFp8AndFp4RowsDoNotDependOnTheBatch) {
       std::vector<float> bscales(size_t(panels * blocks * kPanelCols));
       pack_rows_fp8(pr.w.data(), pr.scales(), q, k, 0, n, kt->packed_fp8_pairs, codes.data(), bscales.data(), kinds.data());
       auto run = [&](int64_t i0, int64_t rows) {
-        std::vector<float> y(size_t(rows * n), -777.0f);
-        PackedFp8MatmulArgs a;
-        a.x = pr.x.data() + i0 * k;
-        a.ldx = k;
-        a.xs = pr.xs.data() + i0 * blocks;
-        a.m = rows;
-        a.k = k;
-        a.panels = codes.data();
-        a.block_scales = bscales.data();
-        a.block_kind = kinds.data();
-        a.y = y.data();
-        a.ldy = n;
-        a.n1 = n;
-        kt->packed_matmul_fp8(a);
-        return y;
+        return packed_fp8_call(*kt, pr.x.data() + i0 * k, pr.xs.data() + i0 * blocks, rows, k, codes.data(), bscales.data(), kinds.data(),
+                               0, n, n);
       };
       const auto all = run(0, m);
       for (const int64_t i : {0, 7, 20}) {
@@ -605,21 +606,8 @@ TEST(CpuKernels, PackedFp8AndFp4RowsDoNotDependOnTheBatch) {
       std::vector<float> gscales(size_t(panels * groups * kPanelCols));
       pack_rows_fp4(fp4.data(), fp4_scales.data(), group, k, 0, n, kt->packed_fp4_pairs, codes.data(), gscales.data());
       auto run = [&](int64_t i0, int64_t rows) {
-        std::vector<float> y(size_t(rows * n), -777.0f);
-        PackedFp4MatmulArgs a;
-        a.x = pr.x.data() + i0 * k;
-        a.ldx = k;
-        a.xs = pr.xs.data() + i0 * blocks;
-        a.m = rows;
-        a.k = k;
-        a.panels = codes.data();
-        a.group_scales = gscales.data();
-        a.group = group;
-        a.y = y.data();
-        a.ldy = n;
-        a.n1 = n;
-        kt->packed_matmul_fp4(a);
-        return y;
+        return packed_fp4_call(*kt, pr.x.data() + i0 * k, pr.xs.data() + i0 * blocks, rows, k, codes.data(), gscales.data(), group, 0, n,
+                               n);
       };
       const auto all = run(0, m);
       for (const int64_t i : {0, 7, 20}) {
@@ -647,23 +635,9 @@ TEST(CpuKernels, PackedFp8F32KernelsAgreeBitForBit) {
     std::vector<float> block_scales(size_t(panels * pr.blocks * kPanelCols));
     pack_rows_fp8(pr.w.data(), pr.scales(), q, pr.k, 0, pr.n, false, codes.data(), block_scales.data(), flags.data());
     std::vector<std::vector<float>> ys;
-    for (const KernelTable* kt : f32_tables) {
-      std::vector<float> y(size_t(pr.m * pr.n), -777.0f);
-      PackedFp8MatmulArgs a;
-      a.x = pr.x.data();
-      a.ldx = pr.k;
-      a.xs = pr.xs.data();
-      a.m = pr.m;
-      a.k = pr.k;
-      a.panels = codes.data();
-      a.block_scales = block_scales.data();
-      a.block_kind = flags.data();
-      a.y = y.data();
-      a.ldy = pr.n;
-      a.n1 = pr.n;
-      kt->packed_matmul_fp8(a);
-      ys.push_back(std::move(y));
-    }
+    for (const KernelTable* kt : f32_tables)
+      ys.push_back(packed_fp8_call(*kt, pr.x.data(), pr.xs.data(), pr.m, pr.k, codes.data(), block_scales.data(), flags.data(), 0, pr.n,
+                                   pr.n));
     for (size_t t = 1; t < ys.size(); ++t)
       EXPECT_EQ(std::memcmp(ys[0].data(), ys[t].data(), ys[0].size() * sizeof(float)), 0)
           << f32_tables[0]->isa << " and " << f32_tables[t]->isa << " differ, iteration " << iter;
@@ -693,23 +667,8 @@ TEST(CpuKernels, PackedFp4F32KernelsAgreeBitForBit) {
     for (auto& v : x) v = e4m3_to_float(uint8_t(rng() % 0x7f) | uint8_t(rng() % 2 ? 0x80 : 0));
     for (auto& v : xs) v = 0.5f + float(rng() % 100) / 64.0f;
     std::vector<std::vector<float>> ys;
-    for (const KernelTable* kt : f32_tables) {
-      std::vector<float> y(size_t(m * n), -777.0f);
-      PackedFp4MatmulArgs a;
-      a.x = x.data();
-      a.ldx = k;
-      a.xs = xs.data();
-      a.m = m;
-      a.k = k;
-      a.panels = codes.data();
-      a.group_scales = group_scales.data();
-      a.group = group;
-      a.y = y.data();
-      a.ldy = n;
-      a.n1 = n;
-      kt->packed_matmul_fp4(a);
-      ys.push_back(std::move(y));
-    }
+    for (const KernelTable* kt : f32_tables)
+      ys.push_back(packed_fp4_call(*kt, x.data(), xs.data(), m, k, codes.data(), group_scales.data(), group, 0, n, n));
     for (size_t t = 1; t < ys.size(); ++t)
       EXPECT_EQ(std::memcmp(ys[0].data(), ys[t].data(), ys[0].size() * sizeof(float)), 0)
           << f32_tables[0]->isa << " and " << f32_tables[t]->isa << " differ, group " << group;

@@ -9,6 +9,80 @@
 namespace moex::cpu {
 namespace {
 
+struct Avx2 {
+  static constexpr int W = 8;
+  static constexpr bool kBf16Dot = false;
+  static void matmul_nt_bf16_dot(const MatmulArgs&) {}
+  using V = __m256;
+  static constexpr bool kVectorE4m3 = true;
+  // 8 e4m3 codes → f32 (Avx512::load_e4m3's arithmetic on 8 lanes): normals by moving the exponent /
+  // mantissa bits into place (+120 to the exponent bias), zero / subnormals as man · 2^-9, NaN as NaN.
+  static V load_e4m3(const uint8_t* p) {
+    const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0x80)), 24);
+    const __m256i em = _mm256_and_si256(v, _mm256_set1_epi32(0x7f));
+    const __m256i normal = _mm256_add_epi32(_mm256_slli_epi32(em, 20), _mm256_set1_epi32(120 << 23));
+    const __m256i sub = _mm256_cmpgt_epi32(_mm256_set1_epi32(8), em);  // exponent field 0
+    const __m256i nan = _mm256_cmpeq_epi32(em, _mm256_set1_epi32(0x7f));
+    const __m256 subv = _mm256_mul_ps(_mm256_cvtepi32_ps(em), _mm256_set1_ps(1.0f / 512.0f));
+    __m256i mag = _mm256_blendv_epi8(normal, _mm256_castps_si256(subv), sub);
+    mag = _mm256_blendv_epi8(mag, _mm256_set1_epi32(0x7fc00000), nan);
+    return _mm256_castsi256_ps(_mm256_or_si256(mag, sign));
+  }
+  // The fast form for fp8_block where e4m3_all_normal holds (see Avx512::load_e4m3_scaled): 8 codes of
+  // normal numbers → f32 × 2^-56 exactly in four operations; the caller takes its sums back by 2^56.
+  static V load_e4m3_scaled(const uint8_t* p) {
+    const __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    const __m256i bits = _mm256_and_si256(_mm256_slli_epi32(v, 20), _mm256_set1_epi32(int32_t(0x87F00000u)));
+    return _mm256_castsi256_ps(_mm256_add_epi32(bits, _mm256_set1_epi32(64 << 23)));
+  }
+  // Whether the n ≤ 128 codes at p are all normal numbers (no zero, subnormal or NaN code).
+  static bool e4m3_all_normal(const uint8_t* p, int64_t n) {
+    const __m256i low7 = _mm256_set1_epi8(0x7f), eight = _mm256_set1_epi8(8);
+    int64_t i = 0;
+    int special = 0;
+    for (; i + 32 <= n; i += 32) {
+      const __m256i em = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i)), low7);
+      // em ≤ 127: the signed byte compare is the unsigned one
+      special |= _mm256_movemask_epi8(_mm256_or_si256(_mm256_cmpgt_epi8(eight, em), _mm256_cmpeq_epi8(em, low7)));
+    }
+    for (; i < n; ++i) {
+      const int em = p[i] & 0x7f;
+      special |= em < 8 || em == 0x7f;
+    }
+    return special == 0;
+  }
+  // FP8 experts packed as [k, 32] panels (packed_fp8_block below)
+  static void packed_matmul_fp8(const PackedFp8MatmulArgs& a);
+  // FP4 experts packed as [k, 16] panels (packed_fp4_block below)
+  static void packed_matmul_fp4(const PackedFp4MatmulArgs& a);
+  static constexpr bool kPackedFp4Pairs = false;
+  static V zero() { return _mm256_setzero_ps(); }
+  static V set1(float v) { return _mm256_set1_ps(v); }
+  static V load(const float* p) { return _mm256_loadu_ps(p); }
+  static V load_bf16(const uint16_t* p) {
+    __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+  }
+  static V load_f16(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+  static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  static float reduce(V v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
+  }
+  static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
+  static void store_as_bf16(const float* src, uint16_t* dst, int64_t n) { impl::store_as_bf16_scalar(src, dst, n); }
+  static void store_as_f16(const float* src, uint16_t* dst, int64_t n) {
+    int64_t i = 0;
+    for (; i + W <= n; i += W)
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
+                       _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    impl::store_as_f16_scalar(src + i, dst + i, n - i);
+  }
+};
+
 // ---- packed FP4 on f32 FMAs ([k, 16] panels, PackedFp4MatmulArgs) ---------------------------------
 // Per k step the panel's 16 bytes: byte i holds column i's code in its low nibble and column 16 + i's
 // in its high one. Widened to 32-bit lanes (bytes 0..7 and 8..15), each nibble's magnitude comes from
@@ -87,7 +161,7 @@ void two_row_blocks(const Args& a, Block block) {
   }
 }
 
-void packed_matmul_fp4_avx2(const PackedFp4MatmulArgs& a) {
+void Avx2::packed_matmul_fp4(const PackedFp4MatmulArgs& a) {
   two_row_blocks(a, [&](int rows, int64_t i0, int64_t p, int ncols, float* y) {
     if (rows == 2) packed_fp4_block<2>(a, i0, p, ncols, y);
     else packed_fp4_block<1>(a, i0, p, ncols, y);
@@ -100,13 +174,6 @@ void packed_matmul_fp4_avx2(const PackedFp4MatmulArgs& a) {
 // conversion. Per column the operations and their order are packed_fp8_block's (the 16-lane tables'
 // f32 kernel): the same results bit for bit. Totals in an L1 buffer: 4·MR accumulators + 4 weights +
 // one broadcast + 2 constants, MR ≤ 2 (two_row_blocks).
-
-inline __m256 e4m3_fast_lanes(__m128i codes8) {  // 8 codes of normal numbers → f32 × 2^-56
-  const __m256i v = _mm256_cvtepi8_epi32(codes8);
-  const __m256i bits = _mm256_and_si256(_mm256_slli_epi32(v, 20), _mm256_set1_epi32(int32_t(0x87F00000u)));
-  return _mm256_castsi256_ps(_mm256_add_epi32(bits, _mm256_set1_epi32(64 << 23)));
-}
-__m256 e4m3_exact_lanes(const uint8_t* p);  // Avx2::load_e4m3, defined below
 
 template <int MR>
 void packed_fp8_block(const PackedFp8MatmulArgs& a, int64_t i0, int64_t p, int ncols, float* y) {
@@ -135,9 +202,9 @@ void packed_fp8_block(const PackedFp8MatmulArgs& a, int64_t i0, int64_t p, int n
     };
     const bool normal = kind[kb] == kFp8BlockNormal;
     if (normal)
-      steps([](const uint8_t* q) { return e4m3_fast_lanes(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q))); });
+      steps([](const uint8_t* q) { return Avx2::load_e4m3_scaled(q); });
     else
-      steps([](const uint8_t* q) { return e4m3_exact_lanes(q); });
+      steps([](const uint8_t* q) { return Avx2::load_e4m3(q); });
     const __m256 back = _mm256_set1_ps(normal ? impl::kE4m3ScaledBack : 1.0f);
     for (int r = 0; r < MR; ++r) {
       const __m256 xs = _mm256_set1_ps(a.xs[(i0 + r) * blocks + kb]);
@@ -152,88 +219,13 @@ void packed_fp8_block(const PackedFp8MatmulArgs& a, int64_t i0, int64_t p, int n
   for (int r = 0; r < MR; ++r) std::memcpy(y + (i0 + r) * a.ldy, total[r], size_t(ncols) * sizeof(float));
 }
 
-void packed_matmul_fp8_avx2(const PackedFp8MatmulArgs& a) {
+void Avx2::packed_matmul_fp8(const PackedFp8MatmulArgs& a) {
   two_row_blocks(a, [&](int rows, int64_t i0, int64_t p, int ncols, float* y) {
     if (rows == 2) packed_fp8_block<2>(a, i0, p, ncols, y);
     else packed_fp8_block<1>(a, i0, p, ncols, y);
   });
 }
 
-struct Avx2 {
-  static constexpr int W = 8;
-  static constexpr bool kBf16Dot = false;
-  static void matmul_nt_bf16_dot(const MatmulArgs&) {}
-  using V = __m256;
-  static constexpr bool kVectorE4m3 = true;
-  // 8 e4m3 codes → f32 (Avx512::load_e4m3's arithmetic on 8 lanes): normals by moving the exponent /
-  // mantissa bits into place (+120 to the exponent bias), zero / subnormals as man · 2^-9, NaN as NaN.
-  static V load_e4m3(const uint8_t* p) {
-    const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-    const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0x80)), 24);
-    const __m256i em = _mm256_and_si256(v, _mm256_set1_epi32(0x7f));
-    const __m256i normal = _mm256_add_epi32(_mm256_slli_epi32(em, 20), _mm256_set1_epi32(120 << 23));
-    const __m256i sub = _mm256_cmpgt_epi32(_mm256_set1_epi32(8), em);  // exponent field 0
-    const __m256i nan = _mm256_cmpeq_epi32(em, _mm256_set1_epi32(0x7f));
-    const __m256 subv = _mm256_mul_ps(_mm256_cvtepi32_ps(em), _mm256_set1_ps(1.0f / 512.0f));
-    __m256i mag = _mm256_blendv_epi8(normal, _mm256_castps_si256(subv), sub);
-    mag = _mm256_blendv_epi8(mag, _mm256_set1_epi32(0x7fc00000), nan);
-    return _mm256_castsi256_ps(_mm256_or_si256(mag, sign));
-  }
-  // The fast form for fp8_block where e4m3_all_normal holds (see Avx512::load_e4m3_scaled): 8 codes of
-  // normal numbers → f32 × 2^-56 exactly in four operations; the caller takes its sums back by 2^56.
-  static V load_e4m3_scaled(const uint8_t* p) {
-    const __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-    const __m256i bits = _mm256_and_si256(_mm256_slli_epi32(v, 20), _mm256_set1_epi32(int32_t(0x87F00000u)));
-    return _mm256_castsi256_ps(_mm256_add_epi32(bits, _mm256_set1_epi32(64 << 23)));
-  }
-  // Whether the n ≤ 128 codes at p are all normal numbers (no zero, subnormal or NaN code).
-  static bool e4m3_all_normal(const uint8_t* p, int64_t n) {
-    const __m256i low7 = _mm256_set1_epi8(0x7f), eight = _mm256_set1_epi8(8);
-    int64_t i = 0;
-    int special = 0;
-    for (; i + 32 <= n; i += 32) {
-      const __m256i em = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i)), low7);
-      // em ≤ 127: the signed byte compare is the unsigned one
-      special |= _mm256_movemask_epi8(_mm256_or_si256(_mm256_cmpgt_epi8(eight, em), _mm256_cmpeq_epi8(em, low7)));
-    }
-    for (; i < n; ++i) {
-      const int em = p[i] & 0x7f;
-      special |= em < 8 || em == 0x7f;
-    }
-    return special == 0;
-  }
-  // FP8 experts packed as [k, 32] panels (packed_fp8_block above)
-  static void packed_matmul_fp8(const PackedFp8MatmulArgs& a) { packed_matmul_fp8_avx2(a); }
-  // FP4 experts packed as [k, 16] panels (packed_fp4_block above)
-  static void packed_matmul_fp4(const PackedFp4MatmulArgs& a) { packed_matmul_fp4_avx2(a); }
-  static constexpr bool kPackedFp4Pairs = false;
-  static V zero() { return _mm256_setzero_ps(); }
-  static V set1(float v) { return _mm256_set1_ps(v); }
-  static V load(const float* p) { return _mm256_loadu_ps(p); }
-  static V load_bf16(const uint16_t* p) {
-    __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
-  }
-  static V load_f16(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
-  static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
-  static float reduce(V v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-    return _mm_cvtss_f32(s);
-  }
-  static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
-  static void store_as_bf16(const float* src, uint16_t* dst, int64_t n) { impl::store_as_bf16_scalar(src, dst, n); }
-  static void store_as_f16(const float* src, uint16_t* dst, int64_t n) {
-    int64_t i = 0;
-    for (; i + W <= n; i += W)
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
-                       _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-    impl::store_as_f16_scalar(src + i, dst + i, n - i);
-  }
-};
-
-__m256 e4m3_exact_lanes(const uint8_t* p) { return Avx2::load_e4m3(p); }
 
 }  // namespace
 
