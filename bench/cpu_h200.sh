@@ -13,10 +13,13 @@
 # first quantizes its random weights, ~10-20 s for qwen3_30b_a3b).
 # CPU_AB (optional) runs A/B rounds before the side by side, each variant "name:ENV=V,ENV2=V" (or
 # "name:" for the defaults), interleaved over CPU_AB_ROUNDS rounds (default 3), grouped_mm on
-# CPU_AB_CASES ("shape dtype tokens" entries separated by ';', default: qwen3_30b_a3b bf16 and f32 at
-# T = 1,16,256), at every thread count; the table goes to $OUT/cpu_ab.txt. Example (the thirty-sixth
-# session's open questions for Intel hosts: software prefetch in decode and huge pages):
+# CPU_AB_CASES ("shape dtype tokens [quant]" entries separated by ';', quant none / fp8 / fp4, default:
+# qwen3_30b_a3b bf16 and f32 at T = 1,16,256), at every thread count; the table goes to
+# $OUT/cpu_ab.txt. Examples (the thirty-sixth session's open questions for Intel hosts: software
+# prefetch in decode and huge pages; the thirty-ninth's AMX FP8 kernel):
 #   CPU_AB="default: none:MOEX_CPU_PREFETCH_AHEAD=-1 chunk:MOEX_CPU_PREFETCH_AHEAD=0 small_pages:MOEX_CPU_HUGE_PAGES=0"
+#   CPU_AB="default: amx_fp8:MOEX_CPU_AMX_FP8=1" CPU_AB_CASES="qwen3_30b_a3b bf16 1,16,256 fp8;small_moe bf16 1,16,256 fp8"
+# On a CPU with AMX the tests also run the equivalence harness with MOEX_CPU_AMX_FP8=1.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
@@ -38,6 +41,15 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
   OMP_WAIT_POLICY=passive "$BUILD/moex_tests" --gtest_filter='CpuKernels*:Dtypes/Equivalence*' --gtest_brief=1 > "$OUT/tests.txt" 2>&1
   tests_status=$?
   tail -3 "$OUT/tests.txt"
+  if grep -q amx_bf16 /proc/cpuinfo; then
+    # the AMX FP8 kernel (opt-in, MOEX_CPU_AMX_FP8=1) through the whole experts path: the equivalence
+    # harness's FP8 cases on grouped_mm / batched_mm / eager, and its kernel test (which also runs the
+    # tile unit without the variable)
+    echo "== tests with MOEX_CPU_AMX_FP8=1" | tee -a "$OUT/tests.txt"
+    MOEX_CPU_AMX_FP8=1 OMP_WAIT_POLICY=passive "$BUILD/moex_tests" --gtest_filter='Dtypes/Equivalence*:*AmxFp8*' --gtest_brief=1 >> "$OUT/tests.txt" 2>&1 ||
+      tests_status=1
+    tail -2 "$OUT/tests.txt"
+  fi
 fi
 if [ -n "${CPU_AB:-}" ]; then
   echo "== cpu A/B ($(( $(date +%s) - t0 )) s)"
@@ -47,12 +59,13 @@ if [ -n "${CPU_AB:-}" ]; then
       for variant in $CPU_AB; do
         name=${variant%%:*}; envs=${variant#*:}
         for c in "${ab_cases[@]}"; do
-          read -r shape dt toks <<< "$c"
-          # one line per case: round, threads, variant, shape, dtype, then "T=ms" per token count
-          line=$(env $(echo "$envs" | tr ',' ' ') timeout 60 "$BUILD/moex" bench --device cpu --backends grouped_mm \
-                   --shapes "$shape" --tokens "$toks" --dtype "$dt" --threads "$th" --min-time-ms 300 --max-iters 20 2>&1 |
+          read -r shape dt toks quant <<< "$c"
+          quant=${quant:-none}
+          # one line per case: round, threads, variant, shape, dtype, experts' quantization, then "T=ms" per token count
+          line=$(env $(echo "$envs" | tr ',' ' ') timeout 90 "$BUILD/moex" bench --device cpu --backends grouped_mm \
+                   --shapes "$shape" --tokens "$toks" --dtype "$dt" --quant "$quant" --threads "$th" --min-time-ms 300 --max-iters 20 2>&1 |
                  awk -v s="$shape" '$1 == s { printf "T=%s %s  ", $2, $4 }')
-          echo "round $round  threads $th  $name  $shape $dt  $line" | tee -a "$OUT/cpu_ab.txt"
+          echo "round $round  threads $th  $name  $shape $dt $quant  $line" | tee -a "$OUT/cpu_ab.txt"
         done
       done
     done

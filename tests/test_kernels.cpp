@@ -5,8 +5,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <string>
 #include <random>
+#include <string>
+#include <type_traits>
 
 #include "backends/cpu/kernels.hpp"
 #include "backends/cpu/packed_weights.hpp"
@@ -320,7 +321,9 @@ TEST(CpuKernels, Fp8MatmulMatchesLoopForEveryKindOfCode) {
 // and UE8M0 scales on per-row and 128-row scale blocks.
 // One call of kt's packed FP8 / FP4 kernel: x [m, k] codes (row stride k) with scales xs [m, ceil(k / 128)]
 // over columns [n0, n1), into a fresh y [m, ldy] poisoned with -777 (columns the kernel must not write keep it).
-std::vector<float> packed_fp8_call(const KernelTable& kt, const float* x, const float* xs, int64_t m, int64_t k, const uint8_t* panels,
+// The kernel is kt's, or any callable taking PackedFp8MatmulArgs (the AMX kernel's two forms).
+template <class Kernel>
+std::vector<float> packed_fp8_call(const Kernel& kernel, const float* x, const float* xs, int64_t m, int64_t k, const uint8_t* panels,
                                    const float* block_scales, const uint8_t* kinds, int64_t n0, int64_t n1, int64_t ldy) {
   std::vector<float> y(size_t(m * ldy), -777.0f);
   PackedFp8MatmulArgs a;
@@ -336,7 +339,10 @@ std::vector<float> packed_fp8_call(const KernelTable& kt, const float* x, const 
   a.ldy = ldy;
   a.n0 = n0;
   a.n1 = n1;
-  kt.packed_matmul_fp8(a);
+  if constexpr (std::is_same_v<Kernel, KernelTable>)
+    kernel.packed_matmul_fp8(a);
+  else
+    kernel(a);
   return y;
 }
 std::vector<float> packed_fp4_call(const KernelTable& kt, const float* x, const float* xs, int64_t m, int64_t k, const uint8_t* panels,
@@ -643,6 +649,53 @@ TEST(CpuKernels, PackedFp8F32KernelsAgreeBitForBit) {
           << f32_tables[0]->isa << " and " << f32_tables[t]->isa << " differ, iteration " << iter;
   }
 }
+
+#if defined(MOEX_X86)
+// The AMX FP8 kernel (k-pair panels on the tile unit) against the f64 loop, on its scalar tile model
+// wherever the CPU has AVX512_BF16 and on the tile unit where it has AMX: every kind of block, rows in
+// one, two and odd numbers of 16-row blocks, partial panels and k blocks, a column range starting on a
+// later panel; rows that do not depend on the batch; the model and the hardware within the loop's bound
+// of each other (bit for bit where the hardware sums a pair's products in the ISA's described order).
+TEST(CpuKernels, AmxFp8KernelMatchesLoop) {
+  __builtin_cpu_init();
+  if (!__builtin_cpu_supports("avx512bf16") || !__builtin_cpu_supports("avx512bw") || !__builtin_cpu_supports("avx512vl"))
+    GTEST_SKIP() << "the AMX FP8 kernel's conversions need AVX512_BF16";
+  const bool hw = __builtin_cpu_supports("amx-bf16") && amx_available();
+  auto model = [](const PackedFp8MatmulArgs& a) { packed_matmul_fp8_amx(a, true); };
+  auto tiles = [](const PackedFp8MatmulArgs& a) { packed_matmul_fp8_amx(a, false); };
+  std::mt19937 rng(1205);
+  int64_t identical = 0, compared = 0;
+  for (int iter = 0; iter < 14; ++iter) {
+    const int64_t m = iter < 3 ? 1 + iter * 15 : 1 + rng() % 50;  // 1, 16, 31 rows, then any up to 50
+    const Fp8Problem pr(rng, m, 1 + rng() % 100, 1 + rng() % 400, iter % 2 ? 1 : 128, iter % 4 >= 2, iter < 4 ? 4 : 3);
+    const QuantSpec q = QuantSpec::fp8_block(int(pr.block_n), 128, pr.ue8m0 ? ScaleFormat::ue8m0 : ScaleFormat::f32);
+    const int64_t panels = (pr.n + kPanelCols - 1) / kPanelCols;
+    std::vector<uint8_t> codes(size_t(panels * fp8_panel_bytes(pr.k, true))), flags(size_t(panels * pr.blocks));
+    std::vector<float> block_scales(size_t(panels * pr.blocks * kPanelCols));
+    pack_rows_fp8(pr.w.data(), pr.scales(), q, pr.k, 0, pr.n, true, codes.data(), block_scales.data(), flags.data());
+    const int64_t n0 = (rng() % uint32_t(pr.n)) / kPanelCols * kPanelCols, ldy = pr.n - n0 + 3;
+    auto call = [&](const auto& kernel, int64_t i0, int64_t rows, int64_t c0, int64_t ld) {
+      return packed_fp8_call(kernel, pr.x.data() + i0 * pr.k, pr.xs.data() + i0 * pr.blocks, rows, pr.k, codes.data(), block_scales.data(),
+                             flags.data(), c0, pr.n, ld);
+    };
+    const auto ym = call(model, 0, m, n0, ldy);
+    pr.check(ym, n0, ldy, "amx tile model");
+    // the last row alone gives the same bits as within the batch
+    const auto all = call(model, 0, m, 0, pr.n), one = call(model, m - 1, 1, 0, pr.n);
+    EXPECT_EQ(std::memcmp(one.data(), all.data() + (m - 1) * pr.n, size_t(pr.n) * sizeof(float)), 0) << "tile model, row " << m - 1;
+    if (!hw) continue;
+    const auto yt = call(tiles, 0, m, n0, ldy);
+    pr.check(yt, n0, ldy, "amx tiles");
+    const auto all_t = call(tiles, 0, m, 0, pr.n), one_t = call(tiles, m - 1, 1, 0, pr.n);
+    EXPECT_EQ(std::memcmp(one_t.data(), all_t.data() + (m - 1) * pr.n, size_t(pr.n) * sizeof(float)), 0) << "tiles, row " << m - 1;
+    for (size_t i = 0; i < ym.size(); ++i) {
+      ++compared;
+      identical += std::memcmp(&ym[i], &yt[i], sizeof(float)) == 0;
+    }
+  }
+  if (hw) std::printf("AMX FP8: tile unit and tile model identical in %lld of %lld outputs\n", (long long)identical, (long long)compared);
+}
+#endif
 
 // The f32 FP4 kernels ([k, 16] panels: AVX-512 without BF16, AVX2) do the same operations in the same
 // order per column, whatever their vector width: the same outputs bit for bit.

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -588,6 +589,223 @@ void amx_matmul(const MatmulArgs& a) {
   }
 }
 
+// ---- AMX FP8 (PackedFp8MatmulArgs, k-pair panels) --------------------------------------------
+// The tile unit's view of the k-pair panels: one pair of a panel (64 bytes: 32 columns × 2 codes),
+// converted to bf16 × 2^-8 by e4m3_pairs_* (32 bytes → 16 columns × 2 k), is one row of a B tile in
+// the VNNI layout [16 pairs][16 columns][2] — columns 0..15 in one tile, 16..31 in another — so the 16
+// pairs of one 32-k chunk make two B tiles. A tiles: 16 rows of x's codes as bf16 (exact), C tiles
+// C[row][column] in f32. Per 128-k block the panel's 64 pairs are converted once into an L1 buffer
+// (8 KiB) that every 32-row block of x then multiplies (4 chunks × 4 TDPBF16PS), and the C tiles are
+// folded into the rows' totals with 2^8 × x's scale × the columns' weight scales, as in the
+// vdpbf16ps kernel: there every row block converts the panel again (MR ≤ 12 rows share it), here all
+// rows share one conversion and the products run on the tile unit.
+//
+// Each output is, per 128-k block, one f32 chain in k order (chunk by chunk, a pair's even k before
+// its odd one in the ISA's description) for every m: rows do not depend on the batch. The products
+// (codes × codes × 2^-8, exact in f32 and far above the tile unit's flush-to-zero) are those of the
+// vdpbf16ps kernel; the sums may round in another order.
+//
+// Written against a tile interface (Tiles) so that a scalar model of the four tile operations
+// (AmxTileModel) runs the same kernel on CPUs without AMX: the tests check its logic everywhere, the
+// hardware where there is AMX.
+
+// The hardware's tiles (configure_tiles: 8 tiles of 16 rows × 64 bytes). The intrinsics paste their
+// tile number into the instruction's text, so each number the kernel uses is spelt out.
+struct AmxTileUnit {
+  static void configure() { configure_tiles(); }
+  template <int T>
+  static void zero() {
+    static_assert(T >= 0 && T < 4, "accumulator tiles 0..3");
+    if constexpr (T == 0) _tile_zero(0);
+    else if constexpr (T == 1) _tile_zero(1);
+    else if constexpr (T == 2) _tile_zero(2);
+    else _tile_zero(3);
+  }
+  template <int T>
+  static void load(const void* p, int64_t stride) {
+    static_assert(T >= 4 && T < 8, "operand tiles 4..7");
+    if constexpr (T == 4) _tile_loadd(4, p, stride);
+    else if constexpr (T == 5) _tile_loadd(5, p, stride);
+    else if constexpr (T == 6) _tile_loadd(6, p, stride);
+    else _tile_loadd(7, p, stride);
+  }
+  template <int T>
+  static void store(void* p, int64_t stride) {
+    static_assert(T >= 0 && T < 4, "accumulator tiles 0..3");
+    if constexpr (T == 0) _tile_stored(0, p, stride);
+    else if constexpr (T == 1) _tile_stored(1, p, stride);
+    else if constexpr (T == 2) _tile_stored(2, p, stride);
+    else _tile_stored(3, p, stride);
+  }
+  template <int C, int A, int B>
+  static void dot() {
+    // C tile c = 2 · (A − 4) + (B − 6): the kernel's four products
+    static_assert(A >= 4 && A < 6 && B >= 6 && B < 8 && C == 2 * (A - 4) + (B - 6), "the kernel's tile products");
+    if constexpr (C == 0) _tile_dpbf16ps(0, 4, 6);
+    else if constexpr (C == 1) _tile_dpbf16ps(1, 4, 7);
+    else if constexpr (C == 2) _tile_dpbf16ps(2, 5, 6);
+    else _tile_dpbf16ps(3, 5, 7);
+  }
+};
+
+// A scalar model of the same operations, TDPBF16PS as the ISA describes it: per C element, per pair
+// k of the A row and B row k, C += A[2k]·B[2k], then C += A[2k+1]·B[2k+1], in f32.
+struct AmxTileModel {
+  struct State {
+    alignas(64) uint8_t t[8][16][64];
+  };
+  static State& state() {
+    thread_local State s;
+    return s;
+  }
+  static float bf16(const uint8_t* p) {
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+    const uint32_t u = uint32_t(h) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  }
+  static void configure() {}
+  template <int T>
+  static void zero() { std::memset(state().t[T], 0, sizeof(state().t[T])); }
+  template <int T>
+  static void load(const void* p, int64_t stride) {
+    for (int r = 0; r < 16; ++r) std::memcpy(state().t[T][r], static_cast<const uint8_t*>(p) + r * stride, 64);
+  }
+  template <int T>
+  static void store(void* p, int64_t stride) {
+    for (int r = 0; r < 16; ++r) std::memcpy(static_cast<uint8_t*>(p) + r * stride, state().t[T][r], 64);
+  }
+  template <int C, int A, int B>
+  static void dot() {
+    State& s = state();
+    for (int m = 0; m < 16; ++m)
+      for (int n = 0; n < 16; ++n) {
+        float c;
+        std::memcpy(&c, &s.t[C][m][4 * n], 4);
+        for (int k = 0; k < 16; ++k) {
+          c += bf16(&s.t[A][m][4 * k]) * bf16(&s.t[B][k][4 * n]);
+          c += bf16(&s.t[A][m][4 * k + 2]) * bf16(&s.t[B][k][4 * n + 2]);
+        }
+        std::memcpy(&s.t[C][m][4 * n], &c, 4);
+      }
+  }
+};
+
+template <class Tiles>
+void amx_fp8_matmul(const PackedFp8MatmulArgs& a) {
+  if (a.m <= 0 || a.n1 <= a.n0) return;
+  const int64_t m = a.m, k = a.k;
+  if (k == 0) {  // no products: zeros
+    for (int64_t i = 0; i < m; ++i) std::fill(a.y + i * a.ldy, a.y + i * a.ldy + (a.n1 - a.n0), 0.0f);
+    return;
+  }
+  Tiles::configure();
+  const int64_t pairs = (k + 1) / 2, blocks = (k + 127) / 128, mblocks = (m + 15) / 16;
+  // x's codes as bf16 pairs [mblocks · 16 rows][blocks · 64 pairs], zero past m and k (the A tiles
+  // read whole 16 × 32-k tiles; zero x against the zeroed buffer rows past the panel's end)
+  const int64_t xpairs_ld = blocks * 64;
+  thread_local std::vector<uint32_t> xbuf;
+  xbuf.assign(size_t(mblocks * 16 * xpairs_ld), 0u);
+  for (int64_t i = 0; i < m; ++i) Avx512::store_as_bf16(a.x + i * a.ldx, reinterpret_cast<uint16_t*>(xbuf.data() + i * xpairs_ld), k);
+  // the rows' totals over one panel [mblocks · 16][32] and one block's C tiles
+  thread_local std::vector<float> totals;
+  totals.resize(size_t(mblocks * 16 * kPanelCols));
+  alignas(64) float ct[4][256];
+  // one 128-k block of the panel as B tiles: [4 chunks][2 column halves][16 pairs][16 columns][2]
+  alignas(64) uint16_t wb[4][2][512];
+  const int64_t panel_bytes = pairs * 64;
+  for (int64_t n = a.n0; n < a.n1; n += kPanelCols) {
+    const int64_t p = n / kPanelCols;
+    const int ncols = int(std::min<int64_t>(kPanelCols, a.n1 - n));
+    const uint8_t* panel = a.panels + p * panel_bytes;
+    const float* scales = a.block_scales + p * blocks * kPanelCols;
+    const uint8_t* kind = a.block_kind + p * blocks;
+    for (int64_t kb = 0; kb < blocks; ++kb) {
+      const int64_t j0 = kb * 64, j1 = std::min(pairs, j0 + 64), chunks = (j1 - j0 + 15) / 16;
+      // the lines the stream reads next (this panel's next block, or the next panel's first one)
+      // asked of L2 one per pair step while this block converts and multiplies
+      const uint8_t* next = kb + 1 < blocks ? panel + j1 * 64 : n + kPanelCols < a.n1 ? panel + panel_bytes : nullptr;
+      const int64_t next_lines = next ? std::min<int64_t>(64, kb + 1 < blocks ? pairs - j1 : pairs) : 0;
+      auto convert = [&](auto pair_to_bf16) {
+        const uint8_t* pp = panel + j0 * 64;
+        for (int64_t j = j0; j < j1; ++j, pp += 64) {
+          if (j - j0 < next_lines) impl::prefetch_line_l2(next + (j - j0) * 64);
+          const int64_t c = (j - j0) / 16, r = (j - j0) % 16;
+          _mm512_store_si512(wb[c][0] + r * 32, pair_to_bf16(pp));
+          _mm512_store_si512(wb[c][1] + r * 32, pair_to_bf16(pp + 32));
+        }
+      };
+      if (kind[kb] == kFp8BlockNormal)
+        convert([](const uint8_t* q) { return e4m3_pairs_normal(q); });
+      else if (kind[kb] == kFp8BlockSmall)
+        convert([](const uint8_t* q) { return e4m3_pairs_small(q); });
+      else
+        convert([](const uint8_t* q) { return e4m3_pairs_any(q); });
+      const int64_t tail = (j1 - j0) % 16;  // pair rows of the last chunk past the panel's end: zero
+      if (tail)
+        for (int h = 0; h < 2; ++h) std::memset(wb[chunks - 1][h] + tail * 32, 0, size_t(16 - tail) * 64);
+      const __m512 s0 = _mm512_loadu_ps(scales + kb * kPanelCols), s1 = _mm512_loadu_ps(scales + kb * kPanelCols + 16);
+      // the rows of 16-row block mb: totals (+)= C · 2^8 · x scale · weight scales
+      const auto fold = [&](int64_t mb, const float* c0, const float* c1) {
+        const int64_t rows = std::min<int64_t>(16, m - mb * 16);
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t i = mb * 16 + r;
+          float* t = totals.data() + i * kPanelCols;
+          const __m512 xs = _mm512_set1_ps(a.xs[i * blocks + kb] * 256.0f);  // × 2^8: exact
+          const __m512 t0 = kb == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(t);
+          const __m512 t1 = kb == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(t + 16);
+          _mm512_storeu_ps(t, _mm512_fmadd_ps(_mm512_load_ps(c0 + r * 16), _mm512_mul_ps(s0, xs), t0));
+          _mm512_storeu_ps(t + 16, _mm512_fmadd_ps(_mm512_load_ps(c1 + r * 16), _mm512_mul_ps(s1, xs), t1));
+        }
+      };
+      const int64_t xstride = xpairs_ld * 4;  // bytes per A row
+      for (int64_t mb = 0; mb < mblocks; mb += 2) {
+        const bool two = mb + 1 < mblocks;
+        Tiles::template zero<0>();
+        Tiles::template zero<1>();
+        if (two) {
+          Tiles::template zero<2>();
+          Tiles::template zero<3>();
+        }
+        for (int64_t c = 0; c < chunks; ++c) {
+          Tiles::template load<6>(wb[c][0], 64);
+          Tiles::template load<7>(wb[c][1], 64);
+          Tiles::template load<4>(xbuf.data() + mb * 16 * xpairs_ld + j0 + c * 16, xstride);
+          Tiles::template dot<0, 4, 6>();
+          Tiles::template dot<1, 4, 7>();
+          if (two) {
+            Tiles::template load<5>(xbuf.data() + (mb + 1) * 16 * xpairs_ld + j0 + c * 16, xstride);
+            Tiles::template dot<2, 5, 6>();
+            Tiles::template dot<3, 5, 7>();
+          }
+        }
+        Tiles::template store<0>(ct[0], 64);
+        Tiles::template store<1>(ct[1], 64);
+        fold(mb, ct[0], ct[1]);
+        if (two) {
+          Tiles::template store<2>(ct[2], 64);
+          Tiles::template store<3>(ct[3], 64);
+          fold(mb + 1, ct[2], ct[3]);
+        }
+      }
+    }
+    for (int64_t i = 0; i < m; ++i)
+      std::memcpy(a.y + i * a.ldy + (n - a.n0), totals.data() + i * kPanelCols, size_t(ncols) * sizeof(float));
+  }
+}
+
+// MOEX_CPU_AMX_FP8=1: the avx512_amx table runs FP8 experts on the tiles (amx_fp8_matmul); default
+// 0, the vdpbf16ps kernel, until the tile kernel is measured on an AMX machine (docs/PERF.md).
+bool amx_fp8_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("MOEX_CPU_AMX_FP8");
+    return e && std::strcmp(e, "1") == 0;
+  }();
+  return on;
+}
+
 struct Amx : Avx512Bf16 {
   static constexpr bool kPackedBf16 = false;  // the tiles read the nt weights in place (not measured packed)
   static void matmul_nt_bf16_dot(const MatmulArgs& a) {
@@ -595,6 +813,12 @@ struct Amx : Avx512Bf16 {
       amx_matmul(a);
     else
       Avx512Bf16::matmul_nt_bf16_dot(a);
+  }
+  static void packed_matmul_fp8_pairs(const PackedFp8MatmulArgs& a) {
+    if (amx_fp8_enabled())
+      amx_fp8_matmul<AmxTileUnit>(a);
+    else
+      packed_matmul_fp8_bf16_impl(a);
   }
 };
 
@@ -609,6 +833,13 @@ bool amx_available() {
   // Linux hands out the AMX tile state only on request (once per process).
   static const bool ok = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
   return ok;
+}
+
+void packed_matmul_fp8_amx(const PackedFp8MatmulArgs& a, bool tile_model) {
+  if (tile_model)
+    amx_fp8_matmul<AmxTileModel>(a);
+  else
+    amx_fp8_matmul<AmxTileUnit>(a);
 }
 
 const KernelTable& avx512_amx_kernels() {
