@@ -16,10 +16,10 @@
 # CPU_AB_CASES ("shape dtype tokens [quant]" entries separated by ';', quant none / fp8 / fp4, default:
 # qwen3_30b_a3b bf16 and f32 at T = 1,16,256), at every thread count; the table goes to
 # $OUT/cpu_ab.txt. Examples (the thirty-sixth session's open questions for Intel hosts: software
-# prefetch in decode and huge pages; the thirty-ninth's AMX FP8 kernel):
+# prefetch in decode and huge pages; the thirty-ninth's AMX FP8 / FP4 kernels):
 #   CPU_AB="default: none:MOEX_CPU_PREFETCH_AHEAD=-1 chunk:MOEX_CPU_PREFETCH_AHEAD=0 small_pages:MOEX_CPU_HUGE_PAGES=0"
-#   CPU_AB="default: amx_fp8:MOEX_CPU_AMX_FP8=1" CPU_AB_CASES="qwen3_30b_a3b bf16 1,16,256 fp8;small_moe bf16 1,16,256 fp8"
-# On a CPU with AMX the tests also run the equivalence harness with MOEX_CPU_AMX_FP8=1.
+#   CPU_AB="default: amx:MOEX_CPU_AMX_QUANT=1" CPU_AB_CASES="qwen3_30b_a3b bf16 1,16,256 fp8;qwen3_30b_a3b bf16 1,16,256 fp4;small_moe bf16 16,256 fp8"
+# On a CPU with AMX the tests also run the equivalence harness with MOEX_CPU_AMX_QUANT=1.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
@@ -42,11 +42,11 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
   tests_status=$?
   tail -3 "$OUT/tests.txt"
   if grep -q amx_bf16 /proc/cpuinfo; then
-    # the AMX FP8 kernel (opt-in, MOEX_CPU_AMX_FP8=1) through the whole experts path: the equivalence
-    # harness's FP8 cases on grouped_mm / batched_mm / eager, and its kernel test (which also runs the
-    # tile unit without the variable)
-    echo "== tests with MOEX_CPU_AMX_FP8=1" | tee -a "$OUT/tests.txt"
-    MOEX_CPU_AMX_FP8=1 OMP_WAIT_POLICY=passive "$BUILD/moex_tests" --gtest_filter='Dtypes/Equivalence*:*AmxFp8*' --gtest_brief=1 >> "$OUT/tests.txt" 2>&1 ||
+    # the AMX FP8 / FP4 kernels (opt-in, MOEX_CPU_AMX_QUANT=1) through the whole experts path: the
+    # equivalence harness's FP8 / FP4 cases on grouped_mm / batched_mm / eager, and their kernel tests
+    # (which also run the tile unit without the variable)
+    echo "== tests with MOEX_CPU_AMX_QUANT=1" | tee -a "$OUT/tests.txt"
+    MOEX_CPU_AMX_QUANT=1 OMP_WAIT_POLICY=passive "$BUILD/moex_tests" --gtest_filter='Dtypes/Equivalence*:*AmxFp*' --gtest_brief=1 >> "$OUT/tests.txt" 2>&1 ||
       tests_status=1
     tail -2 "$OUT/tests.txt"
   fi

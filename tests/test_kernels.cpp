@@ -345,7 +345,8 @@ std::vector<float> packed_fp8_call(const Kernel& kernel, const float* x, const f
     kernel(a);
   return y;
 }
-std::vector<float> packed_fp4_call(const KernelTable& kt, const float* x, const float* xs, int64_t m, int64_t k, const uint8_t* panels,
+template <class Kernel>
+std::vector<float> packed_fp4_call(const Kernel& kernel, const float* x, const float* xs, int64_t m, int64_t k, const uint8_t* panels,
                                    const float* group_scales, int64_t group, int64_t n0, int64_t n1, int64_t ldy) {
   std::vector<float> y(size_t(m * ldy), -777.0f);
   PackedFp4MatmulArgs a;
@@ -361,7 +362,10 @@ std::vector<float> packed_fp4_call(const KernelTable& kt, const float* x, const 
   a.ldy = ldy;
   a.n0 = n0;
   a.n1 = n1;
-  kt.packed_matmul_fp4(a);
+  if constexpr (std::is_same_v<Kernel, KernelTable>)
+    kernel.packed_matmul_fp4(a);
+  else
+    kernel(a);
   return y;
 }
 
@@ -499,57 +503,86 @@ TEST(CpuKernels, Fp4MatmulMatchesLoopForEveryGroupSize) {
   }
 }
 
+namespace {
+
+// A packed-FP4 kernel problem: weights [n, k] (normal values over nine binades) quantized to e2m1 with
+// UE8M0 scales per `group` channels (with odd_scales, one scale byte 0 = 2^-127 and one 255 = NaN: that
+// row's outputs NaN), their dequantized values for the f64 loop, e4m3 activation codes x [m, k] with
+// scales xs per 128 channels.
+struct Fp4Problem {
+  int64_t m, n, k, group, groups, blocks;
+  std::vector<uint8_t> packed, scales;
+  std::vector<float> deq, x, xs;
+
+  Fp4Problem(std::mt19937& rng, int64_t m_, int64_t n_, int64_t k_, int group_, bool odd_scales)
+      : m(m_), n(n_), k(k_), group(group_), groups((k_ + group_ - 1) / group_), blocks((k_ + 127) / 128) {
+    std::normal_distribution<float> nd;
+    std::uniform_real_distribution<float> unit(0.5f, 2.0f);
+    std::vector<float> wf(size_t(n * k));
+    for (auto& v : wf) v = nd(rng) * std::ldexp(1.0f, int(rng() % 9) - 4);
+    packed.resize(size_t(n * ((k + 1) / 2)));
+    scales.resize(size_t(n * groups));
+    quantize_fp4_groups(wf.data(), n, k, group, packed.data(), scales.data());
+    if (odd_scales) {
+      scales[rng() % scales.size()] = 0;    // 2^-127
+      scales[rng() % scales.size()] = 255;  // NaN
+    }
+    deq.resize(wf.size());
+    dequantize_fp4_groups(packed.data(), scales.data(), n, k, group, deq.data());
+    x.resize(size_t(m * k));
+    xs.resize(size_t(m * blocks));
+    for (auto& v : x) v = e4m3_to_float(uint8_t(rng() % 0x7f) | uint8_t(rng() % 2 ? 0x80 : 0));
+    for (auto& v : xs) v = unit(rng);
+  }
+  // The panels of PackedFp4MatmulArgs (k pairs or [k, 16]) and their group scales.
+  void pack(bool pairs, std::vector<uint8_t>& codes, std::vector<float>& group_scales) const {
+    const int64_t panels = (n + kPanelCols - 1) / kPanelCols;
+    codes.assign(size_t(panels * fp4_panel_bytes(k, pairs)), 0);
+    group_scales.assign(size_t(panels * groups * kPanelCols), 0.0f);
+    pack_rows_fp4(packed.data(), scales.data(), group, k, 0, n, pairs, codes.data(), group_scales.data());
+  }
+  // y [m, ldy] (column 0 = output n0) against the f64 loop; nothing written past n.
+  void check(const std::vector<float>& y, int64_t n0, int64_t ldy, const char* isa) const {
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t jc = 0; jc < ldy; ++jc) {
+        const float got = y[size_t(i * ldy + jc)];
+        const int64_t j = n0 + jc;
+        if (j >= n) {
+          ASSERT_EQ(got, -777.0f) << isa << ": column past n1 was written";
+          continue;
+        }
+        const auto [ref, mag] = fp4_reference(x, deq, xs, i, j, k);
+        if (std::isnan(ref)) {
+          ASSERT_TRUE(std::isnan(got)) << isa << " row " << j << " has a NaN scale";
+          continue;
+        }
+        ASSERT_NEAR(got, ref, 1e-5 * (1e-30 + mag)) << isa << " group " << group << " m" << m << " n" << n << " k" << k << " [" << i
+                                                    << ", " << j << "]";
+      }
+  }
+};
+
+}  // namespace
+
 // The packed FP4 kernel on weights packed by pack_rows_fp4 against an f64 loop over the dequantized
 // weights: groups of 2, 16, 32 and 128 channels, odd K (rows ending on half a byte), partial last
 // panels and 128-k blocks, a column range starting on a later panel, UE8M0 scale bytes of 0 (2^-127)
 // and of 255 (NaN: the row's outputs NaN) in some rows.
 TEST(CpuKernels, PackedFp4MatmulMatchesLoopForEveryGroupSize) {
   std::mt19937 rng(71);
-  std::normal_distribution<float> nd;
-  std::uniform_real_distribution<float> unit(0.5f, 2.0f);
   bool ran = false;
   for (const KernelTable* kt : tables()) {
     if (!kt->packed_matmul_fp4) continue;
     ran = true;
     for (int iter = 0; iter < 16; ++iter) {
       const int group = std::array{2, 16, 32, 128}[size_t(iter % 4)];
-      const int64_t m = 1 + rng() % 14, n = 1 + rng() % 100, k = 2 * (rng() % 200) + 1 + (iter % 3 == 0 ? 0 : 1);
-      const int64_t row_bytes = (k + 1) / 2, groups = (k + group - 1) / group, blocks = (k + 127) / 128;
-      std::vector<float> wf(size_t(n * k));
-      for (auto& v : wf) v = nd(rng) * std::ldexp(1.0f, int(rng() % 9) - 4);
-      std::vector<uint8_t> packed(size_t(n * row_bytes)), scales(size_t(n * groups));
-      quantize_fp4_groups(wf.data(), n, k, group, packed.data(), scales.data());
-      if (iter % 4 == 1) {
-        scales[rng() % scales.size()] = 0;    // 2^-127
-        scales[rng() % scales.size()] = 255;  // NaN
-      }
-      std::vector<float> deq(wf.size());
-      dequantize_fp4_groups(packed.data(), scales.data(), n, k, group, deq.data());
-      const int64_t panels = (n + kPanelCols - 1) / kPanelCols;
-      std::vector<uint8_t> codes(size_t(panels * fp4_panel_bytes(k, kt->packed_fp4_pairs)));
-      std::vector<float> group_scales(size_t(panels * groups * kPanelCols));
-      pack_rows_fp4(packed.data(), scales.data(), group, k, 0, n, kt->packed_fp4_pairs, codes.data(), group_scales.data());
-      std::vector<float> x(size_t(m * k)), xs(size_t(m * blocks));
-      for (auto& v : x) v = e4m3_to_float(uint8_t(rng() % 0x7f) | uint8_t(rng() % 2 ? 0x80 : 0));
-      for (auto& v : xs) v = unit(rng);
-      const int64_t n0 = (rng() % uint32_t(n)) / kPanelCols * kPanelCols, ldy = n - n0 + 3;
-      const auto y = packed_fp4_call(*kt, x.data(), xs.data(), m, k, codes.data(), group_scales.data(), group, n0, n, ldy);
-      for (int64_t i = 0; i < m; ++i)
-        for (int64_t jc = 0; jc < ldy; ++jc) {
-          const float got = y[size_t(i * ldy + jc)];
-          const int64_t j = n0 + jc;
-          if (j >= n) {
-            ASSERT_EQ(got, -777.0f) << kt->isa << ": column past n1 was written";
-            continue;
-          }
-          const auto [ref, mag] = fp4_reference(x, deq, xs, i, j, k);
-          if (std::isnan(ref)) {
-            ASSERT_TRUE(std::isnan(got)) << kt->isa << " row " << j << " has a NaN scale";
-            continue;
-          }
-          ASSERT_NEAR(got, ref, 1e-5 * (1e-30 + mag)) << kt->isa << " group " << group << " m" << m << " n" << n << " k" << k << " ["
-                                                      << i << ", " << j << "]";
-        }
+      const Fp4Problem pr(rng, 1 + rng() % 14, 1 + rng() % 100, 2 * (rng() % 200) + 1 + (iter % 3 == 0 ? 0 : 1), group, iter % 4 == 1);
+      std::vector<uint8_t> codes;
+      std::vector<float> group_scales;
+      pr.pack(kt->packed_fp4_pairs, codes, group_scales);
+      const int64_t n0 = (rng() % uint32_t(pr.n)) / kPanelCols * kPanelCols, ldy = pr.n - n0 + 3;
+      const auto y = packed_fp4_call(*kt, pr.x.data(), pr.xs.data(), pr.m, pr.k, codes.data(), group_scales.data(), group, n0, pr.n, ldy);
+      pr.check(y, n0, ldy, kt->isa);
     }
   }
   // k = 0: no products, zeros (not the kernels' unset totals)
@@ -694,6 +727,40 @@ TEST(CpuKernels, AmxFp8KernelMatchesLoop) {
     }
   }
   if (hw) std::printf("AMX FP8: tile unit and tile model identical in %lld of %lld outputs\n", (long long)identical, (long long)compared);
+}
+
+// The AMX FP4 kernel likewise: groups of 2, 16, 32 and 128 channels, odd and even k, rows in one, two
+// and odd numbers of 16-row blocks; panels holding a scale of 2^-127 or NaN (beyond the tile path's
+// exponent range) go to the vdpbf16ps kernel, the rest of the call stays on the tiles; rows that do not
+// depend on the batch.
+TEST(CpuKernels, AmxFp4KernelMatchesLoop) {
+  __builtin_cpu_init();
+  if (!__builtin_cpu_supports("avx512bf16") || !__builtin_cpu_supports("avx512bw") || !__builtin_cpu_supports("avx512vl"))
+    GTEST_SKIP() << "the AMX FP4 kernel's conversions need AVX512_BF16";
+  const bool hw = __builtin_cpu_supports("amx-bf16") && amx_available();
+  auto model = [](const PackedFp4MatmulArgs& a) { packed_matmul_fp4_amx(a, true); };
+  auto tiles = [](const PackedFp4MatmulArgs& a) { packed_matmul_fp4_amx(a, false); };
+  std::mt19937 rng(1209);
+  for (int iter = 0; iter < 16; ++iter) {
+    const int group = std::array{2, 16, 32, 128}[size_t(iter % 4)];
+    const int64_t m = iter < 3 ? 1 + iter * 15 : 1 + rng() % 50;  // 1, 16, 31 rows, then any up to 50
+    const Fp4Problem pr(rng, m, 1 + rng() % 100, 2 * (rng() % 200) + 1 + (iter % 3 == 0 ? 0 : 1), group, iter % 5 == 4);
+    std::vector<uint8_t> codes;
+    std::vector<float> group_scales;
+    pr.pack(true, codes, group_scales);
+    const int64_t n0 = (rng() % uint32_t(pr.n)) / kPanelCols * kPanelCols, ldy = pr.n - n0 + 3;
+    auto call = [&](const auto& kernel, int64_t i0, int64_t rows, int64_t c0, int64_t ld) {
+      return packed_fp4_call(kernel, pr.x.data() + i0 * pr.k, pr.xs.data() + i0 * pr.blocks, rows, pr.k, codes.data(), group_scales.data(),
+                             group, c0, pr.n, ld);
+    };
+    pr.check(call(model, 0, m, n0, ldy), n0, ldy, "amx tile model");
+    const auto all = call(model, 0, m, 0, pr.n), one = call(model, m - 1, 1, 0, pr.n);
+    EXPECT_EQ(std::memcmp(one.data(), all.data() + (m - 1) * pr.n, size_t(pr.n) * sizeof(float)), 0) << "tile model, row " << m - 1;
+    if (!hw) continue;
+    pr.check(call(tiles, 0, m, n0, ldy), n0, ldy, "amx tiles");
+    const auto all_t = call(tiles, 0, m, 0, pr.n), one_t = call(tiles, m - 1, 1, 0, pr.n);
+    EXPECT_EQ(std::memcmp(one_t.data(), all_t.data() + (m - 1) * pr.n, size_t(pr.n) * sizeof(float)), 0) << "tiles, row " << m - 1;
+  }
 }
 #endif
 

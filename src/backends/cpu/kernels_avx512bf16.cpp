@@ -693,74 +693,76 @@ struct AmxTileModel {
   }
 };
 
-template <class Tiles>
-void amx_fp8_matmul(const PackedFp8MatmulArgs& a) {
-  if (a.m <= 0 || a.n1 <= a.n0) return;
-  const int64_t m = a.m, k = a.k;
+// The driver of the AMX pair kernels (FP8 and FP4): per panel of columns [n0, n1) and 128-k block,
+// convert(p, kb, j0, j1, wb, prefetch) writes the block's pairs [j0, j1) of panel p as bf16 B-tile
+// rows into wb (asking L2 for the `prefetch` lines one per pair), fold_scales(p, kb, s0, s1) gives
+// the columns' factors of the block's fold (beside x's scale). Panels for which on_tiles(p) is false
+// are left to elsewhere(column, end column).
+template <class Tiles, class Convert, class FoldScales, class OnTiles, class Elsewhere>
+void amx_pairs_matmul(const float* x, int64_t ldx, const float* xs, int64_t m, int64_t k, int64_t n0, int64_t n1, float* y, int64_t ldy,
+                      const uint8_t* panels, int64_t pair_bytes, Convert convert, FoldScales fold_scales, OnTiles on_tiles,
+                      Elsewhere elsewhere) {
+  if (m <= 0 || n1 <= n0) return;
   if (k == 0) {  // no products: zeros
-    for (int64_t i = 0; i < m; ++i) std::fill(a.y + i * a.ldy, a.y + i * a.ldy + (a.n1 - a.n0), 0.0f);
+    for (int64_t i = 0; i < m; ++i) std::fill(y + i * ldy, y + i * ldy + (n1 - n0), 0.0f);
     return;
   }
   Tiles::configure();
   const int64_t pairs = (k + 1) / 2, blocks = (k + 127) / 128, mblocks = (m + 15) / 16;
   // x's codes as bf16 pairs [mblocks · 16 rows][blocks · 64 pairs], zero past m and k (the A tiles
-  // read whole 16 × 32-k tiles; zero x against the zeroed buffer rows past the panel's end)
-  const int64_t xpairs_ld = blocks * 64;
+  // read whole 16 × 32-k tiles; zero x meets the zeroed B rows past the panel's end)
+  const int64_t xpairs_ld = blocks * 64, xstride = xpairs_ld * 4;  // A row stride in bytes
   thread_local std::vector<uint32_t> xbuf;
   xbuf.assign(size_t(mblocks * 16 * xpairs_ld), 0u);
-  for (int64_t i = 0; i < m; ++i) Avx512::store_as_bf16(a.x + i * a.ldx, reinterpret_cast<uint16_t*>(xbuf.data() + i * xpairs_ld), k);
+  for (int64_t i = 0; i < m; ++i) Avx512::store_as_bf16(x + i * ldx, reinterpret_cast<uint16_t*>(xbuf.data() + i * xpairs_ld), k);
   // the rows' totals over one panel [mblocks · 16][32] and one block's C tiles
   thread_local std::vector<float> totals;
   totals.resize(size_t(mblocks * 16 * kPanelCols));
   alignas(64) float ct[4][256];
   // one 128-k block of the panel as B tiles: [4 chunks][2 column halves][16 pairs][16 columns][2]
   alignas(64) uint16_t wb[4][2][512];
-  const int64_t panel_bytes = pairs * 64;
-  for (int64_t n = a.n0; n < a.n1; n += kPanelCols) {
+  const int64_t panel_bytes = pairs * pair_bytes;
+  for (int64_t n = n0; n < n1; n += kPanelCols) {
     const int64_t p = n / kPanelCols;
-    const int ncols = int(std::min<int64_t>(kPanelCols, a.n1 - n));
-    const uint8_t* panel = a.panels + p * panel_bytes;
-    const float* scales = a.block_scales + p * blocks * kPanelCols;
-    const uint8_t* kind = a.block_kind + p * blocks;
+    const int ncols = int(std::min<int64_t>(kPanelCols, n1 - n));
+    if (!on_tiles(p)) {
+      elsewhere(n, n + ncols);
+      continue;
+    }
+    const uint8_t* panel = panels + p * panel_bytes;
     for (int64_t kb = 0; kb < blocks; ++kb) {
       const int64_t j0 = kb * 64, j1 = std::min(pairs, j0 + 64), chunks = (j1 - j0 + 15) / 16;
-      // the lines the stream reads next (this panel's next block, or the next panel's first one)
-      // asked of L2 one per pair step while this block converts and multiplies
-      const uint8_t* next = kb + 1 < blocks ? panel + j1 * 64 : n + kPanelCols < a.n1 ? panel + panel_bytes : nullptr;
-      const int64_t next_lines = next ? std::min<int64_t>(64, kb + 1 < blocks ? pairs - j1 : pairs) : 0;
-      auto convert = [&](auto pair_to_bf16) {
-        const uint8_t* pp = panel + j0 * 64;
-        for (int64_t j = j0; j < j1; ++j, pp += 64) {
-          if (j - j0 < next_lines) impl::prefetch_line_l2(next + (j - j0) * 64);
-          const int64_t c = (j - j0) / 16, r = (j - j0) % 16;
-          _mm512_store_si512(wb[c][0] + r * 32, pair_to_bf16(pp));
-          _mm512_store_si512(wb[c][1] + r * 32, pair_to_bf16(pp + 32));
-        }
-      };
-      if (kind[kb] == kFp8BlockNormal)
-        convert([](const uint8_t* q) { return e4m3_pairs_normal(q); });
-      else if (kind[kb] == kFp8BlockSmall)
-        convert([](const uint8_t* q) { return e4m3_pairs_small(q); });
-      else
-        convert([](const uint8_t* q) { return e4m3_pairs_any(q); });
+      // the lines the stream reads next (this panel's next block, or the next panel's first one),
+      // asked of L2 one per pair step while this block converts
+      PairPrefetch next;
+      if (kb + 1 < blocks)
+        next = {reinterpret_cast<const char*>(panel + j1 * pair_bytes), (std::min(pairs, j1 + 64) - j1) * pair_bytes / 64, 64};
+      else if (n + kPanelCols < n1)
+        next = {reinterpret_cast<const char*>(panel + panel_bytes), std::min<int64_t>(64, pairs) * pair_bytes / 64, 64};
+      if (next.lines > 0) {  // PairPrefetch::step takes the pair index j
+        next.at -= 64 * j0;
+        next.lines += j0;
+      }
+      convert(p, kb, j0, j1, wb, next);
       const int64_t tail = (j1 - j0) % 16;  // pair rows of the last chunk past the panel's end: zero
       if (tail)
         for (int h = 0; h < 2; ++h) std::memset(wb[chunks - 1][h] + tail * 32, 0, size_t(16 - tail) * 64);
-      const __m512 s0 = _mm512_loadu_ps(scales + kb * kPanelCols), s1 = _mm512_loadu_ps(scales + kb * kPanelCols + 16);
-      // the rows of 16-row block mb: totals (+)= C · 2^8 · x scale · weight scales
+      __m512 s0, s1;
+      fold_scales(p, kb, s0, s1);
+      // the rows of 16-row block mb: totals (+)= C · x scale · the columns' factors
       const auto fold = [&](int64_t mb, const float* c0, const float* c1) {
         const int64_t rows = std::min<int64_t>(16, m - mb * 16);
         for (int64_t r = 0; r < rows; ++r) {
           const int64_t i = mb * 16 + r;
           float* t = totals.data() + i * kPanelCols;
-          const __m512 xs = _mm512_set1_ps(a.xs[i * blocks + kb] * 256.0f);  // × 2^8: exact
+          const __m512 xsv = _mm512_set1_ps(xs[i * blocks + kb]);
           const __m512 t0 = kb == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(t);
           const __m512 t1 = kb == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(t + 16);
-          _mm512_storeu_ps(t, _mm512_fmadd_ps(_mm512_load_ps(c0 + r * 16), _mm512_mul_ps(s0, xs), t0));
-          _mm512_storeu_ps(t + 16, _mm512_fmadd_ps(_mm512_load_ps(c1 + r * 16), _mm512_mul_ps(s1, xs), t1));
+          _mm512_storeu_ps(t, _mm512_fmadd_ps(_mm512_load_ps(c0 + r * 16), _mm512_mul_ps(s0, xsv), t0));
+          _mm512_storeu_ps(t + 16, _mm512_fmadd_ps(_mm512_load_ps(c1 + r * 16), _mm512_mul_ps(s1, xsv), t1));
         }
       };
-      const int64_t xstride = xpairs_ld * 4;  // bytes per A row
+      // pairs of 16-row blocks: each B tile loaded serves two A tiles (four accumulators)
       for (int64_t mb = 0; mb < mblocks; mb += 2) {
         const bool two = mb + 1 < mblocks;
         Tiles::template zero<0>();
@@ -791,16 +793,134 @@ void amx_fp8_matmul(const PackedFp8MatmulArgs& a) {
         }
       }
     }
-    for (int64_t i = 0; i < m; ++i)
-      std::memcpy(a.y + i * a.ldy + (n - a.n0), totals.data() + i * kPanelCols, size_t(ncols) * sizeof(float));
+    for (int64_t i = 0; i < m; ++i) std::memcpy(y + i * ldy + (n - n0), totals.data() + i * kPanelCols, size_t(ncols) * sizeof(float));
   }
 }
 
-// MOEX_CPU_AMX_FP8=1: the avx512_amx table runs FP8 experts on the tiles (amx_fp8_matmul); default
-// 0, the vdpbf16ps kernel, until the tile kernel is measured on an AMX machine (docs/PERF.md).
-bool amx_fp8_enabled() {
+// FP8: the codes × 2^-8 (e4m3_pairs_*, by the block's kind), folded with 2^8 × the block's column
+// scales. Every panel on the tiles.
+template <class Tiles>
+void amx_fp8_matmul(const PackedFp8MatmulArgs& a) {
+  const int64_t blocks = (a.k + 127) / 128;
+  auto convert = [&](int64_t p, int64_t kb, int64_t j0, int64_t j1, uint16_t (&wb)[4][2][512], const PairPrefetch& pf) {
+    const uint8_t* panel = a.panels + p * ((a.k + 1) / 2) * 64;
+    auto rows = [&](auto pair_to_bf16) {
+      const uint8_t* pp = panel + j0 * 64;
+      for (int64_t j = j0; j < j1; ++j, pp += 64) {
+        pf.step(j);
+        const int64_t c = (j - j0) / 16, r = (j - j0) % 16;
+        _mm512_store_si512(wb[c][0] + r * 32, pair_to_bf16(pp));
+        _mm512_store_si512(wb[c][1] + r * 32, pair_to_bf16(pp + 32));
+      }
+    };
+    const uint8_t kind = a.block_kind[p * blocks + kb];
+    if (kind == kFp8BlockNormal)
+      rows([](const uint8_t* q) { return e4m3_pairs_normal(q); });
+    else if (kind == kFp8BlockSmall)
+      rows([](const uint8_t* q) { return e4m3_pairs_small(q); });
+    else
+      rows([](const uint8_t* q) { return e4m3_pairs_any(q); });
+  };
+  auto fold_scales = [&](int64_t p, int64_t kb, __m512& s0, __m512& s1) {
+    const float* sc = a.block_scales + (p * blocks + kb) * kPanelCols;
+    const __m512 two8 = _mm512_set1_ps(256.0f);  // × 2^8: exact
+    s0 = _mm512_mul_ps(_mm512_loadu_ps(sc), two8);
+    s1 = _mm512_mul_ps(_mm512_loadu_ps(sc + 16), two8);
+  };
+  amx_pairs_matmul<Tiles>(a.x, a.ldx, a.xs, a.m, a.k, a.n0, a.n1, a.y, a.ldy, a.panels, 64, convert, fold_scales,
+                          [](int64_t) { return true; }, [](int64_t, int64_t) {});
+}
+
+// FP4: the group scales (powers of two) go into the weights, exactly — each e2m1 value (two
+// significant bits) times 2^e is a bf16 value: the e2m1 value's bf16 from the vpermw table with e
+// added to its exponent field (zero codes left zero) — so that a whole 128-k block sums on the tiles
+// and folds with x's scale alone. A panel takes this path when every group scale of it is 2^e with
+// |e| ≤ kAmxFp4MaxExp (or 0, the padding columns): the weights are then normal bf16 values and the
+// products and 128-term sums of them with e4m3 codes stay far from f32's flush-to-zero and overflow.
+// Other panels (scales of 2^-100 and below, or 2^100 and above, or not powers of two) run on the
+// vdpbf16ps kernel, which scales each group's sums; the choice is per panel, whatever m or the column
+// range. FP4 checkpoints' scales sit near 2^0 (MXFP4).
+constexpr int kAmxFp4MaxExp = 100;
+
+// The 32 exponent steps of one group's column scales as bf16 exponent-field increments, for the
+// two halves of a pair row (columns 0..15 and 16..31, each column's twice: its k pair). False where a
+// scale is out of range.
+inline bool fp4_scale_steps(const float* scales, __m512i& d0, __m512i& d1) {
+  const __m512i bits0 = _mm512_castps_si512(_mm512_loadu_ps(scales)), bits1 = _mm512_castps_si512(_mm512_loadu_ps(scales + 16));
+  const __m512i mant_mask = _mm512_set1_epi32(0x807fffff);  // sign and mantissa: zero for +2^e
+  const __m512i e0 = _mm512_sub_epi32(_mm512_srli_epi32(bits0, 23), _mm512_set1_epi32(127));
+  const __m512i e1 = _mm512_sub_epi32(_mm512_srli_epi32(bits1, 23), _mm512_set1_epi32(127));
+  const __mmask16 pad0 = _mm512_testn_epi32_mask(bits0, bits0), pad1 = _mm512_testn_epi32_mask(bits1, bits1);
+  const __m512i lim = _mm512_set1_epi32(kAmxFp4MaxExp);
+  const __mmask16 ok0 = _mm512_testn_epi32_mask(bits0, mant_mask) & _mm512_cmple_epi32_mask(_mm512_abs_epi32(e0), lim);
+  const __mmask16 ok1 = _mm512_testn_epi32_mask(bits1, mant_mask) & _mm512_cmple_epi32_mask(_mm512_abs_epi32(e1), lim);
+  if (__mmask16(ok0 | pad0) != 0xffff || __mmask16(ok1 | pad1) != 0xffff) return false;
+  // per column lane: e << 7 in both 16-bit halves (the pair's two k); padding columns: 0
+  const __m512i s0 = _mm512_maskz_slli_epi32(__mmask16(~pad0), e0, 7), s1 = _mm512_maskz_slli_epi32(__mmask16(~pad1), e1, 7);
+  d0 = _mm512_or_si512(_mm512_and_si512(s0, _mm512_set1_epi32(0xffff)), _mm512_slli_epi32(s0, 16));
+  d1 = _mm512_or_si512(_mm512_and_si512(s1, _mm512_set1_epi32(0xffff)), _mm512_slli_epi32(s1, 16));
+  return true;
+}
+
+template <class Tiles>
+void amx_fp4_matmul(const PackedFp4MatmulArgs& a) {
+  const int64_t pairs = (a.k + 1) / 2, groups = (a.k + a.group - 1) / a.group, npanels = (a.n1 + kPanelCols - 1) / kPanelCols;
+  // which panels of this call run on the tiles (their scales all in range)
+  thread_local std::vector<uint8_t> tiles_ok;
+  tiles_ok.assign(size_t(npanels), 0);
+  for (int64_t p = a.n0 / kPanelCols; p < npanels; ++p) {
+    bool ok = true;
+    for (int64_t g = 0; g < groups && ok; ++g) {
+      __m512i d0, d1;
+      ok = fp4_scale_steps(a.group_scales + (p * groups + g) * kPanelCols, d0, d1);
+    }
+    tiles_ok[size_t(p)] = ok;
+  }
+  // bf16 of the e2m1 values 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives (codes 8..15), twice (see
+  // PackedFp4Block)
+  const __m512i table = _mm512_set_epi16(
+      int16_t(0xC0C0), int16_t(0xC080), int16_t(0xC040), int16_t(0xC000), int16_t(0xBFC0), int16_t(0xBF80), int16_t(0xBF00),
+      int16_t(0x8000), 0x40C0, 0x4080, 0x4040, 0x4000, 0x3FC0, 0x3F80, 0x3F00, 0, int16_t(0xC0C0), int16_t(0xC080), int16_t(0xC040),
+      int16_t(0xC000), int16_t(0xBFC0), int16_t(0xBF80), int16_t(0xBF00), int16_t(0x8000), 0x40C0, 0x4080, 0x4040, 0x4000, 0x3FC0,
+      0x3F80, 0x3F00, 0);
+  const __m512i magnitude = _mm512_set1_epi16(0x7fff);
+  auto convert = [&](int64_t p, int64_t kb, int64_t j0, int64_t j1, uint16_t (&wb)[4][2][512], const PairPrefetch& pf) {
+    const uint8_t* pp = a.panels + p * pairs * 32 + j0 * 32;
+    int64_t g_now = -1;
+    __m512i d0 = _mm512_setzero_si512(), d1 = _mm512_setzero_si512();
+    for (int64_t j = j0; j < j1; ++j, pp += 32) {
+      pf.step(j);
+      const int64_t g = 2 * j / a.group;  // groups are even: a pair lies in one group
+      if (g != g_now) {
+        fp4_scale_steps(a.group_scales + (p * groups + g) * kPanelCols, d0, d1);  // checked in range above
+        g_now = g;
+      }
+      const __m512i codes = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(pp)));
+      const __m512i w0 = _mm512_permutexvar_epi16(codes, table);
+      const __m512i w1 = _mm512_permutexvar_epi16(_mm512_srli_epi16(codes, 4), table);
+      const int64_t c = (j - j0) / 16, r = (j - j0) % 16;
+      _mm512_store_si512(wb[c][0] + r * 32, _mm512_mask_add_epi16(w0, _mm512_test_epi16_mask(w0, magnitude), w0, d0));
+      _mm512_store_si512(wb[c][1] + r * 32, _mm512_mask_add_epi16(w1, _mm512_test_epi16_mask(w1, magnitude), w1, d1));
+    }
+  };
+  auto fold_scales = [](int64_t, int64_t, __m512& s0, __m512& s1) { s0 = s1 = _mm512_set1_ps(1.0f); };
+  auto on_tiles = [&](int64_t p) { return tiles_ok[size_t(p)] != 0; };
+  auto elsewhere = [&](int64_t c0, int64_t c1) {
+    PackedFp4MatmulArgs b = a;
+    b.y = a.y + (c0 - a.n0);
+    b.n0 = c0;
+    b.n1 = c1;
+    packed_matmul_fp4_bf16_impl(b);
+  };
+  amx_pairs_matmul<Tiles>(a.x, a.ldx, a.xs, a.m, a.k, a.n0, a.n1, a.y, a.ldy, a.panels, 32, convert, fold_scales, on_tiles, elsewhere);
+}
+
+// MOEX_CPU_AMX_QUANT=1: the avx512_amx table runs FP8 and FP4 experts on the tiles (amx_fp8_matmul,
+// amx_fp4_matmul); default 0, the vdpbf16ps kernels, until the tile kernels are measured on an AMX
+// machine (docs/PERF.md).
+bool amx_quant_enabled() {
   static const bool on = [] {
-    const char* e = std::getenv("MOEX_CPU_AMX_FP8");
+    const char* e = std::getenv("MOEX_CPU_AMX_QUANT");
     return e && std::strcmp(e, "1") == 0;
   }();
   return on;
@@ -815,10 +935,16 @@ struct Amx : Avx512Bf16 {
       Avx512Bf16::matmul_nt_bf16_dot(a);
   }
   static void packed_matmul_fp8_pairs(const PackedFp8MatmulArgs& a) {
-    if (amx_fp8_enabled())
+    if (amx_quant_enabled())
       amx_fp8_matmul<AmxTileUnit>(a);
     else
       packed_matmul_fp8_bf16_impl(a);
+  }
+  static void packed_matmul_fp4(const PackedFp4MatmulArgs& a) {
+    if (amx_quant_enabled())
+      amx_fp4_matmul<AmxTileUnit>(a);
+    else
+      packed_matmul_fp4_bf16_impl(a);
   }
 };
 
@@ -840,6 +966,12 @@ void packed_matmul_fp8_amx(const PackedFp8MatmulArgs& a, bool tile_model) {
     amx_fp8_matmul<AmxTileModel>(a);
   else
     amx_fp8_matmul<AmxTileUnit>(a);
+}
+void packed_matmul_fp4_amx(const PackedFp4MatmulArgs& a, bool tile_model) {
+  if (tile_model)
+    amx_fp4_matmul<AmxTileModel>(a);
+  else
+    amx_fp4_matmul<AmxTileUnit>(a);
 }
 
 const KernelTable& avx512_amx_kernels() {
