@@ -202,6 +202,22 @@ TEST(CpuKernels, E4m3ToF32AllCodes) {
 // block_n × 128 block as f32 (wsf) and, when ue8m0, as UE8M0 bytes (wsu) of the same values.
 namespace {
 
+// Runs check(i, j, got) on each output of y [m, ldy] (column 0 = output n0) below column n, and
+// asserts that the columns past n kept the -777 poison; stops at the first fatal failure.
+template <class Check>
+void check_outputs(const std::vector<float>& y, int64_t m, int64_t n, int64_t n0, int64_t ldy, const char* isa, Check check) {
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t jc = 0; jc < ldy; ++jc) {
+      const float got = y[size_t(i * ldy + jc)];
+      const int64_t j = n0 + jc;
+      if (j >= n)
+        ASSERT_EQ(got, -777.0f) << isa << ": column past n1 was written";
+      else
+        check(i, j, got);
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+}
+
 struct Fp8Problem {
   int64_t m, n, k, block_n, blocks;
   bool ue8m0;
@@ -252,32 +268,25 @@ struct Fp8Problem {
 
   // Checks y [m, ldy] (column 0 = output n0) against the f64 reference; nothing written past n.
   void check(const std::vector<float>& y, int64_t n0, int64_t ldy, const char* isa) const {
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t jc = 0; jc < ldy; ++jc) {
-        const float got = y[size_t(i * ldy + jc)];
-        const int64_t j = n0 + jc;
-        if (j >= n) {
-          ASSERT_EQ(got, -777.0f) << isa << ": column past n1 was written";
-          continue;
-        }
-        if (nan_row[size_t(j)]) {
-          ASSERT_TRUE(std::isnan(got)) << isa << " row " << j << " holds a NaN code";
-          continue;
-        }
-        double ref = 0, mag = 0;
-        for (int64_t kb = 0; kb < blocks; ++kb) {
-          double part = 0, part_mag = 0;
-          for (int64_t c = kb * 128; c < std::min(k, kb * 128 + 128); ++c) {
-            const double p = double(x[size_t(i * k + c)]) * e4m3_to_float(w[size_t(j * k + c)]);
-            part += p;
-            part_mag += std::fabs(p);
-          }
-          const double scale = double(xs[size_t(i * blocks + kb)]) * wsf[size_t((j / block_n) * blocks + kb)];
-          ref += part * scale;
-          mag += part_mag * scale;
-        }
-        ASSERT_NEAR(got, ref, 1e-5 * (1e-30 + mag)) << isa << " m" << m << " n" << n << " k" << k << " [" << i << ", " << j << "]";
+    check_outputs(y, m, n, n0, ldy, isa, [&](int64_t i, int64_t j, float got) {
+      if (nan_row[size_t(j)]) {
+        ASSERT_TRUE(std::isnan(got)) << isa << " row " << j << " holds a NaN code";
+        return;
       }
+      double ref = 0, mag = 0;
+      for (int64_t kb = 0; kb < blocks; ++kb) {
+        double part = 0, part_mag = 0;
+        for (int64_t c = kb * 128; c < std::min(k, kb * 128 + 128); ++c) {
+          const double p = double(x[size_t(i * k + c)]) * e4m3_to_float(w[size_t(j * k + c)]);
+          part += p;
+          part_mag += std::fabs(p);
+        }
+        const double scale = double(xs[size_t(i * blocks + kb)]) * wsf[size_t((j / block_n) * blocks + kb)];
+        ref += part * scale;
+        mag += part_mag * scale;
+      }
+      ASSERT_NEAR(got, ref, 1e-5 * (1e-30 + mag)) << isa << " m" << m << " n" << n << " k" << k << " [" << i << ", " << j << "]";
+    });
   }
 };
 
@@ -543,22 +552,15 @@ struct Fp4Problem {
   }
   // y [m, ldy] (column 0 = output n0) against the f64 loop; nothing written past n.
   void check(const std::vector<float>& y, int64_t n0, int64_t ldy, const char* isa) const {
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t jc = 0; jc < ldy; ++jc) {
-        const float got = y[size_t(i * ldy + jc)];
-        const int64_t j = n0 + jc;
-        if (j >= n) {
-          ASSERT_EQ(got, -777.0f) << isa << ": column past n1 was written";
-          continue;
-        }
-        const auto [ref, mag] = fp4_reference(x, deq, xs, i, j, k);
-        if (std::isnan(ref)) {
-          ASSERT_TRUE(std::isnan(got)) << isa << " row " << j << " has a NaN scale";
-          continue;
-        }
-        ASSERT_NEAR(got, ref, 1e-5 * (1e-30 + mag)) << isa << " group " << group << " m" << m << " n" << n << " k" << k << " [" << i
-                                                    << ", " << j << "]";
+    check_outputs(y, m, n, n0, ldy, isa, [&](int64_t i, int64_t j, float got) {
+      const auto [ref, mag] = fp4_reference(x, deq, xs, i, j, k);
+      if (std::isnan(ref)) {
+        ASSERT_TRUE(std::isnan(got)) << isa << " row " << j << " has a NaN scale";
+        return;
       }
+      ASSERT_NEAR(got, ref, 1e-5 * (1e-30 + mag)) << isa << " group " << group << " m" << m << " n" << n << " k" << k << " [" << i << ", "
+                                                  << j << "]";
+    });
   }
 };
 
