@@ -37,6 +37,26 @@ std::vector<const KernelTable*> tables() {
   return t;
 }
 
+// MatmulArgs of y[:, n0:n1] = x · wᵀ for bf16 rows x [m, k] (row stride ldx) and nt bf16 weights w [n, k].
+MatmulArgs bf16_nt_args(const uint16_t* x, int64_t ldx, int64_t m, int64_t k, const uint16_t* w, float* y, int64_t ldy, int64_t n0,
+                        int64_t n1) {
+  MatmulArgs a;
+  a.x = x;
+  a.xdtype = DType::bf16;
+  a.ldx = ldx;
+  a.m = m;
+  a.k = k;
+  a.w = w;
+  a.wdtype = DType::bf16;
+  a.layout = WeightLayout::nt;
+  a.ldw = k;
+  a.y = y;
+  a.ldy = ldy;
+  a.n0 = n0;
+  a.n1 = n1;
+  return a;
+}
+
 }  // namespace
 
 TEST(CpuKernels, MatmulAllIsasLayoutsDtypes) {
@@ -104,21 +124,7 @@ TEST(CpuKernels, Bf16DotMatchesWidenedProducts) {
       for (auto& v : xb) v = float_to_bf16(nd(rng));
       for (auto& v : wb) v = float_to_bf16(nd(rng));
       std::vector<float> y(static_cast<size_t>(m * n), -777.0f);
-      MatmulArgs a;
-      a.x = xb.data();
-      a.xdtype = DType::bf16;
-      a.ldx = k;
-      a.m = m;
-      a.k = k;
-      a.w = wb.data();
-      a.wdtype = DType::bf16;
-      a.layout = WeightLayout::nt;
-      a.ldw = k;
-      a.y = y.data();
-      a.ldy = n;
-      a.n0 = 0;
-      a.n1 = n;
-      kt->matmul(a);
+      kt->matmul(bf16_nt_args(xb.data(), k, m, k, wb.data(), y.data(), n, 0, n));
       for (int64_t i = 0; i < m; ++i)
         for (int64_t c = 0; c < n; ++c) {
           double ref = 0, mag = 0;
@@ -152,20 +158,7 @@ TEST(CpuKernels, PrepackedVnniRowsGiveTheSameProducts) {
       // rows 16·j.. of the packed block: the rows of x from 16·j
       const int64_t r0 = m > 16 ? 16 * int64_t(rng() % uint64_t((m - 1) / 16 + 1)) : 0;
       std::vector<float> y0(static_cast<size_t>(m * n), -777.0f), y1 = y0;
-      MatmulArgs a;
-      a.x = xb.data() + r0 * ldx;
-      a.xdtype = DType::bf16;
-      a.ldx = ldx;
-      a.m = m - r0;
-      a.k = k;
-      a.w = wb.data();
-      a.wdtype = DType::bf16;
-      a.layout = WeightLayout::nt;
-      a.ldw = k;
-      a.ldy = n;
-      a.n0 = 0;
-      a.n1 = n;
-      a.y = y0.data();
+      MatmulArgs a = bf16_nt_args(xb.data() + r0 * ldx, ldx, m - r0, k, wb.data(), y0.data(), n, 0, n);
       kt->matmul(a);
       a.y = y1.data();
       a.x_vnni = xv.data() + vnni_elems(r0, k);
@@ -686,6 +679,53 @@ TEST(CpuKernels, PackedFp8F32KernelsAgreeBitForBit) {
 }
 
 #if defined(MOEX_X86)
+// The AMX bf16 nt kernel (weights loaded in place as A tiles, activations in VNNI B tiles) against the
+// f64 loop of the widened values, on its scalar tile model wherever the CPU has AVX512_BF16 and on the
+// tile unit where it has AMX: m in one, two and odd numbers of 16-row blocks, n with partial 32-row
+// weight blocks and a later first column, k off every multiple of 32 (the zero-padded weight tiles),
+// rows given prepacked (x_vnni) or packed by the kernel, with the same bits either way.
+TEST(CpuKernels, AmxBf16KernelMatchesLoop) {
+  __builtin_cpu_init();
+  if (!__builtin_cpu_supports("avx512bf16") || !__builtin_cpu_supports("avx512bw") || !__builtin_cpu_supports("avx512vl"))
+    GTEST_SKIP() << "the AMX kernel's row gather needs AVX-512";
+  const bool hw = __builtin_cpu_supports("amx-bf16") && amx_available();
+  std::mt19937 rng(1211);
+  std::normal_distribution<float> nd;
+  for (int iter = 0; iter < 14; ++iter) {
+    const int64_t m = iter < 3 ? 8 + iter * 16 : 8 + rng() % 50, n = 1 + rng() % 90, k = 1 + rng() % 300;
+    std::vector<uint16_t> xb(size_t(m * k)), wb(size_t(n * k));
+    for (auto& v : xb) v = float_to_bf16(nd(rng));
+    for (auto& v : wb) v = float_to_bf16(nd(rng));
+    std::vector<uint16_t> xv(size_t(vnni_elems(m, k)));
+    pack_x_vnni(xb.data(), k, m, k, xv.data());
+    const int64_t n0 = int64_t(rng() % uint32_t(n)), ldy = n + 1;
+    for (const bool model : {true, false}) {
+      if (!model && !hw) continue;
+      std::vector<float> y(size_t(m * ldy), -777.0f), y_pre = y;
+      MatmulArgs a = bf16_nt_args(xb.data(), k, m, k, wb.data(), y.data(), ldy, n0, n);
+      matmul_bf16_amx(a, model);
+      a.y = y_pre.data();
+      a.x_vnni = xv.data();
+      matmul_bf16_amx(a, model);
+      const char* what = model ? "amx tile model" : "amx tiles";
+      ASSERT_EQ(std::memcmp(y.data(), y_pre.data(), y.size() * sizeof(float)), 0) << what << ": prepacked rows differ";
+      check_outputs(y, m, n, 0, ldy, what, [&](int64_t i, int64_t c, float got) {
+        if (c < n0) {
+          ASSERT_EQ(got, -777.0f) << what << ": column before n0 was written";
+          return;
+        }
+        double ref = 0, mag = 0;
+        for (int64_t kk = 0; kk < k; ++kk) {
+          const double p = double(bf16_to_float(xb[size_t(i * k + kk)])) * bf16_to_float(wb[size_t(c * k + kk)]);
+          ref += p;
+          mag += std::fabs(p);
+        }
+        ASSERT_NEAR(got, ref, 1e-5 * (1 + mag)) << what << " m" << m << " n" << n << " k" << k << " [" << i << ", " << c << "]";
+      });
+    }
+  }
+}
+
 // The AMX FP8 kernel (k-pair panels on the tile unit) against the f64 loop, on its scalar tile model
 // wherever the CPU has AVX512_BF16 and on the tile unit where it has AMX: every kind of block, rows in
 // one, two and odd numbers of 16-row blocks, partial panels and k blocks, a column range starting on a

@@ -222,9 +222,11 @@ const KernelTable& avx512_bf16_kernels();
 const KernelTable& avx512_amx_kernels();
 // True when the CPU has AMX-BF16 and the OS granted this process the tile state.
 bool amx_available();
-// The AMX FP8 / FP4 kernels (k-pair panels; the avx512_amx table's under MOEX_CPU_AMX_QUANT=1): on
-// the tile unit (needs amx_available()), or with tile_model on a scalar model of the tile operations
-// that any AVX512_BF16 CPU runs (the tests check the kernels' logic with it).
+// The AMX kernels — the bf16 nt matmul (the avx512_amx table's for >= kAmxMinRows rows) and the FP8 /
+// FP4 ones (k-pair panels; the table's under MOEX_CPU_AMX_QUANT=1) — on the tile unit (needs
+// amx_available()), or with tile_model on a scalar model of the tile operations that any AVX512_BF16
+// CPU runs (the tests check the kernels' logic with it).
+void matmul_bf16_amx(const MatmulArgs& a, bool tile_model);
 void packed_matmul_fp8_amx(const PackedFp8MatmulArgs& a, bool tile_model);
 void packed_matmul_fp4_amx(const PackedFp4MatmulArgs& a, bool tile_model);
 #endif

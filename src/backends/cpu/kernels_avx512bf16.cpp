@@ -477,13 +477,9 @@ struct Avx512Bf16 : Avx512 {
 };
 
 // ---- AMX ------------------------------------------------------------------------------------
-// C^T[n, m] = W[n, :] · X[m, :] on 16×16 f32 tiles: A = 16 weight rows × 32 k (loaded in place from
-// the nt weights), B = 16 activation rows packed in the VNNI layout [k/2][16 rows][2], so that the
-// weights, the large operand, are read as stored and only the small activations are repacked.
-// Each output is summed over k in chunk order by one accumulator tile whatever m (results do not
-// depend on how rows are blocked).
-
-constexpr int64_t kAmxPrefetch = 256;  // elements ahead along k (512 bytes: 8 chunks)
+// The kernels are written against a tile interface (Tiles: configure, zero, load, store, dot) so that
+// a scalar model of the tile operations (AmxTileModel) runs them on CPUs without AMX: the tests check
+// their logic everywhere, the hardware (AmxTileUnit) where there is AMX.
 
 struct alignas(64) TileConfig {
   uint8_t palette_id = 1;
@@ -504,110 +500,6 @@ void configure_tiles() {
   _tile_loadconfig(&cfg);
   configured = true;
 }
-
-void amx_matmul(const MatmulArgs& a) {
-  configure_tiles();
-  const int64_t m = a.m, k = a.k, chunks = (k + 31) / 32, mblocks = (m + 15) / 16;
-  const uint16_t* w = static_cast<const uint16_t*>(a.w);
-  // X in VNNI ([mblock][chunk][16 k-pairs][16 rows][2], pack_x_vnni): the caller's, or packed here
-  const uint16_t* xv = a.x_vnni;
-  if (!xv) {
-    thread_local std::vector<uint16_t> packed;
-    packed.resize(size_t(vnni_elems(m, k)));
-    pack_x_vnni(static_cast<const uint16_t*>(a.x), a.ldx, m, k, packed.data());
-    xv = packed.data();
-  }
-  // C^T tiles → rows of y: row r of y is column r of each tile, 16 floats 64 bytes apart, gathered
-  // into one vector per tile (a scalar loop with its index arithmetic took ~20 % of this kernel on
-  // small_moe at T = 256)
-  alignas(64) float ct[4][256];
-  const __m512i col = _mm512_set_epi32(240, 224, 208, 192, 176, 160, 144, 128, 112, 96, 80, 64, 48, 32, 16, 0);
-  const auto write_rows = [&](int64_t mb, int64_t n, int64_t nb, const float* lo, const float* hi) {
-    const int64_t rows = std::min<int64_t>(16, m - mb * 16);
-    const __mmask16 lo_mask = nb >= 16 ? __mmask16(0xffff) : __mmask16((1u << nb) - 1);
-    const __mmask16 hi_mask = nb <= 16 ? __mmask16(0) : nb >= 32 ? __mmask16(0xffff) : __mmask16((1u << (nb - 16)) - 1);
-    for (int64_t r = 0; r < rows; ++r) {
-      float* yr = a.y + (mb * 16 + r) * a.ldy + n;
-      const __m512i at = _mm512_add_epi32(col, _mm512_set1_epi32(int(r)));
-      _mm512_mask_storeu_ps(yr, lo_mask, _mm512_i32gather_ps(at, lo, 4));
-      if (hi_mask) _mm512_mask_storeu_ps(yr + 16, hi_mask, _mm512_i32gather_ps(at, hi, 4));
-    }
-  };
-  alignas(64) uint16_t wpad[2][512];
-  // Per block of 32 weight rows (two 16-row A tiles, tmm4 / tmm5) and pair of 16-row blocks of X
-  // (tmm6 / tmm7): four accumulators tmm0..3, so that each weight tile loaded serves two row blocks.
-  for (int64_t n = a.n0; n < a.n1; n += 32) {
-    const int64_t nb = std::min<int64_t>(32, a.n1 - n);
-    for (int64_t mb = 0; mb < mblocks; mb += 2) {
-      const bool two = mb + 1 < mblocks;
-      _tile_zero(0);
-      _tile_zero(1);
-      _tile_zero(2);
-      _tile_zero(3);
-      for (int64_t c = 0; c < chunks; ++c) {
-        const int64_t k0 = c * 32;
-        if (mb == 0) {  // weight rows are separate pages: fetch kAmxPrefetch ahead by hand, in this
-                        // block's rows, then in the next block's (short rows: k = 768 streamed at
-                        // 19 GB/s when each block started cold, 23 with this, docs/PERF.md)
-          const int64_t ahead = k0 + kAmxPrefetch;
-          if (ahead < k) {
-            for (int64_t rr = 0; rr < nb; ++rr) impl::prefetch_line(w + (n + rr) * a.ldw + ahead);
-          } else if (n + 32 < a.n1 && ahead - k < k) {
-            const int64_t nn = n + 32, nbn = std::min<int64_t>(32, a.n1 - nn);
-            for (int64_t rr = 0; rr < nbn; ++rr) impl::prefetch_line(w + (nn + rr) * a.ldw + (ahead - k));
-          }
-        }
-        if (nb == 32 && k0 + 32 <= k) {
-          _tile_loadd(4, w + n * a.ldw + k0, a.ldw * 2);
-          _tile_loadd(5, w + (n + 16) * a.ldw + k0, a.ldw * 2);
-        } else {  // partial block: copy into zero-padded 16×32 tiles (never read past a row)
-          std::memset(wpad, 0, sizeof(wpad));
-          const int64_t kn = std::min<int64_t>(32, k - k0);
-          for (int64_t rr = 0; rr < nb; ++rr)
-            std::memcpy(&wpad[rr / 16][(rr % 16) * 32], w + (n + rr) * a.ldw + k0, size_t(kn) * 2);
-          _tile_loadd(4, wpad[0], 64);
-          _tile_loadd(5, wpad[1], 64);
-        }
-        _tile_loadd(6, xv + (mb * chunks + c) * 512, 64);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 5, 6);
-        if (two) {
-          _tile_loadd(7, xv + ((mb + 1) * chunks + c) * 512, 64);
-          _tile_dpbf16ps(2, 4, 7);
-          _tile_dpbf16ps(3, 5, 7);
-        }
-      }
-      _tile_stored(0, ct[0], 64);
-      _tile_stored(1, ct[1], 64);
-      write_rows(mb, n, nb, ct[0], ct[1]);
-      if (two) {
-        _tile_stored(2, ct[2], 64);
-        _tile_stored(3, ct[3], 64);
-        write_rows(mb + 1, n, nb, ct[2], ct[3]);
-      }
-    }
-  }
-}
-
-// ---- AMX FP8 (PackedFp8MatmulArgs, k-pair panels) --------------------------------------------
-// The tile unit's view of the k-pair panels: one pair of a panel (64 bytes: 32 columns × 2 codes),
-// converted to bf16 × 2^-8 by e4m3_pairs_* (32 bytes → 16 columns × 2 k), is one row of a B tile in
-// the VNNI layout [16 pairs][16 columns][2] — columns 0..15 in one tile, 16..31 in another — so the 16
-// pairs of one 32-k chunk make two B tiles. A tiles: 16 rows of x's codes as bf16 (exact), C tiles
-// C[row][column] in f32. Per 128-k block the panel's 64 pairs are converted once into an L1 buffer
-// (8 KiB) that every 32-row block of x then multiplies (4 chunks × 4 TDPBF16PS), and the C tiles are
-// folded into the rows' totals with 2^8 × x's scale × the columns' weight scales, as in the
-// vdpbf16ps kernel: there every row block converts the panel again (MR ≤ 12 rows share it), here all
-// rows share one conversion and the products run on the tile unit.
-//
-// Each output is, per 128-k block, one f32 chain in k order (chunk by chunk, a pair's even k before
-// its odd one in the ISA's description) for every m: rows do not depend on the batch. The products
-// (codes × codes × 2^-8, exact in f32 and far above the tile unit's flush-to-zero) are those of the
-// vdpbf16ps kernel; the sums may round in another order.
-//
-// Written against a tile interface (Tiles) so that a scalar model of the four tile operations
-// (AmxTileModel) runs the same kernel on CPUs without AMX: the tests check its logic everywhere, the
-// hardware where there is AMX.
 
 // The hardware's tiles (configure_tiles: 8 tiles of 16 rows × 64 bytes). The intrinsics paste their
 // tile number into the instruction's text, so each number the kernel uses is spelt out.
@@ -637,14 +529,20 @@ struct AmxTileUnit {
     else if constexpr (T == 2) _tile_stored(2, p, stride);
     else _tile_stored(3, p, stride);
   }
+  // the products the kernels use: A in 4..5, B in 6..7, C = 2 · (A − 4) + (B − 6) (the pair kernels)
+  // or C = (A − 4) + 2 · (B − 6) (the bf16 kernel)
   template <int C, int A, int B>
   static void dot() {
-    // C tile c = 2 · (A − 4) + (B − 6): the kernel's four products
-    static_assert(A >= 4 && A < 6 && B >= 6 && B < 8 && C == 2 * (A - 4) + (B - 6), "the kernel's tile products");
-    if constexpr (C == 0) _tile_dpbf16ps(0, 4, 6);
-    else if constexpr (C == 1) _tile_dpbf16ps(1, 4, 7);
-    else if constexpr (C == 2) _tile_dpbf16ps(2, 5, 6);
-    else _tile_dpbf16ps(3, 5, 7);
+    static_assert(A >= 4 && A < 6 && B >= 6 && B < 8 && (C == 2 * (A - 4) + (B - 6) || C == (A - 4) + 2 * (B - 6)),
+                  "a tile product the kernels use");
+    constexpr int code = C * 100 + A * 10 + B;
+    if constexpr (code == 46) _tile_dpbf16ps(0, 4, 6);
+    else if constexpr (code == 147) _tile_dpbf16ps(1, 4, 7);
+    else if constexpr (code == 256) _tile_dpbf16ps(2, 5, 6);
+    else if constexpr (code == 357) _tile_dpbf16ps(3, 5, 7);
+    else if constexpr (code == 156) _tile_dpbf16ps(1, 5, 6);
+    else if constexpr (code == 247) _tile_dpbf16ps(2, 4, 7);
+    else static_assert(code == 46, "unreachable");
   }
 };
 
@@ -692,6 +590,116 @@ struct AmxTileModel {
       }
   }
 };
+
+// ---- AMX bf16: the nt matmul ----------------------------------------------------------------
+// C^T[n, m] = W[n, :] · X[m, :] on 16×16 f32 tiles: A = 16 weight rows × 32 k (loaded in place from
+// the nt weights), B = 16 activation rows packed in the VNNI layout [k/2][16 rows][2], so that the
+// weights, the large operand, are read as stored and only the small activations are repacked.
+// Each output is summed over k in chunk order by one accumulator tile whatever m (results do not
+// depend on how rows are blocked).
+
+constexpr int64_t kAmxPrefetch = 256;  // elements ahead along k (512 bytes: 8 chunks)
+
+template <class Tiles>
+void amx_matmul(const MatmulArgs& a) {
+  Tiles::configure();
+  const int64_t m = a.m, k = a.k, chunks = (k + 31) / 32, mblocks = (m + 15) / 16;
+  const uint16_t* w = static_cast<const uint16_t*>(a.w);
+  // X in VNNI ([mblock][chunk][16 k-pairs][16 rows][2], pack_x_vnni): the caller's, or packed here
+  const uint16_t* xv = a.x_vnni;
+  if (!xv) {
+    thread_local std::vector<uint16_t> packed;
+    packed.resize(size_t(vnni_elems(m, k)));
+    pack_x_vnni(static_cast<const uint16_t*>(a.x), a.ldx, m, k, packed.data());
+    xv = packed.data();
+  }
+  // C^T tiles → rows of y: row r of y is column r of each tile, 16 floats 64 bytes apart, gathered
+  // into one vector per tile (a scalar loop with its index arithmetic took ~20 % of this kernel on
+  // small_moe at T = 256)
+  alignas(64) float ct[4][256];
+  const __m512i col = _mm512_set_epi32(240, 224, 208, 192, 176, 160, 144, 128, 112, 96, 80, 64, 48, 32, 16, 0);
+  const auto write_rows = [&](int64_t mb, int64_t n, int64_t nb, const float* lo, const float* hi) {
+    const int64_t rows = std::min<int64_t>(16, m - mb * 16);
+    const __mmask16 lo_mask = nb >= 16 ? __mmask16(0xffff) : __mmask16((1u << nb) - 1);
+    const __mmask16 hi_mask = nb <= 16 ? __mmask16(0) : nb >= 32 ? __mmask16(0xffff) : __mmask16((1u << (nb - 16)) - 1);
+    for (int64_t r = 0; r < rows; ++r) {
+      float* yr = a.y + (mb * 16 + r) * a.ldy + n;
+      const __m512i at = _mm512_add_epi32(col, _mm512_set1_epi32(int(r)));
+      _mm512_mask_storeu_ps(yr, lo_mask, _mm512_i32gather_ps(at, lo, 4));
+      if (hi_mask) _mm512_mask_storeu_ps(yr + 16, hi_mask, _mm512_i32gather_ps(at, hi, 4));
+    }
+  };
+  alignas(64) uint16_t wpad[2][512];
+  // Per block of 32 weight rows (two 16-row A tiles, tmm4 / tmm5) and pair of 16-row blocks of X
+  // (tmm6 / tmm7): four accumulators tmm0..3, so that each weight tile loaded serves two row blocks.
+  for (int64_t n = a.n0; n < a.n1; n += 32) {
+    const int64_t nb = std::min<int64_t>(32, a.n1 - n);
+    for (int64_t mb = 0; mb < mblocks; mb += 2) {
+      const bool two = mb + 1 < mblocks;
+      Tiles::template zero<0>();
+      Tiles::template zero<1>();
+      Tiles::template zero<2>();
+      Tiles::template zero<3>();
+      for (int64_t c = 0; c < chunks; ++c) {
+        const int64_t k0 = c * 32;
+        if (mb == 0) {  // weight rows are separate pages: fetch kAmxPrefetch ahead by hand, in this
+                        // block's rows, then in the next block's (short rows: k = 768 streamed at
+                        // 19 GB/s when each block started cold, 23 with this, docs/PERF.md)
+          const int64_t ahead = k0 + kAmxPrefetch;
+          if (ahead < k) {
+            for (int64_t rr = 0; rr < nb; ++rr) impl::prefetch_line(w + (n + rr) * a.ldw + ahead);
+          } else if (n + 32 < a.n1 && ahead - k < k) {
+            const int64_t nn = n + 32, nbn = std::min<int64_t>(32, a.n1 - nn);
+            for (int64_t rr = 0; rr < nbn; ++rr) impl::prefetch_line(w + (nn + rr) * a.ldw + (ahead - k));
+          }
+        }
+        if (nb == 32 && k0 + 32 <= k) {
+          Tiles::template load<4>(w + n * a.ldw + k0, a.ldw * 2);
+          Tiles::template load<5>(w + (n + 16) * a.ldw + k0, a.ldw * 2);
+        } else {  // partial block: copy into zero-padded 16×32 tiles (never read past a row)
+          std::memset(wpad, 0, sizeof(wpad));
+          const int64_t kn = std::min<int64_t>(32, k - k0);
+          for (int64_t rr = 0; rr < nb; ++rr)
+            std::memcpy(&wpad[rr / 16][(rr % 16) * 32], w + (n + rr) * a.ldw + k0, size_t(kn) * 2);
+          Tiles::template load<4>(wpad[0], 64);
+          Tiles::template load<5>(wpad[1], 64);
+        }
+        Tiles::template load<6>(xv + (mb * chunks + c) * 512, 64);
+        Tiles::template dot<0, 4, 6>();
+        Tiles::template dot<1, 5, 6>();
+        if (two) {
+          Tiles::template load<7>(xv + ((mb + 1) * chunks + c) * 512, 64);
+          Tiles::template dot<2, 4, 7>();
+          Tiles::template dot<3, 5, 7>();
+        }
+      }
+      Tiles::template store<0>(ct[0], 64);
+      Tiles::template store<1>(ct[1], 64);
+      write_rows(mb, n, nb, ct[0], ct[1]);
+      if (two) {
+        Tiles::template store<2>(ct[2], 64);
+        Tiles::template store<3>(ct[3], 64);
+        write_rows(mb + 1, n, nb, ct[2], ct[3]);
+      }
+    }
+  }
+}
+
+// ---- AMX FP8 / FP4 (PackedFp8MatmulArgs / PackedFp4MatmulArgs, k-pair panels) ------------------
+// The tile unit's view of the k-pair panels: one pair of a panel (64 bytes: 32 columns × 2 codes),
+// converted to bf16 × 2^-8 by e4m3_pairs_* (32 bytes → 16 columns × 2 k), is one row of a B tile in
+// the VNNI layout [16 pairs][16 columns][2] — columns 0..15 in one tile, 16..31 in another — so the 16
+// pairs of one 32-k chunk make two B tiles. A tiles: 16 rows of x's codes as bf16 (exact), C tiles
+// C[row][column] in f32. Per 128-k block the panel's 64 pairs are converted once into an L1 buffer
+// (8 KiB) that every 32-row block of x then multiplies (4 chunks × 4 TDPBF16PS), and the C tiles are
+// folded into the rows' totals with 2^8 × x's scale × the columns' weight scales, as in the
+// vdpbf16ps kernel: there every row block converts the panel again (MR ≤ 12 rows share it), here all
+// rows share one conversion and the products run on the tile unit.
+//
+// Each output is, per 128-k block, one f32 chain in k order (chunk by chunk, a pair's even k before
+// its odd one in the ISA's description) for every m: rows do not depend on the batch. The products
+// (codes × codes × 2^-8, exact in f32 and far above the tile unit's flush-to-zero) are those of the
+// vdpbf16ps kernel; the sums may round in another order.
 
 // The driver of the AMX pair kernels (FP8 and FP4): per panel of columns [n0, n1) and 128-k block,
 // convert(p, kb, j0, j1, wb, prefetch) writes the block's pairs [j0, j1) of panel p as bf16 B-tile
@@ -930,7 +938,7 @@ struct Amx : Avx512Bf16 {
   static constexpr bool kPackedBf16 = false;  // the tiles read the nt weights in place (not measured packed)
   static void matmul_nt_bf16_dot(const MatmulArgs& a) {
     if (a.m >= kAmxMinRows)
-      amx_matmul(a);
+      amx_matmul<AmxTileUnit>(a);
     else
       Avx512Bf16::matmul_nt_bf16_dot(a);
   }
@@ -959,6 +967,13 @@ bool amx_available() {
   // Linux hands out the AMX tile state only on request (once per process).
   static const bool ok = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
   return ok;
+}
+
+void matmul_bf16_amx(const MatmulArgs& a, bool tile_model) {
+  if (tile_model)
+    amx_matmul<AmxTileModel>(a);
+  else
+    amx_matmul<AmxTileUnit>(a);
 }
 
 void packed_matmul_fp8_amx(const PackedFp8MatmulArgs& a, bool tile_model) {
