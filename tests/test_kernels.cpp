@@ -30,8 +30,10 @@ std::vector<const KernelTable*> tables() {
       __builtin_cpu_supports("avx512dq"))
     t.push_back(&avx512_kernels());
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bf16"))
+      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bf16")) {
     t.push_back(&avx512_bf16_kernels());
+    t.push_back(&avx512_amx_model_kernels());  // the AMX table's logic on the scalar tile model
+  }
   if (__builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("amx-bf16") && amx_available()) t.push_back(&avx512_amx_kernels());
 #endif
   return t;

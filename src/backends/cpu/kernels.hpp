@@ -41,7 +41,7 @@ struct MatmulArgs {
 // elements. Rows r0 = 16·j.. of a packed block start vnni_elems(16·j, k) elements in.
 int64_t vnni_elems(int64_t m, int64_t k);
 void pack_x_vnni(const uint16_t* x, int64_t ldx, int64_t m, int64_t k, uint16_t* out);
-// Whether `kt` runs bf16 matmuls of at least kAmxMinRows rows on AMX (and so reads x_vnni).
+// Whether `kt` runs bf16 matmuls of at least kAmxMinRows rows on AMX, or its model (and so reads x_vnni).
 constexpr int64_t kAmxMinRows = 8;  // fewer rows: the vdpbf16ps kernel (AMX would idle 15/16 of its tile)
 bool uses_amx(const KernelTable& kt);
 
@@ -170,7 +170,7 @@ struct PackedFp4MatmulArgs {
 inline int64_t fp4_panel_bytes(int64_t k, bool pairs) { return pairs ? (k + 1) / 2 * kPanelCols : k * kPanelCols / 2; }
 
 struct KernelTable {
-  const char* isa;  // "avx512_amx", "avx512_bf16", "avx512", "avx2", "generic"
+  const char* isa;  // "avx512_amx", "avx512_bf16", "avx512", "avx2", "generic" (and "avx512_amx_model", tests only)
   bool bf16_dot;    // matmul takes bf16 X with bf16 nt weights
   void (*matmul)(const MatmulArgs& a);
   // n elements of dtype dt (f32/f16/bf16) → f32, and back (round to nearest even).
@@ -220,6 +220,9 @@ const KernelTable& avx2_kernels();
 const KernelTable& avx512_kernels();
 const KernelTable& avx512_bf16_kernels();
 const KernelTable& avx512_amx_kernels();
+// The same table with every tile operation on a scalar model of the tile unit (any AVX512_BF16 CPU;
+// MOEX_CPU_ISA=avx512_amx_model): slow, for testing the AMX paths of the backends without AMX.
+const KernelTable& avx512_amx_model_kernels();
 // True when the CPU has AMX-BF16 and the OS granted this process the tile state.
 bool amx_available();
 // The AMX kernels — the bf16 nt matmul (the avx512_amx table's for >= kAmxMinRows rows) and the FP8 /

@@ -934,23 +934,26 @@ bool amx_quant_enabled() {
   return on;
 }
 
-struct Amx : Avx512Bf16 {
+// The avx512_amx table's kernels on the tiles (AmxTileUnit), or on the scalar model of them
+// (AmxTileModel: the avx512_amx_model table, for tests of the whole experts path without AMX).
+template <class Tiles>
+struct AmxOn : Avx512Bf16 {
   static constexpr bool kPackedBf16 = false;  // the tiles read the nt weights in place (not measured packed)
   static void matmul_nt_bf16_dot(const MatmulArgs& a) {
     if (a.m >= kAmxMinRows)
-      amx_matmul<AmxTileUnit>(a);
+      amx_matmul<Tiles>(a);
     else
       Avx512Bf16::matmul_nt_bf16_dot(a);
   }
   static void packed_matmul_fp8_pairs(const PackedFp8MatmulArgs& a) {
     if (amx_quant_enabled())
-      amx_fp8_matmul<AmxTileUnit>(a);
+      amx_fp8_matmul<Tiles>(a);
     else
       packed_matmul_fp8_bf16_impl(a);
   }
   static void packed_matmul_fp4(const PackedFp4MatmulArgs& a) {
     if (amx_quant_enabled())
-      amx_fp4_matmul<AmxTileUnit>(a);
+      amx_fp4_matmul<Tiles>(a);
     else
       packed_matmul_fp4_bf16_impl(a);
   }
@@ -990,7 +993,12 @@ void packed_matmul_fp4_amx(const PackedFp4MatmulArgs& a, bool tile_model) {
 }
 
 const KernelTable& avx512_amx_kernels() {
-  static const KernelTable table = impl::make_table<Amx>("avx512_amx");
+  static const KernelTable table = impl::make_table<AmxOn<AmxTileUnit>>("avx512_amx");
+  return table;
+}
+
+const KernelTable& avx512_amx_model_kernels() {
+  static const KernelTable table = impl::make_table<AmxOn<AmxTileModel>>("avx512_amx_model");
   return table;
 }
 

@@ -67,6 +67,7 @@ const KernelTable& choose() {
   const bool has_bf16 = has512 && __builtin_cpu_supports("avx512bf16");
   const bool has_amx = has_bf16 && __builtin_cpu_supports("amx-bf16") && __builtin_cpu_supports("amx-tile") && amx_available();
   if (forced == "avx512_amx" && has_amx) return avx512_amx_kernels();
+  if (forced == "avx512_amx_model" && has_bf16) return avx512_amx_model_kernels();  // tests: AMX paths without AMX
   if (forced == "avx512_bf16" && has_bf16) return avx512_bf16_kernels();
   if (forced == "avx512" && has512) return avx512_kernels();
   if (forced == "avx2" && has2) return avx2_kernels();
@@ -81,7 +82,8 @@ const KernelTable& choose() {
   if (forced.empty() || forced == "auto" || forced == "generic") return generic_kernels();
 #endif
   if (!forced.empty() && forced != "auto")
-    detail::fail(ErrorCode::invalid_argument, "MOEX_CPU_ISA={} is not supported by this CPU (valid: auto, avx512_amx, avx512_bf16, avx512, avx2, generic)",
+    detail::fail(ErrorCode::invalid_argument, "MOEX_CPU_ISA={} is not supported by this CPU (valid: auto, avx512_amx, avx512_bf16, avx512, avx2, generic; "
+                 "avx512_amx_model for tests)",
                  forced);
   return generic_kernels();
 }
@@ -104,7 +106,7 @@ void pack_x_vnni(const uint16_t* x, int64_t ldx, int64_t m, int64_t k, uint16_t*
   }
 }
 
-bool uses_amx(const KernelTable& kt) { return std::string_view(kt.isa) == "avx512_amx"; }
+bool uses_amx(const KernelTable& kt) { return std::string_view(kt.isa).starts_with("avx512_amx"); }
 
 const KernelTable& generic_kernels() {
   static const KernelTable table = impl::make_table<Generic>("generic");
