@@ -606,49 +606,59 @@ TEST(CpuKernels, PackedFp4MatmulMatchesLoopForEveryGroupSize) {
   if (!ran) GTEST_SKIP() << "no kernel table with the packed FP4 kernel on this CPU";
 }
 
-// Every packed FP8 / FP4 kernel gives each row the same bits whatever the batch: one row alone (one row
-// block, with its own prefetch pattern) and the same row among 21 (several row blocks).
+// Every packed FP8 / FP4 kernel gives each row the same bits whatever the batch: one row alone and two
+// rows alone (one row block, with its own prefetch pattern; FP4 on vdpbf16ps: the decode form over
+// groups of 4 / 2 panels, then the panels left over) and the same rows among 21 (several row blocks),
+// over 2 and 5 panels, from the first column and from a later panel.
 TEST(CpuKernels, PackedFp8AndFp4RowsDoNotDependOnTheBatch) {
   std::mt19937 rng(1207);
-  const int64_t m = 21, n = 45, k = 390;
-  const Fp8Problem pr(rng, m, n, k, 128, false, 2);  // every kind of block
-  const QuantSpec q = QuantSpec::fp8_block(128, 128, ScaleFormat::f32);
-  const int64_t panels = (n + kPanelCols - 1) / kPanelCols, blocks = (k + 127) / 128;
-  const int group = 32, groups = int((k + group - 1) / group);
-  std::vector<float> wf(size_t(n * k));
-  std::normal_distribution<float> nd;
-  for (auto& v : wf) v = nd(rng);
-  std::vector<uint8_t> fp4(size_t(n * ((k + 1) / 2))), fp4_scales(size_t(n * groups));
-  quantize_fp4_groups(wf.data(), n, k, group, fp4.data(), fp4_scales.data());
   bool ran = false;
-  for (const KernelTable* kt : tables()) {
-    if (kt->packed_matmul_fp8) {
-      ran = true;
-      std::vector<uint8_t> codes(size_t(panels * fp8_panel_bytes(k, kt->packed_fp8_pairs))), kinds(size_t(panels * blocks));
-      std::vector<float> bscales(size_t(panels * blocks * kPanelCols));
-      pack_rows_fp8(pr.w.data(), pr.scales(), q, k, 0, n, kt->packed_fp8_pairs, codes.data(), bscales.data(), kinds.data());
-      auto run = [&](int64_t i0, int64_t rows) {
-        return packed_fp8_call(*kt, pr.x.data() + i0 * k, pr.xs.data() + i0 * blocks, rows, k, codes.data(), bscales.data(), kinds.data(),
-                               0, n, n);
-      };
-      const auto all = run(0, m);
-      for (const int64_t i : {0, 7, 20}) {
-        const auto one = run(i, 1);
-        EXPECT_EQ(std::memcmp(one.data(), all.data() + i * n, size_t(n) * sizeof(float)), 0) << kt->isa << " FP8 row " << i;
+  for (const int64_t n : {45, 150}) {
+    const int64_t m = 21, k = 390;
+    const Fp8Problem pr(rng, m, n, k, 128, false, 2);  // every kind of block
+    const QuantSpec q = QuantSpec::fp8_block(128, 128, ScaleFormat::f32);
+    const int64_t panels = (n + kPanelCols - 1) / kPanelCols, blocks = (k + 127) / 128;
+    const int group = 32, groups = int((k + group - 1) / group);
+    std::vector<float> wf(size_t(n * k));
+    std::normal_distribution<float> nd;
+    for (auto& v : wf) v = nd(rng);
+    std::vector<uint8_t> fp4(size_t(n * ((k + 1) / 2))), fp4_scales(size_t(n * groups));
+    quantize_fp4_groups(wf.data(), n, k, group, fp4.data(), fp4_scales.data());
+    // rows [i, i + rows) alone against the same rows of the whole batch, columns [n0, n)
+    auto same_rows = [&](const auto& run, const char* isa, const char* what) {
+      for (const int64_t n0 : {int64_t(0), kPanelCols}) {
+        const int64_t w = n - n0;
+        const auto all = run(0, m, n0);
+        for (const auto [i, rows] : {std::pair<int64_t, int64_t>{0, 1}, {7, 1}, {20, 1}, {3, 2}, {19, 2}}) {
+          const auto part = run(i, rows, n0);
+          EXPECT_EQ(std::memcmp(part.data(), all.data() + i * w, size_t(rows * w) * sizeof(float)), 0)
+              << isa << " " << what << " rows " << i << ".." << i + rows - 1 << ", n " << n << ", n0 " << n0;
+        }
       }
-    }
-    if (kt->packed_matmul_fp4) {
-      std::vector<uint8_t> codes(size_t(panels * fp4_panel_bytes(k, kt->packed_fp4_pairs)));
-      std::vector<float> gscales(size_t(panels * groups * kPanelCols));
-      pack_rows_fp4(fp4.data(), fp4_scales.data(), group, k, 0, n, kt->packed_fp4_pairs, codes.data(), gscales.data());
-      auto run = [&](int64_t i0, int64_t rows) {
-        return packed_fp4_call(*kt, pr.x.data() + i0 * k, pr.xs.data() + i0 * blocks, rows, k, codes.data(), gscales.data(), group, 0, n,
-                               n);
-      };
-      const auto all = run(0, m);
-      for (const int64_t i : {0, 7, 20}) {
-        const auto one = run(i, 1);
-        EXPECT_EQ(std::memcmp(one.data(), all.data() + i * n, size_t(n) * sizeof(float)), 0) << kt->isa << " FP4 row " << i;
+    };
+    for (const KernelTable* kt : tables()) {
+      if (kt->packed_matmul_fp8) {
+        ran = true;
+        std::vector<uint8_t> codes(size_t(panels * fp8_panel_bytes(k, kt->packed_fp8_pairs))), kinds(size_t(panels * blocks));
+        std::vector<float> bscales(size_t(panels * blocks * kPanelCols));
+        pack_rows_fp8(pr.w.data(), pr.scales(), q, k, 0, n, kt->packed_fp8_pairs, codes.data(), bscales.data(), kinds.data());
+        same_rows(
+            [&](int64_t i0, int64_t rows, int64_t n0) {
+              return packed_fp8_call(*kt, pr.x.data() + i0 * k, pr.xs.data() + i0 * blocks, rows, k, codes.data(), bscales.data(),
+                                     kinds.data(), n0, n, n - n0);
+            },
+            kt->isa, "FP8");
+      }
+      if (kt->packed_matmul_fp4) {
+        std::vector<uint8_t> codes(size_t(panels * fp4_panel_bytes(k, kt->packed_fp4_pairs)));
+        std::vector<float> gscales(size_t(panels * groups * kPanelCols));
+        pack_rows_fp4(fp4.data(), fp4_scales.data(), group, k, 0, n, kt->packed_fp4_pairs, codes.data(), gscales.data());
+        same_rows(
+            [&](int64_t i0, int64_t rows, int64_t n0) {
+              return packed_fp4_call(*kt, pr.x.data() + i0 * k, pr.xs.data() + i0 * blocks, rows, k, codes.data(), gscales.data(), group,
+                                     n0, n, n - n0);
+            },
+            kt->isa, "FP4");
       }
     }
   }
