@@ -325,52 +325,48 @@ TEST(CpuKernels, Fp8MatmulMatchesLoopForEveryKindOfCode) {
 // and UE8M0 scales on per-row and 128-row scale blocks.
 // One call of kt's packed FP8 / FP4 kernel: x [m, k] codes (row stride k) with scales xs [m, ceil(k / 128)]
 // over columns [n0, n1), into a fresh y [m, ldy] poisoned with -777 (columns the kernel must not write keep it).
-// The kernel is kt's, or any callable taking PackedFp8MatmulArgs (the AMX kernel's two forms).
-template <class Kernel>
-std::vector<float> packed_fp8_call(const Kernel& kernel, const float* x, const float* xs, int64_t m, int64_t k, const uint8_t* panels,
-                                   const float* block_scales, const uint8_t* kinds, int64_t n0, int64_t n1, int64_t ldy) {
+// The kernel is kt's, or any callable taking the arguments (the AMX kernels' two forms); fill sets the
+// format's own fields.
+template <class Args, class Kernel, class Fill>
+std::vector<float> packed_call(const Kernel& kernel, const float* x, const float* xs, int64_t m, int64_t k, int64_t n0, int64_t n1,
+                               int64_t ldy, Fill fill) {
   std::vector<float> y(size_t(m * ldy), -777.0f);
-  PackedFp8MatmulArgs a;
+  Args a;
   a.x = x;
   a.ldx = k;
   a.xs = xs;
   a.m = m;
   a.k = k;
-  a.panels = panels;
-  a.block_scales = block_scales;
-  a.block_kind = kinds;
   a.y = y.data();
   a.ldy = ldy;
   a.n0 = n0;
   a.n1 = n1;
-  if constexpr (std::is_same_v<Kernel, KernelTable>)
+  fill(a);
+  if constexpr (!std::is_same_v<Kernel, KernelTable>)
+    kernel(a);
+  else if constexpr (std::is_same_v<Args, PackedFp8MatmulArgs>)
     kernel.packed_matmul_fp8(a);
   else
-    kernel(a);
+    kernel.packed_matmul_fp4(a);
   return y;
+}
+template <class Kernel>
+std::vector<float> packed_fp8_call(const Kernel& kernel, const float* x, const float* xs, int64_t m, int64_t k, const uint8_t* panels,
+                                   const float* block_scales, const uint8_t* kinds, int64_t n0, int64_t n1, int64_t ldy) {
+  return packed_call<PackedFp8MatmulArgs>(kernel, x, xs, m, k, n0, n1, ldy, [&](PackedFp8MatmulArgs& a) {
+    a.panels = panels;
+    a.block_scales = block_scales;
+    a.block_kind = kinds;
+  });
 }
 template <class Kernel>
 std::vector<float> packed_fp4_call(const Kernel& kernel, const float* x, const float* xs, int64_t m, int64_t k, const uint8_t* panels,
                                    const float* group_scales, int64_t group, int64_t n0, int64_t n1, int64_t ldy) {
-  std::vector<float> y(size_t(m * ldy), -777.0f);
-  PackedFp4MatmulArgs a;
-  a.x = x;
-  a.ldx = k;
-  a.xs = xs;
-  a.m = m;
-  a.k = k;
-  a.panels = panels;
-  a.group_scales = group_scales;
-  a.group = group;
-  a.y = y.data();
-  a.ldy = ldy;
-  a.n0 = n0;
-  a.n1 = n1;
-  if constexpr (std::is_same_v<Kernel, KernelTable>)
-    kernel.packed_matmul_fp4(a);
-  else
-    kernel(a);
-  return y;
+  return packed_call<PackedFp4MatmulArgs>(kernel, x, xs, m, k, n0, n1, ldy, [&](PackedFp4MatmulArgs& a) {
+    a.panels = panels;
+    a.group_scales = group_scales;
+    a.group = group;
+  });
 }
 
 TEST(CpuKernels, PackedFp8MatmulMatchesLoopForEveryKindOfCode) {
