@@ -42,8 +42,11 @@ std::string cuda_unavailable_reason();
 
 // CPU facts used by the kernels and shown by `moex info`.
 struct CpuInfo {
-  std::string isa;          // the SIMD path the CPU kernels use: "avx512", "avx2" or "generic"
+  // the kernel table the CPU backends use: "avx512_amx", "avx512_bf16", "avx512", "avx2" or "generic"
+  std::string isa;
   bool avx512_bf16 = false;
+  // avx512_amx: FP8 / FP4 experts on the AMX tiles too (MOEX_CPU_AMX_QUANT=1; off by default)
+  bool amx_quant = false;
   int hardware_threads = 1;
 };
 CpuInfo cpu_info();

@@ -34,6 +34,7 @@ CpuInfo cpu_info() {
 #if defined(MOEX_X86)
   __builtin_cpu_init();
   info.avx512_bf16 = __builtin_cpu_supports("avx512bf16");
+  info.amx_quant = cpu::uses_amx(cpu::kernels()) && cpu::amx_quant_enabled();
 #endif
   return info;
 }

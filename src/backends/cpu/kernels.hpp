@@ -230,6 +230,8 @@ bool amx_available();
 // amx_available()), or with tile_model on a scalar model of the tile operations that any AVX512_BF16
 // CPU runs (the tests check the kernels' logic with it).
 void matmul_bf16_amx(const MatmulArgs& a, bool tile_model);
+// Whether the avx512_amx tables run FP8 / FP4 experts on the tiles (MOEX_CPU_AMX_QUANT=1).
+bool amx_quant_enabled();
 void packed_matmul_fp8_amx(const PackedFp8MatmulArgs& a, bool tile_model);
 void packed_matmul_fp4_amx(const PackedFp4MatmulArgs& a, bool tile_model);
 #endif

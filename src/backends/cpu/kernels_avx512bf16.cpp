@@ -923,17 +923,6 @@ void amx_fp4_matmul(const PackedFp4MatmulArgs& a) {
   amx_pairs_matmul<Tiles>(a.x, a.ldx, a.xs, a.m, a.k, a.n0, a.n1, a.y, a.ldy, a.panels, 32, convert, fold_scales, on_tiles, elsewhere);
 }
 
-// MOEX_CPU_AMX_QUANT=1: the avx512_amx table runs FP8 and FP4 experts on the tiles (amx_fp8_matmul,
-// amx_fp4_matmul); default 0, the vdpbf16ps kernels, until the tile kernels are measured on an AMX
-// machine (docs/PERF.md).
-bool amx_quant_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("MOEX_CPU_AMX_QUANT");
-    return e && std::strcmp(e, "1") == 0;
-  }();
-  return on;
-}
-
 // The avx512_amx table's kernels on the tiles (AmxTileUnit), or on the scalar model of them
 // (AmxTileModel: the avx512_amx_model table, for tests of the whole experts path without AMX).
 template <class Tiles>
@@ -960,6 +949,17 @@ struct AmxOn : Avx512Bf16 {
 };
 
 }  // namespace
+
+// MOEX_CPU_AMX_QUANT=1: the avx512_amx table runs FP8 and FP4 experts on the tiles (amx_fp8_matmul,
+// amx_fp4_matmul); default 0, the vdpbf16ps kernels, until the tile kernels are measured on an AMX
+// machine (docs/PERF.md).
+bool amx_quant_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("MOEX_CPU_AMX_QUANT");
+    return e && std::strcmp(e, "1") == 0;
+  }();
+  return on;
+}
 
 const KernelTable& avx512_bf16_kernels() {
   static const KernelTable table = impl::make_table<Avx512Bf16>("avx512_bf16");
