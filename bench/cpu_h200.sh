@@ -20,6 +20,9 @@
 #   CPU_AB="default: none:MOEX_CPU_PREFETCH_AHEAD=-1 chunk:MOEX_CPU_PREFETCH_AHEAD=0 small_pages:MOEX_CPU_HUGE_PAGES=0"
 #   CPU_AB="default: amx:MOEX_CPU_AMX_QUANT=1" CPU_AB_CASES="qwen3_30b_a3b bf16 1,16,256 fp8;qwen3_30b_a3b bf16 1,16,256 fp4;small_moe bf16 16,256 fp8"
 # On a CPU with AMX the tests also run the equivalence harness with MOEX_CPU_AMX_QUANT=1.
+# SIDE=0 skips the side by side (tests and A/B only); otherwise the A/B stops starting cases once fewer
+# than SIDE_RESERVE seconds (default 300) of TOTAL are left. Each quantized case first quantizes its
+# random weights (qwen3_30b_a3b: ~10-20 s a call), so keep FP8 / FP4 A/Bs to a few cases and rounds.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
@@ -59,6 +62,11 @@ if [ -n "${CPU_AB:-}" ]; then
       for variant in $CPU_AB; do
         name=${variant%%:*}; envs=${variant#*:}
         for c in "${ab_cases[@]}"; do
+          # keep SIDE_RESERVE seconds (default 300; 0 with SIDE=0) of TOTAL for the side by side
+          if [ "$(left)" -lt "$( [ "${SIDE:-1}" = 0 ] && echo 20 || echo "${SIDE_RESERVE:-300}")" ]; then
+            echo "round $round  threads $th  $name  $c  (skipped: time budget)" | tee -a "$OUT/cpu_ab.txt"
+            continue
+          fi
           read -r shape dt toks quant <<< "$c"
           quant=${quant:-none}
           # one line per case: round, threads, variant, shape, dtype, experts' quantization, then "T=ms" per token count
@@ -70,6 +78,10 @@ if [ -n "${CPU_AB:-}" ]; then
       done
     done
   done
+fi
+if [ "${SIDE:-1}" = 0 ]; then  # the tests and A/B only
+  echo "== done ($(( $(date +%s) - t0 )) s; SIDE=0: no side by side)"
+  exit $tests_status
 fi
 echo "== cpu side by side ($(( $(date +%s) - t0 )) s, $(left) s left)"
 tmp=$OUT/cpu_raw; mkdir -p "$tmp"  # under $OUT: a run cut by its time limit still brings these back
