@@ -703,8 +703,8 @@ void amx_matmul(const MatmulArgs& a) {
 
 // The driver of the AMX pair kernels (FP8 and FP4): per panel of columns [n0, n1) and 128-k block,
 // convert(p, kb, j0, j1, wb, prefetch) writes the block's pairs [j0, j1) of panel p as bf16 B-tile
-// rows into wb (asking L2 for the `prefetch` lines one per pair), fold_scales(p, kb, s0, s1) gives
-// the columns' factors of the block's fold (beside x's scale). Panels for which on_tiles(p) is false
+// rows into wb (asking L2 for the `prefetch` lines: prefetch.step(j − j0) at pair j),
+// fold_scales(p, kb, s0, s1) gives the columns' factors of the block's fold (beside x's scale). Panels for which on_tiles(p) is false
 // are left to elsewhere(column, end column).
 template <class Tiles, class Convert, class FoldScales, class OnTiles, class Elsewhere>
 void amx_pairs_matmul(const float* x, int64_t ldx, const float* xs, int64_t m, int64_t k, int64_t n0, int64_t n1, float* y, int64_t ldy,
@@ -747,10 +747,6 @@ void amx_pairs_matmul(const float* x, int64_t ldx, const float* xs, int64_t m, i
         next = {reinterpret_cast<const char*>(panel + j1 * pair_bytes), (std::min(pairs, j1 + 64) - j1) * pair_bytes / 64, 64};
       else if (n + kPanelCols < n1)
         next = {reinterpret_cast<const char*>(panel + panel_bytes), std::min<int64_t>(64, pairs) * pair_bytes / 64, 64};
-      if (next.lines > 0) {  // PairPrefetch::step takes the pair index j
-        next.at -= 64 * j0;
-        next.lines += j0;
-      }
       convert(p, kb, j0, j1, wb, next);
       const int64_t tail = (j1 - j0) % 16;  // pair rows of the last chunk past the panel's end: zero
       if (tail)
@@ -815,7 +811,7 @@ void amx_fp8_matmul(const PackedFp8MatmulArgs& a) {
     auto rows = [&](auto pair_to_bf16) {
       const uint8_t* pp = panel + j0 * 64;
       for (int64_t j = j0; j < j1; ++j, pp += 64) {
-        pf.step(j);
+        pf.step(j - j0);
         const int64_t c = (j - j0) / 16, r = (j - j0) % 16;
         _mm512_store_si512(wb[c][0] + r * 32, pair_to_bf16(pp));
         _mm512_store_si512(wb[c][1] + r * 32, pair_to_bf16(pp + 32));
@@ -897,7 +893,7 @@ void amx_fp4_matmul(const PackedFp4MatmulArgs& a) {
     int64_t g_now = -1;
     __m512i d0 = _mm512_setzero_si512(), d1 = _mm512_setzero_si512();
     for (int64_t j = j0; j < j1; ++j, pp += 32) {
-      pf.step(j);
+      pf.step(j - j0);
       const int64_t g = 2 * j / a.group;  // groups are even: a pair lies in one group
       if (g != g_now) {
         fp4_scale_steps(a.group_scales + (p * groups + g) * kPanelCols, d0, d1);  // checked in range above
