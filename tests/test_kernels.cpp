@@ -21,20 +21,29 @@ using namespace moex::cpu;
 
 namespace {
 
+#if defined(MOEX_X86)
+// What this CPU runs: the AVX-512 tables, AVX512_BF16 (which the AMX kernels' conversions and row
+// gathers need, so also their tile model), and the tile unit itself.
+bool cpu_has_avx512() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+         __builtin_cpu_supports("avx512dq");
+}
+bool cpu_has_avx512_bf16() { return cpu_has_avx512() && __builtin_cpu_supports("avx512bf16"); }
+bool cpu_has_amx() { return cpu_has_avx512_bf16() && __builtin_cpu_supports("amx-bf16") && amx_available(); }
+#endif
+
 std::vector<const KernelTable*> tables() {
   std::vector<const KernelTable*> t{&generic_kernels()};
 #if defined(MOEX_X86)
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) t.push_back(&avx2_kernels());
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-      __builtin_cpu_supports("avx512dq"))
-    t.push_back(&avx512_kernels());
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bf16")) {
+  if (cpu_has_avx512()) t.push_back(&avx512_kernels());
+  if (cpu_has_avx512_bf16()) {
     t.push_back(&avx512_bf16_kernels());
     t.push_back(&avx512_amx_model_kernels());  // the AMX table's logic on the scalar tile model
   }
-  if (__builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("amx-bf16") && amx_available()) t.push_back(&avx512_amx_kernels());
+  if (cpu_has_amx()) t.push_back(&avx512_amx_kernels());
 #endif
   return t;
 }
@@ -693,10 +702,8 @@ TEST(CpuKernels, PackedFp8F32KernelsAgreeBitForBit) {
 // weight blocks and a later first column, k off every multiple of 32 (the zero-padded weight tiles),
 // rows given prepacked (x_vnni) or packed by the kernel, with the same bits either way.
 TEST(CpuKernels, AmxBf16KernelMatchesLoop) {
-  __builtin_cpu_init();
-  if (!__builtin_cpu_supports("avx512bf16") || !__builtin_cpu_supports("avx512bw") || !__builtin_cpu_supports("avx512vl"))
-    GTEST_SKIP() << "the AMX kernel's row gather needs AVX-512";
-  const bool hw = __builtin_cpu_supports("amx-bf16") && amx_available();
+  if (!cpu_has_avx512_bf16()) GTEST_SKIP() << "the AMX kernel's row gather needs AVX-512";
+  const bool hw = cpu_has_amx();
   std::mt19937 rng(1211);
   std::normal_distribution<float> nd;
   for (int iter = 0; iter < 14; ++iter) {
@@ -740,10 +747,8 @@ TEST(CpuKernels, AmxBf16KernelMatchesLoop) {
 // later panel; rows that do not depend on the batch; the model and the hardware within the loop's bound
 // of each other (bit for bit where the hardware sums a pair's products in the ISA's described order).
 TEST(CpuKernels, AmxFp8KernelMatchesLoop) {
-  __builtin_cpu_init();
-  if (!__builtin_cpu_supports("avx512bf16") || !__builtin_cpu_supports("avx512bw") || !__builtin_cpu_supports("avx512vl"))
-    GTEST_SKIP() << "the AMX FP8 kernel's conversions need AVX512_BF16";
-  const bool hw = __builtin_cpu_supports("amx-bf16") && amx_available();
+  if (!cpu_has_avx512_bf16()) GTEST_SKIP() << "the AMX FP8 kernel's conversions need AVX512_BF16";
+  const bool hw = cpu_has_amx();
   auto model = [](const PackedFp8MatmulArgs& a) { packed_matmul_fp8_amx(a, true); };
   auto tiles = [](const PackedFp8MatmulArgs& a) { packed_matmul_fp8_amx(a, false); };
   std::mt19937 rng(1205);
@@ -784,10 +789,8 @@ TEST(CpuKernels, AmxFp8KernelMatchesLoop) {
 // exponent range) go to the vdpbf16ps kernel, the rest of the call stays on the tiles; rows that do not
 // depend on the batch.
 TEST(CpuKernels, AmxFp4KernelMatchesLoop) {
-  __builtin_cpu_init();
-  if (!__builtin_cpu_supports("avx512bf16") || !__builtin_cpu_supports("avx512bw") || !__builtin_cpu_supports("avx512vl"))
-    GTEST_SKIP() << "the AMX FP4 kernel's conversions need AVX512_BF16";
-  const bool hw = __builtin_cpu_supports("amx-bf16") && amx_available();
+  if (!cpu_has_avx512_bf16()) GTEST_SKIP() << "the AMX FP4 kernel's conversions need AVX512_BF16";
+  const bool hw = cpu_has_amx();
   auto model = [](const PackedFp4MatmulArgs& a) { packed_matmul_fp4_amx(a, true); };
   auto tiles = [](const PackedFp4MatmulArgs& a) { packed_matmul_fp4_amx(a, false); };
   std::mt19937 rng(1209);

@@ -45,7 +45,9 @@ struct CpuInfo {
   // the kernel table the CPU backends use: "avx512_amx", "avx512_bf16", "avx512", "avx2" or "generic"
   std::string isa;
   bool avx512_bf16 = false;
-  // avx512_amx: FP8 / FP4 experts on the AMX tiles too (MOEX_CPU_AMX_QUANT=1; off by default)
+  // the table runs bf16 products on AMX tiles (avx512_amx, or its tile model in tests); amx_quant:
+  // FP8 / FP4 experts on them too (MOEX_CPU_AMX_QUANT=1; off by default)
+  bool amx = false;
   bool amx_quant = false;
   int hardware_threads = 1;
 };

@@ -34,7 +34,8 @@ CpuInfo cpu_info() {
 #if defined(MOEX_X86)
   __builtin_cpu_init();
   info.avx512_bf16 = __builtin_cpu_supports("avx512bf16");
-  info.amx_quant = cpu::uses_amx(cpu::kernels()) && cpu::amx_quant_enabled();
+  info.amx = cpu::uses_amx(cpu::kernels());
+  info.amx_quant = info.amx && cpu::amx_quant_enabled();
 #endif
   return info;
 }
