@@ -5,6 +5,7 @@
 //                 --top-p P --seed S] [--no-decode-switching]   → prints [[ids…], …]
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include "moex/model.hpp"
@@ -120,10 +121,12 @@ namespace {
 
 // `moex bench-model`: prefill and decode tokens/s of a checkpoint with each experts backend (CPU or
 // --device cuda; on CUDA, generate() decodes with the SPEC §4 switching and CUDA graphs).
-//   prefill: forward() of B random prompts of L tokens;
-//   decode:  generate(N new tokens) − the prefill time of the same prompts, per new token.
+//   prefill: forward() of B random prompts of L tokens (all L rows' logits, as the reference's forward);
+//   decode:  (generate(N new tokens) − generate(1 new token)) / (N − 1), per new token: the prompt's
+//            prefill and the first pick cancel (generate(N) − forward() with N = 1).
+// Each is timed `repeat` times after a warm-up; the median is reported (the JSON also has the best).
 int run_bench_model(const ModelOptions& o, int64_t batch, int64_t len, int64_t new_tokens, const std::string& backends,
-                    const std::string& format) {
+                    const std::string& format, int repeat) {
   Model m = load(o);
   const int64_t vocab = m.config().text.vocab_size;
   std::vector<std::vector<int64_t>> prompts(static_cast<size_t>(batch), std::vector<int64_t>(static_cast<size_t>(len)));
@@ -134,29 +137,43 @@ int run_bench_model(const ModelOptions& o, int64_t batch, int64_t len, int64_t n
       t = int64_t((state >> 33) % uint64_t(vocab));
     }
   GenerateOptions g;
-  g.max_new_tokens = new_tokens;
   g.do_sample = false;
   g.eos_token_id = std::vector<int64_t>{-1};  // never stop early: every step is timed
+  const auto timed = [](auto&& f) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  const auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+  };
   if (format == "table")
-    fmt::print("# {} ({}, {}), batch {} × {} prompt tokens, {} new tokens\n{:<12} {:>14} {:>14}\n", o.model, o.dtype, o.device,
-               batch, len, new_tokens, "backend", "prefill tok/s", "decode tok/s");
+    fmt::print("# {} ({}, {}), batch {} × {} prompt tokens, {} new tokens, median of {}\n{:<12} {:>14} {:>14}\n", o.model, o.dtype,
+               o.device, batch, len, new_tokens, repeat, "backend", "prefill tok/s", "decode tok/s");
   for (const auto& b : split_list(backends)) {
     m.set_experts_implementation(b);
     m.forward(prompts);  // warm-up
-    auto t0 = std::chrono::steady_clock::now();
-    m.forward(prompts);
-    const double prefill_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    t0 = std::chrono::steady_clock::now();
-    m.generate(prompts, g);
-    const double gen_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const double prefill_tps = double(batch * len) / prefill_s;
-    const double decode_tps = double(batch * new_tokens) / std::max(gen_s - prefill_s, 1e-9);
+    std::vector<double> prefill_tps, decode_tps;
+    for (int r = 0; r < repeat; ++r) {
+      const double fwd_s = timed([&] { m.forward(prompts); });
+      g.max_new_tokens = 1;
+      const double first_s = new_tokens > 1 ? timed([&] { m.generate(prompts, g); }) : fwd_s;
+      g.max_new_tokens = new_tokens;
+      const double gen_s = timed([&] { m.generate(prompts, g); });
+      const int64_t steps = new_tokens > 1 ? new_tokens - 1 : new_tokens;
+      prefill_tps.push_back(double(batch * len) / fwd_s);
+      decode_tps.push_back(double(batch * steps) / std::max(gen_s - first_s, 1e-9));
+    }
+    const double prefill = median(prefill_tps), decode = median(decode_tps);
     if (format == "json")
       fmt::print("{{\"model\": \"{}\", \"dtype\": \"{}\", \"device\": \"{}\", \"backend\": \"{}\", \"batch\": {}, \"prompt\": {}, "
-                 "\"new_tokens\": {}, \"prefill_tok_s\": {:.1f}, \"decode_tok_s\": {:.1f}}}\n",
-                 o.model, o.dtype, o.device, b, batch, len, new_tokens, prefill_tps, decode_tps);
+                 "\"new_tokens\": {}, \"repeat\": {}, \"prefill_tok_s\": {:.1f}, \"decode_tok_s\": {:.1f}, \"best_prefill_tok_s\": {:.1f}, "
+                 "\"best_decode_tok_s\": {:.1f}}}\n",
+                 o.model, o.dtype, o.device, b, batch, len, new_tokens, repeat, prefill, decode,
+                 *std::max_element(prefill_tps.begin(), prefill_tps.end()), *std::max_element(decode_tps.begin(), decode_tps.end()));
     else
-      fmt::print("{:<12} {:>14.1f} {:>14.1f}\n", b, prefill_tps, decode_tps);
+      fmt::print("{:<12} {:>14.1f} {:>14.1f}\n", b, prefill, decode);
   }
   return 0;
 }
@@ -167,6 +184,7 @@ void add_bench_model(CLI::App& app, std::function<int()>& run) {
   struct Opts {
     ModelOptions m;
     int64_t batch = 1, len = 128, new_tokens = 32;
+    int repeat = 3;
     std::string backends = "grouped_mm,batched_mm,eager", format = "table";
   };
   auto o = std::make_shared<Opts>();
@@ -179,8 +197,11 @@ void add_bench_model(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--new-tokens", o->new_tokens, "decode steps")->capture_default_str()->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--backends", o->backends, "comma-separated experts backends")->capture_default_str();
   cmd->add_option("--format", o->format, "table or json")->capture_default_str();
+  cmd->add_option("--repeat", o->repeat, "timed rounds per backend (the median is reported)")->capture_default_str()->check(CLI::Range(1, 1000));
   cmd->add_flag("--dequantize", o->m.dequantize, "FP8 checkpoints: turn the quantized experts into the model dtype at load");
-  cmd->callback([&run, o] { run = [o] { return run_bench_model(o->m, o->batch, o->len, o->new_tokens, o->backends, o->format); }; });
+  cmd->callback([&run, o] {
+    run = [o] { return run_bench_model(o->m, o->batch, o->len, o->new_tokens, o->backends, o->format, o->repeat); };
+  });
 }
 
 }  // namespace moex::cli

@@ -1,6 +1,8 @@
 // model/model.cpp — moex::Model: loading, experts-implementation map, forward, generation.
 #include "moex/model.hpp"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -112,6 +114,7 @@ Model Model::from_pretrained(const std::string& dir, const LoadOptions& opts) {
   impl->impl = impl->resolve(opts.experts_implementation, {});
   const Checkpoint ck = Checkpoint::open(dir);
   impl->weights = model::load_weights(ck, impl->cfg, opts.dtype, opts.progress, opts.dequantize);
+  if (opts.device.is_cpu()) model::pack_linears_for_cpu(impl->weights, omp_get_max_threads());
 #ifdef MOEX_WITH_CUDA
   if (opts.device.is_cuda()) {
     // Uploaded once; the host copy is released (the CPU path is not used for this model).
@@ -272,12 +275,10 @@ std::vector<std::vector<int64_t>> Model::generate(const std::vector<std::vector<
   std::iota(active.begin(), active.end(), size_t(0));
   std::vector<model::SequenceChunk> chunks;
   for (size_t b = 0; b < B; ++b) chunks.push_back({out[b].data(), int64_t(out[b].size()), &caches[b]});
-  std::vector<float> logits = model::forward_batch(impl_->weights, impl_->cfg.text, chunks, prefill_backend);
+  // only each sequence's last row of logits: row i of `logits` belongs to the i-th active sequence
+  model::Floats logits = model::forward_batch(impl_->weights, impl_->cfg.text, chunks, prefill_backend, model::LogitRows::last);
   std::vector<int64_t> last_row(B);
-  {
-    int64_t r = 0;
-    for (size_t b = 0; b < B; ++b) last_row[b] = (r += int64_t(out[b].size())) - 1;
-  }
+  std::iota(last_row.begin(), last_row.end(), int64_t(0));
   for (int64_t n = 0; n < max_new && !active.empty(); ++n) {
     std::vector<size_t> still;
     for (size_t i = 0; i < active.size(); ++i) {
@@ -290,7 +291,7 @@ std::vector<std::vector<int64_t>> Model::generate(const std::vector<std::vector<
     if (n + 1 == max_new || active.empty()) break;
     chunks.clear();
     for (size_t b : active) chunks.push_back({&out[b].back(), 1, &caches[b]});
-    logits = model::forward_batch(impl_->weights, impl_->cfg.text, chunks, decode_backend);
+    logits = model::forward_batch(impl_->weights, impl_->cfg.text, chunks, decode_backend, model::LogitRows::last);
     last_row.resize(active.size());
     std::iota(last_row.begin(), last_row.end(), int64_t(0));
   }

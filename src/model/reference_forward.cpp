@@ -3,9 +3,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 #include <limits>
 
 #include "backends/cpu/kernels.hpp"
+#include "backends/cpu/packed_weights.hpp"
+#include "core/memory.hpp"
 #include "core/check.hpp"
 #include "moex/backend.hpp"
 #include "moex/routing.hpp"
@@ -14,7 +18,7 @@ namespace moex::model {
 
 namespace {
 
-using Mat = std::vector<float>;  // row-major [rows, cols]
+using Mat = Floats;  // row-major [rows, cols], elements uninitialised until written
 
 // The tensor as f32 (itself, or an exact widening of bf16/f16 weights).
 Tensor as_f32(const Tensor& t) { return t.dtype() == DType::f32 ? t : convert_tensor(t.view(), DType::f32); }
@@ -37,16 +41,45 @@ Mat linear(const Mat& x, int64_t T, const Linear& l) {
   // (rounding x to bf16 alone flipped a near-tie routing decision of the deepseek_v3 fixture) and
   // still run several times faster than widening the weights. Otherwise x stays f32.
   const bool split = dt == DType::bf16 && kt.bf16_dot && T >= 8;
-  std::vector<uint16_t> hi, lo;
+  std::vector<uint16_t, UninitAllocator<uint16_t>> hi, lo;  // every element written below
   Mat y2;
   if (split) {
     hi.resize(x.size());
     lo.resize(x.size());
-    for (size_t i = 0; i < x.size(); ++i) {
-      hi[i] = float_to_bf16(x[i]);
-      lo[i] = float_to_bf16(x[i] - bf16_to_float(hi[i]));
+    const int64_t n = int64_t(x.size());
+#pragma omp parallel for schedule(static) if (n > (1 << 16))
+    for (int64_t i = 0; i < n; ++i) {
+      hi[size_t(i)] = float_to_bf16(x[size_t(i)]);
+      lo[size_t(i)] = float_to_bf16(x[size_t(i)] - bf16_to_float(hi[size_t(i)]));
     }
     y2.resize(y.size());
+  }
+  if (split && l.packed && kt.packed_matmul_bf16) {
+    // The packed panels (pack_linears_for_cpu) on the packed kernel: both terms per column tile of 64
+    // (two panels), each output one f32 chain per term in k order, whatever T or the thread count.
+    MOEX_ASSERT(l.packed->out == out && l.packed->in == in);
+    const int64_t panel_elems = cpu::packed_bf16_panel_elems(in);
+    const int64_t tiles = (out + 63) / 64;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t t = 0; t < tiles; ++t) {
+      cpu::PackedBf16MatmulArgs a;
+      a.ldx = in;
+      a.m = T;
+      a.k = in;
+      a.panels = l.packed->panels.get() + (t * 64 / cpu::kPanelCols) * panel_elems;
+      a.ldy = out;
+      a.n0 = 0;
+      a.n1 = std::min<int64_t>(64, out - t * 64);
+      a.x = hi.data();
+      a.y = y.data() + t * 64;
+      kt.packed_matmul_bf16(a);
+      a.x = lo.data();
+      a.y = y2.data() + t * 64;
+      kt.packed_matmul_bf16(a);
+      for (int64_t r = 0; r < T; ++r)
+        for (int64_t o = t * 64; o < t * 64 + a.n1; ++o) y[size_t(r * out + o)] += y2[size_t(r * out + o)] + (b ? b[o] : 0.0f);
+    }
+    return y;
   }
   // wide tiles on the split path: the AMX kernel packs its rows once per call
   const int64_t cols = split ? std::max<int64_t>(64, (out / 8 + 63) / 64 * 64) : 64;
@@ -89,8 +122,10 @@ void rmsnorm_inplace(Mat& x, int64_t n, const Tensor& weight, double eps) {
   const Tensor wt = as_f32(weight);
   const float* w = wt.ptr<float>();
   MOEX_ASSERT(weight.numel() == n);
-  for (size_t r = 0; r < x.size() / size_t(n); ++r) {
-    float* v = x.data() + r * size_t(n);
+  const int64_t rows = int64_t(x.size()) / n;
+#pragma omp parallel for schedule(static) if (rows * n > (1 << 15))
+  for (int64_t r = 0; r < rows; ++r) {
+    float* v = x.data() + r * n;
     double ss = 0;
     for (int64_t i = 0; i < n; ++i) ss += double(v[i]) * double(v[i]);
     const double inv = 1.0 / std::sqrt(ss / double(n) + eps);
@@ -109,7 +144,9 @@ float act(const std::string& a, float g) {
 
 Mat dense_mlp(const Mat& x, int64_t T, const DenseMlp& m, const std::string& a) {
   Mat g = linear(x, T, m.gate), u = linear(x, T, m.up);
-  for (size_t i = 0; i < g.size(); ++i) g[i] = act(a, g[i]) * u[i];
+  const int64_t n = int64_t(g.size());
+#pragma omp parallel for schedule(static) if (n > (1 << 15))
+  for (int64_t i = 0; i < n; ++i) g[size_t(i)] = act(a, g[size_t(i)]) * u[size_t(i)];
   return linear(g, T, m.down);
 }
 
@@ -117,35 +154,56 @@ struct Rope {
   int64_t dim = 0;
   std::vector<double> inv_freq;
   double factor = 1.0;
-  // Rotates v (dim values) at position pos; interleaved pairs (DeepSeek) or halves (rotate_half).
-  void apply(float* v, int64_t pos, bool interleave) const {
+  // cos(pos · f_i) · factor and sin(pos · f_i) · factor of each row's position, [rows, dim / 2]:
+  // computed once per forward (set_positions), not per layer and head.
+  std::vector<double> cos_t, sin_t;
+  void set_positions(const std::vector<int64_t>& pos) {
     const int64_t h = dim / 2;
-    std::vector<float> out(static_cast<size_t>(dim));
+    cos_t.resize(pos.size() * size_t(h));
+    sin_t.resize(pos.size() * size_t(h));
+    const int64_t rows = int64_t(pos.size());
+#pragma omp parallel for schedule(static) if (rows * h > 4096)
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t i = 0; i < h; ++i) {
+        const double ang = double(pos[size_t(r)]) * inv_freq[size_t(i)];
+        cos_t[size_t(r * h + i)] = std::cos(ang) * factor;
+        sin_t[size_t(r * h + i)] = std::sin(ang) * factor;
+      }
+  }
+  // Rotates v (dim values) of row `row` (set_positions); interleaved pairs (DeepSeek) or halves (rotate_half).
+  void apply(float* v, int64_t row, bool interleave) const {
+    const int64_t h = dim / 2;
+    float out[1024];  // dim ≤ 2048: the head dims of the supported families are far below (checked at load)
+    MOEX_ASSERT(h <= 1024);
+    const double* c = cos_t.data() + row * h;
+    const double* s = sin_t.data() + row * h;
     for (int64_t i = 0; i < h; ++i) {
-      const double ang = double(pos) * inv_freq[size_t(i)];
-      const double c = std::cos(ang) * factor, s = std::sin(ang) * factor;
       const double x1 = interleave ? v[2 * i] : v[i];
       const double x2 = interleave ? v[2 * i + 1] : v[i + h];
-      out[size_t(i)] = float(x1 * c - x2 * s);
-      out[size_t(i + h)] = float(x2 * c + x1 * s);
+      out[i] = float(x1 * c[i] - x2 * s[i]);
+      out[i + h] = float(x2 * c[i] + x1 * s[i]);
     }
-    std::copy(out.begin(), out.end(), v);
+    std::copy(out, out + dim, v);
   }
 };
 
 // Causal attention of n new query tokens (absolute positions pos0 .. pos0+n-1) over Tk cached keys
 // (positions 0 .. Tk-1), nh query heads over nkv key/value heads (GQA), optional sliding window and sinks.
 // q [n, nh, dq], k [Tk, nkv, dq], v [Tk, nkv, dv] → [n, nh * dv].
+// Compiled for AVX-512 and AVX2 too (chosen at load, ifunc): the 8-lane dot products and the value sums
+// vectorise. No FMA contraction in any clone (fp-contract=off; AVX-512F has FMAs), so every clone
+// computes the same bits.
+__attribute__((target_clones("avx512f", "avx2", "default"), optimize("fp-contract=off")))
 Mat attend(const float* q, const Mat& k, const Mat& v, int64_t n, int64_t Tk, int64_t pos0, int64_t nh, int64_t nkv,
            int64_t dq, int64_t dv, double scaling, int64_t window, const float* sinks) {
-  Mat o(size_t(n * nh * dv), 0.f);
+  Mat o(size_t(n * nh * dv));  // every (query, head) row written below
   const int64_t group = nh / nkv;
   // (head, query) pairs in parallel, each computed by one thread in a fixed order (f32 dot products
   // in 8 fixed lanes, softmax in f64, the value sum in f32 over contiguous value rows)
 #pragma omp parallel if (n * nh * Tk * (dq + dv) > (1 << 16))
   {
     std::vector<double> s(static_cast<size_t>(Tk));
-    std::vector<float> acc(static_cast<size_t>(dv));
+    std::vector<float> wf(static_cast<size_t>(Tk));  // the softmax weights as f32
 #pragma omp for schedule(dynamic, 4) collapse(2)
     for (int64_t h = 0; h < nh; ++h) {
       for (int64_t i = 0; i < n; ++i) {
@@ -169,13 +227,25 @@ Mat attend(const float* q, const Mat& k, const Mat& v, int64_t n, int64_t Tk, in
         if (sinks) mx = std::max(mx, double(sinks[h]));
         double den = sinks ? std::exp(double(sinks[h]) - mx) : 0.0;
         for (int64_t j = j0; j <= j1; ++j) den += (s[size_t(j)] = std::exp(s[size_t(j)] - mx));
-        std::fill(acc.begin(), acc.end(), 0.0f);
-        for (int64_t j = j0; j <= j1; ++j) {
-          const float w = float(s[size_t(j)] / den);
-          const float* vj = v.data() + (j * nkv + kh) * dv;
-          for (int64_t d = 0; d < dv; ++d) acc[size_t(d)] += w * vj[d];
+        for (int64_t j = j0; j <= j1; ++j) wf[size_t(j)] = float(s[size_t(j)] / den);
+        // each output value: Σ_j w_j · v_j[d] in j order, 32 values at a time in registers
+        float* od = o.data() + (i * nh + h) * dv;
+        for (int64_t d0 = 0; d0 < dv; d0 += 32) {
+          float a[32] = {};
+          const int64_t dn = std::min<int64_t>(32, dv - d0);
+          if (dn == 32) {
+            for (int64_t j = j0; j <= j1; ++j) {
+              const float* vj = v.data() + (j * nkv + kh) * dv + d0;
+              for (int u = 0; u < 32; ++u) a[u] += wf[size_t(j)] * vj[u];
+            }
+          } else {
+            for (int64_t j = j0; j <= j1; ++j) {
+              const float* vj = v.data() + (j * nkv + kh) * dv + d0;
+              for (int64_t u = 0; u < dn; ++u) a[u] += wf[size_t(j)] * vj[u];
+            }
+          }
+          std::copy(a, a + dn, od + d0);
         }
-        std::copy(acc.begin(), acc.end(), o.data() + (i * nh + h) * dv);
       }
     }
   }
@@ -193,9 +263,6 @@ struct Segment {
 Mat attention(const Mat& x, int64_t T, const AttentionWeights& a, const TextConfig& t, int64_t layer, const Rope& rope,
               const std::vector<Segment>& segs) {
   const int64_t nh = t.num_attention_heads, nkv = t.num_key_value_heads;
-  std::vector<int64_t> pos(static_cast<size_t>(T));
-  for (const auto& sg : segs)
-    for (int64_t i = 0; i < sg.n; ++i) pos[size_t(sg.row0 + i)] = sg.pos0 + i;
   // Appends rows of K/V to each segment's cache and attends; returns [T, nh * dv].
   auto attend_all = [&](const Mat& q, const Mat& K, const Mat& V, int64_t kh, int64_t dq, int64_t dv, double scaling,
                         int64_t window, const float* sinks) {
@@ -231,11 +298,12 @@ Mat attention(const Mat& x, int64_t T, const AttentionWeights& a, const TextConf
     rmsnorm_inplace(kv_nope, t.kv_lora_rank, a.kv_a_norm, t.rms_norm_eps);
     Mat kvb = linear(kv_nope, T, a.kv_b);  // [T, nh * (nope + vd)]
     Mat K(size_t(T * nh * qk)), V(size_t(T * nh * vd));
+#pragma omp parallel for schedule(static) if (T * nh * qk > (1 << 14))
     for (int64_t i = 0; i < T; ++i) {
-      rope.apply(k_rot.data() + i * rd, pos[size_t(i)], t.rope_interleave);
+      rope.apply(k_rot.data() + i * rd, i, t.rope_interleave);
       for (int64_t h = 0; h < nh; ++h) {
         float* qh = q.data() + (i * nh + h) * qk;
-        rope.apply(qh + nope, pos[size_t(i)], t.rope_interleave);
+        rope.apply(qh + nope, i, t.rope_interleave);
         const float* src = kvb.data() + (i * nh + h) * (nope + vd);
         std::copy_n(src, nope, K.data() + (i * nh + h) * qk);
         std::copy_n(k_rot.data() + i * rd, rd, K.data() + (i * nh + h) * qk + nope);
@@ -262,9 +330,10 @@ Mat attention(const Mat& x, int64_t T, const AttentionWeights& a, const TextConf
     for (Mat* m : {&q, &k, &v})
       for (float& e : *m) e = std::min(std::max(e, -c), c);
   }
+#pragma omp parallel for schedule(static) if (T * (nh + nkv) * hd > (1 << 14))
   for (int64_t i = 0; i < T; ++i) {
-    for (int64_t h = 0; h < nh; ++h) rope.apply(q.data() + (i * nh + h) * hd, pos[size_t(i)], false);
-    for (int64_t h = 0; h < nkv; ++h) rope.apply(k.data() + (i * nkv + h) * hd, pos[size_t(i)], false);
+    for (int64_t h = 0; h < nh; ++h) rope.apply(q.data() + (i * nh + h) * hd, i, false);
+    for (int64_t h = 0; h < nkv; ++h) rope.apply(k.data() + (i * nkv + h) * hd, i, false);
   }
   const Tensor sinks = a.sinks.numel() ? as_f32(a.sinks) : Tensor();
   Mat o = attend_all(q, k, v, nkv, hd, hd, 1.0 / std::sqrt(double(hd)), t.attention_window(layer),
@@ -327,6 +396,42 @@ Mat moe(const Mat& x, int64_t T, const MoeWeights& m, const TextConfig& t, std::
 
 }  // namespace
 
+void pack_linears_for_cpu(ModelWeights& w, int threads) {
+  static const bool off = [] {  // MOEX_CPU_PACK_LINEARS=0: the weights read in place (A/B)
+    const char* v = std::getenv("MOEX_CPU_PACK_LINEARS");
+    return v && std::string(v) == "0";
+  }();
+  if (off || w.dtype != DType::bf16 || !cpu::kernels().packed_matmul_bf16) return;
+  std::vector<std::pair<const Tensor*, std::shared_ptr<const PackedLinear>*>> todo;
+  auto add = [&](Linear& l) {
+    if (l.defined() && l.weight.dtype() == DType::bf16 && l.weight.view().rank == 2) todo.push_back({&l.weight, &l.packed});
+  };
+  for (LayerWeights& lw : w.layers) {
+    AttentionWeights& a = lw.attn;
+    for (Linear* l : {&a.q, &a.k, &a.v, &a.o, &a.q_a, &a.q_b, &a.kv_a, &a.kv_b}) add(*l);
+    for (Linear* l : {&lw.mlp.gate, &lw.mlp.up, &lw.mlp.down}) add(*l);
+    MoeWeights& m = lw.moe;
+    for (Linear* l : {&m.router, &m.shared.gate, &m.shared.up, &m.shared.down, &m.shared_gate}) add(*l);
+  }
+  if (w.lm_head.numel() > 0 && w.lm_head.dtype() == DType::bf16) todo.push_back({&w.lm_head, &w.lm_head_packed});
+  std::vector<std::shared_ptr<PackedLinear>> made(todo.size());
+  for (size_t i = 0; i < todo.size(); ++i) {  // allocations here: errors are not thrown inside the parallel loop
+    const Tensor& wt = *todo[i].first;
+    auto p = std::make_shared<PackedLinear>();
+    p->out = wt.size(0);
+    p->in = wt.size(1);
+    const size_t bytes = size_t((p->out + cpu::kPanelCols - 1) / cpu::kPanelCols) * size_t(cpu::packed_bf16_panel_elems(p->in)) * 2;
+    void* mem = detail::host_alloc(bytes);
+    if (!mem) detail::fail(ErrorCode::out_of_memory, "packing a [{}, {}] linear for the CPU kernels: cannot allocate {} bytes", p->out, p->in, bytes);
+    p->panels = std::unique_ptr<uint16_t[], void (*)(void*)>(static_cast<uint16_t*>(mem), &std::free);
+    made[i] = std::move(p);
+  }
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
+  for (size_t i = 0; i < todo.size(); ++i)
+    cpu::pack_rows_bf16(todo[i].first->ptr<uint16_t>(), made[i]->in, 0, made[i]->out, made[i]->panels.get());
+  for (size_t i = 0; i < todo.size(); ++i) *todo[i].second = std::move(made[i]);
+}
+
 void rope_inv_freq(const RopeConfig& r, int64_t dim, int64_t max_pos, std::vector<double>& inv_freq, double& af) {
   const int64_t h = dim / 2;
   inv_freq.assign(size_t(h), 0.0);
@@ -376,8 +481,8 @@ void rope_inv_freq(const RopeConfig& r, int64_t dim, int64_t max_pos, std::vecto
   (void)max_pos;
 }
 
-std::vector<float> forward_batch(const ModelWeights& w, const TextConfig& t, const std::vector<SequenceChunk>& chunks,
-                                 std::string_view backend) {
+Floats forward_batch(const ModelWeights& w, const TextConfig& t, const std::vector<SequenceChunk>& chunks,
+                     std::string_view backend, LogitRows logit_rows) {
   const int64_t H = t.hidden_size, V = t.vocab_size;
   MOEX_CHECK(!chunks.empty(), "forward: no sequences");
   std::vector<Segment> segs;
@@ -398,6 +503,18 @@ std::vector<float> forward_batch(const ModelWeights& w, const TextConfig& t, con
   Rope rope;
   rope.dim = t.family == ModelFamily::deepseek_v3 ? t.qk_rope_head_dim : t.head_dim;
   rope_inv_freq(t.rope, rope.dim, t.max_position_embeddings, rope.inv_freq, rope.factor);
+  {
+    std::vector<int64_t> pos(static_cast<size_t>(T));
+    for (const auto& sg : segs)
+      for (int64_t i = 0; i < sg.n; ++i) pos[size_t(sg.row0 + i)] = sg.pos0 + i;
+    rope.set_positions(pos);
+  }
+  // x += a, elementwise (in parallel for many rows)
+  const auto add_into = [](Mat& x, const Mat& a) {
+    const int64_t n = int64_t(x.size());
+#pragma omp parallel for schedule(static) if (n > (1 << 16))
+    for (int64_t i = 0; i < n; ++i) x[size_t(i)] += a[size_t(i)];
+  };
 
   Mat x(size_t(T * H));
   for (const auto& c : chunks)
@@ -415,22 +532,32 @@ std::vector<float> forward_batch(const ModelWeights& w, const TextConfig& t, con
     Mat h = x;
     rmsnorm_inplace(h, H, lw.input_norm, t.rms_norm_eps);
     Mat a = attention(h, T, lw.attn, t, l, rope, segs);
-    for (size_t i = 0; i < x.size(); ++i) x[i] += a[i];
+    add_into(x, a);
     h = x;
     rmsnorm_inplace(h, H, lw.post_attention_norm, t.rms_norm_eps);
     Mat m = lw.is_moe ? moe(h, T, lw.moe, t, backend) : dense_mlp(h, T, lw.mlp, t.hidden_act);
-    for (size_t i = 0; i < x.size(); ++i) x[i] += m[i];
+    add_into(x, m);
   }
   for (const auto& sg : segs) sg.cache->length += sg.n;
+  int64_t rows = T;
+  if (logit_rows == LogitRows::last) {  // each chunk's last row only: the rows generation picks from
+    Mat last(segs.size() * size_t(H));
+    for (size_t c = 0; c < segs.size(); ++c)
+      std::copy_n(x.data() + (segs[c].row0 + segs[c].n - 1) * H, H, last.data() + c * size_t(H));
+    x = std::move(last);
+    rows = int64_t(segs.size());
+  }
   rmsnorm_inplace(x, H, w.final_norm, t.rms_norm_eps);
   Linear head;
   head.weight = w.lm_head;
-  return linear(x, T, head);
+  head.packed = w.lm_head_packed;
+  return linear(x, rows, head);
 }
 
 std::vector<float> forward_tokens(const ModelWeights& w, const TextConfig& t, const int64_t* ids, int64_t T,
                                   KvCache& cache, std::string_view backend) {
-  return forward_batch(w, t, {SequenceChunk{ids, T, &cache}}, backend);
+  const Floats logits = forward_batch(w, t, {SequenceChunk{ids, T, &cache}}, backend);
+  return std::vector<float>(logits.begin(), logits.end());
 }
 
 std::vector<float> reference_logits(const ModelWeights& w, const TextConfig& t, const std::vector<int64_t>& ids,

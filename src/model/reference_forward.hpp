@@ -5,6 +5,9 @@
 // The routed experts run through any registered experts backend.
 #pragma once
 #include <cstdint>
+#include <memory>
+#include <new>
+#include <utility>
 #include <string_view>
 #include <vector>
 
@@ -12,10 +15,34 @@
 
 namespace moex::model {
 
+// std::allocator whose value-initialisation leaves elements uninitialised: the forward's buffers are
+// written whole by their producers, so zero-filling them first (a serial memset of up to T·V floats
+// for the logits) is wasted.
+template <class T>
+struct UninitAllocator : std::allocator<T> {
+  template <class U>
+  struct rebind {
+    using other = UninitAllocator<U>;
+  };
+  UninitAllocator() = default;
+  template <class U>
+  UninitAllocator(const UninitAllocator<U>&) noexcept {}
+  template <class U>
+  void construct(U* p) noexcept {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <class U, class... A>
+  void construct(U* p, A&&... a) {
+    ::new (static_cast<void*>(p)) U(std::forward<A>(a)...);
+  }
+};
+// Row-major f32 rows of the forward (activations, logits).
+using Floats = std::vector<float, UninitAllocator<float>>;
+
 // The keys and values of one sequence, per layer: [len, kv_heads, k_dim] and [len, kv_heads, v_dim]
 // (DeepSeek-V3 MLA: expanded per head).
 struct KvCache {
-  std::vector<std::vector<float>> k, v;
+  std::vector<Floats> k, v;
   int64_t length = 0;  // tokens cached = position of the next token
 };
 
@@ -23,6 +50,10 @@ struct KvCache {
 // keys/values to `cache`; returns their logits [T, V] (row-major f32).
 std::vector<float> forward_tokens(const ModelWeights& w, const TextConfig& t, const int64_t* ids, int64_t T,
                                   KvCache& cache, std::string_view experts_backend = "grouped_mm");
+
+// Which rows' logits forward_batch computes: every row (forward), or each chunk's last row (the
+// prefill and decode steps of generation, which pick the next token from it).
+enum class LogitRows { all, last };
 
 // New tokens of one sequence for forward_batch.
 struct SequenceChunk {
@@ -33,9 +64,10 @@ struct SequenceChunk {
 
 // Runs several sequences' new tokens packed into one batch (row-wise work — norms, projections,
 // routing, the experts call — over all rows at once; attention per sequence over its own cache).
-// Returns the logits of all rows [sum n, V] in chunk order.
-std::vector<float> forward_batch(const ModelWeights& w, const TextConfig& t, const std::vector<SequenceChunk>& chunks,
-                                 std::string_view experts_backend = "grouped_mm");
+// Returns the logits of all rows [sum n, V] in chunk order, or with LogitRows::last of each chunk's
+// last row [chunks, V].
+Floats forward_batch(const ModelWeights& w, const TextConfig& t, const std::vector<SequenceChunk>& chunks,
+                     std::string_view experts_backend = "grouped_mm", LogitRows rows = LogitRows::all);
 
 // Logits [L, V] (row-major f32) for the token ids of one sequence. With f32 weights everything is f32
 // (accumulations in f64). With bf16/f16 weights the weights are widened exactly to f32 for the dense
@@ -49,6 +81,12 @@ std::vector<float> reference_logits(const ModelWeights& w, const TextConfig& t, 
 std::vector<int64_t> reference_greedy(const ModelWeights& w, const TextConfig& t, std::vector<int64_t> ids,
                                       int64_t max_new_tokens, const std::vector<int64_t>& eos,
                                       std::string_view experts_backend = "grouped_mm");
+
+// Packs every bf16 dense linear of `w` (attention, dense and shared MLPs, routers, lm_head) for the
+// CPU's packed bf16 kernel, where the kernel table has it (AVX512_BF16 without AMX); does nothing
+// otherwise. Memory: one more copy of those weights (rows padded to 32, in to even), kept beside the
+// originals (the decode steps' f32-input path and the embedding read those). `threads` threads.
+void pack_linears_for_cpu(ModelWeights& w, int threads);
 
 // RoPE inverse frequencies (dim/2 values) and the attention factor that scales cos/sin, for the
 // rotary dimension `dim` (head_dim; DeepSeek-V3: qk_rope_head_dim).

@@ -10,6 +10,7 @@
 // Private to the library (the model runtime builds on it); tests include it through src/.
 #pragma once
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -20,10 +21,19 @@
 
 namespace moex::model {
 
-// y = x · weightᵀ + bias; weight [out, in]. bias undefined when absent.
+// A bf16 weight [out, in] repacked for the CPU's packed bf16 kernel (PackedBf16MatmulArgs): panels
+// [ceil(out / 32), ceil(in / 2), 32, 2] on huge pages where they fit (pack_linears_for_cpu).
+struct PackedLinear {
+  std::unique_ptr<uint16_t[], void (*)(void*)> panels{nullptr, nullptr};
+  int64_t out = 0, in = 0;
+};
+
+// y = x · weightᵀ + bias; weight [out, in]. bias undefined when absent. packed: the weight's panels
+// for the CPU kernels, or null (then the weight is read in place).
 struct Linear {
   Tensor weight;
   Tensor bias;
+  std::shared_ptr<const PackedLinear> packed;
   bool defined() const { return weight.numel() > 0; }
   bool has_bias() const { return bias.numel() > 0; }
 };
@@ -71,6 +81,7 @@ struct ModelWeights {
   Tensor embed;        // [V, H]
   Tensor final_norm;   // [H]
   Tensor lm_head;      // [V, H]; shares embed's storage when tied
+  std::shared_ptr<const PackedLinear> lm_head_packed;  // pack_linears_for_cpu, or null
   bool tied = false;
   std::vector<LayerWeights> layers;
 };

@@ -108,7 +108,9 @@ void pack_rows(const float* w, bool transposed, int64_t N, int64_t K, int64_t r0
   }
 }
 
-// The same for bf16 weights: panels [ceil(K / 2), 32, 2], element (j, c, h) = W[row + c, 2j + h].
+}  // namespace
+
+// (packed_weights.hpp) The same for bf16 weights: panels [ceil(K / 2), 32, 2], element (j, c, h) = W[row + c, 2j + h].
 void pack_rows_bf16(const uint16_t* w, int64_t K, int64_t r0, int64_t n, uint16_t* dst) {
   const int64_t panels = padded_rows(n) / kPanelCols, pairs = (K + 1) / 2;
   for (int64_t p = 0; p < panels; ++p) {
@@ -126,6 +128,8 @@ void pack_rows_bf16(const uint16_t* w, int64_t K, int64_t r0, int64_t n, uint16_
     }
   }
 }
+
+namespace {
 
 // A cheap fingerprint of one expert's weights: the 64 bytes from each of 16 places spread over each
 // matrix (checked on every call: about 32 cache misses per routed expert). Whole 64-byte runs, not
