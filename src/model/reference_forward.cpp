@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <limits>
 
@@ -23,12 +24,85 @@ using Mat = Floats;  // row-major [rows, cols], elements uninitialised until wri
 // The tensor as f32 (itself, or an exact widening of bf16/f16 weights).
 Tensor as_f32(const Tensor& t) { return t.dtype() == DType::f32 ? t : convert_tensor(t.view(), DType::f32); }
 
+// The split of f32 rows x into two bf16 terms, x = hi + lo (hi = bf16(x), lo = bf16(x − hi)); see linear().
+struct SplitTerms {
+  std::vector<uint16_t, UninitAllocator<uint16_t>> hi, lo;  // every element written
+  explicit SplitTerms(const Mat& x) : hi(x.size()), lo(x.size()) {
+    const int64_t n = int64_t(x.size());
+#pragma omp parallel for schedule(static) if (n > (1 << 16))
+    for (int64_t i = 0; i < n; ++i) {
+      hi[size_t(i)] = float_to_bf16(x[size_t(i)]);
+      lo[size_t(i)] = float_to_bf16(x[size_t(i)] - bf16_to_float(hi[size_t(i)]));
+    }
+  }
+};
+
+// Whether linear l of input width `in` runs on its packed panels for T rows (pack_linears_for_cpu).
+bool packed_path(const Linear& l, int64_t T, int64_t in) {
+  const cpu::KernelTable& kt = cpu::kernels();
+  return l.packed && kt.packed_matmul_bf16 && kt.bf16_dot && T >= 8 && l.weight.dtype() == DType::bf16 && l.weight.size(1) == in;
+}
+
+// y_i [T, out_i] = x [T, in] · W_iᵀ (+ b_i) for several linears of one input on their packed panels
+// (packed_path): x split into its two bf16 terms once, every linear's column tiles of 64 (two panels)
+// shared out over the threads in one loop. Each output is one f32 chain per term in k order (the
+// packed kernel), y = y_hi + (y_lo + b), whatever T or the thread count.
+std::vector<Mat> packed_linears(const Mat& x, int64_t T, const std::vector<const Linear*>& ls) {
+  const cpu::KernelTable& kt = cpu::kernels();
+  const int64_t in = ls.front()->weight.size(1);
+  MOEX_ASSERT(int64_t(x.size()) == T * in);
+  const SplitTerms xs(x);
+  struct Job {
+    const Linear* l;
+    Tensor bias;  // f32, or undefined
+    Mat y, y2;
+  };
+  std::vector<Job> jobs;
+  std::vector<std::pair<size_t, int64_t>> tiles;  // (job, first column)
+  for (const Linear* l : ls) {
+    const int64_t out = l->weight.size(0);
+    MOEX_ASSERT(l->packed->out == out && l->packed->in == in);
+    jobs.push_back({l, l->has_bias() ? as_f32(l->bias) : Tensor(), Mat(size_t(T * out)), Mat(size_t(T * out))});
+    for (int64_t c = 0; c < out; c += 64) tiles.push_back({jobs.size() - 1, c});
+  }
+  const int64_t panel_elems = cpu::packed_bf16_panel_elems(in);
+#pragma omp parallel for schedule(dynamic, 1)
+  for (size_t i = 0; i < tiles.size(); ++i) {
+    Job& j = jobs[tiles[i].first];
+    const int64_t c0 = tiles[i].second, out = j.l->packed->out, w = std::min<int64_t>(64, out - c0);
+    const float* b = j.bias.numel() ? j.bias.ptr<float>() : nullptr;
+    cpu::PackedBf16MatmulArgs a;
+    a.ldx = in;
+    a.m = T;
+    a.k = in;
+    a.panels = j.l->packed->panels.get() + (c0 / cpu::kPanelCols) * panel_elems;
+    a.ldy = out;
+    a.n0 = 0;
+    a.n1 = w;
+    a.x = xs.hi.data();
+    a.y = j.y.data() + c0;
+    kt.packed_matmul_bf16(a);
+    a.x = xs.lo.data();
+    a.y = j.y2.data() + c0;
+    kt.packed_matmul_bf16(a);
+    for (int64_t r = 0; r < T; ++r) {
+      float* yr = j.y.data() + r * out + c0;
+      const float* y2r = j.y2.data() + r * out + c0;
+      for (int64_t o = 0; o < w; ++o) yr[o] += y2r[o] + (b ? b[c0 + o] : 0.0f);
+    }
+  }
+  std::vector<Mat> ys;
+  for (Job& j : jobs) ys.push_back(std::move(j.y));
+  return ys;
+}
+
 // y [T, out] = x [T, in] · Wᵀ (+ b) on the CPU matmul kernels (f32 accumulation; weights read in
 // their dtype, no converted copy), output columns split over threads in tiles: each element is
 // computed by one thread in a fixed order, so results do not depend on the thread count.
 Mat linear(const Mat& x, int64_t T, const Linear& l) {
   const int64_t out = l.weight.size(0), in = l.weight.size(1);
   MOEX_ASSERT(int64_t(x.size()) == T * in);
+  if (packed_path(l, T, in)) return std::move(packed_linears(x, T, {&l}).front());
   const Tensor bt = l.has_bias() ? as_f32(l.bias) : Tensor();
   const float* b = l.has_bias() ? bt.ptr<float>() : nullptr;
   const DType dt = l.weight.dtype();
@@ -41,45 +115,11 @@ Mat linear(const Mat& x, int64_t T, const Linear& l) {
   // (rounding x to bf16 alone flipped a near-tie routing decision of the deepseek_v3 fixture) and
   // still run several times faster than widening the weights. Otherwise x stays f32.
   const bool split = dt == DType::bf16 && kt.bf16_dot && T >= 8;
-  std::vector<uint16_t, UninitAllocator<uint16_t>> hi, lo;  // every element written below
+  std::unique_ptr<SplitTerms> xs;
   Mat y2;
   if (split) {
-    hi.resize(x.size());
-    lo.resize(x.size());
-    const int64_t n = int64_t(x.size());
-#pragma omp parallel for schedule(static) if (n > (1 << 16))
-    for (int64_t i = 0; i < n; ++i) {
-      hi[size_t(i)] = float_to_bf16(x[size_t(i)]);
-      lo[size_t(i)] = float_to_bf16(x[size_t(i)] - bf16_to_float(hi[size_t(i)]));
-    }
+    xs = std::make_unique<SplitTerms>(x);
     y2.resize(y.size());
-  }
-  if (split && l.packed && kt.packed_matmul_bf16) {
-    // The packed panels (pack_linears_for_cpu) on the packed kernel: both terms per column tile of 64
-    // (two panels), each output one f32 chain per term in k order, whatever T or the thread count.
-    MOEX_ASSERT(l.packed->out == out && l.packed->in == in);
-    const int64_t panel_elems = cpu::packed_bf16_panel_elems(in);
-    const int64_t tiles = (out + 63) / 64;
-#pragma omp parallel for schedule(dynamic, 1)
-    for (int64_t t = 0; t < tiles; ++t) {
-      cpu::PackedBf16MatmulArgs a;
-      a.ldx = in;
-      a.m = T;
-      a.k = in;
-      a.panels = l.packed->panels.get() + (t * 64 / cpu::kPanelCols) * panel_elems;
-      a.ldy = out;
-      a.n0 = 0;
-      a.n1 = std::min<int64_t>(64, out - t * 64);
-      a.x = hi.data();
-      a.y = y.data() + t * 64;
-      kt.packed_matmul_bf16(a);
-      a.x = lo.data();
-      a.y = y2.data() + t * 64;
-      kt.packed_matmul_bf16(a);
-      for (int64_t r = 0; r < T; ++r)
-        for (int64_t o = t * 64; o < t * 64 + a.n1; ++o) y[size_t(r * out + o)] += y2[size_t(r * out + o)] + (b ? b[o] : 0.0f);
-    }
-    return y;
   }
   // wide tiles on the split path: the AMX kernel packs its rows once per call
   const int64_t cols = split ? std::max<int64_t>(64, (out / 8 + 63) / 64 * 64) : 64;
@@ -99,10 +139,10 @@ Mat linear(const Mat& x, int64_t T, const Linear& l) {
     a.n1 = std::min(out, a.n0 + cols);
     if (split) {
       a.xdtype = DType::bf16;
-      a.x = lo.data();
+      a.x = xs->lo.data();
       a.y = y2.data();
       kt.matmul(a);
-      a.x = hi.data();
+      a.x = xs->hi.data();
     } else {
       a.xdtype = DType::f32;
       a.x = x.data();
@@ -142,8 +182,21 @@ float act(const std::string& a, float g) {
   return float(0.5 * g * (1.0 + std::tanh(k * (g + 0.044715 * double(g) * g * g))));
 }
 
+// linear() of several linears of one input: together on the packed path (one split of x, one loop
+// over all their tiles), each alone otherwise.
+std::vector<Mat> linears(const Mat& x, int64_t T, const std::vector<const Linear*>& ls) {
+  bool together = true;
+  for (const Linear* l : ls) together = together && packed_path(*l, T, ls.front()->weight.size(1));
+  if (together) return packed_linears(x, T, ls);
+  std::vector<Mat> ys;
+  for (const Linear* l : ls) ys.push_back(linear(x, T, *l));
+  return ys;
+}
+
 Mat dense_mlp(const Mat& x, int64_t T, const DenseMlp& m, const std::string& a) {
-  Mat g = linear(x, T, m.gate), u = linear(x, T, m.up);
+  std::vector<Mat> gu = linears(x, T, {&m.gate, &m.up});
+  Mat& g = gu[0];
+  const Mat& u = gu[1];
   const int64_t n = int64_t(g.size());
 #pragma omp parallel for schedule(static) if (n > (1 << 15))
   for (int64_t i = 0; i < n; ++i) g[size_t(i)] = act(a, g[size_t(i)]) * u[size_t(i)];
@@ -190,6 +243,9 @@ struct Rope {
 // Causal attention of n new query tokens (absolute positions pos0 .. pos0+n-1) over Tk cached keys
 // (positions 0 .. Tk-1), nh query heads over nkv key/value heads (GQA), optional sliding window and sinks.
 // q [n, nh, dq], k [Tk, nkv, dq], v [Tk, nkv, dv] → [n, nh * dv].
+// 16 keys' partial dot products (GCC vector extension: one zmm, two ymm or four xmm, elementwise).
+typedef float KeyLanes __attribute__((vector_size(64)));
+
 // Compiled for AVX-512 and AVX2 too (chosen at load, ifunc): the 8-lane dot products and the value sums
 // vectorise. No FMA contraction in any clone (fp-contract=off; AVX-512F has FMAs), so every clone
 // computes the same bits.
@@ -198,6 +254,22 @@ Mat attend(const float* q, const Mat& k, const Mat& v, int64_t n, int64_t Tk, in
            int64_t dq, int64_t dv, double scaling, int64_t window, const float* sinks) {
   Mat o(size_t(n * nh * dv));  // every (query, head) row written below
   const int64_t group = nh / nkv;
+  // Many queries (prefill): the keys of each kv head transposed in tiles of 16, kt [nkv, tiles, dq, 16]
+  // (zero past Tk), so that one query's dot products run 16 keys at a time, each key's in the same
+  // order as below (8 lanes, the same tree, the tail after it): the same bits.
+  constexpr int64_t kKeyTile = 16;
+  const int64_t key_tiles = (Tk + kKeyTile - 1) / kKeyTile;
+  const bool tiled = n >= kKeyTile;
+  std::vector<float> kt(tiled ? size_t(nkv * key_tiles * dq * kKeyTile) : 0, 0.0f);
+  if (tiled) {
+#pragma omp parallel for schedule(static) collapse(2) if (Tk * nkv * dq > (1 << 16))
+    for (int64_t kh = 0; kh < nkv; ++kh)
+      for (int64_t j = 0; j < Tk; ++j) {
+        float* t = kt.data() + ((kh * key_tiles + j / kKeyTile) * dq) * kKeyTile + j % kKeyTile;
+        const float* kj = k.data() + (j * nkv + kh) * dq;
+        for (int64_t d = 0; d < dq; ++d) t[d * kKeyTile] = kj[d];
+      }
+  }
   // (head, query) pairs in parallel, each computed by one thread in a fixed order (f32 dot products
   // in 8 fixed lanes, softmax in f64, the value sum in f32 over contiguous value rows)
 #pragma omp parallel if (n * nh * Tk * (dq + dv) > (1 << 16))
@@ -213,7 +285,28 @@ Mat attend(const float* q, const Mat& k, const Mat& v, int64_t n, int64_t Tk, in
         const int64_t j1 = std::min(p, Tk - 1);
         const float* qi = q + (i * nh + h) * dq;
         double mx = -std::numeric_limits<double>::infinity();
-        for (int64_t j = j0; j <= j1; ++j) {
+        for (int64_t jt = j0 / kKeyTile; tiled && jt * kKeyTile <= j1; ++jt) {
+          const float* t = kt.data() + (kh * key_tiles + jt) * dq * kKeyTile;
+          KeyLanes lane[8] = {}, keys;  // keys: row d of the tile, the 16 keys' element d
+          int64_t d = 0;
+          for (; d + 8 <= dq; d += 8)
+            for (int u = 0; u < 8; ++u) {
+              std::memcpy(&keys, t + (d + u) * kKeyTile, sizeof keys);
+              lane[u] += qi[d + u] * keys;
+            }
+          KeyLanes dot = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+          for (; d < dq; ++d) {
+            std::memcpy(&keys, t + d * kKeyTile, sizeof keys);
+            dot += qi[d] * keys;
+          }
+          for (int c = 0; c < kKeyTile; ++c) {
+            const int64_t j = jt * kKeyTile + c;
+            if (j < j0 || j > j1) continue;
+            s[size_t(j)] = double(dot[c]) * scaling;
+            mx = std::max(mx, s[size_t(j)]);
+          }
+        }
+        for (int64_t j = j0; !tiled && j <= j1; ++j) {
           const float* kj = k.data() + (j * nkv + kh) * dq;
           float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
           int64_t d = 0;
@@ -319,7 +412,10 @@ Mat attention(const Mat& x, int64_t T, const AttentionWeights& a, const TextConf
     return linear(o, T, a.o);
   }
   const int64_t hd = t.head_dim;
-  Mat q = linear(x, T, a.q), k = linear(x, T, a.k), v = linear(x, T, a.v);
+  std::vector<Mat> qkv = linears(x, T, {&a.q, &a.k, &a.v});
+  Mat& q = qkv[0];
+  Mat& k = qkv[1];
+  Mat& v = qkv[2];
   if (t.qk_norm) {
     const bool per_head = t.family == ModelFamily::qwen3_moe;
     rmsnorm_inplace(q, per_head ? hd : nh * hd, a.q_norm, t.rms_norm_eps);
