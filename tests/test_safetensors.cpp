@@ -823,7 +823,7 @@ TEST(Model, ExpertsImplementationMap) {
 
 TEST(Model, LongPromptAtOnceMatchesTokenByToken) {
   // A 40-token prompt in one forward (attention of >= 16 queries: keys in transposed tiles; packed
-  // bf16 linears) against the same tokens one at a time through the KV cache (one query: the plain
+  // bf16 linears with bf16 inputs) against the same tokens one at a time through the KV cache (one query: the plain
   // loop; f32 inputs to the linears): every position's logits agree. Fixtures with GQA, MLA and
   // sliding windows + sinks.
   for (const char* name : {"qwen3_moe", "deepseek_v3", "gpt_oss"}) {
@@ -842,10 +842,12 @@ TEST(Model, LongPromptAtOnceMatchesTokenByToken) {
       for (int64_t i = 0; i < L; ++i) {
         const auto one = model::forward_tokens(w, cfg.text, ids.data() + i, 1, step_cache);
         const double err = rel_l2(all.data() + i * V, one.data(), V);
-        // f32: both ways f32 math (different summation orders only). bf16: x as two bf16 terms (~16
-        // bits) against exact f32 inputs, and the bf16 roundings of the experts' inputs and outputs
-        // that such differences move (SPEC §8's bf16 bound: measured up to 2.5e-3)
-        EXPECT_LE(err, dt == DType::f32 ? 1e-5 : 1e-2) << name << " " << dtype_name(dt) << " position " << i;
+        // f32: both ways f32 math (different summation orders only). bf16: the linears' inputs
+        // rounded to bf16 (MOEX_CPU_LINEAR_TERMS=1, the default; two terms: ~16 bits) against exact
+        // f32 inputs, and the bf16 roundings of the experts' inputs and outputs that such differences
+        // move: measured up to 1.0e-2 (deepseek_v3) with one term, 2.5e-3 with two, against SPEC
+        // §8's 3e-2 for bf16 model logits
+        EXPECT_LE(err, dt == DType::f32 ? 1e-5 : 3e-2) << name << " " << dtype_name(dt) << " position " << i;
       }
     }
   }

@@ -24,17 +24,36 @@ using Mat = Floats;  // row-major [rows, cols], elements uninitialised until wri
 // The tensor as f32 (itself, or an exact widening of bf16/f16 weights).
 Tensor as_f32(const Tensor& t) { return t.dtype() == DType::f32 ? t : convert_tensor(t.view(), DType::f32); }
 
-// The split of f32 rows x into two bf16 terms, x = hi + lo (hi = bf16(x), lo = bf16(x − hi)); see linear().
+// Terms of x in the bf16 linears of T >= 8 rows (MOEX_CPU_LINEAR_TERMS, read once), as the CUDA
+// runtime's MOEX_CUDA_LINEAR_TERMS: 1 = bf16(x) only (the default: the reference library's rounding of
+// a bf16 layer's input, half the products), 2 = x ≈ hi + lo with hi = bf16(x), lo = bf16(x − hi) (~16
+// mantissa bits; two passes). Fewer rows (decode steps, short prompts) keep x in f32 either way.
+// Development VM (AMD EPYC, 2 threads), 2026-12-05: a random 1024-wide Qwen3-MoE prefill of 256 tokens
+// 1440–1480 tok/s with one term, 1163–1175 with two; a 40-token prompt's bf16 logits against the same
+// tokens one at a time with f32 inputs: worst 1.0e-2 with one term (deepseek_v3 fixture), 2.5e-3 with
+// two (Model.LongPromptAtOnceMatchesTokenByToken). An earlier form rounded the inputs of every T and
+// flipped a near-tie routing decision of the deepseek_v3 fixture's 6-token prompt (0.43 away).
+int linear_terms() {
+  static const int terms = [] {
+    const char* e = std::getenv("MOEX_CPU_LINEAR_TERMS");
+    return e && std::string(e) == "2" ? 2 : 1;
+  }();
+  return terms;
+}
+
+// f32 rows x as bf16 terms (linear_terms()): hi = bf16(x), and with two terms lo = bf16(x − hi).
 struct SplitTerms {
   std::vector<uint16_t, UninitAllocator<uint16_t>> hi, lo;  // every element written
-  explicit SplitTerms(const Mat& x) : hi(x.size()), lo(x.size()) {
+  explicit SplitTerms(const Mat& x) : hi(x.size()), lo(linear_terms() == 2 ? x.size() : 0) {
     const int64_t n = int64_t(x.size());
+    const bool two = !lo.empty();
 #pragma omp parallel for schedule(static) if (n > (1 << 16))
     for (int64_t i = 0; i < n; ++i) {
       hi[size_t(i)] = float_to_bf16(x[size_t(i)]);
-      lo[size_t(i)] = float_to_bf16(x[size_t(i)] - bf16_to_float(hi[size_t(i)]));
+      if (two) lo[size_t(i)] = float_to_bf16(x[size_t(i)] - bf16_to_float(hi[size_t(i)]));
     }
   }
+  bool two() const { return !lo.empty(); }
 };
 
 // Whether linear l of input width `in` runs on its packed panels for T rows (pack_linears_for_cpu).
@@ -44,9 +63,9 @@ bool packed_path(const Linear& l, int64_t T, int64_t in) {
 }
 
 // y_i [T, out_i] = x [T, in] · W_iᵀ (+ b_i) for several linears of one input on their packed panels
-// (packed_path): x split into its two bf16 terms once, every linear's column tiles of 64 (two panels)
-// shared out over the threads in one loop. Each output is one f32 chain per term in k order (the
-// packed kernel), y = y_hi + (y_lo + b), whatever T or the thread count.
+// (packed_path): x made into its bf16 terms once (SplitTerms), every linear's column tiles of 64 (two
+// panels) shared out over the threads in one loop. Each output is one f32 chain per term in k order
+// (the packed kernel), y = y_hi + (y_lo + b) or y_hi + b, whatever T or the thread count.
 std::vector<Mat> packed_linears(const Mat& x, int64_t T, const std::vector<const Linear*>& ls) {
   const cpu::KernelTable& kt = cpu::kernels();
   const int64_t in = ls.front()->weight.size(1);
@@ -62,7 +81,7 @@ std::vector<Mat> packed_linears(const Mat& x, int64_t T, const std::vector<const
   for (const Linear* l : ls) {
     const int64_t out = l->weight.size(0);
     MOEX_ASSERT(l->packed->out == out && l->packed->in == in);
-    jobs.push_back({l, l->has_bias() ? as_f32(l->bias) : Tensor(), Mat(size_t(T * out)), Mat(size_t(T * out))});
+    jobs.push_back({l, l->has_bias() ? as_f32(l->bias) : Tensor(), Mat(size_t(T * out)), Mat(xs.two() ? size_t(T * out) : 0)});
     for (int64_t c = 0; c < out; c += 64) tiles.push_back({jobs.size() - 1, c});
   }
   const int64_t panel_elems = cpu::packed_bf16_panel_elems(in);
@@ -82,13 +101,18 @@ std::vector<Mat> packed_linears(const Mat& x, int64_t T, const std::vector<const
     a.x = xs.hi.data();
     a.y = j.y.data() + c0;
     kt.packed_matmul_bf16(a);
-    a.x = xs.lo.data();
-    a.y = j.y2.data() + c0;
-    kt.packed_matmul_bf16(a);
-    for (int64_t r = 0; r < T; ++r) {
-      float* yr = j.y.data() + r * out + c0;
-      const float* y2r = j.y2.data() + r * out + c0;
-      for (int64_t o = 0; o < w; ++o) yr[o] += y2r[o] + (b ? b[c0 + o] : 0.0f);
+    if (xs.two()) {
+      a.x = xs.lo.data();
+      a.y = j.y2.data() + c0;
+      kt.packed_matmul_bf16(a);
+      for (int64_t r = 0; r < T; ++r) {
+        float* yr = j.y.data() + r * out + c0;
+        const float* y2r = j.y2.data() + r * out + c0;
+        for (int64_t o = 0; o < w; ++o) yr[o] += y2r[o] + (b ? b[c0 + o] : 0.0f);
+      }
+    } else if (b) {
+      for (int64_t r = 0; r < T; ++r)
+        for (int64_t o = 0; o < w; ++o) j.y[size_t(r * out + c0 + o)] += b[c0 + o];
     }
   }
   std::vector<Mat> ys;
@@ -110,16 +134,15 @@ Mat linear(const Mat& x, int64_t T, const Linear& l) {
   Mat y(size_t(T * out));
   if (T == 0) return y;
   const cpu::KernelTable& kt = cpu::kernels();
-  // NOTE: bf16 weights with many rows run on vdpbf16ps/AMX with the f32 inputs split in two bf16
-  // terms, x = hi + lo (hi = bf16(x), lo = bf16(x − hi)): two passes keep ~16 mantissa bits of x
-  // (rounding x to bf16 alone flipped a near-tie routing decision of the deepseek_v3 fixture) and
-  // still run several times faster than widening the weights. Otherwise x stays f32.
+  // bf16 weights with many rows run on vdpbf16ps/AMX with x as bf16 terms (linear_terms(): one,
+  // the reference's rounding, or two, ~16 bits), several times faster than widening the weights.
+  // Otherwise x stays f32.
   const bool split = dt == DType::bf16 && kt.bf16_dot && T >= 8;
   std::unique_ptr<SplitTerms> xs;
   Mat y2;
   if (split) {
     xs = std::make_unique<SplitTerms>(x);
-    y2.resize(y.size());
+    if (xs->two()) y2.resize(y.size());
   }
   // wide tiles on the split path: the AMX kernel packs its rows once per call
   const int64_t cols = split ? std::max<int64_t>(64, (out / 8 + 63) / 64 * 64) : 64;
@@ -139,9 +162,11 @@ Mat linear(const Mat& x, int64_t T, const Linear& l) {
     a.n1 = std::min(out, a.n0 + cols);
     if (split) {
       a.xdtype = DType::bf16;
-      a.x = xs->lo.data();
-      a.y = y2.data();
-      kt.matmul(a);
+      if (xs->two()) {
+        a.x = xs->lo.data();
+        a.y = y2.data();
+        kt.matmul(a);
+      }
       a.x = xs->hi.data();
     } else {
       a.xdtype = DType::f32;
@@ -149,10 +174,11 @@ Mat linear(const Mat& x, int64_t T, const Linear& l) {
     }
     a.y = y.data();
     kt.matmul(a);
-    if (split || b)
+    const bool two = split && xs->two();
+    if (two || b)
       for (int64_t r = 0; r < T; ++r)
         for (int64_t o = a.n0; o < a.n1; ++o)
-          y[size_t(r * out + o)] += (split ? y2[size_t(r * out + o)] : 0.0f) + (b ? b[o] : 0.0f);
+          y[size_t(r * out + o)] += (two ? y2[size_t(r * out + o)] : 0.0f) + (b ? b[o] : 0.0f);
   }
   return y;
 }
