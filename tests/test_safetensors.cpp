@@ -821,6 +821,64 @@ TEST(Model, ExpertsImplementationMap) {
   }
 }
 
+TEST(ModelAttention, MatchesAnF64LoopAndOneQueryAtATime) {
+  // The CPU forward's attention on random q / k / v: against an f64 loop (causal, GQA, sliding
+  // window, sinks), and 40 queries at once (scores over transposed key tiles; value sums of 4 heads ×
+  // 64 values together where the group and the value width allow) bit for bit against each query
+  // alone (scores one key at a time).
+  struct Case {
+    int64_t nh, nkv, dq, dv, window;
+    bool sinks;
+  };
+  const Case cases[] = {{8, 2, 64, 64, 0, false}, {16, 4, 64, 64, 0, true}, {8, 1, 72, 40, 5, false},
+                        {4, 4, 24, 16, 0, false}, {12, 3, 128, 128, 7, true}, {8, 2, 20, 136, 0, false}};
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (const Case& c : cases) {
+    const int64_t n = 40, pos0 = 9, Tk = pos0 + n;
+    std::vector<float> q(size_t(n * c.nh * c.dq)), k(size_t(Tk * c.nkv * c.dq)), v(size_t(Tk * c.nkv * c.dv)), sinks(size_t(c.nh));
+    for (auto* buf : {&q, &k, &v, &sinks})
+      for (float& x : *buf) x = nd(rng);
+    const double scaling = 1.0 / std::sqrt(double(c.dq));
+    const float* sk = c.sinks ? sinks.data() : nullptr;
+    const auto all = model::causal_attention(q.data(), k.data(), v.data(), n, Tk, pos0, c.nh, c.nkv, c.dq, c.dv, scaling, c.window, sk);
+    ASSERT_EQ(all.size(), size_t(n * c.nh * c.dv));
+    std::vector<double> ref(all.size());
+    const int64_t group = c.nh / c.nkv;
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t h = 0; h < c.nh; ++h) {
+        const int64_t p = pos0 + i, kh = h / group, j0 = c.window > 0 ? std::max<int64_t>(0, p - c.window + 1) : 0;
+        std::vector<double> sc;
+        double mx = c.sinks ? double(sinks[size_t(h)]) : -1e300;
+        for (int64_t j = j0; j <= p; ++j) {
+          double d = 0;
+          for (int64_t e = 0; e < c.dq; ++e) d += double(q[size_t((i * c.nh + h) * c.dq + e)]) * k[size_t((j * c.nkv + kh) * c.dq + e)];
+          sc.push_back(d * scaling);
+          mx = std::max(mx, sc.back());
+        }
+        double den = c.sinks ? std::exp(double(sinks[size_t(h)]) - mx) : 0.0;
+        for (double& x : sc) den += (x = std::exp(x - mx));
+        for (int64_t e = 0; e < c.dv; ++e) {
+          double acc = 0;
+          for (int64_t j = j0; j <= p; ++j) acc += sc[size_t(j - j0)] / den * v[size_t((j * c.nkv + kh) * c.dv + e)];
+          ref[size_t((i * c.nh + h) * c.dv + e)] = acc;
+        }
+      }
+    double num = 0, den = 0;
+    for (size_t e = 0; e < all.size(); ++e) {
+      num += (all[e] - ref[e]) * (all[e] - ref[e]);
+      den += ref[e] * ref[e];
+    }
+    EXPECT_LE(std::sqrt(num / den), 1e-5) << c.nh << "/" << c.nkv << " dq " << c.dq << " dv " << c.dv;
+    for (int64_t i = 0; i < n; ++i) {
+      const auto one = model::causal_attention(q.data() + i * c.nh * c.dq, k.data(), v.data(), 1, Tk, pos0 + i, c.nh, c.nkv, c.dq,
+                                               c.dv, scaling, c.window, sk);
+      ASSERT_EQ(std::memcmp(one.data(), all.data() + i * c.nh * c.dv, one.size() * sizeof(float)), 0)
+          << c.nh << "/" << c.nkv << " dq " << c.dq << " dv " << c.dv << " query " << i;
+    }
+  }
+}
+
 TEST(Model, LongPromptAtOnceMatchesTokenByToken) {
   // A 40-token prompt in one forward (attention of >= 16 queries: keys in transposed tiles; packed
   // bf16 linears with bf16 inputs) against the same tokens one at a time through the KV cache (one query: the plain

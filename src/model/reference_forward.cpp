@@ -276,7 +276,7 @@ typedef float KeyLanes __attribute__((vector_size(64)));
 // vectorise. No FMA contraction in any clone (fp-contract=off; AVX-512F has FMAs), so every clone
 // computes the same bits.
 __attribute__((target_clones("avx512f", "avx2", "default"), optimize("fp-contract=off")))
-Mat attend(const float* q, const Mat& k, const Mat& v, int64_t n, int64_t Tk, int64_t pos0, int64_t nh, int64_t nkv,
+Mat attend(const float* q, const float* k, const float* v, int64_t n, int64_t Tk, int64_t pos0, int64_t nh, int64_t nkv,
            int64_t dq, int64_t dv, double scaling, int64_t window, const float* sinks) {
   Mat o(size_t(n * nh * dv));  // every (query, head) row written below
   const int64_t group = nh / nkv;
@@ -292,79 +292,88 @@ Mat attend(const float* q, const Mat& k, const Mat& v, int64_t n, int64_t Tk, in
     for (int64_t kh = 0; kh < nkv; ++kh)
       for (int64_t j = 0; j < Tk; ++j) {
         float* t = kt.data() + ((kh * key_tiles + j / kKeyTile) * dq) * kKeyTile + j % kKeyTile;
-        const float* kj = k.data() + (j * nkv + kh) * dq;
+        const float* kj = k + (j * nkv + kh) * dq;
         for (int64_t d = 0; d < dq; ++d) t[d * kKeyTile] = kj[d];
       }
   }
-  // (head, query) pairs in parallel, each computed by one thread in a fixed order (f32 dot products
-  // in 8 fixed lanes, softmax in f64, the value sum in f32 over contiguous value rows)
+  // (kv head, query) pairs in parallel, each computed by one thread in a fixed order: per query head of
+  // the group, f32 dot products in 8 fixed lanes and the softmax in f64; then the value sums of all
+  // the group's heads together, each output Σ_j w_j · v_j[d] in f32 in j order
 #pragma omp parallel if (n * nh * Tk * (dq + dv) > (1 << 16))
   {
     std::vector<double> s(static_cast<size_t>(Tk));
-    std::vector<float> wf(static_cast<size_t>(Tk));  // the softmax weights as f32
+    std::vector<float> wf(static_cast<size_t>(group * Tk));  // [group, Tk] the softmax weights as f32
 #pragma omp for schedule(dynamic, 4) collapse(2)
-    for (int64_t h = 0; h < nh; ++h) {
+    for (int64_t kh = 0; kh < nkv; ++kh) {
       for (int64_t i = 0; i < n; ++i) {
-        const int64_t kh = h / group;
         const int64_t p = pos0 + i;
         const int64_t j0 = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0;
         const int64_t j1 = std::min(p, Tk - 1);
-        const float* qi = q + (i * nh + h) * dq;
-        double mx = -std::numeric_limits<double>::infinity();
-        for (int64_t jt = j0 / kKeyTile; tiled && jt * kKeyTile <= j1; ++jt) {
-          const float* t = kt.data() + (kh * key_tiles + jt) * dq * kKeyTile;
-          KeyLanes lane[8] = {}, keys;  // keys: row d of the tile, the 16 keys' element d
-          int64_t d = 0;
-          for (; d + 8 <= dq; d += 8)
-            for (int u = 0; u < 8; ++u) {
-              std::memcpy(&keys, t + (d + u) * kKeyTile, sizeof keys);
-              lane[u] += qi[d + u] * keys;
+        for (int64_t h = kh * group; h < (kh + 1) * group; ++h) {
+          const float* qi = q + (i * nh + h) * dq;
+          double mx = -std::numeric_limits<double>::infinity();
+          for (int64_t jt = j0 / kKeyTile; tiled && jt * kKeyTile <= j1; ++jt) {
+            const float* t = kt.data() + (kh * key_tiles + jt) * dq * kKeyTile;
+            KeyLanes lane[8] = {}, keys;  // keys: row d of the tile, the 16 keys' element d
+            int64_t d = 0;
+            for (; d + 8 <= dq; d += 8)
+              for (int u = 0; u < 8; ++u) {
+                std::memcpy(&keys, t + (d + u) * kKeyTile, sizeof keys);
+                lane[u] += qi[d + u] * keys;
+              }
+            KeyLanes dot = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+            for (; d < dq; ++d) {
+              std::memcpy(&keys, t + d * kKeyTile, sizeof keys);
+              dot += qi[d] * keys;
             }
-          KeyLanes dot = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
-          for (; d < dq; ++d) {
-            std::memcpy(&keys, t + d * kKeyTile, sizeof keys);
-            dot += qi[d] * keys;
+            for (int c = 0; c < kKeyTile; ++c) {
+              const int64_t j = jt * kKeyTile + c;
+              if (j < j0 || j > j1) continue;
+              s[size_t(j)] = double(dot[c]) * scaling;
+              mx = std::max(mx, s[size_t(j)]);
+            }
           }
-          for (int c = 0; c < kKeyTile; ++c) {
-            const int64_t j = jt * kKeyTile + c;
-            if (j < j0 || j > j1) continue;
-            s[size_t(j)] = double(dot[c]) * scaling;
+          for (int64_t j = j0; !tiled && j <= j1; ++j) {
+            const float* kj = k + (j * nkv + kh) * dq;
+            float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            int64_t d = 0;
+            for (; d + 8 <= dq; d += 8)
+              for (int u = 0; u < 8; ++u) lane[u] += qi[d + u] * kj[d + u];
+            float dot = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+            for (; d < dq; ++d) dot += qi[d] * kj[d];
+            s[size_t(j)] = double(dot) * scaling;
             mx = std::max(mx, s[size_t(j)]);
           }
+          if (sinks) mx = std::max(mx, double(sinks[h]));
+          double den = sinks ? std::exp(double(sinks[h]) - mx) : 0.0;
+          for (int64_t j = j0; j <= j1; ++j) den += (s[size_t(j)] = std::exp(s[size_t(j)] - mx));
+          float* w = wf.data() + (h - kh * group) * Tk;
+          for (int64_t j = j0; j <= j1; ++j) w[j] = float(s[size_t(j)] / den);
         }
-        for (int64_t j = j0; !tiled && j <= j1; ++j) {
-          const float* kj = k.data() + (j * nkv + kh) * dq;
-          float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-          int64_t d = 0;
-          for (; d + 8 <= dq; d += 8)
-            for (int u = 0; u < 8; ++u) lane[u] += qi[d + u] * kj[d + u];
-          float dot = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
-          for (; d < dq; ++d) dot += qi[d] * kj[d];
-          s[size_t(j)] = double(dot) * scaling;
-          mx = std::max(mx, s[size_t(j)]);
-        }
-        if (sinks) mx = std::max(mx, double(sinks[h]));
-        double den = sinks ? std::exp(double(sinks[h]) - mx) : 0.0;
-        for (int64_t j = j0; j <= j1; ++j) den += (s[size_t(j)] = std::exp(s[size_t(j)] - mx));
-        for (int64_t j = j0; j <= j1; ++j) wf[size_t(j)] = float(s[size_t(j)] / den);
-        // each output value: Σ_j w_j · v_j[d] in j order, 32 values at a time in registers
-        float* od = o.data() + (i * nh + h) * dv;
-        for (int64_t d0 = 0; d0 < dv; d0 += 32) {
-          float a[32] = {};
-          const int64_t dn = std::min<int64_t>(32, dv - d0);
-          if (dn == 32) {
-            for (int64_t j = j0; j <= j1; ++j) {
-              const float* vj = v.data() + (j * nkv + kh) * dv + d0;
-              for (int u = 0; u < 32; ++u) a[u] += wf[size_t(j)] * vj[u];
-            }
-          } else {
-            for (int64_t j = j0; j <= j1; ++j) {
-              const float* vj = v.data() + (j * nkv + kh) * dv + d0;
-              for (int64_t u = 0; u < dn; ++u) a[u] += wf[size_t(j)] * vj[u];
+        // the value sums: 4 heads × 64 values at a time (16 independent vector chains, each value row
+        // loaded once for the 4 heads); the rest one value at a time, in the same order
+        for (int64_t g0 = 0; g0 < group; g0 += 4)
+          for (int64_t d0 = 0; d0 < dv; d0 += 64) {
+            const int64_t gn = std::min<int64_t>(4, group - g0), dn = std::min<int64_t>(64, dv - d0);
+            if (gn == 4 && dn == 64) {
+              KeyLanes a[4][4] = {}, vr[4];
+              for (int64_t j = j0; j <= j1; ++j) {
+                std::memcpy(vr, v + (j * nkv + kh) * dv + d0, sizeof vr);
+                for (int g = 0; g < 4; ++g) {
+                  const float wj = wf[size_t((g0 + g) * Tk + j)];
+                  for (int c = 0; c < 4; ++c) a[g][c] += wj * vr[c];
+                }
+              }
+              for (int g = 0; g < 4; ++g) std::memcpy(o.data() + (i * nh + kh * group + g0 + g) * dv + d0, a[g], sizeof a[g]);
+            } else {
+              for (int64_t g = g0; g < g0 + gn; ++g)
+                for (int64_t d = d0; d < d0 + dn; ++d) {
+                  float a = 0.0f;
+                  for (int64_t j = j0; j <= j1; ++j) a += wf[size_t(g * Tk + j)] * v[(j * nkv + kh) * dv + d];
+                  o[size_t((i * nh + kh * group + g) * dv + d)] = a;
+                }
             }
           }
-          std::copy(a, a + dn, od + d0);
-        }
       }
     }
   }
@@ -392,7 +401,7 @@ Mat attention(const Mat& x, int64_t T, const AttentionWeights& a, const TextConf
       kc.insert(kc.end(), K.begin() + sg.row0 * kh * dq, K.begin() + (sg.row0 + sg.n) * kh * dq);
       vc.insert(vc.end(), V.begin() + sg.row0 * kh * dv, V.begin() + (sg.row0 + sg.n) * kh * dv);
       const int64_t Tk = int64_t(kc.size()) / (kh * dq);
-      Mat os = attend(q.data() + sg.row0 * nh * dq, kc, vc, sg.n, Tk, sg.pos0, nh, kh, dq, dv, scaling, window, sinks);
+      Mat os = attend(q.data() + sg.row0 * nh * dq, kc.data(), vc.data(), sg.n, Tk, sg.pos0, nh, kh, dq, dv, scaling, window, sinks);
       std::copy(os.begin(), os.end(), o.begin() + sg.row0 * nh * dv);
     }
     return o;
@@ -517,6 +526,12 @@ Mat moe(const Mat& x, int64_t T, const MoeWeights& m, const TextConfig& t, std::
 }
 
 }  // namespace
+
+std::vector<float> causal_attention(const float* q, const float* k, const float* v, int64_t n, int64_t Tk, int64_t pos0, int64_t nh,
+                                    int64_t nkv, int64_t dq, int64_t dv, double scaling, int64_t window, const float* sinks) {
+  const Mat o = attend(q, k, v, n, Tk, pos0, nh, nkv, dq, dv, scaling, window, sinks);
+  return std::vector<float>(o.begin(), o.end());
+}
 
 void pack_linears_for_cpu(ModelWeights& w, int threads) {
   static const bool off = [] {  // MOEX_CPU_PACK_LINEARS=0: the weights read in place (A/B)

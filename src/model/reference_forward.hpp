@@ -86,6 +86,14 @@ std::vector<int64_t> reference_greedy(const ModelWeights& w, const TextConfig& t
                                       int64_t max_new_tokens, const std::vector<int64_t>& eos,
                                       std::string_view experts_backend = "grouped_mm");
 
+// The forward's attention (exposed for tests): n new queries at positions pos0 .. pos0+n-1 over Tk
+// cached keys (positions 0 .. Tk-1), causal, nh query heads over nkv key/value heads (GQA), window > 0:
+// sliding window, sinks: [nh] or null. q [n, nh, dq], k [Tk, nkv, dq], v [Tk, nkv, dv] → [n, nh * dv].
+// Scores in f32 (8 fixed lanes), softmax in f64, value sums in f32 in key order; 16 or more queries
+// score 16 keys at a time over transposed key tiles, with the same bits.
+std::vector<float> causal_attention(const float* q, const float* k, const float* v, int64_t n, int64_t Tk, int64_t pos0, int64_t nh,
+                                    int64_t nkv, int64_t dq, int64_t dv, double scaling, int64_t window, const float* sinks);
+
 // Packs every bf16 dense linear of `w` (attention, dense and shared MLPs, routers, lm_head) for the
 // CPU's packed bf16 kernel, where the kernel table has it (AVX512_BF16 without AMX); does nothing
 // otherwise. Memory: one more copy of those weights (rows padded to 32, in to even), kept beside the
