@@ -27,7 +27,8 @@ Tensor as_f32(const Tensor& t) { return t.dtype() == DType::f32 ? t : convert_te
 // Terms of x in the bf16 linears of T >= 8 rows (MOEX_CPU_LINEAR_TERMS, read once), as the CUDA
 // runtime's MOEX_CUDA_LINEAR_TERMS: 1 = bf16(x) only (the default: the reference library's rounding of
 // a bf16 layer's input, half the products), 2 = x ≈ hi + lo with hi = bf16(x), lo = bf16(x − hi) (~16
-// mantissa bits; two passes). Fewer rows (decode steps, short prompts) keep x in f32 either way.
+// mantissa bits; two passes). Fewer rows (decode steps, short prompts) take two terms on packed
+// weights (terms_for) and keep x in f32 on the other paths.
 // Development VM (AMD EPYC, 2 threads), 2026-12-05: a random 1024-wide Qwen3-MoE prefill of 256 tokens
 // 1440–1480 tok/s with one term, 1163–1175 with two; a 40-token prompt's bf16 logits against the same
 // tokens one at a time with f32 inputs: worst 1.0e-2 with one term (deepseek_v3 fixture), 2.5e-3 with
@@ -41,10 +42,10 @@ int linear_terms() {
   return terms;
 }
 
-// f32 rows x as bf16 terms (linear_terms()): hi = bf16(x), and with two terms lo = bf16(x − hi).
+// f32 rows x as bf16 terms: hi = bf16(x), and with two terms lo = bf16(x − hi).
 struct SplitTerms {
   std::vector<uint16_t, UninitAllocator<uint16_t>> hi, lo;  // every element written
-  explicit SplitTerms(const Mat& x) : hi(x.size()), lo(linear_terms() == 2 ? x.size() : 0) {
+  SplitTerms(const Mat& x, int terms) : hi(x.size()), lo(terms == 2 ? x.size() : 0) {
     const int64_t n = int64_t(x.size());
     const bool two = !lo.empty();
 #pragma omp parallel for schedule(static) if (n > (1 << 16))
@@ -56,11 +57,15 @@ struct SplitTerms {
   bool two() const { return !lo.empty(); }
 };
 
-// Whether linear l of input width `in` runs on its packed panels for T rows (pack_linears_for_cpu).
-bool packed_path(const Linear& l, int64_t T, int64_t in) {
+// Whether linear l of input width `in` runs on its packed panels (pack_linears_for_cpu).
+bool packed_path(const Linear& l, int64_t in) {
   const cpu::KernelTable& kt = cpu::kernels();
-  return l.packed && kt.packed_matmul_bf16 && kt.bf16_dot && T >= 8 && l.weight.dtype() == DType::bf16 && l.weight.size(1) == in;
+  return l.packed && kt.packed_matmul_bf16 && kt.bf16_dot && l.weight.dtype() == DType::bf16 && l.weight.size(1) == in;
 }
+
+// bf16 terms of the input of a bf16 linear of T rows: linear_terms() from 8 rows on; fewer rows
+// (decode steps, short prompts: reading the weights, not the products, sets their time) two, ~16 bits.
+int terms_for(int64_t T) { return T >= 8 ? linear_terms() : 2; }
 
 // y_i [T, out_i] = x [T, in] · W_iᵀ (+ b_i) for several linears of one input on their packed panels
 // (packed_path): x made into its bf16 terms once (SplitTerms), every linear's column tiles of 64 (two
@@ -70,7 +75,7 @@ std::vector<Mat> packed_linears(const Mat& x, int64_t T, const std::vector<const
   const cpu::KernelTable& kt = cpu::kernels();
   const int64_t in = ls.front()->weight.size(1);
   MOEX_ASSERT(int64_t(x.size()) == T * in);
-  const SplitTerms xs(x);
+  const SplitTerms xs(x, terms_for(T));
   struct Job {
     const Linear* l;
     Tensor bias;  // f32, or undefined
@@ -126,7 +131,7 @@ std::vector<Mat> packed_linears(const Mat& x, int64_t T, const std::vector<const
 Mat linear(const Mat& x, int64_t T, const Linear& l) {
   const int64_t out = l.weight.size(0), in = l.weight.size(1);
   MOEX_ASSERT(int64_t(x.size()) == T * in);
-  if (packed_path(l, T, in)) return std::move(packed_linears(x, T, {&l}).front());
+  if (T > 0 && packed_path(l, in)) return std::move(packed_linears(x, T, {&l}).front());
   const Tensor bt = l.has_bias() ? as_f32(l.bias) : Tensor();
   const float* b = l.has_bias() ? bt.ptr<float>() : nullptr;
   const DType dt = l.weight.dtype();
@@ -141,7 +146,7 @@ Mat linear(const Mat& x, int64_t T, const Linear& l) {
   std::unique_ptr<SplitTerms> xs;
   Mat y2;
   if (split) {
-    xs = std::make_unique<SplitTerms>(x);
+    xs = std::make_unique<SplitTerms>(x, linear_terms());
     if (xs->two()) y2.resize(y.size());
   }
   // wide tiles on the split path: the AMX kernel packs its rows once per call
@@ -212,7 +217,7 @@ float act(const std::string& a, float g) {
 // over all their tiles), each alone otherwise.
 std::vector<Mat> linears(const Mat& x, int64_t T, const std::vector<const Linear*>& ls) {
   bool together = true;
-  for (const Linear* l : ls) together = together && packed_path(*l, T, ls.front()->weight.size(1));
+  for (const Linear* l : ls) together = together && T > 0 && packed_path(*l, ls.front()->weight.size(1));
   if (together) return packed_linears(x, T, ls);
   std::vector<Mat> ys;
   for (const Linear* l : ls) ys.push_back(linear(x, T, *l));

@@ -4,8 +4,8 @@
 // f64), proves the checkpoint loading, the configs and the fixtures end to end (parity tests) and
 // serves as the oracle of the CUDA runtime. Its hot parts run on the CPU kernels: the dense linears
 // (bf16 weights packed by pack_linears_for_cpu; inputs of >= 8 rows rounded to bf16 unless
-// MOEX_CPU_LINEAR_TERMS=2), the prefill attention scores 16 keys at a time, the routed experts through
-// any registered experts backend.
+// MOEX_CPU_LINEAR_TERMS=2, fewer rows as two bf16 terms), the prefill attention scores 16 keys at a
+// time, the routed experts through any registered experts backend.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -74,9 +74,10 @@ Floats forward_batch(const ModelWeights& w, const TextConfig& t, const std::vect
 
 // Logits [L, V] (row-major f32) for the token ids of one sequence. With f32 weights everything is f32
 // (accumulations in f64). With bf16/f16 weights the dense parts compute in f32 with the weights widened
-// exactly (inputs of >= 8 rows rounded to bf16 where the CPU has bf16 dot products: linear_terms in the
-// .cpp) and the routed experts run in the weights' dtype (hidden rounded once, output in that dtype):
-// a mixed-precision path, more accurate than the reference's all-bf16 one.
+// exactly (inputs of >= 8 rows rounded to bf16 where the CPU has bf16 dot products, fewer rows as two
+// bf16 terms on packed weights: linear_terms / terms_for in the .cpp) and the routed experts run in
+// the weights' dtype (hidden rounded once, output in that dtype): a mixed-precision path, more
+// accurate than the reference's all-bf16 one.
 std::vector<float> reference_logits(const ModelWeights& w, const TextConfig& t, const std::vector<int64_t>& ids,
                                     std::string_view experts_backend = "grouped_mm");
 
