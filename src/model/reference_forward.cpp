@@ -42,19 +42,23 @@ int linear_terms() {
   return terms;
 }
 
-// f32 rows x as bf16 terms: hi = bf16(x), and with two terms lo = bf16(x − hi).
+// f32 rows x [T, in] as bf16 terms, stacked: rows [0, T) hi = bf16(x), and with two terms rows
+// [T, 2T) lo = bf16(x − hi), so that one kernel call multiplies both (the weights read once).
 struct SplitTerms {
-  std::vector<uint16_t, UninitAllocator<uint16_t>> hi, lo;  // every element written
-  SplitTerms(const Mat& x, int terms) : hi(x.size()), lo(terms == 2 ? x.size() : 0) {
-    const int64_t n = int64_t(x.size());
-    const bool two = !lo.empty();
-#pragma omp parallel for schedule(static) if (n > (1 << 16))
-    for (int64_t i = 0; i < n; ++i) {
-      hi[size_t(i)] = float_to_bf16(x[size_t(i)]);
-      if (two) lo[size_t(i)] = float_to_bf16(x[size_t(i)] - bf16_to_float(hi[size_t(i)]));
+  std::vector<uint16_t, UninitAllocator<uint16_t>> rows;  // [terms · T, in], every element written
+  size_t n = 0;                                            // T · in
+  SplitTerms(const Mat& x, int terms) : rows(size_t(terms) * x.size()), n(x.size()) {
+    const bool two = terms == 2;
+#pragma omp parallel for schedule(static) if (int64_t(n) > (1 << 16))
+    for (int64_t i = 0; i < int64_t(n); ++i) {
+      const uint16_t hi = float_to_bf16(x[size_t(i)]);
+      rows[size_t(i)] = hi;
+      if (two) rows[n + size_t(i)] = float_to_bf16(x[size_t(i)] - bf16_to_float(hi));
     }
   }
-  bool two() const { return !lo.empty(); }
+  bool two() const { return rows.size() > n; }
+  const uint16_t* hi() const { return rows.data(); }
+  const uint16_t* lo() const { return rows.data() + n; }
 };
 
 // Whether linear l of input width `in` runs on its packed panels (pack_linears_for_cpu).
@@ -79,14 +83,14 @@ std::vector<Mat> packed_linears(const Mat& x, int64_t T, const std::vector<const
   struct Job {
     const Linear* l;
     Tensor bias;  // f32, or undefined
-    Mat y, y2;
+    Mat y;        // [terms · T, out]: the hi rows' products, then the lo rows'
   };
   std::vector<Job> jobs;
   std::vector<std::pair<size_t, int64_t>> tiles;  // (job, first column)
   for (const Linear* l : ls) {
     const int64_t out = l->weight.size(0);
     MOEX_ASSERT(l->packed->out == out && l->packed->in == in);
-    jobs.push_back({l, l->has_bias() ? as_f32(l->bias) : Tensor(), Mat(size_t(T * out)), Mat(xs.two() ? size_t(T * out) : 0)});
+    jobs.push_back({l, l->has_bias() ? as_f32(l->bias) : Tensor(), Mat(size_t((xs.two() ? 2 : 1) * T * out))});
     for (int64_t c = 0; c < out; c += 64) tiles.push_back({jobs.size() - 1, c});
   }
   const int64_t panel_elems = cpu::packed_bf16_panel_elems(in);
@@ -96,32 +100,28 @@ std::vector<Mat> packed_linears(const Mat& x, int64_t T, const std::vector<const
     const int64_t c0 = tiles[i].second, out = j.l->packed->out, w = std::min<int64_t>(64, out - c0);
     const float* b = j.bias.numel() ? j.bias.ptr<float>() : nullptr;
     cpu::PackedBf16MatmulArgs a;
+    a.x = xs.hi();  // both terms' rows in one call: the tile's weights are read once
     a.ldx = in;
-    a.m = T;
+    a.m = xs.two() ? 2 * T : T;
     a.k = in;
     a.panels = j.l->packed->panels.get() + (c0 / cpu::kPanelCols) * panel_elems;
+    a.y = j.y.data() + c0;
     a.ldy = out;
     a.n0 = 0;
     a.n1 = w;
-    a.x = xs.hi.data();
-    a.y = j.y.data() + c0;
     kt.packed_matmul_bf16(a);
-    if (xs.two()) {
-      a.x = xs.lo.data();
-      a.y = j.y2.data() + c0;
-      kt.packed_matmul_bf16(a);
+    if (xs.two() || b)
       for (int64_t r = 0; r < T; ++r) {
         float* yr = j.y.data() + r * out + c0;
-        const float* y2r = j.y2.data() + r * out + c0;
-        for (int64_t o = 0; o < w; ++o) yr[o] += y2r[o] + (b ? b[c0 + o] : 0.0f);
+        const float* y2r = j.y.data() + (T + r) * out + c0;  // the lo row (two terms)
+        for (int64_t o = 0; o < w; ++o) yr[o] += (xs.two() ? y2r[o] : 0.0f) + (b ? b[c0 + o] : 0.0f);
       }
-    } else if (b) {
-      for (int64_t r = 0; r < T; ++r)
-        for (int64_t o = 0; o < w; ++o) j.y[size_t(r * out + c0 + o)] += b[c0 + o];
-    }
   }
   std::vector<Mat> ys;
-  for (Job& j : jobs) ys.push_back(std::move(j.y));
+  for (Job& j : jobs) {
+    j.y.resize(size_t(T * j.l->packed->out));  // the hi rows: y
+    ys.push_back(std::move(j.y));
+  }
   return ys;
 }
 
@@ -168,11 +168,11 @@ Mat linear(const Mat& x, int64_t T, const Linear& l) {
     if (split) {
       a.xdtype = DType::bf16;
       if (xs->two()) {
-        a.x = xs->lo.data();
+        a.x = xs->lo();
         a.y = y2.data();
         kt.matmul(a);
       }
-      a.x = xs->hi.data();
+      a.x = xs->hi();
     } else {
       a.xdtype = DType::f32;
       a.x = x.data();
