@@ -4,15 +4,17 @@
 Builds (once) a random-weight Qwen3-MoE checkpoint of a realistic small shape with the reference
 library — hidden 1024, 8 layers, 16 query / 4 KV heads of 64, 32 experts of 512, top-4, vocab 16384
 (~460M parameters, saved in bf16) — then measures on the CPU:
-  * moex:      `moex bench-model` (prefill tok/s of B×L tokens; decode tok/s over N new tokens)
-  * reference: the same prompt through the model's forward (prefill) and `generate` (greedy, N new
-               tokens, its default experts backend), torch threads = --threads
+  * moex:      `moex bench-model` (prefill = forward of 1 × L tokens, all logits; decode = (generate(N)
+               − generate(1)) / (N − 1) per new token; medians of --repeat rounds)
+  * reference: the same prompt through the model's forward and `generate` (greedy, its default experts
+               backend), timed the same way, torch threads = --threads
 and the largest committed fixture the same way. Prints JSON lines and a markdown table.
 
     python3 bench/model_side_by_side.py [--moex build/moex] [--dir /tmp/moex_qwen3_small] [--threads 2]
+                                        [--prompt-len 256] [--new-tokens 16] [--repeat 3]
 Needs torch + transformers (pip).
 """
-import argparse, json, os, subprocess, sys, time
+import argparse, json, os, statistics, subprocess, sys, time
 
 import torch
 import transformers
@@ -24,6 +26,7 @@ ap.add_argument("--threads", type=int, default=2)
 ap.add_argument("--prompt-len", type=int, default=256)
 ap.add_argument("--new-tokens", type=int, default=16)
 ap.add_argument("--dtype", default="bf16")
+ap.add_argument("--repeat", type=int, default=3)
 a = ap.parse_args()
 torch.set_num_threads(a.threads)
 os.environ["OMP_NUM_THREADS"] = str(a.threads)
@@ -44,24 +47,33 @@ if not os.path.exists(os.path.join(a.dir, "config.json")):
     print(f"wrote {a.dir}", file=sys.stderr)
 
 def ref_bench(path):
+    """The reference measured as moex bench-model measures moex: after a warm-up, --repeat rounds of
+    forward (prefill tok/s) and of generate(1) / generate(N) (decode tok/s = (N - 1) new tokens over
+    their difference); the medians."""
     m = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=tdt)
     m.eval()
     vocab = m.config.get_text_config().vocab_size if hasattr(m.config, "get_text_config") else m.config.vocab_size
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(3, vocab, (1, a.prompt_len), generator=g)
+    def timed(f):
+        t0 = time.perf_counter(); f(); return time.perf_counter() - t0
+    def gen(n):
+        return lambda: m.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+    prefill, decode = [], []
     with torch.no_grad():
         m(ids)
-        t0 = time.perf_counter(); m(ids); prefill = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        m.generate(ids, max_new_tokens=a.new_tokens, min_new_tokens=a.new_tokens, do_sample=False)
-        gen = time.perf_counter() - t0
-    return a.prompt_len / prefill, a.new_tokens / max(gen - prefill, 1e-9)
+        gen(2)()
+        for _ in range(a.repeat):
+            prefill.append(a.prompt_len / timed(lambda: m(ids)))
+            first = timed(gen(1))
+            decode.append((a.new_tokens - 1) / max(timed(gen(a.new_tokens)) - first, 1e-9))
+    return statistics.median(prefill), statistics.median(decode)
 
 rows = []
 fixtures = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures", "qwen3_vl_moe")
 for name, path in [("qwen3_moe random 1024x8L, 32 experts x 512, top-4", a.dir), ("fixture qwen2_moe", fixtures.replace("qwen3_vl_moe", "qwen2_moe"))]:
     out = subprocess.run([a.moex, "bench-model", "--model", path, "--dtype", a.dtype, "--batch", "1", "--prompt-len", str(a.prompt_len),
-                          "--new-tokens", str(a.new_tokens), "--format", "json"], capture_output=True, text=True,
+                          "--new-tokens", str(a.new_tokens), "--repeat", str(a.repeat), "--format", "json"], capture_output=True, text=True,
                          env=dict(os.environ, OMP_NUM_THREADS=str(a.threads)))
     if out.returncode != 0:
         print(out.stderr, file=sys.stderr); sys.exit(1)
