@@ -189,6 +189,10 @@ Mat linear(const Mat& x, int64_t T, const Linear& l) {
 }
 
 // RMSNorm over each row of n values (rows = x.size() / n), as the reference: x / sqrt(mean(x²) + eps) * w.
+// The sum of squares in f64 in 8 lanes (element i in lane i mod 8, the lanes summed as a fixed tree,
+// then the tail), vectorised in the AVX-512 / AVX2 clones with no FMA contraction: the same bits on
+// every CPU.
+__attribute__((target_clones("avx512f", "avx2", "default"), optimize("fp-contract=off")))
 void rmsnorm_inplace(Mat& x, int64_t n, const Tensor& weight, double eps) {
   const Tensor wt = as_f32(weight);
   const float* w = wt.ptr<float>();
@@ -197,10 +201,14 @@ void rmsnorm_inplace(Mat& x, int64_t n, const Tensor& weight, double eps) {
 #pragma omp parallel for schedule(static) if (rows * n > (1 << 15))
   for (int64_t r = 0; r < rows; ++r) {
     float* v = x.data() + r * n;
-    double ss = 0;
-    for (int64_t i = 0; i < n; ++i) ss += double(v[i]) * double(v[i]);
+    double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+      for (int u = 0; u < 8; ++u) lane[u] += double(v[i + u]) * double(v[i + u]);
+    double ss = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+    for (; i < n; ++i) ss += double(v[i]) * double(v[i]);
     const double inv = 1.0 / std::sqrt(ss / double(n) + eps);
-    for (int64_t i = 0; i < n; ++i) v[i] = float(double(w[i]) * (double(v[i]) * inv));
+    for (int64_t k = 0; k < n; ++k) v[k] = float(double(w[k]) * (double(v[k]) * inv));
   }
 }
 

@@ -439,15 +439,20 @@ void convert_into(void* dst, DType d, const void* src, DType s, int64_t n) {
     std::memcpy(dst, src, size_t(n) * dtype_size(d));
     return;
   }
+  // element by element, in parallel for large tensors (checkpoint loading, the model's activations)
+  const bool many = n > (int64_t(1) << 18);
   if (d == DType::f32) {
     float* o = static_cast<float*>(dst);
+#pragma omp parallel for schedule(static) if (many)
     for (int64_t i = 0; i < n; ++i) o[i] = load_float(src, s, i);
   } else if (d == DType::bf16) {
     uint16_t* o = static_cast<uint16_t*>(dst);
     // (f64 goes through f32 first: a double rounding, irrelevant for checkpoint weights)
+#pragma omp parallel for schedule(static) if (many)
     for (int64_t i = 0; i < n; ++i) o[i] = float_to_bf16(load_float(src, s, i));
   } else if (d == DType::f16) {
     uint16_t* o = static_cast<uint16_t*>(dst);
+#pragma omp parallel for schedule(static) if (many)
     for (int64_t i = 0; i < n; ++i) o[i] = float_to_f16(load_float(src, s, i));
   } else {
     MOEX_ASSERT(false);
