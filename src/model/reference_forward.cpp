@@ -5,13 +5,13 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <string>
 #include <limits>
+#include <string>
 
 #include "backends/cpu/kernels.hpp"
 #include "backends/cpu/packed_weights.hpp"
-#include "core/memory.hpp"
 #include "core/check.hpp"
+#include "core/memory.hpp"
 #include "moex/backend.hpp"
 #include "moex/routing.hpp"
 
@@ -30,7 +30,8 @@ Tensor as_f32(const Tensor& t) { return t.dtype() == DType::f32 ? t : convert_te
 // mantissa bits; two passes). Fewer rows (decode steps, short prompts) take two terms on packed
 // weights (terms_for) and keep x in f32 on the other paths.
 // Development VM (AMD EPYC, 2 threads), 2026-12-05: a random 1024-wide Qwen3-MoE prefill of 256 tokens
-// 1440–1480 tok/s with one term, 1163–1175 with two; a 40-token prompt's bf16 logits against the same
+// ~1 500 tok/s with one term, 991–1 175 with two (docs/PERF.md, fortieth session); a 40-token
+// prompt's bf16 logits against the same
 // tokens one at a time with f32 inputs: worst 1.0e-2 with one term (deepseek_v3 fixture), 2.5e-3 with
 // two (Model.LongPromptAtOnceMatchesTokenByToken). An earlier form rounded the inputs of every T and
 // flipped a near-tie routing decision of the deepseek_v3 fixture's 6-token prompt (0.43 away).
