@@ -1052,6 +1052,65 @@ TEST(CpuKernels, PackedBf16MatmulMatchesLoop) {
   packed_matches_loop<PackedBf16>(31, 60);
 }
 
+// The gated up projection in one pass against the path it replaces: the gate and up projections on the
+// packed bf16 kernel (k in 2048-pair chunks there, whole here), silu_mul and from_f32 — bit for bit.
+// m across the 1..6-row blocks and several panels' worth, odd k, partial last panels, a column range
+// starting on a later panel, h columns outside it untouched; gates large enough to reach exp's clamps,
+// and a NaN.
+TEST(CpuKernels, PackedGatedBf16MatchesTwoProjectionsAndSiluBitForBit) {
+  std::vector<const KernelTable*> with;
+  for (const KernelTable* kt : tables())
+    if (kt->packed_gated_bf16) with.push_back(kt);
+  if (with.empty()) GTEST_SKIP() << "no kernel table with the gated bf16 kernel on this CPU";
+  std::mt19937 rng(41);
+  std::normal_distribution<float> nd;
+  for (const KernelTable* kt : with)
+    for (int iter = 0; iter < 30; ++iter) {
+      const int64_t m = 1 + rng() % 20, I = 1 + rng() % 130, k = iter == 0 ? 1 : iter == 1 ? 4097 + rng() % 200 : 1 + rng() % 600;
+      const float gscale = iter % 5 == 4 ? 60.0f : 1.0f;  // |g| up to ~100s: exp's clamps
+      std::vector<uint16_t> x(size_t(m * k)), w(size_t(2 * I * k));
+      for (auto& v : x) v = float_to_bf16(nd(rng));
+      for (auto& v : w) v = float_to_bf16(nd(rng) * gscale / std::sqrt(float(k)));
+      if (iter == 7) x[size_t(k / 2)] = 0x7fc0;  // a NaN in row 0
+      std::vector<uint16_t> gate(w.begin(), w.begin() + I * k), up(w.begin() + I * k, w.end());
+      const auto gp = pack_panels_bf16(gate, I, k), upp = pack_panels_bf16(up, I, k);
+      const int64_t n0 = (rng() % I) / kPanelCols * kPanelCols, n1 = n0 + 1 + rng() % (I - n0), wd = n1 - n0;
+      // the path it replaces
+      std::vector<float> g(size_t(m * wd)), u(size_t(m * wd)), hf(size_t(m * wd));
+      run_packed<PackedBf16>(*kt, x, k, m, k, gp, g.data(), wd, n0, n1);
+      run_packed<PackedBf16>(*kt, x, k, m, k, upp, u.data(), wd, n0, n1);
+      std::vector<uint16_t> want(size_t(m * wd));
+      for (int64_t i = 0; i < m; ++i) {
+        kt->silu_mul(g.data() + i * wd, u.data() + i * wd, hf.data() + i * wd, wd);
+        kt->from_f32(hf.data() + i * wd, DType::bf16, want.data() + i * wd, wd);
+      }
+      // the gated kernel into h rows wider than the range (ldh = I + 5), poisoned
+      const int64_t ldh = I + 5;
+      std::vector<uint16_t> h(size_t(m * ldh), 0xdead);
+      PackedBf16GatedArgs a;
+      a.x = x.data();
+      a.ldx = k;
+      a.m = m;
+      a.k = k;
+      a.gate_panels = gp.data();
+      a.up_panels = upp.data();
+      a.h = h.data() + n0;
+      a.ldh = ldh;
+      a.n0 = n0;
+      a.n1 = n1;
+      kt->packed_gated_bf16(a);
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t c = 0; c < ldh; ++c) {
+          const uint16_t got = h[size_t(i * ldh + c)];
+          if (c < n0 || c >= n1) {
+            ASSERT_EQ(got, 0xdead) << kt->isa << ": h column " << c << " outside [" << n0 << ", " << n1 << ") was written";
+            continue;
+          }
+          ASSERT_EQ(got, want[size_t(i * wd + c - n0)]) << kt->isa << " m" << m << " I" << I << " k" << k << " row " << i << " column " << c;
+        }
+    }
+}
+
 TEST(CpuKernels, PackedBf16MatmulRowsDoNotDependOnTheBatch) {
   if (tables_with<PackedBf16>().empty()) GTEST_SKIP() << "no kernel table with the packed bf16 kernel on this CPU";
   packed_rows_do_not_depend_on_the_batch<PackedBf16>(37, 601);

@@ -1,6 +1,9 @@
 // backends/cpu/expert_math.cpp — one expert's projections and activation on a block of rows.
 #include "backends/cpu/expert_math.hpp"
 
+#include <cstdlib>
+#include <string>
+
 namespace moex::cpu {
 
 ExpertView expert_view(const Experts& ex, int64_t e, const PackedWeights* packed) {
@@ -184,11 +187,49 @@ static void silu_row(const KernelTable& kt, const float* g, const float* u, int6
   }
 }
 
+// Whether up_activation can run on the gated kernel (PackedBf16GatedArgs): bf16 rows and h, SiLU-gated
+// concatenated [gate; up] experts without bias, packed as two bf16 halves of I rows, a table with the
+// kernel, columns from a panel boundary. MOEX_CPU_GATED_KERNEL=0: never (A/B).
+static bool gated_kernel_applies(const KernelTable& kt, const ExpertView& ev, DType xdt, DType hdt, int64_t c0,
+                                 const uint16_t* x_vnni) {
+  static const bool on = [] {
+    const char* v = std::getenv("MOEX_CPU_GATED_KERNEL");
+    return !(v && std::string(v) == "0");
+  }();
+  const ExpertsSpec& s = *ev.spec;
+  if (!on || !kt.packed_gated_bf16 || !kt.packed_matmul_bf16 || !ev.packed || x_vnni || ev.gate_up_bias) return false;
+  if (xdt != DType::bf16 || hdt != DType::bf16 || s.activation.kind != Activation::silu || !s.has_gate || s.interleaved) return false;
+  const PackedExpert& pe = *ev.packed;
+  const int64_t I = s.intermediate;
+  return pe.gate_up_parts == 2 && pe.gate_up[0].panels_bf16 && pe.gate_up[1].panels_bf16 && pe.gate_up[0].row0 == 0 &&
+         pe.gate_up[0].n == I && pe.gate_up[1].row0 == I && pe.gate_up[1].n == I && pe.gate_up[0].min_rows <= 1 &&
+         c0 % kPanelCols == 0;
+}
+
 void up_activation(const KernelTable& kt, const ExpertView& ev, const void* x, DType xdt, int64_t m, void* h, DType hdt,
                    int64_t c0, int64_t c1, float* scratch, const uint16_t* x_vnni) {
   const ExpertsSpec& s = *ev.spec;
   const int64_t H = s.hidden, I = s.intermediate, R = s.gate_up_rows(), w = c1 - c0;
   const size_t xrow = size_t(H) * dtype_size(xdt), hsz = dtype_size(hdt);
+  if (gated_kernel_applies(kt, ev, xdt, hdt, c0, x_vnni)) {
+    // h straight from the kernel's registers, in the same chunks of rows as below (the same bits)
+    for (int64_t i0 = 0; i0 < m; i0 += kFusedRows) {
+      PackedBf16GatedArgs a;
+      a.x = static_cast<const uint16_t*>(x) + i0 * H;
+      a.ldx = H;
+      a.m = std::min(kFusedRows, m - i0);
+      a.k = H;
+      a.gate_panels = ev.packed->gate_up[0].panels_bf16;
+      a.up_panels = ev.packed->gate_up[1].panels_bf16;
+      a.h = static_cast<uint16_t*>(h) + i0 * I + c0;
+      a.ldh = I;
+      a.n0 = c0;
+      a.n1 = c1;
+      a.prefetch_ahead = ev.packed->gate_up[0].prefetch_ahead;
+      kt.packed_gated_bf16(a);
+    }
+    return;
+  }
   for (int64_t i0 = 0; i0 < m; i0 += kFusedRows) {
     const int64_t mc = std::min(kFusedRows, m - i0);
     const void* xc = static_cast<const char*>(x) + size_t(i0) * xrow;

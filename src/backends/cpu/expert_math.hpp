@@ -85,7 +85,9 @@ void up_projection(const KernelTable& kt, const ExpertView& ev, const void* x, D
 // The up projection with the gated activation fused in: h[0:m, c0:c1] = act(x · gate_upᵀ)[:, c0:c1]
 // for one expert, computing only the gate and up columns those h columns need, in chunks of 64
 // rows through `scratch` ([64, 2·(c1−c0)] floats), so no [m, 2I] intermediate is written.
-// h rows have width I (row stride I) and dtype hdt. Not for quantized experts. x_vnni (optional): the m
+// h rows have width I (row stride I) and dtype hdt. SiLU-gated bf16 experts packed for the packed bf16
+// kernel skip the scratch: KernelTable::packed_gated_bf16 writes h from its registers, the same bits.
+// Not for quantized experts. x_vnni (optional): the m
 // bf16 rows of x packed once by pack_x_vnni (kernels.hpp) for the AMX kernel, which then reads them
 // instead of repacking x in every call (one per column tile and per gate / up half).
 void up_activation(const KernelTable& kt, const ExpertView& ev, const void* x, DType xdt, int64_t m, void* h, DType hdt,

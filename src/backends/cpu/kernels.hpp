@@ -110,6 +110,26 @@ struct PackedBf16MatmulArgs {
 // bf16 elements of one panel of PackedBf16MatmulArgs.
 inline int64_t packed_bf16_panel_elems(int64_t k) { return (k + 1) / 2 * 2 * kPanelCols; }
 
+// The gated up projection in one pass: H[0:m, 0:n1−n0] = bf16(silu(G) · U) with G = X · Pg[:, n0:n1]
+// and U = X · Pu[:, n0:n1] for bf16 X and the gate and up halves of a packed bf16 [2I, k] weight
+// (two PackedBf16MatmulArgs panel sets over the same columns). Each G and U value is the f32 chain of
+// packed_matmul_bf16, silu(g) · u and the rounding are those of KernelTable::silu_mul and from_f32: H is
+// bit for bit what the two projections, silu_mul and from_f32 give, without the f32 G / U rows in
+// memory. n0 must be a multiple of kPanelCols.
+struct PackedBf16GatedArgs {
+  const uint16_t* x = nullptr;  // [m, k] bf16, row stride ldx
+  int64_t ldx = 0;
+  int64_t m = 0, k = 0;
+  const uint16_t* gate_panels = nullptr;  // [ceil(I / 32), ceil(k / 2), 32, 2]
+  const uint16_t* up_panels = nullptr;    // the same for the up rows
+  uint16_t* h = nullptr;                  // [m, n1 − n0] bf16, row stride ldh: column 0 is h column n0
+  int64_t ldh = 0;
+  int64_t n0 = 0, n1 = 0;
+  // As PackedMatmulArgs::prefetch_ahead where all of m fits one row block: negative, no software
+  // prefetch (the hardware prefetchers alone); otherwise the next column's panels are prefetched.
+  int64_t prefetch_ahead = 0;
+};
+
 // What the codes of one 128-k block of a packed FP8 panel hold, so that the kernels convert them with
 // the fewest operations that are exact for them.
 enum Fp8BlockKind : uint8_t {
@@ -210,6 +230,9 @@ struct KernelTable {
   // Whether it reads k-pair panels (AVX512_BF16 tables, vdpbf16ps) rather than [k, 16] ones (f32 FMAs:
   // AVX-512, AVX2).
   bool packed_fp4_pairs;
+  // The gated up projection on packed bf16 panels (PackedBf16GatedArgs); nullptr where the table has
+  // none (then: two packed_matmul_bf16 calls, silu_mul and from_f32).
+  void (*packed_gated_bf16)(const PackedBf16GatedArgs& a) = nullptr;
 };
 
 // The table for this CPU. MOEX_CPU_ISA=avx512|avx2|generic forces a (supported) variant.

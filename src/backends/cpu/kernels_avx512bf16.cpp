@@ -200,6 +200,105 @@ void packed_matmul_bf16_impl(const PackedBf16MatmulArgs& a) {
   }
 }
 
+// ---- the gated up projection in one pass (see PackedBf16GatedArgs) ----------------------------
+// MR rows × (2 gate + 2 up) vectors of f32 accumulators (24 at 6 rows, + 4 weight vectors and a
+// broadcast: 29 of the 32 registers); per pair of k: both panels' two 64-byte vectors, one broadcast
+// per row, 4·MR vdpbf16ps — the x pair serves the gate and the up columns. The whole k in one pass
+// (the chain of every output as packed_bf16_block's, whose k chunks reload exact f32 partial sums),
+// then per row silu(g) · u (Avx512::silu_mul's operations) rounded as Avx512::store_as_bf16.
+constexpr int kGatedRows = 6;
+
+template <int MR>
+inline void gated_bf16_block(const PackedBf16GatedArgs& a, int64_t i0, const uint16_t* gp, const uint16_t* up, int ncols,
+                             uint16_t* h, const char* pf, int64_t pf_lines) {
+  __m512 g[MR][2], u[MR][2];
+  for (int r = 0; r < MR; ++r) g[r][0] = g[r][1] = u[r][0] = u[r][1] = _mm512_setzero_ps();
+  const uint16_t* xr[MR];
+  for (int r = 0; r < MR; ++r) xr[r] = a.x + (i0 + r) * a.ldx;
+  const int64_t whole = a.k / 2, pairs = (a.k + 1) / 2;
+  const int64_t stride = pf_lines > 0 ? std::max<int64_t>(1, pairs / pf_lines) : pairs + 1;
+  const int64_t per_step = pf_lines > 0 ? (pf_lines + pairs - 1) / pairs : 0;
+  int64_t pf_next = 0, countdown = stride;
+  for (int64_t j = 0; j < whole; ++j) {
+    if (--countdown == 0) {
+      countdown = stride;
+      for (int64_t q = 0; q < per_step && pf_next < pf_lines; ++q) impl::prefetch_line_l2(pf + 64 * pf_next++);
+    }
+    const __m512i g0 = _mm512_loadu_si512(gp + j * 64), g1 = _mm512_loadu_si512(gp + j * 64 + 32);
+    const __m512i u0 = _mm512_loadu_si512(up + j * 64), u1 = _mm512_loadu_si512(up + j * 64 + 32);
+    for (int r = 0; r < MR; ++r) {
+      const __m512i xb = x_pair(xr[r], j);
+      g[r][0] = _mm512_dpbf16_ps(g[r][0], (__m512bh)xb, (__m512bh)g0);
+      g[r][1] = _mm512_dpbf16_ps(g[r][1], (__m512bh)xb, (__m512bh)g1);
+      u[r][0] = _mm512_dpbf16_ps(u[r][0], (__m512bh)xb, (__m512bh)u0);
+      u[r][1] = _mm512_dpbf16_ps(u[r][1], (__m512bh)xb, (__m512bh)u1);
+    }
+  }
+  if (pairs > whole) {  // odd k: the last pair is (x[k − 1], 0) against (W[c, k − 1], 0)
+    const __m512i g0 = _mm512_loadu_si512(gp + whole * 64), g1 = _mm512_loadu_si512(gp + whole * 64 + 32);
+    const __m512i u0 = _mm512_loadu_si512(up + whole * 64), u1 = _mm512_loadu_si512(up + whole * 64 + 32);
+    for (int r = 0; r < MR; ++r) {
+      const __m512i xb = _mm512_set1_epi32(int32_t(xr[r][a.k - 1]));
+      g[r][0] = _mm512_dpbf16_ps(g[r][0], (__m512bh)xb, (__m512bh)g0);
+      g[r][1] = _mm512_dpbf16_ps(g[r][1], (__m512bh)xb, (__m512bh)g1);
+      u[r][0] = _mm512_dpbf16_ps(u[r][0], (__m512bh)xb, (__m512bh)u0);
+      u[r][1] = _mm512_dpbf16_ps(u[r][1], (__m512bh)xb, (__m512bh)u1);
+    }
+  }
+  const __m512i bias = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < 2; ++v) {
+      const int c0 = 16 * v;
+      if (c0 >= ncols) break;
+      const __m512 e = Avx512::exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), g[r][v]));  // as Avx512::silu_mul
+      const __m512 hv = _mm512_mul_ps(_mm512_div_ps(g[r][v], _mm512_add_ps(_mm512_set1_ps(1.0f), e)), u[r][v]);
+      const __m512i bits = _mm512_castps_si512(hv);  // as Avx512::store_as_bf16
+      __m512i rr = _mm512_add_epi32(bits, _mm512_add_epi32(bias, _mm512_and_si512(_mm512_srli_epi32(bits, 16), one)));
+      rr = _mm512_mask_or_epi32(rr, _mm512_cmp_ps_mask(hv, hv, _CMP_UNORD_Q), bits, _mm512_set1_epi32(0x00400000));
+      const __m256i packed = _mm512_cvtepi32_epi16(_mm512_srli_epi32(rr, 16));
+      uint16_t* hr = h + (i0 + r) * a.ldh + c0;
+      const int n = std::min(16, ncols - c0);
+      _mm256_mask_storeu_epi16(hr, __mmask16(n == 16 ? 0xffff : (1u << n) - 1u), packed);
+    }
+}
+
+template <int MR = kGatedRows>
+inline void gated_bf16_rows(int mr, const PackedBf16GatedArgs& a, int64_t i0, const uint16_t* gp, const uint16_t* up, int ncols,
+                            uint16_t* h, const char* pf, int64_t pf_lines) {
+  if constexpr (MR > 1) {
+    if (mr < MR) {
+      gated_bf16_rows<MR - 1>(mr, a, i0, gp, up, ncols, h, pf, pf_lines);
+      return;
+    }
+  }
+  gated_bf16_block<MR>(a, i0, gp, up, ncols, h, pf, pf_lines);
+}
+
+void packed_gated_bf16_impl(const PackedBf16GatedArgs& a) {
+  if (a.m <= 0 || a.n1 <= a.n0) return;
+  const int64_t panel_elems = packed_bf16_panel_elems(a.k), blocks = (a.m + kGatedRows - 1) / kGatedRows;
+  for (int64_t n = a.n0; n < a.n1; n += kPanelCols) {
+    const int64_t p = n / kPanelCols;
+    const uint16_t* gp = a.gate_panels + p * panel_elems;
+    const uint16_t* up = a.up_panels + p * panel_elems;
+    const int width = int(std::min<int64_t>(kPanelCols, a.n1 - n));
+    // the next column's panels (both halves) into L2, their lines shared out over the row blocks; one
+    // row block (decode) with prefetch_ahead < 0: none (on the AMD EPYC development VM software
+    // prefetches slow the decode stream, see PackedMatrix::prefetch_ahead)
+    const bool last = n + kPanelCols >= a.n1, stream = blocks > 1 || a.prefetch_ahead >= 0;
+    const int64_t lines = last || !stream ? 0 : panel_elems * 2 / 64;
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t i0 = b * a.m / blocks, i1 = (b + 1) * a.m / blocks;
+      const int64_t l0 = b * 2 * lines / blocks, l1 = (b + 1) * 2 * lines / blocks;
+      // lines [0, lines) of the next gate panel, then [lines, 2·lines) of the next up panel
+      const char* next = l0 < lines ? reinterpret_cast<const char*>(gp + panel_elems) + l0 * 64
+                                    : reinterpret_cast<const char*>(up + panel_elems) + (l0 - lines) * 64;
+      const int64_t count = l0 < lines ? std::min(l1, lines) - l0 : l1 - l0;
+      gated_bf16_rows(int(i1 - i0), a, i0, gp, up, width, a.h + (n - a.n0), next, count);
+    }
+  }
+}
+
 // ---- packed FP8 on vdpbf16ps (see PackedFp8MatmulArgs, k-pair panels) ------------------------
 // Every e4m3 value is a bf16 value, and so is every activation code: converted to bf16, the products
 // are exact in f32 and vdpbf16ps sums two of them per lane, at twice the rate of the f32 FMAs the
@@ -439,6 +538,7 @@ struct Avx512Bf16 : Avx512 {
   static constexpr bool kBf16Dot = true;
   static constexpr bool kPackedBf16 = true;
   static void packed_matmul_bf16(const PackedBf16MatmulArgs& a) { packed_matmul_bf16_impl(a); }
+  static void packed_gated_bf16(const PackedBf16GatedArgs& a) { packed_gated_bf16_impl(a); }
   // FP8 panels in k pairs, on vdpbf16ps (packed_matmul_fp8_bf16_impl)
   static constexpr bool kPackedFp8Pairs = true;
   static void packed_matmul_fp8_pairs(const PackedFp8MatmulArgs& a) { packed_matmul_fp8_bf16_impl(a); }

@@ -728,11 +728,14 @@ KernelTable make_table(const char* name) {
   bool fp4_pairs = false;
   if constexpr (requires { Isa::kPackedFp4Pairs; }) fp4_pairs = Isa::kPackedFp4Pairs;
   if constexpr (requires(float* f) { Isa::quantize_e4m3_rows(f, int64_t(1), int64_t(1), f); }) quantize = &Isa::quantize_e4m3_rows;
+  void (*packed_gated)(const PackedBf16GatedArgs&) = nullptr;
+  if constexpr (requires { Isa::kPackedBf16; })
+    if constexpr (Isa::kPackedBf16) packed_gated = &Isa::packed_gated_bf16;
   return KernelTable{name,           Isa::kBf16Dot,        &matmul<Isa>,         &to_f32<Isa>,
                      &from_f32<Isa>, &fma_probe<Isa>,      &e4m3_to_f32<Isa>,    &fp8_matmul<Isa>,
                      &packed_matmul<Isa>, &silu_mul<Isa>,  &read_probe<Isa>,     dot_probe,
                      packed_bf16,    packed_fp8,           fp8_pairs,            quantize,
-                     packed_fp4,     fp4_pairs};
+                     packed_fp4,     fp4_pairs,            packed_gated};
 }
 
 // Scalar rounding loops shared by the traits (the compiler vectorises the bf16 one).
