@@ -62,10 +62,13 @@ struct SplitTerms {
   const uint16_t* lo() const { return rows.data() + n; }
 };
 
-// Whether linear l of input width `in` runs on its packed panels (pack_linears_for_cpu).
-bool packed_path(const Linear& l, int64_t in) {
+// Whether linear l of input width `in` runs on its packed panels (pack_linears_for_cpu) for T rows: bf16
+// panels for any T, f32 panels from 8 rows on (fewer rows: the dot kernel, which reads the weights in
+// place as fast).
+bool packed_path(const Linear& l, int64_t T, int64_t in) {
   const cpu::KernelTable& kt = cpu::kernels();
-  return l.packed && kt.packed_matmul_bf16 && kt.bf16_dot && l.weight.dtype() == DType::bf16 && l.weight.size(1) == in;
+  if (!l.packed || l.weight.size(1) != in || l.weight.dtype() != l.packed->dtype) return false;
+  return l.packed->dtype == DType::bf16 ? kt.packed_matmul_bf16 && kt.bf16_dot : T >= 8;
 }
 
 // bf16 terms of the input of a bf16 linear of T rows: linear_terms() from 8 rows on; fewer rows
@@ -80,7 +83,8 @@ std::vector<Mat> packed_linears(const Mat& x, int64_t T, const std::vector<const
   const cpu::KernelTable& kt = cpu::kernels();
   const int64_t in = ls.front()->weight.size(1);
   MOEX_ASSERT(int64_t(x.size()) == T * in);
-  const SplitTerms xs(x, terms_for(T));
+  const bool f32 = ls.front()->packed->dtype == DType::f32;  // f32 panels: x as it is, one term
+  const SplitTerms xs(f32 ? Mat() : x, terms_for(T));
   struct Job {
     const Linear* l;
     Tensor bias;  // f32, or undefined
@@ -91,21 +95,39 @@ std::vector<Mat> packed_linears(const Mat& x, int64_t T, const std::vector<const
   for (const Linear* l : ls) {
     const int64_t out = l->weight.size(0);
     MOEX_ASSERT(l->packed->out == out && l->packed->in == in);
+    MOEX_ASSERT(l->packed->dtype == ls.front()->packed->dtype);
     jobs.push_back({l, l->has_bias() ? as_f32(l->bias) : Tensor(), Mat(size_t((xs.two() ? 2 : 1) * T * out))});
     for (int64_t c = 0; c < out; c += 64) tiles.push_back({jobs.size() - 1, c});
   }
-  const int64_t panel_elems = cpu::packed_bf16_panel_elems(in);
+  const int64_t panel_elems = f32 ? in * cpu::kPanelCols : cpu::packed_bf16_panel_elems(in);
 #pragma omp parallel for schedule(dynamic, 1)
   for (size_t i = 0; i < tiles.size(); ++i) {
     Job& j = jobs[tiles[i].first];
     const int64_t c0 = tiles[i].second, out = j.l->packed->out, w = std::min<int64_t>(64, out - c0);
     const float* b = j.bias.numel() ? j.bias.ptr<float>() : nullptr;
+    if (f32) {
+      cpu::PackedMatmulArgs a;
+      a.x = x.data();
+      a.ldx = in;
+      a.m = T;
+      a.k = in;
+      a.panels = j.l->packed->f32() + (c0 / cpu::kPanelCols) * panel_elems;
+      a.y = j.y.data() + c0;
+      a.ldy = out;
+      a.n0 = 0;
+      a.n1 = w;
+      kt.packed_matmul(a);
+      if (b)
+        for (int64_t r = 0; r < T; ++r)
+          for (int64_t o = 0; o < w; ++o) j.y[size_t(r * out + c0 + o)] += b[c0 + o];
+      continue;
+    }
     cpu::PackedBf16MatmulArgs a;
     a.x = xs.hi();  // both terms' rows in one call: the tile's weights are read once
     a.ldx = in;
     a.m = xs.two() ? 2 * T : T;
     a.k = in;
-    a.panels = j.l->packed->panels.get() + (c0 / cpu::kPanelCols) * panel_elems;
+    a.panels = j.l->packed->bf16() + (c0 / cpu::kPanelCols) * panel_elems;
     a.y = j.y.data() + c0;
     a.ldy = out;
     a.n0 = 0;
@@ -132,7 +154,7 @@ std::vector<Mat> packed_linears(const Mat& x, int64_t T, const std::vector<const
 Mat linear(const Mat& x, int64_t T, const Linear& l) {
   const int64_t out = l.weight.size(0), in = l.weight.size(1);
   MOEX_ASSERT(int64_t(x.size()) == T * in);
-  if (T > 0 && packed_path(l, in)) return std::move(packed_linears(x, T, {&l}).front());
+  if (T > 0 && packed_path(l, T, in)) return std::move(packed_linears(x, T, {&l}).front());
   const Tensor bt = l.has_bias() ? as_f32(l.bias) : Tensor();
   const float* b = l.has_bias() ? bt.ptr<float>() : nullptr;
   const DType dt = l.weight.dtype();
@@ -226,7 +248,7 @@ float act(const std::string& a, float g) {
 // over all their tiles), each alone otherwise.
 std::vector<Mat> linears(const Mat& x, int64_t T, const std::vector<const Linear*>& ls) {
   bool together = true;
-  for (const Linear* l : ls) together = together && T > 0 && packed_path(*l, ls.front()->weight.size(1));
+  for (const Linear* l : ls) together = together && T > 0 && packed_path(*l, T, ls.front()->weight.size(1));
   if (together) return packed_linears(x, T, ls);
   std::vector<Mat> ys;
   for (const Linear* l : ls) ys.push_back(linear(x, T, *l));
@@ -595,10 +617,13 @@ void pack_linears_for_cpu(ModelWeights& w, int threads) {
     const char* v = std::getenv("MOEX_CPU_PACK_LINEARS");
     return v && std::string(v) == "0";
   }();
-  if (off || w.dtype != DType::bf16 || !cpu::kernels().packed_matmul_bf16) return;
+  // bf16 weights where the table has the packed bf16 kernel (AVX512_BF16 without AMX), f32 weights on
+  // the packed f32 kernel every table has
+  const DType dt = w.dtype == DType::bf16 && cpu::kernels().packed_matmul_bf16 ? DType::bf16 : w.dtype == DType::f32 ? DType::f32 : DType::u8;
+  if (off || dt == DType::u8) return;
   std::vector<std::pair<const Tensor*, std::shared_ptr<const PackedLinear>*>> todo;
   auto add = [&](Linear& l) {
-    if (l.defined() && l.weight.dtype() == DType::bf16 && l.weight.view().rank == 2) todo.push_back({&l.weight, &l.packed});
+    if (l.defined() && l.weight.dtype() == dt && l.weight.view().rank == 2) todo.push_back({&l.weight, &l.packed});
   };
   for (LayerWeights& lw : w.layers) {
     AttentionWeights& a = lw.attn;
@@ -607,22 +632,30 @@ void pack_linears_for_cpu(ModelWeights& w, int threads) {
     MoeWeights& m = lw.moe;
     for (Linear* l : {&m.router, &m.shared.gate, &m.shared.up, &m.shared.down, &m.shared_gate}) add(*l);
   }
-  if (w.lm_head.numel() > 0 && w.lm_head.dtype() == DType::bf16) todo.push_back({&w.lm_head, &w.lm_head_packed});
+  if (w.lm_head.numel() > 0 && w.lm_head.dtype() == dt) todo.push_back({&w.lm_head, &w.lm_head_packed});
   std::vector<std::shared_ptr<PackedLinear>> made(todo.size());
   for (size_t i = 0; i < todo.size(); ++i) {  // allocations here: errors are not thrown inside the parallel loop
     const Tensor& wt = *todo[i].first;
     auto p = std::make_shared<PackedLinear>();
+    p->dtype = dt;
     p->out = wt.size(0);
     p->in = wt.size(1);
-    const size_t bytes = size_t((p->out + cpu::kPanelCols - 1) / cpu::kPanelCols) * size_t(cpu::packed_bf16_panel_elems(p->in)) * 2;
+    const size_t panels = size_t((p->out + cpu::kPanelCols - 1) / cpu::kPanelCols);
+    const size_t bytes = dt == DType::bf16 ? panels * size_t(cpu::packed_bf16_panel_elems(p->in)) * 2
+                                           : panels * size_t(p->in * cpu::kPanelCols) * sizeof(float);
     void* mem = detail::host_alloc(bytes);
     if (!mem) detail::fail(ErrorCode::out_of_memory, "packing a [{}, {}] linear for the CPU kernels: cannot allocate {} bytes", p->out, p->in, bytes);
-    p->panels = std::unique_ptr<uint16_t[], void (*)(void*)>(static_cast<uint16_t*>(mem), &std::free);
+    p->storage = std::unique_ptr<char[], void (*)(void*)>(static_cast<char*>(mem), &std::free);
     made[i] = std::move(p);
   }
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
-  for (size_t i = 0; i < todo.size(); ++i)
-    cpu::pack_rows_bf16(todo[i].first->ptr<uint16_t>(), made[i]->in, 0, made[i]->out, made[i]->panels.get());
+  for (size_t i = 0; i < todo.size(); ++i) {
+    PackedLinear& p = *made[i];
+    if (dt == DType::bf16)
+      cpu::pack_rows_bf16(todo[i].first->ptr<uint16_t>(), p.in, 0, p.out, reinterpret_cast<uint16_t*>(p.storage.get()));
+    else
+      cpu::pack_rows(todo[i].first->ptr<float>(), false, p.out, p.in, 0, p.out, reinterpret_cast<float*>(p.storage.get()));
+  }
   for (size_t i = 0; i < todo.size(); ++i) *todo[i].second = std::move(made[i]);
 }
 

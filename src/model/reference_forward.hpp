@@ -95,10 +95,11 @@ std::vector<int64_t> reference_greedy(const ModelWeights& w, const TextConfig& t
 std::vector<float> causal_attention(const float* q, const float* k, const float* v, int64_t n, int64_t Tk, int64_t pos0, int64_t nh,
                                     int64_t nkv, int64_t dq, int64_t dv, double scaling, int64_t window, const float* sinks);
 
-// Packs every bf16 dense linear of `w` (attention, dense and shared MLPs, routers, lm_head) for the
-// CPU's packed bf16 kernel, where the kernel table has it (AVX512_BF16 without AMX); does nothing
-// otherwise. Memory: one more copy of those weights (rows padded to 32, in to even), kept beside the
-// originals (the decode steps' f32-input path and the embedding read those). `threads` threads.
+// Packs every dense linear of `w` (attention, dense and shared MLPs, routers, lm_head) for the CPU's
+// packed kernels: bf16 models for the packed bf16 kernel where the kernel table has it (AVX512_BF16
+// without AMX), f32 models for the packed f32 kernel; does nothing otherwise (f16 models, AMX tables).
+// Memory: one more copy of those weights (rows padded to 32, bf16 in to even), kept beside the
+// originals (f32 linears of fewer than 8 rows and the embedding read those). `threads` threads.
 void pack_linears_for_cpu(ModelWeights& w, int threads);
 
 // RoPE inverse frequencies (dim/2 values) and the attention factor that scales cos/sin, for the

@@ -21,11 +21,15 @@
 
 namespace moex::model {
 
-// A bf16 weight [out, in] repacked for the CPU's packed bf16 kernel (PackedBf16MatmulArgs): panels
-// [ceil(out / 32), ceil(in / 2), 32, 2] on huge pages where they fit (pack_linears_for_cpu).
+// A weight [out, in] repacked for the CPU's packed kernels (pack_linears_for_cpu), on huge pages where
+// they fit: bf16 panels [ceil(out / 32), ceil(in / 2), 32, 2] (PackedBf16MatmulArgs) or f32 panels
+// [ceil(out / 32), in, 32] (PackedMatmulArgs).
 struct PackedLinear {
-  std::unique_ptr<uint16_t[], void (*)(void*)> panels{nullptr, nullptr};
+  std::unique_ptr<char[], void (*)(void*)> storage{nullptr, nullptr};
+  DType dtype = DType::bf16;  // bf16 or f32, as the weight
   int64_t out = 0, in = 0;
+  const uint16_t* bf16() const { return reinterpret_cast<const uint16_t*>(storage.get()); }
+  const float* f32() const { return reinterpret_cast<const float*>(storage.get()); }
 };
 
 // y = x · weightᵀ + bias; weight [out, in]. bias undefined when absent. packed: the weight's panels

@@ -81,7 +81,9 @@ size_t pack_budget_bytes() {
   return quarter;
 }
 
-// Rows [r0, r0 + n) of the logical [N, K] matrix W of one expert into panels at dst
+}  // namespace
+
+// (packed_weights.hpp) Rows [r0, r0 + n) of the logical [N, K] matrix W of one expert into panels at dst
 // ([ceil(n / 32), K, 32]). nt: W is stored [N, K]; transposed: stored [K, N].
 void pack_rows(const float* w, bool transposed, int64_t N, int64_t K, int64_t r0, int64_t n, float* dst) {
   const int64_t panels = padded_rows(n) / kPanelCols;
@@ -107,8 +109,6 @@ void pack_rows(const float* w, bool transposed, int64_t N, int64_t K, int64_t r0
     }
   }
 }
-
-}  // namespace
 
 // (packed_weights.hpp) The same for bf16 weights: panels [ceil(K / 2), 32, 2], element (j, c, h) = W[row + c, 2j + h].
 void pack_rows_bf16(const uint16_t* w, int64_t K, int64_t r0, int64_t n, uint16_t* dst) {

@@ -140,6 +140,9 @@ class PackedWeights {
 // Rows [r0, r0 + n) of a row-major bf16 [N, K] matrix → ceil(n / 32) panels [ceil(K / 2), 32, 2]
 // (PackedBf16MatmulArgs; zero padding) at dst: packed_bf16_panel_elems(K) elements per panel.
 void pack_rows_bf16(const uint16_t* w, int64_t K, int64_t r0, int64_t n, uint16_t* dst);
+// Rows [r0, r0 + n) of a logical [N, K] f32 matrix (stored [N, K], or [K, N] when transposed) →
+// ceil(n / 32) panels [K, 32] (PackedMatmulArgs; zero padding) at dst.
+void pack_rows(const float* w, bool transposed, int64_t N, int64_t K, int64_t r0, int64_t n, float* dst);
 
 // Rows [r0, r0 + n) of one expert's FP8 matrix (e4m3 codes w [N, K], scales per q.block_n × 128 block,
 // f32 or UE8M0) packed for PackedFp8MatmulArgs: codes [ceil(n / 32), fp8_panel_bytes(K, pairs)] (k-pair
