@@ -619,8 +619,9 @@ void pack_linears_for_cpu(ModelWeights& w, int threads) {
   }();
   // bf16 weights where the table has the packed bf16 kernel (AVX512_BF16 without AMX), f32 weights on
   // the packed f32 kernel every table has
-  const DType dt = w.dtype == DType::bf16 && cpu::kernels().packed_matmul_bf16 ? DType::bf16 : w.dtype == DType::f32 ? DType::f32 : DType::u8;
-  if (off || dt == DType::u8) return;
+  const bool bf16 = w.dtype == DType::bf16 && cpu::kernels().packed_matmul_bf16;
+  if (off || !(bf16 || w.dtype == DType::f32)) return;
+  const DType dt = w.dtype;
   std::vector<std::pair<const Tensor*, std::shared_ptr<const PackedLinear>*>> todo;
   auto add = [&](Linear& l) {
     if (l.defined() && l.weight.dtype() == dt && l.weight.view().rank == 2) todo.push_back({&l.weight, &l.packed});
