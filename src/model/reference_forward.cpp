@@ -105,34 +105,27 @@ std::vector<Mat> packed_linears(const Mat& x, int64_t T, const std::vector<const
     Job& j = jobs[tiles[i].first];
     const int64_t c0 = tiles[i].second, out = j.l->packed->out, w = std::min<int64_t>(64, out - c0);
     const float* b = j.bias.numel() ? j.bias.ptr<float>() : nullptr;
-    if (f32) {
-      cpu::PackedMatmulArgs a;
-      a.x = x.data();
+    // the tile's products: f32 rows on f32 panels, or both bf16 terms' rows in one call (the tile's
+    // weights read once)
+    const auto multiply = [&](auto& a, const auto* xp, int64_t rows, const auto* panels, auto kernel) {
+      a.x = xp;
       a.ldx = in;
-      a.m = T;
+      a.m = rows;
       a.k = in;
-      a.panels = j.l->packed->f32() + (c0 / cpu::kPanelCols) * panel_elems;
+      a.panels = panels + (c0 / cpu::kPanelCols) * panel_elems;
       a.y = j.y.data() + c0;
       a.ldy = out;
       a.n0 = 0;
       a.n1 = w;
-      kt.packed_matmul(a);
-      if (b)
-        for (int64_t r = 0; r < T; ++r)
-          for (int64_t o = 0; o < w; ++o) j.y[size_t(r * out + c0 + o)] += b[c0 + o];
-      continue;
+      kernel(a);
+    };
+    if (f32) {
+      cpu::PackedMatmulArgs a;
+      multiply(a, x.data(), T, j.l->packed->f32(), kt.packed_matmul);
+    } else {
+      cpu::PackedBf16MatmulArgs a;
+      multiply(a, xs.hi(), xs.two() ? 2 * T : T, j.l->packed->bf16(), kt.packed_matmul_bf16);
     }
-    cpu::PackedBf16MatmulArgs a;
-    a.x = xs.hi();  // both terms' rows in one call: the tile's weights are read once
-    a.ldx = in;
-    a.m = xs.two() ? 2 * T : T;
-    a.k = in;
-    a.panels = j.l->packed->bf16() + (c0 / cpu::kPanelCols) * panel_elems;
-    a.y = j.y.data() + c0;
-    a.ldy = out;
-    a.n0 = 0;
-    a.n1 = w;
-    kt.packed_matmul_bf16(a);
     if (xs.two() || b)
       for (int64_t r = 0; r < T; ++r) {
         float* yr = j.y.data() + r * out + c0;
