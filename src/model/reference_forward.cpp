@@ -281,8 +281,8 @@ struct Rope {
   // Rotates v (dim values) of row `row` (set_positions); interleaved pairs (DeepSeek) or halves (rotate_half).
   void apply(float* v, int64_t row, bool interleave) const {
     const int64_t h = dim / 2;
-    float out[1024];  // dim ≤ 2048: the head dims of the supported families are far below (checked at load)
-    MOEX_ASSERT(h <= 1024);
+    float out[2048];  // rotary dims of the supported families are far below; asserted
+    MOEX_ASSERT(dim <= 2048);
     const double* c = cos_t.data() + row * h;
     const double* s = sin_t.data() + row * h;
     for (int64_t i = 0; i < h; ++i) {
@@ -295,9 +295,6 @@ struct Rope {
   }
 };
 
-// Causal attention of n new query tokens (absolute positions pos0 .. pos0+n-1) over Tk cached keys
-// (positions 0 .. Tk-1), nh query heads over nkv key/value heads (GQA), optional sliding window and sinks.
-// q [n, nh, dq], k [Tk, nkv, dq], v [Tk, nkv, dv] → [n, nh * dv].
 // 16 keys' partial dot products (GCC vector extension: one zmm, two ymm or four xmm, elementwise).
 typedef float KeyLanes __attribute__((vector_size(64)));
 typedef double Doubles8 __attribute__((vector_size(64)));
@@ -343,6 +340,9 @@ __attribute__((always_inline, optimize("fp-contract=off"))) inline void exp_minu
   }
 }
 
+// Causal attention of n new query tokens (absolute positions pos0 .. pos0+n-1) over Tk cached keys
+// (positions 0 .. Tk-1), nh query heads over nkv key/value heads (GQA), optional sliding window and sinks.
+// q [n, nh, dq], k [Tk, nkv, dq], v [Tk, nkv, dv] → [n, nh * dv].
 // Compiled for AVX-512 and AVX2 too (chosen at load, ifunc): the 8-lane dot products and the value sums
 // vectorise. No FMA contraction in any clone (fp-contract=off; AVX-512F has FMAs), so every clone
 // computes the same bits.
@@ -615,9 +615,9 @@ void pack_linears_for_cpu(ModelWeights& w, int threads) {
   const bool bf16 = w.dtype == DType::bf16 && cpu::kernels().packed_matmul_bf16;
   if (off || !(bf16 || w.dtype == DType::f32)) return;
   const DType dt = w.dtype;
-  std::vector<std::pair<const Tensor*, std::shared_ptr<const PackedLinear>*>> todo;
+  std::vector<std::pair<const Tensor*, std::shared_ptr<const PackedLinear>*>> to_pack;  // (weight, where its panels go)
   auto add = [&](Linear& l) {
-    if (l.defined() && l.weight.dtype() == dt && l.weight.view().rank == 2) todo.push_back({&l.weight, &l.packed});
+    if (l.defined() && l.weight.dtype() == dt && l.weight.view().rank == 2) to_pack.push_back({&l.weight, &l.packed});
   };
   for (LayerWeights& lw : w.layers) {
     AttentionWeights& a = lw.attn;
@@ -626,10 +626,10 @@ void pack_linears_for_cpu(ModelWeights& w, int threads) {
     MoeWeights& m = lw.moe;
     for (Linear* l : {&m.router, &m.shared.gate, &m.shared.up, &m.shared.down, &m.shared_gate}) add(*l);
   }
-  if (w.lm_head.numel() > 0 && w.lm_head.dtype() == dt) todo.push_back({&w.lm_head, &w.lm_head_packed});
-  std::vector<std::shared_ptr<PackedLinear>> made(todo.size());
-  for (size_t i = 0; i < todo.size(); ++i) {  // allocations here: errors are not thrown inside the parallel loop
-    const Tensor& wt = *todo[i].first;
+  if (w.lm_head.numel() > 0 && w.lm_head.dtype() == dt) to_pack.push_back({&w.lm_head, &w.lm_head_packed});
+  std::vector<std::shared_ptr<PackedLinear>> made(to_pack.size());
+  for (size_t i = 0; i < to_pack.size(); ++i) {  // allocations here: errors are not thrown inside the parallel loop
+    const Tensor& wt = *to_pack[i].first;
     auto p = std::make_shared<PackedLinear>();
     p->dtype = dt;
     p->out = wt.size(0);
@@ -643,14 +643,14 @@ void pack_linears_for_cpu(ModelWeights& w, int threads) {
     made[i] = std::move(p);
   }
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
-  for (size_t i = 0; i < todo.size(); ++i) {
+  for (size_t i = 0; i < to_pack.size(); ++i) {
     PackedLinear& p = *made[i];
     if (dt == DType::bf16)
-      cpu::pack_rows_bf16(todo[i].first->ptr<uint16_t>(), p.in, 0, p.out, reinterpret_cast<uint16_t*>(p.storage.get()));
+      cpu::pack_rows_bf16(to_pack[i].first->ptr<uint16_t>(), p.in, 0, p.out, reinterpret_cast<uint16_t*>(p.storage.get()));
     else
-      cpu::pack_rows(todo[i].first->ptr<float>(), false, p.out, p.in, 0, p.out, reinterpret_cast<float*>(p.storage.get()));
+      cpu::pack_rows(to_pack[i].first->ptr<float>(), false, p.out, p.in, 0, p.out, reinterpret_cast<float*>(p.storage.get()));
   }
-  for (size_t i = 0; i < todo.size(); ++i) *todo[i].second = std::move(made[i]);
+  for (size_t i = 0; i < to_pack.size(); ++i) *to_pack[i].second = std::move(made[i]);
 }
 
 void rope_inv_freq(const RopeConfig& r, int64_t dim, int64_t max_pos, std::vector<double>& inv_freq, double& af) {

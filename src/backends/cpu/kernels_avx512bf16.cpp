@@ -205,7 +205,7 @@ void packed_matmul_bf16_impl(const PackedBf16MatmulArgs& a) {
 // broadcast: 29 of the 32 registers); per pair of k: both panels' two 64-byte vectors, one broadcast
 // per row, 4·MR vdpbf16ps — the x pair serves the gate and the up columns. The whole k in one pass
 // (the chain of every output as packed_bf16_block's, whose k chunks reload exact f32 partial sums),
-// then per row silu(g) · u (Avx512::silu_mul's operations) rounded as Avx512::store_as_bf16.
+// then per row Avx512::silu_mul_ps and Avx512::to_bf16 (what silu_mul and store_as_bf16 apply).
 constexpr int kGatedRows = 6;
 
 template <int MR>
@@ -245,20 +245,11 @@ inline void gated_bf16_block(const PackedBf16GatedArgs& a, int64_t i0, const uin
       u[r][1] = _mm512_dpbf16_ps(u[r][1], (__m512bh)xb, (__m512bh)u1);
     }
   }
-  const __m512i bias = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
   for (int r = 0; r < MR; ++r)
-    for (int v = 0; v < 2; ++v) {
-      const int c0 = 16 * v;
-      if (c0 >= ncols) break;
-      const __m512 e = Avx512::exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), g[r][v]));  // as Avx512::silu_mul
-      const __m512 hv = _mm512_mul_ps(_mm512_div_ps(g[r][v], _mm512_add_ps(_mm512_set1_ps(1.0f), e)), u[r][v]);
-      const __m512i bits = _mm512_castps_si512(hv);  // as Avx512::store_as_bf16
-      __m512i rr = _mm512_add_epi32(bits, _mm512_add_epi32(bias, _mm512_and_si512(_mm512_srli_epi32(bits, 16), one)));
-      rr = _mm512_mask_or_epi32(rr, _mm512_cmp_ps_mask(hv, hv, _CMP_UNORD_Q), bits, _mm512_set1_epi32(0x00400000));
-      const __m256i packed = _mm512_cvtepi32_epi16(_mm512_srli_epi32(rr, 16));
-      uint16_t* hr = h + (i0 + r) * a.ldh + c0;
-      const int n = std::min(16, ncols - c0);
-      _mm256_mask_storeu_epi16(hr, __mmask16(n == 16 ? 0xffff : (1u << n) - 1u), packed);
+    for (int v = 0; v < 2 && 16 * v < ncols; ++v) {
+      const int n = std::min(16, ncols - 16 * v);
+      _mm256_mask_storeu_epi16(h + (i0 + r) * a.ldh + 16 * v, __mmask16(n == 16 ? 0xffff : (1u << n) - 1u),
+                               Avx512::to_bf16(Avx512::silu_mul_ps(g[r][v], u[r][v])));
     }
 }
 

@@ -188,18 +188,17 @@ struct Avx512 {
   static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
   static float reduce(V v) { return _mm512_reduce_add_ps(v); }
   static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
+  // 16 floats → 16 bf16, rounded to nearest even; a NaN keeps a quiet-NaN payload
+  static __m256i to_bf16(__m512 v) {
+    const __m512i u = _mm512_castps_si512(v);
+    __m512i r = _mm512_add_epi32(
+        u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1))));
+    r = _mm512_mask_or_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), u, _mm512_set1_epi32(0x00400000));
+    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
+  }
   static void store_as_bf16(const float* src, uint16_t* dst, int64_t n) {
     int64_t i = 0;
-    const __m512i bias = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
-    for (; i + W <= n; i += W) {
-      __m512 v = _mm512_loadu_ps(src + i);
-      __m512i u = _mm512_castps_si512(v);
-      // round to nearest even; NaN keeps a quiet-NaN payload
-      __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(bias, _mm512_and_si512(_mm512_srli_epi32(u, 16), one)));
-      __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-      r = _mm512_mask_or_epi32(r, nan, u, _mm512_set1_epi32(0x00400000));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16)));
-    }
+    for (; i + W <= n; i += W) _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), to_bf16(_mm512_loadu_ps(src + i)));
     impl::store_as_bf16_scalar(src + i, dst + i, n - i);
   }
   // e^x for 16 lanes: x clamped to [−104, 89] (e^x is 0 / +inf in f32 beyond, and the reduction
@@ -221,13 +220,15 @@ struct Avx512 {
     p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
     return _mm512_scalef_ps(p, n);
   }
+  // silu(g) · u = g / (1 + e^−g) · u for 16 lanes (NaN g: NaN / (1 + e))
+  static __m512 silu_mul_ps(__m512 g, __m512 u) {
+    const __m512 e = exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), g));
+    return _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e)), u);
+  }
   static void silu_mul(const float* g, const float* u, float* out, int64_t n) {
     for (int64_t i = 0; i < n; i += W) {
       const __mmask16 m = n - i >= W ? __mmask16(0xffff) : __mmask16((1u << (n - i)) - 1u);
-      const __m512 gv = _mm512_maskz_loadu_ps(m, g + i), uv = _mm512_maskz_loadu_ps(m, u + i);
-      const __m512 e = exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), gv));  // NaN g: NaN / (1 + e) below
-      const __m512 s = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
-      _mm512_mask_storeu_ps(out + i, m, _mm512_mul_ps(s, uv));
+      _mm512_mask_storeu_ps(out + i, m, silu_mul_ps(_mm512_maskz_loadu_ps(m, g + i), _mm512_maskz_loadu_ps(m, u + i)));
     }
   }
   static void store_as_f16(const float* src, uint16_t* dst, int64_t n) {
