@@ -108,6 +108,7 @@ std::vector<Mat> packed_linears(const Mat& x, int64_t T, const std::vector<const
     // the tile's products: f32 rows on f32 panels, or both bf16 terms' rows in one call (the tile's
     // weights read once)
     const auto multiply = [&](auto& a, const auto* xp, int64_t rows, const auto* panels, auto kernel) {
+      a.prefetch_ahead = j.l->packed->prefetch_ahead;
       a.x = xp;
       a.ldx = in;
       a.m = rows;
@@ -628,6 +629,7 @@ void pack_linears_for_cpu(ModelWeights& w, int threads) {
   }
   if (w.lm_head.numel() > 0 && w.lm_head.dtype() == dt) to_pack.push_back({&w.lm_head, &w.lm_head_packed});
   std::vector<std::shared_ptr<PackedLinear>> made(to_pack.size());
+  size_t total = 0;
   for (size_t i = 0; i < to_pack.size(); ++i) {  // allocations here: errors are not thrown inside the parallel loop
     const Tensor& wt = *to_pack[i].first;
     auto p = std::make_shared<PackedLinear>();
@@ -640,8 +642,11 @@ void pack_linears_for_cpu(ModelWeights& w, int threads) {
     void* mem = detail::host_alloc(bytes);
     if (!mem) detail::fail(ErrorCode::out_of_memory, "packing a [{}, {}] linear for the CPU kernels: cannot allocate {} bytes", p->out, p->in, bytes);
     p->storage = std::unique_ptr<char[], void (*)(void*)>(static_cast<char*>(mem), &std::free);
+    total += bytes;
     made[i] = std::move(p);
   }
+  const int64_t ahead = cpu::stream_prefetch_ahead(total);  // a decode step streams them all
+  for (auto& p : made) p->prefetch_ahead = ahead;
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
   for (size_t i = 0; i < to_pack.size(); ++i) {
     PackedLinear& p = *made[i];

@@ -329,7 +329,8 @@ bool intel_cpu() {
 #endif
 }
 
-// PackedMatrix::prefetch_ahead for experts whose packed copy is `bytes` long.
+}  // namespace
+
 int64_t stream_prefetch_ahead(size_t bytes) {
   if (const char* e = std::getenv("MOEX_CPU_PREFETCH_AHEAD"); e && *e) return std::max<int64_t>(-1, std::atoll(e));
   static const bool intel = intel_cpu();
@@ -337,6 +338,8 @@ int64_t stream_prefetch_ahead(size_t bytes) {
   const long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);  // 0 or -1 where unknown: taken as smaller
   return llc > 0 && bytes <= size_t(llc) ? 0 : 2048;
 }
+
+namespace {
 
 // PackedMatrix::min_rows for experts of this spec.
 int64_t packed_min_rows(const ExpertsSpec& s) {

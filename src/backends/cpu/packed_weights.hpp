@@ -159,6 +159,13 @@ void pack_rows_fp4(const uint8_t* w, const uint8_t* scales, int64_t group, int64
 // Bytes of one FP8 panel of k codes per column: [k, 32], or [ceil(k / 2), 32, 2] in k pairs.
 inline int64_t fp8_panel_bytes(int64_t k, bool pairs) { return (pairs ? (k + 1) / 2 * 2 : k) * kPanelCols; }
 
+// The packed kernels' prefetch_ahead (PackedMatrix::prefetch_ahead) for weights of `bytes` in all
+// that are streamed one row block at a time: on Intel CPUs 0 (one k chunk ahead) when they fit the
+// last-level cache, else 2 KiB; on other CPUs −1 (no software prefetch: the hardware prefetchers
+// stream faster alone). MOEX_CPU_PREFETCH_AHEAD=bytes overrides it. The experts' copies and the model
+// runtime's packed dense linears (model/reference_forward.cpp) both take it.
+int64_t stream_prefetch_ahead(size_t bytes);
+
 // Frees every packed copy (they are rebuilt on the next call that needs them). Not to be called
 // while an experts call runs.
 void release_packed_weights();
