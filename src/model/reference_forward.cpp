@@ -368,85 +368,92 @@ Mat attend(const float* q, const float* k, const float* v, int64_t n, int64_t Tk
         for (int64_t d = 0; d < dq; ++d) t[d * kKeyTile] = kj[d];
       }
   }
-  // (kv head, query) pairs in parallel, each computed by one thread in a fixed order: per query head of
-  // the group, f32 dot products in 8 fixed lanes and the softmax in f64; then the value sums of all
-  // the group's heads together, each output Σ_j w_j · v_j[d] in f32 in j order
+  // (kv head, query, quad of the group's query heads) items in parallel, each computed by one thread in
+  // a fixed order: per query head, f32 dot products in 8 fixed lanes and the softmax in f64; then the
+  // value sums of the quad's heads together, each output Σ_j w_j · v_j[d] in f32 in j order. Chunks of
+  // 4 items where there are many (prefill), else of 1: a decode step has only nkv · ceil(group / 4)
+  // items (chunks of 4 gave all of a 4-kv-head model's to one thread).
+  const int64_t quads = (group + 3) / 4;
+  const int chunk = nkv * n * quads >= 64 ? 4 : 1;
 #pragma omp parallel if (n * nh * Tk * (dq + dv) > (1 << 16))
   {
     std::vector<double> s(static_cast<size_t>(Tk));
     std::vector<float> wf(static_cast<size_t>(group * Tk));  // [group, Tk] the softmax weights as f32
-#pragma omp for schedule(dynamic, 4) collapse(2)
+#pragma omp for schedule(dynamic, chunk) collapse(3)
     for (int64_t kh = 0; kh < nkv; ++kh) {
       for (int64_t i = 0; i < n; ++i) {
-        const int64_t p = pos0 + i;
-        const int64_t j0 = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0;
-        const int64_t j1 = std::min(p, Tk - 1);
-        for (int64_t h = kh * group; h < (kh + 1) * group; ++h) {
-          const float* qi = q + (i * nh + h) * dq;
-          double mx = -std::numeric_limits<double>::infinity();
-          for (int64_t jt = j0 / kKeyTile; tiled && jt * kKeyTile <= j1; ++jt) {
-            const float* t = kt.data() + (kh * key_tiles + jt) * dq * kKeyTile;
-            KeyLanes lane[8] = {}, keys;  // keys: row d of the tile, the 16 keys' element d
-            int64_t d = 0;
-            for (; d + 8 <= dq; d += 8)
-              for (int u = 0; u < 8; ++u) {
-                std::memcpy(&keys, t + (d + u) * kKeyTile, sizeof keys);
-                lane[u] += qi[d + u] * keys;
+        for (int64_t quad = 0; quad < quads; ++quad) {
+          const int64_t p = pos0 + i;
+          const int64_t j0 = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0;
+          const int64_t j1 = std::min(p, Tk - 1);
+          const int64_t q0 = 4 * quad, q1 = std::min<int64_t>(group, q0 + 4);  // the quad's heads in the group
+          for (int64_t h = kh * group + q0; h < kh * group + q1; ++h) {
+            const float* qi = q + (i * nh + h) * dq;
+            double mx = -std::numeric_limits<double>::infinity();
+            for (int64_t jt = j0 / kKeyTile; tiled && jt * kKeyTile <= j1; ++jt) {
+              const float* t = kt.data() + (kh * key_tiles + jt) * dq * kKeyTile;
+              KeyLanes lane[8] = {}, keys;  // keys: row d of the tile, the 16 keys' element d
+              int64_t d = 0;
+              for (; d + 8 <= dq; d += 8)
+                for (int u = 0; u < 8; ++u) {
+                  std::memcpy(&keys, t + (d + u) * kKeyTile, sizeof keys);
+                  lane[u] += qi[d + u] * keys;
+                }
+              KeyLanes dot = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+              for (; d < dq; ++d) {
+                std::memcpy(&keys, t + d * kKeyTile, sizeof keys);
+                dot += qi[d] * keys;
               }
-            KeyLanes dot = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
-            for (; d < dq; ++d) {
-              std::memcpy(&keys, t + d * kKeyTile, sizeof keys);
-              dot += qi[d] * keys;
+              for (int c = 0; c < kKeyTile; ++c) {
+                const int64_t j = jt * kKeyTile + c;
+                if (j < j0 || j > j1) continue;
+                s[size_t(j)] = double(dot[c]) * scaling;
+                mx = std::max(mx, s[size_t(j)]);
+              }
             }
-            for (int c = 0; c < kKeyTile; ++c) {
-              const int64_t j = jt * kKeyTile + c;
-              if (j < j0 || j > j1) continue;
-              s[size_t(j)] = double(dot[c]) * scaling;
+            for (int64_t j = j0; !tiled && j <= j1; ++j) {
+              const float* kj = k + (j * nkv + kh) * dq;
+              float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+              int64_t d = 0;
+              for (; d + 8 <= dq; d += 8)
+                for (int u = 0; u < 8; ++u) lane[u] += qi[d + u] * kj[d + u];
+              float dot = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+              for (; d < dq; ++d) dot += qi[d] * kj[d];
+              s[size_t(j)] = double(dot) * scaling;
               mx = std::max(mx, s[size_t(j)]);
             }
+            if (sinks) mx = std::max(mx, double(sinks[h]));
+            double den = sinks ? std::exp(double(sinks[h]) - mx) : 0.0;
+            exp_minus_max(s.data(), j0, j1, mx);
+            for (int64_t j = j0; j <= j1; ++j) den += s[size_t(j)];
+            float* w = wf.data() + (h - kh * group) * Tk;
+            for (int64_t j = j0; j <= j1; ++j) w[j] = float(s[size_t(j)] / den);
           }
-          for (int64_t j = j0; !tiled && j <= j1; ++j) {
-            const float* kj = k + (j * nkv + kh) * dq;
-            float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            int64_t d = 0;
-            for (; d + 8 <= dq; d += 8)
-              for (int u = 0; u < 8; ++u) lane[u] += qi[d + u] * kj[d + u];
-            float dot = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
-            for (; d < dq; ++d) dot += qi[d] * kj[d];
-            s[size_t(j)] = double(dot) * scaling;
-            mx = std::max(mx, s[size_t(j)]);
-          }
-          if (sinks) mx = std::max(mx, double(sinks[h]));
-          double den = sinks ? std::exp(double(sinks[h]) - mx) : 0.0;
-          exp_minus_max(s.data(), j0, j1, mx);
-          for (int64_t j = j0; j <= j1; ++j) den += s[size_t(j)];
-          float* w = wf.data() + (h - kh * group) * Tk;
-          for (int64_t j = j0; j <= j1; ++j) w[j] = float(s[size_t(j)] / den);
-        }
-        // the value sums: 4 heads × 64 values at a time (16 independent vector chains, each value row
-        // loaded once for the 4 heads); the rest one value at a time, in the same order
-        for (int64_t g0 = 0; g0 < group; g0 += 4)
-          for (int64_t d0 = 0; d0 < dv; d0 += 64) {
-            const int64_t gn = std::min<int64_t>(4, group - g0), dn = std::min<int64_t>(64, dv - d0);
-            if (gn == 4 && dn == 64) {
-              KeyLanes a[4][4] = {}, vr[4];
-              for (int64_t j = j0; j <= j1; ++j) {
-                std::memcpy(vr, v + (j * nkv + kh) * dv + d0, sizeof vr);
-                for (int g = 0; g < 4; ++g) {
-                  const float wj = wf[size_t((g0 + g) * Tk + j)];
-                  for (int c = 0; c < 4; ++c) a[g][c] += wj * vr[c];
+          // the value sums: 4 heads × 64 values at a time (16 independent vector chains, each value row
+          // loaded once for the 4 heads); the rest one value at a time, in the same order
+          for (int64_t g0 = q0; g0 < q1; g0 += 4)
+            for (int64_t d0 = 0; d0 < dv; d0 += 64) {
+              const int64_t gn = std::min<int64_t>(4, q1 - g0), dn = std::min<int64_t>(64, dv - d0);
+              if (gn == 4 && dn == 64) {
+                KeyLanes a[4][4] = {}, vr[4];
+                for (int64_t j = j0; j <= j1; ++j) {
+                  std::memcpy(vr, v + (j * nkv + kh) * dv + d0, sizeof vr);
+                  for (int g = 0; g < 4; ++g) {
+                    const float wj = wf[size_t((g0 + g) * Tk + j)];
+                    for (int c = 0; c < 4; ++c) a[g][c] += wj * vr[c];
+                  }
                 }
+                for (int g = 0; g < 4; ++g) std::memcpy(o.data() + (i * nh + kh * group + g0 + g) * dv + d0, a[g], sizeof a[g]);
+              } else {
+                for (int64_t g = g0; g < g0 + gn; ++g)
+                  for (int64_t d = d0; d < d0 + dn; ++d) {
+                    float a = 0.0f;
+                    for (int64_t j = j0; j <= j1; ++j) a += wf[size_t(g * Tk + j)] * v[(j * nkv + kh) * dv + d];
+                    o[size_t((i * nh + kh * group + g) * dv + d)] = a;
+                  }
               }
-              for (int g = 0; g < 4; ++g) std::memcpy(o.data() + (i * nh + kh * group + g0 + g) * dv + d0, a[g], sizeof a[g]);
-            } else {
-              for (int64_t g = g0; g < g0 + gn; ++g)
-                for (int64_t d = d0; d < d0 + dn; ++d) {
-                  float a = 0.0f;
-                  for (int64_t j = j0; j <= j1; ++j) a += wf[size_t(g * Tk + j)] * v[(j * nkv + kh) * dv + d];
-                  o[size_t((i * nh + kh * group + g) * dv + d)] = a;
-                }
             }
-          }
+        }
       }
     }
   }
