@@ -341,33 +341,74 @@ __attribute__((always_inline, optimize("fp-contract=off"))) inline void exp_minu
   }
 }
 
+// 16 floats from / to memory by value (no address of a vector variable taken: GCC then keeps the
+// attention's accumulators in registers; with memcpy into them it stored all 16 of the value sums'
+// accumulators on every key, 2026-12-05).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpsabi"  // always inlined into attend's clones: no call ABI (popped after attend)
+__attribute__((always_inline)) inline KeyLanes load16(const float* p) {
+  KeyLanes x;
+  std::memcpy(&x, p, sizeof x);
+  return x;
+}
+__attribute__((always_inline)) inline void store16(float* p, KeyLanes x) { std::memcpy(p, &x, sizeof x); }
+
+// Keys in the attention's tile layout: [tiles, nkv, dq, kKeyTile], tile jt holding keys
+// kKeyTile·jt .. kKeyTile·jt + kKeyTile − 1 (zeros past the last key), element d of a kv head's 16
+// keys contiguous: one query's dot products then run 16 keys at a time. The KV cache keeps its keys
+// so (KvCache::k), appended token by token: a decode step reads them as a prefill does, with no
+// transposition per step.
+constexpr int64_t kKeyTile = 16;
+
+// Appends the keys k [n, nkv, dq] of positions pos0 .. pos0+n-1 to the tiles kt, which hold the keys
+// of positions 0 .. pos0-1; grows kt by whole zeroed tiles.
+void append_key_tiles(Floats& kt, const float* k, int64_t n, int64_t pos0, int64_t nkv, int64_t dq) {
+  const int64_t tile_floats = nkv * dq * kKeyTile;
+  const int64_t first_tile = pos0 / kKeyTile, end_tile = (pos0 + n + kKeyTile - 1) / kKeyTile;
+  MOEX_ASSERT(int64_t(kt.size()) >= (pos0 + kKeyTile - 1) / kKeyTile * tile_floats);
+  if (int64_t(kt.size()) < end_tile * tile_floats) {
+    const size_t old = kt.size();
+    kt.resize(size_t(end_tile * tile_floats));
+    std::fill(kt.begin() + int64_t(old), kt.end(), 0.0f);
+  }
+  // whole tiles per thread (the keys of one tile share its cache lines)
+#pragma omp parallel for schedule(static) if (n * nkv * dq > (1 << 16))
+  for (int64_t jt = first_tile; jt < end_tile; ++jt) {
+    float* tile = kt.data() + jt * tile_floats;
+    for (int64_t p = std::max(pos0, jt * kKeyTile); p < std::min(pos0 + n, (jt + 1) * kKeyTile); ++p) {
+      const float* kp = k + (p - pos0) * nkv * dq;
+      for (int64_t e = 0; e < nkv * dq; ++e) tile[e * kKeyTile + p % kKeyTile] = kp[e];
+    }
+  }
+}
+
+// Σ s[j] for j in [j0, j1] (the softmax's denominator): 8 lanes (j − j0 mod 8), added as a fixed tree,
+// then the tail in order — the same bits on every CPU and for every query, without a chain of one
+// dependent addition per key.
+__attribute__((always_inline, optimize("fp-contract=off"))) inline double sum_lanes(const double* s, int64_t j0, int64_t j1) {
+  Doubles8 acc = {};
+  int64_t j = j0;
+  for (; j + 8 <= j1 + 1; j += 8) {
+    Doubles8 x;
+    std::memcpy(&x, s + j, sizeof x);
+    acc += x;
+  }
+  double sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  for (; j <= j1; ++j) sum += s[j];
+  return sum;
+}
+
 // Causal attention of n new query tokens (absolute positions pos0 .. pos0+n-1) over Tk cached keys
 // (positions 0 .. Tk-1), nh query heads over nkv key/value heads (GQA), optional sliding window and sinks.
-// q [n, nh, dq], k [Tk, nkv, dq], v [Tk, nkv, dv] → [n, nh * dv].
-// Compiled for AVX-512 and AVX2 too (chosen at load, ifunc): the 8-lane dot products and the value sums
+// q [n, nh, dq], kt: the keys in tiles (append_key_tiles), v [Tk, nkv, dv] → [n, nh * dv].
+// Compiled for AVX-512 and AVX2 too (chosen at load, ifunc): the 16-key dot products and the value sums
 // vectorise. No FMA contraction in any clone (fp-contract=off; AVX-512F has FMAs), so every clone
 // computes the same bits.
 __attribute__((target_clones("avx512f", "avx2", "default"), optimize("fp-contract=off")))
-Mat attend(const float* q, const float* k, const float* v, int64_t n, int64_t Tk, int64_t pos0, int64_t nh, int64_t nkv,
+Mat attend(const float* q, const float* kt, const float* v, int64_t n, int64_t Tk, int64_t pos0, int64_t nh, int64_t nkv,
            int64_t dq, int64_t dv, double scaling, int64_t window, const float* sinks) {
   Mat o(size_t(n * nh * dv));  // every (query, head) row written below
   const int64_t group = nh / nkv;
-  // Many queries (prefill): the keys of each kv head transposed in tiles of 16, kt [nkv, tiles, dq, 16]
-  // (zero past Tk), so that one query's dot products run 16 keys at a time, each key's in the same
-  // order as below (8 lanes, the same tree, the tail after it): the same bits.
-  constexpr int64_t kKeyTile = 16;
-  const int64_t key_tiles = (Tk + kKeyTile - 1) / kKeyTile;
-  const bool tiled = n >= kKeyTile;
-  std::vector<float> kt(tiled ? size_t(nkv * key_tiles * dq * kKeyTile) : 0, 0.0f);
-  if (tiled) {
-#pragma omp parallel for schedule(static) collapse(2) if (Tk * nkv * dq > (1 << 16))
-    for (int64_t kh = 0; kh < nkv; ++kh)
-      for (int64_t j = 0; j < Tk; ++j) {
-        float* t = kt.data() + ((kh * key_tiles + j / kKeyTile) * dq) * kKeyTile + j % kKeyTile;
-        const float* kj = k + (j * nkv + kh) * dq;
-        for (int64_t d = 0; d < dq; ++d) t[d * kKeyTile] = kj[d];
-      }
-  }
   // (kv head, query, quad of the group's query heads) items in parallel, each computed by one thread in
   // a fixed order: per query head, f32 dot products in 8 fixed lanes and the softmax in f64; then the
   // value sums of the quad's heads together, each output Σ_j w_j · v_j[d] in f32 in j order. Chunks of
@@ -390,42 +431,40 @@ Mat attend(const float* q, const float* k, const float* v, int64_t n, int64_t Tk
           for (int64_t h = kh * group + q0; h < kh * group + q1; ++h) {
             const float* qi = q + (i * nh + h) * dq;
             double mx = -std::numeric_limits<double>::infinity();
-            for (int64_t jt = j0 / kKeyTile; tiled && jt * kKeyTile <= j1; ++jt) {
-              const float* t = kt.data() + (kh * key_tiles + jt) * dq * kKeyTile;
-              KeyLanes lane[8] = {}, keys;  // keys: row d of the tile, the 16 keys' element d
+            Doubles8 mxv = mx - Doubles8{};  // whole tiles' maxima, per lane
+            // each key's dot product in 8 lanes (element d in lane d mod 8), the lanes added as a fixed
+            // tree, the elements past the last multiple of 8 after it
+            for (int64_t jt = j0 / kKeyTile; jt * kKeyTile <= j1; ++jt) {
+              const float* t = kt + (jt * nkv + kh) * dq * kKeyTile;
+              KeyLanes lane[8] = {};  // row d of the tile: the 16 keys' element d
               int64_t d = 0;
               for (; d + 8 <= dq; d += 8)
-                for (int u = 0; u < 8; ++u) {
-                  std::memcpy(&keys, t + (d + u) * kKeyTile, sizeof keys);
-                  lane[u] += qi[d + u] * keys;
-                }
+                for (int u = 0; u < 8; ++u) lane[u] += qi[d + u] * load16(t + (d + u) * kKeyTile);
               KeyLanes dot = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
-              for (; d < dq; ++d) {
-                std::memcpy(&keys, t + d * kKeyTile, sizeof keys);
-                dot += qi[d] * keys;
+              for (; d < dq; ++d) dot += qi[d] * load16(t + d * kKeyTile);
+              const int64_t first = jt * kKeyTile;
+              if (first >= j0 && first + kKeyTile - 1 <= j1) {  // a whole tile: 8 keys at a time
+                for (int half = 0; half < 2; ++half) {
+                  Doubles8 sd;
+                  for (int c = 0; c < 8; ++c) sd[c] = double(dot[8 * half + c]);
+                  sd *= scaling;
+                  std::memcpy(s.data() + first + 8 * half, &sd, sizeof sd);
+                  mxv = mxv < sd ? sd : mxv;  // NaN never taken, as std::max(mx, NaN) below
+                }
+                continue;
               }
               for (int c = 0; c < kKeyTile; ++c) {
-                const int64_t j = jt * kKeyTile + c;
+                const int64_t j = first + c;
                 if (j < j0 || j > j1) continue;
                 s[size_t(j)] = double(dot[c]) * scaling;
                 mx = std::max(mx, s[size_t(j)]);
               }
             }
-            for (int64_t j = j0; !tiled && j <= j1; ++j) {
-              const float* kj = k + (j * nkv + kh) * dq;
-              float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-              int64_t d = 0;
-              for (; d + 8 <= dq; d += 8)
-                for (int u = 0; u < 8; ++u) lane[u] += qi[d + u] * kj[d + u];
-              float dot = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
-              for (; d < dq; ++d) dot += qi[d] * kj[d];
-              s[size_t(j)] = double(dot) * scaling;
-              mx = std::max(mx, s[size_t(j)]);
-            }
+            for (int c = 0; c < 8; ++c) mx = std::max(mx, mxv[c]);  // the maximum: the same in any order
             if (sinks) mx = std::max(mx, double(sinks[h]));
             double den = sinks ? std::exp(double(sinks[h]) - mx) : 0.0;
             exp_minus_max(s.data(), j0, j1, mx);
-            for (int64_t j = j0; j <= j1; ++j) den += s[size_t(j)];
+            den += sum_lanes(s.data(), j0, j1);
             float* w = wf.data() + (h - kh * group) * Tk;
             for (int64_t j = j0; j <= j1; ++j) w[j] = float(s[size_t(j)] / den);
           }
@@ -437,13 +476,14 @@ Mat attend(const float* q, const float* k, const float* v, int64_t n, int64_t Tk
               if (gn == 4 && dn == 64) {
                 KeyLanes a[4][4] = {}, vr[4];
                 for (int64_t j = j0; j <= j1; ++j) {
-                  std::memcpy(vr, v + (j * nkv + kh) * dv + d0, sizeof vr);
+                  for (int c = 0; c < 4; ++c) vr[c] = load16(v + (j * nkv + kh) * dv + d0 + 16 * c);
                   for (int g = 0; g < 4; ++g) {
                     const float wj = wf[size_t((g0 + g) * Tk + j)];
                     for (int c = 0; c < 4; ++c) a[g][c] += wj * vr[c];
                   }
                 }
-                for (int g = 0; g < 4; ++g) std::memcpy(o.data() + (i * nh + kh * group + g0 + g) * dv + d0, a[g], sizeof a[g]);
+                for (int g = 0; g < 4; ++g)
+                  for (int c = 0; c < 4; ++c) store16(o.data() + (i * nh + kh * group + g0 + g) * dv + d0 + 16 * c, a[g][c]);
               } else {
                 for (int64_t g = g0; g < g0 + gn; ++g)
                   for (int64_t d = d0; d < d0 + dn; ++d) {
@@ -459,6 +499,7 @@ Mat attend(const float* q, const float* k, const float* v, int64_t n, int64_t Tk
   }
   return o;
 }
+#pragma GCC diagnostic pop
 
 // The tokens of one sequence inside a packed batch: rows [row0, row0 + n) at positions pos0 .. pos0+n-1.
 struct Segment {
@@ -478,9 +519,10 @@ Mat attention(const Mat& x, int64_t T, const AttentionWeights& a, const TextConf
     for (const auto& sg : segs) {
       Mat& kc = sg.cache->k[size_t(layer)];
       Mat& vc = sg.cache->v[size_t(layer)];
-      kc.insert(kc.end(), K.begin() + sg.row0 * kh * dq, K.begin() + (sg.row0 + sg.n) * kh * dq);
+      append_key_tiles(kc, K.data() + sg.row0 * kh * dq, sg.n, sg.pos0, kh, dq);
       vc.insert(vc.end(), V.begin() + sg.row0 * kh * dv, V.begin() + (sg.row0 + sg.n) * kh * dv);
-      const int64_t Tk = int64_t(kc.size()) / (kh * dq);
+      const int64_t Tk = int64_t(vc.size()) / (kh * dv);
+      MOEX_ASSERT(Tk == sg.pos0 + sg.n);
       Mat os = attend(q.data() + sg.row0 * nh * dq, kc.data(), vc.data(), sg.n, Tk, sg.pos0, nh, kh, dq, dv, scaling, window, sinks);
       std::copy(os.begin(), os.end(), o.begin() + sg.row0 * nh * dv);
     }
@@ -609,7 +651,9 @@ Mat moe(const Mat& x, int64_t T, const MoeWeights& m, const TextConfig& t, std::
 
 std::vector<float> causal_attention(const float* q, const float* k, const float* v, int64_t n, int64_t Tk, int64_t pos0, int64_t nh,
                                     int64_t nkv, int64_t dq, int64_t dv, double scaling, int64_t window, const float* sinks) {
-  const Mat o = attend(q, k, v, n, Tk, pos0, nh, nkv, dq, dv, scaling, window, sinks);
+  Floats kt;
+  append_key_tiles(kt, k, Tk, 0, nkv, dq);
+  const Mat o = attend(q, kt.data(), v, n, Tk, pos0, nh, nkv, dq, dv, scaling, window, sinks);
   return std::vector<float>(o.begin(), o.end());
 }
 

@@ -42,8 +42,9 @@ struct UninitAllocator : std::allocator<T> {
 // Row-major f32 rows of the forward (activations, logits).
 using Floats = std::vector<float, UninitAllocator<float>>;
 
-// The keys and values of one sequence, per layer: [len, kv_heads, k_dim] and [len, kv_heads, v_dim]
-// (DeepSeek-V3 MLA: expanded per head).
+// The keys and values of one sequence, per layer: keys in tiles of 16 positions, [ceil(len / 16),
+// kv_heads, k_dim, 16] (zeros past len; the attention's layout, reference_forward.cpp), values
+// [len, kv_heads, v_dim] (DeepSeek-V3 MLA: both expanded per head).
 struct KvCache {
   std::vector<Floats> k, v;
   int64_t length = 0;  // tokens cached = position of the next token
