@@ -296,62 +296,47 @@ struct Rope {
   }
 };
 
-// 16 keys' partial dot products (GCC vector extension: one zmm, two ymm or four xmm, elementwise).
+// 16 floats (GCC vector extension: one zmm, two ymm or four xmm, elementwise): the scores of 16 keys,
+// a row of a key tile, 16 values of a value row.
 typedef float KeyLanes __attribute__((vector_size(64)));
-typedef double Doubles8 __attribute__((vector_size(64)));
-typedef int64_t Ints8 __attribute__((vector_size(64)));
+typedef int32_t Ints16 __attribute__((vector_size(64)));
 
-// s[j] = exp(s[j] − mx) for j in [j0, j1], 8 at a time (the softmax's exponentials; inlined into each
-// clone of attend, so in AVX-512 / AVX2 / SSE2 vectors). exp(x) = 2^k · e^r with k = round(x / ln 2)
-// and r = x − k · ln 2 (ln 2 in two parts, Cody–Waite), |r| ≤ 0.35, e^r by its Taylor series to
-// degree 13 (truncation < 2^-57), no FMA contraction: the same bits on every CPU, within 1 ulp of
-// glibc's exp (8.1 M random x in [−708, 0], 2026-12-05; 10 % of them differ by that ulp). x < −708
-// (e^x below the normal doubles; a softmax weight < 1e-307) gives 0, −inf gives 0, NaN stays NaN.
-__attribute__((always_inline, optimize("fp-contract=off"))) inline void exp_minus_max(double* s, int64_t j0, int64_t j1, double mx) {
-  constexpr double kLog2e = 1.4426950408889634, kLn2Hi = 6.93147180369123816490e-01, kLn2Lo = 1.90821492927058770002e-10;
-  constexpr double kShift = 6755399441055744.0;  // 1.5 · 2^52: adding and subtracting it rounds to an integer
-  constexpr double kInvFact[14] = {1.0,
-                                   1.0,
-                                   1.0 / 2,
-                                   1.0 / 6,
-                                   1.0 / 24,
-                                   1.0 / 120,
-                                   1.0 / 720,
-                                   1.0 / 5040,
-                                   1.0 / 40320,
-                                   1.0 / 362880,
-                                   1.0 / 3628800,
-                                   1.0 / 39916800,
-                                   1.0 / 479001600,
-                                   1.0 / 6227020800.0};
-  for (int64_t j = j0; j <= j1; j += 8) {
-    const int64_t m = std::min<int64_t>(8, j1 + 1 - j);
-    Doubles8 x;
-    for (int c = 0; c < 8; ++c) x[c] = c < m ? s[j + c] - mx : 0.0;
-    const Doubles8 kd = (x * kLog2e + kShift) - kShift;
-    const Doubles8 r = (x - kd * kLn2Hi) - kd * kLn2Lo;
-    Doubles8 p = r * kInvFact[13] + kInvFact[12];
-    for (int d = 11; d >= 0; --d) p = p * r + kInvFact[d];
-    const Ints8 bits = (__builtin_convertvector(kd, Ints8) + 1023) << 52;
-    Doubles8 scale;
-    std::memcpy(&scale, &bits, sizeof scale);
-    const Doubles8 zero = {};
-    const Doubles8 y = x < -708.0 ? zero : p * scale;
-    for (int c = 0; c < m; ++c) s[j + c] = y[c];
-  }
-}
-
+// (the helpers taking or returning KeyLanes are always inlined into attend's clones: no call ABI, and
+// GCC's note that a 64-byte vector argument changes the ABI without AVX-512 does not apply; it is
+// emitted at the end of the file for the templates, hence for the whole file)
+#pragma GCC diagnostic ignored "-Wpsabi"
 // 16 floats from / to memory by value (no address of a vector variable taken: GCC then keeps the
 // attention's accumulators in registers; with memcpy into them it stored all 16 of the value sums'
 // accumulators on every key, 2026-12-05).
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wpsabi"  // always inlined into attend's clones: no call ABI (popped after attend)
 __attribute__((always_inline)) inline KeyLanes load16(const float* p) {
   KeyLanes x;
   std::memcpy(&x, p, sizeof x);
   return x;
 }
 __attribute__((always_inline)) inline void store16(float* p, KeyLanes x) { std::memcpy(p, &x, sizeof x); }
+
+// e^x for 16 x ≤ 0 (scores minus their row's maximum), in f32: 2^k · e^r with k = round(x · log2 e) and
+// r = x − k · ln 2 (ln 2 in two parts, Cody–Waite; |r| ≤ 0.35), e^r by its Taylor polynomial to degree
+// 7 (truncation < 2^-27). x < −87 (e^x near the smallest normal float: a softmax weight < 2e-38) gives
+// 0, −inf gives 0, NaN stays NaN.
+__attribute__((always_inline)) inline KeyLanes exp16(KeyLanes x) {
+  constexpr float kLog2e = 1.44269504088896341f, kLn2Hi = 0.693145751953125f, kLn2Lo = 1.42860682030941723e-6f;
+  constexpr float kShift = 12582912.0f;  // 1.5 · 2^23: adding and subtracting it rounds to an integer
+  const KeyLanes kd = (x * kLog2e + kShift) - kShift;
+  const KeyLanes r = (x - kd * kLn2Hi) - kd * kLn2Lo;
+  KeyLanes p = r * (1.0f / 5040) + 1.0f / 720;
+  p = p * r + 1.0f / 120;
+  p = p * r + 1.0f / 24;
+  p = p * r + 1.0f / 6;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const Ints16 bits = (__builtin_convertvector(kd, Ints16) + 127) << 23;
+  KeyLanes scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  const KeyLanes zero = {};
+  return x < -87.0f ? zero : p * scale;
+}
 
 // Keys in the attention's tile layout: [tiles, nkv, dq, kKeyTile], tile jt holding keys
 // kKeyTile·jt .. kKeyTile·jt + kKeyTile − 1 (zeros past the last key), element d of a kv head's 16
@@ -382,44 +367,82 @@ void append_key_tiles(Floats& kt, const float* k, int64_t n, int64_t pos0, int64
   }
 }
 
-// Σ s[j] for j in [j0, j1] (the softmax's denominator): 8 lanes (j − j0 mod 8), added as a fixed tree,
-// then the tail in order — the same bits on every CPU and for every query, without a chain of one
-// dependent addition per key.
-__attribute__((always_inline, optimize("fp-contract=off"))) inline double sum_lanes(const double* s, int64_t j0, int64_t j1) {
-  Doubles8 acc = {};
-  int64_t j = j0;
-  for (; j + 8 <= j1 + 1; j += 8) {
-    Doubles8 x;
-    std::memcpy(&x, s + j, sizeof x);
-    acc += x;
+// The scores of G query heads (rows qg[g], dq long) against the 16 keys of one tile t (row d: the keys'
+// element d): out[g] = Σ_d qg[g][d] · key[d] in two FMA chains per head (even and odd d) added at the
+// end. A head's arithmetic depends on neither G nor the other heads: one query at a time gives the
+// same bits as many.
+template <int G>
+__attribute__((always_inline)) inline void tile_scores(const float* const* qg, const float* t, int64_t dq, KeyLanes* out) {
+  KeyLanes even[G] = {}, odd[G] = {};
+  int64_t d = 0;
+  for (; d + 2 <= dq; d += 2) {
+    const KeyLanes k0 = load16(t + d * kKeyTile), k1 = load16(t + (d + 1) * kKeyTile);
+    for (int g = 0; g < G; ++g) {
+      even[g] += qg[g][d] * k0;
+      odd[g] += qg[g][d + 1] * k1;
+    }
   }
-  double sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-  for (; j <= j1; ++j) sum += s[j];
-  return sum;
+  if (d < dq) {
+    const KeyLanes k0 = load16(t + d * kKeyTile);
+    for (int g = 0; g < G; ++g) even[g] += qg[g][d] * k0;
+  }
+  for (int g = 0; g < G; ++g) out[g] = even[g] + odd[g];
+}
+
+// og[g][0 .. 16C) = Σ_j w[g · row + j] · v_j[0 .. 16C) for the G heads, j = j0 .. j1 in order (value row j
+// at v + j · vstride, loaded once for the G heads): one FMA chain per output vector.
+template <int G, int C>
+__attribute__((always_inline)) inline void value_sums(const float* w, int64_t row, const float* v, int64_t vstride, int64_t j0,
+                                                      int64_t j1, float* const* og) {
+  KeyLanes a[G][C] = {};
+  for (int64_t j = j0; j <= j1; ++j) {
+    KeyLanes vr[C];
+    for (int c = 0; c < C; ++c) vr[c] = load16(v + j * vstride + 16 * c);
+    for (int g = 0; g < G; ++g) {
+      const float wj = w[g * row + j];
+      for (int c = 0; c < C; ++c) a[g][c] += wj * vr[c];
+    }
+  }
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < C; ++c) store16(og[g] + 16 * c, a[g][c]);
+}
+
+template <int C>
+__attribute__((always_inline)) inline void value_sums_g(int G, const float* w, int64_t row, const float* v, int64_t vstride, int64_t j0,
+                                                        int64_t j1, float* const* og) {
+  switch (G) {
+    case 4: value_sums<4, C>(w, row, v, vstride, j0, j1, og); break;
+    case 3: value_sums<3, C>(w, row, v, vstride, j0, j1, og); break;
+    case 2: value_sums<2, C>(w, row, v, vstride, j0, j1, og); break;
+    default: value_sums<1, C>(w, row, v, vstride, j0, j1, og); break;
+  }
 }
 
 // Causal attention of n new query tokens (absolute positions pos0 .. pos0+n-1) over Tk cached keys
 // (positions 0 .. Tk-1), nh query heads over nkv key/value heads (GQA), optional sliding window and sinks.
 // q [n, nh, dq], kt: the keys in tiles (append_key_tiles), v [Tk, nkv, dv] → [n, nh * dv].
-// Compiled for AVX-512 and AVX2 too (chosen at load, ifunc): the 16-key dot products and the value sums
-// vectorise. No FMA contraction in any clone (fp-contract=off; AVX-512F has FMAs), so every clone
-// computes the same bits.
-__attribute__((target_clones("avx512f", "avx2", "default"), optimize("fp-contract=off")))
+// Per (kv head, query, quad of the group's query heads) item, by one thread in a fixed order: the quad's
+// scores 16 keys at a time (tile_scores), per head the maximum, the exponentials (exp16), the
+// denominator in 16 lanes added as a fixed tree and the weights, all in f32; then the value sums of the
+// quad's heads together (value_sums). Each output depends only on its query, head and keys: the same
+// bits for one query at a time as for many, whatever the thread count. Compiled for AVX-512, Haswell
+// (AVX2 + FMA) and baseline x86-64 (chosen at load, ifunc), with FMA contraction where the CPU has it:
+// the clones' results differ in the last bits, each is deterministic.
+__attribute__((target_clones("avx512f", "arch=haswell", "default"), optimize("fp-contract=fast")))
 Mat attend(const float* q, const float* kt, const float* v, int64_t n, int64_t Tk, int64_t pos0, int64_t nh, int64_t nkv,
            int64_t dq, int64_t dv, double scaling, int64_t window, const float* sinks) {
   Mat o(size_t(n * nh * dv));  // every (query, head) row written below
-  const int64_t group = nh / nkv;
-  // (kv head, query, quad of the group's query heads) items in parallel, each computed by one thread in
-  // a fixed order: per query head, f32 dot products in 8 fixed lanes and the softmax in f64; then the
-  // value sums of the quad's heads together, each output Σ_j w_j · v_j[d] in f32 in j order. Chunks of
-  // 4 items where there are many (prefill), else of 1: a decode step has only nkv · ceil(group / 4)
-  // items (chunks of 4 gave all of a 4-kv-head model's to one thread).
-  const int64_t quads = (group + 3) / 4;
+  const int64_t group = nh / nkv, quads = (group + 3) / 4;
+  // chunks of 4 items where there are many (prefill), else of 1: a decode step has only nkv · quads
+  // items (chunks of 4 gave all of a 4-kv-head model's to one thread)
   const int chunk = nkv * n * quads >= 64 ? 4 : 1;
+  const int64_t row = (Tk + kKeyTile - 1) / kKeyTile * kKeyTile;  // a head's scores / weights, padded to whole tiles
+  const float scale = float(scaling);
+  const Ints16 iota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  const KeyLanes minus_inf = KeyLanes{} - std::numeric_limits<float>::infinity(), zero = {};
 #pragma omp parallel if (n * nh * Tk * (dq + dv) > (1 << 16))
   {
-    std::vector<double> s(static_cast<size_t>(Tk));
-    std::vector<float> wf(static_cast<size_t>(group * Tk));  // [group, Tk] the softmax weights as f32
+    std::vector<float> w(size_t(4 * row));  // [4, row]: the quad's scores, then its softmax weights
 #pragma omp for schedule(dynamic, chunk) collapse(3)
     for (int64_t kh = 0; kh < nkv; ++kh) {
       for (int64_t i = 0; i < n; ++i) {
@@ -427,71 +450,69 @@ Mat attend(const float* q, const float* kt, const float* v, int64_t n, int64_t T
           const int64_t p = pos0 + i;
           const int64_t j0 = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0;
           const int64_t j1 = std::min(p, Tk - 1);
-          const int64_t q0 = 4 * quad, q1 = std::min<int64_t>(group, q0 + 4);  // the quad's heads in the group
-          for (int64_t h = kh * group + q0; h < kh * group + q1; ++h) {
-            const float* qi = q + (i * nh + h) * dq;
-            double mx = -std::numeric_limits<double>::infinity();
-            Doubles8 mxv = mx - Doubles8{};  // whole tiles' maxima, per lane
-            // each key's dot product in 8 lanes (element d in lane d mod 8), the lanes added as a fixed
-            // tree, the elements past the last multiple of 8 after it
-            for (int64_t jt = j0 / kKeyTile; jt * kKeyTile <= j1; ++jt) {
-              const float* t = kt + (jt * nkv + kh) * dq * kKeyTile;
-              KeyLanes lane[8] = {};  // row d of the tile: the 16 keys' element d
-              int64_t d = 0;
-              for (; d + 8 <= dq; d += 8)
-                for (int u = 0; u < 8; ++u) lane[u] += qi[d + u] * load16(t + (d + u) * kKeyTile);
-              KeyLanes dot = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
-              for (; d < dq; ++d) dot += qi[d] * load16(t + d * kKeyTile);
-              const int64_t first = jt * kKeyTile;
-              if (first >= j0 && first + kKeyTile - 1 <= j1) {  // a whole tile: 8 keys at a time
-                for (int half = 0; half < 2; ++half) {
-                  Doubles8 sd;
-                  for (int c = 0; c < 8; ++c) sd[c] = double(dot[8 * half + c]);
-                  sd *= scaling;
-                  std::memcpy(s.data() + first + 8 * half, &sd, sizeof sd);
-                  mxv = mxv < sd ? sd : mxv;  // NaN never taken, as std::max(mx, NaN) below
-                }
-                continue;
-              }
-              for (int c = 0; c < kKeyTile; ++c) {
-                const int64_t j = first + c;
-                if (j < j0 || j > j1) continue;
-                s[size_t(j)] = double(dot[c]) * scaling;
-                mx = std::max(mx, s[size_t(j)]);
-              }
+          const int64_t h0 = kh * group + 4 * quad;
+          const int G = int(std::min<int64_t>(4, kh * group + group - h0));  // the quad's heads
+          const float* qg[4];
+          for (int g = 0; g < G; ++g) qg[g] = q + (i * nh + h0 + g) * dq;
+          const int64_t t0 = j0 / kKeyTile, t1 = j1 / kKeyTile;
+          for (int64_t jt = t0; jt <= t1; ++jt) {
+            const float* t = kt + (jt * nkv + kh) * dq * kKeyTile;
+            KeyLanes sc[4];
+            switch (G) {
+              case 4: tile_scores<4>(qg, t, dq, sc); break;
+              case 3: tile_scores<3>(qg, t, dq, sc); break;
+              case 2: tile_scores<2>(qg, t, dq, sc); break;
+              default: tile_scores<1>(qg, t, dq, sc); break;
             }
-            for (int c = 0; c < 8; ++c) mx = std::max(mx, mxv[c]);  // the maximum: the same in any order
-            if (sinks) mx = std::max(mx, double(sinks[h]));
-            double den = sinks ? std::exp(double(sinks[h]) - mx) : 0.0;
-            exp_minus_max(s.data(), j0, j1, mx);
-            den += sum_lanes(s.data(), j0, j1);
-            float* w = wf.data() + (h - kh * group) * Tk;
-            for (int64_t j = j0; j <= j1; ++j) w[j] = float(s[size_t(j)] / den);
+            for (int g = 0; g < G; ++g) store16(w.data() + g * row + jt * kKeyTile, sc[g] * scale);
           }
-          // the value sums: 4 heads × 64 values at a time (16 independent vector chains, each value row
-          // loaded once for the 4 heads); the rest one value at a time, in the same order
-          for (int64_t g0 = q0; g0 < q1; g0 += 4)
-            for (int64_t d0 = 0; d0 < dv; d0 += 64) {
-              const int64_t gn = std::min<int64_t>(4, q1 - g0), dn = std::min<int64_t>(64, dv - d0);
-              if (gn == 4 && dn == 64) {
-                KeyLanes a[4][4] = {}, vr[4];
-                for (int64_t j = j0; j <= j1; ++j) {
-                  for (int c = 0; c < 4; ++c) vr[c] = load16(v + (j * nkv + kh) * dv + d0 + 16 * c);
-                  for (int g = 0; g < 4; ++g) {
-                    const float wj = wf[size_t((g0 + g) * Tk + j)];
-                    for (int c = 0; c < 4; ++c) a[g][c] += wj * vr[c];
-                  }
-                }
-                for (int g = 0; g < 4; ++g)
-                  for (int c = 0; c < 4; ++c) store16(o.data() + (i * nh + kh * group + g0 + g) * dv + d0 + 16 * c, a[g][c]);
-              } else {
-                for (int64_t g = g0; g < g0 + gn; ++g)
-                  for (int64_t d = d0; d < d0 + dn; ++d) {
-                    float a = 0.0f;
-                    for (int64_t j = j0; j <= j1; ++j) a += wf[size_t(g * Tk + j)] * v[(j * nkv + kh) * dv + d];
-                    o[size_t((i * nh + kh * group + g) * dv + d)] = a;
-                  }
-              }
+          for (int g = 0; g < G; ++g) {
+            float* wg = w.data() + g * row;
+            // the maximum over [j0, j1] (NaN never taken, as std::max(mx, NaN)): the same in any order
+            KeyLanes mxv = minus_inf;
+            for (int64_t jt = t0; jt <= t1; ++jt) {
+              const Ints16 j = int32_t(jt * kKeyTile) + iota;
+              const KeyLanes x = (j >= int32_t(j0)) & (j <= int32_t(j1)) ? load16(wg + jt * kKeyTile) : minus_inf;
+              mxv = mxv < x ? x : mxv;
+            }
+            float mx = -std::numeric_limits<float>::infinity();
+            for (int c = 0; c < kKeyTile; ++c) mx = mx < mxv[c] ? mxv[c] : mx;
+            if (sinks) mx = std::max(mx, sinks[h0 + g]);
+            // the exponentials (zero outside [j0, j1]) and their sum in 16 lanes, added as a fixed tree
+            KeyLanes acc = {};
+            for (int64_t jt = t0; jt <= t1; ++jt) {
+              const Ints16 j = int32_t(jt * kKeyTile) + iota;
+              const KeyLanes e = (j >= int32_t(j0)) & (j <= int32_t(j1)) ? exp16(load16(wg + jt * kKeyTile) - mx) : zero;
+              store16(wg + jt * kKeyTile, e);
+              acc += e;
+            }
+            float l8[8], l4[4];
+            for (int c = 0; c < 8; ++c) l8[c] = acc[c] + acc[c + 8];
+            for (int c = 0; c < 4; ++c) l4[c] = l8[c] + l8[c + 4];
+            float den = (l4[0] + l4[2]) + (l4[1] + l4[3]);
+            if (sinks) den += std::exp(sinks[h0 + g] - mx);
+            for (int64_t jt = t0; jt <= t1; ++jt) store16(wg + jt * kKeyTile, load16(wg + jt * kKeyTile) / den);
+          }
+          // the value sums: the quad's heads × 64 values at a time, then 16, then one at a time
+          const float* vh = v + kh * dv;
+          int64_t d0 = 0;
+          float* og[4];
+          const auto outs = [&](int64_t d) {
+            for (int g = 0; g < G; ++g) og[g] = o.data() + (i * nh + h0 + g) * dv + d;
+          };
+          for (; d0 + 64 <= dv; d0 += 64) {
+            outs(d0);
+            value_sums_g<4>(G, w.data(), row, vh + d0, nkv * dv, j0, j1, og);
+          }
+          for (; d0 + 16 <= dv; d0 += 16) {
+            outs(d0);
+            value_sums_g<1>(G, w.data(), row, vh + d0, nkv * dv, j0, j1, og);
+          }
+          for (; d0 < dv; ++d0)
+            for (int g = 0; g < G; ++g) {
+              float a = 0.0f;
+              for (int64_t j = j0; j <= j1; ++j) a += w[size_t(g * row + j)] * vh[j * nkv * dv + d0];
+              o[size_t((i * nh + h0 + g) * dv + d0)] = a;
             }
         }
       }
@@ -499,7 +520,6 @@ Mat attend(const float* q, const float* kt, const float* v, int64_t n, int64_t T
   }
   return o;
 }
-#pragma GCC diagnostic pop
 
 // The tokens of one sequence inside a packed batch: rows [row0, row0 + n) at positions pos0 .. pos0+n-1.
 struct Segment {
