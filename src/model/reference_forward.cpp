@@ -338,6 +338,18 @@ __attribute__((always_inline)) inline KeyLanes exp16(KeyLanes x) {
   return x < -87.0f ? zero : p * scale;
 }
 
+// a where the lanes of mask are all ones, else b — as bits (a vector ?: here, next to exp16's own,
+// was compiled lane by lane, 16 scalar compares, 2026-12-05)
+__attribute__((always_inline)) inline KeyLanes select(Ints16 mask, KeyLanes a, KeyLanes b) {
+  Ints16 ai, bi;
+  std::memcpy(&ai, &a, sizeof ai);
+  std::memcpy(&bi, &b, sizeof bi);
+  const Ints16 r = (ai & mask) | (bi & ~mask);
+  KeyLanes out;
+  std::memcpy(&out, &r, sizeof out);
+  return out;
+}
+
 // Keys in the attention's tile layout: [tiles, nkv, dq, kKeyTile], tile jt holding keys
 // kKeyTile·jt .. kKeyTile·jt + kKeyTile − 1 (zeros past the last key), element d of a kv head's 16
 // keys contiguous: one query's dot products then run 16 keys at a time. The KV cache keeps its keys
@@ -367,152 +379,205 @@ void append_key_tiles(Floats& kt, const float* k, int64_t n, int64_t pos0, int64
   }
 }
 
-// The scores of G query heads (rows qg[g], dq long) against the 16 keys of one tile t (row d: the keys'
-// element d): out[g] = Σ_d qg[g][d] · key[d] in two FMA chains per head (even and odd d) added at the
-// end. A head's arithmetic depends on neither G nor the other heads: one query at a time gives the
-// same bits as many.
-template <int G>
-__attribute__((always_inline)) inline void tile_scores(const float* const* qg, const float* t, int64_t dq, KeyLanes* out) {
-  KeyLanes even[G] = {}, odd[G] = {};
+// The attention's rows: R (query, head) pairs of one kv head — a quad of a query's heads, for up to
+// kRowsMax / G queries in a row. A row's arithmetic depends on neither R nor the other rows: one query
+// at a time gives the same bits as many.
+constexpr int kRowsMax = 8;
+
+// The scores of R rows (qr[r], dq long) against the 16 keys of one tile t (row d: the keys' element d):
+// out[r] = Σ_d qr[r][d] · key[d] in two FMA chains per row (even and odd d) added at the end. Each key
+// row is loaded once for the R rows.
+template <int R>
+__attribute__((always_inline)) inline void tile_scores(const float* const* qr, const float* t, int64_t dq, KeyLanes* out) {
+  KeyLanes even[R] = {}, odd[R] = {};
   int64_t d = 0;
   for (; d + 2 <= dq; d += 2) {
     const KeyLanes k0 = load16(t + d * kKeyTile), k1 = load16(t + (d + 1) * kKeyTile);
-    for (int g = 0; g < G; ++g) {
-      even[g] += qg[g][d] * k0;
-      odd[g] += qg[g][d + 1] * k1;
+    for (int r = 0; r < R; ++r) {
+      even[r] += qr[r][d] * k0;
+      odd[r] += qr[r][d + 1] * k1;
     }
   }
   if (d < dq) {
     const KeyLanes k0 = load16(t + d * kKeyTile);
-    for (int g = 0; g < G; ++g) even[g] += qg[g][d] * k0;
+    for (int r = 0; r < R; ++r) even[r] += qr[r][d] * k0;
   }
-  for (int g = 0; g < G; ++g) out[g] = even[g] + odd[g];
+  for (int r = 0; r < R; ++r) out[r] = even[r] + odd[r];
 }
 
-// og[g][0 .. 16C) = Σ_j w[g · row + j] · v_j[0 .. 16C) for the G heads, j = j0 .. j1 in order (value row j
-// at v + j · vstride, loaded once for the G heads): one FMA chain per output vector.
-template <int G, int C>
+// Value sums of R rows over 32 values: out_r[0 .. 32) = scale[r] · Σ_j w_r[j] · v_j[0 .. 32), j from j0 in order:
+// keys j0 .. jc shared by every row (each value row loaded once for the R rows), then each row's own
+// keys jc + 1 .. j1[r]. w_r = w + r · row, v_j = v + j · vstride. One FMA chain per output vector.
+template <int R>
 __attribute__((always_inline)) inline void value_sums(const float* w, int64_t row, const float* v, int64_t vstride, int64_t j0,
-                                                      int64_t j1, float* const* og) {
-  KeyLanes a[G][C] = {};
-  for (int64_t j = j0; j <= j1; ++j) {
-    KeyLanes vr[C];
-    for (int c = 0; c < C; ++c) vr[c] = load16(v + j * vstride + 16 * c);
-    for (int g = 0; g < G; ++g) {
-      const float wj = w[g * row + j];
-      for (int c = 0; c < C; ++c) a[g][c] += wj * vr[c];
+                                                      int64_t jc, const int64_t* j1, const float* scale, float* const* out) {
+  KeyLanes a[R][2] = {};
+  for (int64_t j = j0; j <= jc; ++j) {
+    const KeyLanes v0 = load16(v + j * vstride), v1 = load16(v + j * vstride + 16);
+    for (int r = 0; r < R; ++r) {
+      const float wj = w[r * row + j];
+      a[r][0] += wj * v0;
+      a[r][1] += wj * v1;
     }
   }
-  for (int g = 0; g < G; ++g)
-    for (int c = 0; c < C; ++c) store16(og[g] + 16 * c, a[g][c]);
+  for (int r = 0; r < R; ++r) {
+    for (int64_t j = jc + 1; j <= j1[r]; ++j) {
+      const float wj = w[r * row + j];
+      a[r][0] += wj * load16(v + j * vstride);
+      a[r][1] += wj * load16(v + j * vstride + 16);
+    }
+    store16(out[r], a[r][0] * scale[r]);
+    store16(out[r] + 16, a[r][1] * scale[r]);
+  }
 }
 
-template <int C>
-__attribute__((always_inline)) inline void value_sums_g(int G, const float* w, int64_t row, const float* v, int64_t vstride, int64_t j0,
-                                                        int64_t j1, float* const* og) {
-  switch (G) {
-    case 4: value_sums<4, C>(w, row, v, vstride, j0, j1, og); break;
-    case 3: value_sums<3, C>(w, row, v, vstride, j0, j1, og); break;
-    case 2: value_sums<2, C>(w, row, v, vstride, j0, j1, og); break;
-    default: value_sums<1, C>(w, row, v, vstride, j0, j1, og); break;
+// The same over 16 values.
+template <int R>
+__attribute__((always_inline)) inline void value_sums16(const float* w, int64_t row, const float* v, int64_t vstride, int64_t j0,
+                                                        int64_t jc, const int64_t* j1, const float* scale, float* const* out) {
+  KeyLanes a[R] = {};
+  for (int64_t j = j0; j <= jc; ++j) {
+    const KeyLanes v0 = load16(v + j * vstride);
+    for (int r = 0; r < R; ++r) a[r] += w[r * row + j] * v0;
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int64_t j = jc + 1; j <= j1[r]; ++j) a[r] += w[r * row + j] * load16(v + j * vstride);
+    store16(out[r], a[r] * scale[r]);
+  }
+}
+
+// f(std::integral_constant<int, R>) for R = 1 .. kRowsMax
+template <class F>
+__attribute__((always_inline)) inline void with_rows(int R, F&& f) {
+  switch (R) {
+    case 8: f(std::integral_constant<int, 8>{}); break;
+    case 7: f(std::integral_constant<int, 7>{}); break;
+    case 6: f(std::integral_constant<int, 6>{}); break;
+    case 5: f(std::integral_constant<int, 5>{}); break;
+    case 4: f(std::integral_constant<int, 4>{}); break;
+    case 3: f(std::integral_constant<int, 3>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    default: f(std::integral_constant<int, 1>{}); break;
   }
 }
 
 // Causal attention of n new query tokens (absolute positions pos0 .. pos0+n-1) over Tk cached keys
 // (positions 0 .. Tk-1), nh query heads over nkv key/value heads (GQA), optional sliding window and sinks.
 // q [n, nh, dq], kt: the keys in tiles (append_key_tiles), v [Tk, nkv, dv] → [n, nh * dv].
-// Per (kv head, query, quad of the group's query heads) item, by one thread in a fixed order: the quad's
-// scores 16 keys at a time (tile_scores), per head the maximum, the exponentials (exp16), the
-// denominator in 16 lanes added as a fixed tree and the weights, all in f32; then the value sums of the
-// quad's heads together (value_sums). Each output depends only on its query, head and keys: the same
-// bits for one query at a time as for many, whatever the thread count. Compiled for AVX-512, Haswell
-// (AVX2 + FMA) and baseline x86-64 (chosen at load, ifunc), with FMA contraction where the CPU has it:
-// the clones' results differ in the last bits, each is deterministic.
+// Work items: (kv head, block of queries, quad of the group's query heads), each by one thread in a
+// fixed order over its rows (kRowsMax above): the rows' scores 16 keys at a time (tile_scores) and
+// their maxima, per row the exponentials (exp16) and the denominator in 16 lanes added as a fixed
+// tree, all in f32; then the value sums of the rows together over the exponentials, each divided by
+// its row's denominator at the end (value_sums; a pass dividing the weights first, and the lane masks
+// on every tile instead of a row's first and last, took 40 % of the time). Every output depends
+// only on its query, head and keys: the same bits for one query at a time as for many, whatever the
+// thread count. Compiled for AVX-512, Haswell (AVX2 + FMA) and baseline x86-64 (chosen at load, ifunc),
+// with FMA contraction where the CPU has it: the clones' results differ in the last bits, each is
+// deterministic. Blocks of several queries only with AVX-512 (32 vector registers) and no window.
 __attribute__((target_clones("avx512f", "arch=haswell", "default"), optimize("fp-contract=fast")))
 Mat attend(const float* q, const float* kt, const float* v, int64_t n, int64_t Tk, int64_t pos0, int64_t nh, int64_t nkv,
            int64_t dq, int64_t dv, double scaling, int64_t window, const float* sinks) {
   Mat o(size_t(n * nh * dv));  // every (query, head) row written below
-  const int64_t group = nh / nkv, quads = (group + 3) / 4;
+  const int64_t group = nh / nkv, quads = (group + 3) / 4, quad_heads = std::min<int64_t>(4, group);
+  static const bool wide = __builtin_cpu_supports("avx512f");
+  const int64_t qb = wide && window <= 0 ? std::max<int64_t>(1, kRowsMax / quad_heads) : 1;  // queries per block
+  const int64_t blocks = (n + qb - 1) / qb;
   // chunks of 4 items where there are many (prefill), else of 1: a decode step has only nkv · quads
   // items (chunks of 4 gave all of a 4-kv-head model's to one thread)
-  const int chunk = nkv * n * quads >= 64 ? 4 : 1;
-  const int64_t row = (Tk + kKeyTile - 1) / kKeyTile * kKeyTile;  // a head's scores / weights, padded to whole tiles
+  const int chunk = nkv * blocks * quads >= 64 ? 4 : 1;
+  const int64_t row = (Tk + kKeyTile - 1) / kKeyTile * kKeyTile;  // a row's scores / weights, padded to whole tiles
   const float scale = float(scaling);
   const Ints16 iota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
   const KeyLanes minus_inf = KeyLanes{} - std::numeric_limits<float>::infinity(), zero = {};
 #pragma omp parallel if (n * nh * Tk * (dq + dv) > (1 << 16))
   {
-    std::vector<float> w(size_t(4 * row));  // [4, row]: the quad's scores, then its softmax weights
+    std::vector<float> w(size_t(kRowsMax * row));  // [R, row]: the rows' scores, then their exponentials
 #pragma omp for schedule(dynamic, chunk) collapse(3)
     for (int64_t kh = 0; kh < nkv; ++kh) {
-      for (int64_t i = 0; i < n; ++i) {
+      for (int64_t b = 0; b < blocks; ++b) {
         for (int64_t quad = 0; quad < quads; ++quad) {
-          const int64_t p = pos0 + i;
-          const int64_t j0 = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0;
-          const int64_t j1 = std::min(p, Tk - 1);
           const int64_t h0 = kh * group + 4 * quad;
-          const int G = int(std::min<int64_t>(4, kh * group + group - h0));  // the quad's heads
-          const float* qg[4];
-          for (int g = 0; g < G; ++g) qg[g] = q + (i * nh + h0 + g) * dq;
-          const int64_t t0 = j0 / kKeyTile, t1 = j1 / kKeyTile;
+          const int64_t G = std::min<int64_t>(4, kh * group + group - h0);  // the quad's heads
+          const int64_t i0 = b * qb, nq = std::min(qb, n - i0);
+          const int R = int(nq * G);
+          // row r = (query i0 + r / G, head h0 + r % G): its query, output, keys [j0[r], j1[r]]
+          const float* qr[kRowsMax];
+          float* orow[kRowsMax];
+          int64_t j0[kRowsMax], j1[kRowsMax];
+          for (int r = 0; r < R; ++r) {
+            const int64_t i = i0 + r / G, h = h0 + r % G, p = pos0 + i;
+            qr[r] = q + (i * nh + h) * dq;
+            orow[r] = o.data() + (i * nh + h) * dv;
+            j0[r] = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0;
+            j1[r] = std::min(p, Tk - 1);
+          }
+          // every row's keys are inside [j0[0], j1[R - 1]] (queries in position order); keys j0 .. jc are
+          // every row's (rows of one query: all theirs; no window when a block has several queries)
+          const int64_t jlo = j0[0], jhi = j1[R - 1], jc = j1[0];
+          const int64_t t0 = jlo / kKeyTile, t1 = jhi / kKeyTile;
+          // the scores, and per row the maximum of its keys' (NaN never taken, as std::max(mx, NaN): the
+          // same in any order); a row's first and last tiles may hold keys outside its range
+          const auto inside = [&](int r, int64_t jt) {  // the lanes of tile jt in row r's keys: all ones, else zero
+            const Ints16 j = int32_t(jt * kKeyTile) + iota;
+            return (j >= int32_t(j0[r])) & (j <= int32_t(j1[r]));
+          };
+          const auto whole = [&](int r, int64_t jt) { return jt * kKeyTile >= j0[r] && (jt + 1) * kKeyTile - 1 <= j1[r]; };
+          KeyLanes mxv[kRowsMax];
+          for (int r = 0; r < R; ++r) mxv[r] = minus_inf;
           for (int64_t jt = t0; jt <= t1; ++jt) {
             const float* t = kt + (jt * nkv + kh) * dq * kKeyTile;
-            KeyLanes sc[4];
-            switch (G) {
-              case 4: tile_scores<4>(qg, t, dq, sc); break;
-              case 3: tile_scores<3>(qg, t, dq, sc); break;
-              case 2: tile_scores<2>(qg, t, dq, sc); break;
-              default: tile_scores<1>(qg, t, dq, sc); break;
+            KeyLanes sc[kRowsMax];
+            with_rows(R, [&](auto rows) { tile_scores<decltype(rows)::value>(qr, t, dq, sc); });
+            for (int r = 0; r < R; ++r) {
+              const KeyLanes x = sc[r] * scale;
+              store16(w.data() + r * row + jt * kKeyTile, x);
+              if (jt * kKeyTile > j1[r] || (jt + 1) * kKeyTile - 1 < j0[r]) continue;
+              const KeyLanes m = whole(r, jt) ? x : select(inside(r, jt), x, minus_inf);
+              mxv[r] = mxv[r] < m ? m : mxv[r];
             }
-            for (int g = 0; g < G; ++g) store16(w.data() + g * row + jt * kKeyTile, sc[g] * scale);
           }
-          for (int g = 0; g < G; ++g) {
-            float* wg = w.data() + g * row;
-            // the maximum over [j0, j1] (NaN never taken, as std::max(mx, NaN)): the same in any order
-            KeyLanes mxv = minus_inf;
-            for (int64_t jt = t0; jt <= t1; ++jt) {
-              const Ints16 j = int32_t(jt * kKeyTile) + iota;
-              const KeyLanes x = (j >= int32_t(j0)) & (j <= int32_t(j1)) ? load16(wg + jt * kKeyTile) : minus_inf;
-              mxv = mxv < x ? x : mxv;
-            }
+          float inv_den[kRowsMax];  // the value sums are divided by each row's denominator at the end
+          for (int r = 0; r < R; ++r) {
+            float* wr = w.data() + r * row;
+            const int64_t h = h0 + r % G, r0 = j0[r] / kKeyTile, r1 = j1[r] / kKeyTile;
             float mx = -std::numeric_limits<float>::infinity();
-            for (int c = 0; c < kKeyTile; ++c) mx = mx < mxv[c] ? mxv[c] : mx;
-            if (sinks) mx = std::max(mx, sinks[h0 + g]);
-            // the exponentials (zero outside [j0, j1]) and their sum in 16 lanes, added as a fixed tree
+            for (int c = 0; c < kKeyTile; ++c) mx = mx < mxv[r][c] ? mxv[r][c] : mx;
+            if (sinks) mx = std::max(mx, sinks[h]);
+            // the exponentials (zero outside the row's keys) and their sum in 16 lanes, added as a fixed tree
             KeyLanes acc = {};
-            for (int64_t jt = t0; jt <= t1; ++jt) {
-              const Ints16 j = int32_t(jt * kKeyTile) + iota;
-              const KeyLanes e = (j >= int32_t(j0)) & (j <= int32_t(j1)) ? exp16(load16(wg + jt * kKeyTile) - mx) : zero;
-              store16(wg + jt * kKeyTile, e);
+            for (int64_t jt = r0; jt <= r1; ++jt) {
+              KeyLanes e = exp16(load16(wr + jt * kKeyTile) - mx);
+              if (!whole(r, jt)) e = select(inside(r, jt), e, zero);
+              store16(wr + jt * kKeyTile, e);
               acc += e;
             }
             float l8[8], l4[4];
             for (int c = 0; c < 8; ++c) l8[c] = acc[c] + acc[c + 8];
             for (int c = 0; c < 4; ++c) l4[c] = l8[c] + l8[c + 4];
             float den = (l4[0] + l4[2]) + (l4[1] + l4[3]);
-            if (sinks) den += std::exp(sinks[h0 + g] - mx);
-            for (int64_t jt = t0; jt <= t1; ++jt) store16(wg + jt * kKeyTile, load16(wg + jt * kKeyTile) / den);
+            if (sinks) den += std::exp(sinks[h] - mx);
+            inv_den[r] = 1.0f / den;
           }
-          // the value sums: the quad's heads × 64 values at a time, then 16, then one at a time
+          // the value sums: 32 values at a time, then 16, then one at a time
           const float* vh = v + kh * dv;
+          float* out[kRowsMax];
           int64_t d0 = 0;
-          float* og[4];
           const auto outs = [&](int64_t d) {
-            for (int g = 0; g < G; ++g) og[g] = o.data() + (i * nh + h0 + g) * dv + d;
+            for (int r = 0; r < R; ++r) out[r] = orow[r] + d;
           };
-          for (; d0 + 64 <= dv; d0 += 64) {
+          for (; d0 + 32 <= dv; d0 += 32) {
             outs(d0);
-            value_sums_g<4>(G, w.data(), row, vh + d0, nkv * dv, j0, j1, og);
+            with_rows(R, [&](auto rows) { value_sums<decltype(rows)::value>(w.data(), row, vh + d0, nkv * dv, jlo, jc, j1, inv_den, out); });
           }
           for (; d0 + 16 <= dv; d0 += 16) {
             outs(d0);
-            value_sums_g<1>(G, w.data(), row, vh + d0, nkv * dv, j0, j1, og);
+            with_rows(R, [&](auto rows) { value_sums16<decltype(rows)::value>(w.data(), row, vh + d0, nkv * dv, jlo, jc, j1, inv_den, out); });
           }
           for (; d0 < dv; ++d0)
-            for (int g = 0; g < G; ++g) {
+            for (int r = 0; r < R; ++r) {
               float a = 0.0f;
-              for (int64_t j = j0; j <= j1; ++j) a += w[size_t(g * row + j)] * vh[j * nkv * dv + d0];
-              o[size_t((i * nh + h0 + g) * dv + d0)] = a;
+              for (int64_t j = j0[r]; j <= j1[r]; ++j) a += w[size_t(r * row + j)] * vh[j * nkv * dv + d0];
+              orow[r][d0] = a * inv_den[r];
             }
         }
       }
