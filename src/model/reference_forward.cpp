@@ -385,7 +385,7 @@ void append_key_tiles(Floats& kt, const float* k, int64_t n, int64_t pos0, int64
 constexpr int kRowsMax = 8;
 
 // The scores of R rows (qr[r], dq long) against the 16 keys of one tile t (row d: the keys' element d):
-// out[r] = Σ_d qr[r][d] · key[d] in two FMA chains per row (even and odd d) added at the end. Each key
+// out[r] = Σ_d qr[r][d] · key[d] in two chains of multiply-adds per row (even and odd d) added at the end. Each key
 // row is loaded once for the R rows.
 template <int R>
 __attribute__((always_inline)) inline void tile_scores(const float* const* qr, const float* t, int64_t dq, KeyLanes* out) {
@@ -407,7 +407,7 @@ __attribute__((always_inline)) inline void tile_scores(const float* const* qr, c
 
 // Value sums of R rows over 32 values: out_r[0 .. 32) = scale[r] · Σ_j w_r[j] · v_j[0 .. 32), j from j0 in order:
 // keys j0 .. jc shared by every row (each value row loaded once for the R rows), then each row's own
-// keys jc + 1 .. j1[r]. w_r = w + r · row, v_j = v + j · vstride. One FMA chain per output vector.
+// keys jc + 1 .. j1[r]. w_r = w + r · row, v_j = v + j · vstride. One chain of multiply-adds per output vector.
 template <int R>
 __attribute__((always_inline)) inline void value_sums(const float* w, int64_t row, const float* v, int64_t vstride, int64_t j0,
                                                       int64_t jc, const int64_t* j1, const float* scale, float* const* out) {
@@ -471,10 +471,13 @@ __attribute__((always_inline)) inline void with_rows(int R, F&& f) {
 // its row's denominator at the end (value_sums; a pass dividing the weights first, and the lane masks
 // on every tile instead of a row's first and last, took 40 % of the time). Every output depends
 // only on its query, head and keys: the same bits for one query at a time as for many, whatever the
-// thread count. Compiled for AVX-512, Haswell (AVX2 + FMA) and baseline x86-64 (chosen at load, ifunc),
-// with FMA contraction where the CPU has it: the clones' results differ in the last bits, each is
-// deterministic. Blocks of several queries only with AVX-512 (32 vector registers) and no window.
-__attribute__((target_clones("avx512f", "arch=haswell", "default"), optimize("fp-contract=fast")))
+// thread count. Compiled for AVX-512, AVX2 and baseline x86-64 (chosen at load, ifunc), without FMA
+// contraction: every clone computes the same bits, and no compiler can make a row's arithmetic depend
+// on the block it is in (GCC 13 contracted the multiply-adds of some block sizes and not of others, so
+// one query at a time differed from many in the last bits: H200 host, 2026-12-05; with contraction
+// the kernel was 14 % faster on the development VM). Blocks of several queries only with AVX-512 (32
+// vector registers) and no window.
+__attribute__((target_clones("avx512f", "avx2", "default"), optimize("fp-contract=off")))
 Mat attend(const float* q, const float* kt, const float* v, int64_t n, int64_t Tk, int64_t pos0, int64_t nh, int64_t nkv,
            int64_t dq, int64_t dv, double scaling, int64_t window, const float* sinks) {
   Mat o(size_t(n * nh * dv));  // every (query, head) row written below
