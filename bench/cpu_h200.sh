@@ -45,9 +45,9 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
   tests_status=$?
   tail -3 "$OUT/tests.txt"
   if grep -q amx_bf16 /proc/cpuinfo; then
-    # the AMX FP8 / FP4 kernels (opt-in, MOEX_CPU_AMX_QUANT=1) through the whole experts path: the
-    # equivalence harness's FP8 / FP4 cases on grouped_mm / batched_mm / eager, and their kernel tests
-    # (which also run the tile unit without the variable)
+    # the AMX FP8 / FP4 kernels on every call (MOEX_CPU_AMX_QUANT=1; by default from 8 rows per call)
+    # through the whole experts path: the equivalence harness's FP8 / FP4 cases on grouped_mm /
+    # batched_mm / eager, and their kernel tests (which also run the tile unit without the variable)
     echo "== tests with MOEX_CPU_AMX_QUANT=1" | tee -a "$OUT/tests.txt"
     MOEX_CPU_AMX_QUANT=1 OMP_WAIT_POLICY=passive "$BUILD/moex_tests" --gtest_filter='Dtypes/Equivalence*:*Amx*' --gtest_brief=1 >> "$OUT/tests.txt" 2>&1 ||
       tests_status=1

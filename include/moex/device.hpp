@@ -46,7 +46,7 @@ struct CpuInfo {
   std::string isa;
   bool avx512_bf16 = false;
   // the table runs bf16 products on AMX tiles (avx512_amx, or its tile model in tests); amx_quant:
-  // FP8 / FP4 experts on them too (MOEX_CPU_AMX_QUANT=1; off by default)
+  // FP8 / FP4 experts on them too, calls of >= 8 rows (MOEX_CPU_AMX_QUANT=1: every call; =0: none)
   bool amx = false;
   bool amx_quant = false;
   int hardware_threads = 1;

@@ -249,12 +249,14 @@ const KernelTable& avx512_amx_model_kernels();
 // True when the CPU has AMX-BF16 and the OS granted this process the tile state.
 bool amx_available();
 // The AMX kernels — the bf16 nt matmul (the avx512_amx table's for >= kAmxMinRows rows) and the FP8 /
-// FP4 ones (k-pair panels; the table's under MOEX_CPU_AMX_QUANT=1) — on the tile unit (needs
+// FP4 ones (k-pair panels; the table's for >= kAmxMinRows rows, amx_quant_rows) — on the tile unit (needs
 // amx_available()), or with tile_model on a scalar model of the tile operations that any AVX512_BF16
 // CPU runs (the tests check the kernels' logic with it).
 void matmul_bf16_amx(const MatmulArgs& a, bool tile_model);
-// Whether the avx512_amx tables run FP8 / FP4 experts on the tiles (MOEX_CPU_AMX_QUANT=1).
+// Whether the avx512_amx tables run FP8 / FP4 experts on the tiles: at all (not MOEX_CPU_AMX_QUANT=0),
+// and for a call of m rows (>= kAmxMinRows by default; every call with MOEX_CPU_AMX_QUANT=1).
 bool amx_quant_enabled();
+bool amx_quant_rows(int64_t m);
 void packed_matmul_fp8_amx(const PackedFp8MatmulArgs& a, bool tile_model);
 void packed_matmul_fp4_amx(const PackedFp4MatmulArgs& a, bool tile_model);
 #endif

@@ -1022,13 +1022,13 @@ struct AmxOn : Avx512Bf16 {
       Avx512Bf16::matmul_nt_bf16_dot(a);
   }
   static void packed_matmul_fp8_pairs(const PackedFp8MatmulArgs& a) {
-    if (amx_quant_enabled())
+    if (amx_quant_rows(a.m))
       amx_fp8_matmul<Tiles>(a);
     else
       packed_matmul_fp8_bf16_impl(a);
   }
   static void packed_matmul_fp4(const PackedFp4MatmulArgs& a) {
-    if (amx_quant_enabled())
+    if (amx_quant_rows(a.m))
       amx_fp4_matmul<Tiles>(a);
     else
       packed_matmul_fp4_bf16_impl(a);
@@ -1037,15 +1037,23 @@ struct AmxOn : Avx512Bf16 {
 
 }  // namespace
 
-// MOEX_CPU_AMX_QUANT=1: the avx512_amx table runs FP8 and FP4 experts on the tiles (amx_fp8_matmul,
-// amx_fp4_matmul); default 0, the vdpbf16ps kernels, until the tile kernels are measured on an AMX
-// machine (docs/PERF.md).
-bool amx_quant_enabled() {
-  static const bool on = [] {
+// The avx512_amx table's FP8 and FP4 experts on the tiles (amx_fp8_matmul, amx_fp4_matmul) for calls of
+// >= kAmxMinRows rows, the vdpbf16ps kernels below that. Measured on the H200 host (Intel Xeon, AMX),
+// 2026-12-05, FP8 experts, grouped_mm, one interleaved round, ms, vdpbf16ps / tiles: qwen3_30b_a3b
+// T = 256 (~16 rows per expert) 26.6 / 11.6 at 16 threads, 141.8 / 44.9 at 2; small_moe T = 256 (~32
+// rows) 2.28 / 0.90 at 16; at T <= 16 (1-2 rows per expert) the tiles were 0-20 % slower (qwen3 T = 1
+// 0.385 / 0.468 at 16 threads). MOEX_CPU_AMX_QUANT=1: the tiles for every call; 0: never.
+int amx_quant_mode() {
+  static const int mode = [] {
     const char* e = std::getenv("MOEX_CPU_AMX_QUANT");
-    return e && std::strcmp(e, "1") == 0;
+    return e && std::strcmp(e, "1") == 0 ? 1 : e && std::strcmp(e, "0") == 0 ? 0 : -1;
   }();
-  return on;
+  return mode;
+}
+bool amx_quant_enabled() { return amx_quant_mode() != 0; }
+bool amx_quant_rows(int64_t m) {
+  const int mode = amx_quant_mode();
+  return mode == 1 || (mode < 0 && m >= kAmxMinRows);
 }
 
 const KernelTable& avx512_bf16_kernels() {
