@@ -31,6 +31,11 @@ bool cpu_has_avx512() {
 }
 bool cpu_has_avx512_bf16() { return cpu_has_avx512() && __builtin_cpu_supports("avx512bf16"); }
 bool cpu_has_amx() { return cpu_has_avx512_bf16() && __builtin_cpu_supports("amx-bf16") && amx_available(); }
+// An AMX table whose FP8 / FP4 calls take the tiles or vdpbf16ps by their row count (the default;
+// MOEX_CPU_AMX_QUANT=1 or 0 sends every call one way)
+bool amx_split(const KernelTable& kt) {
+  return std::string(kt.isa).rfind("avx512_amx", 0) == 0 && amx_quant_rows(kAmxMinRows) && !amx_quant_rows(kAmxMinRows - 1);
+}
 #endif
 
 std::vector<const KernelTable*> tables() {
@@ -614,7 +619,10 @@ TEST(CpuKernels, PackedFp4MatmulMatchesLoopForEveryGroupSize) {
 // Every packed FP8 / FP4 kernel gives each row the same bits whatever the batch: one row alone and two
 // rows alone (one row block, with its own prefetch pattern; FP4 on vdpbf16ps: the decode form over
 // groups of 4 / 2 panels, then the panels left over) and the same rows among 21 (several row blocks),
-// over 2 and 5 panels, from the first column and from a later panel.
+// over 2 and 5 panels, from the first column and from a later panel. The AMX tables run calls of
+// >= kAmxMinRows rows on the tiles and fewer on vdpbf16ps (amx_quant_rows), two kernels whose bits
+// differ (a row's bits there depend on its call's row count, as for bf16 on AMX): the 21 rows must be
+// the tile kernel's and the 1 or 2 rows the avx512_bf16 table's, bit for bit.
 TEST(CpuKernels, PackedFp8AndFp4RowsDoNotDependOnTheBatch) {
   std::mt19937 rng(1207);
   bool ran = false;
@@ -641,29 +649,61 @@ TEST(CpuKernels, PackedFp8AndFp4RowsDoNotDependOnTheBatch) {
         }
       }
     };
+    // an AMX table (amx_split): the whole batch gives the tile kernel's bits, 1 or 2 rows the vdpbf16ps
+    // kernel's (each batch-independent: same_rows on the avx512_bf16 table, the AMX kernels' tests)
+    auto dispatched = [&](const auto& table, const auto& tiles, const auto& vdp, const char* isa, const char* what) {
+      for (const int64_t n0 : {int64_t(0), kPanelCols}) {
+        const auto a = table(0, m, n0), b = tiles(0, m, n0);
+        EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << isa << " " << what << " " << m << " rows: the tiles'";
+        for (const auto [i, rows] : {std::pair<int64_t, int64_t>{0, 1}, {3, 2}}) {
+          const auto c = table(i, rows, n0), d = vdp(i, rows, n0);
+          EXPECT_EQ(std::memcmp(c.data(), d.data(), c.size() * sizeof(float)), 0)
+              << isa << " " << what << " " << rows << " rows: vdpbf16ps's";
+        }
+      }
+    };
     for (const KernelTable* kt : tables()) {
       if (kt->packed_matmul_fp8) {
         ran = true;
         std::vector<uint8_t> codes(size_t(panels * fp8_panel_bytes(k, kt->packed_fp8_pairs))), kinds(size_t(panels * blocks));
         std::vector<float> bscales(size_t(panels * blocks * kPanelCols));
         pack_rows_fp8(pr.w.data(), pr.scales(), q, k, 0, n, kt->packed_fp8_pairs, codes.data(), bscales.data(), kinds.data());
-        same_rows(
-            [&](int64_t i0, int64_t rows, int64_t n0) {
-              return packed_fp8_call(*kt, pr.x.data() + i0 * k, pr.xs.data() + i0 * blocks, rows, k, codes.data(), bscales.data(),
-                                     kinds.data(), n0, n, n - n0);
-            },
-            kt->isa, "FP8");
+        const auto fp8_with = [&](const auto& kernel) {
+          return [&, kernel](int64_t i0, int64_t rows, int64_t n0) {
+            return packed_fp8_call(kernel, pr.x.data() + i0 * k, pr.xs.data() + i0 * blocks, rows, k, codes.data(), bscales.data(),
+                                   kinds.data(), n0, n, n - n0);
+          };
+        };
+#if defined(MOEX_X86)
+        if (amx_split(*kt)) {
+          const bool model = std::string(kt->isa) == "avx512_amx_model";
+          dispatched(fp8_with([kt](const PackedFp8MatmulArgs& a) { kt->packed_matmul_fp8(a); }),
+                     fp8_with([model](const PackedFp8MatmulArgs& a) { packed_matmul_fp8_amx(a, model); }),
+                     fp8_with([t = &avx512_bf16_kernels()](const PackedFp8MatmulArgs& a) { t->packed_matmul_fp8(a); }), kt->isa, "FP8");
+          ASSERT_TRUE(amx_quant_rows(m) && !amx_quant_rows(2));
+        } else
+#endif
+          same_rows(fp8_with([kt](const PackedFp8MatmulArgs& a) { kt->packed_matmul_fp8(a); }), kt->isa, "FP8");
       }
       if (kt->packed_matmul_fp4) {
         std::vector<uint8_t> codes(size_t(panels * fp4_panel_bytes(k, kt->packed_fp4_pairs)));
         std::vector<float> gscales(size_t(panels * groups * kPanelCols));
         pack_rows_fp4(fp4.data(), fp4_scales.data(), group, k, 0, n, kt->packed_fp4_pairs, codes.data(), gscales.data());
-        same_rows(
-            [&](int64_t i0, int64_t rows, int64_t n0) {
-              return packed_fp4_call(*kt, pr.x.data() + i0 * k, pr.xs.data() + i0 * blocks, rows, k, codes.data(), gscales.data(), group,
-                                     n0, n, n - n0);
-            },
-            kt->isa, "FP4");
+        const auto fp4_with = [&](const auto& kernel) {
+          return [&, kernel](int64_t i0, int64_t rows, int64_t n0) {
+            return packed_fp4_call(kernel, pr.x.data() + i0 * k, pr.xs.data() + i0 * blocks, rows, k, codes.data(), gscales.data(), group,
+                                   n0, n, n - n0);
+          };
+        };
+#if defined(MOEX_X86)
+        if (amx_split(*kt)) {
+          const bool model = std::string(kt->isa) == "avx512_amx_model";
+          dispatched(fp4_with([kt](const PackedFp4MatmulArgs& a) { kt->packed_matmul_fp4(a); }),
+                     fp4_with([model](const PackedFp4MatmulArgs& a) { packed_matmul_fp4_amx(a, model); }),
+                     fp4_with([t = &avx512_bf16_kernels()](const PackedFp4MatmulArgs& a) { t->packed_matmul_fp4(a); }), kt->isa, "FP4");
+        } else
+#endif
+          same_rows(fp4_with([kt](const PackedFp4MatmulArgs& a) { kt->packed_matmul_fp4(a); }), kt->isa, "FP4");
       }
     }
   }
