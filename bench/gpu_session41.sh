@@ -8,8 +8,8 @@
 #          CPU path (moex bench-model) beside the reference library's forward / generate, same model,
 #          same run → $OUT/model_t<threads>.txt
 #   cpu    bench/cpu_h200.sh with the build's moex: the A/B of $CPU_AB (default: the AMX FP8 / FP4
-#          kernels, MOEX_CPU_AMX_QUANT=1) on $CPU_AB_CASES, then issue 8's side-by-side table at 16 and
-#          2 threads → $OUT/cpu/
+#          dispatch — tiles from 8 rows per call — against vdpbf16ps everywhere, MOEX_CPU_AMX_QUANT=0)
+#          on $CPU_AB_CASES, then issue 8's side-by-side table at 16 and 2 threads → $OUT/cpu/
 source "$(dirname "$0")/gpu_common.sh" "model cpu"
 [ -x "$BUILD/moex" ] || gpu_build moex
 if has model; then
@@ -25,7 +25,7 @@ fi
 if has cpu && [ "$(left)" -gt 150 ]; then
   stamp "cpu (issue 8)"
   OUT=$OUT/cpu TOTAL=$(( $(left) - 10 )) SKIP_BUILD=1 SKIP_TESTS=1 BUILD=$BUILD CPU_AB_ROUNDS=${CPU_AB_ROUNDS:-1} \
-    CPU_AB="${CPU_AB-default: amx:MOEX_CPU_AMX_QUANT=1}" \
+    CPU_AB="${CPU_AB-default: vdp:MOEX_CPU_AMX_QUANT=0}" \
     CPU_AB_CASES="${CPU_AB_CASES-qwen3_30b_a3b bf16 1,16,256 fp8;small_moe bf16 16,256 fp8}" \
     bash bench/cpu_h200.sh 2>&1 | tail -45
 fi
