@@ -94,44 +94,28 @@ __attribute__((always_inline)) inline void tile_scores(const float* const* qr, c
   for (int r = 0; r < R; ++r) out[r] = even[r] + odd[r];
 }
 
-// Value sums of R rows over 32 values: out_r[0 .. 32) = scale[r] · Σ_j w_r[j] · v_j[0 .. 32), j from j0 in order:
-// keys j0 .. jc shared by every row (each value row loaded once for the R rows), then each row's own
-// keys jc + 1 .. j1[r]. w_r = w + r · row, v_j = v + j · vstride. One chain of Isa::fma per output vector.
-template <class Isa, int R>
+// Value sums of R rows over 16·C values: out_r[0 .. 16C) = scale[r] · Σ_j w_r[j] · v_j[0 .. 16C), j from j0
+// in order: keys j0 .. jc shared by every row (each value row loaded once for the R rows), then each
+// row's own keys jc + 1 .. j1[r]. w_r = w + r · row, v_j = v + j · vstride. One chain of Isa::fma per
+// output vector.
+template <class Isa, int R, int C>
 __attribute__((always_inline)) inline void value_sums(const float* w, int64_t row, const float* v, int64_t vstride, int64_t j0,
                                                       int64_t jc, const int64_t* j1, const float* scale, float* const* out) {
-  KeyLanes a[R][2] = {};
+  KeyLanes a[R][C] = {};
   for (int64_t j = j0; j <= jc; ++j) {
-    const KeyLanes v0 = load16(v + j * vstride), v1 = load16(v + j * vstride + 16);
+    KeyLanes vj[C];
+    for (int c = 0; c < C; ++c) vj[c] = load16(v + j * vstride + 16 * c);
     for (int r = 0; r < R; ++r) {
       const KeyLanes wj = splat(w[r * row + j]);
-      a[r][0] = Isa::fma(wj, v0, a[r][0]);
-      a[r][1] = Isa::fma(wj, v1, a[r][1]);
+      for (int c = 0; c < C; ++c) a[r][c] = Isa::fma(wj, vj[c], a[r][c]);
     }
   }
   for (int r = 0; r < R; ++r) {
     for (int64_t j = jc + 1; j <= j1[r]; ++j) {
       const KeyLanes wj = splat(w[r * row + j]);
-      a[r][0] = Isa::fma(wj, load16(v + j * vstride), a[r][0]);
-      a[r][1] = Isa::fma(wj, load16(v + j * vstride + 16), a[r][1]);
+      for (int c = 0; c < C; ++c) a[r][c] = Isa::fma(wj, load16(v + j * vstride + 16 * c), a[r][c]);
     }
-    store16(out[r], a[r][0] * scale[r]);
-    store16(out[r] + 16, a[r][1] * scale[r]);
-  }
-}
-
-// The same over 16 values.
-template <class Isa, int R>
-__attribute__((always_inline)) inline void value_sums16(const float* w, int64_t row, const float* v, int64_t vstride, int64_t j0,
-                                                        int64_t jc, const int64_t* j1, const float* scale, float* const* out) {
-  KeyLanes a[R] = {};
-  for (int64_t j = j0; j <= jc; ++j) {
-    const KeyLanes v0 = load16(v + j * vstride);
-    for (int r = 0; r < R; ++r) a[r] = Isa::fma(splat(w[r * row + j]), v0, a[r]);
-  }
-  for (int r = 0; r < R; ++r) {
-    for (int64_t j = jc + 1; j <= j1[r]; ++j) a[r] = Isa::fma(splat(w[r * row + j]), load16(v + j * vstride), a[r]);
-    store16(out[r], a[r] * scale[r]);
+    for (int c = 0; c < C; ++c) store16(out[r] + 16 * c, a[r][c] * scale[r]);
   }
 }
 
@@ -150,10 +134,7 @@ __attribute__((always_inline)) inline void with_rows(int R, F&& f) {
   }
 }
 
-// Causal attention of n new query tokens (absolute positions pos0 .. pos0+n-1) over Tk cached keys
-// (positions 0 .. Tk-1), nh query heads over nkv key/value heads (GQA), optional sliding window and sinks.
-// q [n, nh, dq], kt: the keys in tiles (append_key_tiles), v [Tk, nkv, dv] → [n, nh * dv].
-// Work items: (kv head, block of queries, quad of the group's query heads), each by one thread in a
+// cpu_attend's kernel (arguments: cpu_attention.hpp). Work items: (kv head, block of queries, quad of the group's query heads), each by one thread in a
 // fixed order over its rows (kRowsMax above): the rows' scores 16 keys at a time (tile_scores) and
 // their maxima, per row the exponentials (exp16) and the denominator in 16 lanes added as a fixed
 // tree, all in f32; then the value sums of the rows together over the exponentials, each divided by
@@ -249,19 +230,16 @@ Floats attend_impl(const float* q, const float* kt, const float* v, int64_t n, i
           }
           // the value sums: 32 values at a time, then 16, then one at a time
           const float* vh = v + kh * dv;
-          float* out[kRowsMax];
           int64_t d0 = 0;
-          const auto outs = [&](int64_t d) {
-            for (int r = 0; r < R; ++r) out[r] = orow[r] + d;
+          const auto sums = [&](auto vectors) {  // values d0 .. d0 + 16 · vectors
+            float* out[kRowsMax];
+            for (int r = 0; r < R; ++r) out[r] = orow[r] + d0;
+            with_rows(R, [&](auto rows) {
+              value_sums<Isa, decltype(rows)::value, decltype(vectors)::value>(w.data(), row, vh + d0, nkv * dv, jlo, jc, j1, inv_den, out);
+            });
           };
-          for (; d0 + 32 <= dv; d0 += 32) {
-            outs(d0);
-            with_rows(R, [&](auto rows) { value_sums<Isa, decltype(rows)::value>(w.data(), row, vh + d0, nkv * dv, jlo, jc, j1, inv_den, out); });
-          }
-          for (; d0 + 16 <= dv; d0 += 16) {
-            outs(d0);
-            with_rows(R, [&](auto rows) { value_sums16<Isa, decltype(rows)::value>(w.data(), row, vh + d0, nkv * dv, jlo, jc, j1, inv_den, out); });
-          }
+          for (; d0 + 32 <= dv; d0 += 32) sums(std::integral_constant<int, 2>{});
+          for (; d0 + 16 <= dv; d0 += 16) sums(std::integral_constant<int, 1>{});
           for (; d0 < dv; ++d0)
             for (int r = 0; r < R; ++r) {
               float a = 0.0f;

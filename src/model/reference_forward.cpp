@@ -297,13 +297,10 @@ struct Rope {
   }
 };
 
-// Keys in the attention's tile layout (cpu_attention.hpp): [tiles, nkv, dq, kKeyTile], tile jt holding keys
-// kKeyTile·jt .. kKeyTile·jt + kKeyTile − 1 (zeros past the last key), element d of a kv head's 16
-// keys contiguous: one query's dot products then run 16 keys at a time. The KV cache keeps its keys
-// so (KvCache::k), appended token by token: a decode step reads them as a prefill does, with no
-// transposition per step.
-// Appends the keys k [n, nkv, dq] of positions pos0 .. pos0+n-1 to the tiles kt, which hold the keys
-// of positions 0 .. pos0-1; grows kt by whole zeroed tiles.
+// Appends the keys k [n, nkv, dq] of positions pos0 .. pos0+n-1 to kt, the keys of positions
+// 0 .. pos0-1 in the attention's tiles (cpu_attention.hpp); grows kt by whole zeroed tiles. The KV
+// cache keeps its keys so (KvCache::k), appended token by token: a decode step reads them as a
+// prefill does, with no transposition per step.
 void append_key_tiles(Floats& kt, const float* k, int64_t n, int64_t pos0, int64_t nkv, int64_t dq) {
   const int64_t tile_floats = nkv * dq * kKeyTile;
   const int64_t first_tile = pos0 / kKeyTile, end_tile = (pos0 + n + kKeyTile - 1) / kKeyTile;
