@@ -2,7 +2,9 @@
 #include "model/reference_forward.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -21,6 +23,71 @@ namespace moex::model {
 namespace {
 
 using Mat = Floats;  // row-major [rows, cols], elements uninitialised until written
+
+// ---- MOEX_CPU_PROFILE=1: where the CPU forward's time goes ----------------------------------------
+// Wall time per stage of forward_batch, summed over every forward of the process separately for
+// prefills and decode steps (one new row per sequence), printed to stderr at exit. A stage's time
+// includes its OpenMP parallel regions (their joins too); "other" is the forward's time outside every
+// stage (embedding lookup, rope tables, copies). Off by default: then each stage costs one branch.
+enum Stage : int { kNorms, kQkvProj, kQkvPost, kAttend, kOProj, kRouter, kExperts, kDenseMlp, kResidual, kHead, kStages };
+constexpr const char* kStageNames[kStages] = {"rms norms",  "q/k/v projections", "qk norm + rope", "attention + KV cache",
+                                              "o projection", "router",          "routed experts", "dense / shared MLP",
+                                              "residual adds", "final norm + head"};
+
+struct CpuProfile {
+  const bool on = [] {
+    const char* v = std::getenv("MOEX_CPU_PROFILE");
+    return v && std::string(v) == "1";
+  }();
+  double ms[2][kStages + 2] = {};  // [prefill, decode][stage; kStages: the whole forward; kStages + 1: not counted]
+  int64_t forwards[2] = {}, rows[2] = {};
+  int kind = 0;  // of the forward running now (forward_batch is not reentrant per process on this path)
+  ~CpuProfile() {
+    if (!on) return;
+    for (int k = 0; k < 2; ++k) {
+      if (forwards[k] == 0) continue;
+      std::fprintf(stderr, "moex CPU profile, %s: %lld forwards, %lld rows, %.3f ms (MOEX_CPU_PROFILE=1)\n",
+                   k == 0 ? "prefill" : "decode", static_cast<long long>(forwards[k]), static_cast<long long>(rows[k]),
+                   ms[k][kStages]);
+      double staged = 0;
+      for (int st = 0; st < kStages; ++st) {
+        staged += ms[k][st];
+        if (ms[k][st] > 0)
+          std::fprintf(stderr, "  %-22s %10.3f ms  %5.1f %%\n", kStageNames[st], ms[k][st], 100.0 * ms[k][st] / ms[k][kStages]);
+      }
+      std::fprintf(stderr, "  %-22s %10.3f ms  %5.1f %%\n", "other", ms[k][kStages] - staged,
+                   100.0 * (ms[k][kStages] - staged) / ms[k][kStages]);
+    }
+  }
+};
+CpuProfile& cpu_profile() {
+  static CpuProfile p;
+  return p;
+}
+
+// Adds the scope's wall time to `stage` (kStages: the whole forward) when profiling is on; next(s)
+// closes the current stage and times s from there.
+class StageTimer {
+ public:
+  explicit StageTimer(int stage) : stage_(stage), on_(cpu_profile().on) {
+    if (on_) t0_ = std::chrono::steady_clock::now();
+  }
+  ~StageTimer() { next(stage_); }
+  void next(int stage) {
+    if (!on_) return;
+    const auto now = std::chrono::steady_clock::now();
+    cpu_profile().ms[cpu_profile().kind][stage_] += std::chrono::duration<double, std::milli>(now - t0_).count();
+    stage_ = stage;
+    t0_ = now;
+  }
+  StageTimer(const StageTimer&) = delete;
+  StageTimer& operator=(const StageTimer&) = delete;
+
+ private:
+  int stage_;
+  bool on_;
+  std::chrono::steady_clock::time_point t0_;
+};
 
 // The tensor as f32 (itself, or an exact widening of bf16/f16 weights).
 Tensor as_f32(const Tensor& t) { return t.dtype() == DType::f32 ? t : convert_tensor(t.view(), DType::f32); }
@@ -143,6 +210,103 @@ std::vector<Mat> packed_linears(const Mat& x, int64_t T, const std::vector<const
   return ys;
 }
 
+// Whether bf16 linear l of input width `in` runs on the AMX tile kernel for T rows: the avx512_amx table
+// (or its scalar model, MOEX_CPU_ISA=avx512_amx_model) from kAmxMinRows rows, weights read in place.
+// MOEX_CPU_AMX_LINEARS=0 sends them back through linear()'s per-tile calls (A/B).
+bool amx_path(const Linear& l, int64_t T, int64_t in) {
+  static const bool off = [] {
+    const char* v = std::getenv("MOEX_CPU_AMX_LINEARS");
+    return v && std::string(v) == "0";
+  }();
+  const cpu::KernelTable& kt = cpu::kernels();
+  return !off && T >= cpu::kAmxMinRows && cpu::uses_amx(kt) && kt.bf16_dot && l.weight.dtype() == DType::bf16 &&
+         l.weight.view().rank == 2 && l.weight.size(1) == in;
+}
+
+// y_i [T, out_i] = x [T, in] · W_iᵀ (+ b_i) for several bf16 linears of one input on the AMX tile kernel
+// (amx_path). x's bf16 terms (SplitTerms: hi rows, then lo rows with two terms) are put in the tile
+// kernel's layout once (pack_x_vnni, 16-row blocks in parallel), not once per call as the kernel would;
+// the work is then tiles of (up to kRowBlock rows, 64 columns) of every linear in one loop, so that a
+// 1024 × 256 projection of a 256-token prompt still feeds 16 threads, and a tile's rows of x (≤ 512 KB at
+// in = 1024) stay in L2 while its columns are done. Each output is one f32 chain per term in k order
+// (one accumulator tile, whatever the row block), so y does not depend on the tiling, T's blocking or
+// the thread count: the bits of one whole-T call of the kernel.
+std::vector<Mat> amx_linears(const Mat& x, int64_t T, const std::vector<const Linear*>& ls) {
+  constexpr int64_t kRowBlock = 256, kCols = 64;
+  const cpu::KernelTable& kt = cpu::kernels();
+  const int64_t in = ls.front()->weight.size(1);
+  MOEX_ASSERT(int64_t(x.size()) == T * in && T >= cpu::kAmxMinRows);
+  const SplitTerms xs(x, linear_terms());
+  const int64_t m = xs.two() ? 2 * T : T;  // the kernel's rows: both terms' rows in one call
+  std::vector<uint16_t, UninitAllocator<uint16_t>> xv(size_t(cpu::vnni_elems(m, in)));  // [m/16 blocks][...]
+  const int64_t blocks16 = (m + 15) / 16;
+#pragma omp parallel for schedule(static) if (blocks16 > 1)
+  for (int64_t b = 0; b < blocks16; ++b)
+    cpu::pack_x_vnni(xs.hi() + b * 16 * in, in, std::min<int64_t>(16, m - 16 * b), in, xv.data() + cpu::vnni_elems(16 * b, in));
+  // row blocks of kRowBlock rows (multiples of 16, as the packed blocks); a last block of fewer than 16
+  // rows joins the one before (no call ever has fewer than kAmxMinRows rows)
+  std::vector<int64_t> row0;
+  for (int64_t r = 0; r < m; r += kRowBlock) row0.push_back(r);
+  if (row0.size() > 1 && m - row0.back() < 16) row0.pop_back();
+  row0.push_back(m);
+  struct Job {
+    const Linear* l;
+    Tensor bias;  // f32, or undefined
+    Mat y;        // [m, out]: the hi rows' products, then the lo rows'
+  };
+  std::vector<Job> jobs;
+  struct Tile {
+    size_t job;
+    int64_t r0, r1, c0;
+  };
+  std::vector<Tile> tiles;
+  for (const Linear* l : ls) {
+    const int64_t out = l->weight.size(0);
+    MOEX_ASSERT(l->weight.size(1) == in && l->weight.dtype() == DType::bf16);
+    jobs.push_back({l, l->has_bias() ? as_f32(l->bias) : Tensor(), Mat(size_t(m * out))});
+    for (size_t rb = 0; rb + 1 < row0.size(); ++rb)
+      for (int64_t c = 0; c < out; c += kCols) tiles.push_back({jobs.size() - 1, row0[rb], row0[rb + 1], c});
+  }
+#pragma omp parallel for schedule(dynamic, 1)
+  for (size_t i = 0; i < tiles.size(); ++i) {
+    const Tile& tl = tiles[i];
+    Job& j = jobs[tl.job];
+    const int64_t out = j.l->weight.size(0);
+    cpu::MatmulArgs a;
+    a.x = xs.hi() + tl.r0 * in;
+    a.x_vnni = xv.data() + cpu::vnni_elems(tl.r0, in);
+    a.xdtype = DType::bf16;
+    a.ldx = in;
+    a.m = tl.r1 - tl.r0;
+    a.k = in;
+    a.w = j.l->weight.data();
+    a.wdtype = DType::bf16;
+    a.layout = cpu::WeightLayout::nt;
+    a.ldw = in;
+    a.y = j.y.data() + tl.r0 * out;
+    a.ldy = out;
+    a.n0 = tl.c0;
+    a.n1 = std::min(out, tl.c0 + kCols);
+    kt.matmul(a);
+  }
+  std::vector<Mat> ys;
+  for (Job& j : jobs) {
+    const int64_t out = j.l->weight.size(0);
+    const float* b = j.bias.numel() ? j.bias.ptr<float>() : nullptr;
+    if (xs.two() || b) {  // y = y_hi + (y_lo + b) or y_hi + b, as linear() and packed_linears()
+#pragma omp parallel for schedule(static) if (T * out > (1 << 15))
+      for (int64_t r = 0; r < T; ++r) {
+        float* yr = j.y.data() + r * out;
+        const float* y2r = j.y.data() + (T + r) * out;
+        for (int64_t o = 0; o < out; ++o) yr[o] += (xs.two() ? y2r[o] : 0.0f) + (b ? b[o] : 0.0f);
+      }
+    }
+    j.y.resize(size_t(T * out));
+    ys.push_back(std::move(j.y));
+  }
+  return ys;
+}
+
 // y [T, out] = x [T, in] · Wᵀ (+ b) on the CPU matmul kernels (f32 accumulation; weights read in
 // their dtype, no converted copy), output columns split over threads in tiles: each element is
 // computed by one thread in a fixed order, so results do not depend on the thread count.
@@ -150,6 +314,7 @@ Mat linear(const Mat& x, int64_t T, const Linear& l) {
   const int64_t out = l.weight.size(0), in = l.weight.size(1);
   MOEX_ASSERT(int64_t(x.size()) == T * in);
   if (T > 0 && packed_path(l, T, in)) return std::move(packed_linears(x, T, {&l}).front());
+  if (amx_path(l, T, in)) return std::move(amx_linears(x, T, {&l}).front());
   const Tensor bt = l.has_bias() ? as_f32(l.bias) : Tensor();
   const float* b = l.has_bias() ? bt.ptr<float>() : nullptr;
   const DType dt = l.weight.dtype();
@@ -239,12 +404,17 @@ float act(const std::string& a, float g) {
   return float(0.5 * g * (1.0 + std::tanh(k * (g + 0.044715 * double(g) * g * g))));
 }
 
-// linear() of several linears of one input: together on the packed path (one split of x, one loop
-// over all their tiles), each alone otherwise.
+// linear() of several linears of one input: together on the packed path or the AMX path (one split
+// of x, one loop over all their tiles), each alone otherwise.
 std::vector<Mat> linears(const Mat& x, int64_t T, const std::vector<const Linear*>& ls) {
-  bool together = true;
-  for (const Linear* l : ls) together = together && T > 0 && packed_path(*l, T, ls.front()->weight.size(1));
-  if (together) return packed_linears(x, T, ls);
+  const int64_t in = ls.front()->weight.size(1);
+  bool packed = true, amx = true;
+  for (const Linear* l : ls) {
+    packed = packed && T > 0 && packed_path(*l, T, in);
+    amx = amx && amx_path(*l, T, in);
+  }
+  if (packed) return packed_linears(x, T, ls);
+  if (amx) return amx_linears(x, T, ls);
   std::vector<Mat> ys;
   for (const Linear* l : ls) ys.push_back(linear(x, T, *l));
   return ys;
@@ -350,6 +520,7 @@ Mat attention(const Mat& x, int64_t T, const AttentionWeights& a, const TextConf
   };
   if (t.family == ModelFamily::deepseek_v3) {
     const int64_t nope = t.qk_nope_head_dim, rd = t.qk_rope_head_dim, vd = t.v_head_dim, qk = nope + rd;
+    StageTimer timer(kQkvProj);  // the low-rank projections and their norms
     Mat q;
     if (a.q_a.defined()) {
       Mat qa = linear(x, T, a.q_a);
@@ -367,6 +538,7 @@ Mat attention(const Mat& x, int64_t T, const AttentionWeights& a, const TextConf
     }
     rmsnorm_inplace(kv_nope, t.kv_lora_rank, a.kv_a_norm, t.rms_norm_eps);
     Mat kvb = linear(kv_nope, T, a.kv_b);  // [T, nh * (nope + vd)]
+    timer.next(kQkvPost);
     Mat K(size_t(T * nh * qk)), V(size_t(T * nh * vd));
 #pragma omp parallel for schedule(static) if (T * nh * qk > (1 << 14))
     for (int64_t i = 0; i < T; ++i) {
@@ -385,14 +557,18 @@ Mat attention(const Mat& x, int64_t T, const AttentionWeights& a, const TextConf
       const double m = 0.1 * *t.rope.mscale_all_dim * std::log(t.rope.factor) + 1.0;
       scaling *= m * m;
     }
+    timer.next(kAttend);
     Mat o = attend_all(q, K, V, nh, qk, vd, scaling, 0, nullptr);
+    timer.next(kOProj);
     return linear(o, T, a.o);
   }
   const int64_t hd = t.head_dim;
+  StageTimer timer(kQkvProj);
   std::vector<Mat> qkv = linears(x, T, {&a.q, &a.k, &a.v});
   Mat& q = qkv[0];
   Mat& k = qkv[1];
   Mat& v = qkv[2];
+  timer.next(kQkvPost);
   if (t.qk_norm) {
     const bool per_head = t.family == ModelFamily::qwen3_moe;
     rmsnorm_inplace(q, per_head ? hd : nh * hd, a.q_norm, t.rms_norm_eps);
@@ -408,9 +584,11 @@ Mat attention(const Mat& x, int64_t T, const AttentionWeights& a, const TextConf
     for (int64_t h = 0; h < nh; ++h) rope.apply(q.data() + (i * nh + h) * hd, i, false);
     for (int64_t h = 0; h < nkv; ++h) rope.apply(k.data() + (i * nkv + h) * hd, i, false);
   }
+  timer.next(kAttend);
   const Tensor sinks = a.sinks.numel() ? as_f32(a.sinks) : Tensor();
   Mat o = attend_all(q, k, v, nkv, hd, hd, 1.0 / std::sqrt(double(hd)), t.attention_window(layer),
                      a.sinks.numel() ? sinks.ptr<float>() : nullptr);
+  timer.next(kOProj);
   return linear(o, T, a.o);
 }
 
@@ -436,11 +614,13 @@ RouterConfig router_config(const TextConfig& t, const Tensor& e_score_correction
 
 Mat moe(const Mat& x, int64_t T, const MoeWeights& m, const TextConfig& t, std::string_view backend) {
   const int64_t H = t.hidden_size, K = t.num_experts_per_tok;
+  StageTimer timer(kRouter);
   Mat logits = linear(x, T, m.router);  // f32 router logits (GPT-OSS: with the router bias)
   std::vector<int32_t> idx(size_t(T * K));
   std::vector<float> wts(size_t(T * K));
   const Tensor bias = m.e_score_correction_bias.numel() ? as_f32(m.e_score_correction_bias) : Tensor();
   route(router_config(t, bias), logits.data(), T, idx.data(), wts.data());
+  timer.next(kExperts);
   Mat out(size_t(T * H));
   // The experts run in the weights' dtype: f32, or bf16/f16 activations (rounded once) and output.
   const DType dt = m.experts.spec.dtype;
@@ -453,6 +633,7 @@ Mat moe(const Mat& x, int64_t T, const MoeWeights& m, const TextConfig& t, std::
   call.out = xout.view();
   experts_forward(backend, m.experts, call);
   convert_elements(out.data(), DType::f32, xout.data(), dt, T * H);
+  timer.next(kDenseMlp);
   if (m.shared.defined()) {
     Mat s = dense_mlp(x, T, m.shared, t.hidden_act);
     if (m.shared_gate.defined()) {
@@ -597,6 +778,12 @@ Floats forward_batch(const ModelWeights& w, const TextConfig& t, const std::vect
     segs.push_back({T, c.n, cache.length, c.cache});
     T += c.n;
   }
+  if (CpuProfile& prof = cpu_profile(); prof.on) {
+    prof.kind = T > int64_t(segs.size()) ? 0 : 1;  // decode: one new row per sequence
+    ++prof.forwards[prof.kind];
+    prof.rows[prof.kind] += T;
+  }
+  StageTimer forward_timer(kStages);
   Rope rope;
   rope.dim = t.family == ModelFamily::deepseek_v3 ? t.qk_rope_head_dim : t.head_dim;
   rope_inv_freq(t.rope, rope.dim, t.max_position_embeddings, rope.inv_freq, rope.factor);
@@ -626,15 +813,22 @@ Floats forward_batch(const ModelWeights& w, const TextConfig& t, const std::vect
   }
   for (int64_t l = 0; l < t.num_hidden_layers; ++l) {
     const LayerWeights& lw = w.layers[size_t(l)];
+    StageTimer timer(kNorms);
     Mat h = x;
     rmsnorm_inplace(h, H, lw.input_norm, t.rms_norm_eps);
+    timer.next(kStages + 1);  // attention() times its own stages
     Mat a = attention(h, T, lw.attn, t, l, rope, segs);
+    timer.next(kResidual);
     add_into(x, a);
+    timer.next(kNorms);
     h = x;
     rmsnorm_inplace(h, H, lw.post_attention_norm, t.rms_norm_eps);
+    timer.next(lw.is_moe ? kStages + 1 : kDenseMlp);  // moe() times its own stages
     Mat m = lw.is_moe ? moe(h, T, lw.moe, t, backend) : dense_mlp(h, T, lw.mlp, t.hidden_act);
+    timer.next(kResidual);
     add_into(x, m);
   }
+  StageTimer head_timer(kHead);
   for (const auto& sg : segs) sg.cache->length += sg.n;
   int64_t rows = T;
   if (logit_rows == LogitRows::last) {  // each chunk's last row only: the rows generation picks from
