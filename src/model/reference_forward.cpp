@@ -26,7 +26,8 @@ using Mat = Floats;  // row-major [rows, cols], elements uninitialised until wri
 
 // ---- MOEX_CPU_PROFILE=1: where the CPU forward's time goes ----------------------------------------
 // Wall time per stage of forward_batch, summed over every forward of the process separately for
-// prefills and decode steps (one new row per sequence), printed to stderr at exit. A stage's time
+// prefills and decode steps (one new row per sequence), printed to stderr at exit. The process' first
+// forward is counted apart: it packs the experts' weights (packed_weights.hpp) as it meets them. A stage's time
 // includes its OpenMP parallel regions (their joins too); "other" is the forward's time outside every
 // stage (embedding lookup, rope tables, copies). Off by default: then each stage costs one branch.
 enum Stage : int { kNorms, kQkvProj, kQkvPost, kAttend, kOProj, kRouter, kExperts, kDenseMlp, kResidual, kHead, kStages };
@@ -39,16 +40,17 @@ struct CpuProfile {
     const char* v = std::getenv("MOEX_CPU_PROFILE");
     return v && std::string(v) == "1";
   }();
-  double ms[2][kStages + 2] = {};  // [prefill, decode][stage; kStages: the whole forward; kStages + 1: not counted]
-  int64_t forwards[2] = {}, rows[2] = {};
+  static constexpr int kKinds = 3;
+  static constexpr const char* kKindNames[kKinds] = {"prefill", "decode", "first forward (packs the experts it meets)"};
+  double ms[kKinds][kStages + 2] = {};  // [prefill, decode, first][stage; kStages: the whole forward; kStages + 1: not counted]
+  int64_t forwards[kKinds] = {}, rows[kKinds] = {};
   int kind = 0;  // of the forward running now (forward_batch is not reentrant per process on this path)
   ~CpuProfile() {
     if (!on) return;
-    for (int k = 0; k < 2; ++k) {
+    for (int k = 0; k < kKinds; ++k) {
       if (forwards[k] == 0) continue;
-      std::fprintf(stderr, "moex CPU profile, %s: %lld forwards, %lld rows, %.3f ms (MOEX_CPU_PROFILE=1)\n",
-                   k == 0 ? "prefill" : "decode", static_cast<long long>(forwards[k]), static_cast<long long>(rows[k]),
-                   ms[k][kStages]);
+      std::fprintf(stderr, "moex CPU profile, %s: %lld forwards, %lld rows, %.3f ms (MOEX_CPU_PROFILE=1)\n", kKindNames[k],
+                   static_cast<long long>(forwards[k]), static_cast<long long>(rows[k]), ms[k][kStages]);
       double staged = 0;
       for (int st = 0; st < kStages; ++st) {
         staged += ms[k][st];
@@ -779,7 +781,8 @@ Floats forward_batch(const ModelWeights& w, const TextConfig& t, const std::vect
     T += c.n;
   }
   if (CpuProfile& prof = cpu_profile(); prof.on) {
-    prof.kind = T > int64_t(segs.size()) ? 0 : 1;  // decode: one new row per sequence
+    const bool first = prof.forwards[0] + prof.forwards[1] + prof.forwards[2] == 0;
+    prof.kind = first ? 2 : T > int64_t(segs.size()) ? 0 : 1;  // decode: one new row per sequence
     ++prof.forwards[prof.kind];
     prof.rows[prof.kind] += T;
   }
