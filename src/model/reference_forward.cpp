@@ -1,6 +1,8 @@
 // model/reference_forward.cpp — see reference_forward.hpp.
 #include "model/reference_forward.hpp"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -225,16 +227,53 @@ bool amx_path(const Linear& l, int64_t T, int64_t in) {
          l.weight.view().rank == 2 && l.weight.size(1) == in;
 }
 
+// The (rows, columns) of amx_linears' tiles for m rows and linears of widths `outs` on `threads`
+// threads. A tile's thread first pulls its rows of packed x (rows × in × 2 bytes, packed by other
+// threads) and its weights (columns × in × 2) into its L2, then the kernel re-reads them from there:
+// the products per byte pulled grow with rows · columns / (rows + columns), so tiles start square at
+// 256 × 256 (1 MB at in = 1024, within a 2 MB L2) and are halved, the wider side first, down to 64 × 64,
+// only until there are as many tiles as threads. H100 host (Intel Xeon, AMX, 16 threads), 2026-12-05,
+// the random 1024-wide Qwen3-MoE's bf16 prefill: fixed 256 × 64 tiles ran its 16 384-wide head 4× slower
+// than 256 × 256, and a 2 048-token prompt's o projection 7× slower than 256 × 512 (docs/PERF.md,
+// forty-second session). MOEX_CPU_AMX_LINEAR_ROWS / _COLS fix either side (multiples of 16 / 32; A/B).
+std::pair<int64_t, int64_t> amx_tile_shape(int64_t m, const std::vector<int64_t>& outs, int threads) {
+  static const int64_t fixed_rows = [] {
+    const char* v = std::getenv("MOEX_CPU_AMX_LINEAR_ROWS");
+    return v && std::atoll(v) >= 16 ? std::atoll(v) / 16 * 16 : int64_t(0);
+  }();
+  static const int64_t fixed_cols = [] {
+    const char* v = std::getenv("MOEX_CPU_AMX_LINEAR_COLS");
+    return v && std::atoll(v) >= 32 ? std::atoll(v) / 32 * 32 : int64_t(0);
+  }();
+  const int64_t m16 = (m + 15) / 16 * 16;
+  int64_t rows = fixed_rows ? fixed_rows : std::min<int64_t>(256, m16), cols = fixed_cols ? fixed_cols : 256;
+  const auto tiles = [&] {
+    int64_t n = 0;
+    for (int64_t out : outs) n += (out + cols - 1) / cols;
+    return n * ((m + rows - 1) / rows);
+  };
+  while (tiles() < threads) {
+    const bool halve_cols = !fixed_cols && cols >= rows && cols > 64;
+    const bool halve_rows = !fixed_rows && !halve_cols && rows > 64;
+    if (halve_cols)
+      cols /= 2;
+    else if (halve_rows)
+      rows = (rows / 2 + 15) / 16 * 16;
+    else if (!fixed_cols && cols > 64)
+      cols /= 2;
+    else
+      break;
+  }
+  return {rows, cols};
+}
+
 // y_i [T, out_i] = x [T, in] · W_iᵀ (+ b_i) for several bf16 linears of one input on the AMX tile kernel
 // (amx_path). x's bf16 terms (SplitTerms: hi rows, then lo rows with two terms) are put in the tile
 // kernel's layout once (pack_x_vnni, 16-row blocks in parallel), not once per call as the kernel would;
-// the work is then tiles of (up to kRowBlock rows, 64 columns) of every linear in one loop, so that a
-// 1024 × 256 projection of a 256-token prompt still feeds 16 threads, and a tile's rows of x (≤ 512 KB at
-// in = 1024) stay in L2 while its columns are done. Each output is one f32 chain per term in k order
-// (one accumulator tile, whatever the row block), so y does not depend on the tiling, T's blocking or
-// the thread count: the bits of one whole-T call of the kernel.
+// the work is then tiles of (rows, columns) of every linear in one loop (amx_tile_shape). Each output
+// is one f32 chain per term in k order (one accumulator tile, whatever the row block), so y does not
+// depend on the tiling, T's blocking or the thread count: the bits of one whole-T call of the kernel.
 std::vector<Mat> amx_linears(const Mat& x, int64_t T, const std::vector<const Linear*>& ls) {
-  constexpr int64_t kRowBlock = 256, kCols = 64;
   const cpu::KernelTable& kt = cpu::kernels();
   const int64_t in = ls.front()->weight.size(1);
   MOEX_ASSERT(int64_t(x.size()) == T * in && T >= cpu::kAmxMinRows);
@@ -245,10 +284,13 @@ std::vector<Mat> amx_linears(const Mat& x, int64_t T, const std::vector<const Li
 #pragma omp parallel for schedule(static) if (blocks16 > 1)
   for (int64_t b = 0; b < blocks16; ++b)
     cpu::pack_x_vnni(xs.hi() + b * 16 * in, in, std::min<int64_t>(16, m - 16 * b), in, xv.data() + cpu::vnni_elems(16 * b, in));
-  // row blocks of kRowBlock rows (multiples of 16, as the packed blocks); a last block of fewer than 16
+  std::vector<int64_t> outs;
+  for (const Linear* l : ls) outs.push_back(l->weight.size(0));
+  const auto [row_block, cols] = amx_tile_shape(m, outs, omp_get_max_threads());
+  // row blocks of row_block rows (multiples of 16, as the packed blocks); a last block of fewer than 16
   // rows joins the one before (no call ever has fewer than kAmxMinRows rows)
   std::vector<int64_t> row0;
-  for (int64_t r = 0; r < m; r += kRowBlock) row0.push_back(r);
+  for (int64_t r = 0; r < m; r += row_block) row0.push_back(r);
   if (row0.size() > 1 && m - row0.back() < 16) row0.pop_back();
   row0.push_back(m);
   struct Job {
@@ -267,7 +309,7 @@ std::vector<Mat> amx_linears(const Mat& x, int64_t T, const std::vector<const Li
     MOEX_ASSERT(l->weight.size(1) == in && l->weight.dtype() == DType::bf16);
     jobs.push_back({l, l->has_bias() ? as_f32(l->bias) : Tensor(), Mat(size_t(m * out))});
     for (size_t rb = 0; rb + 1 < row0.size(); ++rb)
-      for (int64_t c = 0; c < out; c += kCols) tiles.push_back({jobs.size() - 1, row0[rb], row0[rb + 1], c});
+      for (int64_t c = 0; c < out; c += cols) tiles.push_back({jobs.size() - 1, row0[rb], row0[rb + 1], c});
   }
 #pragma omp parallel for schedule(dynamic, 1)
   for (size_t i = 0; i < tiles.size(); ++i) {
@@ -288,7 +330,7 @@ std::vector<Mat> amx_linears(const Mat& x, int64_t T, const std::vector<const Li
     a.y = j.y.data() + tl.r0 * out;
     a.ldy = out;
     a.n0 = tl.c0;
-    a.n1 = std::min(out, tl.c0 + kCols);
+    a.n1 = std::min(out, tl.c0 + cols);
     kt.matmul(a);
   }
   std::vector<Mat> ys;
