@@ -230,12 +230,13 @@ bool amx_path(const Linear& l, int64_t T, int64_t in) {
 // The (rows, columns) of amx_linears' tiles for m rows and linears of widths `outs` on `threads`
 // threads. A tile's thread first pulls its rows of packed x (rows × in × 2 bytes, packed by other
 // threads) and its weights (columns × in × 2) into its L2, then the kernel re-reads them from there:
-// the products per byte pulled grow with rows · columns / (rows + columns), so tiles start square at
-// 256 × 256 (1 MB at in = 1024, within a 2 MB L2) and are halved, the wider side first, down to 64 × 64,
-// only until there are as many tiles as threads. H100 host (Intel Xeon, AMX, 16 threads), 2026-12-05,
-// the random 1024-wide Qwen3-MoE's bf16 prefill: fixed 256 × 64 tiles ran its 16 384-wide head 4× slower
-// than 256 × 256, and a 2 048-token prompt's o projection 7× slower than 256 × 512 (docs/PERF.md,
-// forty-second session). MOEX_CPU_AMX_LINEAR_ROWS / _COLS fix either side (multiples of 16 / 32; A/B).
+// the products per byte pulled grow with rows · columns / (rows + columns), so tiles start at 256 × 512
+// (1.5 MB at in = 1024, within a 2 MB L2) and are halved, the wider side first, down to 64 × 64, only
+// until there are as many tiles as threads. H100 host (Intel Xeon, AMX, 16 threads), 2026-12-05, the
+// random 1024-wide Qwen3-MoE's bf16 prefill: fixed 256 × 64 tiles ran its 16 384-wide head 4× slower
+// than 256 × 256, and a 2 048-token prompt's o projection 7× slower than 256 × 512; starting at 256 ×
+// 256 instead gave 2 048-token prompts 8 % less (docs/PERF.md, forty-second session).
+// MOEX_CPU_AMX_LINEAR_ROWS / _COLS fix either side (multiples of 16 / 32; A/B).
 std::pair<int64_t, int64_t> amx_tile_shape(int64_t m, const std::vector<int64_t>& outs, int threads) {
   static const int64_t fixed_rows = [] {
     const char* v = std::getenv("MOEX_CPU_AMX_LINEAR_ROWS");
@@ -246,7 +247,7 @@ std::pair<int64_t, int64_t> amx_tile_shape(int64_t m, const std::vector<int64_t>
     return v && std::atoll(v) >= 32 ? std::atoll(v) / 32 * 32 : int64_t(0);
   }();
   const int64_t m16 = (m + 15) / 16 * 16;
-  int64_t rows = fixed_rows ? fixed_rows : std::min<int64_t>(256, m16), cols = fixed_cols ? fixed_cols : 256;
+  int64_t rows = fixed_rows ? fixed_rows : std::min<int64_t>(256, m16), cols = fixed_cols ? fixed_cols : 512;
   const auto tiles = [&] {
     int64_t n = 0;
     for (int64_t out : outs) n += (out + cols - 1) / cols;
