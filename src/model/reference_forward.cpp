@@ -420,15 +420,19 @@ Mat linear(const Mat& x, int64_t T, const Linear& l) {
 // The sum of squares in f64 in 8 lanes (element i in lane i mod 8, the lanes summed as a fixed tree,
 // then the tail), vectorised in the AVX-512 / AVX2 clones with no FMA contraction: the same bits on
 // every CPU.
+// out may be x (in place); otherwise it is sized to x and written whole (the forward's norms write
+// their own row copy instead of copying x first: a 1 MB serial copy per norm at 256 × 1024 rows).
 __attribute__((target_clones("avx512f", "avx2", "default"), optimize("fp-contract=off")))
-void rmsnorm_inplace(Mat& x, int64_t n, const Tensor& weight, double eps) {
+void rmsnorm(const Mat& x, Mat& out, int64_t n, const Tensor& weight, double eps) {
   const Tensor wt = as_f32(weight);
   const float* w = wt.ptr<float>();
   MOEX_ASSERT(weight.numel() == n);
+  if (&out != &x) out.resize(x.size());
   const int64_t rows = int64_t(x.size()) / n;
 #pragma omp parallel for schedule(static) if (rows * n > (1 << 15))
   for (int64_t r = 0; r < rows; ++r) {
-    float* v = x.data() + r * n;
+    const float* v = x.data() + r * n;
+    float* o = out.data() + r * n;
     double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     int64_t i = 0;
     for (; i + 8 <= n; i += 8)
@@ -436,9 +440,10 @@ void rmsnorm_inplace(Mat& x, int64_t n, const Tensor& weight, double eps) {
     double ss = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
     for (; i < n; ++i) ss += double(v[i]) * double(v[i]);
     const double inv = 1.0 / std::sqrt(ss / double(n) + eps);
-    for (int64_t k = 0; k < n; ++k) v[k] = float(double(w[k]) * (double(v[k]) * inv));
+    for (int64_t k = 0; k < n; ++k) o[k] = float(double(w[k]) * (double(v[k]) * inv));
   }
 }
+void rmsnorm_inplace(Mat& x, int64_t n, const Tensor& weight, double eps) { rmsnorm(x, x, n, weight, eps); }
 
 float act(const std::string& a, float g) {
   if (a == "silu") return g / (1.f + std::exp(-g));
@@ -550,7 +555,7 @@ Mat attention(const Mat& x, int64_t T, const AttentionWeights& a, const TextConf
   // Appends rows of K/V to each segment's cache and attends; returns [T, nh * dv].
   auto attend_all = [&](const Mat& q, const Mat& K, const Mat& V, int64_t kh, int64_t dq, int64_t dv, double scaling,
                         int64_t window, const float* sinks) {
-    Mat o(size_t(T * nh * dv));
+    Mat o(segs.size() == 1 ? 0 : size_t(T * nh * dv));
     for (const auto& sg : segs) {
       Mat& kc = sg.cache->k[size_t(layer)];
       Mat& vc = sg.cache->v[size_t(layer)];
@@ -559,7 +564,10 @@ Mat attention(const Mat& x, int64_t T, const AttentionWeights& a, const TextConf
       const int64_t Tk = int64_t(vc.size()) / (kh * dv);
       MOEX_ASSERT(Tk == sg.pos0 + sg.n);
       Mat os = cpu_attend(q.data() + sg.row0 * nh * dq, kc.data(), vc.data(), sg.n, Tk, sg.pos0, nh, kh, dq, dv, scaling, window, sinks);
-      std::copy(os.begin(), os.end(), o.begin() + sg.row0 * nh * dv);
+      if (segs.size() == 1)
+        o = std::move(os);  // one sequence (a prompt, or one decode step): its rows are all of o
+      else
+        std::copy(os.begin(), os.end(), o.begin() + sg.row0 * nh * dv);
     }
     return o;
   };
@@ -667,17 +675,21 @@ Mat moe(const Mat& x, int64_t T, const MoeWeights& m, const TextConfig& t, std::
   route(router_config(t, bias), logits.data(), T, idx.data(), wts.data());
   timer.next(kExperts);
   Mat out(size_t(T * H));
-  // The experts run in the weights' dtype: f32, or bf16/f16 activations (rounded once) and output.
+  // The experts run in the weights' dtype: f32 (x and out themselves), or bf16/f16 activations
+  // (rounded once) and output, converted in parallel.
   const DType dt = m.experts.spec.dtype;
-  Tensor xin = convert_tensor(TensorView(x.data(), DType::f32, {T, H}), dt);
-  Tensor xout = Tensor::empty(dt, {T, H});
+  Tensor xin, xout;
+  if (dt != DType::f32) {
+    xin = convert_tensor(TensorView(const_cast<float*>(x.data()), DType::f32, {T, H}), dt);
+    xout = Tensor::empty(dt, {T, H});
+  }
   ExpertsCall call;
-  call.hidden = xin.view();
+  call.hidden = dt == DType::f32 ? TensorView(const_cast<float*>(x.data()), DType::f32, {T, H}) : xin.view();
   call.top_k_index = TensorView(idx.data(), DType::i32, {T, K});
   call.top_k_weights = TensorView(wts.data(), DType::f32, {T, K});
-  call.out = xout.view();
+  call.out = dt == DType::f32 ? TensorView(out.data(), DType::f32, {T, H}) : xout.view();
   experts_forward(backend, m.experts, call);
-  convert_elements(out.data(), DType::f32, xout.data(), dt, T * H);
+  if (dt != DType::f32) convert_elements(out.data(), DType::f32, xout.data(), dt, T * H);
   timer.next(kDenseMlp);
   if (m.shared.defined()) {
     Mat s = dense_mlp(x, T, m.shared, t.hidden_act);
@@ -857,18 +869,17 @@ Floats forward_batch(const ModelWeights& w, const TextConfig& t, const std::vect
     for (const auto& c : chunks)
       for (int64_t i = 0; i < c.n; ++i, ++r) cpu::kernels().to_f32(emb + size_t(c.ids[i]) * row_bytes, w.embed.dtype(), x.data() + r * H, H);
   }
+  Mat h;  // [T, H]: the normed rows of each layer's two blocks (one buffer for all of them)
   for (int64_t l = 0; l < t.num_hidden_layers; ++l) {
     const LayerWeights& lw = w.layers[size_t(l)];
     StageTimer timer(kNorms);
-    Mat h = x;
-    rmsnorm_inplace(h, H, lw.input_norm, t.rms_norm_eps);
+    rmsnorm(x, h, H, lw.input_norm, t.rms_norm_eps);
     timer.next(kStages + 1);  // attention() times its own stages
     Mat a = attention(h, T, lw.attn, t, l, rope, segs);
     timer.next(kResidual);
     add_into(x, a);
     timer.next(kNorms);
-    h = x;
-    rmsnorm_inplace(h, H, lw.post_attention_norm, t.rms_norm_eps);
+    rmsnorm(x, h, H, lw.post_attention_norm, t.rms_norm_eps);
     timer.next(lw.is_moe ? kStages + 1 : kDenseMlp);  // moe() times its own stages
     Mat m = lw.is_moe ? moe(h, T, lw.moe, t, backend) : dense_mlp(h, T, lw.mlp, t.hidden_act);
     timer.next(kResidual);
