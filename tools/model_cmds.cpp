@@ -123,7 +123,10 @@ namespace {
 // --device cuda; on CUDA, generate() decodes with the SPEC §4 switching and CUDA graphs).
 //   prefill: forward() of B random prompts of L tokens (all L rows' logits, as the reference's forward);
 //   decode:  (generate(N new tokens) − generate(1 new token)) / (N − 1), per new token: the prompt's
-//            prefill and the first pick cancel (generate(N) − forward() with N = 1).
+//            prefill and the first pick cancel (generate(N) − forward() with N = 1). A round where
+//            generate(N) was not slower than generate(1) (N − 1 steps within the prefill's noise: a long
+//            prompt, few new tokens) measures nothing and is left out; with no such round left, decode is
+//            reported as n/a (JSON null) and a note asks for more new tokens.
 // Each is timed `repeat` times after a warm-up; the median is reported (the JSON also has the best).
 int run_bench_model(const ModelOptions& o, int64_t batch, int64_t len, int64_t new_tokens, const std::string& backends,
                     const std::string& format, int repeat) {
@@ -163,17 +166,26 @@ int run_bench_model(const ModelOptions& o, int64_t batch, int64_t len, int64_t n
       const double gen_s = timed([&] { m.generate(prompts, g); });
       const int64_t steps = new_tokens > 1 ? new_tokens - 1 : new_tokens;
       prefill_tps.push_back(double(batch * len) / fwd_s);
-      decode_tps.push_back(double(batch * steps) / std::max(gen_s - first_s, 1e-9));
+      if (gen_s > first_s) decode_tps.push_back(double(batch * steps) / (gen_s - first_s));
     }
-    const double prefill = median(prefill_tps), decode = median(decode_tps);
+    const double prefill = median(prefill_tps);
+    const bool decoded = !decode_tps.empty();
+    if (!decoded)
+      fmt::print(stderr,
+                 "moex bench-model: {}: decode not measurable: generate({}) was never slower than generate(1) (the {} "
+                 "steps are within the noise of the {}-token prefill); use more --new-tokens\n",
+                 b, new_tokens, new_tokens - 1, len);
+    const std::string decode = decoded ? fmt::format("{:.1f}", median(decode_tps)) : "null";
+    const std::string best_decode =
+        decoded ? fmt::format("{:.1f}", *std::max_element(decode_tps.begin(), decode_tps.end())) : "null";
     if (format == "json")
       fmt::print("{{\"model\": \"{}\", \"dtype\": \"{}\", \"device\": \"{}\", \"backend\": \"{}\", \"batch\": {}, \"prompt\": {}, "
-                 "\"new_tokens\": {}, \"repeat\": {}, \"prefill_tok_s\": {:.1f}, \"decode_tok_s\": {:.1f}, \"best_prefill_tok_s\": {:.1f}, "
-                 "\"best_decode_tok_s\": {:.1f}}}\n",
+                 "\"new_tokens\": {}, \"repeat\": {}, \"prefill_tok_s\": {:.1f}, \"decode_tok_s\": {}, \"best_prefill_tok_s\": {:.1f}, "
+                 "\"best_decode_tok_s\": {}}}\n",
                  o.model, o.dtype, o.device, b, batch, len, new_tokens, repeat, prefill, decode,
-                 *std::max_element(prefill_tps.begin(), prefill_tps.end()), *std::max_element(decode_tps.begin(), decode_tps.end()));
+                 *std::max_element(prefill_tps.begin(), prefill_tps.end()), best_decode);
     else
-      fmt::print("{:<12} {:>14.1f} {:>14.1f}\n", b, prefill, decode);
+      fmt::print("{:<12} {:>14.1f} {:>14}\n", b, prefill, decoded ? decode : "n/a");
   }
   return 0;
 }
