@@ -27,7 +27,7 @@ int run_info(const std::string& model_dir, const std::string& experts) {
   fmt::print("moex {}\n", "0.1.0");
   fmt::print("build: C++20, CUDA {}\n", built_with_cuda() ? "yes" : "no");
   const char* quant_on_amx = !cpu.amx         ? ""
-                             : cpu.amx_quant ? "; FP8 / FP4 experts on the tiles from 8 rows per call"
+                             : cpu.amx_quant ? "; FP8 / FP4 experts on the tiles from 8 rows per call, every call with MOEX_CPU_AMX_QUANT=1"
                                              : "; FP8 / FP4 experts on vdpbf16ps (MOEX_CPU_AMX_QUANT=0)";
   fmt::print("cpu: {} hardware threads, kernels {} (AVX512_BF16 {}{})\n", cpu.hardware_threads, cpu.isa, cpu.avx512_bf16 ? "yes" : "no",
              quant_on_amx);

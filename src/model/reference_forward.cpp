@@ -33,6 +33,8 @@ using Mat = Floats;  // row-major [rows, cols], elements uninitialised until wri
 // includes its OpenMP parallel regions (their joins too); "other" is the forward's time outside every
 // stage (embedding lookup, rope tables, copies). Off by default: then each stage costs one branch.
 enum Stage : int { kNorms, kQkvProj, kQkvPost, kAttend, kOProj, kRouter, kExperts, kDenseMlp, kResidual, kHead, kStages };
+constexpr int kWholeForward = kStages;  // the profile's slot of the whole forward
+constexpr int kTimedInside = kStages + 1;  // a call that times its own stages (not counted)
 constexpr const char* kStageNames[kStages] = {"rms norms",  "q/k/v projections", "qk norm + rope", "attention + KV cache",
                                               "o projection", "router",          "routed experts", "dense / shared MLP",
                                               "residual adds", "final norm + head"};
@@ -44,7 +46,7 @@ struct CpuProfile {
   }();
   static constexpr int kKinds = 3;
   static constexpr const char* kKindNames[kKinds] = {"prefill", "decode", "first forward (packs the experts it meets)"};
-  double ms[kKinds][kStages + 2] = {};  // [prefill, decode, first][stage; kStages: the whole forward; kStages + 1: not counted]
+  double ms[kKinds][kStages + 2] = {};  // [prefill, decode, first][stage, kWholeForward, kTimedInside]
   int64_t forwards[kKinds] = {}, rows[kKinds] = {};
   int kind = 0;  // of the forward running now (forward_batch is not reentrant per process on this path)
   ~CpuProfile() {
@@ -52,15 +54,15 @@ struct CpuProfile {
     for (int k = 0; k < kKinds; ++k) {
       if (forwards[k] == 0) continue;
       std::fprintf(stderr, "moex CPU profile, %s: %lld forwards, %lld rows, %.3f ms (MOEX_CPU_PROFILE=1)\n", kKindNames[k],
-                   static_cast<long long>(forwards[k]), static_cast<long long>(rows[k]), ms[k][kStages]);
+                   static_cast<long long>(forwards[k]), static_cast<long long>(rows[k]), ms[k][kWholeForward]);
       double staged = 0;
       for (int st = 0; st < kStages; ++st) {
         staged += ms[k][st];
         if (ms[k][st] > 0)
-          std::fprintf(stderr, "  %-22s %10.3f ms  %5.1f %%\n", kStageNames[st], ms[k][st], 100.0 * ms[k][st] / ms[k][kStages]);
+          std::fprintf(stderr, "  %-22s %10.3f ms  %5.1f %%\n", kStageNames[st], ms[k][st], 100.0 * ms[k][st] / ms[k][kWholeForward]);
       }
-      std::fprintf(stderr, "  %-22s %10.3f ms  %5.1f %%\n", "other", ms[k][kStages] - staged,
-                   100.0 * (ms[k][kStages] - staged) / ms[k][kStages]);
+      std::fprintf(stderr, "  %-22s %10.3f ms  %5.1f %%\n", "other", ms[k][kWholeForward] - staged,
+                   100.0 * (ms[k][kWholeForward] - staged) / ms[k][kWholeForward]);
     }
   }
 };
@@ -69,7 +71,7 @@ CpuProfile& cpu_profile() {
   return p;
 }
 
-// Adds the scope's wall time to `stage` (kStages: the whole forward) when profiling is on; next(s)
+// Adds the scope's wall time to `stage` (or kWholeForward, kTimedInside) when profiling is on; next(s)
 // closes the current stage and times s from there.
 class StageTimer {
  public:
@@ -133,6 +135,14 @@ struct SplitTerms {
   const uint16_t* hi() const { return rows.data(); }
   const uint16_t* lo() const { return rows.data() + n; }
 };
+
+// y[r, c] += (lo ? lo[r, c] : 0) + (b ? b[c] : 0) over rows [0, rows) and columns [c0, c1), row stride
+// ld: a bf16 linear's two input terms and its bias added in one fixed order, y = y_hi + (y_lo + b), on
+// every path (linear, packed_linears, amx_linears).
+void add_lo_and_bias(float* y, const float* lo, int64_t rows, int64_t ld, int64_t c0, int64_t c1, const float* b) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = c0; c < c1; ++c) y[r * ld + c] += (lo ? lo[r * ld + c] : 0.0f) + (b ? b[c] : 0.0f);
+}
 
 // Whether linear l of input width `in` runs on its packed panels (pack_linears_for_cpu) for T rows: bf16
 // panels for any T, f32 panels from 8 rows on (fewer rows: the dot kernel, which reads the weights in
@@ -199,12 +209,8 @@ std::vector<Mat> packed_linears(const Mat& x, int64_t T, const std::vector<const
       cpu::PackedBf16MatmulArgs a;
       multiply(a, xs.hi(), xs.two() ? 2 * T : T, j.l->packed->bf16(), kt.packed_matmul_bf16);
     }
-    if (xs.two() || b)
-      for (int64_t r = 0; r < T; ++r) {
-        float* yr = j.y.data() + r * out + c0;
-        const float* y2r = j.y.data() + (T + r) * out + c0;  // the lo row (two terms)
-        for (int64_t o = 0; o < w; ++o) yr[o] += (xs.two() ? y2r[o] : 0.0f) + (b ? b[c0 + o] : 0.0f);
-      }
+    if (xs.two() || b)  // the lo rows (two terms) follow the hi rows
+      add_lo_and_bias(j.y.data(), xs.two() ? j.y.data() + T * out : nullptr, T, out, c0, c0 + w, b);
   }
   std::vector<Mat> ys;
   for (Job& j : jobs) {
@@ -338,13 +344,11 @@ std::vector<Mat> amx_linears(const Mat& x, int64_t T, const std::vector<const Li
   for (Job& j : jobs) {
     const int64_t out = j.l->weight.size(0);
     const float* b = j.bias.numel() ? j.bias.ptr<float>() : nullptr;
-    if (xs.two() || b) {  // y = y_hi + (y_lo + b) or y_hi + b, as linear() and packed_linears()
+    if (xs.two() || b) {  // the lo rows (two terms) follow the hi rows
+      float* y = j.y.data();
+      const float* lo = xs.two() ? y + T * out : nullptr;
 #pragma omp parallel for schedule(static) if (T * out > (1 << 15))
-      for (int64_t r = 0; r < T; ++r) {
-        float* yr = j.y.data() + r * out;
-        const float* y2r = j.y.data() + (T + r) * out;
-        for (int64_t o = 0; o < out; ++o) yr[o] += (xs.two() ? y2r[o] : 0.0f) + (b ? b[o] : 0.0f);
-      }
+      for (int64_t r = 0; r < T; ++r) add_lo_and_bias(y + r * out, lo ? lo + r * out : nullptr, 1, out, 0, out, b);
     }
     j.y.resize(size_t(T * out));
     ys.push_back(std::move(j.y));
@@ -408,10 +412,7 @@ Mat linear(const Mat& x, int64_t T, const Linear& l) {
     a.y = y.data();
     kt.matmul(a);
     const bool two = split && xs->two();
-    if (two || b)
-      for (int64_t r = 0; r < T; ++r)
-        for (int64_t o = a.n0; o < a.n1; ++o)
-          y[size_t(r * out + o)] += (two ? y2[size_t(r * out + o)] : 0.0f) + (b ? b[o] : 0.0f);
+    if (two || b) add_lo_and_bias(y.data(), two ? y2.data() : nullptr, T, out, a.n0, a.n1, b);
   }
   return y;
 }
@@ -841,7 +842,7 @@ Floats forward_batch(const ModelWeights& w, const TextConfig& t, const std::vect
     ++prof.forwards[prof.kind];
     prof.rows[prof.kind] += T;
   }
-  StageTimer forward_timer(kStages);
+  StageTimer forward_timer(kWholeForward);
   Rope rope;
   rope.dim = t.family == ModelFamily::deepseek_v3 ? t.qk_rope_head_dim : t.head_dim;
   rope_inv_freq(t.rope, rope.dim, t.max_position_embeddings, rope.inv_freq, rope.factor);
@@ -874,13 +875,13 @@ Floats forward_batch(const ModelWeights& w, const TextConfig& t, const std::vect
     const LayerWeights& lw = w.layers[size_t(l)];
     StageTimer timer(kNorms);
     rmsnorm(x, h, H, lw.input_norm, t.rms_norm_eps);
-    timer.next(kStages + 1);  // attention() times its own stages
+    timer.next(kTimedInside);  // attention() times its own stages
     Mat a = attention(h, T, lw.attn, t, l, rope, segs);
     timer.next(kResidual);
     add_into(x, a);
     timer.next(kNorms);
     rmsnorm(x, h, H, lw.post_attention_norm, t.rms_norm_eps);
-    timer.next(lw.is_moe ? kStages + 1 : kDenseMlp);  // moe() times its own stages
+    timer.next(lw.is_moe ? kTimedInside : kDenseMlp);  // moe() times its own stages
     Mat m = lw.is_moe ? moe(h, T, lw.moe, t, backend) : dense_mlp(h, T, lw.mlp, t.hidden_act);
     timer.next(kResidual);
     add_into(x, m);
