@@ -381,7 +381,8 @@ Mat linear(const Mat& x, int64_t T, const Linear& l) {
     xs = std::make_unique<SplitTerms>(x, linear_terms());
     if (xs->two()) y2.resize(y.size());
   }
-  // wide tiles on the split path: the AMX kernel packs its rows once per call
+  // wide tiles on the split path: on an AMX table (here only with MOEX_CPU_AMX_LINEARS=0; amx_linears
+  // otherwise) each call packs its rows again
   const int64_t cols = split ? std::max<int64_t>(64, (out / 8 + 63) / 64 * 64) : 64;
   const int64_t tiles = (out + cols - 1) / cols;
 #pragma omp parallel for schedule(dynamic, 1) if (split || T * out * in > (1 << 16))
