@@ -10,7 +10,7 @@
 #      bit for bit), CudaEquivalence.*, CudaFp8MmaGemv.*, CudaBackends.* (TEST_FILTER overrides);
 #      compute-sanitizer memcheck and racecheck on the bf16 decode cases (SANITIZE_FILTER, SANITIZE_TOOLS)
 #   4. timings, CUDA-graph replay (CudaPerf.Shapes): bf16 and FP8 experts side by side in one run,
-#      batched_mm and grouped_mm, SHAPES x TOKENS (default the 4 SPEC §9 shapes x 1,8,64), then
+#      batched_mm and grouped_mm (PERF_BACKENDS), SHAPES x TOKENS (default the 4 SPEC §9 shapes x 1,8,64), then
 #      every "name:ENV=V[,ENV=V]" of AB_VARIANTS (COMPARE_OLD=1, the default, adds
 #      "old:MOEX_CUDA_FP8_DECODE=0"), the whole list AB_ROUNDS times (medians in the table)
 #   5. ncu (PARTS must name it): each FP8 decode kernel's GPU time and DRAM bytes alone for every
@@ -54,11 +54,13 @@ if command -v cuobjdump > /dev/null && [ -n "$obj" ]; then
 else
   echo "no cuobjdump or object: skipped"
 fi
-xobj=$(find "$BUILD" -name 'sm90_tma_kernels_fp8_exact.cu.o' | head -1)
-if command -v cuobjdump > /dev/null && [ -n "$xobj" ]; then  # the exact FP8 prefill kernels
-  cuobjdump -sass "$xobj" | awk '/HGMMA/{h++} /F2FP.F16.E4M3/{c++} /LDL|STL/{l++} /QGMMA/{q++}
-    END{printf "exact FP8 TMA kernels: %d HGMMA, %d QGMMA, %d F2FP.F16.E4M3, %d local-memory\n", h, q, c, l}'
-fi
+for xname in exact exact_wide; do  # the exact FP8 prefill kernels (X = 1, and the wide X = 4)
+  xobj=$(find "$BUILD" -name "sm90_tma_kernels_fp8_$xname.cu.o" | head -1)
+  if command -v cuobjdump > /dev/null && [ -n "$xobj" ]; then
+    cuobjdump -sass "$xobj" | awk -v n="$xname" '/HGMMA/{h++} /F2FP.F16.E4M3/{c++} /LDL|STL/{l++} /QGMMA/{q++}
+      END{printf "%s FP8 TMA kernels: %d HGMMA, %d QGMMA, %d F2FP.F16.E4M3, %d local-memory\n", n, h, q, c, l}'
+  fi
+done
 fi
 
 if has tests; then
@@ -84,7 +86,7 @@ if has perf; then
 stamp timings
 perf() {  # $1 = "ENV=V,ENV=V" of the variant ("" = default), $2 = log
   env MOEX_CUDA_PERF=1 MOEX_CUDA_PERF_QUANT=none,fp8 MOEX_CUDA_PERF_TOKENS="$TOKENS" \
-    MOEX_CUDA_PERF_SHAPES="$SHAPES" MOEX_CUDA_PERF_BACKENDS=batched_mm,grouped_mm $(echo "$1" | tr ',' ' ') \
+    MOEX_CUDA_PERF_SHAPES="$SHAPES" MOEX_CUDA_PERF_BACKENDS="${PERF_BACKENDS:-batched_mm,grouped_mm}" $(echo "$1" | tr ',' ' ') \
     timeout 240 "$BUILD/moex_tests" --gtest_filter='CudaPerf.Shapes' > "$2" 2>&1
 }
 # AB_VARIANTS: "name:ENV=V[,ENV=V]" ... timed after the default ("base"), AB_ROUNDS rounds interleaved;

@@ -149,6 +149,8 @@ std::vector<check::Case> decode_cases(uint64_t seed, DType dt) {
   { auto c = make_case(seed + 54, dt, 16, 272, 208, 1, 8); c.routing = check::Routing::dropped; c.spec.has_bias = true;
     add(c, ue8m0); }
   add(make_case(seed + 55, dt, 8, 384, 256, 1, 3), fp8);
+  // zero weight blocks with scale 0 (Case::zero_weight_blocks)
+  { auto c = make_case(seed + 56, dt, 8, 512, 384, 4, 2); c.zero_weight_blocks = true; add(c, fp8); }
   return out;
 }
 
@@ -262,7 +264,8 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, CudaFp8Decode, ::testing::Values(DType::f32, DT
 // partial 128-k blocks on both GEMMs (H = 208, I = 704), skewed / dropped / one-expert / empty
 // routing, every epilogue with and without bias, f32 and UE8M0 scales. The default (the exact up
 // GEMM, the QGMMA down GEMM), both GEMMs exact (MOEX_CUDA_FP8_TMA=exact), each with the exact GEMMs
-// on the untransposed kernel too (MOEX_CUDA_FP8_X_NT=1), and the portable mma.sync path (=0) must
+// on the untransposed kernel too (MOEX_CUDA_FP8_X_NT=1) and on the wide kernel (MOEX_CUDA_FP8_X_WIDE=1:
+// 256 weight rows per tile, one rescaled accumulator set), and the portable mma.sync path (=0) must
 // meet SPEC §8 (2e-3 against the same-quantization f64 reference, 8e-2 against the unquantized one).
 std::vector<check::Case> fp8_prefill_cases(uint64_t seed, DType dt) {
   std::vector<check::Case> out;
@@ -289,6 +292,10 @@ std::vector<check::Case> fp8_prefill_cases(uint64_t seed, DType dt) {
   add(make_case(seed + 70, dt, 64, 256, 128, 40, 4), ue8m0);
   { auto c = make_case(seed + 71, dt, 32, 256, 128, 64, 4); c.routing = check::Routing::empty_experts; add(c, fp8); }
   add(make_case(seed + 72, dt, 8, 512, 384, 1, 4), fp8);
+  // gated with bias and I % 128 == 0 (the wide kernel's up GEMM with its bias), and zero weight
+  // blocks with scale 0 (Case::zero_weight_blocks) over several k blocks
+  { auto c = make_case(seed + 73, dt, 8, 640, 256, 400, 2); c.spec.has_bias = true; add(c, fp8); }
+  { auto c = make_case(seed + 74, dt, 8, 768, 384, 500, 2); c.zero_weight_blocks = true; add(c, fp8); }
   return out;
 }
 
@@ -299,34 +306,40 @@ TEST_P(CudaFp8Prefill, TmaAndPortablePathsMatchTheReference) {
   const DType dt = GetParam();
   ScopedEnv no_decode("MOEX_CUDA_FP8_DECODE", "0");
   const uint64_t seed = seed_from_env();
-  // {MOEX_CUDA_FP8_TMA, MOEX_CUDA_FP8_X_PREGATHER, MOEX_CUDA_FP8_X_NT, MOEX_CUDA_FP8_X_FEW}: the
+  // {MOEX_CUDA_FP8_TMA, MOEX_CUDA_FP8_X_PREGATHER, MOEX_CUDA_FP8_X_NT, MOEX_CUDA_FP8_X_FEW,
+  // MOEX_CUDA_FP8_X_WIDE}: the
   // default (exact up GEMM, QGMMA down GEMM; these cases' <= 8192 pairs take the token codes written
   // at the layout rows by the quantizer; the few-row exact kernel where S <= 32 E), the same with the
   // codes gathered by the up GEMM, both GEMMs exact, the portable path; the first three again with
   // the untransposed exact kernel; the few-row kernel forced on every case (tiles of 65-128 rows in
-  // two passes) for the up GEMM and for both exact GEMMs, and forced off
-  const char* const modes[][4] = {{"hybrid", "", "", ""},  {"hybrid", "0", "", ""},  {"exact", "0", "", ""},
-                                  {"0", "0", "", ""},      {"hybrid", "", "1", ""},  {"hybrid", "0", "1", ""},
-                                  {"exact", "0", "1", ""}, {"hybrid", "", "", "1"},  {"exact", "", "", "1"},
-                                  {"hybrid", "", "", "0"}};
+  // two passes) for the up GEMM and for both exact GEMMs, and forced off; the wide kernel (few-row
+  // kernel off, so that it runs every case it fits: I % 128 == 0 for the up GEMM, every down GEMM) with
+  // the A rows by TMA and gathered, for the up GEMM and for both
+  const char* const modes[][5] = {{"hybrid", "", "", "", ""},   {"hybrid", "0", "", "", ""},  {"exact", "0", "", "", ""},
+                                  {"0", "0", "", "", ""},       {"hybrid", "", "1", "", ""},  {"hybrid", "0", "1", "", ""},
+                                  {"exact", "0", "1", "", ""},  {"hybrid", "", "", "1", ""},  {"exact", "", "", "1", ""},
+                                  {"hybrid", "", "", "0", ""},  {"hybrid", "", "", "0", "1"}, {"hybrid", "0", "", "0", "1"},
+                                  {"exact", "", "", "0", "1"},  {"exact", "0", "", "0", "1"}};
   for (const auto& mode : modes) {
     ScopedEnv path("MOEX_CUDA_FP8_TMA", mode[0]);
     ScopedEnv pregather("MOEX_CUDA_FP8_X_PREGATHER", mode[1]);
     ScopedEnv untransposed("MOEX_CUDA_FP8_X_NT", mode[2]);
     ScopedEnv few_rows("MOEX_CUDA_FP8_X_FEW", mode[3]);
+    ScopedEnv wide("MOEX_CUDA_FP8_X_WIDE", mode[4]);
     double worst = 0;
     for (const auto& c : fp8_prefill_cases(seed, dt)) {
       const auto r = check::run_case("grouped_mm", c, Device::cuda());
       EXPECT_EQ(r.status, check::Result::Status::passed) << "MOEX_CUDA_FP8_TMA=" << mode[0] << " MOEX_CUDA_FP8_X_PREGATHER="
                                                          << mode[1] << " MOEX_CUDA_FP8_X_NT=" << mode[2]
                                                          << " MOEX_CUDA_FP8_X_FEW=" << mode[3]
+                                                         << " MOEX_CUDA_FP8_X_WIDE=" << mode[4]
                                                          << " " << c.describe() << ": " << check::status_name(r.status) << ": "
                                                          << r.message;
       worst = std::max(worst, r.rel_l2);
     }
-    std::printf("FP8 prefill, MOEX_CUDA_FP8_TMA=%s MOEX_CUDA_FP8_X_PREGATHER=%s MOEX_CUDA_FP8_X_NT=%s MOEX_CUDA_FP8_X_FEW=%s: "
-                "worst rel L2 %.2e\n",
-                mode[0], mode[1], mode[2], mode[3], worst);
+    std::printf("FP8 prefill, MOEX_CUDA_FP8_TMA=%s MOEX_CUDA_FP8_X_PREGATHER=%s MOEX_CUDA_FP8_X_NT=%s MOEX_CUDA_FP8_X_FEW=%s "
+                "MOEX_CUDA_FP8_X_WIDE=%s: worst rel L2 %.2e\n",
+                mode[0], mode[1], mode[2], mode[3], mode[4], worst);
   }
 }
 

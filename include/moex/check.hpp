@@ -27,6 +27,10 @@ struct Case {
   DType weights_dtype = DType::f32;  // of top_k_weights
   Routing routing = Routing::random;
   bool integer_valued = false;  // small integers everywhere: the result must be exact
+  // FP8 block-scaled experts with f32 scales only: about a third of the weight blocks (of every expert,
+  // both projections) are zero, with scale 0 (checkpoints may store a zero block so; moex's quantizer
+  // writes 1): every path must add nothing for them rather than divide by the scale.
+  bool zero_weight_blocks = false;
   std::string describe() const;
 };
 

@@ -152,7 +152,20 @@ void quantize_instance(Instance& in) {
           for (int64_t i = 0; i < inn; ++i)
             logical[size_t(o * inn + i)] = float(load_value(plain.dtype(), plain.data(), s.transposed ? (e * inn + i) * out + o : (e * out + o) * inn + i));
         void* sc = static_cast<char*>(scales.data()) + size_t(e * br * bk) * dtype_size(scales.dtype());
+        // zero_weight_blocks: blocks (o / block_n + i / block_k + e) % 3 == 0 zeroed in the plain weights too
+        auto zeroed = [&](int64_t o, int64_t i) { return in.c.zero_weight_blocks && (o / q.block_n + i / q.block_k + e) % 3 == 0; };
+        for (int64_t o = 0; o < out; ++o)
+          for (int64_t i = 0; i < inn; ++i)
+            if (zeroed(o, i)) {
+              logical[size_t(o * inn + i)] = 0.0f;
+              store_value(plain, s.transposed ? (e * inn + i) * out + o : (e * out + o) * inn + i, 0.0);
+            }
         quantize_fp8_blocks(logical.data(), out, inn, q.block_n, q.block_k, q.scale_format, qc.data(), sc);
+        if (in.c.zero_weight_blocks) {
+          MOEX_CHECK(q.scale_format == ScaleFormat::f32, "zero_weight_blocks needs f32 scales (UE8M0 has no zero)");
+          for (int64_t b = 0; b < br * bk; ++b)
+            if (zeroed((b / bk) * q.block_n, (b % bk) * q.block_k)) static_cast<float*>(sc)[b] = 0.0f;
+        }
         for (int64_t o = 0; o < out; ++o)
           for (int64_t i = 0; i < inn; ++i)
             codes.ptr<uint8_t>()[s.transposed ? (e * inn + i) * out + o : (e * out + o) * inn + i] = qc[size_t(o * inn + i)];
@@ -194,8 +207,9 @@ const char* status_name(Result::Status s) {
 }
 
 std::string Case::describe() const {
-  return fmt::format("seed={} T={} K={} {} idx={} w={} routing={}{}", seed, tokens, top_k, spec.describe(), dtype_name(index_dtype),
-                     dtype_name(weights_dtype), routing_name(routing), integer_valued ? " exact" : "");
+  return fmt::format("seed={} T={} K={} {} idx={} w={} routing={}{}{}", seed, tokens, top_k, spec.describe(),
+                     dtype_name(index_dtype), dtype_name(weights_dtype), routing_name(routing), integer_valued ? " exact" : "",
+                     zero_weight_blocks ? " zero-blocks" : "");
 }
 
 Tolerance tolerance_for(const Case& c) {
@@ -435,6 +449,8 @@ std::vector<Case> generate_cases(uint64_t seed, int count, DType dtype) {
   { Case c = base(6, 256, 136, 17, 3); c.spec.quant = QuantSpec::fp8_block(128, 128, ScaleFormat::ue8m0); c.routing = Routing::dropped; add(c); }
   { Case c = base(4, 130, 70, 9, 2); c.spec.quant = QuantSpec::fp8_block(1, 128); c.spec.transposed = true; c.spec.has_bias = true; add(c); }
   { Case c = base(5, 192, 96, 13, 2); c.spec.quant = QuantSpec::fp4_group(32); c.routing = Routing::skewed; add(c); }
+  // zero weight blocks with scale 0 (Case::zero_weight_blocks)
+  { Case c = base(6, 300, 256, 19, 2); c.spec.quant = QuantSpec::fp8_block(128, 128, ScaleFormat::f32); c.zero_weight_blocks = true; add(c); }
   // ---- random shapes ----
   std::uniform_int_distribution<int> coin(0, 1), pick5(0, 4), pick4(0, 3);
   while (int(cases.size()) < count) {

@@ -564,6 +564,11 @@ void run_deepgemm(const Experts& ex, const ExpertsCall& call, const RunContext& 
     const char* few_env = std::getenv("MOEX_CUDA_FP8_X_FEW");
     const bool few = few_env && *few_env ? *few_env == '1' : z.S <= kFewRowsPerExpert * z.E;
     xu.exact_few_rows = xd.exact_few_rows = few;  // (the launcher: only where the A rows come by TMA)
+    // The wide exact kernel (256 weight rows per tile, one rescaled accumulator set; TmaFp8Extra::
+    // exact_wide) for the exact GEMMs that do not take the few-row one: opt-in, MOEX_CUDA_FP8_X_WIDE=1
+    // (read per call: the prefill test runs it), until it is measured against X = 1 on the GPU.
+    const char* wide_env = std::getenv("MOEX_CUDA_FP8_X_WIDE");
+    xu.exact_wide = xd.exact_wide = wide_env && *wide_env == '1';
     xu.a_ld = z.up_exact ? int(z.x_ld) : 0;
     xd.a_ld = z.down_exact ? int(z.h_ld) : 0;
     up.A = xq;

@@ -54,6 +54,14 @@
 //   * per 128-k block: fresh partial sums (HGMMA, f32), then acc += part x activation scale (per A
 //     row) x weight block scale (per weight row): the CPU's sums up to f32 rounding (measured 1.2e-5
 //     on f32 activations, the portable mma.sync path's figure).
+// Wide exact variant (X = 4; TmaFp8Extra::exact_wide; opt-in MOEX_CUDA_FP8_X_WIDE=1, built in the
+// forty-third session without a GPU: compiled for sm_90a, 16 HGMMAs per stage in one group, no wgmma
+// serialization, 64 bytes of spills outside the MMA chain; not yet run): the transposed kernel with 256
+// weight rows per tile (two m64 blocks per consumer warpgroup, 128 accumulators) for the operand feed
+// that bounds X = 1 (a stage brings 64 KB per 4.2 M MACs instead of 48 KB per 2.1 M), and instead of
+// per-block partial sums one accumulator set kept as R = acc / s(kb), rescaled by s(kb) / s(kb + 1)
+// between blocks (see the kernel). Down / plain GEMMs and the concatenated gated layout with
+// I % 128 == 0.
 // Untransposed exact variant (X = 2; TmaFp8Extra::exact_nt; opt-in MOEX_CUDA_FP8_X_NT=1; on the
 // H200 it passes the tests and is not faster than the transposed kernel, docs/PERF.md): the same
 // ring, the product D[A row][weight row] as the QGMMA kernel computes it; the consumers convert
@@ -181,6 +189,19 @@ void launch_fp8(const GroupedGemmArgs& a, DType dtype, const TmaFp8Extra& x, int
   if (dtype == DType::bf16) tma::launch_bn<__nv_bfloat16, 128, true, MC, false, X>(a, dtype, x, a_rows, E, stream);
   else if (dtype == DType::f16) tma::launch_bn<__half, 128, true, MC, false, X>(a, dtype, x, a_rows, E, stream);
   else tma::launch_bn<float, 128, true, MC, false, X>(a, dtype, x, a_rows, E, stream);
+}
+
+// The wide exact FP8 kernel (X = 4, TmaFp8Extra::exact_wide): 256 weight rows per tile, per activation
+// dtype; down / plain GEMMs and the concatenated gated layout with I % 128 == 0 (its gate and up halves
+// are whole 128-row scale blocks), not the interleaved one.
+static bool fp8_exact_wide_fits(const GroupedGemmArgs& a) {
+  return a.epi == Epi::down || a.epi == Epi::up_plain || (a.epi == Epi::up_concat && a.I % 128 == 0);
+}
+void launch_fp8_exact_wide(const GroupedGemmArgs& a, DType dtype, const TmaFp8Extra& x, int64_t a_rows, int64_t E,
+                           cudaStream_t stream) {
+  if (dtype == DType::bf16) tma::launch_bn<__nv_bfloat16, 256, true, false, false, 4>(a, dtype, x, a_rows, E, stream);
+  else if (dtype == DType::f16) tma::launch_bn<__half, 256, true, false, false, 4>(a, dtype, x, a_rows, E, stream);
+  else tma::launch_bn<float, 256, true, false, false, 4>(a, dtype, x, a_rows, E, stream);
 }
 
 // The QGMMA FP8 kernel with 256-wide tiles for bf16 activations (default; MOEX_CUDA_FP8_N=128: the
@@ -365,6 +386,7 @@ void launch_grouped_gemm_tma_ex(const GroupedGemmArgs& a, DType act_dtype, bool 
     const bool cluster = !x.exact && fp8_cluster(a), wide = !x.exact && fp8_wide_tiles(a, act_dtype);
     if (x.exact && x.exact_nt) launch_fp8<2>(a, act_dtype, x, a_rows, E, stream);
     else if (x.exact && x.exact_few_rows && !a.a_gather) launch_fp8<3>(a, act_dtype, x, a_rows, E, stream);
+    else if (x.exact && x.exact_wide && fp8_exact_wide_fits(a)) launch_fp8_exact_wide(a, act_dtype, x, a_rows, E, stream);
     else if (x.exact) launch_fp8<1>(a, act_dtype, x, a_rows, E, stream);
     else if (wide && cluster) tma::launch_bn<__nv_bfloat16, 256, true, true, false>(a, act_dtype, x, a_rows, E, stream);
     else if (wide) tma::launch_bn<__nv_bfloat16, 256, true, false, false>(a, act_dtype, x, a_rows, E, stream);

@@ -62,6 +62,11 @@ struct TmaFp8Extra {
   // streaming the weight tile. Set by the caller from its pair count (deepgemm.cu); the launcher
   // takes it only where the A rows come by TMA (a.a_gather null), the transposed kernel otherwise.
   bool exact_few_rows = false;
+  // With exact (transposed, not few_rows): the wide kernel (X = 4 in sm90_tma_kernel.cuh; opt-in,
+  // MOEX_CUDA_FP8_X_WIDE=1, see deepgemm.cu): 256 weight rows per tile (two m64 blocks per consumer
+  // warpgroup) and one accumulator set rescaled per 128-k block instead of promoted partial sums.
+  // The launcher takes it for down / plain GEMMs and the concatenated gated layout with I % 128 == 0.
+  bool exact_wide = false;
   // FP8 gated up GEMM (QGMMA, 256-wide tiles: tma_fp8_quantizes_h): h quantized in the epilogue for
   // the down GEMM instead of written in the activation dtype: e4m3 codes [rows, I] at the A (layout)
   // rows and their per-row scales [ceil(I/128), h_scales_ld] (nullptr: h written to a.out).

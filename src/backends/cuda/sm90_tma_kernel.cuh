@@ -31,6 +31,8 @@ constexpr int A_BYTES = BM * BK * 2;
 // the ring, and keeps three stages.
 constexpr int SA_BYTES = BM * 4;
 constexpr int X_SUB_BYTES = BM * 128;  // one [128 rows][64 f16] sub-tile of an X stage
+// X = 4 (the transposed exact kernel with 256 weight rows per tile, TmaFp8Extra::exact_wide): the
+// X = 1 A stage (128 rows of f16 codes, 32 KB) beside 32 KB of weights: three stages.
 // X = 3 (the transposed exact kernel for few-row tiles, TmaFp8Extra::exact_few_rows): A stages of
 // XR_ROWS rows ([64 rows][64 f16] sub-tiles, 16 KB a stage), which leaves room for six stages instead
 // of four: 96 KB of weights in flight per SM instead of 64. A tile of more rows is computed in
@@ -51,7 +53,7 @@ __device__ __forceinline__ int tile_passes(const int4& tile) {
 // GEMM 314.6 us against 308.4; forward 0.4532 against 0.4496 ms with 32-row boxes); removed.
 template <int BN, bool FP8 = false, int X = 0>
 struct TmaCfg {
-  static constexpr int STAGES = X == 2 ? 3 : X == 3 ? 6 : X ? 4 : BN == 256 ? 4 : 6;
+  static constexpr int STAGES = X == 2 || X == 4 ? 3 : X == 3 ? 6 : X ? 4 : BN == 256 ? 4 : 6;
   static constexpr int X_SUB = X == 3 ? XR_ROWS * 128 : X_SUB_BYTES;  // bytes of an A sub-tile (X)
   static constexpr int A_STAGE = X ? 2 * X_SUB : A_BYTES;
   static constexpr int B_BYTES = BN * BK * 2;
@@ -381,6 +383,40 @@ __device__ __forceinline__ void x_weight_rows(Epi epi, int cw, int warp_in_wg, i
   }
 }
 
+// The 16-byte weight chunk of `row` (of a stage's weight tile, 128 bytes per row, 128B-swizzled) that
+// holds 64-k half `half`'s bytes of lane quad position c4.
+__device__ __forceinline__ uint32_t x_w_chunk(uint32_t w_tile, int row, int half, int c4) {
+  return w_tile + uint32_t(row * 128 + (((4 * half + c4) ^ (row & 7)) << 4));
+}
+// The 16 code bytes of each 64-k half of weight rows row_lo / row_hi (g = lane / 4, c4 = lane % 4),
+// lo[h] / hi[h] for half h. Which half each row loads first: the two rows of one 8-thread phase of
+// the 16-byte loads then fall into different halves of the swizzled 128-byte row (no bank conflict).
+__device__ __forceinline__ void x_load_w(uint32_t w_tile, int row_lo, int row_hi, int g, int c4, uint4 (&lo)[2], uint4 (&hi)[2]) {
+  const int first_lo = (g & 1) ^ ((row_lo >> 2) & 1), first_hi = (g & 1) ^ ((row_hi >> 2) & 1);
+  const uint4 la = ptx::lds128(x_w_chunk(w_tile, row_lo, first_lo, c4));
+  const uint4 lb = ptx::lds128(x_w_chunk(w_tile, row_lo, first_lo ^ 1, c4));
+  const uint4 ha = ptx::lds128(x_w_chunk(w_tile, row_hi, first_hi, c4));
+  const uint4 hb = ptx::lds128(x_w_chunk(w_tile, row_hi, first_hi ^ 1, c4));
+  lo[0] = first_lo ? lb : la;
+  lo[1] = first_lo ? la : lb;
+  hi[0] = first_hi ? hb : ha;
+  hi[1] = first_hi ? ha : hb;
+}
+// A stage's weight bytes (x_load_w) converted in registers (e4m3 -> f16, exact) into the wgmma A
+// fragments of its 8 k16 steps.
+__device__ __forceinline__ void x_convert_w(const uint4 (&lo)[2], const uint4 (&hi)[2], uint32_t (&f)[8][4]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const uint32_t wl[4] = {lo[h].x, lo[h].y, lo[h].z, lo[h].w};
+    const uint32_t wh[4] = {hi[h].x, hi[h].y, hi[h].z, hi[h].w};
+#pragma unroll
+    for (int st = 0; st < 4; ++st) {
+      wgmma::e4m3x4_to_f16x2x2(wl[st], f[4 * h + st][0], f[4 * h + st][2]);
+      wgmma::e4m3x4_to_f16x2x2(wh[st], f[4 * h + st][1], f[4 * h + st][3]);
+    }
+  }
+}
+
 // Writes a warpgroup's part of the (transposed) tile: acc[j][q] (q = 0, 1) is weight row row_lo
 // and A row rb + 8j + 2c + q (c = lane % 4), acc[j][q + 2] the same A row and row_hi; A rows from re
 // on are not written (rb, re: the tile's rows, or one pass of them). Down: f32 y (+ bias); up: the
@@ -454,6 +490,105 @@ __device__ __forceinline__ void epilogue_x(const GroupedGemmArgs& a, const TmaFp
     store_tile_x<T, int(Activation::silu)>(a, x, acc, m, n, rb, re, cw, warp_in_wg, lane, row_lo, row_hi);
   else
     store_tile_x<T, kActRuntime>(a, x, acc, m, n, rb, re, cw, warp_in_wg, lane, row_lo, row_hi);
+}
+
+// ---- the wide exact FP8 variant (X = 4) ------------------------------------------------------------
+// This thread's weight rows of the stage's 256-row weight tile, r[b][0] / r[b][1] for its m64 block b
+// (wgmma rows 16·warp + g and + 8 of the warpgroup's block b). Concatenated gated layout (tile rows
+// [0, 128) gate, [128, 256) up): block 0 the gate rows of channels i, i + 8 (i = 64·cw + 16·warp + g of
+// the tile's 128), block 1 their up rows, so a channel's gate and up sums land in one thread.
+// Down / plain: warpgroup cw the tile rows [128·cw, +128), block b the 64 from 128·cw + 64·b.
+__device__ __forceinline__ void xw_weight_rows(Epi epi, int cw, int warp_in_wg, int g, int (&r)[2][2]) {
+  if (epi == Epi::up_concat) {
+    const int i = 64 * cw + 16 * warp_in_wg + g;
+    r[0][0] = i;
+    r[0][1] = i + 8;
+    r[1][0] = 128 + i;
+    r[1][1] = 136 + i;
+  } else {
+#pragma unroll
+    for (int b = 0; b < 2; ++b) {
+      r[b][0] = 128 * cw + 64 * b + 16 * warp_in_wg + g;
+      r[b][1] = r[b][0] + 8;
+    }
+  }
+}
+
+// Writes a warpgroup's part of the wide transposed tile: acc[16·b + j][q + 2·h] is weight row r[b][h]
+// (xw_weight_rows) and A row rb + 8j + 2c + q (c = lane % 4, q = 0, 1); A rows from re on are not
+// written. Down: f32 y (+ bias); plain: the activation, h in T; concatenated gated: h of channels
+// n·128 + i, i + 8 from the gate (block 0) and up (block 1) sums.
+template <class T, int ACT>
+__device__ __forceinline__ void store_tile_xw(const GroupedGemmArgs& a, const TmaFp8Extra& x, float (&acc)[32][4], int m, int n,
+                                              int rb, int re, int cw, int warp_in_wg, int lane, const int (&r)[2][2]) {
+  const int e = a.plan.tiles[m].x;
+  const T* bias = a.bias ? static_cast<const T*>(a.bias) + int64_t(e) * a.N : nullptr;
+  const int c4 = lane & 3;
+  const bool gated = a.epi == Epi::up_concat;
+  // gated: the channels of rows h = 0, 1; otherwise the output columns of [b][h]
+  const int ch[2] = {n * 128 + r[0][0], n * 128 + r[0][1]};
+  int col[2][2];
+  float bs[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};  // the bias of [b][h] (gated: b 0 gate, 1 up)
+#pragma unroll
+  for (int b = 0; b < 2; ++b)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      col[b][h] = n * 256 + r[b][h];
+      if (bias) {
+        if (gated) {
+          if (ch[h] < a.I) bs[b][h] = to_f32(bias[b * a.I + ch[h]]);
+        } else if (col[b][h] < a.N) {
+          bs[b][h] = to_f32(bias[col[b][h]]);
+        }
+      }
+    }
+  // the 32 output rows first, all loads in flight together (as store_tile_x)
+  int orow[16][2];
+#pragma unroll
+  for (int j = 0; j < 16; ++j)
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      const int arow = rb + 8 * j + 2 * c4 + q;
+      orow[j][q] = arow >= re ? -1 : x.out_rows ? __ldg(x.out_rows + arow) : arow;
+    }
+#pragma unroll
+  for (int j = 0; j < 16; ++j)
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      const int row = orow[j][q];
+      if (row < 0) continue;
+      if (gated) {
+        T* out = static_cast<T*>(a.out) + int64_t(row) * a.ldo;
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          if (ch[h] < a.I)
+            out[ch[h]] = from_f32<T>(gact<ACT>(a.act, acc[j][q + 2 * h] + bs[0][h], acc[16 + j][q + 2 * h] + bs[1][h]));
+      } else if (a.epi == Epi::down) {
+        float* out = static_cast<float*>(a.out) + int64_t(row) * a.ldo;
+#pragma unroll
+        for (int b = 0; b < 2; ++b)
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+            if (col[b][h] < a.N) out[col[b][h]] = acc[16 * b + j][q + 2 * h] + bs[b][h];
+      } else {  // up_plain
+        T* out = static_cast<T*>(a.out) + int64_t(row) * a.ldo;
+#pragma unroll
+        for (int b = 0; b < 2; ++b)
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+            if (col[b][h] < a.N) out[col[b][h]] = from_f32<T>(pact<ACT>(a.act, acc[16 * b + j][q + 2 * h] + bs[b][h]));
+      }
+    }
+}
+
+// The wide tile's epilogue: SiLU compiled in (accurate form, as epilogue_x) or the run-time switch.
+template <class T>
+__device__ __forceinline__ void epilogue_xw(const GroupedGemmArgs& a, const TmaFp8Extra& x, float (&acc)[32][4], int m, int n, int rb,
+                                            int re, int cw, int warp_in_wg, int lane, const int (&r)[2][2]) {
+  if (x.compact_epilogue && a.epi != Epi::down && a.act.kind == int(Activation::silu))
+    store_tile_xw<T, int(Activation::silu)>(a, x, acc, m, n, rb, re, cw, warp_in_wg, lane, r);
+  else
+    store_tile_xw<T, kActRuntime>(a, x, acc, m, n, rb, re, cw, warp_in_wg, lane, r);
 }
 
 // Ping-pong consumer (PP kernels): consumer warpgroup cw computes whole 128 × BN tiles (both 64-row
@@ -546,14 +681,15 @@ __global__ void __launch_bounds__(THREADS, 1)
   constexpr int BKE = FP8 ? 128 : BK;          // K elements per stage (128 bytes per row either way)
   constexpr int CHUNK = 16 / int(sizeof(Elem));  // K elements per 16-byte cp.async chunk
   // FP8 keeps two accumulator sets; at BN = 256 its partial set covers one 128-column half at a time
-  static_assert(!FP8 || BN == 128 || (BN == 256 && !X), "FP8: 128-wide N tiles (256-wide: QGMMA only)");
+  static_assert(!FP8 || BN == 128 || (BN == 256 && (!X || X == 4)), "FP8: 128-wide N tiles (256-wide: QGMMA and X = 4 only)");
+  static_assert(X != 4 || BN == 256, "the wide exact variant: 256 weight rows per tile");
   static_assert(!PP || (!FP8 && BN == 128), "ping-pong: bf16 / f16, 128-wide tiles");
   static_assert(!X || (FP8 && !MC && !PP), "the exact FP8 variant: FP8, cooperative, no clusters");
   static_assert(X != 2 || BN == 128, "the untransposed exact variant: 128-wide tiles");
   static_assert(X != 3 || !GATHER, "the few-row exact variant: A rows by TMA (the gather writes 128 rows)");
   // the transposed exact kernels (D[weight row][A row]): all rows of a tile at once (1), or in
   // passes of XR_ROWS rows (3)
-  constexpr bool XT = X == 1 || X == 3;
+  constexpr bool XT = X == 1 || X == 3 || X == 4;
   constexpr int X_SUB = Cfg::X_SUB;
   constexpr uint32_t HALF_B = (BN / 2) * 128;  // bytes of half a B stage (BN/2 weight rows)
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -929,6 +1065,161 @@ __global__ void __launch_bounds__(THREADS, 1)
           stage = next;
           phase = next_phase;
         }
+      } else if constexpr (X == 4) {
+        // ---- exact FP8, transposed, 256 weight rows per tile (opt-in, TmaFp8Extra::exact_wide): this
+        // warpgroup computes D[w row][tile row] for 128 of the tile's 256 weight rows as two m64
+        // blocks (xw_weight_rows) and every A row of the tile (wgmma N as in X = 1), the weights
+        // converted in registers as X = 1 does. Why: a stage then brings 64 KB (32 KB of A codes,
+        // 32 KB of weights) per 4.2 M MACs where X = 1 brings 48 KB per 2.1 M, the bf16 kernel's
+        // clustered 256-wide ratio; X = 1's operand feed through L2 is what bounds it (PERF.md).
+        // Its 128 accumulators leave no registers for a second set of per-block partial sums, so
+        // the two-level accumulation keeps one set, scaled: after k block kb the accumulators hold
+        // R = acc / s(kb), s(kb) = activation scale (per A row) x weight block scale (per m64
+        // block) of block kb. Block kb's MMAs add its exact code products (f16 HGMMA, f32 sums) into
+        // R; before block kb + 1's, R is multiplied by s(kb) / s(kb + 1) (the two stages' activation
+        // scales are both in shared memory then), and after the last block by s(last). Same
+        // multiply count as X = 1's promotion, f32 rounding of the same order (one rounding of the
+        // ratio and one of the product per block). A zero weight block scale adds nothing: its
+        // fragments are zeroed and the scale before it carried on. Limit: R overflows where a
+        // block's s is more than ~2^100 below an earlier block's (|code products| <= 2^25 per
+        // block); the activation scales of deepgemm.cu's quantizer are never 0.
+        const int4 tile_rows = a.plan.tiles[m];
+        const int e = tile_rows.x, rb = tile_rows.y, re = tile_rows.z;
+        const int g = lane >> 2, c4 = lane & 3;
+        int wr[2][2];
+        xw_weight_rows(a.epi, cw, warp_in_wg, g, wr);
+        int64_t ws_lo, ws_hi;
+        weight_scale_rows<BN>(a, e, n, ws_lo, ws_hi);
+        // each m64 block's scale row (k block 0): gate / up, or the warpgroup's 128 rows
+        const int64_t wsb0 = concat || !cw ? ws_lo : ws_hi, wsb1 = concat ? ws_hi : wsb0;
+        auto& acc0 = *reinterpret_cast<float(*)[16][4]>(&acc[0][0]);   // block 0: acc[0..15]
+        auto& acc1 = *reinterpret_cast<float(*)[16][4]>(&acc[16][0]);  // block 1: acc[16..31]
+        auto kloop = [&](auto nb_tag) {
+          constexpr int NB = decltype(nb_tag)::value, NFB = NB / 8;
+          // each block's weight scale of the current k block (w_cur: a zero scale replaced by the
+          // one before, 1 at the start) and whether the block is zero
+          float w_cur0, w_cur1;
+          bool w_zero0, w_zero1;
+          {
+            const float w0 = weight_scale(x, wsb0), w1 = concat ? weight_scale(x, wsb1) : w0;
+            w_zero0 = w0 == 0.0f;
+            w_zero1 = w1 == 0.0f;
+            w_cur0 = w_zero0 ? 1.0f : w0;
+            w_cur1 = w_zero1 ? 1.0f : w1;
+          }
+          // the next k block's weight scale -> the ratio w_cur / w_next (1 where the next is zero,
+          // NaN where it is not finite, so that it reaches the output as X = 1's promotion would)
+          auto step_scale = [](float w_next, float& w_cur, bool& w_zero) {
+            w_zero = w_next == 0.0f;
+            const float eff = w_zero ? w_cur : w_next;
+            const float ratio = isfinite(w_next) ? w_cur / eff : __int_as_float(0x7fffffff);
+            w_cur = eff;
+            return ratio;
+          };
+          float w_next0 = 0.0f, w_next1 = 0.0f;
+          auto load_w_next = [&](int kt) {
+            if (kt + 1 < ktiles) {
+              w_next0 = weight_scale(x, wsb0 + kt + 1);
+              w_next1 = concat ? weight_scale(x, wsb1 + kt + 1) : w_next0;
+            }
+          };
+          mbar_wait(full_bar(stage), phase);
+          if constexpr (GATHER) wgmma::fence_proxy_async();
+          for (int kt = 0; kt < ktiles; ++kt) {
+            // where A comes by TMA, the next block's weight scales are in flight under this block's
+            // MMAs; the gather variant requests them after its next proxy fence (a MEMBAR there, see X = 1)
+            if constexpr (!GATHER) load_w_next(kt);
+            const uint32_t w_tile = sB + uint32_t(stage) * B_BYTES;
+            const uint32_t x_tile = sA + uint32_t(stage) * A_STAGE;
+            uint32_t f0[8][4], f1[8][4];  // the two blocks' A fragments, live until the MMAs retire
+            {
+              uint4 lo[2], hi[2];
+              x_load_w(w_tile, wr[0][0], wr[0][1], g, c4, lo, hi);
+              x_convert_w(lo, hi, f0);
+              x_load_w(w_tile, wr[1][0], wr[1][1], g, c4, lo, hi);
+              x_convert_w(lo, hi, f1);
+            }
+            if (w_zero0) {
+#pragma unroll
+              for (int kk = 0; kk < 8; ++kk) f0[kk][0] = f0[kk][1] = f0[kk][2] = f0[kk][3] = 0u;
+            }
+            if (w_zero1) {
+#pragma unroll
+              for (int kk = 0; kk < 8; ++kk) f1[kk][0] = f1[kk][1] = f1[kk][2] = f1[kk][3] = 0u;
+            }
+            wgmma::fence_acc_first<NFB>(acc0);
+            wgmma::fence_acc_first<NFB>(acc1);
+            wgmma::fence();
+#pragma unroll
+            for (int kk = 0; kk < 8; ++kk)
+              wgmma::mma_rega_f16<NB>(acc0, f0[kk], wgmma::desc_sw128(x_tile + uint32_t((kk >> 2) * X_SUB + (kk & 3) * 32)),
+                                      kt | kk);
+#pragma unroll
+            for (int kk = 0; kk < 8; ++kk)
+              wgmma::mma_rega_f16<NB>(acc1, f1[kk], wgmma::desc_sw128(x_tile + uint32_t((kk >> 2) * X_SUB + (kk & 3) * 32)),
+                                      kt | kk);
+            wgmma::commit();
+            int next = stage;
+            uint32_t next_phase = phase;
+            next_stage<STAGES>(next, next_phase);
+            if (kt + 1 < ktiles) {  // the next stage's activation scales are read below
+              mbar_wait(full_bar(next), next_phase);
+              if constexpr (GATHER) wgmma::fence_proxy_async();
+            }
+            if constexpr (GATHER) load_w_next(kt);
+            wgmma::wait<0>();
+            wgmma::fence_acc_first<NFB>(acc0);
+            wgmma::fence_acc_first<NFB>(acc1);
+            const float* sa = reinterpret_cast<const float*>(smem_raw + (sSA - raw) + stage * SA_BYTES);
+            if (kt + 1 < ktiles) {
+              // R *= s(kb) / s(kb + 1): per A row (this thread's columns 8j + 2c4 + q) the ratio of
+              // the two stages' activation scales, per block the weight scales' ratio
+              const float* sn = reinterpret_cast<const float*>(smem_raw + (sSA - raw) + next * SA_BYTES);
+              const float rw0 = step_scale(w_next0, w_cur0, w_zero0), rw1 = step_scale(w_next1, w_cur1, w_zero1);
+#pragma unroll
+              for (int j = 0; j < NFB; ++j) {
+                const float2 s_now = *reinterpret_cast<const float2*>(sa + 8 * j + 2 * c4);
+                const float2 s_nxt = *reinterpret_cast<const float2*>(sn + 8 * j + 2 * c4);
+                const float ra0 = __fdividef(s_now.x, s_nxt.x), ra1 = __fdividef(s_now.y, s_nxt.y);
+                const float r00 = ra0 * rw0, r01 = ra1 * rw0, r10 = ra0 * rw1, r11 = ra1 * rw1;
+                acc0[j][0] *= r00;
+                acc0[j][1] *= r01;
+                acc0[j][2] *= r00;
+                acc0[j][3] *= r01;
+                acc1[j][0] *= r10;
+                acc1[j][1] *= r11;
+                acc1[j][2] *= r10;
+                acc1[j][3] *= r11;
+              }
+            } else {
+              // acc = R x s(last)
+#pragma unroll
+              for (int j = 0; j < NFB; ++j) {
+                const float2 s_now = *reinterpret_cast<const float2*>(sa + 8 * j + 2 * c4);
+                const float r00 = s_now.x * w_cur0, r01 = s_now.y * w_cur0, r10 = s_now.x * w_cur1, r11 = s_now.y * w_cur1;
+                acc0[j][0] *= r00;
+                acc0[j][1] *= r01;
+                acc0[j][2] *= r00;
+                acc0[j][3] *= r01;
+                acc1[j][0] *= r10;
+                acc1[j][1] *= r11;
+                acc1[j][2] *= r10;
+                acc1[j][3] *= r11;
+              }
+            }
+            release(stage);
+            stage = next;
+            phase = next_phase;
+          }
+        };
+        // the wgmma N: the tile's A rows rounded up to 16 / 32 / 64 / 128 (as X = 1)
+        const int rows = re - rb;
+        if (rows <= 16) kloop(std::integral_constant<int, 16>{});
+        else if (rows <= 32) kloop(std::integral_constant<int, 32>{});
+        else if (rows <= 64) kloop(std::integral_constant<int, 64>{});
+        else kloop(std::integral_constant<int, 128>{});
+        if (own) epilogue_xw<T>(a, x, acc, m, n, rb, re, cw, warp_in_wg, lane, wr);
+        continue;
       } else if constexpr (X) {
         // ---- exact FP8, transposed: this warpgroup computes D[w row][tile row] for 64 weight rows
         // of the 128-row weight tile and every A row of the tile (up to 128, the wgmma N), per 128-K
@@ -945,37 +1236,12 @@ __global__ void __launch_bounds__(THREADS, 1)
         x_weight_rows(a.epi, cw, warp_in_wg, g, row_lo, row_hi);
         int64_t ws_lo, ws_hi;
         weight_scale_rows<BN>(a, e, n, ws_lo, ws_hi);
-        // which 64-k half each row loads first: the two rows of one 8-thread phase of the 16-byte
-        // loads then fall into different halves of the swizzled 128-byte row (no bank conflict)
-        const int first_lo = (g & 1) ^ ((row_lo >> 2) & 1), first_hi = (g & 1) ^ ((row_hi >> 2) & 1);
-        auto w_chunk = [&](uint32_t w_tile, int row, int half) {
-          return w_tile + uint32_t(row * 128 + (((4 * half + c4) ^ (row & 7)) << 4));
-        };
         // the 16 code bytes of each 64-k half of row_lo / row_hi in a stage
         auto load_w = [&](int st, uint4 (&lo)[2], uint4 (&hi)[2]) {
-          const uint32_t w_tile = sB + uint32_t(st) * B_BYTES;
-          const uint4 la = ptx::lds128(w_chunk(w_tile, row_lo, first_lo));
-          const uint4 lb = ptx::lds128(w_chunk(w_tile, row_lo, first_lo ^ 1));
-          const uint4 ha = ptx::lds128(w_chunk(w_tile, row_hi, first_hi));
-          const uint4 hb = ptx::lds128(w_chunk(w_tile, row_hi, first_hi ^ 1));
-          lo[0] = first_lo ? lb : la;
-          lo[1] = first_lo ? la : lb;
-          hi[0] = first_hi ? hb : ha;
-          hi[1] = first_hi ? ha : hb;
+          x_load_w(sB + uint32_t(st) * B_BYTES, row_lo, row_hi, g, c4, lo, hi);
         };
         // a stage's weight bytes (load_w) converted in registers into the 8 k16 steps' A fragments
-        auto convert_w = [&](const uint4 (&lo)[2], const uint4 (&hi)[2], uint32_t (&f)[8][4]) {
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const uint32_t wl[4] = {lo[h].x, lo[h].y, lo[h].z, lo[h].w};
-            const uint32_t wh[4] = {hi[h].x, hi[h].y, hi[h].z, hi[h].w};
-#pragma unroll
-            for (int st = 0; st < 4; ++st) {
-              wgmma::e4m3x4_to_f16x2x2(wl[st], f[4 * h + st][0], f[4 * h + st][2]);
-              wgmma::e4m3x4_to_f16x2x2(wh[st], f[4 * h + st][1], f[4 * h + st][3]);
-            }
-          }
-        };
+        auto convert_w = [&](const uint4 (&lo)[2], const uint4 (&hi)[2], uint32_t (&f)[8][4]) { x_convert_w(lo, hi, f); };
         // a stage's 8 MMAs (wgmma N = NB A rows) into fresh partial sums p, one commit group
         auto issue_x = [&](auto nb_tag, int st, uint32_t (&f)[8][4], auto& p) {
           constexpr int NB = decltype(nb_tag)::value;
