@@ -65,7 +65,7 @@ fi
 
 if has tests; then
 stamp tests
-OMP_WAIT_POLICY=passive "$BUILD/moex_tests" \
+OMP_WAIT_POLICY=passive timeout "${TEST_TIMEOUT:-300}" "$BUILD/moex_tests" \
   --gtest_filter="${TEST_FILTER:-*CudaFp8Decode*:*CudaGraph*:*CudaEquivalence*:*CudaFp8MmaGemv*:CudaBackends.*}" > "$OUT/tests.log" 2>&1
 rc=$?
 grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED  \]|worst rel L2|FP8 decode path|FP8 prefill" "$OUT/tests.log" | head -60
