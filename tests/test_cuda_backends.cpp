@@ -264,8 +264,8 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, CudaFp8Decode, ::testing::Values(DType::f32, DT
 // partial 128-k blocks on both GEMMs (H = 208, I = 704), skewed / dropped / one-expert / empty
 // routing, every epilogue with and without bias, f32 and UE8M0 scales. The default (the exact up
 // GEMM, the QGMMA down GEMM), both GEMMs exact (MOEX_CUDA_FP8_TMA=exact), each with the exact GEMMs
-// on the untransposed kernel too (MOEX_CUDA_FP8_X_NT=1) and on the wide kernel (MOEX_CUDA_FP8_X_WIDE=1:
-// 256 weight rows per tile, one rescaled accumulator set), and the portable mma.sync path (=0) must
+// on the untransposed kernel too (MOEX_CUDA_FP8_X_NT=1) and on the wide kernels (MOEX_CUDA_FP8_X_WIDE=1 / 2:
+// 256 weight rows per tile, one rescaled accumulator set; 2 pipelined), and the portable mma.sync path (=0) must
 // meet SPEC §8 (2e-3 against the same-quantization f64 reference, 8e-2 against the unquantized one).
 std::vector<check::Case> fp8_prefill_cases(uint64_t seed, DType dt) {
   std::vector<check::Case> out;
@@ -314,12 +314,13 @@ TEST_P(CudaFp8Prefill, TmaAndPortablePathsMatchTheReference) {
   // the untransposed exact kernel; the few-row kernel forced on every case (tiles of 65-128 rows in
   // two passes) for the up GEMM and for both exact GEMMs, and forced off; the wide kernel (few-row
   // kernel off, so that it runs every case it fits: I % 128 == 0 for the up GEMM, every down GEMM) with
-  // the A rows by TMA and gathered, for the up GEMM and for both
+  // the A rows by TMA and gathered, for the up GEMM and for both; its pipelined form (2)
   const char* const modes[][5] = {{"hybrid", "", "", "", ""},   {"hybrid", "0", "", "", ""},  {"exact", "0", "", "", ""},
                                   {"0", "0", "", "", ""},       {"hybrid", "", "1", "", ""},  {"hybrid", "0", "1", "", ""},
                                   {"exact", "0", "1", "", ""},  {"hybrid", "", "", "1", ""},  {"exact", "", "", "1", ""},
                                   {"hybrid", "", "", "0", ""},  {"hybrid", "", "", "0", "1"}, {"hybrid", "0", "", "0", "1"},
-                                  {"exact", "", "", "0", "1"},  {"exact", "0", "", "0", "1"}};
+                                  {"exact", "", "", "0", "1"},  {"exact", "0", "", "0", "1"},  {"hybrid", "", "", "0", "2"},
+                                  {"exact", "0", "", "0", "2"}};
   for (const auto& mode : modes) {
     ScopedEnv path("MOEX_CUDA_FP8_TMA", mode[0]);
     ScopedEnv pregather("MOEX_CUDA_FP8_X_PREGATHER", mode[1]);

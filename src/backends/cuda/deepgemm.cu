@@ -566,9 +566,9 @@ void run_deepgemm(const Experts& ex, const ExpertsCall& call, const RunContext& 
     xu.exact_few_rows = xd.exact_few_rows = few;  // (the launcher: only where the A rows come by TMA)
     // The wide exact kernel (256 weight rows per tile, one rescaled accumulator set; TmaFp8Extra::
     // exact_wide) for the exact GEMMs that do not take the few-row one: opt-in, MOEX_CUDA_FP8_X_WIDE=1
-    // (read per call: the prefill test runs it), until it is measured against X = 1 on the GPU.
+    // (2: its pipelined form; read per call: the prefill test runs both).
     const char* wide_env = std::getenv("MOEX_CUDA_FP8_X_WIDE");
-    xu.exact_wide = xd.exact_wide = wide_env && *wide_env == '1';
+    xu.exact_wide = xd.exact_wide = wide_env && (*wide_env == '1' || *wide_env == '2') ? *wide_env - '0' : 0;
     xu.a_ld = z.up_exact ? int(z.x_ld) : 0;
     xd.a_ld = z.down_exact ? int(z.h_ld) : 0;
     up.A = xq;

@@ -197,11 +197,12 @@ void launch_fp8(const GroupedGemmArgs& a, DType dtype, const TmaFp8Extra& x, int
 static bool fp8_exact_wide_fits(const GroupedGemmArgs& a) {
   return a.epi == Epi::down || a.epi == Epi::up_plain || (a.epi == Epi::up_concat && a.I % 128 == 0);
 }
+template <int X>
 void launch_fp8_exact_wide(const GroupedGemmArgs& a, DType dtype, const TmaFp8Extra& x, int64_t a_rows, int64_t E,
                            cudaStream_t stream) {
-  if (dtype == DType::bf16) tma::launch_bn<__nv_bfloat16, 256, true, false, false, 4>(a, dtype, x, a_rows, E, stream);
-  else if (dtype == DType::f16) tma::launch_bn<__half, 256, true, false, false, 4>(a, dtype, x, a_rows, E, stream);
-  else tma::launch_bn<float, 256, true, false, false, 4>(a, dtype, x, a_rows, E, stream);
+  if (dtype == DType::bf16) tma::launch_bn<__nv_bfloat16, 256, true, false, false, X>(a, dtype, x, a_rows, E, stream);
+  else if (dtype == DType::f16) tma::launch_bn<__half, 256, true, false, false, X>(a, dtype, x, a_rows, E, stream);
+  else tma::launch_bn<float, 256, true, false, false, X>(a, dtype, x, a_rows, E, stream);
 }
 
 // The QGMMA FP8 kernel with 256-wide tiles for bf16 activations (default; MOEX_CUDA_FP8_N=128: the
@@ -386,7 +387,8 @@ void launch_grouped_gemm_tma_ex(const GroupedGemmArgs& a, DType act_dtype, bool 
     const bool cluster = !x.exact && fp8_cluster(a), wide = !x.exact && fp8_wide_tiles(a, act_dtype);
     if (x.exact && x.exact_nt) launch_fp8<2>(a, act_dtype, x, a_rows, E, stream);
     else if (x.exact && x.exact_few_rows && !a.a_gather) launch_fp8<3>(a, act_dtype, x, a_rows, E, stream);
-    else if (x.exact && x.exact_wide && fp8_exact_wide_fits(a)) launch_fp8_exact_wide(a, act_dtype, x, a_rows, E, stream);
+    else if (x.exact && x.exact_wide == 1 && fp8_exact_wide_fits(a)) launch_fp8_exact_wide<4>(a, act_dtype, x, a_rows, E, stream);
+    else if (x.exact && x.exact_wide == 2 && fp8_exact_wide_fits(a)) launch_fp8_exact_wide<5>(a, act_dtype, x, a_rows, E, stream);
     else if (x.exact) launch_fp8<1>(a, act_dtype, x, a_rows, E, stream);
     else if (wide && cluster) tma::launch_bn<__nv_bfloat16, 256, true, true, false>(a, act_dtype, x, a_rows, E, stream);
     else if (wide) tma::launch_bn<__nv_bfloat16, 256, true, false, false>(a, act_dtype, x, a_rows, E, stream);

@@ -66,7 +66,9 @@ struct TmaFp8Extra {
   // MOEX_CUDA_FP8_X_WIDE=1, see deepgemm.cu): 256 weight rows per tile (two m64 blocks per consumer
   // warpgroup) and one accumulator set rescaled per 128-k block instead of promoted partial sums.
   // The launcher takes it for down / plain GEMMs and the concatenated gated layout with I % 128 == 0.
-  bool exact_wide = false;
+  // 1: the two m64 blocks' MMAs in one commit group (X = 4); 2: pipelined, block 1's weights converted
+  // under block 0's MMAs and block 0 rescaled under block 1's (X = 5, MOEX_CUDA_FP8_X_WIDE=2); 0: off.
+  int exact_wide = 0;
   // FP8 gated up GEMM (QGMMA, 256-wide tiles: tma_fp8_quantizes_h): h quantized in the epilogue for
   // the down GEMM instead of written in the activation dtype: e4m3 codes [rows, I] at the A (layout)
   // rows and their per-row scales [ceil(I/128), h_scales_ld] (nullptr: h written to a.out).

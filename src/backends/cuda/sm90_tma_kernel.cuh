@@ -53,7 +53,7 @@ __device__ __forceinline__ int tile_passes(const int4& tile) {
 // GEMM 314.6 us against 308.4; forward 0.4532 against 0.4496 ms with 32-row boxes); removed.
 template <int BN, bool FP8 = false, int X = 0>
 struct TmaCfg {
-  static constexpr int STAGES = X == 2 || X == 4 ? 3 : X == 3 ? 6 : X ? 4 : BN == 256 ? 4 : 6;
+  static constexpr int STAGES = X == 2 || X >= 4 ? 3 : X == 3 ? 6 : X ? 4 : BN == 256 ? 4 : 6;
   static constexpr int X_SUB = X == 3 ? XR_ROWS * 128 : X_SUB_BYTES;  // bytes of an A sub-tile (X)
   static constexpr int A_STAGE = X ? 2 * X_SUB : A_BYTES;
   static constexpr int B_BYTES = BN * BK * 2;
@@ -681,15 +681,15 @@ __global__ void __launch_bounds__(THREADS, 1)
   constexpr int BKE = FP8 ? 128 : BK;          // K elements per stage (128 bytes per row either way)
   constexpr int CHUNK = 16 / int(sizeof(Elem));  // K elements per 16-byte cp.async chunk
   // FP8 keeps two accumulator sets; at BN = 256 its partial set covers one 128-column half at a time
-  static_assert(!FP8 || BN == 128 || (BN == 256 && (!X || X == 4)), "FP8: 128-wide N tiles (256-wide: QGMMA and X = 4 only)");
-  static_assert(X != 4 || BN == 256, "the wide exact variant: 256 weight rows per tile");
+  static_assert(!FP8 || BN == 128 || (BN == 256 && (!X || X >= 4)), "FP8: 128-wide N tiles (256-wide: QGMMA and X = 4 / 5 only)");
+  static_assert(X < 4 || BN == 256, "the wide exact variants: 256 weight rows per tile");
   static_assert(!PP || (!FP8 && BN == 128), "ping-pong: bf16 / f16, 128-wide tiles");
   static_assert(!X || (FP8 && !MC && !PP), "the exact FP8 variant: FP8, cooperative, no clusters");
   static_assert(X != 2 || BN == 128, "the untransposed exact variant: 128-wide tiles");
   static_assert(X != 3 || !GATHER, "the few-row exact variant: A rows by TMA (the gather writes 128 rows)");
   // the transposed exact kernels (D[weight row][A row]): all rows of a tile at once (1), or in
   // passes of XR_ROWS rows (3)
-  constexpr bool XT = X == 1 || X == 3 || X == 4;
+  constexpr bool XT = X == 1 || X >= 3;
   constexpr int X_SUB = Cfg::X_SUB;
   constexpr uint32_t HALF_B = (BN / 2) * 128;  // bytes of half a B stage (BN/2 weight rows)
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -1065,7 +1065,7 @@ __global__ void __launch_bounds__(THREADS, 1)
           stage = next;
           phase = next_phase;
         }
-      } else if constexpr (X == 4) {
+      } else if constexpr (X >= 4) {
         // ---- exact FP8, transposed, 256 weight rows per tile (opt-in, TmaFp8Extra::exact_wide): this
         // warpgroup computes D[w row][tile row] for 128 of the tile's 256 weight rows as two m64
         // blocks (xw_weight_rows) and every A row of the tile (wgmma N as in X = 1), the weights
@@ -1123,90 +1123,92 @@ __global__ void __launch_bounds__(THREADS, 1)
               w_next1 = concat ? weight_scale(x, wsb1 + kt + 1) : w_next0;
             }
           };
+          // one m64 block's A fragments from a stage (zeroed for a zero block scale: it adds nothing)
+          auto convert_block = [&](int st, int b, uint32_t (&f)[8][4], bool zero) {
+            uint4 lo[2], hi[2];
+            x_load_w(sB + uint32_t(st) * B_BYTES, wr[b][0], wr[b][1], g, c4, lo, hi);
+            x_convert_w(lo, hi, f);
+            if (zero) {
+#pragma unroll
+              for (int kk = 0; kk < 8; ++kk) f[kk][0] = f[kk][1] = f[kk][2] = f[kk][3] = 0u;
+            }
+          };
+          // a block's 8 MMAs into its accumulators (f: live until they retire)
+          auto issue = [&](float (&d)[16][4], uint32_t (&f)[8][4], uint32_t x_tile, int kt) {
+#pragma unroll
+            for (int kk = 0; kk < 8; ++kk)
+              wgmma::mma_rega_f16<NB>(d, f[kk], wgmma::desc_sw128(x_tile + uint32_t((kk >> 2) * X_SUB + (kk & 3) * 32)), kt | kk);
+          };
+          // R *= s(kb) / s(kb + 1) for one block (sn: the next stage's activation scales; rw: the
+          // weight scales' ratio), or acc = R x s(last) (sn null; rw: the last weight scale)
+          auto rescale = [&](float (&d)[16][4], const float* sa, const float* sn, float rw) {
+#pragma unroll
+            for (int j = 0; j < NFB; ++j) {
+              const float2 s_now = *reinterpret_cast<const float2*>(sa + 8 * j + 2 * c4);
+              float r0 = s_now.x, r1 = s_now.y;
+              if (sn) {
+                const float2 s_nxt = *reinterpret_cast<const float2*>(sn + 8 * j + 2 * c4);
+                r0 = __fdividef(r0, s_nxt.x);
+                r1 = __fdividef(r1, s_nxt.y);
+              }
+              r0 *= rw;
+              r1 *= rw;
+              d[j][0] *= r0;
+              d[j][1] *= r1;
+              d[j][2] *= r0;
+              d[j][3] *= r1;
+            }
+          };
+          // X = 5: per stage, the two blocks pipelined inside the warpgroup: block 1's weights are
+          // converted under block 0's MMAs, block 0's rescale runs under block 1's (the next stage's
+          // block-0 fragments converted under block 1's MMAs too spilled ~150 registers per stage).
+          // X = 4: both blocks converted, their 16 MMAs in one commit group, then both rescaled.
           mbar_wait(full_bar(stage), phase);
           if constexpr (GATHER) wgmma::fence_proxy_async();
           for (int kt = 0; kt < ktiles; ++kt) {
+            uint32_t f0[8][4], f1[8][4];
+            convert_block(stage, 0, f0, w_zero0);
             // where A comes by TMA, the next block's weight scales are in flight under this block's
             // MMAs; the gather variant requests them after its next proxy fence (a MEMBAR there, see X = 1)
             if constexpr (!GATHER) load_w_next(kt);
-            const uint32_t w_tile = sB + uint32_t(stage) * B_BYTES;
             const uint32_t x_tile = sA + uint32_t(stage) * A_STAGE;
-            uint32_t f0[8][4], f1[8][4];  // the two blocks' A fragments, live until the MMAs retire
-            {
-              uint4 lo[2], hi[2];
-              x_load_w(w_tile, wr[0][0], wr[0][1], g, c4, lo, hi);
-              x_convert_w(lo, hi, f0);
-              x_load_w(w_tile, wr[1][0], wr[1][1], g, c4, lo, hi);
-              x_convert_w(lo, hi, f1);
+            if constexpr (X == 5) {
+              wgmma::fence_acc_first<NFB>(acc0);
+              wgmma::fence();
+              issue(acc0, f0, x_tile, kt);
+              wgmma::commit();
+              convert_block(stage, 1, f1, w_zero1);
+              wgmma::fence_acc_first<NFB>(acc1);
+              wgmma::fence();
+              issue(acc1, f1, x_tile, kt);
+              wgmma::commit();
+            } else {
+              convert_block(stage, 1, f1, w_zero1);
+              wgmma::fence_acc_first<NFB>(acc0);
+              wgmma::fence_acc_first<NFB>(acc1);
+              wgmma::fence();
+              issue(acc0, f0, x_tile, kt);
+              issue(acc1, f1, x_tile, kt);
+              wgmma::commit();
             }
-            if (w_zero0) {
-#pragma unroll
-              for (int kk = 0; kk < 8; ++kk) f0[kk][0] = f0[kk][1] = f0[kk][2] = f0[kk][3] = 0u;
-            }
-            if (w_zero1) {
-#pragma unroll
-              for (int kk = 0; kk < 8; ++kk) f1[kk][0] = f1[kk][1] = f1[kk][2] = f1[kk][3] = 0u;
-            }
-            wgmma::fence_acc_first<NFB>(acc0);
-            wgmma::fence_acc_first<NFB>(acc1);
-            wgmma::fence();
-#pragma unroll
-            for (int kk = 0; kk < 8; ++kk)
-              wgmma::mma_rega_f16<NB>(acc0, f0[kk], wgmma::desc_sw128(x_tile + uint32_t((kk >> 2) * X_SUB + (kk & 3) * 32)),
-                                      kt | kk);
-#pragma unroll
-            for (int kk = 0; kk < 8; ++kk)
-              wgmma::mma_rega_f16<NB>(acc1, f1[kk], wgmma::desc_sw128(x_tile + uint32_t((kk >> 2) * X_SUB + (kk & 3) * 32)),
-                                      kt | kk);
-            wgmma::commit();
             int next = stage;
             uint32_t next_phase = phase;
             next_stage<STAGES>(next, next_phase);
-            if (kt + 1 < ktiles) {  // the next stage's activation scales are read below
+            const bool more = kt + 1 < ktiles;
+            if (more) {  // the next stage's activation scales and block-0 weights are read below
               mbar_wait(full_bar(next), next_phase);
               if constexpr (GATHER) wgmma::fence_proxy_async();
             }
             if constexpr (GATHER) load_w_next(kt);
-            wgmma::wait<0>();
-            wgmma::fence_acc_first<NFB>(acc0);
-            wgmma::fence_acc_first<NFB>(acc1);
             const float* sa = reinterpret_cast<const float*>(smem_raw + (sSA - raw) + stage * SA_BYTES);
-            if (kt + 1 < ktiles) {
-              // R *= s(kb) / s(kb + 1): per A row (this thread's columns 8j + 2c4 + q) the ratio of
-              // the two stages' activation scales, per block the weight scales' ratio
-              const float* sn = reinterpret_cast<const float*>(smem_raw + (sSA - raw) + next * SA_BYTES);
-              const float rw0 = step_scale(w_next0, w_cur0, w_zero0), rw1 = step_scale(w_next1, w_cur1, w_zero1);
-#pragma unroll
-              for (int j = 0; j < NFB; ++j) {
-                const float2 s_now = *reinterpret_cast<const float2*>(sa + 8 * j + 2 * c4);
-                const float2 s_nxt = *reinterpret_cast<const float2*>(sn + 8 * j + 2 * c4);
-                const float ra0 = __fdividef(s_now.x, s_nxt.x), ra1 = __fdividef(s_now.y, s_nxt.y);
-                const float r00 = ra0 * rw0, r01 = ra1 * rw0, r10 = ra0 * rw1, r11 = ra1 * rw1;
-                acc0[j][0] *= r00;
-                acc0[j][1] *= r01;
-                acc0[j][2] *= r00;
-                acc0[j][3] *= r01;
-                acc1[j][0] *= r10;
-                acc1[j][1] *= r11;
-                acc1[j][2] *= r10;
-                acc1[j][3] *= r11;
-              }
-            } else {
-              // acc = R x s(last)
-#pragma unroll
-              for (int j = 0; j < NFB; ++j) {
-                const float2 s_now = *reinterpret_cast<const float2*>(sa + 8 * j + 2 * c4);
-                const float r00 = s_now.x * w_cur0, r01 = s_now.y * w_cur0, r10 = s_now.x * w_cur1, r11 = s_now.y * w_cur1;
-                acc0[j][0] *= r00;
-                acc0[j][1] *= r01;
-                acc0[j][2] *= r00;
-                acc0[j][3] *= r01;
-                acc1[j][0] *= r10;
-                acc1[j][1] *= r11;
-                acc1[j][2] *= r10;
-                acc1[j][3] *= r11;
-              }
-            }
+            const float* sn = more ? reinterpret_cast<const float*>(smem_raw + (sSA - raw) + next * SA_BYTES) : nullptr;
+            if constexpr (X == 5) wgmma::wait<1>();  // block 0's MMAs retired
+            else wgmma::wait<0>();
+            wgmma::fence_acc_first<NFB>(acc0);
+            rescale(acc0, sa, sn, more ? step_scale(w_next0, w_cur0, w_zero0) : w_cur0);
+            if constexpr (X == 5) wgmma::wait<0>();  // block 1's
+            wgmma::fence_acc_first<NFB>(acc1);
+            rescale(acc1, sa, sn, more ? step_scale(w_next1, w_cur1, w_zero1) : w_cur1);
             release(stage);
             stage = next;
             phase = next_phase;

@@ -8,3 +8,7 @@
 MOEX_TMA_INSTANTIATE_X(__nv_bfloat16, 256, true, false, false, 4);
 MOEX_TMA_INSTANTIATE_X(__half, 256, true, false, false, 4);
 MOEX_TMA_INSTANTIATE_X(float, 256, true, false, false, 4);
+// X = 5: the same with the two m64 blocks pipelined inside each warpgroup (MOEX_CUDA_FP8_X_WIDE=2)
+MOEX_TMA_INSTANTIATE_X(__nv_bfloat16, 256, true, false, false, 5);
+MOEX_TMA_INSTANTIATE_X(__half, 256, true, false, false, 5);
+MOEX_TMA_INSTANTIATE_X(float, 256, true, false, false, 5);
