@@ -417,6 +417,20 @@ __device__ __forceinline__ void x_convert_w(const uint4 (&lo)[2], const uint4 (&
   }
 }
 
+// The output rows of this thread's 32 A rows of a transposed tile (rb + 8j + 2c4 + q; -1 from re on),
+// loaded before any store, all in flight together: read between the stores (which the compiler cannot
+// prove do not alias out_rows) they were 32 dependent round trips per tile, about the time of the
+// tile's MMAs at K = 2048.
+__device__ __forceinline__ void x_output_rows(const TmaFp8Extra& x, int rb, int re, int c4, int (&orow)[16][2]) {
+#pragma unroll
+  for (int j = 0; j < 16; ++j)
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      const int arow = rb + 8 * j + 2 * c4 + q;
+      orow[j][q] = arow >= re ? -1 : x.out_rows ? __ldg(x.out_rows + arow) : arow;
+    }
+}
+
 // Writes a warpgroup's part of the (transposed) tile: acc[j][q] (q = 0, 1) is weight row row_lo
 // and A row rb + 8j + 2c + q (c = lane % 4), acc[j][q + 2] the same A row and row_hi; A rows from re
 // on are not written (rb, re: the tile's rows, or one pass of them). Down: f32 y (+ bias); up: the
@@ -447,17 +461,8 @@ __device__ __forceinline__ void store_tile_x(const GroupedGemmArgs& a, const Tma
       if (col_hi < a.N) b_hi = to_f32(bias[col_hi]);
     }
   }
-  // The 32 output rows first, all loads in flight together: read between the stores (which the
-  // compiler cannot prove do not alias out_rows) they were 32 dependent round trips per tile, about
-  // the time of the tile's MMAs at K = 2048.
   int orow[16][2];
-#pragma unroll
-  for (int j = 0; j < 16; ++j)
-#pragma unroll
-    for (int q = 0; q < 2; ++q) {
-      const int arow = rb + 8 * j + 2 * c4 + q;
-      orow[j][q] = arow >= re ? -1 : x.out_rows ? __ldg(x.out_rows + arow) : arow;
-    }
+  x_output_rows(x, rb, re, c4, orow);
 #pragma unroll
   for (int j = 0; j < 16; ++j)
 #pragma unroll
@@ -542,15 +547,8 @@ __device__ __forceinline__ void store_tile_xw(const GroupedGemmArgs& a, const Tm
         }
       }
     }
-  // the 32 output rows first, all loads in flight together (as store_tile_x)
   int orow[16][2];
-#pragma unroll
-  for (int j = 0; j < 16; ++j)
-#pragma unroll
-    for (int q = 0; q < 2; ++q) {
-      const int arow = rb + 8 * j + 2 * c4 + q;
-      orow[j][q] = arow >= re ? -1 : x.out_rows ? __ldg(x.out_rows + arow) : arow;
-    }
+  x_output_rows(x, rb, re, c4, orow);
 #pragma unroll
   for (int j = 0; j < 16; ++j)
 #pragma unroll
