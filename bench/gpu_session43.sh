@@ -14,7 +14,8 @@
 #             issue 6 asks FP8 prefill no slower than bf16: >= 1.00x at T = 4096)
 #   ncu       (STEPS names it, default on) each TMA GEMM kernel of one FP8 grouped_mm forward at
 #             NCU_CASE (default qwen3_30b_a3b:4096) per variant: time, tensor-pipe and L2 throughput
-#             → $OUT/ncu_x.md
+#             → $OUT/ncu_x.md; with NCU_STALLS=1 also the warp-state and scheduler sections (stall
+#             reasons) of the default up GEMM (X = 1) → $OUT/ncu_stalls.txt
 set -u
 export OUT=${OUT:-$PWD/out}
 BUILD=${BUILD:-build-gpu}
@@ -58,4 +59,12 @@ for v in ("base", "wide", "wide2"):
         print(f"| {v} | {name} | {med('gpu__time_duration.sum') / 1e3:.1f} | "
               f"{med('sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active'):.1f} | {med('lts__t_bytes.sum') / 1e9:.2f} |")
 PY
+  if [ "${NCU_STALLS:-0}" = 1 ]; then
+    MOEX_CUDA_PERF=1 MOEX_CUDA_PERF_QUANT=fp8 MOEX_CUDA_PERF_TOKENS="${c#*:}" MOEX_CUDA_PERF_SHAPES="${c%%:*}" \
+      MOEX_CUDA_PERF_BACKENDS=grouped_mm MOEX_CUDA_PERF_REPS=1 timeout 200 \
+      ncu --clock-control none --kernel-name-base demangled --kernel-name "regex:grouped_gemm_tma<.*, 1>" --launch-count 1 \
+      --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis \
+      "$BUILD/moex_tests" --gtest_filter='CudaPerf.Shapes' > "$OUT/ncu_stalls.txt" 2>&1
+    grep -E "Stall|Warp Cycles|Issued|Eligible|Active Warps|Pipe" "$OUT/ncu_stalls.txt" | head -40
+  fi
 fi
