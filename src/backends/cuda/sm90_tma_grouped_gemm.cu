@@ -54,14 +54,15 @@
 //   * per 128-k block: fresh partial sums (HGMMA, f32), then acc += part x activation scale (per A
 //     row) x weight block scale (per weight row): the CPU's sums up to f32 rounding (measured 1.2e-5
 //     on f32 activations, the portable mma.sync path's figure).
-// Wide exact variant (X = 4; TmaFp8Extra::exact_wide; opt-in MOEX_CUDA_FP8_X_WIDE=1, built in the
-// forty-third session without a GPU: compiled for sm_90a, 16 HGMMAs per stage in one group, no wgmma
-// serialization, 64 bytes of spills outside the MMA chain; not yet run): the transposed kernel with 256
-// weight rows per tile (two m64 blocks per consumer warpgroup, 128 accumulators) for the operand feed
-// that bounds X = 1 (a stage brings 64 KB per 4.2 M MACs instead of 48 KB per 2.1 M), and instead of
+// Wide exact variants (X = 4 / 5; TmaFp8Extra::exact_wide; opt-in MOEX_CUDA_FP8_X_WIDE=1 / 2): the
+// transposed kernel with 256 weight rows per tile (two m64 blocks per consumer warpgroup, 128
+// accumulators; a stage brings 64 KB per 4.2 M MACs instead of 48 KB per 2.1 M), and instead of
 // per-block partial sums one accumulator set kept as R = acc / s(kb), rescaled by s(kb) / s(kb + 1)
-// between blocks (see the kernel). Down / plain GEMMs and the concatenated gated layout with
-// I % 128 == 0.
+// between blocks (see the kernel); X = 5 pipelines the two blocks. Down / plain GEMMs and the
+// concatenated gated layout with I % 128 == 0. Measured (H100, 2026-12-05, docs/PERF.md, forty-third
+// session): correct on every dtype, but slower than X = 1 (FP8 forward at T = 4096 0.78-0.98x the
+// default's speed, X = 5 0.80-0.84x); ncu on qwen3_30b_a3b T = 4096: the up GEMM 884 us against 654
+// with 21 % fewer L2 bytes, so X = 1 is not bound by its operand feed.
 // Untransposed exact variant (X = 2; TmaFp8Extra::exact_nt; opt-in MOEX_CUDA_FP8_X_NT=1; on the
 // H200 it passes the tests and is not faster than the transposed kernel, docs/PERF.md): the same
 // ring, the product D[A row][weight row] as the QGMMA kernel computes it; the consumers convert

@@ -1069,7 +1069,8 @@ __global__ void __launch_bounds__(THREADS, 1)
         // blocks (xw_weight_rows) and every A row of the tile (wgmma N as in X = 1), the weights
         // converted in registers as X = 1 does. Why: a stage then brings 64 KB (32 KB of A codes,
         // 32 KB of weights) per 4.2 M MACs where X = 1 brings 48 KB per 2.1 M, the bf16 kernel's
-        // clustered 256-wide ratio; X = 1's operand feed through L2 is what bounds it (PERF.md).
+        // clustered 256-wide ratio. Measured slower than X = 1 on the H100 (see the comment at the
+        // top of sm90_tma_grouped_gemm.cu): opt-in.
         // Its 128 accumulators leave no registers for a second set of per-block partial sums, so
         // the two-level accumulation keeps one set, scaled: after k block kb the accumulators hold
         // R = acc / s(kb), s(kb) = activation scale (per A row) x weight block scale (per m64
