@@ -143,6 +143,7 @@ void quantize_instance(Instance& in) {
     std::vector<float> logical(static_cast<size_t>(out * inn));
     auto bc = [](int64_t n, int64_t b) { return (n + b - 1) / b; };
     if (q.kind == QuantKind::fp8_block) {
+      MOEX_CHECK(!in.c.zero_weight_blocks || q.scale_format == ScaleFormat::f32, "zero_weight_blocks needs f32 scales (UE8M0 has no zero)");
       codes = s.transposed ? Tensor::empty(DType::fp8_e4m3, {E, inn, out}) : Tensor::empty(DType::fp8_e4m3, {E, out, inn});
       const int64_t br = bc(out, q.block_n), bk = bc(inn, q.block_k);
       scales = Tensor::empty(q.scale_format == ScaleFormat::ue8m0 ? DType::u8 : DType::f32, {E, br, bk});
@@ -153,19 +154,18 @@ void quantize_instance(Instance& in) {
             logical[size_t(o * inn + i)] = float(load_value(plain.dtype(), plain.data(), s.transposed ? (e * inn + i) * out + o : (e * out + o) * inn + i));
         void* sc = static_cast<char*>(scales.data()) + size_t(e * br * bk) * dtype_size(scales.dtype());
         // zero_weight_blocks: blocks (o / block_n + i / block_k + e) % 3 == 0 zeroed in the plain weights too
-        auto zeroed = [&](int64_t o, int64_t i) { return in.c.zero_weight_blocks && (o / q.block_n + i / q.block_k + e) % 3 == 0; };
-        for (int64_t o = 0; o < out; ++o)
-          for (int64_t i = 0; i < inn; ++i)
-            if (zeroed(o, i)) {
-              logical[size_t(o * inn + i)] = 0.0f;
-              store_value(plain, s.transposed ? (e * inn + i) * out + o : (e * out + o) * inn + i, 0.0);
-            }
+        auto zeroed = [&](int64_t o, int64_t i) { return (o / q.block_n + i / q.block_k + e) % 3 == 0; };
+        if (in.c.zero_weight_blocks)
+          for (int64_t o = 0; o < out; ++o)
+            for (int64_t i = 0; i < inn; ++i)
+              if (zeroed(o, i)) {
+                logical[size_t(o * inn + i)] = 0.0f;
+                store_value(plain, s.transposed ? (e * inn + i) * out + o : (e * out + o) * inn + i, 0.0);
+              }
         quantize_fp8_blocks(logical.data(), out, inn, q.block_n, q.block_k, q.scale_format, qc.data(), sc);
-        if (in.c.zero_weight_blocks) {
-          MOEX_CHECK(q.scale_format == ScaleFormat::f32, "zero_weight_blocks needs f32 scales (UE8M0 has no zero)");
+        if (in.c.zero_weight_blocks)
           for (int64_t b = 0; b < br * bk; ++b)
             if (zeroed((b / bk) * q.block_n, (b % bk) * q.block_k)) static_cast<float*>(sc)[b] = 0.0f;
-        }
         for (int64_t o = 0; o < out; ++o)
           for (int64_t i = 0; i < inn; ++i)
             codes.ptr<uint8_t>()[s.transposed ? (e * inn + i) * out + o : (e * out + o) * inn + i] = qc[size_t(o * inn + i)];

@@ -1095,17 +1095,6 @@ __global__ void __launch_bounds__(THREADS, 1)
         auto& acc1 = *reinterpret_cast<float(*)[16][4]>(&acc[16][0]);  // block 1: acc[16..31]
         auto kloop = [&](auto nb_tag) {
           constexpr int NB = decltype(nb_tag)::value, NFB = NB / 8;
-          // each block's weight scale of the current k block (w_cur: a zero scale replaced by the
-          // one before, 1 at the start) and whether the block is zero
-          float w_cur0, w_cur1;
-          bool w_zero0, w_zero1;
-          {
-            const float w0 = weight_scale(x, wsb0), w1 = concat ? weight_scale(x, wsb1) : w0;
-            w_zero0 = w0 == 0.0f;
-            w_zero1 = w1 == 0.0f;
-            w_cur0 = w_zero0 ? 1.0f : w0;
-            w_cur1 = w_zero1 ? 1.0f : w1;
-          }
           // the next k block's weight scale -> the ratio w_cur / w_next (1 where the next is zero,
           // NaN where it is not finite, so that it reaches the output as X = 1's promotion would)
           auto step_scale = [](float w_next, float& w_cur, bool& w_zero) {
@@ -1115,6 +1104,13 @@ __global__ void __launch_bounds__(THREADS, 1)
             w_cur = eff;
             return ratio;
           };
+          // each block's weight scale of the current k block (w_cur: a zero scale replaced by the
+          // one before, 1 at the start) and whether the block is zero
+          float w_cur0 = 1.0f, w_cur1 = 1.0f;
+          bool w_zero0, w_zero1;
+          const float w0 = weight_scale(x, wsb0);
+          step_scale(w0, w_cur0, w_zero0);
+          step_scale(concat ? weight_scale(x, wsb1) : w0, w_cur1, w_zero1);
           float w_next0 = 0.0f, w_next1 = 0.0f;
           auto load_w_next = [&](int kt) {
             if (kt + 1 < ktiles) {
@@ -1194,7 +1190,7 @@ __global__ void __launch_bounds__(THREADS, 1)
             uint32_t next_phase = phase;
             next_stage<STAGES>(next, next_phase);
             const bool more = kt + 1 < ktiles;
-            if (more) {  // the next stage's activation scales and block-0 weights are read below
+            if (more) {  // the next stage's activation scales are read below
               mbar_wait(full_bar(next), next_phase);
               if constexpr (GATHER) wgmma::fence_proxy_async();
             }
@@ -1241,8 +1237,6 @@ __global__ void __launch_bounds__(THREADS, 1)
         auto load_w = [&](int st, uint4 (&lo)[2], uint4 (&hi)[2]) {
           x_load_w(sB + uint32_t(st) * B_BYTES, row_lo, row_hi, g, c4, lo, hi);
         };
-        // a stage's weight bytes (load_w) converted in registers into the 8 k16 steps' A fragments
-        auto convert_w = [&](const uint4 (&lo)[2], const uint4 (&hi)[2], uint32_t (&f)[8][4]) { x_convert_w(lo, hi, f); };
         // a stage's 8 MMAs (wgmma N = NB A rows) into fresh partial sums p, one commit group
         auto issue_x = [&](auto nb_tag, int st, uint32_t (&f)[8][4], auto& p) {
           constexpr int NB = decltype(nb_tag)::value;
@@ -1292,7 +1286,7 @@ __global__ void __launch_bounds__(THREADS, 1)
           load_w(stage, lo, hi);
           for (int kt = 0; kt < ktiles; ++kt) {
             uint32_t af[8][4];  // [k16 step] the A fragment
-            convert_w(lo, hi, af);
+            x_convert_w(lo, hi, af);  // the stage's weight bytes into the 8 k16 steps' A fragments
             float xpart[NFP][4];
             issue_x(nb_tag, stage, af, xpart);
             int next = stage;
