@@ -63,8 +63,12 @@ PY
     MOEX_CUDA_PERF=1 MOEX_CUDA_PERF_QUANT=fp8 MOEX_CUDA_PERF_TOKENS="${c#*:}" MOEX_CUDA_PERF_SHAPES="${c%%:*}" \
       MOEX_CUDA_PERF_BACKENDS=grouped_mm MOEX_CUDA_PERF_REPS=1 timeout 200 \
       ncu --clock-control none --kernel-name-base demangled --kernel-name "regex:grouped_gemm_tma<.*, 1>" --launch-count 1 \
-      --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis \
-      "$BUILD/moex_tests" --gtest_filter='CudaPerf.Shapes' > "$OUT/ncu_stalls.txt" 2>&1
+      --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis --section SourceCounters \
+      --import-source no -f -o "$OUT/x1_stalls" "$BUILD/moex_tests" --gtest_filter='CudaPerf.Shapes' > "$OUT/ncu_stalls.log" 2>&1
+    ncu -i "$OUT/x1_stalls.ncu-rep" > "$OUT/ncu_stalls.txt" 2>&1
+    # per-SASS-instruction stall samples of the same launch (read on the development machine)
+    ncu -i "$OUT/x1_stalls.ncu-rep" --page source --csv --print-source sass > "$OUT/x1_source.csv" 2>&1
+    gzip -f "$OUT/x1_source.csv"; rm -f "$OUT/x1_stalls.ncu-rep"
     grep -E "Stall|Warp Cycles|Issued|Eligible|Active Warps|Pipe" "$OUT/ncu_stalls.txt" | head -40
   fi
 fi
