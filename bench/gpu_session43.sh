@@ -14,7 +14,7 @@
 #             issue 6 asks FP8 prefill no slower than bf16: >= 1.00x at T = 4096)
 #   ncu       (STEPS names it, default on) each TMA GEMM kernel of one FP8 grouped_mm forward at
 #             NCU_CASE (default qwen3_30b_a3b:4096) per variant: time, tensor-pipe and L2 throughput
-#             → $OUT/ncu_x.md; with NCU_STALLS=1 also the warp-state and scheduler sections (stall
+#             → $OUT/ncu_x.md (NCU_VARIANTS: "name:X_WIDE" list, default "base:0 wide:1 wide2:2"); with NCU_STALLS=1 also the warp-state and scheduler sections (stall
 #             reasons) of the default up GEMM (X = 1) → $OUT/ncu_stalls.txt
 set -u
 export OUT=${OUT:-$PWD/out}
@@ -28,7 +28,7 @@ AB_VARIANTS=${AB_VARIANTS:-"wide:MOEX_CUDA_FP8_X_WIDE=1 wide2:MOEX_CUDA_FP8_X_WI
 if [[ " ${STEPS:-ncu} " == *" ncu "* ]] && command -v ncu > /dev/null; then
   echo "== ncu"
   c=${NCU_CASE:-qwen3_30b_a3b:4096}
-  for v in base:0 wide:1 wide2:2; do
+  for v in ${NCU_VARIANTS:-base:0 wide:1 wide2:2}; do
     MOEX_CUDA_FP8_X_WIDE=${v#*:} MOEX_CUDA_PERF=1 MOEX_CUDA_PERF_QUANT=fp8 MOEX_CUDA_PERF_TOKENS="${c#*:}" \
       MOEX_CUDA_PERF_SHAPES="${c%%:*}" MOEX_CUDA_PERF_BACKENDS=grouped_mm MOEX_CUDA_PERF_REPS=2 timeout 150 \
       ncu --clock-control none --csv --print-units base --kernel-name "regex:grouped_gemm_tma" \
