@@ -14,7 +14,7 @@
 #             issue 6 asks FP8 prefill no slower than bf16: >= 1.00x at T = 4096)
 #   ncu       (STEPS names it, default on) each TMA GEMM kernel of one FP8 grouped_mm forward at
 #             NCU_CASE (default qwen3_30b_a3b:4096) per variant: time, tensor-pipe and L2 throughput
-#             → $OUT/ncu_x.md (NCU_VARIANTS: "name:X_WIDE" list, default "base:0 wide:1 wide2:2"); with NCU_STALLS=1 also the warp-state and scheduler sections (stall
+#             → $OUT/ncu_x.md (NCU_VARIANTS: "name:ENV=V[,ENV=V]" list, default base / wide / wide2); with NCU_STALLS=1 also the warp-state and scheduler sections (stall
 #             reasons) of the default up GEMM (X = 1) → $OUT/ncu_stalls.txt
 set -u
 export OUT=${OUT:-$PWD/out}
@@ -28,19 +28,20 @@ AB_VARIANTS=${AB_VARIANTS:-"wide:MOEX_CUDA_FP8_X_WIDE=1 wide2:MOEX_CUDA_FP8_X_WI
 if [[ " ${STEPS:-ncu} " == *" ncu "* ]] && command -v ncu > /dev/null; then
   echo "== ncu"
   c=${NCU_CASE:-qwen3_30b_a3b:4096}
-  for v in ${NCU_VARIANTS:-base:0 wide:1 wide2:2}; do
-    MOEX_CUDA_FP8_X_WIDE=${v#*:} MOEX_CUDA_PERF=1 MOEX_CUDA_PERF_QUANT=fp8 MOEX_CUDA_PERF_TOKENS="${c#*:}" \
+  variants=${NCU_VARIANTS:-"base:MOEX_CUDA_FP8_X_WIDE=0 wide:MOEX_CUDA_FP8_X_WIDE=1 wide2:MOEX_CUDA_FP8_X_WIDE=2"}
+  for v in $variants; do
+    env ${v#*:} MOEX_CUDA_PERF=1 MOEX_CUDA_PERF_QUANT=fp8 MOEX_CUDA_PERF_TOKENS="${c#*:}" \
       MOEX_CUDA_PERF_SHAPES="${c%%:*}" MOEX_CUDA_PERF_BACKENDS=grouped_mm MOEX_CUDA_PERF_REPS=2 timeout 150 \
       ncu --clock-control none --csv --print-units base --kernel-name "regex:grouped_gemm_tma" \
       --metrics gpu__time_duration.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,lts__t_bytes.sum \
       "$BUILD/moex_tests" --gtest_filter='CudaPerf.Shapes' > "$OUT/ncu_x_${v%%:*}.csv" 2> /dev/null
   done
-  python3 - "$OUT" "$c" <<'PY' | tee "$OUT/ncu_x.md"
+  python3 - "$OUT" "$c" $variants <<'PY' | tee "$OUT/ncu_x.md"
 import csv, sys, os, re, collections, statistics
 print(f"ncu, {sys.argv[2]}, FP8 grouped_mm: each TMA GEMM kernel (median over its launches)")
 print("| variant | kernel | µs | tensor pipe % | L2 GB |")
 print("|---|---|---|---|---|")
-for v in ("base", "wide", "wide2"):
+for v in (a.split(":")[0] for a in sys.argv[3:]):
     path = os.path.join(sys.argv[1], f"ncu_x_{v}.csv")
     if not os.path.exists(path): continue
     rows = list(csv.reader(open(path)))

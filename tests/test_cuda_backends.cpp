@@ -265,7 +265,8 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, CudaFp8Decode, ::testing::Values(DType::f32, DT
 // routing, every epilogue with and without bias, f32 and UE8M0 scales. The default (the exact up
 // GEMM, the QGMMA down GEMM), both GEMMs exact (MOEX_CUDA_FP8_TMA=exact), each with the exact GEMMs
 // on the untransposed kernel too (MOEX_CUDA_FP8_X_NT=1) and on the wide kernels (MOEX_CUDA_FP8_X_WIDE=1 / 2:
-// 256 weight rows per tile, one rescaled accumulator set; 2 pipelined), and the portable mma.sync path (=0) must
+// 256 weight rows per tile, one rescaled accumulator set; 2 pipelined), the converting kernel for the up GEMM
+// (MOEX_CUDA_FP8_X_CONV=1: gated concatenated cases with I % 128 == 0), and the portable mma.sync path (=0) must
 // meet SPEC §8 (2e-3 against the same-quantization f64 reference, 8e-2 against the unquantized one).
 std::vector<check::Case> fp8_prefill_cases(uint64_t seed, DType dt) {
   std::vector<check::Case> out;
@@ -307,26 +308,30 @@ TEST_P(CudaFp8Prefill, TmaAndPortablePathsMatchTheReference) {
   ScopedEnv no_decode("MOEX_CUDA_FP8_DECODE", "0");
   const uint64_t seed = seed_from_env();
   // {MOEX_CUDA_FP8_TMA, MOEX_CUDA_FP8_X_PREGATHER, MOEX_CUDA_FP8_X_NT, MOEX_CUDA_FP8_X_FEW,
-  // MOEX_CUDA_FP8_X_WIDE}: the
+  // MOEX_CUDA_FP8_X_WIDE, MOEX_CUDA_FP8_X_CONV}: the
   // default (exact up GEMM, QGMMA down GEMM; these cases' <= 8192 pairs take the token codes written
   // at the layout rows by the quantizer; the few-row exact kernel where S <= 32 E), the same with the
   // codes gathered by the up GEMM, both GEMMs exact, the portable path; the first three again with
   // the untransposed exact kernel; the few-row kernel forced on every case (tiles of 65-128 rows in
   // two passes) for the up GEMM and for both exact GEMMs, and forced off; the wide kernel (few-row
   // kernel off, so that it runs every case it fits: I % 128 == 0 for the up GEMM, every down GEMM) with
-  // the A rows by TMA and gathered, for the up GEMM and for both; its pipelined form (2)
-  const char* const modes[][5] = {{"hybrid", "", "", "", ""},   {"hybrid", "0", "", "", ""},  {"exact", "0", "", "", ""},
-                                  {"0", "0", "", "", ""},       {"hybrid", "", "1", "", ""},  {"hybrid", "0", "1", "", ""},
-                                  {"exact", "0", "1", "", ""},  {"hybrid", "", "", "1", ""},  {"exact", "", "", "1", ""},
-                                  {"hybrid", "", "", "0", ""},  {"hybrid", "", "", "0", "1"}, {"hybrid", "0", "", "0", "1"},
-                                  {"exact", "", "", "0", "1"},  {"exact", "0", "", "0", "1"},  {"hybrid", "", "", "0", "2"},
-                                  {"exact", "0", "", "0", "2"}};
+  // the A rows by TMA and gathered, for the up GEMM and for both; its pipelined form (2); the converting
+  // up GEMM (its codes always pre-gathered) with the QGMMA down GEMM (h quantized in its epilogue) and
+  // with the exact one
+  const char* const modes[][6] = {
+      {"hybrid", "", "", "", "", ""},  {"hybrid", "0", "", "", "", ""},  {"exact", "0", "", "", "", ""},
+      {"0", "0", "", "", "", ""},      {"hybrid", "", "1", "", "", ""},  {"hybrid", "0", "1", "", "", ""},
+      {"exact", "0", "1", "", "", ""}, {"hybrid", "", "", "1", "", ""},  {"exact", "", "", "1", "", ""},
+      {"hybrid", "", "", "0", "", ""}, {"hybrid", "", "", "0", "1", ""}, {"hybrid", "0", "", "0", "1", ""},
+      {"exact", "", "", "0", "1", ""}, {"exact", "0", "", "0", "1", ""}, {"hybrid", "", "", "0", "2", ""},
+      {"exact", "0", "", "0", "2", ""}, {"hybrid", "", "", "", "", "1"}, {"exact", "", "", "", "", "1"}};
   for (const auto& mode : modes) {
     ScopedEnv path("MOEX_CUDA_FP8_TMA", mode[0]);
     ScopedEnv pregather("MOEX_CUDA_FP8_X_PREGATHER", mode[1]);
     ScopedEnv untransposed("MOEX_CUDA_FP8_X_NT", mode[2]);
     ScopedEnv few_rows("MOEX_CUDA_FP8_X_FEW", mode[3]);
     ScopedEnv wide("MOEX_CUDA_FP8_X_WIDE", mode[4]);
+    ScopedEnv conv("MOEX_CUDA_FP8_X_CONV", mode[5]);
     double worst = 0;
     for (const auto& c : fp8_prefill_cases(seed, dt)) {
       const auto r = check::run_case("grouped_mm", c, Device::cuda());
@@ -334,13 +339,14 @@ TEST_P(CudaFp8Prefill, TmaAndPortablePathsMatchTheReference) {
                                                          << mode[1] << " MOEX_CUDA_FP8_X_NT=" << mode[2]
                                                          << " MOEX_CUDA_FP8_X_FEW=" << mode[3]
                                                          << " MOEX_CUDA_FP8_X_WIDE=" << mode[4]
+                                                         << " MOEX_CUDA_FP8_X_CONV=" << mode[5]
                                                          << " " << c.describe() << ": " << check::status_name(r.status) << ": "
                                                          << r.message;
       worst = std::max(worst, r.rel_l2);
     }
     std::printf("FP8 prefill, MOEX_CUDA_FP8_TMA=%s MOEX_CUDA_FP8_X_PREGATHER=%s MOEX_CUDA_FP8_X_NT=%s MOEX_CUDA_FP8_X_FEW=%s "
-                "MOEX_CUDA_FP8_X_WIDE=%s: worst rel L2 %.2e\n",
-                mode[0], mode[1], mode[2], mode[3], mode[4], worst);
+                "MOEX_CUDA_FP8_X_WIDE=%s MOEX_CUDA_FP8_X_CONV=%s: worst rel L2 %.2e\n",
+                mode[0], mode[1], mode[2], mode[3], mode[4], mode[5], worst);
   }
 }
 

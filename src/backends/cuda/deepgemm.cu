@@ -350,6 +350,10 @@ struct Sizes {
   // (kPregatherMaxPairs); QGMMA: opt-in only (measured slower at K = 8). MOEX_CUDA_FP8_X_PREGATHER=1 / 0
   // forces it on / off.
   bool x_pregather;
+  // the exact up GEMM on the converting kernel (TmaFp8Extra::exact_conv; opt-in MOEX_CUDA_FP8_X_CONV=1,
+  // read per call): gated, concatenated, I % 128 == 0. Its A rows come by TMA (x_pregather forced) as
+  // f16 codes in natural k order.
+  bool x_conv;
   // FP8 code buffers (derived from the flags above): x codes [x_rows, x_ld] and their scales
   // [ceil(H/128), x_scale_ld]; h codes [M, h_ld]. Code bytes: 2 (exact, f16 values) or 1 (e4m3).
   int64_t x_rows, x_ld, x_scale_ld, h_ld;
@@ -384,8 +388,10 @@ Sizes sizes_of(const ExpertsSpec& s, int64_t T, int64_t K, LayoutChoice choice =
   z.up_exact = z.fp8 && kernels.up_exact;
   z.down_exact = z.fp8 && kernels.down_exact;
   if (z.fp8) {
-    const char* pre = std::getenv("MOEX_CUDA_FP8_X_PREGATHER");  // read per call, as the route
-    z.x_pregather = pre && *pre ? *pre == '1' : z.up_exact && z.S <= kPregatherMaxPairs;
+    const char* conv = std::getenv("MOEX_CUDA_FP8_X_CONV");  // read per call, as the route
+    z.x_conv = z.up_exact && conv && *conv == '1' && s.has_gate && !s.interleaved && z.I % 128 == 0;
+    const char* pre = std::getenv("MOEX_CUDA_FP8_X_PREGATHER");
+    z.x_pregather = z.x_conv || (pre && *pre ? *pre == '1' : z.up_exact && z.S <= kPregatherMaxPairs);
   }
   z.x_rows = z.x_pregather ? z.M : z.T;
   z.x_scale_ld = z.x_pregather ? z.M4 : z.T4;
@@ -550,13 +556,14 @@ void run_deepgemm(const Experts& ex, const ExpertsCall& call, const RunContext& 
     const int x_in_div = z.x_pregather ? int(K) : 1;
     if (z.up_exact)
       quantize_rows(s.dtype, call.hidden.data, x_in_rows, int(z.H), x_row_map, static_cast<uint16_t*>(xq), xs,
-                    int(z.x_scale_ld), stream, x_in_div, x_nt);
+                    int(z.x_scale_ld), stream, x_in_div, x_nt || z.x_conv);
     else
       quantize_rows(s.dtype, call.hidden.data, x_in_rows, int(z.H), x_row_map, static_cast<uint8_t*>(xq), xs,
                     int(z.x_scale_ld), stream, x_in_div);
     xu.exact = z.up_exact;
     xd.exact = z.down_exact;
     xu.exact_nt = xd.exact_nt = x_nt;
+    xu.exact_conv = z.x_conv;
     // The few-row exact kernel (six stages of 64-row A tiles instead of four of 128) where an expert
     // holds about 32 rows or fewer on average (S <= 32 E): there the exact GEMM streams its weights
     // and the ring's weight bytes in flight set its pace. MOEX_CUDA_FP8_X_FEW=1 / 0 forces it on / off
@@ -596,7 +603,7 @@ void run_deepgemm(const Experts& ex, const ExpertsCall& call, const RunContext& 
       const char* e = std::getenv("MOEX_DEEPGEMM_FUSED_HQ");
       return !(e && *e == '0');
     }();
-    const bool hq_in_epilogue = fuse_hq && !z.down_exact && tma_fp8_quantizes_h(up, s.dtype, z.up_exact);
+    const bool hq_in_epilogue = fuse_hq && !z.down_exact && tma_fp8_quantizes_h(up, s.dtype, z.up_exact, z.x_conv);
     if (hq_in_epilogue) {
       xu.h_codes = hq;
       xu.h_scales = hs;

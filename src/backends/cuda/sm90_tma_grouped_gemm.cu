@@ -206,6 +206,20 @@ void launch_fp8_exact_wide(const GroupedGemmArgs& a, DType dtype, const TmaFp8Ex
   else tma::launch_bn<float, 256, true, false, false, X>(a, dtype, x, a_rows, E, stream);
 }
 
+// The converting exact FP8 kernel (X = 6, TmaFp8Extra::exact_conv): the gated up GEMM in the
+// concatenated layout with I % 128 == 0 (its gate and up halves are whole 128-row scale blocks and a
+// tile's 128 h columns one 128-channel block of the down GEMM's activation quantization), A rows by
+// TMA (pre-gathered codes in natural k order), per activation dtype.
+static bool fp8_exact_conv_fits(const GroupedGemmArgs& a) {
+  return a.epi == Epi::up_concat && a.I % 128 == 0 && !a.a_gather;
+}
+void launch_fp8_exact_conv(const GroupedGemmArgs& a, DType dtype, const TmaFp8Extra& x, int64_t a_rows, int64_t E,
+                           cudaStream_t stream) {
+  if (dtype == DType::bf16) tma::launch_bn<__nv_bfloat16, 256, true, false, false, 6>(a, dtype, x, a_rows, E, stream);
+  else if (dtype == DType::f16) tma::launch_bn<__half, 256, true, false, false, 6>(a, dtype, x, a_rows, E, stream);
+  else tma::launch_bn<float, 256, true, false, false, 6>(a, dtype, x, a_rows, E, stream);
+}
+
 // The QGMMA FP8 kernel with 256-wide tiles for bf16 activations (default; MOEX_CUDA_FP8_N=128: the
 // 128-wide tiles). Its stage holds 16 KB of A and 32 KB of weights for 8.4 MFLOP (5.7 KB per MFLOP
 // against the 128-wide tile's 7.6; with the cluster multicast 3.8 against 5.7); the partial-sum set
@@ -224,8 +238,9 @@ static bool fp8_wide_tiles(const GroupedGemmArgs& a, DType dtype) {
 
 }  // namespace
 
-bool tma_fp8_quantizes_h(const GroupedGemmArgs& a, DType act_dtype, bool exact) {
-  return !exact && a.epi == Epi::up_concat && fp8_wide_tiles(a, act_dtype);  // wide: I % 128 == 0 there
+bool tma_fp8_quantizes_h(const GroupedGemmArgs& a, DType act_dtype, bool exact, bool exact_conv) {
+  if (exact) return exact_conv && fp8_exact_conv_fits(a);
+  return a.epi == Epi::up_concat && fp8_wide_tiles(a, act_dtype);  // wide: I % 128 == 0 there
 }
 
 bool tma_disabled() {
@@ -384,9 +399,10 @@ void launch_grouped_gemm_tma_ex(const GroupedGemmArgs& a, DType act_dtype, bool 
   if (fp8) {
     MOEX_ASSERT(x.a_scales && x.w_scales && x.a_scales_ld % 4 == 0);
     MOEX_ASSERT(!x.exact || (x.a_ld % 128 == 0 && x.a_ld >= a.Kdim));
-    MOEX_ASSERT(!x.h_codes || (x.h_scales && tma_fp8_quantizes_h(a, act_dtype, x.exact)));
+    MOEX_ASSERT(!x.h_codes || (x.h_scales && tma_fp8_quantizes_h(a, act_dtype, x.exact, x.exact_conv)));
     const bool cluster = !x.exact && fp8_cluster(a), wide = !x.exact && fp8_wide_tiles(a, act_dtype);
-    if (x.exact && x.exact_nt) launch_fp8<2>(a, act_dtype, x, a_rows, E, stream);
+    if (x.exact && x.exact_conv && fp8_exact_conv_fits(a)) launch_fp8_exact_conv(a, act_dtype, x, a_rows, E, stream);
+    else if (x.exact && x.exact_nt) launch_fp8<2>(a, act_dtype, x, a_rows, E, stream);
     else if (x.exact && x.exact_few_rows && !a.a_gather) launch_fp8<3>(a, act_dtype, x, a_rows, E, stream);
     else if (x.exact && x.exact_wide == 1 && fp8_exact_wide_fits(a)) launch_fp8_exact_wide<4>(a, act_dtype, x, a_rows, E, stream);
     else if (x.exact && x.exact_wide == 2 && fp8_exact_wide_fits(a)) launch_fp8_exact_wide<5>(a, act_dtype, x, a_rows, E, stream);

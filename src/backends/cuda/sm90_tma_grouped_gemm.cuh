@@ -69,17 +69,23 @@ struct TmaFp8Extra {
   // 1: the two m64 blocks' MMAs in one commit group (X = 4); 2: pipelined, block 1's weights converted
   // under block 0's MMAs and block 0 rescaled under block 1's (X = 5, MOEX_CUDA_FP8_X_WIDE=2); 0: off.
   int exact_wide = 0;
-  // FP8 gated up GEMM (QGMMA, 256-wide tiles: tma_fp8_quantizes_h): h quantized in the epilogue for
-  // the down GEMM instead of written in the activation dtype: e4m3 codes [rows, I] at the A (layout)
+  // With exact (the gated up GEMM in the concatenated layout, I % 128 == 0, A rows by TMA in natural k
+  // order): the converting kernel (X = 6 in sm90_tma_kernel.cuh; opt-in, MOEX_CUDA_FP8_X_CONV=1, see
+  // deepgemm.cu): untransposed, 256 weight rows per tile converted to f16 in shared memory by the
+  // producer warpgroup, SS HGMMA, one accumulator set rescaled per 128-k block, h quantized in its
+  // epilogue where h_codes is set (tma_fp8_quantizes_h).
+  bool exact_conv = false;
+  // FP8 gated up GEMM (QGMMA with 256-wide tiles, or the converting exact kernel: tma_fp8_quantizes_h): h
+  // quantized in the epilogue for the down GEMM instead of written in the activation dtype: e4m3 codes [rows, I] at the A (layout)
   // rows and their per-row scales [ceil(I/128), h_scales_ld] (nullptr: h written to a.out).
   void* h_codes = nullptr;
   float* h_scales = nullptr;
   int h_scales_ld = 0;
 };
 // True when the FP8 up GEMM `a` with activation dtype act_dtype runs the kernel that can quantize h in
-// its epilogue (TmaFp8Extra::h_codes): QGMMA with 256-wide tiles, the concatenated gated layout
-// (I % 128 == 0), bf16 activations.
-bool tma_fp8_quantizes_h(const GroupedGemmArgs& a, DType act_dtype, bool exact);
+// its epilogue (TmaFp8Extra::h_codes): the concatenated gated layout with I % 128 == 0 on QGMMA with
+// 256-wide tiles (bf16 activations) or on the converting exact kernel (exact_conv, any activation dtype).
+bool tma_fp8_quantizes_h(const GroupedGemmArgs& a, DType act_dtype, bool exact, bool exact_conv = false);
 // True when the FP8 variant can run this GEMM: compute capability 9.0, K-major weights, Kdim a
 // multiple of 16, N a multiple of 8, the gated concatenated layout with I a multiple of 64 (a
 // 64-row half of a tile never straddles two 128-row scale blocks), 16-byte aligned bases.

@@ -51,14 +51,20 @@ __device__ __forceinline__ int tile_passes(const int4& tile) {
 // Tried on the H200 (2026-12-02, twenty-third session): 16-row A boxes for it (half the f16 code bytes
 // per stage at <= 16 rows) left its L2 throughput at 81 % and ran no faster (mixtral_8x7b T = 64 up
 // GEMM 314.6 us against 308.4; forward 0.4532 against 0.4496 ms with 32-row boxes); removed.
+// X = 6 (the untransposed exact kernel with converted weight tiles, TmaFp8Extra::exact_conv): a stage is
+// 64 of K: the A rows' f16 codes ([128 rows][64 k], one 16 KB sub-tile), the 256 weight rows' e4m3
+// bytes as TMA brings them (W8_BYTES, [256 rows][64 B], unswizzled) and the same rows converted to f16
+// by the producer warpgroup's warps 1-3 (B_BYTES, [256 rows][64 k] 128B-swizzled, as the bf16 kernel's
+// TMA B tile): three stages.
 template <int BN, bool FP8 = false, int X = 0>
 struct TmaCfg {
   static constexpr int STAGES = X == 2 || X >= 4 ? 3 : X == 3 ? 6 : X ? 4 : BN == 256 ? 4 : 6;
   static constexpr int X_SUB = X == 3 ? XR_ROWS * 128 : X_SUB_BYTES;  // bytes of an A sub-tile (X)
-  static constexpr int A_STAGE = X ? 2 * X_SUB : A_BYTES;
+  static constexpr int A_STAGE = X == 6 ? X_SUB : X ? 2 * X_SUB : A_BYTES;
   static constexpr int B_BYTES = BN * BK * 2;
   static constexpr int F_BYTES = X == 2 ? BN * 256 : 0;  // [BN rows][128 k] f16
-  static constexpr int STAGE_BYTES = A_STAGE + B_BYTES + (FP8 ? SA_BYTES : 0);
+  static constexpr int W8_BYTES = X == 6 ? BN * 64 : 0;  // [BN rows][64 k] e4m3 (X = 6)
+  static constexpr int STAGE_BYTES = A_STAGE + B_BYTES + W8_BYTES + (FP8 ? SA_BYTES : 0);
   static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + 2 * F_BYTES + 1024 + 256;  // align slack + barriers
 };
 
@@ -383,6 +389,19 @@ __device__ __forceinline__ void x_weight_rows(Epi epi, int cw, int warp_in_wg, i
   }
 }
 
+// The one rescaled accumulator set of the wide (X = 4 / 5) and converting (X = 6) exact kernels: the next
+// k block's weight scale -> the ratio w_cur / w_next by which the accumulators are multiplied (1 where
+// the next is zero: that block adds nothing and the scale before it is carried on, w_zero; NaN where
+// it is not finite, so that it reaches the output as X = 1's promotion would); w_cur becomes the
+// scale in effect.
+__device__ __forceinline__ float x_step_scale(float w_next, float& w_cur, bool& w_zero) {
+  w_zero = w_next == 0.0f;
+  const float eff = w_zero ? w_cur : w_next;
+  const float ratio = isfinite(w_next) ? w_cur / eff : __int_as_float(0x7fffffff);
+  w_cur = eff;
+  return ratio;
+}
+
 // The 16-byte weight chunk of `row` (of a stage's weight tile, 128 bytes per row, 128B-swizzled) that
 // holds 64-k half `half`'s bytes of lane quad position c4.
 __device__ __forceinline__ uint32_t x_w_chunk(uint32_t w_tile, int row, int half, int c4) {
@@ -676,7 +695,8 @@ __global__ void __launch_bounds__(THREADS, 1)
   // A elements: bf16 / f16 (T), e4m3 codes (FP8), f16 codes (X)
   using Elem = std::conditional_t<X, uint16_t, std::conditional_t<FP8, uint8_t, T>>;
   constexpr int STAGES = Cfg::STAGES, B_BYTES = Cfg::B_BYTES, A_STAGE = Cfg::A_STAGE, NF = BN / 8;
-  constexpr int BKE = FP8 ? 128 : BK;          // K elements per stage (128 bytes per row either way)
+  // K elements per stage (128 bytes per row either way; X = 6: 64, the f16 operands' 128 bytes)
+  constexpr int BKE = X == 6 ? 64 : FP8 ? 128 : BK;
   constexpr int CHUNK = 16 / int(sizeof(Elem));  // K elements per 16-byte cp.async chunk
   // FP8 keeps two accumulator sets; at BN = 256 its partial set covers one 128-column half at a time
   static_assert(!FP8 || BN == 128 || (BN == 256 && (!X || X >= 4)), "FP8: 128-wide N tiles (256-wide: QGMMA and X = 4 / 5 only)");
@@ -685,9 +705,10 @@ __global__ void __launch_bounds__(THREADS, 1)
   static_assert(!X || (FP8 && !MC && !PP), "the exact FP8 variant: FP8, cooperative, no clusters");
   static_assert(X != 2 || BN == 128, "the untransposed exact variant: 128-wide tiles");
   static_assert(X != 3 || !GATHER, "the few-row exact variant: A rows by TMA (the gather writes 128 rows)");
+  static_assert(X != 6 || !GATHER, "the converting exact variant: A rows by TMA (warps 1-3 convert the weights)");
   // the transposed exact kernels (D[weight row][A row]): all rows of a tile at once (1), or in
   // passes of XR_ROWS rows (3)
-  constexpr bool XT = X == 1 || X >= 3;
+  constexpr bool XT = X == 1 || (X >= 3 && X <= 5);
   constexpr int X_SUB = Cfg::X_SUB;
   constexpr uint32_t HALF_B = (BN / 2) * 128;  // bytes of half a B stage (BN/2 weight rows)
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -696,7 +717,8 @@ __global__ void __launch_bounds__(THREADS, 1)
   const uint32_t base = (raw + 1023u) & ~1023u;
   const uint32_t sA = base, sB = base + STAGES * A_STAGE;
   const uint32_t sF = sB + STAGES * B_BYTES;                    // X = 2: [2][F_BYTES] f16 weights
-  const uint32_t sSA = sF + 2 * Cfg::F_BYTES;                   // FP8: [STAGES][128] f32
+  const uint32_t sW8 = sF + 2 * Cfg::F_BYTES;                   // X = 6: [STAGES][W8_BYTES] e4m3 weights
+  const uint32_t sSA = sW8 + STAGES * Cfg::W8_BYTES;            // FP8: [STAGES][128] f32
   // barriers and small shared values, in this order: full[STAGES], empty[STAGES], num_m (8 bytes),
   // turn[2] (PP), item_full[ITEM_SLOTS], item_empty[ITEM_SLOTS], items[ITEM_SLOTS] (dynamic schedule)
   const uint32_t bars = sSA + (FP8 ? STAGES * SA_BYTES : 0);
@@ -708,7 +730,11 @@ __global__ void __launch_bounds__(THREADS, 1)
   auto item_full = [&](int s) { return bars + 16u * uint32_t(STAGES) + 24u + 8u * uint32_t(s); };
   auto item_empty = [&](int s) { return bars + 16u * uint32_t(STAGES) + 24u + 8u * uint32_t(ITEM_SLOTS + s); };
   int* s_items = reinterpret_cast<int*>(smem_raw + (bars - raw) + 16 * STAGES + 24 + 16 * ITEM_SLOTS);
-  static_assert(16 * (STAGES + ITEM_SLOTS) + 24 + 4 * ITEM_SLOTS <= 256, "the barriers outgrow SMEM_BYTES' 256-byte reserve");
+  // X = 6: conv[STAGES] after the items, completed when warps 1-3 have converted the stage's weights
+  auto conv_bar = [&](int s) { return bars + 16u * uint32_t(STAGES) + 24u + 20u * ITEM_SLOTS + 8u * uint32_t(s); };
+  static_assert((16 * STAGES + 24 + 20 * ITEM_SLOTS) % 8 == 0, "conv barriers: 8-byte aligned");
+  static_assert(16 * (STAGES + ITEM_SLOTS) + 24 + 4 * ITEM_SLOTS + (X == 6 ? 8 * STAGES : 0) <= 256,
+                "the barriers outgrow SMEM_BYTES' 256-byte reserve");
 
   // The dynamic schedule (x.work_counter set; cooperative kernels outside clusters): after its first
   // item (blockIdx.x) a CTA claims the next from a global counter as soon as its producer has issued
@@ -735,6 +761,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       mbar_init(full_bar(s), GATHER ? 129u : 1u);  // thread 0's expect_tx (+ 128 cp.async arrivals)
       // one arrival per consumer warp that reads the stage: of both CTAs (MC), of one warpgroup (PP)
       mbar_init(empty_bar(s), (MC ? 2u : 1u) * (PP ? 4u : 8u));
+      if (X == 6) mbar_init(conv_bar(s), 3u);  // one arrival per converting warp
     }
     if (PP) {
       mbar_init(turn_bar(0), 1u);
@@ -743,9 +770,9 @@ __global__ void __launch_bounds__(THREADS, 1)
     if (dyn) {
       for (int s = 0; s < ITEM_SLOTS; ++s) {
         mbar_init(item_full(s), 1u);
-        // read by the 8 consumer warps and, in the gather variant, producer warps 1-3 (warp 0 gets
-        // the item from thread 0 by a shuffle)
-        mbar_init(item_empty(s), GATHER ? 11u : 8u);
+        // read by the 8 consumer warps and, in the gather and converting (X = 6) variants, producer
+        // warps 1-3 (the gather's warp 0 gets the item from thread 0 by a shuffle)
+        mbar_init(item_empty(s), GATHER || X == 6 ? 11u : 8u);
       }
     }
     mbar_fence_init();
@@ -789,9 +816,70 @@ __global__ void __launch_bounds__(THREADS, 1)
     }
   };
 
+  // X = 6: producer warps 1-3 (ct = 0..95) convert each stage's e4m3 weight tile (sW8, [BN rows][64 B])
+  // into f16 (sB, [BN rows][64 k], 128B-swizzled: the consumers' wgmma B operand) once TMA has
+  // brought it, then complete the stage's conv barrier. They walk the items and stages in the order of
+  // the producer and the consumers. The rows of a weight block whose scale is 0 are written as zeros
+  // (such a block adds nothing; the consumers' rescale carries the scale before it, see X = 6 there).
+  // The e4m3 -> f16 conversion is exact. 16-byte chunk c of a row (k 16c..16c+15) becomes the f16
+  // chunks 2c and 2c + 1; consecutive threads take consecutive chunks (4 per row), so each 8-thread
+  // phase of the 16-byte accesses covers two rows and, with the swizzle, 8 distinct bank groups.
+  auto x6_converter = [&](int ct) {
+    const int lane = ct & 31;
+    int stage = 0;
+    uint32_t phase = 0;
+    int items = 0;
+    for (int w = int(blockIdx.x);; w += int(gridDim.x)) {
+      if (dyn) {
+        const int islot = items % ITEM_SLOTS;
+        mbar_wait(item_full(islot), uint32_t(items / ITEM_SLOTS) & 1u);
+        ++items;
+        w = s_items[islot];
+        __syncwarp();
+        if (lane == 0) mbar_arrive(item_empty(islot));
+      }
+      if (w >= total_items()) break;
+      int m, n;
+      bool shared, own;
+      work_item(w, m, n, shared, own);
+      int64_t ws_lo, ws_hi;
+      weight_scale_rows<BN>(a, a.plan.tiles[m].x, n, ws_lo, ws_hi);
+      for (int kt = 0; kt < ktiles; ++kt) {
+        const bool zero_lo = weight_scale(x, ws_lo + (kt >> 1)) == 0.0f;
+        const bool zero_hi = weight_scale(x, ws_hi + (kt >> 1)) == 0.0f;
+        mbar_wait(full_bar(stage), phase);
+        const uint32_t src = sW8 + uint32_t(stage) * Cfg::W8_BYTES, dst = sB + uint32_t(stage) * B_BYTES;
+#pragma unroll 2
+        for (int c = ct; c < BN * 4; c += 96) {
+          const int row = c >> 2, ch = c & 3;
+          uint4 v = ptx::lds128(src + uint32_t(c) * 16u);
+          if (row < BN / 2 ? zero_lo : zero_hi) v = make_uint4(0u, 0u, 0u, 0u);
+          uint32_t f[8];
+          wgmma::e4m3x4_to_f16x2x2(v.x, f[0], f[1]);
+          wgmma::e4m3x4_to_f16x2x2(v.y, f[2], f[3]);
+          wgmma::e4m3x4_to_f16x2x2(v.z, f[4], f[5]);
+          wgmma::e4m3x4_to_f16x2x2(v.w, f[6], f[7]);
+          const uint32_t d = dst + uint32_t(row) * 128u;
+          ptx::sts128(d + uint32_t(((2 * ch) ^ (row & 7)) << 4), f[0], f[1], f[2], f[3]);
+          ptx::sts128(d + uint32_t(((2 * ch + 1) ^ (row & 7)) << 4), f[4], f[5], f[6], f[7]);
+        }
+        wgmma::fence_proxy_async();  // the generic-proxy stores, before the consumers' wgmma reads them
+        __syncwarp();
+        if (lane == 0) mbar_arrive(conv_bar(stage));
+        next_stage<STAGES>(stage, phase);
+      }
+    }
+  };
+
   if (wg == 0) {
     // ================================ producer ================================
     setmaxnreg_dec<56>();
+    if constexpr (X == 6) {
+      if (tid >= 32) {  // warps 1-3: the weight converter
+        x6_converter(tid - 32);
+        return;
+      }
+    }
     if (!GATHER && tid != 0) return;
     if (tid == 0) {
       prefetch_tmap(&tm_b);
@@ -849,7 +937,10 @@ __global__ void __launch_bounds__(THREADS, 1)
         // its own A row only). Few-row experts (decode, deepseek_v3 at T = 512: 16 rows) then stop
         // pulling 128 rows of h through L2 per stage for every n tile.
         const int a_boxes = GATHER ? 0 : (min(re - rb, pass_rows<X>()) + ABOX - 1) / ABOX;
-        const uint32_t tx_bytes = B_BYTES + (GATHER ? 0 : a_boxes * ABOX * 128 * (X ? 2 : 1) + (FP8 ? SA_BYTES : 0));
+        // X = 6: the stage's e4m3 weights (B is their f16 conversion, written by warps 1-3) and one
+        // 64-k sub-tile of A codes
+        const uint32_t tx_bytes = (X == 6 ? Cfg::W8_BYTES : B_BYTES) +
+                                  (GATHER ? 0 : a_boxes * ABOX * 128 * (X && X != 6 ? 2 : 1) + (FP8 ? SA_BYTES : 0));
         for (int kt = 0; kt < ktiles; ++kt) {
           mbar_wait(empty_bar(stage), phase ^ 1u);
           const int k0 = kt * BKE;
@@ -857,7 +948,16 @@ __global__ void __launch_bounds__(THREADS, 1)
             const uint32_t fb = full_bar(stage);
             mbar_arrive_expect_tx(fb, tx_bytes);
             const uint32_t dB = sB + uint32_t(stage) * B_BYTES;
-            if (MC) {
+            if constexpr (X == 6) {
+              // e4m3 rows of 64 bytes: gate / up halves of 128 rows (concat), else BN rows
+              const uint32_t dW = sW8 + uint32_t(stage) * Cfg::W8_BYTES;
+              if (concat) {
+                tma_load_3d(dW, &tm_b, fb, k0, n * (BN / 2), e);
+                tma_load_3d(dW + (BN / 2) * 64, &tm_b, fb, k0, a.I + n * (BN / 2), e);
+              } else {
+                tma_load_3d(dW, &tm_b, fb, k0, n * BN, e);
+              }
+            } else if (MC) {
               // halves: gate / up rows (concat) or rows [n*BN, +BN/2), [n*BN + BN/2, +BN/2)
               const int r0 = concat ? n * (BN / 2) : n * BN, r1 = concat ? a.I + n * (BN / 2) : n * BN + BN / 2;
               if (shared) {
@@ -876,9 +976,10 @@ __global__ void __launch_bounds__(THREADS, 1)
               for (int b = 0; b < a_boxes; ++b) {
                 const uint32_t dA = sA + uint32_t(stage) * A_STAGE + uint32_t(b * ABOX * 128);
                 tma_load_2d(dA, &tm_a, fb, k0, rb + b * ABOX);
-                if constexpr (X) tma_load_2d(dA + X_SUB, &tm_a, fb, k0 + 64, rb + b * ABOX);  // k 64-127
+                if constexpr (X && X != 6) tma_load_2d(dA + X_SUB, &tm_a, fb, k0 + 64, rb + b * ABOX);  // k 64-127
               }
-              if constexpr (FP8) tma_load_2d(sSA + uint32_t(stage) * SA_BYTES, &tm_sa, fb, rb, kt);
+              // the activation scales of the stage's 128-k block (X = 6: two stages per block)
+              if constexpr (FP8) tma_load_2d(sSA + uint32_t(stage) * SA_BYTES, &tm_sa, fb, rb, X == 6 ? kt >> 1 : kt);
             }
           }
           if constexpr (GATHER) {
@@ -934,7 +1035,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     uint32_t phase = 0;
     float acc[NF][4];
     // FP8: the partial sums of one 128-K block, for 128 columns (BN = 256: one half at a time)
-    constexpr int NFP = FP8 && !XT ? (NF < 16 ? NF : 16) : 1;
+    constexpr int NFP = FP8 && !XT && X != 6 ? (NF < 16 ? NF : 16) : 1;
     float part[NFP][4];
     // a stage is refilled when the consumers of every CTA that reads it released it (MC: the
     // peer's multicast writes into this CTA's stage too)
@@ -1063,6 +1164,90 @@ __global__ void __launch_bounds__(THREADS, 1)
           stage = next;
           phase = next_phase;
         }
+      } else if constexpr (X == 6) {
+        // ---- exact FP8, untransposed, converted weight tiles (TmaFp8Extra::exact_conv): this
+        // warpgroup computes rows [cw·64, +64) of the tile's A rows x its 256 weight rows with SS
+        // HGMMA m64n256k16 on f16 operands (exact: e4m3 ⊂ f16, products exact, f32 sums), as the
+        // bf16 kernel does: A = the stage's f16 token codes (TMA, natural k order), B = the stage's
+        // weights converted to f16 by producer warps 1-3 (conv barrier). Why: the transposed
+        // kernel (X = 1) converts the weights into register fragments and promotes partial sums in
+        // each consumer's chain between its MMAs; here the consumers only issue MMAs, as in the bf16
+        // kernel, and the tile is 256 wide (half the A bytes per MAC of X = 1).
+        // The two-level accumulation on one accumulator set, as X = 4: after 128-k block kb the
+        // accumulators hold R = acc / s(kb), s = activation scale (per A row) x weight block scale
+        // (per 128-column half); block kb + 1's MMAs add its exact code products into R after R is
+        // multiplied by s(kb) / s(kb + 1); the last block's R by s(last). A zero weight block adds
+        // nothing (its f16 rows were written as zeros; x_step_scale carries the scale before it).
+        // Both stages of a block are held until its MMAs retire; the next block's activation scales
+        // come with its first stage.
+        const int4 tile_rows = a.plan.tiles[m];
+        int64_t ws_lo, ws_hi;
+        weight_scale_rows<BN>(a, tile_rows.x, n, ws_lo, ws_hi);
+        const int srow = cw * 64 + warp_in_wg * 16 + (lane >> 2);  // this thread's A rows: srow, srow + 8
+        float w_lo = 1.0f, w_hi = 1.0f;  // the weight scales in effect (x_step_scale)
+        bool z_lo, z_hi;
+        x_step_scale(weight_scale(x, ws_lo), w_lo, z_lo);
+        x_step_scale(weight_scale(x, ws_hi), w_hi, z_hi);
+        // one stage's 4 MMAs (k 64) into the accumulators, one commit group
+        auto issue_stage = [&](int st, uint32_t ph) {
+          mbar_wait(full_bar(st), ph);  // A and the activation scales (TMA)
+          mbar_wait(conv_bar(st), ph);  // B (warps 1-3)
+          const uint32_t a_tile = sA + uint32_t(st) * A_STAGE + uint32_t(cw) * (64 * 128);
+          const uint32_t b_tile = sB + uint32_t(st) * B_BYTES;
+          wgmma::fence_acc(acc);
+          wgmma::fence();
+#pragma unroll
+          for (int kk = 0; kk < 4; ++kk)
+            wgmma::wgmma_m64n256k16_f16(acc, wgmma::desc_sw128(a_tile + kk * 32), wgmma::desc_sw128(b_tile + kk * 32));
+          wgmma::commit();
+        };
+        // per 128-k block: its one or two stages' MMAs, then (retired) the rescale. The loop's back
+        // edge follows the wait, so ptxas keeps the MMAs of a block's two stages in flight together
+        // (with a per-stage condition on the wait it waited after every stage, C7517).
+        const int kblocks = (ktiles + 1) >> 1;
+        for (int kb = 0; kb < kblocks; ++kb) {
+          const bool more = kb + 1 < kblocks;
+          float wn_lo = 0.0f, wn_hi = 0.0f;  // the next block's weight scales, in flight under the MMAs
+          if (more) {
+            wn_lo = weight_scale(x, ws_lo + kb + 1);
+            wn_hi = weight_scale(x, ws_hi + kb + 1);
+          }
+          const int first = stage;
+          int last = stage;
+          issue_stage(stage, phase);
+          next_stage<STAGES>(stage, phase);
+          if (2 * kb + 1 < ktiles) {
+            last = stage;
+            issue_stage(stage, phase);
+            next_stage<STAGES>(stage, phase);
+          }
+          // stage / phase now name the next block's first stage: its activation scales
+          const float* sa = reinterpret_cast<const float*>(smem_raw + (sSA - raw) + last * SA_BYTES);
+          float r0 = sa[srow], r1 = sa[srow + 8], q_lo = w_lo, q_hi = w_hi;
+          if (more) {
+            mbar_wait(full_bar(stage), phase);
+            const float* sn = reinterpret_cast<const float*>(smem_raw + (sSA - raw) + stage * SA_BYTES);
+            r0 = r0 / sn[srow];
+            r1 = r1 / sn[srow + 8];
+            q_lo = x_step_scale(wn_lo, w_lo, z_lo);
+            q_hi = x_step_scale(wn_hi, w_hi, z_hi);
+          }
+          const float f00 = r0 * q_lo, f01 = r0 * q_hi, f10 = r1 * q_lo, f11 = r1 * q_hi;
+          wgmma::wait<0>();
+          wgmma::fence_acc(acc);
+#pragma unroll
+          for (int nf = 0; nf < NF; ++nf) {
+            const float g0 = nf < NF / 2 ? f00 : f01, g1 = nf < NF / 2 ? f10 : f11;
+            acc[nf][0] *= g0;
+            acc[nf][1] *= g0;
+            acc[nf][2] *= g1;
+            acc[nf][3] *= g1;
+          }
+          if (first != last) release(first);
+          release(last);
+        }
+        if (own) epilogue<T, BN, true>(a, x, acc, m, n, cw, warp_in_wg, lane);
+        continue;
       } else if constexpr (X >= 4) {
         // ---- exact FP8, transposed, 256 weight rows per tile (opt-in, TmaFp8Extra::exact_wide): this
         // warpgroup computes D[w row][tile row] for 128 of the tile's 256 weight rows as two m64
@@ -1095,15 +1280,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         auto& acc1 = *reinterpret_cast<float(*)[16][4]>(&acc[16][0]);  // block 1: acc[16..31]
         auto kloop = [&](auto nb_tag) {
           constexpr int NB = decltype(nb_tag)::value, NFB = NB / 8;
-          // the next k block's weight scale -> the ratio w_cur / w_next (1 where the next is zero,
-          // NaN where it is not finite, so that it reaches the output as X = 1's promotion would)
-          auto step_scale = [](float w_next, float& w_cur, bool& w_zero) {
-            w_zero = w_next == 0.0f;
-            const float eff = w_zero ? w_cur : w_next;
-            const float ratio = isfinite(w_next) ? w_cur / eff : __int_as_float(0x7fffffff);
-            w_cur = eff;
-            return ratio;
-          };
+          const auto step_scale = x_step_scale;
           // each block's weight scale of the current k block (w_cur: a zero scale replaced by the
           // one before, 1 at the start) and whether the block is zero
           float w_cur0 = 1.0f, w_cur1 = 1.0f;
@@ -1478,8 +1655,10 @@ void launch_typed(const GroupedGemmArgs& a, DType dtype, const TmaFp8Extra& x, i
   const cuuint64_t bdims[3] = {cuuint64_t(a.Kdim), cuuint64_t(a.N), cuuint64_t(E)};
   const cuuint64_t bstrides[2] = {cuuint64_t(a.Kdim) * ESZ, cuuint64_t(a.w_expert_stride) * ESZ};
   // MC and the concatenated gated layout load B in two halves of BN/2 rows
-  const cuuint32_t bbox[3] = {cuuint32_t(BKE), cuuint32_t(MC || a.epi == Epi::up_concat ? BN / 2 : BN), 1};
-  const CUtensorMap tm_b = make_map(etype, a.W, 3, bdims, bstrides, bbox, CU_TENSOR_MAP_SWIZZLE_128B);
+  // (X = 6: boxes of 64 bytes of K, unswizzled: the converting warps read them in row order)
+  const cuuint32_t bbox[3] = {cuuint32_t(X == 6 ? 64 : BKE), cuuint32_t(MC || a.epi == Epi::up_concat ? BN / 2 : BN), 1};
+  const CUtensorMap tm_b =
+      make_map(etype, a.W, 3, bdims, bstrides, bbox, X == 6 ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B);
   CUtensorMap tm_a = tm_b, tm_sa = tm_b;
   if (!GATHER && X) {
     // f16 codes [a_rows, a_ld]: boxes of 64 k (128 bytes) x ABOX rows
@@ -1516,7 +1695,7 @@ void launch_typed(const GroupedGemmArgs& a, DType dtype, const TmaFp8Extra& x, i
 
 template <class T, int BN, bool FP8, bool MC, bool PP, int X>
 void launch_bn(const GroupedGemmArgs& a, DType dtype, const TmaFp8Extra& x, int64_t a_rows, int64_t E, cudaStream_t stream) {
-  if constexpr (X == 3) {  // A rows by TMA only (the caller's choice: TmaFp8Extra::exact_few_rows)
+  if constexpr (X == 3 || X == 6) {  // A rows by TMA only (the caller's choice: exact_few_rows / exact_conv)
     MOEX_ASSERT(!a.a_gather);
     launch_typed<T, BN, false, FP8, MC, PP, X>(a, dtype, x, a_rows, E, stream);
   } else if (a.a_gather) {
