@@ -63,6 +63,16 @@
 // session): correct on every dtype, but slower than X = 1 (FP8 forward at T = 4096 0.78-0.98x the
 // default's speed, X = 5 0.80-0.84x); ncu on qwen3_30b_a3b T = 4096: the up GEMM 884 us against 654
 // with 21 % fewer L2 bytes, so X = 1 is not bound by its operand feed.
+// Converting exact variant (X = 6; TmaFp8Extra::exact_conv; opt-in MOEX_CUDA_FP8_X_CONV=1): the gated up
+// GEMM (concatenated, I % 128 == 0) untransposed as the bf16 kernel computes it: 256 weight rows per
+// tile, stages of 64 k; TMA brings the A rows' f16 codes (pre-gathered, natural k order) and the
+// weights' e4m3 bytes, the producer warpgroup's warps 1-3 convert the weights into the 128B-swizzled
+// f16 tile that the consumers' SS HGMMA m64n256k16 reads (a conv barrier per stage), and the
+// consumers keep one accumulator set rescaled per 128-k block as X = 4 (no partial sums, nothing
+// but MMAs in their chain between blocks). h is quantized in its epilogue for the QGMMA down GEMM
+// (store_tile_hq). Why: each of X = 1's consumer warpgroups converts its weight fragments and
+// promotes partial sums between its MMAs (35 % tensor pipe on qwen3 T = 4096), and its 128-wide
+// tiles re-read the A codes twice as often as a 256-wide tile.
 // Untransposed exact variant (X = 2; TmaFp8Extra::exact_nt; opt-in MOEX_CUDA_FP8_X_NT=1; on the
 // H200 it passes the tests and is not faster than the transposed kernel, docs/PERF.md): the same
 // ring, the product D[A row][weight row] as the QGMMA kernel computes it; the consumers convert
