@@ -1233,6 +1233,10 @@ __global__ void __launch_bounds__(THREADS, 1)
             q_hi = x_step_scale(wn_hi, w_hi, z_hi);
           }
           const float f00 = r0 * q_lo, f01 = r0 * q_hi, f10 = r1 * q_lo, f11 = r1 * q_hi;
+          if (first != last) {  // the first stage's MMAs retired: its stage can be refilled meanwhile
+            wgmma::wait<1>();
+            release(first);
+          }
           wgmma::wait<0>();
           wgmma::fence_acc(acc);
 #pragma unroll
@@ -1243,7 +1247,6 @@ __global__ void __launch_bounds__(THREADS, 1)
             acc[nf][2] *= g1;
             acc[nf][3] *= g1;
           }
-          if (first != last) release(first);
           release(last);
         }
         if (own) epilogue<T, BN, true>(a, x, acc, m, n, cw, warp_in_wg, lane);
