@@ -15,7 +15,8 @@
 #   ncu       (STEPS names it, default on) each TMA GEMM kernel of one FP8 grouped_mm forward at
 #             NCU_CASE (default qwen3_30b_a3b:4096) per variant: time, tensor-pipe and L2 throughput
 #             → $OUT/ncu_x.md (NCU_VARIANTS: "name:ENV=V[,ENV=V]" list, default base / wide / wide2); with NCU_STALLS=1 also the warp-state and scheduler sections (stall
-#             reasons) of the default up GEMM (X = 1) → $OUT/ncu_stalls.txt
+#             reasons) of the default up GEMM (X = 1; NCU_STALL_X=6 with NCU_STALL_ENV=MOEX_CUDA_FP8_X_CONV=1: the
+#             converting kernel) → $OUT/ncu_stalls.txt
 set -u
 export OUT=${OUT:-$PWD/out}
 BUILD=${BUILD:-build-gpu}
@@ -61,9 +62,9 @@ for v in (a.split(":")[0] for a in sys.argv[3:]):
               f"{med('sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active'):.1f} | {med('lts__t_bytes.sum') / 1e9:.2f} |")
 PY
   if [ "${NCU_STALLS:-0}" = 1 ]; then
-    MOEX_CUDA_PERF=1 MOEX_CUDA_PERF_QUANT=fp8 MOEX_CUDA_PERF_TOKENS="${c#*:}" MOEX_CUDA_PERF_SHAPES="${c%%:*}" \
+    env ${NCU_STALL_ENV:-} MOEX_CUDA_PERF=1 MOEX_CUDA_PERF_QUANT=fp8 MOEX_CUDA_PERF_TOKENS="${c#*:}" MOEX_CUDA_PERF_SHAPES="${c%%:*}" \
       MOEX_CUDA_PERF_BACKENDS=grouped_mm MOEX_CUDA_PERF_REPS=1 timeout 200 \
-      ncu --clock-control none --kernel-name-base demangled --kernel-name "regex:grouped_gemm_tma<.*, 1>" --launch-count 1 \
+      ncu --clock-control none --kernel-name-base demangled --kernel-name "regex:grouped_gemm_tma<.*, ${NCU_STALL_X:-1}>" --launch-count 1 \
       --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis --section SourceCounters \
       --import-source no -f -o "$OUT/x1_stalls" "$BUILD/moex_tests" --gtest_filter='CudaPerf.Shapes' > "$OUT/ncu_stalls.log" 2>&1
     ncu -i "$OUT/x1_stalls.ncu-rep" > "$OUT/ncu_stalls.txt" 2>&1
