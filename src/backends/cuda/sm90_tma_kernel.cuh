@@ -699,7 +699,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   constexpr int BKE = X == 6 ? 64 : FP8 ? 128 : BK;
   constexpr int CHUNK = 16 / int(sizeof(Elem));  // K elements per 16-byte cp.async chunk
   // FP8 keeps two accumulator sets; at BN = 256 its partial set covers one 128-column half at a time
-  static_assert(!FP8 || BN == 128 || (BN == 256 && (!X || X >= 4)), "FP8: 128-wide N tiles (256-wide: QGMMA and X = 4 / 5 only)");
+  static_assert(!FP8 || BN == 128 || (BN == 256 && (!X || X >= 4)), "FP8: 128-wide N tiles (256-wide: QGMMA and X = 4 / 5 / 6 only)");
   static_assert(X < 4 || BN == 256, "the wide exact variants: 256 weight rows per tile");
   static_assert(!PP || (!FP8 && BN == 128), "ping-pong: bf16 / f16, 128-wide tiles");
   static_assert(!X || (FP8 && !MC && !PP), "the exact FP8 variant: FP8, cooperative, no clusters");
@@ -1178,8 +1178,9 @@ __global__ void __launch_bounds__(THREADS, 1)
         // (per 128-column half); block kb + 1's MMAs add its exact code products into R after R is
         // multiplied by s(kb) / s(kb + 1); the last block's R by s(last). A zero weight block adds
         // nothing (its f16 rows were written as zeros; x_step_scale carries the scale before it).
-        // Both stages of a block are held until its MMAs retire; the next block's activation scales
-        // come with its first stage.
+        // A block's first stage is released once its MMAs retire, the second after the rescale; the
+        // next block's activation scales come with its first stage (the one after the block's last:
+        // the previous block's last, already released, so waiting for it cannot deadlock the ring).
         const int4 tile_rows = a.plan.tiles[m];
         int64_t ws_lo, ws_hi;
         weight_scale_rows<BN>(a, tile_rows.x, n, ws_lo, ws_hi);
