@@ -816,6 +816,18 @@ __global__ void __launch_bounds__(THREADS, 1)
     }
   };
 
+  // A reader warp of the dynamic schedule's item ring (the consumers, X = 6's converting warps): the
+  // next item; `items` counts the items read so far (slot items % ITEM_SLOTS)
+  auto read_item = [&](int& items, int lane) {
+    const int islot = items % ITEM_SLOTS;
+    mbar_wait(item_full(islot), uint32_t(items / ITEM_SLOTS) & 1u);
+    ++items;
+    const int w = s_items[islot];
+    __syncwarp();
+    if (lane == 0) mbar_arrive(item_empty(islot));
+    return w;
+  };
+
   // X = 6: producer warps 1-3 (ct = 0..95) convert each stage's e4m3 weight tile (sW8, [BN rows][64 B])
   // into f16 (sB, [BN rows][64 k], 128B-swizzled: the consumers' wgmma B operand) once TMA has
   // brought it, then complete the stage's conv barrier. They walk the items and stages in the order of
@@ -830,14 +842,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     uint32_t phase = 0;
     int items = 0;
     for (int w = int(blockIdx.x);; w += int(gridDim.x)) {
-      if (dyn) {
-        const int islot = items % ITEM_SLOTS;
-        mbar_wait(item_full(islot), uint32_t(items / ITEM_SLOTS) & 1u);
-        ++items;
-        w = s_items[islot];
-        __syncwarp();
-        if (lane == 0) mbar_arrive(item_empty(islot));
-      }
+      if (dyn) w = read_item(items, lane);
       if (w >= total_items()) break;
       int m, n;
       bool shared, own;
@@ -1048,14 +1053,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     };
     int items = 0;  // items through the ring so far (dynamic schedule): slot items % ITEM_SLOTS
     for (int w = MC ? first_item : int(blockIdx.x);; w += item_step) {
-      if (dyn) {
-        const int islot = items % ITEM_SLOTS;
-        mbar_wait(item_full(islot), uint32_t(items / ITEM_SLOTS) & 1u);
-        ++items;
-        w = s_items[islot];
-        __syncwarp();
-        if (lane == 0) mbar_arrive(item_empty(islot));
-      }
+      if (dyn) w = read_item(items, lane);
       if (w >= total) break;
       int m, n;
       bool shared, own;
