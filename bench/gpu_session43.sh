@@ -14,9 +14,10 @@
 #             issue 6 asks FP8 prefill no slower than bf16: >= 1.00x at T = 4096)
 #   ncu       (STEPS names it, default on) each TMA GEMM kernel of one FP8 grouped_mm forward at
 #             NCU_CASE (default qwen3_30b_a3b:4096) per variant: time, tensor-pipe and L2 throughput
-#             → $OUT/ncu_x.md (NCU_VARIANTS: "name:ENV=V[,ENV=V]" list, default base / wide / wide2); with NCU_STALLS=1 also the warp-state and scheduler sections (stall
-#             reasons) of the default up GEMM (X = 1; NCU_STALL_X=6 with NCU_STALL_ENV=MOEX_CUDA_FP8_X_CONV=1: the
-#             converting kernel) → $OUT/ncu_stalls.txt
+#             → $OUT/ncu_x.md (NCU_VARIANTS: "name:ENV=V" list, default base / wide / wide2); with
+#             NCU_STALLS=1 also the warp-state and scheduler sections (stall reasons) and per-SASS stall
+#             samples of the default up GEMM (X = 1; NCU_STALL_X=6 with NCU_STALL_ENV=MOEX_CUDA_FP8_X_CONV=1:
+#             the converting kernel) → $OUT/ncu_stalls.txt, $OUT/stalls_x<X>_source.csv.gz
 set -u
 export OUT=${OUT:-$PWD/out}
 BUILD=${BUILD:-build-gpu}
@@ -66,11 +67,12 @@ PY
       MOEX_CUDA_PERF_BACKENDS=grouped_mm MOEX_CUDA_PERF_REPS=1 timeout 200 \
       ncu --clock-control none --kernel-name-base demangled --kernel-name "regex:grouped_gemm_tma<.*, ${NCU_STALL_X:-1}>" --launch-count 1 \
       --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis --section SourceCounters \
-      --import-source no -f -o "$OUT/x1_stalls" "$BUILD/moex_tests" --gtest_filter='CudaPerf.Shapes' > "$OUT/ncu_stalls.log" 2>&1
-    ncu -i "$OUT/x1_stalls.ncu-rep" > "$OUT/ncu_stalls.txt" 2>&1
+      --import-source no -f -o "$OUT/stalls" "$BUILD/moex_tests" --gtest_filter='CudaPerf.Shapes' > "$OUT/ncu_stalls.log" 2>&1
+    ncu -i "$OUT/stalls.ncu-rep" > "$OUT/ncu_stalls.txt" 2>&1
     # per-SASS-instruction stall samples of the same launch (read on the development machine)
-    ncu -i "$OUT/x1_stalls.ncu-rep" --page source --csv --print-source sass > "$OUT/x1_source.csv" 2>&1
-    gzip -f "$OUT/x1_source.csv"; rm -f "$OUT/x1_stalls.ncu-rep"
+    src="$OUT/stalls_x${NCU_STALL_X:-1}_source.csv"
+    ncu -i "$OUT/stalls.ncu-rep" --page source --csv --print-source sass > "$src" 2>&1
+    gzip -f "$src"; rm -f "$OUT/stalls.ncu-rep"
     grep -E "Stall|Warp Cycles|Issued|Eligible|Active Warps|Pipe" "$OUT/ncu_stalls.txt" | head -40
   fi
 fi

@@ -75,9 +75,10 @@ struct TmaFp8Extra {
   // producer warpgroup, SS HGMMA, one accumulator set rescaled per 128-k block, h quantized in its
   // epilogue where h_codes is set (tma_fp8_quantizes_h).
   bool exact_conv = false;
-  // FP8 gated up GEMM (QGMMA with 256-wide tiles, or the converting exact kernel: tma_fp8_quantizes_h): h
-  // quantized in the epilogue for the down GEMM instead of written in the activation dtype: e4m3 codes [rows, I] at the A (layout)
-  // rows and their per-row scales [ceil(I/128), h_scales_ld] (nullptr: h written to a.out).
+  // FP8 gated up GEMM (QGMMA with 256-wide tiles, or the converting exact kernel: tma_fp8_quantizes_h):
+  // h quantized in the epilogue for the down GEMM instead of written in the activation dtype: e4m3
+  // codes [rows, I] at the A (layout) rows and their per-row scales [ceil(I/128), h_scales_ld]
+  // (nullptr: h written to a.out).
   void* h_codes = nullptr;
   float* h_scales = nullptr;
   int h_scales_ld = 0;

@@ -836,7 +836,8 @@ __global__ void __launch_bounds__(THREADS, 1)
   // The e4m3 -> f16 conversion is exact. 16-byte chunk c of a row (k 16c..16c+15) becomes the f16
   // chunks 2c and 2c + 1; consecutive threads take consecutive chunks (4 per row), so each 8-thread
   // phase of the 16-byte accesses covers two rows and, with the swizzle, 8 distinct bank groups.
-  auto x6_converter = [&](int ct) {
+  // (a generic lambda: compiled only where X = 6 calls it)
+  auto x6_converter = [&](auto ct) {
     const int lane = ct & 31;
     int stage = 0;
     uint32_t phase = 0;
