@@ -350,9 +350,10 @@ struct Sizes {
   // (kPregatherMaxPairs); QGMMA: opt-in only (measured slower at K = 8). MOEX_CUDA_FP8_X_PREGATHER=1 / 0
   // forces it on / off.
   bool x_pregather;
-  // the exact up GEMM on the converting kernel (TmaFp8Extra::exact_conv; opt-in MOEX_CUDA_FP8_X_CONV=1,
-  // read per call): gated, concatenated, I % 128 == 0. Its A rows come by TMA (x_pregather forced) as
-  // f16 codes in natural k order.
+  // the exact up GEMM on the converting kernel (TmaFp8Extra::exact_conv): gated, concatenated,
+  // I % 128 == 0; by default (kConvByDefault) above the few-row threshold; MOEX_CUDA_FP8_X_CONV=1 / 0
+  // forces it on / off (read per call). Its A rows come by TMA (x_pregather forced) as f16 codes in
+  // natural k order.
   bool x_conv;
   // FP8 code buffers (derived from the flags above): x codes [x_rows, x_ld] and their scales
   // [ceil(H/128), x_scale_ld]; h codes [M, h_ld]. Code bytes: 2 (exact, f16 values) or 1 (e4m3).
@@ -369,6 +370,10 @@ constexpr int64_t kPregatherMaxPairs = 8192;
 // The exact GEMMs take the few-row kernel (TmaFp8Extra::exact_few_rows) up to this many pairs per
 // expert on average (S <= 32 E: mixtral_8x7b at T <= 128, qwen3_30b_a3b and deepseek_v3 at T <= 512).
 constexpr int64_t kFewRowsPerExpert = 32;
+// The converting exact kernel (X = 6) for the gated up GEMM wherever it fits above the few-row
+// threshold (S > 32 E, where the few-row kernel does not take the GEMM). Off until measured faster
+// than X = 1 on the GPU machine (built in the forty-fourth session without one; docs/PERF.md).
+constexpr bool kConvByDefault = false;
 
 Sizes sizes_of(const ExpertsSpec& s, int64_t T, int64_t K, LayoutChoice choice = LayoutChoice::by_size,
                Fp8TmaKernels kernels = {false, false}) {
@@ -389,7 +394,8 @@ Sizes sizes_of(const ExpertsSpec& s, int64_t T, int64_t K, LayoutChoice choice =
   z.down_exact = z.fp8 && kernels.down_exact;
   if (z.fp8) {
     const char* conv = std::getenv("MOEX_CUDA_FP8_X_CONV");  // read per call, as the route
-    z.x_conv = z.up_exact && conv && *conv == '1' && s.has_gate && !s.interleaved && z.I % 128 == 0;
+    const bool conv_wanted = conv && *conv ? *conv == '1' : kConvByDefault && z.S > kFewRowsPerExpert * z.E;
+    z.x_conv = z.up_exact && conv_wanted && s.has_gate && !s.interleaved && z.I % 128 == 0;
     const char* pre = std::getenv("MOEX_CUDA_FP8_X_PREGATHER");
     z.x_pregather = z.x_conv || (pre && *pre ? *pre == '1' : z.up_exact && z.S <= kPregatherMaxPairs);
   }
