@@ -836,9 +836,29 @@ __global__ void __launch_bounds__(THREADS, 1)
   // The e4m3 -> f16 conversion is exact. 16-byte chunk c of a row (k 16c..16c+15) becomes the f16
   // chunks 2c and 2c + 1; consecutive threads take consecutive chunks (4 per row), so each 8-thread
   // phase of the 16-byte accesses covers two rows and, with the swizzle, 8 distinct bank groups.
+  // Thread ct converts chunks ct + 96 i (i = 0..10; 10 only for ct < 64): rows ct / 4 + 24 i, so its
+  // chunk position (ct % 4) and swizzle (row % 8) are the same for every i and the addresses are
+  // immediates. Four chunks' loads are issued before their conversions: the first form (one chunk
+  // at a time, a zero-block select after each load) waited on every load and converted a stage in ~2x
+  // the consumers' MMA time (ncu, H100, 2026-12-06: the consumers' conv wait the top stall).
   // (a generic lambda: compiled only where X = 6 calls it)
   auto x6_converter = [&](auto ct) {
+    constexpr int CT = 96, PER = (BN * 4 + CT - 1) / CT;  // converting threads; chunks per thread (11)
+    constexpr uint32_t SRC_STEP = CT * 16, DST_STEP = (CT / 4) * 128;  // bytes between a thread's chunks
     const int lane = ct & 31;
+    const bool has_last = ct + (PER - 1) * CT < BN * 4;
+    const int row0 = ct >> 2, ch = ct & 3;
+    static_assert((CT / 4) % 8 == 0, "a thread's chunks keep their swizzle: CT / 4 rows apart, a multiple of 8");
+    const uint32_t off0 = uint32_t(((2 * ch) ^ (row0 & 7)) << 4), off1 = uint32_t(((2 * ch + 1) ^ (row0 & 7)) << 4);
+    auto convert_store = [&](uint4 v, uint32_t d) {
+      uint32_t f[8];
+      wgmma::e4m3x4_to_f16x2x2(v.x, f[0], f[1]);
+      wgmma::e4m3x4_to_f16x2x2(v.y, f[2], f[3]);
+      wgmma::e4m3x4_to_f16x2x2(v.z, f[4], f[5]);
+      wgmma::e4m3x4_to_f16x2x2(v.w, f[6], f[7]);
+      ptx::sts128(d + off0, f[0], f[1], f[2], f[3]);
+      ptx::sts128(d + off1, f[4], f[5], f[6], f[7]);
+    };
     int stage = 0;
     uint32_t phase = 0;
     int items = 0;
@@ -854,20 +874,26 @@ __global__ void __launch_bounds__(THREADS, 1)
         const bool zero_lo = weight_scale(x, ws_lo + (kt >> 1)) == 0.0f;
         const bool zero_hi = weight_scale(x, ws_hi + (kt >> 1)) == 0.0f;
         mbar_wait(full_bar(stage), phase);
-        const uint32_t src = sW8 + uint32_t(stage) * Cfg::W8_BYTES, dst = sB + uint32_t(stage) * B_BYTES;
-#pragma unroll 2
-        for (int c = ct; c < BN * 4; c += 96) {
-          const int row = c >> 2, ch = c & 3;
-          uint4 v = ptx::lds128(src + uint32_t(c) * 16u);
-          if (row < BN / 2 ? zero_lo : zero_hi) v = make_uint4(0u, 0u, 0u, 0u);
-          uint32_t f[8];
-          wgmma::e4m3x4_to_f16x2x2(v.x, f[0], f[1]);
-          wgmma::e4m3x4_to_f16x2x2(v.y, f[2], f[3]);
-          wgmma::e4m3x4_to_f16x2x2(v.z, f[4], f[5]);
-          wgmma::e4m3x4_to_f16x2x2(v.w, f[6], f[7]);
-          const uint32_t d = dst + uint32_t(row) * 128u;
-          ptx::sts128(d + uint32_t(((2 * ch) ^ (row & 7)) << 4), f[0], f[1], f[2], f[3]);
-          ptx::sts128(d + uint32_t(((2 * ch + 1) ^ (row & 7)) << 4), f[4], f[5], f[6], f[7]);
+        const uint32_t src = sW8 + uint32_t(stage) * Cfg::W8_BYTES + uint32_t(ct) * 16u;
+        const uint32_t dst = sB + uint32_t(stage) * B_BYTES + uint32_t(row0) * 128u;
+        if (!zero_lo && !zero_hi) {
+#pragma unroll
+          for (int i0 = 0; i0 < PER; i0 += 4) {
+            uint4 v[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+              if (i0 + j < PER - 1 || (i0 + j == PER - 1 && has_last)) v[j] = ptx::lds128(src + uint32_t(i0 + j) * SRC_STEP);
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+              if (i0 + j < PER - 1 || (i0 + j == PER - 1 && has_last)) convert_store(v[j], dst + uint32_t(i0 + j) * DST_STEP);
+          }
+        } else {  // a zero weight block in the stage (rare): its rows as zeros
+          for (int i = 0; i < PER; ++i) {
+            if (i == PER - 1 && !has_last) break;
+            const bool zero = row0 + (CT / 4) * i < BN / 2 ? zero_lo : zero_hi;
+            const uint4 v = zero ? make_uint4(0u, 0u, 0u, 0u) : ptx::lds128(src + uint32_t(i) * SRC_STEP);
+            convert_store(v, dst + uint32_t(i) * DST_STEP);
+          }
         }
         wgmma::fence_proxy_async();  // the generic-proxy stores, before the consumers' wgmma reads them
         __syncwarp();
@@ -1238,6 +1264,7 @@ __global__ void __launch_bounds__(THREADS, 1)
             release(first);
           }
           wgmma::wait<0>();
+          release(last);  // the rescale reads registers only (its factors were computed above)
           wgmma::fence_acc(acc);
 #pragma unroll
           for (int nf = 0; nf < NF; ++nf) {
@@ -1247,7 +1274,6 @@ __global__ void __launch_bounds__(THREADS, 1)
             acc[nf][2] *= g1;
             acc[nf][3] *= g1;
           }
-          release(last);
         }
         if (own) epilogue<T, BN, true>(a, x, acc, m, n, cw, warp_in_wg, lane);
         continue;
