@@ -65,8 +65,9 @@ PY
   if [ "${NCU_STALLS:-0}" = 1 ]; then
     env ${NCU_STALL_ENV:-} MOEX_CUDA_PERF=1 MOEX_CUDA_PERF_QUANT=fp8 MOEX_CUDA_PERF_TOKENS="${c#*:}" MOEX_CUDA_PERF_SHAPES="${c%%:*}" \
       MOEX_CUDA_PERF_BACKENDS=grouped_mm MOEX_CUDA_PERF_REPS=1 timeout 200 \
-      ncu --clock-control none --kernel-name-base demangled --kernel-name "regex:grouped_gemm_tma<.*, ${NCU_STALL_X:-1}>" --launch-count 1 \
+      ncu --clock-control none --kernel-name-base demangled --kernel-name "regex:grouped_gemm_tma<.*\(int\)${NCU_STALL_X:-1}>" --launch-count 1 \
       --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis --section SourceCounters \
+      --metrics "regex:sm__inst_executed_pipe_.*\.avg\.pct_of_peak_sustained_active" \
       --import-source no -f -o "$OUT/stalls" "$BUILD/moex_tests" --gtest_filter='CudaPerf.Shapes' > "$OUT/ncu_stalls.log" 2>&1
     ncu -i "$OUT/stalls.ncu-rep" > "$OUT/ncu_stalls.txt" 2>&1
     # per-SASS-instruction stall samples of the same launch (read on the development machine)
