@@ -1203,7 +1203,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         // (per 128-column half); block kb + 1's MMAs add its exact code products into R after R is
         // multiplied by s(kb) / s(kb + 1); the last block's R by s(last). A zero weight block adds
         // nothing (its f16 rows were written as zeros; x_step_scale carries the scale before it).
-        // A block's first stage is released once its MMAs retire, the second after the rescale; the
+        // A block's first stage is released once its MMAs retire, the second once all retire; the
         // next block's activation scales come with its first stage (the one after the block's last:
         // the previous block's last, already released, so waiting for it cannot deadlock the ring).
         const int4 tile_rows = a.plan.tiles[m];
