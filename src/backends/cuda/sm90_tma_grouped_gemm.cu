@@ -63,7 +63,7 @@
 // session): correct on every dtype, but slower than X = 1 (FP8 forward at T = 4096 0.78-0.98x the
 // default's speed, X = 5 0.80-0.84x); ncu on qwen3_30b_a3b T = 4096: the up GEMM 884 us against 654
 // with 21 % fewer L2 bytes, so X = 1 is not bound by its operand feed.
-// Converting exact variant (X = 6; TmaFp8Extra::exact_conv; opt-in MOEX_CUDA_FP8_X_CONV=1): the gated up
+// Converting exact variant (X = 6; TmaFp8Extra::exact_conv; off by default, MOEX_CUDA_FP8_X_CONV=1): the gated up
 // GEMM (concatenated, I % 128 == 0) untransposed as the bf16 kernel computes it: 256 weight rows per
 // tile, stages of 64 k; TMA brings the A rows' f16 codes (pre-gathered, natural k order) and the
 // weights' e4m3 bytes, the producer warpgroup's warps 1-3 convert the weights into the 128B-swizzled
@@ -194,40 +194,28 @@ void launch_bf16_f16(const GroupedGemmArgs& a, DType dtype, const TmaFp8Extra& x
 
 // The FP8 kernels with 128-wide tiles per activation dtype: exact (X, no clusters) or QGMMA, in 2-CTA
 // clusters (MC) or not (the 256-wide QGMMA kernels: fp8_wide_tiles below).
-template <int X, bool MC = false>
+// BN = 256: the wide (X = 4 / 5) and converting (X = 6) exact kernels.
+template <int X, bool MC = false, int BN = 128>
 void launch_fp8(const GroupedGemmArgs& a, DType dtype, const TmaFp8Extra& x, int64_t a_rows, int64_t E, cudaStream_t stream) {
   static_assert(!(X && MC), "the exact FP8 kernel runs without clusters");
-  if (dtype == DType::bf16) tma::launch_bn<__nv_bfloat16, 128, true, MC, false, X>(a, dtype, x, a_rows, E, stream);
-  else if (dtype == DType::f16) tma::launch_bn<__half, 128, true, MC, false, X>(a, dtype, x, a_rows, E, stream);
-  else tma::launch_bn<float, 128, true, MC, false, X>(a, dtype, x, a_rows, E, stream);
+  if (dtype == DType::bf16) tma::launch_bn<__nv_bfloat16, BN, true, MC, false, X>(a, dtype, x, a_rows, E, stream);
+  else if (dtype == DType::f16) tma::launch_bn<__half, BN, true, MC, false, X>(a, dtype, x, a_rows, E, stream);
+  else tma::launch_bn<float, BN, true, MC, false, X>(a, dtype, x, a_rows, E, stream);
 }
 
-// The wide exact FP8 kernel (X = 4, TmaFp8Extra::exact_wide): 256 weight rows per tile, per activation
-// dtype; down / plain GEMMs and the concatenated gated layout with I % 128 == 0 (its gate and up halves
-// are whole 128-row scale blocks), not the interleaved one.
+// The wide exact FP8 kernels (X = 4 / 5, TmaFp8Extra::exact_wide): 256 weight rows per tile; down /
+// plain GEMMs and the concatenated gated layout with I % 128 == 0 (its gate and up halves are whole
+// 128-row scale blocks), not the interleaved one.
 static bool fp8_exact_wide_fits(const GroupedGemmArgs& a) {
   return a.epi == Epi::down || a.epi == Epi::up_plain || (a.epi == Epi::up_concat && a.I % 128 == 0);
-}
-template <int X>
-void launch_fp8_exact_wide(const GroupedGemmArgs& a, DType dtype, const TmaFp8Extra& x, int64_t a_rows, int64_t E,
-                           cudaStream_t stream) {
-  if (dtype == DType::bf16) tma::launch_bn<__nv_bfloat16, 256, true, false, false, X>(a, dtype, x, a_rows, E, stream);
-  else if (dtype == DType::f16) tma::launch_bn<__half, 256, true, false, false, X>(a, dtype, x, a_rows, E, stream);
-  else tma::launch_bn<float, 256, true, false, false, X>(a, dtype, x, a_rows, E, stream);
 }
 
 // The converting exact FP8 kernel (X = 6, TmaFp8Extra::exact_conv): the gated up GEMM in the
 // concatenated layout with I % 128 == 0 (its gate and up halves are whole 128-row scale blocks and a
 // tile's 128 h columns one 128-channel block of the down GEMM's activation quantization), A rows by
-// TMA (pre-gathered codes in natural k order), per activation dtype.
+// TMA (pre-gathered codes in natural k order).
 static bool fp8_exact_conv_fits(const GroupedGemmArgs& a) {
   return a.epi == Epi::up_concat && a.I % 128 == 0 && !a.a_gather;
-}
-void launch_fp8_exact_conv(const GroupedGemmArgs& a, DType dtype, const TmaFp8Extra& x, int64_t a_rows, int64_t E,
-                           cudaStream_t stream) {
-  if (dtype == DType::bf16) tma::launch_bn<__nv_bfloat16, 256, true, false, false, 6>(a, dtype, x, a_rows, E, stream);
-  else if (dtype == DType::f16) tma::launch_bn<__half, 256, true, false, false, 6>(a, dtype, x, a_rows, E, stream);
-  else tma::launch_bn<float, 256, true, false, false, 6>(a, dtype, x, a_rows, E, stream);
 }
 
 // The QGMMA FP8 kernel with 256-wide tiles for bf16 activations (default; MOEX_CUDA_FP8_N=128: the
@@ -411,11 +399,11 @@ void launch_grouped_gemm_tma_ex(const GroupedGemmArgs& a, DType act_dtype, bool 
     MOEX_ASSERT(!x.exact || (x.a_ld % 128 == 0 && x.a_ld >= a.Kdim));
     MOEX_ASSERT(!x.h_codes || (x.h_scales && tma_fp8_quantizes_h(a, act_dtype, x.exact, x.exact_conv)));
     const bool cluster = !x.exact && fp8_cluster(a), wide = !x.exact && fp8_wide_tiles(a, act_dtype);
-    if (x.exact && x.exact_conv && fp8_exact_conv_fits(a)) launch_fp8_exact_conv(a, act_dtype, x, a_rows, E, stream);
+    if (x.exact && x.exact_conv && fp8_exact_conv_fits(a)) launch_fp8<6, false, 256>(a, act_dtype, x, a_rows, E, stream);
     else if (x.exact && x.exact_nt) launch_fp8<2>(a, act_dtype, x, a_rows, E, stream);
     else if (x.exact && x.exact_few_rows && !a.a_gather) launch_fp8<3>(a, act_dtype, x, a_rows, E, stream);
-    else if (x.exact && x.exact_wide == 1 && fp8_exact_wide_fits(a)) launch_fp8_exact_wide<4>(a, act_dtype, x, a_rows, E, stream);
-    else if (x.exact && x.exact_wide == 2 && fp8_exact_wide_fits(a)) launch_fp8_exact_wide<5>(a, act_dtype, x, a_rows, E, stream);
+    else if (x.exact && x.exact_wide == 1 && fp8_exact_wide_fits(a)) launch_fp8<4, false, 256>(a, act_dtype, x, a_rows, E, stream);
+    else if (x.exact && x.exact_wide == 2 && fp8_exact_wide_fits(a)) launch_fp8<5, false, 256>(a, act_dtype, x, a_rows, E, stream);
     else if (x.exact) launch_fp8<1>(a, act_dtype, x, a_rows, E, stream);
     else if (wide && cluster) tma::launch_bn<__nv_bfloat16, 256, true, true, false>(a, act_dtype, x, a_rows, E, stream);
     else if (wide) tma::launch_bn<__nv_bfloat16, 256, true, false, false>(a, act_dtype, x, a_rows, E, stream);

@@ -847,6 +847,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     constexpr uint32_t SRC_STEP = CT * 16, DST_STEP = (CT / 4) * 128;  // bytes between a thread's chunks
     const int lane = ct & 31;
     const bool has_last = ct + (PER - 1) * CT < BN * 4;
+    auto has_chunk = [&](int i) { return i < PER - 1 || (i == PER - 1 && has_last); };  // chunk ct + CT i exists
     const int row0 = ct >> 2, ch = ct & 3;
     static_assert((CT / 4) % 8 == 0, "a thread's chunks keep their swizzle: CT / 4 rows apart, a multiple of 8");
     const uint32_t off0 = uint32_t(((2 * ch) ^ (row0 & 7)) << 4), off1 = uint32_t(((2 * ch + 1) ^ (row0 & 7)) << 4);
@@ -882,14 +883,13 @@ __global__ void __launch_bounds__(THREADS, 1)
             uint4 v[4];
 #pragma unroll
             for (int j = 0; j < 4; ++j)
-              if (i0 + j < PER - 1 || (i0 + j == PER - 1 && has_last)) v[j] = ptx::lds128(src + uint32_t(i0 + j) * SRC_STEP);
+              if (has_chunk(i0 + j)) v[j] = ptx::lds128(src + uint32_t(i0 + j) * SRC_STEP);
 #pragma unroll
             for (int j = 0; j < 4; ++j)
-              if (i0 + j < PER - 1 || (i0 + j == PER - 1 && has_last)) convert_store(v[j], dst + uint32_t(i0 + j) * DST_STEP);
+              if (has_chunk(i0 + j)) convert_store(v[j], dst + uint32_t(i0 + j) * DST_STEP);
           }
         } else {  // a zero weight block in the stage (rare): its rows as zeros
-          for (int i = 0; i < PER; ++i) {
-            if (i == PER - 1 && !has_last) break;
+          for (int i = 0; i < PER && has_chunk(i); ++i) {
             const bool zero = row0 + (CT / 4) * i < BN / 2 ? zero_lo : zero_hi;
             const uint4 v = zero ? make_uint4(0u, 0u, 0u, 0u) : ptx::lds128(src + uint32_t(i) * SRC_STEP);
             convert_store(v, dst + uint32_t(i) * DST_STEP);
@@ -1309,14 +1309,13 @@ __global__ void __launch_bounds__(THREADS, 1)
         auto& acc1 = *reinterpret_cast<float(*)[16][4]>(&acc[16][0]);  // block 1: acc[16..31]
         auto kloop = [&](auto nb_tag) {
           constexpr int NB = decltype(nb_tag)::value, NFB = NB / 8;
-          const auto step_scale = x_step_scale;
           // each block's weight scale of the current k block (w_cur: a zero scale replaced by the
           // one before, 1 at the start) and whether the block is zero
           float w_cur0 = 1.0f, w_cur1 = 1.0f;
           bool w_zero0, w_zero1;
           const float w0 = weight_scale(x, wsb0);
-          step_scale(w0, w_cur0, w_zero0);
-          step_scale(concat ? weight_scale(x, wsb1) : w0, w_cur1, w_zero1);
+          x_step_scale(w0, w_cur0, w_zero0);
+          x_step_scale(concat ? weight_scale(x, wsb1) : w0, w_cur1, w_zero1);
           float w_next0 = 0.0f, w_next1 = 0.0f;
           auto load_w_next = [&](int kt) {
             if (kt + 1 < ktiles) {
@@ -1406,10 +1405,10 @@ __global__ void __launch_bounds__(THREADS, 1)
             if constexpr (X == 5) wgmma::wait<1>();  // block 0's MMAs retired
             else wgmma::wait<0>();
             wgmma::fence_acc_first<NFB>(acc0);
-            rescale(acc0, sa, sn, more ? step_scale(w_next0, w_cur0, w_zero0) : w_cur0);
+            rescale(acc0, sa, sn, more ? x_step_scale(w_next0, w_cur0, w_zero0) : w_cur0);
             if constexpr (X == 5) wgmma::wait<0>();  // block 1's
             wgmma::fence_acc_first<NFB>(acc1);
-            rescale(acc1, sa, sn, more ? step_scale(w_next1, w_cur1, w_zero1) : w_cur1);
+            rescale(acc1, sa, sn, more ? x_step_scale(w_next1, w_cur1, w_zero1) : w_cur1);
             release(stage);
             stage = next;
             phase = next_phase;
