@@ -915,10 +915,11 @@ __global__ void __launch_bounds__(THREADS, 1)
   // bytes; the gated concatenated layout, I % 128 == 0 and Kdim % 16 == 0 by the launcher's checks).
   // Thread ct holds the same chunks as in X = 6 (tile rows ct / 4 + 24 i, bytes 16 (ct % 4) .. + 16 of
   // the stage's 64 k), all eleven in registers: each is converted and stored, then reloaded with the
-  // next stage's bytes (of the same item), so a stage's loads are in flight during the previous
-  // stage's conversion (one stage ahead: ~1 K cycles, over an L2 hit's latency). It waits for the
-  // stage's consumers to release it (empty barrier) before writing its f16 tile; the producer's
-  // thread 0 waits for the same barrier before the stage's A codes.
+  // next stage's bytes (of the same item). ptxas issues those loads after the stage's conversions
+  // (holding a second stage in flight would take 44 more registers), so the stage after next is
+  // prefetched into L1 at the top of each stage and the loads wait an L1 hit, not L2's latency. It
+  // waits for the stage's consumers to release it (empty barrier) before writing its f16 tile; the
+  // producer's thread 0 waits for the same barrier before the stage's A codes.
   auto x7_converter = [&](auto ct) {
     constexpr int CT = 96, PER = (BN * 4 + CT - 1) / CT;
     constexpr uint32_t DST_STEP = (CT / 4) * 128;
@@ -963,8 +964,17 @@ __global__ void __launch_bounds__(THREADS, 1)
       uint4 v[PER];
       auto load = [&](int i, bool in_k) {  // zeros past Kdim (Kdim % 16 == 0: a chunk is whole or absent)
         const int off = i * step + (i <= I_GATE ? 0 : i >= I_UP ? up_off : mid_off);
-        v[i] = in_k ? ptx::ldg128_stream(pk + off) : make_uint4(0u, 0u, 0u, 0u);
+        v[i] = in_k ? ptx::ldg128_nc(pk + off) : make_uint4(0u, 0u, 0u, 0u);
       };
+      // this thread's chunks of stage kt, whose bytes start at p, into L1
+      auto prefetch = [&](const uint8_t* p, int kt) {
+        if (kt < ktiles && kt * 64 + ch * 16 < kdim) {
+#pragma unroll
+          for (int i = 0; i < PER; ++i)
+            if (has_chunk(i)) ptx::prefetch_l1(p + i * step + (i <= I_GATE ? 0 : i >= I_UP ? up_off : mid_off));
+        }
+      };
+      prefetch(pk + 64, 1);
 #pragma unroll
       for (int i = 0; i < PER; ++i)
         if (has_chunk(i)) load(i, ch * 16 < kdim);
@@ -978,6 +988,7 @@ __global__ void __launch_bounds__(THREADS, 1)
           s_hi = weight_scale(x, ws_hi + ((kt + 1) >> 1));
         }
         pk += 64;  // the next stage's bytes
+        prefetch(pk + 64, kt + 2);
         mbar_wait(empty_bar(stage), phase ^ 1u);  // the consumers are done with the stage's f16 tile
         const uint32_t dst = sB + uint32_t(stage) * B_BYTES + uint32_t(row0) * 128u;
         if (!zero_lo && !zero_hi && more) {
