@@ -73,10 +73,13 @@
 // (store_tile_hq). Why: each of X = 1's consumer warpgroups converts its weight fragments and
 // promotes partial sums between its MMAs (35 % tensor pipe on qwen3 T = 4096), and its 128-wide
 // tiles re-read the A codes twice as often as a 256-wide tile. Measured (H100, 2026-12-06, docs/PERF.md,
-// forty-sixth session): the up GEMM 572 us against X = 1's 644 on qwen3_30b_a3b T = 4096 (tensor pipe
-// 48 %), the FP8 forward 0.78-1.10x bf16 at T = 4096. X = 7 (exact_conv == 2, MOEX_CUDA_FP8_X_CONV=2):
-// the same with the weights loaded by the converting warps into registers (no e4m3 staging in shared
-// memory: 48.5 KB stages, four instead of three), see TmaCfg in sm90_tma_kernel.cuh.
+// forty-sixth session): the up GEMM 572-579 us against X = 1's 644-649 on qwen3_30b_a3b T = 4096 (tensor
+// pipe 48 %), the FP8 forward 0.76-1.10x bf16 at T = 4096 against the default's 0.64-1.15x (slower at
+// T = 512 and on deepseek_v3: the pre-gathered codes), so it stays opt-in. Tried and removed in that
+// session: the weights loaded by the converting warps into registers instead of a TMA staging buffer
+// (four 48.5 KB stages; bit-identical output): 1085 us, twice the L2 bytes (the 64-byte row pieces of a
+// stage read as 128-byte L1 lines, evicted before the next stage used their other half) and the
+// converter's addresses spilled to local memory.
 // Untransposed exact variant (X = 2; TmaFp8Extra::exact_nt; opt-in MOEX_CUDA_FP8_X_NT=1; on the
 // H200 it passes the tests and is not faster than the transposed kernel, docs/PERF.md): the same
 // ring, the product D[A row][weight row] as the QGMMA kernel computes it; the consumers convert
@@ -220,11 +223,6 @@ static bool fp8_exact_wide_fits(const GroupedGemmArgs& a) {
 // TMA (pre-gathered codes in natural k order).
 static bool fp8_exact_conv_fits(const GroupedGemmArgs& a) {
   return a.epi == Epi::up_concat && a.I % 128 == 0 && !a.a_gather;
-}
-// X = 7 (exact_conv == 2) also addresses a tile's weight rows by 32-bit offsets from its first row
-// (the kernel's x7_converter); elsewhere the launcher takes X = 6.
-static bool fp8_exact_conv_registers_fit(const GroupedGemmArgs& a) {
-  return fp8_exact_conv_fits(a) && (int64_t(a.I) + 256) * a.Kdim < (int64_t(1) << 31);
 }
 
 // The QGMMA FP8 kernel with 256-wide tiles for bf16 activations (default; MOEX_CUDA_FP8_N=128: the
@@ -408,8 +406,7 @@ void launch_grouped_gemm_tma_ex(const GroupedGemmArgs& a, DType act_dtype, bool 
     MOEX_ASSERT(!x.exact || (x.a_ld % 128 == 0 && x.a_ld >= a.Kdim));
     MOEX_ASSERT(!x.h_codes || (x.h_scales && tma_fp8_quantizes_h(a, act_dtype, x.exact, x.exact_conv)));
     const bool cluster = !x.exact && fp8_cluster(a), wide = !x.exact && fp8_wide_tiles(a, act_dtype);
-    if (x.exact && x.exact_conv == 2 && fp8_exact_conv_registers_fit(a)) launch_fp8<7, false, 256>(a, act_dtype, x, a_rows, E, stream);
-    else if (x.exact && x.exact_conv && fp8_exact_conv_fits(a)) launch_fp8<6, false, 256>(a, act_dtype, x, a_rows, E, stream);
+    if (x.exact && x.exact_conv && fp8_exact_conv_fits(a)) launch_fp8<6, false, 256>(a, act_dtype, x, a_rows, E, stream);
     else if (x.exact && x.exact_nt) launch_fp8<2>(a, act_dtype, x, a_rows, E, stream);
     else if (x.exact && x.exact_few_rows && !a.a_gather) launch_fp8<3>(a, act_dtype, x, a_rows, E, stream);
     else if (x.exact && x.exact_wide == 1 && fp8_exact_wide_fits(a)) launch_fp8<4, false, 256>(a, act_dtype, x, a_rows, E, stream);

@@ -56,17 +56,11 @@ __device__ __forceinline__ int tile_passes(const int4& tile) {
 // bytes as TMA brings them (W8_BYTES, [256 rows][64 B], unswizzled) and the same rows converted to f16
 // by the producer warpgroup's warps 1-3 (B_BYTES, [256 rows][64 k] 128B-swizzled, as the bf16 kernel's
 // TMA B tile): three stages.
-// X = 7 (X = 6 with the weights read from global memory, TmaFp8Extra::exact_conv == 2): the converting
-// warps load each stage's e4m3 bytes straight into registers, one stage ahead of their conversion, so
-// a stage holds only the A codes and the converted f16 tile (48.5 KB): four stages. Why: X = 6's
-// e4m3 staging costs 32 KB of shared-memory traffic per stage (the TMA write and the converters'
-// read) and a third of its ring, and its weight TMA starts only once the consumers release the
-// stage, so the TMA latency and the conversion lie between a block's release and its reuse.
 template <int BN, bool FP8 = false, int X = 0>
 struct TmaCfg {
-  static constexpr int STAGES = X == 7 ? 4 : X == 2 || X >= 4 ? 3 : X == 3 ? 6 : X ? 4 : BN == 256 ? 4 : 6;
+  static constexpr int STAGES = X == 2 || X >= 4 ? 3 : X == 3 ? 6 : X ? 4 : BN == 256 ? 4 : 6;
   static constexpr int X_SUB = X == 3 ? XR_ROWS * 128 : X_SUB_BYTES;  // bytes of an A sub-tile (X)
-  static constexpr int A_STAGE = X == 6 || X == 7 ? X_SUB : X ? 2 * X_SUB : A_BYTES;
+  static constexpr int A_STAGE = X == 6 ? X_SUB : X ? 2 * X_SUB : A_BYTES;
   static constexpr int B_BYTES = BN * BK * 2;
   static constexpr int F_BYTES = X == 2 ? BN * 256 : 0;  // [BN rows][128 k] f16
   static constexpr int W8_BYTES = X == 6 ? BN * 64 : 0;  // [BN rows][64 k] e4m3 (X = 6)
@@ -702,18 +696,16 @@ __global__ void __launch_bounds__(THREADS, 1)
   using Elem = std::conditional_t<X, uint16_t, std::conditional_t<FP8, uint8_t, T>>;
   constexpr int STAGES = Cfg::STAGES, B_BYTES = Cfg::B_BYTES, A_STAGE = Cfg::A_STAGE, NF = BN / 8;
   // K elements per stage (128 bytes per row either way; X = 6: 64, the f16 operands' 128 bytes)
-  // X = 6 / 7 (XC): the converting kernels (the weight tile converted to f16 by producer warps 1-3)
-  constexpr bool XC = X == 6 || X == 7;
-  constexpr int BKE = XC ? 64 : FP8 ? 128 : BK;
+  constexpr int BKE = X == 6 ? 64 : FP8 ? 128 : BK;
   constexpr int CHUNK = 16 / int(sizeof(Elem));  // K elements per 16-byte cp.async chunk
   // FP8 keeps two accumulator sets; at BN = 256 its partial set covers one 128-column half at a time
-  static_assert(!FP8 || BN == 128 || (BN == 256 && (!X || X >= 4)), "FP8: 128-wide N tiles (256-wide: QGMMA and X = 4 .. 7 only)");
+  static_assert(!FP8 || BN == 128 || (BN == 256 && (!X || X >= 4)), "FP8: 128-wide N tiles (256-wide: QGMMA and X = 4 / 5 / 6 only)");
   static_assert(X < 4 || BN == 256, "the wide exact variants: 256 weight rows per tile");
   static_assert(!PP || (!FP8 && BN == 128), "ping-pong: bf16 / f16, 128-wide tiles");
   static_assert(!X || (FP8 && !MC && !PP), "the exact FP8 variant: FP8, cooperative, no clusters");
   static_assert(X != 2 || BN == 128, "the untransposed exact variant: 128-wide tiles");
   static_assert(X != 3 || !GATHER, "the few-row exact variant: A rows by TMA (the gather writes 128 rows)");
-  static_assert(!XC || !GATHER, "the converting exact variants: A rows by TMA (warps 1-3 convert the weights)");
+  static_assert(X != 6 || !GATHER, "the converting exact variant: A rows by TMA (warps 1-3 convert the weights)");
   // the transposed exact kernels (D[weight row][A row]): all rows of a tile at once (1), or in
   // passes of XR_ROWS rows (3)
   constexpr bool XT = X == 1 || (X >= 3 && X <= 5);
@@ -741,7 +733,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   // X = 6: conv[STAGES] after the items, completed when warps 1-3 have converted the stage's weights
   auto conv_bar = [&](int s) { return bars + 16u * uint32_t(STAGES) + 24u + 20u * ITEM_SLOTS + 8u * uint32_t(s); };
   static_assert((16 * STAGES + 24 + 20 * ITEM_SLOTS) % 8 == 0, "conv barriers: 8-byte aligned");
-  static_assert(16 * (STAGES + ITEM_SLOTS) + 24 + 4 * ITEM_SLOTS + (XC ? 8 * STAGES : 0) <= 256,
+  static_assert(16 * (STAGES + ITEM_SLOTS) + 24 + 4 * ITEM_SLOTS + (X == 6 ? 8 * STAGES : 0) <= 256,
                 "the barriers outgrow SMEM_BYTES' 256-byte reserve");
 
   // The dynamic schedule (x.work_counter set; cooperative kernels outside clusters): after its first
@@ -769,7 +761,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       mbar_init(full_bar(s), GATHER ? 129u : 1u);  // thread 0's expect_tx (+ 128 cp.async arrivals)
       // one arrival per consumer warp that reads the stage: of both CTAs (MC), of one warpgroup (PP)
       mbar_init(empty_bar(s), (MC ? 2u : 1u) * (PP ? 4u : 8u));
-      if (XC) mbar_init(conv_bar(s), 3u);  // one arrival per converting warp
+      if (X == 6) mbar_init(conv_bar(s), 3u);  // one arrival per converting warp
     }
     if (PP) {
       mbar_init(turn_bar(0), 1u);
@@ -780,7 +772,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         mbar_init(item_full(s), 1u);
         // read by the 8 consumer warps and, in the gather and converting (X = 6) variants, producer
         // warps 1-3 (the gather's warp 0 gets the item from thread 0 by a shuffle)
-        mbar_init(item_empty(s), GATHER || XC ? 11u : 8u);
+        mbar_init(item_empty(s), GATHER || X == 6 ? 11u : 8u);
       }
     }
     mbar_fence_init();
@@ -911,128 +903,12 @@ __global__ void __launch_bounds__(THREADS, 1)
     }
   };
 
-  // X = 7: X = 6's converter with the weights from global memory (a.W, [E, N, Kdim] e4m3, rows of Kdim
-  // bytes; the gated concatenated layout, I % 128 == 0 and Kdim % 16 == 0 by the launcher's checks).
-  // Thread ct holds the same chunks as in X = 6 (tile rows ct / 4 + 24 i, bytes 16 (ct % 4) .. + 16 of
-  // the stage's 64 k), all eleven in registers: each is converted and stored, then reloaded with the
-  // next stage's bytes (of the same item). ptxas issues those loads after the stage's conversions
-  // (holding a second stage in flight would take 44 more registers), so the stage after next is
-  // prefetched into L1 at the top of each stage and the loads wait an L1 hit, not L2's latency. It
-  // waits for the stage's consumers to release it (empty barrier) before writing its f16 tile; the
-  // producer's thread 0 waits for the same barrier before the stage's A codes.
-  auto x7_converter = [&](auto ct) {
-    constexpr int CT = 96, PER = (BN * 4 + CT - 1) / CT;
-    constexpr uint32_t DST_STEP = (CT / 4) * 128;
-    const int lane = ct & 31;
-    const bool has_last = ct + (PER - 1) * CT < BN * 4;
-    auto has_chunk = [&](int i) { return i < PER - 1 || (i == PER - 1 && has_last); };
-    const int row0 = ct >> 2, ch = ct & 3;
-    static_assert((CT / 4) % 8 == 0, "a thread's chunks keep their swizzle: CT / 4 rows apart, a multiple of 8");
-    const uint32_t off0 = uint32_t(((2 * ch) ^ (row0 & 7)) << 4), off1 = uint32_t(((2 * ch + 1) ^ (row0 & 7)) << 4);
-    auto convert_store = [&](uint4 v, uint32_t d) {
-      uint32_t f[8];
-      wgmma::e4m3x4_to_f16x2x2(v.x, f[0], f[1]);
-      wgmma::e4m3x4_to_f16x2x2(v.y, f[2], f[3]);
-      wgmma::e4m3x4_to_f16x2x2(v.z, f[4], f[5]);
-      wgmma::e4m3x4_to_f16x2x2(v.w, f[6], f[7]);
-      ptx::sts128(d + off0, f[0], f[1], f[2], f[3]);
-      ptx::sts128(d + off1, f[4], f[5], f[6], f[7]);
-    };
-    const int64_t kdim = a.Kdim;
-    const uint8_t* W = static_cast<const uint8_t*>(a.W);
-    int stage = 0;
-    uint32_t phase = 0;
-    int items = 0;
-    for (int w = int(blockIdx.x);; w += int(gridDim.x)) {
-      if (dyn) w = read_item(items, lane);
-      if (w >= total_items()) break;
-      int m, n;
-      bool shared, own;
-      work_item(w, m, n, shared, own);
-      const int e = a.plan.tiles[m].x;
-      int64_t ws_lo, ws_hi;
-      weight_scale_rows<BN>(a, e, n, ws_lo, ws_hi);
-      // tile row r < BN/2: gate row n·BN/2 + r; else up row I + n·BN/2 + r - BN/2. One 64-bit pointer
-      // (this thread's bytes of tile row row0 at the stage's k) and 32-bit offsets (the launcher checks
-      // (I + BN) · Kdim < 2^31); chunks i <= I_GATE are gate rows and i >= I_UP up rows for every
-      // thread (row0 < CT / 4), the one between depends on row0. (64-bit addresses per chunk, and a
-      // row test per chunk, spilled the converter to local memory.)
-      constexpr int RSTEP = CT / 4, I_GATE = (BN / 2 - RSTEP) / RSTEP, I_UP = (BN / 2 + RSTEP - 1) / RSTEP;
-      const uint8_t* pk = W + int64_t(e) * a.w_expert_stride + (int64_t(n) * (BN / 2) + row0) * kdim + ch * 16;
-      const int up_off = (a.I - BN / 2) * int(kdim), step = RSTEP * int(kdim);
-      const int mid_off = row0 + RSTEP * (I_GATE + 1) < BN / 2 ? 0 : up_off;  // chunk I_GATE + 1 (if < I_UP)
-      uint4 v[PER];
-      auto load = [&](int i, bool in_k) {  // zeros past Kdim (Kdim % 16 == 0: a chunk is whole or absent)
-        const int off = i * step + (i <= I_GATE ? 0 : i >= I_UP ? up_off : mid_off);
-        v[i] = in_k ? ptx::ldg128_nc(pk + off) : make_uint4(0u, 0u, 0u, 0u);
-      };
-      // this thread's chunks of stage kt, whose bytes start at p, into L1
-      auto prefetch = [&](const uint8_t* p, int kt) {
-        if (kt < ktiles && kt * 64 + ch * 16 < kdim) {
-#pragma unroll
-          for (int i = 0; i < PER; ++i)
-            if (has_chunk(i)) ptx::prefetch_l1(p + i * step + (i <= I_GATE ? 0 : i >= I_UP ? up_off : mid_off));
-        }
-      };
-      prefetch(pk + 64, 1);
-#pragma unroll
-      for (int i = 0; i < PER; ++i)
-        if (has_chunk(i)) load(i, ch * 16 < kdim);
-      // the weight block scales of the stage (one 128-k block per two stages), loaded a stage ahead
-      float s_lo = weight_scale(x, ws_lo), s_hi = weight_scale(x, ws_hi);
-      for (int kt = 0; kt < ktiles; ++kt) {
-        const bool zero_lo = s_lo == 0.0f, zero_hi = s_hi == 0.0f;
-        const bool more = kt + 1 < ktiles, in_k = (kt + 1) * 64 + ch * 16 < kdim;
-        if (more) {
-          s_lo = weight_scale(x, ws_lo + ((kt + 1) >> 1));
-          s_hi = weight_scale(x, ws_hi + ((kt + 1) >> 1));
-        }
-        pk += 64;  // the next stage's bytes
-        prefetch(pk + 64, kt + 2);
-        mbar_wait(empty_bar(stage), phase ^ 1u);  // the consumers are done with the stage's f16 tile
-        const uint32_t dst = sB + uint32_t(stage) * B_BYTES + uint32_t(row0) * 128u;
-        if (!zero_lo && !zero_hi && more) {
-          // each chunk's next-stage load issued before its conversion (in registers beside it), so that
-          // the loads start at the top of the stage (converted first, ptxas issued them after all
-          // eleven conversions, and the next stage waited on their whole latency)
-#pragma unroll
-          for (int i = 0; i < PER; ++i)
-            if (has_chunk(i)) {
-              const uint4 cur = v[i];
-              load(i, in_k);
-              convert_store(cur, dst + uint32_t(i) * DST_STEP);
-            }
-        } else {  // the item's last stage, or a zero weight block in the stage (rare): its rows as zeros
-#pragma unroll
-          for (int i = 0; i < PER; ++i)
-            if (has_chunk(i)) {
-              const bool zero = row0 + (CT / 4) * i < BN / 2 ? zero_lo : zero_hi;
-              const uint4 cur = v[i];
-              if (more) load(i, in_k);
-              convert_store(zero ? make_uint4(0u, 0u, 0u, 0u) : cur, dst + uint32_t(i) * DST_STEP);
-            }
-        }
-        wgmma::fence_proxy_async();  // the generic-proxy stores, before the consumers' wgmma reads them
-        __syncwarp();
-        if (lane == 0) mbar_arrive(conv_bar(stage));
-        next_stage<STAGES>(stage, phase);
-      }
-    }
-  };
-
   if (wg == 0) {
     // ================================ producer ================================
-    // X = 7: the converting warps hold a stage of weight bytes (44 registers) beyond X = 6's
-    if constexpr (X == 7) setmaxnreg_dec<88>();
-    else setmaxnreg_dec<56>();
+    setmaxnreg_dec<56>();
     if constexpr (X == 6) {
       if (tid >= 32) {  // warps 1-3: the weight converter
         x6_converter(tid - 32);
-        return;
-      }
-    } else if constexpr (X == 7) {
-      if (tid >= 32) {  // warps 1-3: the weight loader and converter
-        x7_converter(tid - 32);
         return;
       }
     }
@@ -1095,9 +971,8 @@ __global__ void __launch_bounds__(THREADS, 1)
         const int a_boxes = GATHER ? 0 : (min(re - rb, pass_rows<X>()) + ABOX - 1) / ABOX;
         // X = 6: the stage's e4m3 weights (B is their f16 conversion, written by warps 1-3) and one
         // 64-k sub-tile of A codes
-        // X = 7: A codes and scales only (warps 1-3 load the weights themselves)
-        const uint32_t tx_bytes = (X == 6 ? Cfg::W8_BYTES : X == 7 ? 0 : B_BYTES) +
-                                  (GATHER ? 0 : a_boxes * ABOX * 128 * (X && !XC ? 2 : 1) + (FP8 ? SA_BYTES : 0));
+        const uint32_t tx_bytes = (X == 6 ? Cfg::W8_BYTES : B_BYTES) +
+                                  (GATHER ? 0 : a_boxes * ABOX * 128 * (X && X != 6 ? 2 : 1) + (FP8 ? SA_BYTES : 0));
         for (int kt = 0; kt < ktiles; ++kt) {
           mbar_wait(empty_bar(stage), phase ^ 1u);
           const int k0 = kt * BKE;
@@ -1114,8 +989,6 @@ __global__ void __launch_bounds__(THREADS, 1)
               } else {
                 tma_load_3d(dW, &tm_b, fb, k0, n * BN, e);
               }
-            } else if constexpr (X == 7) {
-              // no weight TMA
             } else if (MC) {
               // halves: gate / up rows (concat) or rows [n*BN, +BN/2), [n*BN + BN/2, +BN/2)
               const int r0 = concat ? n * (BN / 2) : n * BN, r1 = concat ? a.I + n * (BN / 2) : n * BN + BN / 2;
@@ -1135,10 +1008,10 @@ __global__ void __launch_bounds__(THREADS, 1)
               for (int b = 0; b < a_boxes; ++b) {
                 const uint32_t dA = sA + uint32_t(stage) * A_STAGE + uint32_t(b * ABOX * 128);
                 tma_load_2d(dA, &tm_a, fb, k0, rb + b * ABOX);
-                if constexpr (X && !XC) tma_load_2d(dA + X_SUB, &tm_a, fb, k0 + 64, rb + b * ABOX);  // k 64-127
+                if constexpr (X && X != 6) tma_load_2d(dA + X_SUB, &tm_a, fb, k0 + 64, rb + b * ABOX);  // k 64-127
               }
               // the activation scales of the stage's 128-k block (X = 6: two stages per block)
-              if constexpr (FP8) tma_load_2d(sSA + uint32_t(stage) * SA_BYTES, &tm_sa, fb, rb, XC ? kt >> 1 : kt);
+              if constexpr (FP8) tma_load_2d(sSA + uint32_t(stage) * SA_BYTES, &tm_sa, fb, rb, X == 6 ? kt >> 1 : kt);
             }
           }
           if constexpr (GATHER) {
@@ -1180,8 +1053,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     if constexpr (GATHER) ptx::cp_async_wait<0>();
   } else {
     // ================================ consumers ================================
-    if constexpr (X == 7) setmaxnreg_inc<208>();  // 128 x 88 + 256 x 208 = the 384 x 168 of the launch
-    else setmaxnreg_inc<224>();
+    setmaxnreg_inc<224>();
     const int total = total_items();
     if constexpr (PP) {
       pingpong_consumer<T, BN, GATHER, MC>(a, x, wg - 1, tid, first_item, item_step, total, ktiles, sA, sB, rank, work_item,
@@ -1195,7 +1067,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     uint32_t phase = 0;
     float acc[NF][4];
     // FP8: the partial sums of one 128-K block, for 128 columns (BN = 256: one half at a time)
-    constexpr int NFP = FP8 && !XT && !XC ? (NF < 16 ? NF : 16) : 1;
+    constexpr int NFP = FP8 && !XT && X != 6 ? (NF < 16 ? NF : 16) : 1;
     float part[NFP][4];
     // a stage is refilled when the consumers of every CTA that reads it released it (MC: the
     // peer's multicast writes into this CTA's stage too)
@@ -1317,8 +1189,8 @@ __global__ void __launch_bounds__(THREADS, 1)
           stage = next;
           phase = next_phase;
         }
-      } else if constexpr (XC) {
-        // ---- exact FP8, untransposed, converted weight tiles (TmaFp8Extra::exact_conv; X = 7 as X = 6): this
+      } else if constexpr (X == 6) {
+        // ---- exact FP8, untransposed, converted weight tiles (TmaFp8Extra::exact_conv): this
         // warpgroup computes rows [cw·64, +64) of the tile's A rows x its 256 weight rows with SS
         // HGMMA m64n256k16 on f16 operands (exact: e4m3 ⊂ f16, products exact, f32 sums), as the
         // bf16 kernel does: A = the stage's f16 token codes (TMA, natural k order), B = the stage's
@@ -1851,7 +1723,7 @@ void launch_typed(const GroupedGemmArgs& a, DType dtype, const TmaFp8Extra& x, i
 
 template <class T, int BN, bool FP8, bool MC, bool PP, int X>
 void launch_bn(const GroupedGemmArgs& a, DType dtype, const TmaFp8Extra& x, int64_t a_rows, int64_t E, cudaStream_t stream) {
-  if constexpr (X == 3 || X == 6 || X == 7) {  // A rows by TMA only (the caller's choice: exact_few_rows / exact_conv)
+  if constexpr (X == 3 || X == 6) {  // A rows by TMA only (the caller's choice: exact_few_rows / exact_conv)
     MOEX_ASSERT(!a.a_gather);
     launch_typed<T, BN, false, FP8, MC, PP, X>(a, dtype, x, a_rows, E, stream);
   } else if (a.a_gather) {
