@@ -351,7 +351,7 @@ struct Sizes {
   // forces it on / off.
   bool x_pregather;
   // the exact up GEMM on the converting kernel (TmaFp8Extra::exact_conv): gated, concatenated,
-  // I % 128 == 0; by default (kConvByDefault) above the few-row threshold; MOEX_CUDA_FP8_X_CONV=1 / 0
+  // I % 128 == 0; by default (kConvByDefault) from kConvMinRowsPerExpert rows per expert; MOEX_CUDA_FP8_X_CONV=1 / 0
   // forces it on / off (read per call). Its A rows come by TMA (x_pregather forced) as f16 codes in
   // natural k order.
   bool x_conv;
@@ -370,10 +370,16 @@ constexpr int64_t kPregatherMaxPairs = 8192;
 // The exact GEMMs take the few-row kernel (TmaFp8Extra::exact_few_rows) up to this many pairs per
 // expert on average (S <= 32 E: mixtral_8x7b at T <= 128, qwen3_30b_a3b and deepseek_v3 at T <= 512).
 constexpr int64_t kFewRowsPerExpert = 32;
-// The converting exact kernel (X = 6) for the gated up GEMM wherever it fits above the few-row
-// threshold (S > 32 E, where the few-row kernel does not take the GEMM). Off until measured faster
-// than X = 1 on the GPU machine (built in the forty-fourth session without one; docs/PERF.md).
-constexpr bool kConvByDefault = false;
+// The converting exact kernel (X = 6) for the gated up GEMM by default where it fits and the experts
+// hold at least kConvMinRowsPerExpert pairs on average (S >= 256 E). Measured on the H100 (2026-12-06,
+// docs/PERF.md, forty-sixth session, calls 1 and 2, FP8 forward against X = 1): mixtral_8x7b T = 4096
+// (1 024 rows per expert) 6.86 -> 5.28 and 6.14 -> 6.07 ms, qwen15_moe_a2_7b T = 4096 (273) 0.94 -> 0.89
+// both times, qwen3_30b_a3b T = 4096 (256) 1.069 -> 1.062 and 1.082 -> 1.066; slower below: deepseek_v3
+// T = 4096 (128 rows: 8.27 -> 8.68 ms) and every shape at T = 512 (16-128 rows: 8-30 %), where its
+// pre-gathered codes (x_conv forces x_pregather) and the 256-wide tiles' padding cost more than the
+// GEMM saves.
+constexpr bool kConvByDefault = true;
+constexpr int64_t kConvMinRowsPerExpert = 256;
 
 Sizes sizes_of(const ExpertsSpec& s, int64_t T, int64_t K, LayoutChoice choice = LayoutChoice::by_size,
                Fp8TmaKernels kernels = {false, false}) {
@@ -394,7 +400,7 @@ Sizes sizes_of(const ExpertsSpec& s, int64_t T, int64_t K, LayoutChoice choice =
   z.down_exact = z.fp8 && kernels.down_exact;
   if (z.fp8) {
     const char* conv = std::getenv("MOEX_CUDA_FP8_X_CONV");  // read per call, as the route
-    const bool conv_wanted = conv && *conv ? *conv == '1' : kConvByDefault && z.S > kFewRowsPerExpert * z.E;
+    const bool conv_wanted = conv && *conv ? *conv == '1' : kConvByDefault && z.S >= kConvMinRowsPerExpert * z.E;
     z.x_conv = z.up_exact && conv_wanted && s.has_gate && !s.interleaved && z.I % 128 == 0;
     const char* pre = std::getenv("MOEX_CUDA_FP8_X_PREGATHER");
     z.x_pregather = z.x_conv || (pre && *pre ? *pre == '1' : z.up_exact && z.S <= kPregatherMaxPairs);

@@ -63,7 +63,8 @@
 // session): correct on every dtype, but slower than X = 1 (FP8 forward at T = 4096 0.78-0.98x the
 // default's speed, X = 5 0.80-0.84x); ncu on qwen3_30b_a3b T = 4096: the up GEMM 884 us against 654
 // with 21 % fewer L2 bytes, so X = 1 is not bound by its operand feed.
-// Converting exact variant (X = 6; TmaFp8Extra::exact_conv; off by default, MOEX_CUDA_FP8_X_CONV=1): the gated up
+// Converting exact variant (X = 6; TmaFp8Extra::exact_conv; the default from 256 pairs per expert, deepgemm.cu's
+// kConvMinRowsPerExpert; MOEX_CUDA_FP8_X_CONV=1 / 0 forces it on / off): the gated up
 // GEMM (concatenated, I % 128 == 0) untransposed as the bf16 kernel computes it: 256 weight rows per
 // tile, stages of 64 k; TMA brings the A rows' f16 codes (pre-gathered, natural k order) and the
 // weights' e4m3 bytes, the producer warpgroup's warps 1-3 convert the weights into the 128B-swizzled
@@ -75,7 +76,7 @@
 // tiles re-read the A codes twice as often as a 256-wide tile. Measured (H100, 2026-12-06, docs/PERF.md,
 // forty-sixth session): the up GEMM 572-579 us against X = 1's 644-649 on qwen3_30b_a3b T = 4096 (tensor
 // pipe 48 %), the FP8 forward 0.76-1.10x bf16 at T = 4096 against the default's 0.64-1.15x (slower at
-// T = 512 and on deepseek_v3: the pre-gathered codes), so it stays opt-in. Tried and removed in that
+// T = 512 and on deepseek_v3: the pre-gathered codes), so it is the default only from 256 rows per expert. Tried and removed in that
 // session: the weights loaded by the converting warps into registers instead of a TMA staging buffer
 // (four 48.5 KB stages; bit-identical output): 1085 us, twice the L2 bytes (the 64-byte row pieces of a
 // stage read as 128-byte L1 lines, evicted before the next stage used their other half) and the

@@ -70,7 +70,7 @@ struct TmaFp8Extra {
   // under block 0's MMAs and block 0 rescaled under block 1's (X = 5, MOEX_CUDA_FP8_X_WIDE=2); 0: off.
   int exact_wide = 0;
   // With exact (the gated up GEMM in the concatenated layout, I % 128 == 0, A rows by TMA in natural k
-  // order): the converting kernel (X = 6 in sm90_tma_kernel.cuh; off by default, MOEX_CUDA_FP8_X_CONV=1,
+  // order): the converting kernel (X = 6 in sm90_tma_kernel.cuh; by default from 256 pairs per expert, MOEX_CUDA_FP8_X_CONV=1 / 0,
   // see deepgemm.cu): untransposed, 256 weight rows per tile converted to f16 in shared memory by the
   // producer warpgroup, SS HGMMA, one accumulator set rescaled per 128-k block, h quantized in its
   // epilogue where h_codes is set (tma_fp8_quantizes_h).
