@@ -56,16 +56,24 @@ __device__ __forceinline__ int tile_passes(const int4& tile) {
 // bytes as TMA brings them (W8_BYTES, [256 rows][64 B], unswizzled) and the same rows converted to f16
 // by the producer warpgroup's warps 1-3 (B_BYTES, [256 rows][64 k] 128B-swizzled, as the bf16 kernel's
 // TMA B tile): three stages.
+// X = 8 (X = 6 with the e4m3 staging in a ring of its own, TmaFp8Extra::exact_conv == 2; opt-in,
+// MOEX_CUDA_FP8_X_CONV=2): the e4m3 tiles go through W8_SLOTS = 4 staging slots, each released by the
+// converting warps as soon as it is converted, so the producer keeps the weight loads up to four stages
+// ahead of the A stream (within an item) instead of issuing a stage's weights only once the consumers
+// release that stage. Why (H100, 2026-12-06, docs/PERF.md, forty-sixth session): X = 6's three stages
+// hold a 128-k block's two stages until its MMAs retire, and the weight TMA latency and the conversion
+// then lie between a release and the stage's reuse. Three 48.5 KB stages + 64 KB of staging.
 template <int BN, bool FP8 = false, int X = 0>
 struct TmaCfg {
   static constexpr int STAGES = X == 2 || X >= 4 ? 3 : X == 3 ? 6 : X ? 4 : BN == 256 ? 4 : 6;
   static constexpr int X_SUB = X == 3 ? XR_ROWS * 128 : X_SUB_BYTES;  // bytes of an A sub-tile (X)
-  static constexpr int A_STAGE = X == 6 ? X_SUB : X ? 2 * X_SUB : A_BYTES;
+  static constexpr int A_STAGE = X == 6 || X == 8 ? X_SUB : X ? 2 * X_SUB : A_BYTES;
   static constexpr int B_BYTES = BN * BK * 2;
   static constexpr int F_BYTES = X == 2 ? BN * 256 : 0;  // [BN rows][128 k] f16
-  static constexpr int W8_BYTES = X == 6 ? BN * 64 : 0;  // [BN rows][64 k] e4m3 (X = 6)
-  static constexpr int STAGE_BYTES = A_STAGE + B_BYTES + W8_BYTES + (FP8 ? SA_BYTES : 0);
-  static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + 2 * F_BYTES + 1024 + 256;  // align slack + barriers
+  static constexpr int W8_BYTES = X == 6 || X == 8 ? BN * 64 : 0;  // [BN rows][64 k] e4m3 (X = 6 / 8)
+  static constexpr int W8_SLOTS = X == 8 ? 4 : STAGES;  // e4m3 staging slots (X = 6: one per stage)
+  static constexpr int STAGE_BYTES = A_STAGE + B_BYTES + (FP8 ? SA_BYTES : 0);
+  static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + W8_SLOTS * W8_BYTES + 2 * F_BYTES + 1024 + 256;  // align slack + barriers
 };
 
 // ---- PTX helpers --------------------------------------------------------------------------
@@ -696,16 +704,20 @@ __global__ void __launch_bounds__(THREADS, 1)
   using Elem = std::conditional_t<X, uint16_t, std::conditional_t<FP8, uint8_t, T>>;
   constexpr int STAGES = Cfg::STAGES, B_BYTES = Cfg::B_BYTES, A_STAGE = Cfg::A_STAGE, NF = BN / 8;
   // K elements per stage (128 bytes per row either way; X = 6: 64, the f16 operands' 128 bytes)
-  constexpr int BKE = X == 6 ? 64 : FP8 ? 128 : BK;
+  // X = 6 / 8 (XC): the converting kernels (the weight tile converted to f16 by producer warps 1-3);
+  // X = 8 stages the e4m3 tiles in a ring of their own (w8_full / w8_empty barriers, Cfg::W8_SLOTS)
+  constexpr bool XC = X == 6 || X == 8;
+  constexpr int W8_SLOTS = Cfg::W8_SLOTS;
+  constexpr int BKE = XC ? 64 : FP8 ? 128 : BK;
   constexpr int CHUNK = 16 / int(sizeof(Elem));  // K elements per 16-byte cp.async chunk
   // FP8 keeps two accumulator sets; at BN = 256 its partial set covers one 128-column half at a time
-  static_assert(!FP8 || BN == 128 || (BN == 256 && (!X || X >= 4)), "FP8: 128-wide N tiles (256-wide: QGMMA and X = 4 / 5 / 6 only)");
+  static_assert(!FP8 || BN == 128 || (BN == 256 && (!X || X >= 4)), "FP8: 128-wide N tiles (256-wide: QGMMA and X = 4 / 5 / 6 / 8 only)");
   static_assert(X < 4 || BN == 256, "the wide exact variants: 256 weight rows per tile");
   static_assert(!PP || (!FP8 && BN == 128), "ping-pong: bf16 / f16, 128-wide tiles");
   static_assert(!X || (FP8 && !MC && !PP), "the exact FP8 variant: FP8, cooperative, no clusters");
   static_assert(X != 2 || BN == 128, "the untransposed exact variant: 128-wide tiles");
   static_assert(X != 3 || !GATHER, "the few-row exact variant: A rows by TMA (the gather writes 128 rows)");
-  static_assert(X != 6 || !GATHER, "the converting exact variant: A rows by TMA (warps 1-3 convert the weights)");
+  static_assert(!XC || !GATHER, "the converting exact variants: A rows by TMA (warps 1-3 convert the weights)");
   // the transposed exact kernels (D[weight row][A row]): all rows of a tile at once (1), or in
   // passes of XR_ROWS rows (3)
   constexpr bool XT = X == 1 || (X >= 3 && X <= 5);
@@ -717,8 +729,8 @@ __global__ void __launch_bounds__(THREADS, 1)
   const uint32_t base = (raw + 1023u) & ~1023u;
   const uint32_t sA = base, sB = base + STAGES * A_STAGE;
   const uint32_t sF = sB + STAGES * B_BYTES;                    // X = 2: [2][F_BYTES] f16 weights
-  const uint32_t sW8 = sF + 2 * Cfg::F_BYTES;                   // X = 6: [STAGES][W8_BYTES] e4m3 weights
-  const uint32_t sSA = sW8 + STAGES * Cfg::W8_BYTES;            // FP8: [STAGES][128] f32
+  const uint32_t sW8 = sF + 2 * Cfg::F_BYTES;                   // X = 6 / 8: [W8_SLOTS][W8_BYTES] e4m3 weights
+  const uint32_t sSA = sW8 + W8_SLOTS * Cfg::W8_BYTES;          // FP8: [STAGES][128] f32
   // barriers and small shared values, in this order: full[STAGES], empty[STAGES], num_m (8 bytes),
   // turn[2] (PP), item_full[ITEM_SLOTS], item_empty[ITEM_SLOTS], items[ITEM_SLOTS] (dynamic schedule)
   const uint32_t bars = sSA + (FP8 ? STAGES * SA_BYTES : 0);
@@ -733,7 +745,10 @@ __global__ void __launch_bounds__(THREADS, 1)
   // X = 6: conv[STAGES] after the items, completed when warps 1-3 have converted the stage's weights
   auto conv_bar = [&](int s) { return bars + 16u * uint32_t(STAGES) + 24u + 20u * ITEM_SLOTS + 8u * uint32_t(s); };
   static_assert((16 * STAGES + 24 + 20 * ITEM_SLOTS) % 8 == 0, "conv barriers: 8-byte aligned");
-  static_assert(16 * (STAGES + ITEM_SLOTS) + 24 + 4 * ITEM_SLOTS + (X == 6 ? 8 * STAGES : 0) <= 256,
+  // X = 8: w8_full[W8_SLOTS], w8_empty[W8_SLOTS] after the conv barriers (the e4m3 staging ring)
+  auto w8_full = [&](int s) { return conv_bar(STAGES) + 8u * uint32_t(s); };
+  auto w8_empty = [&](int s) { return conv_bar(STAGES) + 8u * uint32_t(W8_SLOTS + s); };
+  static_assert(16 * (STAGES + ITEM_SLOTS) + 24 + 4 * ITEM_SLOTS + (XC ? 8 * STAGES : 0) + (X == 8 ? 16 * W8_SLOTS : 0) <= 256,
                 "the barriers outgrow SMEM_BYTES' 256-byte reserve");
 
   // The dynamic schedule (x.work_counter set; cooperative kernels outside clusters): after its first
@@ -761,7 +776,13 @@ __global__ void __launch_bounds__(THREADS, 1)
       mbar_init(full_bar(s), GATHER ? 129u : 1u);  // thread 0's expect_tx (+ 128 cp.async arrivals)
       // one arrival per consumer warp that reads the stage: of both CTAs (MC), of one warpgroup (PP)
       mbar_init(empty_bar(s), (MC ? 2u : 1u) * (PP ? 4u : 8u));
-      if (X == 6) mbar_init(conv_bar(s), 3u);  // one arrival per converting warp
+      if (XC) mbar_init(conv_bar(s), 3u);  // one arrival per converting warp
+    }
+    if (X == 8) {
+      for (int s = 0; s < W8_SLOTS; ++s) {
+        mbar_init(w8_full(s), 1u);   // thread 0's expect_tx
+        mbar_init(w8_empty(s), 3u);  // one arrival per converting warp
+      }
     }
     if (PP) {
       mbar_init(turn_bar(0), 1u);
@@ -772,7 +793,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         mbar_init(item_full(s), 1u);
         // read by the 8 consumer warps and, in the gather and converting (X = 6) variants, producer
         // warps 1-3 (the gather's warp 0 gets the item from thread 0 by a shuffle)
-        mbar_init(item_empty(s), GATHER || X == 6 ? 11u : 8u);
+        mbar_init(item_empty(s), GATHER || XC ? 11u : 8u);
       }
     }
     mbar_fence_init();
@@ -862,6 +883,8 @@ __global__ void __launch_bounds__(THREADS, 1)
     };
     int stage = 0;
     uint32_t phase = 0;
+    int wslot = 0;  // X = 8: the staging ring's slot and parity
+    uint32_t wphase = 0;
     int items = 0;
     for (int w = int(blockIdx.x);; w += int(gridDim.x)) {
       if (dyn) w = read_item(items, lane);
@@ -874,8 +897,15 @@ __global__ void __launch_bounds__(THREADS, 1)
       for (int kt = 0; kt < ktiles; ++kt) {
         const bool zero_lo = weight_scale(x, ws_lo + (kt >> 1)) == 0.0f;
         const bool zero_hi = weight_scale(x, ws_hi + (kt >> 1)) == 0.0f;
-        mbar_wait(full_bar(stage), phase);
-        const uint32_t src = sW8 + uint32_t(stage) * Cfg::W8_BYTES + uint32_t(ct) * 16u;
+        uint32_t src = sW8 + uint32_t(ct) * 16u;
+        if constexpr (X == 8) {
+          mbar_wait(w8_full(wslot), wphase);             // the stage's e4m3 tile (TMA)
+          mbar_wait(empty_bar(stage), phase ^ 1u);       // the consumers are done with the stage's f16 tile
+          src += uint32_t(wslot) * Cfg::W8_BYTES;
+        } else {
+          mbar_wait(full_bar(stage), phase);  // weights and A by TMA (after the stage's release)
+          src += uint32_t(stage) * Cfg::W8_BYTES;
+        }
         const uint32_t dst = sB + uint32_t(stage) * B_BYTES + uint32_t(row0) * 128u;
         if (!zero_lo && !zero_hi) {
 #pragma unroll
@@ -897,8 +927,12 @@ __global__ void __launch_bounds__(THREADS, 1)
         }
         wgmma::fence_proxy_async();  // the generic-proxy stores, before the consumers' wgmma reads them
         __syncwarp();
-        if (lane == 0) mbar_arrive(conv_bar(stage));
+        if (lane == 0) {
+          mbar_arrive(conv_bar(stage));
+          if constexpr (X == 8) mbar_arrive(w8_empty(wslot));  // its loads are done: the slot can be refilled
+        }
         next_stage<STAGES>(stage, phase);
+        if constexpr (X == 8) next_stage<W8_SLOTS>(wslot, wphase);
       }
     }
   };
@@ -906,7 +940,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   if (wg == 0) {
     // ================================ producer ================================
     setmaxnreg_dec<56>();
-    if constexpr (X == 6) {
+    if constexpr (XC) {
       if (tid >= 32) {  // warps 1-3: the weight converter
         x6_converter(tid - 32);
         return;
@@ -921,6 +955,8 @@ __global__ void __launch_bounds__(THREADS, 1)
     const Elem* A = static_cast<const Elem*>(a.A);
     int stage = 0;
     uint32_t phase = 0;
+    int w8_slot = 0;  // X = 8: the e4m3 staging ring's slot and parity
+    uint32_t w8_phase = 0;
     int items = 0;  // items through the ring so far (dynamic schedule): slot items % ITEM_SLOTS
     for (int w = MC ? first_item : int(blockIdx.x);;) {
       if (dyn) {
@@ -970,10 +1006,23 @@ __global__ void __launch_bounds__(THREADS, 1)
         // pulling 128 rows of h through L2 per stage for every n tile.
         const int a_boxes = GATHER ? 0 : (min(re - rb, pass_rows<X>()) + ABOX - 1) / ABOX;
         // X = 6: the stage's e4m3 weights (B is their f16 conversion, written by warps 1-3) and one
-        // 64-k sub-tile of A codes
-        const uint32_t tx_bytes = (X == 6 ? Cfg::W8_BYTES : B_BYTES) +
-                                  (GATHER ? 0 : a_boxes * ABOX * 128 * (X && X != 6 ? 2 : 1) + (FP8 ? SA_BYTES : 0));
+        // 64-k sub-tile of A codes; X = 8: the A codes only (the weights go through the staging ring)
+        const uint32_t tx_bytes = (X == 6 ? Cfg::W8_BYTES : X == 8 ? 0 : B_BYTES) +
+                                  (GATHER ? 0 : a_boxes * ABOX * 128 * (X && !XC ? 2 : 1) + (FP8 ? SA_BYTES : 0));
+        int w8_issued = 0;  // X = 8: this item's stages whose e4m3 tile is issued
         for (int kt = 0; kt < ktiles; ++kt) {
+          if constexpr (X == 8) {
+            // the staging ring kept up to W8_SLOTS stages ahead of the A stream (within the item): a
+            // slot is free once warps 1-3 have converted its last tile
+            for (; w8_issued < ktiles && w8_issued < kt + W8_SLOTS; ++w8_issued) {
+              mbar_wait(w8_empty(w8_slot), w8_phase ^ 1u);
+              const uint32_t wb = w8_full(w8_slot), dW = sW8 + uint32_t(w8_slot) * Cfg::W8_BYTES;
+              mbar_arrive_expect_tx(wb, Cfg::W8_BYTES);
+              tma_load_3d(dW, &tm_b, wb, w8_issued * BKE, n * (BN / 2), e);  // gate rows (concat only)
+              tma_load_3d(dW + (BN / 2) * 64, &tm_b, wb, w8_issued * BKE, a.I + n * (BN / 2), e);  // up rows
+              next_stage<W8_SLOTS>(w8_slot, w8_phase);
+            }
+          }
           mbar_wait(empty_bar(stage), phase ^ 1u);
           const int k0 = kt * BKE;
           if (tid == 0) {
@@ -989,6 +1038,8 @@ __global__ void __launch_bounds__(THREADS, 1)
               } else {
                 tma_load_3d(dW, &tm_b, fb, k0, n * BN, e);
               }
+            } else if constexpr (X == 8) {
+              // the weights: above
             } else if (MC) {
               // halves: gate / up rows (concat) or rows [n*BN, +BN/2), [n*BN + BN/2, +BN/2)
               const int r0 = concat ? n * (BN / 2) : n * BN, r1 = concat ? a.I + n * (BN / 2) : n * BN + BN / 2;
@@ -1008,10 +1059,10 @@ __global__ void __launch_bounds__(THREADS, 1)
               for (int b = 0; b < a_boxes; ++b) {
                 const uint32_t dA = sA + uint32_t(stage) * A_STAGE + uint32_t(b * ABOX * 128);
                 tma_load_2d(dA, &tm_a, fb, k0, rb + b * ABOX);
-                if constexpr (X && X != 6) tma_load_2d(dA + X_SUB, &tm_a, fb, k0 + 64, rb + b * ABOX);  // k 64-127
+                if constexpr (X && !XC) tma_load_2d(dA + X_SUB, &tm_a, fb, k0 + 64, rb + b * ABOX);  // k 64-127
               }
               // the activation scales of the stage's 128-k block (X = 6: two stages per block)
-              if constexpr (FP8) tma_load_2d(sSA + uint32_t(stage) * SA_BYTES, &tm_sa, fb, rb, X == 6 ? kt >> 1 : kt);
+              if constexpr (FP8) tma_load_2d(sSA + uint32_t(stage) * SA_BYTES, &tm_sa, fb, rb, XC ? kt >> 1 : kt);
             }
           }
           if constexpr (GATHER) {
@@ -1067,7 +1118,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     uint32_t phase = 0;
     float acc[NF][4];
     // FP8: the partial sums of one 128-K block, for 128 columns (BN = 256: one half at a time)
-    constexpr int NFP = FP8 && !XT && X != 6 ? (NF < 16 ? NF : 16) : 1;
+    constexpr int NFP = FP8 && !XT && !XC ? (NF < 16 ? NF : 16) : 1;
     float part[NFP][4];
     // a stage is refilled when the consumers of every CTA that reads it released it (MC: the
     // peer's multicast writes into this CTA's stage too)
@@ -1189,8 +1240,8 @@ __global__ void __launch_bounds__(THREADS, 1)
           stage = next;
           phase = next_phase;
         }
-      } else if constexpr (X == 6) {
-        // ---- exact FP8, untransposed, converted weight tiles (TmaFp8Extra::exact_conv): this
+      } else if constexpr (XC) {
+        // ---- exact FP8, untransposed, converted weight tiles (TmaFp8Extra::exact_conv; X = 8 as X = 6): this
         // warpgroup computes rows [cw·64, +64) of the tile's A rows x its 256 weight rows with SS
         // HGMMA m64n256k16 on f16 operands (exact: e4m3 ⊂ f16, products exact, f32 sums), as the
         // bf16 kernel does: A = the stage's f16 token codes (TMA, natural k order), B = the stage's
@@ -1684,9 +1735,9 @@ void launch_typed(const GroupedGemmArgs& a, DType dtype, const TmaFp8Extra& x, i
   const cuuint64_t bstrides[2] = {cuuint64_t(a.Kdim) * ESZ, cuuint64_t(a.w_expert_stride) * ESZ};
   // MC and the concatenated gated layout load B in two halves of BN/2 rows
   // (X = 6: boxes of 64 bytes of K, unswizzled: the converting warps read them in row order)
-  const cuuint32_t bbox[3] = {cuuint32_t(X == 6 ? 64 : BKE), cuuint32_t(MC || a.epi == Epi::up_concat ? BN / 2 : BN), 1};
+  const cuuint32_t bbox[3] = {cuuint32_t(X == 6 || X == 8 ? 64 : BKE), cuuint32_t(MC || a.epi == Epi::up_concat ? BN / 2 : BN), 1};
   const CUtensorMap tm_b =
-      make_map(etype, a.W, 3, bdims, bstrides, bbox, X == 6 ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B);
+      make_map(etype, a.W, 3, bdims, bstrides, bbox, X == 6 || X == 8 ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B);
   CUtensorMap tm_a = tm_b, tm_sa = tm_b;
   if (!GATHER && X) {
     // f16 codes [a_rows, a_ld]: boxes of 64 k (128 bytes) x ABOX rows
@@ -1723,7 +1774,7 @@ void launch_typed(const GroupedGemmArgs& a, DType dtype, const TmaFp8Extra& x, i
 
 template <class T, int BN, bool FP8, bool MC, bool PP, int X>
 void launch_bn(const GroupedGemmArgs& a, DType dtype, const TmaFp8Extra& x, int64_t a_rows, int64_t E, cudaStream_t stream) {
-  if constexpr (X == 3 || X == 6) {  // A rows by TMA only (the caller's choice: exact_few_rows / exact_conv)
+  if constexpr (X == 3 || X == 6 || X == 8) {  // A rows by TMA only (the caller's choice: exact_few_rows / exact_conv)
     MOEX_ASSERT(!a.a_gather);
     launch_typed<T, BN, false, FP8, MC, PP, X>(a, dtype, x, a_rows, E, stream);
   } else if (a.a_gather) {
