@@ -883,8 +883,8 @@ __global__ void __launch_bounds__(THREADS, 1)
     };
     int stage = 0;
     uint32_t phase = 0;
-    int wslot = 0;  // X = 8: the staging ring's slot and parity
-    uint32_t wphase = 0;
+    [[maybe_unused]] int wslot = 0;  // X = 8: the staging ring's slot and parity
+    [[maybe_unused]] uint32_t wphase = 0;
     int items = 0;
     for (int w = int(blockIdx.x);; w += int(gridDim.x)) {
       if (dyn) w = read_item(items, lane);
@@ -955,8 +955,8 @@ __global__ void __launch_bounds__(THREADS, 1)
     const Elem* A = static_cast<const Elem*>(a.A);
     int stage = 0;
     uint32_t phase = 0;
-    int w8_slot = 0;  // X = 8: the e4m3 staging ring's slot and parity
-    uint32_t w8_phase = 0;
+    [[maybe_unused]] int w8_slot = 0;  // X = 8: the e4m3 staging ring's slot and parity
+    [[maybe_unused]] uint32_t w8_phase = 0;
     int items = 0;  // items through the ring so far (dynamic schedule): slot items % ITEM_SLOTS
     for (int w = MC ? first_item : int(blockIdx.x);;) {
       if (dyn) {
@@ -1009,7 +1009,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         // 64-k sub-tile of A codes; X = 8: the A codes only (the weights go through the staging ring)
         const uint32_t tx_bytes = (X == 6 ? Cfg::W8_BYTES : X == 8 ? 0 : B_BYTES) +
                                   (GATHER ? 0 : a_boxes * ABOX * 128 * (X && !XC ? 2 : 1) + (FP8 ? SA_BYTES : 0));
-        int w8_issued = 0;  // X = 8: this item's stages whose e4m3 tile is issued
+        [[maybe_unused]] int w8_issued = 0;  // X = 8: this item's stages whose e4m3 tile is issued
         for (int kt = 0; kt < ktiles; ++kt) {
           if constexpr (X == 8) {
             // the staging ring kept up to W8_SLOTS stages ahead of the A stream (within the item): a
