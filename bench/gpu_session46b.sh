@@ -11,7 +11,8 @@
 #          $OUT/stalls_x7_source.csv.gz
 # At most 8 files come back from $OUT: the per-run logs are removed at the end.
 # Ran once (tree 97b789c, docs/PERF.md, forty-sixth session, call 2); X = 7 was removed afterwards (1.9x
-# slower than X = 6), so MOEX_CUDA_FP8_X_CONV=2 now means off (X = 1) and its test modes are gone.
+# slower than X = 6). MOEX_CUDA_FP8_X_CONV=2 now selects X = 8, a different kernel (the e4m3 staging
+# ring; bench/gpu_session47.sh measures it), so this script's "conv2" figures belong to X = 7 only.
 set -u
 export OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
