@@ -359,6 +359,15 @@ TEST_P(CudaFp8Prefill, TmaAndPortablePathsMatchTheReference) {
 // four-stage kernel's arithmetic in the same order for every output element (each 128-k block's
 // HGMMA partial sums, then the promotion), so grouped_mm's FP8 output must not change by a bit when
 // it is forced on or off: experts of 1-64 rows (one pass) and of 65-128 rows (two passes).
+// grouped_mm's bf16 output on the device instance of case c with the environment variable var set to
+// value (the bit-for-bit route tests below).
+static std::vector<char> fp8_output_with(const check::Instance& dev, const check::Case& c, const char* var, const char* value) {
+  ScopedEnv env(var, value);
+  Tensor out = Tensor::empty(DType::bf16, {c.tokens, c.spec.hidden}, Device::cuda());
+  experts_forward("grouped_mm", dev.experts(), dev.call(out));
+  return test::to_host(out);
+}
+
 TEST(CudaFp8Route, FewRowExactKernelMatchesTheFourStageKernelBitForBit) {
   SKIP_WITHOUT_CUDA();
   const auto devs = cuda_devices();
@@ -369,14 +378,9 @@ TEST(CudaFp8Route, FewRowExactKernelMatchesTheFourStageKernelBitForBit) {
     c.spec.quant = QuantSpec::fp8_block();
     const check::Instance dev = check::make_instance(c).to(Device::cuda());
     ScopedEnv path("MOEX_CUDA_FP8_TMA", tma_path);
-    auto run = [&](const char* few) {
-      ScopedEnv env("MOEX_CUDA_FP8_X_FEW", few);
-      Tensor out = Tensor::empty(DType::bf16, {T, c.spec.hidden}, Device::cuda());
-      experts_forward("grouped_mm", dev.experts(), dev.call(out));
-      return test::to_host(out);
-    };
-    const auto four_stage = run("0");
-    EXPECT_EQ(run("1"), four_stage) << "T=" << T << " MOEX_CUDA_FP8_TMA=" << tma_path << ": the few-row kernel";
+    const auto four_stage = fp8_output_with(dev, c, "MOEX_CUDA_FP8_X_FEW", "0");
+    EXPECT_EQ(fp8_output_with(dev, c, "MOEX_CUDA_FP8_X_FEW", "1"), four_stage)
+        << "T=" << T << " MOEX_CUDA_FP8_TMA=" << tma_path << ": the few-row kernel";
   }
 }
 
@@ -399,14 +403,9 @@ TEST(CudaFp8Route, ConvertingKernelsMatchBitForBit) {
     c.zero_weight_blocks = sh.zero_blocks;
     const check::Instance dev = check::make_instance(c).to(Device::cuda());
     ScopedEnv path("MOEX_CUDA_FP8_TMA", sh.path);
-    auto run = [&](const char* conv) {
-      ScopedEnv env("MOEX_CUDA_FP8_X_CONV", conv);
-      Tensor out = Tensor::empty(DType::bf16, {sh.T, c.spec.hidden}, Device::cuda());
-      experts_forward("grouped_mm", dev.experts(), dev.call(out));
-      return test::to_host(out);
-    };
-    const auto staged = run("1");
-    EXPECT_EQ(run("2"), staged) << c.describe() << " MOEX_CUDA_FP8_TMA=" << sh.path << ": X = 8 against X = 6";
+    const auto staged = fp8_output_with(dev, c, "MOEX_CUDA_FP8_X_CONV", "1");
+    EXPECT_EQ(fp8_output_with(dev, c, "MOEX_CUDA_FP8_X_CONV", "2"), staged)
+        << c.describe() << " MOEX_CUDA_FP8_TMA=" << sh.path << ": X = 8 against X = 6";
   }
 }
 

@@ -351,7 +351,7 @@ struct Sizes {
   // forces it on / off.
   bool x_pregather;
   // the exact up GEMM on the converting kernel (TmaFp8Extra::exact_conv): gated, concatenated,
-  // I % 128 == 0; by default (kConvByDefault) from kConvMinRowsPerExpert rows per expert; MOEX_CUDA_FP8_X_CONV=1 / 0
+  // I % 128 == 0; by default from kConvMinRowsPerExpert rows per expert; MOEX_CUDA_FP8_X_CONV=1 / 0
   // forces it on / off, =2 forces X = 8 (its staging ring form, opt-in; read per call). Its A rows come
   // by TMA (x_pregather forced) as f16 codes in natural k order. 0: off; 1 / 2: TmaFp8Extra::exact_conv.
   int x_conv;
@@ -378,7 +378,6 @@ constexpr int64_t kFewRowsPerExpert = 32;
 // T = 4096 (128 rows: 8.27 -> 8.68 ms) and every shape at T = 512 (16-128 rows: 8-30 %), where its
 // pre-gathered codes (x_conv forces x_pregather) and the 256-wide tiles' padding cost more than the
 // GEMM saves.
-constexpr bool kConvByDefault = true;
 constexpr int64_t kConvMinRowsPerExpert = 256;
 
 Sizes sizes_of(const ExpertsSpec& s, int64_t T, int64_t K, LayoutChoice choice = LayoutChoice::by_size,
@@ -401,7 +400,7 @@ Sizes sizes_of(const ExpertsSpec& s, int64_t T, int64_t K, LayoutChoice choice =
   if (z.fp8) {
     const char* conv = std::getenv("MOEX_CUDA_FP8_X_CONV");  // read per call, as the route
     const int conv_wanted = conv && *conv ? (*conv == '1' ? 1 : *conv == '2' ? 2 : 0)
-                                          : kConvByDefault && z.S >= kConvMinRowsPerExpert * z.E ? 1 : 0;
+                                          : z.S >= kConvMinRowsPerExpert * z.E ? 1 : 0;
     z.x_conv = z.up_exact && s.has_gate && !s.interleaved && z.I % 128 == 0 ? conv_wanted : 0;
     const char* pre = std::getenv("MOEX_CUDA_FP8_X_PREGATHER");
     z.x_pregather = z.x_conv || (pre && *pre ? *pre == '1' : z.up_exact && z.S <= kPregatherMaxPairs);

@@ -63,14 +63,18 @@ __device__ __forceinline__ int tile_passes(const int4& tile) {
 // release that stage. Why (H100, 2026-12-06, docs/PERF.md, forty-sixth session): X = 6's three stages
 // hold a 128-k block's two stages until its MMAs retire, and the weight TMA latency and the conversion
 // then lie between a release and the stage's reuse. Three 48.5 KB stages + 64 KB of staging.
+// The converting exact variants (X = 6 / 8): the weight tile converted to f16 in shared memory by
+// producer warps 1-3 from e4m3 bytes staged by TMA.
+constexpr bool converts_weights(int X) { return X == 6 || X == 8; }
+
 template <int BN, bool FP8 = false, int X = 0>
 struct TmaCfg {
   static constexpr int STAGES = X == 2 || X >= 4 ? 3 : X == 3 ? 6 : X ? 4 : BN == 256 ? 4 : 6;
   static constexpr int X_SUB = X == 3 ? XR_ROWS * 128 : X_SUB_BYTES;  // bytes of an A sub-tile (X)
-  static constexpr int A_STAGE = X == 6 || X == 8 ? X_SUB : X ? 2 * X_SUB : A_BYTES;
+  static constexpr int A_STAGE = converts_weights(X) ? X_SUB : X ? 2 * X_SUB : A_BYTES;
   static constexpr int B_BYTES = BN * BK * 2;
   static constexpr int F_BYTES = X == 2 ? BN * 256 : 0;  // [BN rows][128 k] f16
-  static constexpr int W8_BYTES = X == 6 || X == 8 ? BN * 64 : 0;  // [BN rows][64 k] e4m3 (X = 6 / 8)
+  static constexpr int W8_BYTES = converts_weights(X) ? BN * 64 : 0;  // [BN rows][64 k] e4m3 (X = 6 / 8)
   static constexpr int W8_SLOTS = X == 8 ? 4 : STAGES;  // e4m3 staging slots (X = 6: one per stage)
   static constexpr int STAGE_BYTES = A_STAGE + B_BYTES + (FP8 ? SA_BYTES : 0);
   static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + W8_SLOTS * W8_BYTES + 2 * F_BYTES + 1024 + 256;  // align slack + barriers
@@ -706,7 +710,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   // K elements per stage (128 bytes per row either way; X = 6: 64, the f16 operands' 128 bytes)
   // X = 6 / 8 (XC): the converting kernels (the weight tile converted to f16 by producer warps 1-3);
   // X = 8 stages the e4m3 tiles in a ring of their own (w8_full / w8_empty barriers, Cfg::W8_SLOTS)
-  constexpr bool XC = X == 6 || X == 8;
+  constexpr bool XC = converts_weights(X);
   constexpr int W8_SLOTS = Cfg::W8_SLOTS;
   constexpr int BKE = XC ? 64 : FP8 ? 128 : BK;
   constexpr int CHUNK = 16 / int(sizeof(Elem));  // K elements per 16-byte cp.async chunk
@@ -742,7 +746,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   auto item_full = [&](int s) { return bars + 16u * uint32_t(STAGES) + 24u + 8u * uint32_t(s); };
   auto item_empty = [&](int s) { return bars + 16u * uint32_t(STAGES) + 24u + 8u * uint32_t(ITEM_SLOTS + s); };
   int* s_items = reinterpret_cast<int*>(smem_raw + (bars - raw) + 16 * STAGES + 24 + 16 * ITEM_SLOTS);
-  // X = 6: conv[STAGES] after the items, completed when warps 1-3 have converted the stage's weights
+  // X = 6 / 8: conv[STAGES] after the items, completed when warps 1-3 have converted the stage's weights
   auto conv_bar = [&](int s) { return bars + 16u * uint32_t(STAGES) + 24u + 20u * ITEM_SLOTS + 8u * uint32_t(s); };
   static_assert((16 * STAGES + 24 + 20 * ITEM_SLOTS) % 8 == 0, "conv barriers: 8-byte aligned");
   // X = 8: w8_full[W8_SLOTS], w8_empty[W8_SLOTS] after the conv barriers (the e4m3 staging ring)
@@ -791,7 +795,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     if (dyn) {
       for (int s = 0; s < ITEM_SLOTS; ++s) {
         mbar_init(item_full(s), 1u);
-        // read by the 8 consumer warps and, in the gather and converting (X = 6) variants, producer
+        // read by the 8 consumer warps and, in the gather and converting (X = 6 / 8) variants, producer
         // warps 1-3 (the gather's warp 0 gets the item from thread 0 by a shuffle)
         mbar_init(item_empty(s), GATHER || XC ? 11u : 8u);
       }
@@ -862,7 +866,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   // immediates. Four chunks' loads are issued before their conversions: the first form (one chunk
   // at a time, a zero-block select after each load) waited on every load and converted a stage in ~2x
   // the consumers' MMA time (ncu, H100, 2026-12-06: the consumers' conv wait the top stall).
-  // (a generic lambda: compiled only where X = 6 calls it)
+  // (a generic lambda: compiled only where X = 6 / 8 call it)
   auto x6_converter = [&](auto ct) {
     constexpr int CT = 96, PER = (BN * 4 + CT - 1) / CT;  // converting threads; chunks per thread (11)
     constexpr uint32_t SRC_STEP = CT * 16, DST_STEP = (CT / 4) * 128;  // bytes between a thread's chunks
@@ -1005,6 +1009,16 @@ __global__ void __launch_bounds__(THREADS, 1)
         // its own A row only). Few-row experts (decode, deepseek_v3 at T = 512: 16 rows) then stop
         // pulling 128 rows of h through L2 per stage for every n tile.
         const int a_boxes = GATHER ? 0 : (min(re - rb, pass_rows<X>()) + ABOX - 1) / ABOX;
+        // X = 6 / 8: one stage's e4m3 weight tile into staging bytes dW (gate / up halves of BN/2 rows in
+        // the concatenated layout, else BN rows; 64 bytes of k per row), completing on barrier bar
+        [[maybe_unused]] auto load_w8 = [&](uint32_t dW, uint32_t bar, int k0) {
+          if (concat) {
+            tma_load_3d(dW, &tm_b, bar, k0, n * (BN / 2), e);
+            tma_load_3d(dW + (BN / 2) * 64, &tm_b, bar, k0, a.I + n * (BN / 2), e);
+          } else {
+            tma_load_3d(dW, &tm_b, bar, k0, n * BN, e);
+          }
+        };
         // X = 6: the stage's e4m3 weights (B is their f16 conversion, written by warps 1-3) and one
         // 64-k sub-tile of A codes; X = 8: the A codes only (the weights go through the staging ring)
         const uint32_t tx_bytes = (X == 6 ? Cfg::W8_BYTES : X == 8 ? 0 : B_BYTES) +
@@ -1016,10 +1030,8 @@ __global__ void __launch_bounds__(THREADS, 1)
             // slot is free once warps 1-3 have converted its last tile
             for (; w8_issued < ktiles && w8_issued < kt + W8_SLOTS; ++w8_issued) {
               mbar_wait(w8_empty(w8_slot), w8_phase ^ 1u);
-              const uint32_t wb = w8_full(w8_slot), dW = sW8 + uint32_t(w8_slot) * Cfg::W8_BYTES;
-              mbar_arrive_expect_tx(wb, Cfg::W8_BYTES);
-              tma_load_3d(dW, &tm_b, wb, w8_issued * BKE, n * (BN / 2), e);  // gate rows (concat only)
-              tma_load_3d(dW + (BN / 2) * 64, &tm_b, wb, w8_issued * BKE, a.I + n * (BN / 2), e);  // up rows
+              mbar_arrive_expect_tx(w8_full(w8_slot), Cfg::W8_BYTES);
+              load_w8(sW8 + uint32_t(w8_slot) * Cfg::W8_BYTES, w8_full(w8_slot), w8_issued * BKE);
               next_stage<W8_SLOTS>(w8_slot, w8_phase);
             }
           }
@@ -1030,14 +1042,7 @@ __global__ void __launch_bounds__(THREADS, 1)
             mbar_arrive_expect_tx(fb, tx_bytes);
             const uint32_t dB = sB + uint32_t(stage) * B_BYTES;
             if constexpr (X == 6) {
-              // e4m3 rows of 64 bytes: gate / up halves of 128 rows (concat), else BN rows
-              const uint32_t dW = sW8 + uint32_t(stage) * Cfg::W8_BYTES;
-              if (concat) {
-                tma_load_3d(dW, &tm_b, fb, k0, n * (BN / 2), e);
-                tma_load_3d(dW + (BN / 2) * 64, &tm_b, fb, k0, a.I + n * (BN / 2), e);
-              } else {
-                tma_load_3d(dW, &tm_b, fb, k0, n * BN, e);
-              }
+              load_w8(sW8 + uint32_t(stage) * Cfg::W8_BYTES, fb, k0);
             } else if constexpr (X == 8) {
               // the weights: above
             } else if (MC) {
@@ -1734,10 +1739,10 @@ void launch_typed(const GroupedGemmArgs& a, DType dtype, const TmaFp8Extra& x, i
   const cuuint64_t bdims[3] = {cuuint64_t(a.Kdim), cuuint64_t(a.N), cuuint64_t(E)};
   const cuuint64_t bstrides[2] = {cuuint64_t(a.Kdim) * ESZ, cuuint64_t(a.w_expert_stride) * ESZ};
   // MC and the concatenated gated layout load B in two halves of BN/2 rows
-  // (X = 6: boxes of 64 bytes of K, unswizzled: the converting warps read them in row order)
-  const cuuint32_t bbox[3] = {cuuint32_t(X == 6 || X == 8 ? 64 : BKE), cuuint32_t(MC || a.epi == Epi::up_concat ? BN / 2 : BN), 1};
+  // (X = 6 / 8: boxes of 64 bytes of K, unswizzled: the converting warps read them in row order)
+  const cuuint32_t bbox[3] = {cuuint32_t(converts_weights(X) ? 64 : BKE), cuuint32_t(MC || a.epi == Epi::up_concat ? BN / 2 : BN), 1};
   const CUtensorMap tm_b =
-      make_map(etype, a.W, 3, bdims, bstrides, bbox, X == 6 || X == 8 ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B);
+      make_map(etype, a.W, 3, bdims, bstrides, bbox, converts_weights(X) ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B);
   CUtensorMap tm_a = tm_b, tm_sa = tm_b;
   if (!GATHER && X) {
     // f16 codes [a_rows, a_ld]: boxes of 64 k (128 bytes) x ABOX rows
@@ -1774,7 +1779,7 @@ void launch_typed(const GroupedGemmArgs& a, DType dtype, const TmaFp8Extra& x, i
 
 template <class T, int BN, bool FP8, bool MC, bool PP, int X>
 void launch_bn(const GroupedGemmArgs& a, DType dtype, const TmaFp8Extra& x, int64_t a_rows, int64_t E, cudaStream_t stream) {
-  if constexpr (X == 3 || X == 6 || X == 8) {  // A rows by TMA only (the caller's choice: exact_few_rows / exact_conv)
+  if constexpr (X == 3 || converts_weights(X)) {  // A rows by TMA only (the caller's choice: exact_few_rows / exact_conv)
     MOEX_ASSERT(!a.a_gather);
     launch_typed<T, BN, false, FP8, MC, PP, X>(a, dtype, x, a_rows, E, stream);
   } else if (a.a_gather) {
