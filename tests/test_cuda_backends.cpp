@@ -188,8 +188,7 @@ TEST_P(CudaFp8Decode, EverySwitchMatchesTheReference) {
   const std::pair<const char*, const char*> switches[] = {{"MOEX_CUDA_FP8_DECODE_STAGE", "0"},
                                                           {"MOEX_CUDA_FP8_DECODE_EARLY", "0"},
                                                           {"MOEX_CUDA_FP8_DECODE_HQ", "up"},
-                                                          {"MOEX_CUDA_FP8_DECODE_HQ", "down"},
-                                                          {"MOEX_CUDA_FP8_DECODE_WSM", "0"}};
+                                                          {"MOEX_CUDA_FP8_DECODE_HQ", "down"}};
   for (const auto& [name, value] : switches) {
     ScopedEnv variant(name, value);
     double worst = 0;
@@ -382,34 +381,6 @@ TEST(CudaFp8Route, FewRowExactKernelMatchesTheFourStageKernelBitForBit) {
     const auto four_stage = fp8_output_with(dev, c, "MOEX_CUDA_FP8_X_FEW", "0");
     EXPECT_EQ(fp8_output_with(dev, c, "MOEX_CUDA_FP8_X_FEW", "1"), four_stage)
         << "T=" << T << " MOEX_CUDA_FP8_TMA=" << tma_path << ": the few-row kernel";
-  }
-}
-
-// decode_down with its weight slice copied into shared memory before pdl_wait (the default at T = 1
-// where the grid is one wave) reads the same bytes and runs the same MMAs in the same order as the
-// register ring from global memory (MOEX_CUDA_FP8_DECODE_WSM=0): the output must not change by a bit.
-// T = 1 with K = 8 / 3 / 2, I a multiple of 128 and not (the last k block read clamped inside the row),
-// dropped slots, biases, UE8M0 scales, zero weight blocks, h quantized by decode_down and by decode_up.
-TEST(CudaFp8Route, DecodeDownWeightsInSharedMemoryMatchBitForBit) {
-  SKIP_WITHOUT_CUDA();
-  ScopedEnv force("MOEX_CUDA_FP8_DECODE", "1");
-  struct Shape { int64_t E, H, I, K; bool bias, zero_blocks, ue8m0; check::Routing routing; };
-  for (const Shape& sh : {Shape{16, 272, 208, 8, true, false, true, check::Routing::dropped},
-                          Shape{8, 384, 256, 3, false, false, false, check::Routing::random},
-                          Shape{32, 512, 768, 8, false, true, false, check::Routing::random},
-                          Shape{8, 1024, 704, 2, true, false, true, check::Routing::random}}) {
-    check::Case c = make_case(777 + sh.H, DType::bf16, sh.E, sh.H, sh.I, 1, sh.K);
-    c.spec.quant = QuantSpec::fp8_block(128, 128, sh.ue8m0 ? ScaleFormat::ue8m0 : ScaleFormat::f32);
-    c.spec.has_bias = sh.bias;
-    c.zero_weight_blocks = sh.zero_blocks;
-    c.routing = sh.routing;
-    const check::Instance dev = check::make_instance(c).to(Device::cuda());
-    for (const char* hq : {"down", "up"}) {
-      ScopedEnv who("MOEX_CUDA_FP8_DECODE_HQ", hq);
-      const auto ring = fp8_output_with(dev, c, "MOEX_CUDA_FP8_DECODE_WSM", "0");
-      EXPECT_EQ(fp8_output_with(dev, c, "MOEX_CUDA_FP8_DECODE_WSM", "1"), ring)
-          << c.describe() << " MOEX_CUDA_FP8_DECODE_HQ=" << hq << ": weights in shared memory against the register ring";
-    }
   }
 }
 

@@ -341,21 +341,13 @@ __device__ __forceinline__ PassCols<NU> pass_cols(const TileArgs<NT>& t) {
 // output), times activation codes that are zero there, so they add exactly 0 — no guard, no zero
 // fallback, no branch in the k loop (the guarded loads and their branches were ~20 of its ~200
 // warp instructions per k block at NU = 2).
-// kWsm: row_lo / row_hi point into shared memory (decode_down's staged weight slice), else global memory.
-template <int NT, bool kWsm = false>
+template <int NT>
 __device__ __forceinline__ void load_stage(const TileArgs<NT>& t, int kb, Stage& s) {
   const int k0 = min(kb * kQuantGroup + 16 * t.q, t.K - 16), k1 = min(kb * kQuantGroup + 64 + 16 * t.q, t.K - 16);
-  if constexpr (kWsm) {
-    s.lo0 = ptx::lds128(ptx::smem_u32(t.row_lo + k0));
-    s.hi0 = ptx::lds128(ptx::smem_u32(t.row_hi + k0));
-    s.lo1 = ptx::lds128(ptx::smem_u32(t.row_lo + k1));
-    s.hi1 = ptx::lds128(ptx::smem_u32(t.row_hi + k1));
-  } else {
-    s.lo0 = ld_stream16(t.row_lo + k0);
-    s.hi0 = ld_stream16(t.row_hi + k0);
-    s.lo1 = ld_stream16(t.row_lo + k1);
-    s.hi1 = ld_stream16(t.row_hi + k1);
-  }
+  s.lo0 = ld_stream16(t.row_lo + k0);
+  s.hi0 = ld_stream16(t.row_hi + k0);
+  s.lo1 = ld_stream16(t.row_lo + k1);
+  s.hi1 = ld_stream16(t.row_hi + k1);
   s.ws_lo = block_scale(t.ws_lo, t.ue8m0, kb);
   s.ws_hi = block_scale(t.ws_hi, t.ue8m0, kb);
 }
@@ -405,26 +397,26 @@ __device__ __forceinline__ void compute_stage(const TileArgs<NT>& t, const PassC
 // The warp's k blocks [kb0, kb1) through a 3-stage register ring: two blocks of loads in flight
 // while the third is computed. ring_prologue issues the first two (weights only: it may run
 // before pdl_wait), ring_run the rest and all the MMAs.
-template <int NT, bool kWsm = false>
+template <int NT>
 __device__ __forceinline__ void ring_prologue(const TileArgs<NT>& t, int kb0, int kb1, Stage& s0, Stage& s1) {
-  if (kb0 < kb1) load_stage<NT, kWsm>(t, kb0, s0);
-  if (kb0 + 1 < kb1) load_stage<NT, kWsm>(t, kb0 + 1, s1);
+  if (kb0 < kb1) load_stage(t, kb0, s0);
+  if (kb0 + 1 < kb1) load_stage(t, kb0 + 1, s1);
 }
 
-template <int NT, int NU, bool kWsm = false>
+template <int NT, int NU>
 __device__ __forceinline__ void ring_run(const TileArgs<NT>& t, int kb0, int kb1, Stage& s0, Stage& s1, float (&acc)[NU][4]) {
 #pragma unroll
   for (int nt = 0; nt < NU; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
   const PassCols<NU> cols = pass_cols<NT, NU>(t);
   Stage s2;
   for (int kb = kb0; kb < kb1; kb += 3) {
-    if (kb + 2 < kb1) load_stage<NT, kWsm>(t, kb + 2, s2);
+    if (kb + 2 < kb1) load_stage(t, kb + 2, s2);
     compute_stage<NT, NU>(t, cols, kb, s0, acc);
     if (kb + 1 >= kb1) break;
-    if (kb + 3 < kb1) load_stage<NT, kWsm>(t, kb + 3, s0);
+    if (kb + 3 < kb1) load_stage(t, kb + 3, s0);
     compute_stage<NT, NU>(t, cols, kb + 1, s1, acc);
     if (kb + 2 >= kb1) break;
-    if (kb + 4 < kb1) load_stage<NT, kWsm>(t, kb + 4, s1);
+    if (kb + 4 < kb1) load_stage(t, kb + 4, s1);
     compute_stage<NT, NU>(t, cols, kb + 2, s2, acc);
   }
 }
@@ -478,7 +470,7 @@ __device__ __forceinline__ void tile_setup(WarpTile<NT>& wt, const QuantWeights&
 
 // Runs the pass (columns = pair-list entries [r, min(r + 8·NT, r_end))) from the issued
 // prologue and leaves the KS-reduced values readable through tile_value(). Syncs before returning.
-template <int NT, bool kStaged, bool kWsm = false>
+template <int NT, bool kStaged>
 __device__ __forceinline__ void tile_finish(TileSmem<NT>& sm, WarpTile<NT>& wt, const uint8_t* act, const float* act_s,
                                             int act_stride, int ncols) {
   const int warp = threadIdx.x >> 5;
@@ -492,7 +484,7 @@ __device__ __forceinline__ void tile_finish(TileSmem<NT>& sm, WarpTile<NT>& wt, 
   auto run = [&](auto nu_tag) {
     constexpr int NU = decltype(nu_tag)::value;
     float acc[NU][4];
-    ring_run<NT, NU, kWsm>(t, wt.kb0, wt.kb1, wt.s0, wt.s1, acc);
+    ring_run<NT, NU>(t, wt.kb0, wt.kb1, wt.s0, wt.s1, acc);
 #pragma unroll
     for (int nt = 0; nt < NU; ++nt) {
       const int c = nt * 8 + 2 * t.q;
@@ -559,7 +551,7 @@ __device__ __forceinline__ void stage_activations(const TileSmem<NT>& sm, uint8_
 // to `raw` [8·NT, K], then one warp per (row, 128-group) quantizes from shared memory with
 // decode_up's arithmetic (quantize_group_warp): the same codes and scales, without decode_up's
 // per-block counter and its last block's extra round trips.
-__host__ __device__ inline size_t staged_h_smem_bytes(int nt, int K, size_t esz) {
+inline size_t staged_h_smem_bytes(int nt, int K, size_t esz) {
   return staged_smem_bytes(nt, K) + size_t(8 * nt) * size_t(K) * esz;
 }
 
@@ -749,27 +741,15 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_up(DecodePara
 }
 
 // ---- 3. down projection ------------------------------------------------------------------------
-// kWsm ("weights in shared memory", T = 1 on the qwen shapes, where the whole grid is one wave): the
-// block copies its whole weight slice — rows [n0, n0 + BM) of W_down[e], I codes each — into shared
-// memory with cp.async before pdl_wait, so that the 12.6 MB of qwen3's down projection are requested
-// while decode_up streams its own (which leaves DRAM ~60 % idle: 1.8 TB/s, ncu, H200, thirty-second
-// session) instead of after it; the k loop then reads the same bytes from shared memory (the same
-// arithmetic in the same order: bit-identical results). Rows are wsm_stride(I) bytes apart (≡ 64 mod
-// 128: the two rows of one 8-lane phase of a 16-byte load fall on different banks), after the
-// activation staging.
-__host__ __device__ constexpr int wsm_stride(int K) { return K + ((64 - K % 128) % 128 + 128) % 128; }
-
-template <class T, int NT, bool kStaged, bool kWsm = false>
+template <class T, int NT, bool kStaged>
 __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_down(DecodeParams a, int ks_count) {
-  static_assert(!kWsm || (kStaged && NT == 1), "decode_down: weights in shared memory only with staged 8-row passes");
   __shared__ TileSmem<NT> sm;
   __shared__ int rows_of_m[16 * WARPS];
   const int b = blockIdx.y, tid = threadIdx.x;
   const int BM = 16 * (WARPS / ks_count), n0 = int(blockIdx.x) * BM, n1 = min(a.H, n0 + BM);
   if (tid < BM) rows_of_m[tid] = min(n0 + tid, a.H - 1);
   // Before pdl_wait: decode_prep's plan (two kernels back: decode_up released its dependents only
-  // after its own wait), the warp's weight rows and the first two stages of loads (kWsm: the whole
-  // slice, copied into shared memory).
+  // after its own wait), the warp's weight rows and the first two stages of loads.
   // (four independent loads: b < slots, so every address is inside the plan). Without early_plan
   // everything waits for decode_up first.
   if (!a.early_plan) pdl_wait();
@@ -779,42 +759,24 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_down(DecodePa
   if (b >= n_hit) return;  // (block-uniform; the combine writes the output of dropped slots)
   WarpTile<NT> wt;
   tile_setup<NT>(wt, a.down, e, rows_of_m, a.I, ks_count);
-  if constexpr (kWsm) {
-    // the weight slice [n1 - n0][wsm_stride(I)], after the activation staging
-    const size_t act_bytes = a.h_quant_in_down ? staged_h_smem_bytes(NT, a.I, sizeof(T)) : staged_smem_bytes(NT, a.I);
-    uint8_t* s_w = dynamic_smem() + (act_bytes + 15) / 16 * 16;
-    const int chunks = a.I / 16, rows = n1 - n0, ws = wsm_stride(a.I);
-    const uint8_t* src = a.down.data + int64_t(e) * a.down.data_stride + int64_t(n0) * a.I;
-    for (int i = tid; i < rows * chunks; i += THREADS) {
-      const int r = i / chunks, k = 16 * (i % chunks);
-      ptx::cp_async16(ptx::smem_u32(s_w + r * ws + k), src + int64_t(r) * a.I + k, true);
-    }
-    ptx::cp_async_commit();  // waited for by the activation staging's cp_async_wait<0>
-    // the warp's rows in the slice (rows_of_m clamps past H to the last row, which the slice holds)
-    wt.t.row_lo = s_w + (rows_of_m[(tid >> 5) % (WARPS / ks_count) * 16 + wt.t.g] - n0) * ws;
-    wt.t.row_hi = s_w + (rows_of_m[(tid >> 5) % (WARPS / ks_count) * 16 + wt.t.g + 8] - n0) * ws;
-  } else {
-    ring_prologue<NT>(wt.t, wt.kb0, wt.kb1, wt.s0, wt.s1);
-  }
+  ring_prologue<NT>(wt.t, wt.kb0, wt.kb1, wt.s0, wt.s1);
   if (a.early_plan) pdl_wait();  // decode_up's h
   pdl_launch_dependents();
   const T* bias = a.down_bias ? static_cast<const T*>(a.down_bias) + int64_t(e) * a.H : nullptr;
   for (int r = r_begin; r < r_end; r += 8 * NT) {
     const int ncols = min(8 * NT, r_end - r);
     set_columns(sm, a, r, ncols, false);
-    if (!kWsm && r != r_begin) ring_prologue<NT>(wt.t, wt.kb0, wt.kb1, wt.s0, wt.s1);
+    if (r != r_begin) ring_prologue<NT>(wt.t, wt.kb0, wt.kb1, wt.s0, wt.s1);
     if constexpr (kStaged) {
       uint8_t* s_act = dynamic_smem();
       float* s_act_s = reinterpret_cast<float*>(s_act + 8 * NT * staged_stride(a.I));
-      // (kWsm: the staging's cp_async_wait<0> + __syncthreads also complete the weight slice)
       if (a.h_quant_in_down) {
         T* raw = reinterpret_cast<T*>(s_act + staged_smem_bytes(NT, a.I));
         stage_h_quantized<T, NT>(sm, s_act, s_act_s, raw, static_cast<const T*>(a.h), a.I, ncols);
       } else {
         stage_activations<NT>(sm, s_act, s_act_s, a.hq, a.hs, a.I, ncols);
       }
-      if constexpr (kWsm) ring_prologue<NT, true>(wt.t, wt.kb0, wt.kb1, wt.s0, wt.s1);
-      tile_finish<NT, true, kWsm>(sm, wt, s_act, s_act_s, staged_stride(a.I), ncols);
+      tile_finish<NT, true>(sm, wt, s_act, s_act_s, staged_stride(a.I), ncols);
     } else {
       tile_finish<NT, false>(sm, wt, a.hq, a.hs, a.Ip, ncols);
     }
@@ -904,16 +866,6 @@ size_t staged_limit(int nt) {
   return on ? (nt == 1 ? size_t(72) << 10 : size_t(160) << 10) : 0;
 }
 
-// decode_down with its weight slice in shared memory (kWsm) where the staged activations are on, the
-// block's slice fits beside them (kWsmMaxSmem) and the grid is one wave at one block per SM (every
-// block copies its slice while decode_up runs: qwen3_30b_a3b / qwen15_moe_a2_7b at T = 1; a second
-// wave would copy only after the first left). MOEX_CUDA_FP8_DECODE_WSM=0 never (A/B measurement).
-constexpr size_t kWsmMaxSmem = size_t(200) << 10;
-bool use_wsm(size_t smem_act, size_t smem_total, int64_t blocks) {
-  return !decode_env_is("MOEX_CUDA_FP8_DECODE_WSM", "0") && smem_act <= staged_limit(1) && smem_total <= kWsmMaxSmem &&
-         blocks <= sm_count();
-}
-
 // One GEMV kernel of the path: the staged instantiation where the pass' activation rows fit in
 // shared memory (the attribute for > 48 KB set once per instantiation), else the plain one.
 template <auto kPlain, auto kStaged>
@@ -943,18 +895,7 @@ void launch_typed(const DecodeParams& p, DType dtype, int nt, int ks_up, int ks_
   const size_t smem_down = p.h_quant_in_down ? staged_h_smem_bytes(nt, p.I, sizeof(T)) : staged_smem_bytes(nt, p.I);
   if (nt == 1) {
     launch_gemv<decode_up<T, 1, false>, decode_up<T, 1, true>>("decode_up", 1, smem_up, g_up, p, ks_up, stream);
-    const size_t smem_wsm = (smem_down + 15) / 16 * 16 + size_t(16 * (WARPS / ks_down)) * size_t(wsm_stride(p.I));
-    if (use_wsm(smem_down, smem_wsm, int64_t(g_down.x) * g_down.y)) {
-      static const bool attr_set = [] {
-        check(cudaFuncSetAttribute(decode_down<T, 1, true, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kWsmMaxSmem)),
-              "decode kernel attribute");
-        return true;
-      }();
-      (void)attr_set;
-      launch_pdl("decode_down", decode_down<T, 1, true, true>, g_down, dim3(THREADS), smem_wsm, stream, p, ks_down);
-    } else {
-      launch_gemv<decode_down<T, 1, false>, decode_down<T, 1, true>>("decode_down", 1, smem_down, g_down, p, ks_down, stream);
-    }
+    launch_gemv<decode_down<T, 1, false>, decode_down<T, 1, true>>("decode_down", 1, smem_down, g_down, p, ks_down, stream);
   } else {
     launch_gemv<decode_up<T, 4, false>, decode_up<T, 4, true>>("decode_up", 4, smem_up, g_up, p, ks_up, stream);
     launch_gemv<decode_down<T, 4, false>, decode_down<T, 4, true>>("decode_down", 4, smem_down, g_down, p, ks_down, stream);
