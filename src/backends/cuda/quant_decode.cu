@@ -47,6 +47,14 @@
 // 20-40 % slower (ncu of the register ring at qwen3 T = 1: 14 cycles per issued instruction, 37 %
 // of them the L1TEX scoreboard, 1.83 TB/s).
 //
+// Tried on an H100 and removed (2026-12-06, forty-seventh session, commit 1dff815, docs/PERF.md):
+// decode_down copying its whole weight slice (BM rows × I codes, ~96 KB) into shared memory with
+// cp.async before pdl_wait, where its grid is one wave (T = 1 on the qwen shapes), so that the 12.6 MB
+// of qwen3's down projection are requested while decode_up streams — bit-identical (its test compared
+// the outputs byte for byte), memcheck / racecheck clean, and no faster: qwen3_30b_a3b T = 1 0.0255 ms
+// against 0.0257, qwen15_moe_a2_7b 0.0249 against 0.0248 (three rounds, CUDA-graph replay). The
+// down projection's weight stream is not what the T = 1 chain waits for.
+//
 // The four are chained with programmatic dependent launch (pdl.cuh): each becomes resident while
 // its predecessor runs. decode_up finds its slot's expert from the routing indices and decode_down
 // reads decode_prep's plan — both written at least two kernels back, final once the predecessor
