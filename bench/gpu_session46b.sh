@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# (X = 7 and later X = 8 were removed, forty-sixth / forty-seventh sessions: MOEX_CUDA_FP8_X_CONV=2 now selects nothing, i.e. off.)
 # bench/gpu_session46b.sh — the forty-sixth session's call after adding X = 7 (the converting exact FP8
 # kernel with the weights loaded into registers, MOEX_CUDA_FP8_X_CONV=2), through
 # bench/gpu_prebuilt.sh run (a carried moex_tests: SKIP_BUILD=1; else it builds):

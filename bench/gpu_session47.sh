@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# (X = 8 was removed after this call, forty-seventh session: MOEX_CUDA_FP8_X_CONV=2 now selects nothing, i.e. off.)
 # bench/gpu_session47.sh — the first call for X = 8 (the converting up GEMM with its e4m3 tiles staged in
 # a ring of their own, opt-in MOEX_CUDA_FP8_X_CONV=2; built in the forty-sixth session, not yet run),
 # through bench/gpu_prebuilt.sh run (a carried moex_tests: SKIP_BUILD=1; else it builds):

@@ -352,8 +352,8 @@ struct Sizes {
   bool x_pregather;
   // the exact up GEMM on the converting kernel (TmaFp8Extra::exact_conv): gated, concatenated,
   // I % 128 == 0; by default from kConvMinRowsPerExpert rows per expert; MOEX_CUDA_FP8_X_CONV=1 / 0
-  // forces it on / off, =2 forces X = 8 (its staging ring form, opt-in; read per call). Its A rows come
-  // by TMA (x_pregather forced) as f16 codes in natural k order. 0: off; 1 / 2: TmaFp8Extra::exact_conv.
+  // forces it on / off (read per call). Its A rows come by TMA (x_pregather forced) as f16 codes in
+  // natural k order. 0: off; 1: TmaFp8Extra::exact_conv.
   int x_conv;
   // FP8 code buffers (derived from the flags above): x codes [x_rows, x_ld] and their scales
   // [ceil(H/128), x_scale_ld]; h codes [M, h_ld]. Code bytes: 2 (exact, f16 values) or 1 (e4m3).
@@ -399,7 +399,7 @@ Sizes sizes_of(const ExpertsSpec& s, int64_t T, int64_t K, LayoutChoice choice =
   z.down_exact = z.fp8 && kernels.down_exact;
   if (z.fp8) {
     const char* conv = std::getenv("MOEX_CUDA_FP8_X_CONV");  // read per call, as the route
-    const int conv_wanted = conv && *conv ? (*conv == '1' ? 1 : *conv == '2' ? 2 : 0)
+    const int conv_wanted = conv && *conv ? (*conv == '1' ? 1 : 0)
                                           : z.S >= kConvMinRowsPerExpert * z.E ? 1 : 0;
     z.x_conv = z.up_exact && s.has_gate && !s.interleaved && z.I % 128 == 0 ? conv_wanted : 0;
     const char* pre = std::getenv("MOEX_CUDA_FP8_X_PREGATHER");

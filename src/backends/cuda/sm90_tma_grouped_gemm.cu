@@ -407,8 +407,7 @@ void launch_grouped_gemm_tma_ex(const GroupedGemmArgs& a, DType act_dtype, bool 
     MOEX_ASSERT(!x.exact || (x.a_ld % 128 == 0 && x.a_ld >= a.Kdim));
     MOEX_ASSERT(!x.h_codes || (x.h_scales && tma_fp8_quantizes_h(a, act_dtype, x.exact, x.exact_conv)));
     const bool cluster = !x.exact && fp8_cluster(a), wide = !x.exact && fp8_wide_tiles(a, act_dtype);
-    if (x.exact && x.exact_conv == 2 && fp8_exact_conv_fits(a)) launch_fp8<8, false, 256>(a, act_dtype, x, a_rows, E, stream);
-    else if (x.exact && x.exact_conv && fp8_exact_conv_fits(a)) launch_fp8<6, false, 256>(a, act_dtype, x, a_rows, E, stream);
+    if (x.exact && x.exact_conv && fp8_exact_conv_fits(a)) launch_fp8<6, false, 256>(a, act_dtype, x, a_rows, E, stream);
     else if (x.exact && x.exact_nt) launch_fp8<2>(a, act_dtype, x, a_rows, E, stream);
     else if (x.exact && x.exact_few_rows && !a.a_gather) launch_fp8<3>(a, act_dtype, x, a_rows, E, stream);
     else if (x.exact && x.exact_wide == 1 && fp8_exact_wide_fits(a)) launch_fp8<4, false, 256>(a, act_dtype, x, a_rows, E, stream);

@@ -56,16 +56,16 @@ __device__ __forceinline__ int tile_passes(const int4& tile) {
 // bytes as TMA brings them (W8_BYTES, [256 rows][64 B], unswizzled) and the same rows converted to f16
 // by the producer warpgroup's warps 1-3 (B_BYTES, [256 rows][64 k] 128B-swizzled, as the bf16 kernel's
 // TMA B tile): three stages.
-// X = 8 (X = 6 with the e4m3 staging in a ring of its own, TmaFp8Extra::exact_conv == 2; opt-in,
-// MOEX_CUDA_FP8_X_CONV=2): the e4m3 tiles go through W8_SLOTS = 4 staging slots, each released by the
-// converting warps as soon as it is converted, so the producer keeps the weight loads up to four stages
-// ahead of the A stream (within an item) instead of issuing a stage's weights only once the consumers
-// release that stage. Why (H100, 2026-12-06, docs/PERF.md, forty-sixth session): X = 6's three stages
-// hold a 128-k block's two stages until its MMAs retire, and the weight TMA latency and the conversion
-// then lie between a release and the stage's reuse. Three 48.5 KB stages + 64 KB of staging.
-// The converting exact variants (X = 6 / 8): the weight tile converted to f16 in shared memory by
-// producer warps 1-3 from e4m3 bytes staged by TMA.
-constexpr bool converts_weights(int X) { return X == 6 || X == 8; }
+// Tried on an H100 and removed (2026-12-06, forty-seventh session, docs/PERF.md): X = 8, X = 6 with its
+// e4m3 tiles in a staging ring of four slots of their own, each freed by the converting warps once
+// converted, the producer keeping the weight TMA up to four stages ahead of the A stream — bit-identical
+// to X = 6 and no faster (qwen3_30b_a3b T = 4096 up GEMM 577.5 µs against 579.6, tensor pipe 48.0 %
+// against 47.6 %; the FP8 forward within ±4 % on the four shapes): the weight loads' latency is not
+// what holds X = 6 at half the tensor pipe. Earlier, X = 7 (the converting warps loading the weights
+// into registers): 1.9× slower (forty-sixth session).
+// The converting exact variant (X = 6): the weight tile converted to f16 in shared memory by producer
+// warps 1-3 from e4m3 bytes staged by TMA.
+constexpr bool converts_weights(int X) { return X == 6; }
 
 template <int BN, bool FP8 = false, int X = 0>
 struct TmaCfg {
@@ -74,8 +74,8 @@ struct TmaCfg {
   static constexpr int A_STAGE = converts_weights(X) ? X_SUB : X ? 2 * X_SUB : A_BYTES;
   static constexpr int B_BYTES = BN * BK * 2;
   static constexpr int F_BYTES = X == 2 ? BN * 256 : 0;  // [BN rows][128 k] f16
-  static constexpr int W8_BYTES = converts_weights(X) ? BN * 64 : 0;  // [BN rows][64 k] e4m3 (X = 6 / 8)
-  static constexpr int W8_SLOTS = X == 8 ? 4 : STAGES;  // e4m3 staging slots (X = 6: one per stage)
+  static constexpr int W8_BYTES = converts_weights(X) ? BN * 64 : 0;  // [BN rows][64 k] e4m3 (X = 6)
+  static constexpr int W8_SLOTS = STAGES;  // e4m3 staging slots: one per stage
   static constexpr int STAGE_BYTES = A_STAGE + B_BYTES + (FP8 ? SA_BYTES : 0);
   static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + W8_SLOTS * W8_BYTES + 2 * F_BYTES + 1024 + 256;  // align slack + barriers
 };
@@ -708,20 +708,19 @@ __global__ void __launch_bounds__(THREADS, 1)
   using Elem = std::conditional_t<X, uint16_t, std::conditional_t<FP8, uint8_t, T>>;
   constexpr int STAGES = Cfg::STAGES, B_BYTES = Cfg::B_BYTES, A_STAGE = Cfg::A_STAGE, NF = BN / 8;
   // K elements per stage (128 bytes per row either way; X = 6: 64, the f16 operands' 128 bytes)
-  // X = 6 / 8 (XC): the converting kernels (the weight tile converted to f16 by producer warps 1-3);
-  // X = 8 stages the e4m3 tiles in a ring of their own (w8_full / w8_empty barriers, Cfg::W8_SLOTS)
+  // X = 6 (XC): the converting kernel (the weight tile converted to f16 by producer warps 1-3)
   constexpr bool XC = converts_weights(X);
   constexpr int W8_SLOTS = Cfg::W8_SLOTS;
   constexpr int BKE = XC ? 64 : FP8 ? 128 : BK;
   constexpr int CHUNK = 16 / int(sizeof(Elem));  // K elements per 16-byte cp.async chunk
   // FP8 keeps two accumulator sets; at BN = 256 its partial set covers one 128-column half at a time
-  static_assert(!FP8 || BN == 128 || (BN == 256 && (!X || X >= 4)), "FP8: 128-wide N tiles (256-wide: QGMMA and X = 4 / 5 / 6 / 8 only)");
+  static_assert(!FP8 || BN == 128 || (BN == 256 && (!X || X >= 4)), "FP8: 128-wide N tiles (256-wide: QGMMA and X = 4 / 5 / 6 only)");
   static_assert(X < 4 || BN == 256, "the wide exact variants: 256 weight rows per tile");
   static_assert(!PP || (!FP8 && BN == 128), "ping-pong: bf16 / f16, 128-wide tiles");
   static_assert(!X || (FP8 && !MC && !PP), "the exact FP8 variant: FP8, cooperative, no clusters");
   static_assert(X != 2 || BN == 128, "the untransposed exact variant: 128-wide tiles");
   static_assert(X != 3 || !GATHER, "the few-row exact variant: A rows by TMA (the gather writes 128 rows)");
-  static_assert(!XC || !GATHER, "the converting exact variants: A rows by TMA (warps 1-3 convert the weights)");
+  static_assert(!XC || !GATHER, "the converting exact variant: A rows by TMA (warps 1-3 convert the weights)");
   // the transposed exact kernels (D[weight row][A row]): all rows of a tile at once (1), or in
   // passes of XR_ROWS rows (3)
   constexpr bool XT = X == 1 || (X >= 3 && X <= 5);
@@ -733,7 +732,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   const uint32_t base = (raw + 1023u) & ~1023u;
   const uint32_t sA = base, sB = base + STAGES * A_STAGE;
   const uint32_t sF = sB + STAGES * B_BYTES;                    // X = 2: [2][F_BYTES] f16 weights
-  const uint32_t sW8 = sF + 2 * Cfg::F_BYTES;                   // X = 6 / 8: [W8_SLOTS][W8_BYTES] e4m3 weights
+  const uint32_t sW8 = sF + 2 * Cfg::F_BYTES;                   // X = 6: [W8_SLOTS][W8_BYTES] e4m3 weights
   const uint32_t sSA = sW8 + W8_SLOTS * Cfg::W8_BYTES;          // FP8: [STAGES][128] f32
   // barriers and small shared values, in this order: full[STAGES], empty[STAGES], num_m (8 bytes),
   // turn[2] (PP), item_full[ITEM_SLOTS], item_empty[ITEM_SLOTS], items[ITEM_SLOTS] (dynamic schedule)
@@ -746,13 +745,10 @@ __global__ void __launch_bounds__(THREADS, 1)
   auto item_full = [&](int s) { return bars + 16u * uint32_t(STAGES) + 24u + 8u * uint32_t(s); };
   auto item_empty = [&](int s) { return bars + 16u * uint32_t(STAGES) + 24u + 8u * uint32_t(ITEM_SLOTS + s); };
   int* s_items = reinterpret_cast<int*>(smem_raw + (bars - raw) + 16 * STAGES + 24 + 16 * ITEM_SLOTS);
-  // X = 6 / 8: conv[STAGES] after the items, completed when warps 1-3 have converted the stage's weights
+  // X = 6: conv[STAGES] after the items, completed when warps 1-3 have converted the stage's weights
   auto conv_bar = [&](int s) { return bars + 16u * uint32_t(STAGES) + 24u + 20u * ITEM_SLOTS + 8u * uint32_t(s); };
   static_assert((16 * STAGES + 24 + 20 * ITEM_SLOTS) % 8 == 0, "conv barriers: 8-byte aligned");
-  // X = 8: w8_full[W8_SLOTS], w8_empty[W8_SLOTS] after the conv barriers (the e4m3 staging ring)
-  auto w8_full = [&](int s) { return conv_bar(STAGES) + 8u * uint32_t(s); };
-  auto w8_empty = [&](int s) { return conv_bar(STAGES) + 8u * uint32_t(W8_SLOTS + s); };
-  static_assert(16 * (STAGES + ITEM_SLOTS) + 24 + 4 * ITEM_SLOTS + (XC ? 8 * STAGES : 0) + (X == 8 ? 16 * W8_SLOTS : 0) <= 256,
+  static_assert(16 * (STAGES + ITEM_SLOTS) + 24 + 4 * ITEM_SLOTS + (XC ? 8 * STAGES : 0) <= 256,
                 "the barriers outgrow SMEM_BYTES' 256-byte reserve");
 
   // The dynamic schedule (x.work_counter set; cooperative kernels outside clusters): after its first
@@ -782,12 +778,6 @@ __global__ void __launch_bounds__(THREADS, 1)
       mbar_init(empty_bar(s), (MC ? 2u : 1u) * (PP ? 4u : 8u));
       if (XC) mbar_init(conv_bar(s), 3u);  // one arrival per converting warp
     }
-    if (X == 8) {
-      for (int s = 0; s < W8_SLOTS; ++s) {
-        mbar_init(w8_full(s), 1u);   // thread 0's expect_tx
-        mbar_init(w8_empty(s), 3u);  // one arrival per converting warp
-      }
-    }
     if (PP) {
       mbar_init(turn_bar(0), 1u);
       mbar_init(turn_bar(1), 1u);
@@ -795,7 +785,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     if (dyn) {
       for (int s = 0; s < ITEM_SLOTS; ++s) {
         mbar_init(item_full(s), 1u);
-        // read by the 8 consumer warps and, in the gather and converting (X = 6 / 8) variants, producer
+        // read by the 8 consumer warps and, in the gather and converting (X = 6) variants, producer
         // warps 1-3 (the gather's warp 0 gets the item from thread 0 by a shuffle)
         mbar_init(item_empty(s), GATHER || XC ? 11u : 8u);
       }
@@ -866,7 +856,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   // immediates. Four chunks' loads are issued before their conversions: the first form (one chunk
   // at a time, a zero-block select after each load) waited on every load and converted a stage in ~2x
   // the consumers' MMA time (ncu, H100, 2026-12-06: the consumers' conv wait the top stall).
-  // (a generic lambda: compiled only where X = 6 / 8 call it)
+  // (a generic lambda: compiled only where X = 6 calls it)
   auto x6_converter = [&](auto ct) {
     constexpr int CT = 96, PER = (BN * 4 + CT - 1) / CT;  // converting threads; chunks per thread (11)
     constexpr uint32_t SRC_STEP = CT * 16, DST_STEP = (CT / 4) * 128;  // bytes between a thread's chunks
@@ -887,8 +877,6 @@ __global__ void __launch_bounds__(THREADS, 1)
     };
     int stage = 0;
     uint32_t phase = 0;
-    [[maybe_unused]] int wslot = 0;  // X = 8: the staging ring's slot and parity
-    [[maybe_unused]] uint32_t wphase = 0;
     int items = 0;
     for (int w = int(blockIdx.x);; w += int(gridDim.x)) {
       if (dyn) w = read_item(items, lane);
@@ -901,15 +889,8 @@ __global__ void __launch_bounds__(THREADS, 1)
       for (int kt = 0; kt < ktiles; ++kt) {
         const bool zero_lo = weight_scale(x, ws_lo + (kt >> 1)) == 0.0f;
         const bool zero_hi = weight_scale(x, ws_hi + (kt >> 1)) == 0.0f;
-        uint32_t src = sW8 + uint32_t(ct) * 16u;
-        if constexpr (X == 8) {
-          mbar_wait(w8_full(wslot), wphase);             // the stage's e4m3 tile (TMA)
-          mbar_wait(empty_bar(stage), phase ^ 1u);       // the consumers are done with the stage's f16 tile
-          src += uint32_t(wslot) * Cfg::W8_BYTES;
-        } else {
-          mbar_wait(full_bar(stage), phase);  // weights and A by TMA (after the stage's release)
-          src += uint32_t(stage) * Cfg::W8_BYTES;
-        }
+        mbar_wait(full_bar(stage), phase);  // weights and A by TMA (after the stage's release)
+        const uint32_t src = sW8 + uint32_t(stage) * Cfg::W8_BYTES + uint32_t(ct) * 16u;
         const uint32_t dst = sB + uint32_t(stage) * B_BYTES + uint32_t(row0) * 128u;
         if (!zero_lo && !zero_hi) {
 #pragma unroll
@@ -931,12 +912,8 @@ __global__ void __launch_bounds__(THREADS, 1)
         }
         wgmma::fence_proxy_async();  // the generic-proxy stores, before the consumers' wgmma reads them
         __syncwarp();
-        if (lane == 0) {
-          mbar_arrive(conv_bar(stage));
-          if constexpr (X == 8) mbar_arrive(w8_empty(wslot));  // its loads are done: the slot can be refilled
-        }
+        if (lane == 0) mbar_arrive(conv_bar(stage));
         next_stage<STAGES>(stage, phase);
-        if constexpr (X == 8) next_stage<W8_SLOTS>(wslot, wphase);
       }
     }
   };
@@ -959,8 +936,6 @@ __global__ void __launch_bounds__(THREADS, 1)
     const Elem* A = static_cast<const Elem*>(a.A);
     int stage = 0;
     uint32_t phase = 0;
-    [[maybe_unused]] int w8_slot = 0;  // X = 8: the e4m3 staging ring's slot and parity
-    [[maybe_unused]] uint32_t w8_phase = 0;
     int items = 0;  // items through the ring so far (dynamic schedule): slot items % ITEM_SLOTS
     for (int w = MC ? first_item : int(blockIdx.x);;) {
       if (dyn) {
@@ -1009,7 +984,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         // its own A row only). Few-row experts (decode, deepseek_v3 at T = 512: 16 rows) then stop
         // pulling 128 rows of h through L2 per stage for every n tile.
         const int a_boxes = GATHER ? 0 : (min(re - rb, pass_rows<X>()) + ABOX - 1) / ABOX;
-        // X = 6 / 8: one stage's e4m3 weight tile into staging bytes dW (gate / up halves of BN/2 rows in
+        // X = 6: one stage's e4m3 weight tile into staging bytes dW (gate / up halves of BN/2 rows in
         // the concatenated layout, else BN rows; 64 bytes of k per row), completing on barrier bar
         [[maybe_unused]] auto load_w8 = [&](uint32_t dW, uint32_t bar, int k0) {
           if (concat) {
@@ -1020,31 +995,18 @@ __global__ void __launch_bounds__(THREADS, 1)
           }
         };
         // X = 6: the stage's e4m3 weights (B is their f16 conversion, written by warps 1-3) and one
-        // 64-k sub-tile of A codes; X = 8: the A codes only (the weights go through the staging ring)
-        const uint32_t tx_bytes = (X == 6 ? Cfg::W8_BYTES : X == 8 ? 0 : B_BYTES) +
+        // 64-k sub-tile of A codes
+        const uint32_t tx_bytes = (XC ? Cfg::W8_BYTES : B_BYTES) +
                                   (GATHER ? 0 : a_boxes * ABOX * 128 * (X && !XC ? 2 : 1) + (FP8 ? SA_BYTES : 0));
-        [[maybe_unused]] int w8_issued = 0;  // X = 8: this item's stages whose e4m3 tile is issued
         for (int kt = 0; kt < ktiles; ++kt) {
-          if constexpr (X == 8) {
-            // the staging ring kept up to W8_SLOTS stages ahead of the A stream (within the item): a
-            // slot is free once warps 1-3 have converted its last tile
-            for (; w8_issued < ktiles && w8_issued < kt + W8_SLOTS; ++w8_issued) {
-              mbar_wait(w8_empty(w8_slot), w8_phase ^ 1u);
-              mbar_arrive_expect_tx(w8_full(w8_slot), Cfg::W8_BYTES);
-              load_w8(sW8 + uint32_t(w8_slot) * Cfg::W8_BYTES, w8_full(w8_slot), w8_issued * BKE);
-              next_stage<W8_SLOTS>(w8_slot, w8_phase);
-            }
-          }
           mbar_wait(empty_bar(stage), phase ^ 1u);
           const int k0 = kt * BKE;
           if (tid == 0) {
             const uint32_t fb = full_bar(stage);
             mbar_arrive_expect_tx(fb, tx_bytes);
             const uint32_t dB = sB + uint32_t(stage) * B_BYTES;
-            if constexpr (X == 6) {
+            if constexpr (XC) {
               load_w8(sW8 + uint32_t(stage) * Cfg::W8_BYTES, fb, k0);
-            } else if constexpr (X == 8) {
-              // the weights: above
             } else if (MC) {
               // halves: gate / up rows (concat) or rows [n*BN, +BN/2), [n*BN + BN/2, +BN/2)
               const int r0 = concat ? n * (BN / 2) : n * BN, r1 = concat ? a.I + n * (BN / 2) : n * BN + BN / 2;
@@ -1246,7 +1208,7 @@ __global__ void __launch_bounds__(THREADS, 1)
           phase = next_phase;
         }
       } else if constexpr (XC) {
-        // ---- exact FP8, untransposed, converted weight tiles (TmaFp8Extra::exact_conv; X = 8 as X = 6): this
+        // ---- exact FP8, untransposed, converted weight tiles (TmaFp8Extra::exact_conv): this
         // warpgroup computes rows [cw·64, +64) of the tile's A rows x its 256 weight rows with SS
         // HGMMA m64n256k16 on f16 operands (exact: e4m3 ⊂ f16, products exact, f32 sums), as the
         // bf16 kernel does: A = the stage's f16 token codes (TMA, natural k order), B = the stage's
@@ -1739,7 +1701,7 @@ void launch_typed(const GroupedGemmArgs& a, DType dtype, const TmaFp8Extra& x, i
   const cuuint64_t bdims[3] = {cuuint64_t(a.Kdim), cuuint64_t(a.N), cuuint64_t(E)};
   const cuuint64_t bstrides[2] = {cuuint64_t(a.Kdim) * ESZ, cuuint64_t(a.w_expert_stride) * ESZ};
   // MC and the concatenated gated layout load B in two halves of BN/2 rows
-  // (X = 6 / 8: boxes of 64 bytes of K, unswizzled: the converting warps read them in row order)
+  // (X = 6: boxes of 64 bytes of K, unswizzled: the converting warps read them in row order)
   const cuuint32_t bbox[3] = {cuuint32_t(converts_weights(X) ? 64 : BKE), cuuint32_t(MC || a.epi == Epi::up_concat ? BN / 2 : BN), 1};
   const CUtensorMap tm_b =
       make_map(etype, a.W, 3, bdims, bstrides, bbox, converts_weights(X) ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B);

@@ -19,9 +19,8 @@ constexpr int BM = 128;  // rows per tile (the routing plan's tile_m)
 // product transposed (weights converted in registers), 2 untransposed (weights converted into shared
 // memory; TmaFp8Extra::exact_nt), 3 transposed for few-row tiles (64-row A stages, six stages;
 // TmaFp8Extra::exact_few_rows; A by TMA only), 4 / 5 transposed with 256 weight rows per tile (BN = 256;
-// TmaFp8Extra::exact_wide; 5 pipelined), 6 / 8 untransposed with the weight tile converted to f16 in
-// shared memory by the producer warpgroup (BN = 256, TmaFp8Extra::exact_conv 1 / 2; 8 stages the e4m3
-// tiles in a ring of their own). Defined in sm90_tma_kernel.cuh; the combinations the dispatcher
+// TmaFp8Extra::exact_wide; 5 pipelined), 6 untransposed with the weight tile converted to f16 in
+// shared memory by the producer warpgroup (BN = 256, TmaFp8Extra::exact_conv). Defined in sm90_tma_kernel.cuh; the combinations the dispatcher
 // uses are instantiated by the sm90_tma_kernels_*.cu files (MOEX_TMA_INSTANTIATE).
 template <class T, int BN, bool FP8, bool MC, bool PP, int X = 0>
 void launch_bn(const GroupedGemmArgs& a, DType dtype, const TmaFp8Extra& x, int64_t a_rows, int64_t E, cudaStream_t stream);
