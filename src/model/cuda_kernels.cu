@@ -202,6 +202,93 @@ __global__ void rmsnorm_kernel(RmsNormParams p) {
     norm_output(p, r, i, write_x ? xr[i] : norm_input(p, r, src, i), inv, p.w[i]);
 }
 
+// ---- RMSNorm inside another kernel (the decode step's fused norms) ---------------------------------
+// A kernel that needs norm(x + add) of a row as its input (the qkv GEMV at batch 1, the router's
+// cluster) computes it itself instead of waiting for a separate RMSNorm kernel — one PDL hand-off
+// and one launch fewer on the decode step's latency chain. It computes it exactly as
+// rmsnorm_reg_kernel<4> does with rmsnorm_reg_threads(n) threads: the same per-thread sums over the
+// same entries, the same warp reductions and the same block sum, so the same bits. Each of this
+// block's threads plays V of those threads: virtual thread vt = threadIdx.x + j·blockDim.x, j < V.
+__host__ __device__ inline int rmsnorm_reg_threads(int64_t n) {
+  const int64_t t = (n + 3) / 4 + 31;
+  return int((t > 32 ? t : 32) / 32 * 32);
+}
+
+// The norm weights of this thread's entries (constant: read before pdl_wait).
+template <int V>
+struct NormWeights {
+  float w[V][4];
+};
+template <int V>
+__device__ __forceinline__ void norm_weights_load(const RmsNormParams& p, NormWeights<V>& nw) {
+  const int B = rmsnorm_reg_threads(p.n);
+#pragma unroll
+  for (int j = 0; j < V; ++j)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int vt = int(threadIdx.x) + j * int(blockDim.x);
+      const int64_t i = vt + int64_t(k) * B;
+      nw.w[j][k] = vt < B && i < p.n ? __ldg(p.w + i) : 0.0f;
+    }
+}
+
+// Row r of norm(x + add) into dst [n] (shared memory); with `outputs`, also what the RMSNorm kernel
+// writes (p.out, p.split; p.x is not written: the callers leave the residual add to another kernel or
+// have none). kPre: the weights are in `pre` (norm_weights_load before pdl_wait), else they are read
+// here with the row. The row goes through dst (x + add first, normalised in place by the thread that
+// wrote it): no per-thread copy of it in registers across the reduction. Needs V·blockDim.x >=
+// rmsnorm_reg_threads(n) (<= 1024: n <= 4096). Synchronises the block; dst is complete on return.
+template <int V, bool kPre>
+__device__ void norm_row_into(const RmsNormParams& p, int64_t r, const NormWeights<V>& pre, float* dst, bool outputs) {
+  __shared__ float part[32];
+  __shared__ float total;
+  const int B = rmsnorm_reg_threads(p.n), nwarps = int(blockDim.x >> 5);
+  const int lane = int(threadIdx.x & 31), warp = int(threadIdx.x >> 5);
+  NormWeights<V> nw;
+  float ss[V];
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    const int vt = int(threadIdx.x) + j * int(blockDim.x);
+    ss[j] = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {  // rmsnorm_reg_kernel's loop, for thread vt
+      const int64_t i = vt + int64_t(k) * B;
+      const bool in = vt < B && i < p.n;
+      const float v = in ? norm_input(p, r, r, i) : 0.0f;
+      if constexpr (!kPre) nw.w[j][k] = in ? __ldg(p.w + i) : 0.0f;
+      if (in) dst[i] = v;
+      ss[j] += v * v;
+    }
+  }
+  __syncthreads();  // `part` may still be read by a previous row
+#pragma unroll
+  for (int j = 0; j < V; ++j) {  // block_sum's first stage, per virtual warp
+    const float w = warp_sum(ss[j]);
+    const int vw = warp + j * nwarps;
+    if (lane == 0 && vw < B / 32) part[vw] = w;
+  }
+  __syncthreads();
+  if (warp == 0) {  // and its second
+    float t = lane < B / 32 ? part[lane] : 0.0f;
+    t = warp_sum(t);
+    if (lane == 0) total = t;
+  }
+  __syncthreads();
+  const float inv = rsqrtf(total / float(p.n) + p.eps);
+#pragma unroll
+  for (int j = 0; j < V; ++j)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int vt = int(threadIdx.x) + j * int(blockDim.x);
+      const int64_t i = vt + int64_t(k) * B;
+      if (vt >= B || i >= p.n) continue;
+      const float v = dst[i], wi = kPre ? pre.w[j][k] : nw.w[j][k];
+      dst[i] = wi * (v * inv);  // norm_output's arithmetic
+      if (outputs) norm_output(p, r, i, v, inv, wi);
+    }
+  __syncthreads();
+}
+
 // split [2T, n] = (hi, lo) of x [T, n]: four values per thread, grid-stride over T · n/4.
 __global__ void split4_kernel(const float* x, int64_t xp, int64_t T, int64_t n, void* split, int sdt) {
   const int64_t n4 = n / 4;
@@ -280,7 +367,9 @@ __device__ void route_warp(const RouterParams& p, int64_t t, int lane, const flo
 // than the later kernel gains.
 constexpr int kGemvWarps = 4;
 
-template <int TM, class W>
+// XS: x is in shared memory (the kernels that normalise their own input rows: gemv_norm_kernel, the
+// router cluster kernel with its RMSNorm), else global memory read through the read-only path.
+template <int TM, class W, bool XS = false>
 __device__ __forceinline__ void gemv_chunk(const uint4& raw, const float* x, int64_t xp, int64_t c, float* sum) {
   const W* wv = reinterpret_cast<const W*>(&raw);
   float wf[8];
@@ -288,8 +377,9 @@ __device__ __forceinline__ void gemv_chunk(const uint4& raw, const float* x, int
   for (int k = 0; k < 8; ++k) wf[k] = ::moex::cuda::to_f32(wv[k]);
 #pragma unroll
   for (int t = 0; t < TM; ++t) {
-    const float4 a = __ldg(reinterpret_cast<const float4*>(x + t * xp + c));
-    const float4 b = __ldg(reinterpret_cast<const float4*>(x + t * xp + c + 4));
+    const float4* xv = reinterpret_cast<const float4*>(x + t * xp + c);
+    const float4 a = XS ? xv[0] : __ldg(xv);
+    const float4 b = XS ? xv[1] : __ldg(xv + 1);
     sum[t] = fmaf(wf[0], a.x, sum[t]);
     sum[t] = fmaf(wf[1], a.y, sum[t]);
     sum[t] = fmaf(wf[2], a.z, sum[t]);
@@ -303,14 +393,14 @@ __device__ __forceinline__ void gemv_chunk(const uint4& raw, const float* x, int
 
 // Chunks c, c + 256, ... of the lane (columns in order), U 16-byte weight loads issued at a time;
 // returns the first chunk left (fewer than U remain).
-template <int U, int TM, class W>
+template <int U, int TM, class W, bool XS = false>
 __device__ __forceinline__ int64_t gemv_run(const W* wr, int64_t c, int64_t in, const float* x, int64_t xp, float* sum) {
   for (; c + (U - 1) * 256 < in; c += U * 256) {
     uint4 raw[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) raw[u] = __ldcs(reinterpret_cast<const uint4*>(wr + c + u * 256));
 #pragma unroll
-    for (int u = 0; u < U; ++u) gemv_chunk<TM, W>(raw[u], x, xp, c + u * 256, sum);
+    for (int u = 0; u < U; ++u) gemv_chunk<TM, W, XS>(raw[u], x, xp, c + u * 256, sum);
   }
   return c;
 }
@@ -318,7 +408,7 @@ __device__ __forceinline__ int64_t gemv_run(const W* wr, int64_t c, int64_t in, 
 // The warp's TM dot products with weight row wr, reduced over the warp (every lane gets them): lane
 // l takes chunks 8l, 8l + 256, ... in order; when `early`, its first eight chunks are already in
 // `first` (requested before pdl_wait) and taken in the order gemv_run<8> would take them.
-template <int TM, class W>
+template <int TM, class W, bool XS = false>
 __device__ __forceinline__ void gemv_row(const W* wr, int lane, int64_t in, const float* x, int64_t xp, bool early,
                                          const uint4 (&first)[8], float (&sum)[TM]) {
   int64_t c = int64_t(lane) * 8;
@@ -326,12 +416,12 @@ __device__ __forceinline__ void gemv_row(const W* wr, int lane, int64_t in, cons
   for (int t = 0; t < TM; ++t) sum[t] = 0.0f;
   if (early) {
 #pragma unroll
-    for (int u = 0; u < 8; ++u) gemv_chunk<TM, W>(first[u], x, xp, c + u * 256, sum);
+    for (int u = 0; u < 8; ++u) gemv_chunk<TM, W, XS>(first[u], x, xp, c + u * 256, sum);
     c += 8 * 256;
   }
-  c = gemv_run<8, TM, W>(wr, c, in, x, xp, sum);  // in = 2048: the lane's whole row in one go
-  c = gemv_run<4, TM, W>(wr, c, in, x, xp, sum);
-  gemv_run<1, TM, W>(wr, c, in, x, xp, sum);
+  c = gemv_run<8, TM, W, XS>(wr, c, in, x, xp, sum);  // in = 2048: the lane's whole row in one go
+  c = gemv_run<4, TM, W, XS>(wr, c, in, x, xp, sum);
+  gemv_run<1, TM, W, XS>(wr, c, in, x, xp, sum);
 #pragma unroll
   for (int t = 0; t < TM; ++t) sum[t] = warp_sum(sum[t]);
 }
@@ -341,7 +431,7 @@ __device__ __forceinline__ void gemv_row(const W* wr, int lane, int64_t in, cons
 template <int TM, class W, bool ROUTE>
 __global__ void __launch_bounds__(kGemvWarps * 32)
     gemv_kernel(const W* w, int64_t out, int64_t in, const float* x, int64_t xp, const float* bias, const float* row_gate,
-                float* y, int64_t yp, bool acc, RouterParams rp, unsigned* ticket) {
+                float* y, int64_t yp, bool acc, const void* add, int add_dtype, RouterParams rp, unsigned* ticket) {
   MOEX_CUDA_TRACE_BLOCK(k_gemv);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t row = blockIdx.x * int64_t(kGemvWarps) + warp;
@@ -367,7 +457,8 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
       for (int t = 0; t < TM; ++t) {
         float v = sum[t] + bv;
         if (row_gate) v *= 1.0f / (1.0f + expf(-row_gate[t]));
-        if (acc) y[t * yp + row] += v;
+        if (acc && add) y[t * yp + row] = (y[t * yp + row] + load_any(add, add_dtype, t * out + row)) + v;
+        else if (acc) y[t * yp + row] += v;
         else y[t * yp + row] = v;
       }
     }
@@ -388,6 +479,42 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
   }
 }
 
+// The input RMSNorm and the skinny linear after it in one kernel, one row (the qkv projection of a
+// batch-1 decode step): every block normalises the row x + add (norm_row_into, bit for bit the
+// RMSNorm kernel's result) into shared memory after its wait, then runs gemv_kernel's dot products
+// on it; the weights' first chunks are requested before the wait as there. Nothing else is written:
+// the caller leaves x += add to the o projection (launch_gemv's `add`) and nothing reads h.
+// (at most 102 registers: five blocks per SM, as gemv_kernel's 84, so that as much of the grid is
+// resident and requesting its weights before the wait)
+template <class W, int V>
+__global__ void __launch_bounds__(kGemvWarps * 32, 5)
+    gemv_norm_kernel(const W* w, int64_t out, int64_t in, RmsNormParams np, const float* bias, float* y) {
+  MOEX_CUDA_TRACE_BLOCK(k_gemv);
+  extern __shared__ float s_row[];  // [in]: the normalised row
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t row = blockIdx.x * int64_t(kGemvWarps) + warp;
+  const W* wr = w + (row < out ? row : 0) * in;
+  const int64_t c = int64_t(lane) * 8;
+  const bool early = row < out && c + 7 * 256 < in;
+  uint4 first[8];
+  if (early) {
+#pragma unroll
+    for (int u = 0; u < 8; ++u) first[u] = __ldcs(reinterpret_cast<const uint4*>(wr + c + u * 256));
+  }
+  pdl_wait();
+  MOEX_CUDA_TRACE_WAITED();
+  pdl_launch_dependents();
+  // the norm weights read with the row after the wait: held from before it, they cost the registers
+  // that keep more of the grid resident (and requesting its weights) while the previous kernel runs
+  const NormWeights<V> none{};
+  norm_row_into<V, false>(np, 0, none, s_row, false);
+  if (row < out) {
+    float sum[1];
+    gemv_row<1, W, true>(wr, lane, in, s_row, in, early, first, sum);
+    if (lane == 0) y[row] = sum[0] + (bias ? bias[row] : 0.0f);
+  }
+}
+
 // The router GEMV and the routing in one thread-block cluster (decode steps, compute capability
 // >= 9.0): kRouterCtas CTAs of kRouterWarps warps; warp g of the C·W computes logits rows g, g + C·W,
 // ... with gemv_kernel's loads and arithmetic (its first row's first eight chunks requested before
@@ -398,12 +525,18 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
 // pays a cluster barrier. Same logits, bit for bit, hence the same routing.
 constexpr int kRouterCtas = 8, kRouterWarps = 16;
 
-template <int TM, class W>
+// NV > 0 (the post-attention RMSNorm fused, np.x set): every CTA normalises the TM rows of np
+// (norm_row_into, NV virtual threads per thread, bit for bit the RMSNorm kernel's result) into shared
+// memory after its wait and reads its x from there; CTA 0 also writes the norm's outputs (np.out,
+// np.split) for the experts and any later reader.
+template <int TM, class W, int NV = 0>
 __global__ void __launch_bounds__(kRouterWarps * 32)
-    gemv_router_cluster_kernel(const W* w, int64_t in, const float* x, int64_t xp, const float* bias, RouterParams rp) {
+    gemv_router_cluster_kernel(const W* w, int64_t in, const float* x, int64_t xp, const float* bias, RouterParams rp,
+                               RmsNormParams np) {
   namespace mc = ::moex::cuda;
   MOEX_CUDA_TRACE_BLOCK(k_gemv_router);
   __shared__ float logits[kGemvMaxRows * kRouterMaxExperts];  // [TM, E] in CTA 0
+  extern __shared__ float s_rows[];  // NV > 0: [TM, in] the normalised rows
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const uint32_t rank = mc::cluster_ctarank();
   mc::cluster_arrive_relaxed();  // this CTA has started (waited for below, before any remote write)
@@ -416,13 +549,19 @@ __global__ void __launch_bounds__(kRouterWarps * 32)
 #pragma unroll
     for (int u = 0; u < 8; ++u) first[u] = __ldcs(reinterpret_cast<const uint4*>(wr + u * 256));
   }
+  [[maybe_unused]] NormWeights<(NV > 0 ? NV : 1)> nw;
+  if constexpr (NV > 0) norm_weights_load<NV>(np, nw);
   pdl_wait();
   MOEX_CUDA_TRACE_WAITED();
   pdl_launch_dependents();
+  if constexpr (NV > 0) {
+    for (int t = 0; t < TM; ++t) norm_row_into<NV, true>(np, t, nw, s_rows + t * in, rank == 0);
+  }
   mc::cluster_wait();  // every CTA of the cluster has started: CTA 0's shared memory may be written
   for (; row < E; row += stride) {
     float sum[TM];
-    gemv_row<TM, W>(w + row * in, lane, in, x, xp, early, first, sum);
+    if constexpr (NV > 0) gemv_row<TM, W, true>(w + row * in, lane, in, s_rows, in, early, first, sum);
+    else gemv_row<TM, W>(w + row * in, lane, in, x, xp, early, first, sum);
     early = false;  // `first` held the first row's chunks only
     if (lane == 0) {
       const float bv = bias ? bias[row] : 0.0f;
@@ -441,14 +580,39 @@ __global__ void __launch_bounds__(kRouterWarps * 32)
   for (int t = warp; t < TM && t < rp.T; t += kRouterWarps) route_warp<false>(rp, t, lane, logits + t * E);
 }
 
+// np (optional): the post-attention RMSNorm fused (gemv_router_cluster_kernel's NV > 0); its
+// normalised rows in dynamic shared memory (T · in floats, <= kFusedNormSmem).
+constexpr size_t kFusedNormSmem = size_t(64) << 10;
+
+template <int TM, class W, int NV>
+void launch_router_cluster_n(const W* w, int64_t in, const float* x, int64_t xp, const float* bias, const RouterParams& p,
+                             const RmsNormParams& np, cudaStream_t s) {
+  const auto kernel = gemv_router_cluster_kernel<TM, W, NV>;
+  const size_t smem = NV > 0 ? size_t(TM) * size_t(in) * sizeof(float) : 0;
+  if constexpr (NV > 0) {
+    static const bool attr_set = [&] {
+      check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kFusedNormSmem)),
+            "router kernel attribute");
+      return true;
+    }();
+    (void)attr_set;
+  }
+  ::moex::cuda::launch_pdl_cluster("gemv_router_cluster_kernel", kernel, dim3(kRouterCtas), dim3(kRouterCtas),
+                                   dim3(kRouterWarps * 32), smem, s, w, in, x, xp, bias, p, np);
+}
+
 template <class W>
 void launch_router_cluster(const W* w, int64_t in, const float* x, int64_t xp, const float* bias, const RouterParams& p,
-                           cudaStream_t s) {
+                           const RmsNormParams* np, cudaStream_t s) {
+  // virtual RMSNorm threads per thread: rmsnorm_reg_threads(n) over the CTA's 512
+  const int nv = np ? (rmsnorm_reg_threads(np->n) + kRouterWarps * 32 - 1) / (kRouterWarps * 32) : 0;
+  const RmsNormParams none{};
   switch (p.T) {
-#define MOEX_ROUTER_CASE(n)                                                                                       \
-  case n:                                                                                                         \
-    ::moex::cuda::launch_pdl_cluster("gemv_router_cluster_kernel", gemv_router_cluster_kernel<n, W>, dim3(kRouterCtas), \
-                                     dim3(kRouterCtas), dim3(kRouterWarps * 32), 0, s, w, in, x, xp, bias, p);     \
+#define MOEX_ROUTER_CASE(n)                                                                                   \
+  case n:                                                                                                     \
+    if (nv == 0) launch_router_cluster_n<n, W, 0>(w, in, x, xp, bias, p, none, s);                           \
+    else if (nv == 1) launch_router_cluster_n<n, W, 1>(w, in, x, xp, bias, p, *np, s);                       \
+    else launch_router_cluster_n<n, W, 2>(w, in, x, xp, bias, p, *np, s);                                    \
     break;
     MOEX_ROUTER_CASE(1)
     MOEX_ROUTER_CASE(2)
@@ -463,16 +627,32 @@ void launch_router_cluster(const W* w, int64_t in, const float* x, int64_t xp, c
   }
 }
 
+// The qkv GEMV with its input RMSNorm (gemv_norm_kernel), V virtual norm threads per thread.
+template <class W, int V>
+void launch_gemv_norm_v(const W* w, int64_t out, int64_t in, const RmsNormParams& np, const float* bias, float* y,
+                        cudaStream_t s) {
+  const unsigned grid = unsigned((out + kGemvWarps - 1) / kGemvWarps);
+  launch_pdl("gemv_norm_kernel", gemv_norm_kernel<W, V>, dim3(grid), dim3(kGemvWarps * 32), size_t(in) * sizeof(float), s, w,
+             out, in, np, bias, y);
+}
+template <class W>
+void launch_gemv_norm_t(const W* w, int64_t out, int64_t in, const RmsNormParams& np, const float* bias, float* y,
+                        cudaStream_t s) {
+  const int v = (rmsnorm_reg_threads(np.n) + kGemvWarps * 32 - 1) / (kGemvWarps * 32);
+  if (v <= 4) launch_gemv_norm_v<W, 4>(w, out, in, np, bias, y, s);
+  else launch_gemv_norm_v<W, 8>(w, out, in, np, bias, y, s);
+}
+
 template <class W, bool ROUTE>
 void launch_gemv_t(const W* w, int64_t out, int64_t in, const float* x, int64_t xp, int64_t T, const float* bias,
                    const float* gate, float* y, int64_t yp, bool acc, const RouterParams& rp, unsigned* ticket,
-                   cudaStream_t s) {
+                   cudaStream_t s, const void* add = nullptr, int add_dtype = 0) {
   const unsigned grid = unsigned((out + kGemvWarps - 1) / kGemvWarps);
   switch (T) {
 #define MOEX_GEMV_CASE(n)                                                                                    \
   case n:                                                                                                    \
     launch_pdl("gemv_kernel", gemv_kernel<n, W, ROUTE>, dim3(grid), dim3(kGemvWarps * 32), 0, s, w, out, in, x, xp, \
-               bias, gate, y, yp, acc, rp, ticket);                                                          \
+               bias, gate, y, yp, acc, add, add_dtype, rp, ticket);                                          \
     break;
     MOEX_GEMV_CASE(1)
     MOEX_GEMV_CASE(2)
@@ -1181,29 +1361,58 @@ bool gemv_ok(const void* w, int64_t in, const float* x, int64_t xp, int64_t T) {
 }
 
 void launch_gemv(const void* w, int wdt, int64_t out, int64_t in, const float* x, int64_t xp, int64_t T, const float* bias,
-                 const float* gate, float* y, int64_t yp, bool acc, cudaStream_t s) {
+                 const float* gate, float* y, int64_t yp, bool acc, cudaStream_t s, const void* add, int add_dtype) {
   if (T == 0 || out == 0) return;
+  MOEX_ASSERT(!add || acc);
   const RouterParams none{};
   if (wdt == 1)
-    launch_gemv_t<__half, false>(static_cast<const __half*>(w), out, in, x, xp, T, bias, gate, y, yp, acc, none, nullptr, s);
+    launch_gemv_t<__half, false>(static_cast<const __half*>(w), out, in, x, xp, T, bias, gate, y, yp, acc, none, nullptr, s,
+                                 add, add_dtype);
   else
     launch_gemv_t<__nv_bfloat16, false>(static_cast<const __nv_bfloat16*>(w), out, in, x, xp, T, bias, gate, y, yp, acc,
-                                        none, nullptr, s);
+                                        none, nullptr, s, add, add_dtype);
 }
 
-void launch_gemv_router(const void* w, int wdt, int64_t in, const float* x, int64_t xp, const float* bias,
-                        const RouterParams& p, unsigned* ticket, cudaStream_t s, RouterKernel kernel) {
-  if (p.T == 0) return;
-  MOEX_ASSERT(p.kind != 1 && p.T <= kGemvMaxRows && gemv_ok(w, in, x, xp, p.T) && ticket && p.E <= kRouterMaxExperts);
-  static const bool cluster_on = [] {
+bool gemv_norm_ok(const void* w, int64_t in, const RmsNormParams& np) {
+  return np.T == 1 && np.n == in && in <= 4096 && in % 8 == 0 && ::moex::cuda::aligned16(w) && np.x && np.w && !np.ids &&
+         !np.rows;
+}
+
+void launch_gemv_norm(const void* w, int wdt, int64_t out, int64_t in, const RmsNormParams& np, const float* bias, float* y,
+                      cudaStream_t s) {
+  if (out == 0) return;
+  MOEX_ASSERT(gemv_norm_ok(w, in, np));
+  if (wdt == 1) launch_gemv_norm_t(static_cast<const __half*>(w), out, in, np, bias, y, s);
+  else launch_gemv_norm_t(static_cast<const __nv_bfloat16*>(w), out, in, np, bias, y, s);
+}
+
+namespace {
+bool router_cluster_on() {
+  static const bool on = [] {
     const char* e = std::getenv("MOEX_CUDA_ROUTER_CLUSTER");
     return !(e && std::string(e) == "0");
   }();
+  return on;
+}
+}  // namespace
+
+bool router_fuses_norm_ok(int64_t T, const RmsNormParams& np) {
+  return router_cluster_on() && ::moex::cuda::current_device_cc() >= 90 && T >= 1 && T <= kGemvMaxRows && np.T == T &&
+         np.n <= 4096 && size_t(T) * size_t(np.n) * sizeof(float) <= kFusedNormSmem && np.x && np.w && !np.ids &&
+         !np.rows && !np.add;
+}
+
+void launch_gemv_router(const void* w, int wdt, int64_t in, const float* x, int64_t xp, const float* bias,
+                        const RouterParams& p, unsigned* ticket, cudaStream_t s, RouterKernel kernel,
+                        const RmsNormParams* norm) {
+  if (p.T == 0) return;
+  MOEX_ASSERT(p.kind != 1 && p.T <= kGemvMaxRows && gemv_ok(w, in, x, xp, p.T) && ticket && p.E <= kRouterMaxExperts);
   const bool cluster_ok = ::moex::cuda::current_device_cc() >= 90;
   MOEX_CHECK(kernel != RouterKernel::cluster || cluster_ok, "router: the cluster kernel needs compute capability 9.0");
-  if (kernel == RouterKernel::cluster || (kernel == RouterKernel::automatic && cluster_on && cluster_ok)) {
-    if (wdt == 1) launch_router_cluster(static_cast<const __half*>(w), in, x, xp, bias, p, s);
-    else launch_router_cluster(static_cast<const __nv_bfloat16*>(w), in, x, xp, bias, p, s);
+  MOEX_ASSERT(!norm || (kernel == RouterKernel::automatic && router_fuses_norm_ok(p.T, *norm) && norm->n == in));
+  if (kernel == RouterKernel::cluster || (kernel == RouterKernel::automatic && router_cluster_on() && cluster_ok)) {
+    if (wdt == 1) launch_router_cluster(static_cast<const __half*>(w), in, x, xp, bias, p, norm, s);
+    else launch_router_cluster(static_cast<const __nv_bfloat16*>(w), in, x, xp, bias, p, norm, s);
     return;
   }
   float* y = const_cast<float*>(p.logits);
