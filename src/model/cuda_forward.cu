@@ -146,12 +146,10 @@ struct CudaModel::Impl {
   // wait instead of after their reduction (MOEX_CUDA_WEIGHTS_EARLY=0: after it; H200, 2026-12-04:
   // batch 1 -0.16 ms / step, batch 8 -0.14, docs/PERF.md thirty-fourth session)
   bool weights_early = true;
-  // batch-1 decode steps: the input RMSNorm computed inside the qkv GEMV (every block normalises the
-  // row itself; the pending experts output added into x by the o GEMV instead) and, at <= 8 rows, the
-  // post-attention RMSNorm inside the router's cluster kernel — two kernels fewer per MoE layer on the
-  // step's latency chain, the same bits (MOEX_CUDA_FUSE_INPUT_NORM=0 / MOEX_CUDA_FUSE_POST_NORM=0: the
-  // separate RMSNorm kernels)
-  bool fuse_input_norm = true;
+  // decode steps of <= 8 rows: the post-attention RMSNorm inside the router's cluster kernel — one
+  // kernel fewer per MoE layer on the step's latency chain, the same bits (MOEX_CUDA_FUSE_POST_NORM=0:
+  // the separate RMSNorm kernel; H100, 2026-12-06: batch 1 -0.05 ms / step, docs/PERF.md forty-seventh
+  // session). The input norm inside the qkv GEMV the same way was slower (+0.63 ms) and was removed.
   bool fuse_post_norm = true;
   // the q/k/v post-processing issues every load of a head before its arithmetic
   // (MOEX_CUDA_POST_LOADS_FIRST=0: the loop form)
@@ -472,13 +470,9 @@ struct CudaModel::Impl {
 
   // rows × out of y (pitch ypitch) (+)= x · Wᵀ (+ b); x [rows, in] f32 (pitch xpitch). `presplit`:
   // b.split already holds x's two terms (written by the RMSNorm before). `gate`: sigmoid row gate.
-  // `add` (acc, the GEMV path only; [T, out] in the model dtype): y = (y + add) + x · Wᵀ — the experts
-  // output a fused input norm left pending (input_norm_fused).
   void linear(const DLinear& l, const float* x, int64_t xpitch, int64_t T, float* y, int64_t ypitch, bool acc,
-              bool presplit = false, const float* gate = nullptr, float* gbuf = nullptr, const void* add = nullptr) {
+              bool presplit = false, const float* gate = nullptr, float* gbuf = nullptr) {
     if (T == 0) return;
-    MOEX_ASSERT(!add || (acc && l.dt != DType::f32 && T <= kern::kGemvMaxRows && gemv_enabled &&
-                         kern::gemv_ok(l.w, l.in, x, xpitch, T)));
     if (!gbuf) gbuf = b.gout.ptr<float>();
     const float one = 1.0f, zero = 0.0f;
     if (l.dt == DType::f32) {
@@ -491,7 +485,7 @@ struct CudaModel::Impl {
     }
     if (T <= kern::kGemvMaxRows && gemv_enabled && kern::gemv_ok(l.w, l.in, x, xpitch, T)) {
       // decode steps: one kernel reading the weights once, exact f32 inputs, bias/gate/residual fused
-      kern::launch_gemv(l.w, code_of(l.dt), l.out, l.in, x, xpitch, T, l.bias, gate, y, ypitch, acc, stream, add, dtc);
+      kern::launch_gemv(l.w, code_of(l.dt), l.out, l.in, x, xpitch, T, l.bias, gate, y, ypitch, acc, stream);
       return;
     }
     if (linear_terms == 1) {
@@ -632,10 +626,7 @@ struct CudaModel::Impl {
            kern::decode_attention_ok(int(dq), int(dv));
   }
 
-  // in_norm (input_norm_fused): the qkv projection normalises its input itself; o_add: the pending
-  // experts output, added into x by the o projection.
-  void attention_layer(const DLayer& d, size_t l, int64_t T, int64_t n_tiles, const std::vector<Segment>* segs,
-                       const kern::RmsNormParams* in_norm = nullptr, const void* o_add = nullptr) {
+  void attention_layer(const DLayer& d, size_t l, int64_t T, int64_t n_tiles, const std::vector<Segment>* segs) {
     float* h = b.h.ptr<float>();
     const bool pre = dtc != 0;
     kern::AttentionParams ap{};
@@ -676,9 +667,7 @@ struct CudaModel::Impl {
       kern::launch_mla_post(mp, stream);
     } else {
       const int64_t width = (nh + 2 * nkv) * hd;
-      if (in_norm) kern::launch_gemv_norm(d.qkv.w, code_of(d.qkv.dt), d.qkv.out, d.qkv.in, *in_norm, d.qkv.bias,
-                                          b.qkv.ptr<float>(), stream);
-      else if (!skip(T, kSkipQkv)) linear(d.qkv, h, H, T, b.qkv.ptr<float>(), width, false, pre);
+      if (!skip(T, kSkipQkv)) linear(d.qkv, h, H, T, b.qkv.ptr<float>(), width, false, pre);
       qp.qkv = b.qkv.ptr<float>();
       qp.T = T;
       qp.nh = int(nh);
@@ -707,7 +696,7 @@ struct CudaModel::Impl {
     if (use_gemm_attention(segs)) {
       if (use_flash_prefill()) flash_attention(l, *segs, ap.window, ap.sinks);
       else gemm_attention(l, T, *segs, ap.window, ap.sinks);
-      linear(d.o, b.attn.ptr<float>(), nh * dv, T, b.x.ptr<float>(), H, true, false, nullptr, nullptr, o_add);
+      linear(d.o, b.attn.ptr<float>(), nh * dv, T, b.x.ptr<float>(), H, true);
       return;
     }
     if (flash_decode) {
@@ -744,7 +733,7 @@ struct CudaModel::Impl {
       dp.counters = b.dec_counters.ptr<int32_t>();
       dp.out = b.attn.ptr<float>();
       if (!skip(T, kSkipAttn)) kern::launch_decode_attention(dp, stream);
-      if (!skip(T, kSkipO)) linear(d.o, b.attn.ptr<float>(), nh * dv, T, b.x.ptr<float>(), H, true, false, nullptr, nullptr, o_add);
+      if (!skip(T, kSkipO)) linear(d.o, b.attn.ptr<float>(), nh * dv, T, b.x.ptr<float>(), H, true);
       return;
     }
     ap.q = b.q.ptr<float>();
@@ -763,7 +752,7 @@ struct CudaModel::Impl {
     ap.slot = b.slot.ptr<int32_t>();
     ap.out = b.attn.ptr<float>();
     kern::launch_attention(ap, stream);
-    linear(d.o, b.attn.ptr<float>(), nh * dv, T, b.x.ptr<float>(), H, true, false, nullptr, nullptr, o_add);
+    linear(d.o, b.attn.ptr<float>(), nh * dv, T, b.x.ptr<float>(), H, true);
   }
 
   void mlp_layer(const DLayer& d, int64_t T, const std::string& backend) {
@@ -826,15 +815,6 @@ struct CudaModel::Impl {
     // x += xout is left to the next RMSNorm (fused; `pending_add`)
   }
 
-  // Whether this step's input norm of layer d runs inside its qkv GEMV (fuse_input_norm): batch-1
-  // steps of bf16/f16 GQA layers whose qkv and o projections take the GEMV, every kernel present.
-  bool input_norm_fused(const DLayer& d, int64_t T, const kern::RmsNormParams& np) {
-    const unsigned bits = kSkipNorm | kSkipQkv | kSkipO;
-    return fuse_input_norm && T == 1 && !mla && dtc != 0 && gemv_enabled && !(debug_skip & bits) && d.qkv.defined() &&
-           d.qkv.dt != DType::f32 && d.o.dt != DType::f32 && kern::gemv_norm_ok(d.qkv.w, d.qkv.in, np) &&
-           kern::gemv_ok(d.qkv.w, d.qkv.in, b.h.ptr<float>(), H, T) &&
-           kern::gemv_ok(d.o.w, d.o.in, b.attn.ptr<float>(), nh * dv, T);
-  }
   // Whether this step's post-attention norm of layer d runs inside the router's cluster kernel
   // (fuse_post_norm): MoE layers whose router takes the fused GEMV + routing kernel (mlp_layer).
   bool post_norm_fused(const DLayer& d, int64_t T) {
@@ -863,13 +843,10 @@ struct CudaModel::Impl {
         p.embed = embed;
         p.embed_dtype = code_of(dt);
         kern::launch_rmsnorm(p, stream);
+      } else if (!skip(T, kSkipNorm)) {
+        norm(b.x.ptr<float>(), H, d.input_norm, T, H, h, H, pending_add ? b.xout.data() : nullptr);
       }
-      kern::RmsNormParams in_norm = norm_params(b.x.ptr<float>(), H, d.input_norm, T, H, h, H);
-      in_norm.add = pending_add ? b.xout.data() : nullptr;
-      in_norm.add_dtype = dtc;
-      const bool in_fused = l > 0 && input_norm_fused(d, T, in_norm);
-      if (l > 0 && !in_fused && !skip(T, kSkipNorm)) kern::launch_rmsnorm(in_norm, stream);
-      attention_layer(d, l, T, n_tiles, segs, in_fused ? &in_norm : nullptr, in_fused ? in_norm.add : nullptr);
+      attention_layer(d, l, T, n_tiles, segs);
       if (!skip(T, kSkipNorm) && !post_norm_fused(d, T)) norm(b.x.ptr<float>(), H, d.post_norm, T, H, h, H);
       mlp_layer(d, T, backend);
       pending_add = d.is_moe;
@@ -999,7 +976,6 @@ CudaModel::CudaModel(const ModelWeights& w, const TextConfig& t, Device dev) : i
   if (const char* e = std::getenv("MOEX_CUDA_DECODE_EARLY")) m.decode_early = std::string(e) != "0";
   if (const char* e = std::getenv("MOEX_CUDA_WEIGHTS_EARLY")) m.weights_early = std::string(e) != "0";
   if (const char* e = std::getenv("MOEX_CUDA_POST_LOADS_FIRST")) m.post_loads_first = std::string(e) != "0";
-  if (const char* e = std::getenv("MOEX_CUDA_FUSE_INPUT_NORM")) m.fuse_input_norm = std::string(e) != "0";
   if (const char* e = std::getenv("MOEX_CUDA_FUSE_POST_NORM")) m.fuse_post_norm = std::string(e) != "0";
   if (const char* e = std::getenv("MOEX_CUDA_ROUTE_WIDE")) m.route_wide = std::string(e) == "1";
   if (const char* e = std::getenv("MOEX_CUDA_DECODE_CLUSTER")) m.decode_cluster = std::clamp(std::atoi(e), 0, 2);

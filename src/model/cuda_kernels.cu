@@ -202,13 +202,18 @@ __global__ void rmsnorm_kernel(RmsNormParams p) {
     norm_output(p, r, i, write_x ? xr[i] : norm_input(p, r, src, i), inv, p.w[i]);
 }
 
-// ---- RMSNorm inside another kernel (the decode step's fused norms) ---------------------------------
-// A kernel that needs norm(x + add) of a row as its input (the qkv GEMV at batch 1, the router's
-// cluster) computes it itself instead of waiting for a separate RMSNorm kernel — one PDL hand-off
-// and one launch fewer on the decode step's latency chain. It computes it exactly as
-// rmsnorm_reg_kernel<4> does with rmsnorm_reg_threads(n) threads: the same per-thread sums over the
-// same entries, the same warp reductions and the same block sum, so the same bits. Each of this
-// block's threads plays V of those threads: virtual thread vt = threadIdx.x + j·blockDim.x, j < V.
+// ---- RMSNorm inside another kernel (the decode step's post-attention norm in the router) -------------
+// A kernel that needs norm(x) of its input rows (the router's cluster kernel) computes it itself
+// instead of waiting for a separate RMSNorm kernel — one PDL hand-off and one launch fewer on the
+// decode step's latency chain. It computes it exactly as rmsnorm_reg_kernel<4> does with
+// rmsnorm_reg_threads(n) threads: the same per-thread sums over the same entries, the same warp
+// reductions and the same block sum, so the same bits. Each of this block's threads plays V of those
+// threads: virtual thread vt = threadIdx.x + j·blockDim.x, j < V.
+// Tried and removed (H100, 2026-12-06, forty-seventh session, docs/PERF.md): the input norm the same
+// way inside the qkv GEMV at batch 1 (each of its 1 280 blocks normalising the row x + experts output,
+// the add left to the o GEMV) — bit-identical, but the step 4.24-4.31 ms against 3.56-3.62 without it:
+// 1 280 copies of the row's loads and block reduction on the chain cost far more than the kernel they
+// replace.
 __host__ __device__ inline int rmsnorm_reg_threads(int64_t n) {
   const int64_t t = (n + 3) / 4 + 31;
   return int((t > 32 ? t : 32) / 32 * 32);
@@ -234,17 +239,15 @@ __device__ __forceinline__ void norm_weights_load(const RmsNormParams& p, NormWe
 
 // Row r of norm(x + add) into dst [n] (shared memory); with `outputs`, also what the RMSNorm kernel
 // writes (p.out, p.split; p.x is not written: the callers leave the residual add to another kernel or
-// have none). kPre: the weights are in `pre` (norm_weights_load before pdl_wait), else they are read
-// here with the row. The row goes through dst (x + add first, normalised in place by the thread that
+// have none). The weights are in `nw` (norm_weights_load, before pdl_wait). The row goes through dst (x + add first, normalised in place by the thread that
 // wrote it): no per-thread copy of it in registers across the reduction. Needs V·blockDim.x >=
 // rmsnorm_reg_threads(n) (<= 1024: n <= 4096). Synchronises the block; dst is complete on return.
-template <int V, bool kPre>
-__device__ void norm_row_into(const RmsNormParams& p, int64_t r, const NormWeights<V>& pre, float* dst, bool outputs) {
+template <int V>
+__device__ void norm_row_into(const RmsNormParams& p, int64_t r, const NormWeights<V>& nw, float* dst, bool outputs) {
   __shared__ float part[32];
   __shared__ float total;
   const int B = rmsnorm_reg_threads(p.n), nwarps = int(blockDim.x >> 5);
   const int lane = int(threadIdx.x & 31), warp = int(threadIdx.x >> 5);
-  NormWeights<V> nw;
   float ss[V];
 #pragma unroll
   for (int j = 0; j < V; ++j) {
@@ -255,7 +258,6 @@ __device__ void norm_row_into(const RmsNormParams& p, int64_t r, const NormWeigh
       const int64_t i = vt + int64_t(k) * B;
       const bool in = vt < B && i < p.n;
       const float v = in ? norm_input(p, r, r, i) : 0.0f;
-      if constexpr (!kPre) nw.w[j][k] = in ? __ldg(p.w + i) : 0.0f;
       if (in) dst[i] = v;
       ss[j] += v * v;
     }
@@ -282,7 +284,7 @@ __device__ void norm_row_into(const RmsNormParams& p, int64_t r, const NormWeigh
       const int vt = int(threadIdx.x) + j * int(blockDim.x);
       const int64_t i = vt + int64_t(k) * B;
       if (vt >= B || i >= p.n) continue;
-      const float v = dst[i], wi = kPre ? pre.w[j][k] : nw.w[j][k];
+      const float v = dst[i], wi = nw.w[j][k];
       dst[i] = wi * (v * inv);  // norm_output's arithmetic
       if (outputs) norm_output(p, r, i, v, inv, wi);
     }
@@ -367,8 +369,8 @@ __device__ void route_warp(const RouterParams& p, int64_t t, int lane, const flo
 // than the later kernel gains.
 constexpr int kGemvWarps = 4;
 
-// XS: x is in shared memory (the kernels that normalise their own input rows: gemv_norm_kernel, the
-// router cluster kernel with its RMSNorm), else global memory read through the read-only path.
+// XS: x is in shared memory (the router cluster kernel normalising its own input rows), else global
+// memory read through the read-only path.
 template <int TM, class W, bool XS = false>
 __device__ __forceinline__ void gemv_chunk(const uint4& raw, const float* x, int64_t xp, int64_t c, float* sum) {
   const W* wv = reinterpret_cast<const W*>(&raw);
@@ -431,7 +433,7 @@ __device__ __forceinline__ void gemv_row(const W* wr, int lane, int64_t in, cons
 template <int TM, class W, bool ROUTE>
 __global__ void __launch_bounds__(kGemvWarps * 32)
     gemv_kernel(const W* w, int64_t out, int64_t in, const float* x, int64_t xp, const float* bias, const float* row_gate,
-                float* y, int64_t yp, bool acc, const void* add, int add_dtype, RouterParams rp, unsigned* ticket) {
+                float* y, int64_t yp, bool acc, RouterParams rp, unsigned* ticket) {
   MOEX_CUDA_TRACE_BLOCK(k_gemv);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t row = blockIdx.x * int64_t(kGemvWarps) + warp;
@@ -457,8 +459,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
       for (int t = 0; t < TM; ++t) {
         float v = sum[t] + bv;
         if (row_gate) v *= 1.0f / (1.0f + expf(-row_gate[t]));
-        if (acc && add) y[t * yp + row] = (y[t * yp + row] + load_any(add, add_dtype, t * out + row)) + v;
-        else if (acc) y[t * yp + row] += v;
+        if (acc) y[t * yp + row] += v;
         else y[t * yp + row] = v;
       }
     }
@@ -476,42 +477,6 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
       __syncwarp();  // lanes 1.. leave route_warp before lane 0 has written the token
     }
     if (threadIdx.x == 0) *ticket = 0u;  // ready for the next launch (graph replays included)
-  }
-}
-
-// The input RMSNorm and the skinny linear after it in one kernel, one row (the qkv projection of a
-// batch-1 decode step): every block normalises the row x + add (norm_row_into, bit for bit the
-// RMSNorm kernel's result) into shared memory after its wait, then runs gemv_kernel's dot products
-// on it; the weights' first chunks are requested before the wait as there. Nothing else is written:
-// the caller leaves x += add to the o projection (launch_gemv's `add`) and nothing reads h.
-// (at most 102 registers: five blocks per SM, as gemv_kernel's 84, so that as much of the grid is
-// resident and requesting its weights before the wait)
-template <class W, int V>
-__global__ void __launch_bounds__(kGemvWarps * 32, 5)
-    gemv_norm_kernel(const W* w, int64_t out, int64_t in, RmsNormParams np, const float* bias, float* y) {
-  MOEX_CUDA_TRACE_BLOCK(k_gemv);
-  extern __shared__ float s_row[];  // [in]: the normalised row
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t row = blockIdx.x * int64_t(kGemvWarps) + warp;
-  const W* wr = w + (row < out ? row : 0) * in;
-  const int64_t c = int64_t(lane) * 8;
-  const bool early = row < out && c + 7 * 256 < in;
-  uint4 first[8];
-  if (early) {
-#pragma unroll
-    for (int u = 0; u < 8; ++u) first[u] = __ldcs(reinterpret_cast<const uint4*>(wr + c + u * 256));
-  }
-  pdl_wait();
-  MOEX_CUDA_TRACE_WAITED();
-  pdl_launch_dependents();
-  // the norm weights read with the row after the wait: held from before it, they cost the registers
-  // that keep more of the grid resident (and requesting its weights) while the previous kernel runs
-  const NormWeights<V> none{};
-  norm_row_into<V, false>(np, 0, none, s_row, false);
-  if (row < out) {
-    float sum[1];
-    gemv_row<1, W, true>(wr, lane, in, s_row, in, early, first, sum);
-    if (lane == 0) y[row] = sum[0] + (bias ? bias[row] : 0.0f);
   }
 }
 
@@ -555,7 +520,7 @@ __global__ void __launch_bounds__(kRouterWarps * 32)
   MOEX_CUDA_TRACE_WAITED();
   pdl_launch_dependents();
   if constexpr (NV > 0) {
-    for (int t = 0; t < TM; ++t) norm_row_into<NV, true>(np, t, nw, s_rows + t * in, rank == 0);
+    for (int t = 0; t < TM; ++t) norm_row_into<NV>(np, t, nw, s_rows + t * in, rank == 0);
   }
   mc::cluster_wait();  // every CTA of the cluster has started: CTA 0's shared memory may be written
   for (; row < E; row += stride) {
@@ -627,32 +592,16 @@ void launch_router_cluster(const W* w, int64_t in, const float* x, int64_t xp, c
   }
 }
 
-// The qkv GEMV with its input RMSNorm (gemv_norm_kernel), V virtual norm threads per thread.
-template <class W, int V>
-void launch_gemv_norm_v(const W* w, int64_t out, int64_t in, const RmsNormParams& np, const float* bias, float* y,
-                        cudaStream_t s) {
-  const unsigned grid = unsigned((out + kGemvWarps - 1) / kGemvWarps);
-  launch_pdl("gemv_norm_kernel", gemv_norm_kernel<W, V>, dim3(grid), dim3(kGemvWarps * 32), size_t(in) * sizeof(float), s, w,
-             out, in, np, bias, y);
-}
-template <class W>
-void launch_gemv_norm_t(const W* w, int64_t out, int64_t in, const RmsNormParams& np, const float* bias, float* y,
-                        cudaStream_t s) {
-  const int v = (rmsnorm_reg_threads(np.n) + kGemvWarps * 32 - 1) / (kGemvWarps * 32);
-  if (v <= 4) launch_gemv_norm_v<W, 4>(w, out, in, np, bias, y, s);
-  else launch_gemv_norm_v<W, 8>(w, out, in, np, bias, y, s);
-}
-
 template <class W, bool ROUTE>
 void launch_gemv_t(const W* w, int64_t out, int64_t in, const float* x, int64_t xp, int64_t T, const float* bias,
                    const float* gate, float* y, int64_t yp, bool acc, const RouterParams& rp, unsigned* ticket,
-                   cudaStream_t s, const void* add = nullptr, int add_dtype = 0) {
+                   cudaStream_t s) {
   const unsigned grid = unsigned((out + kGemvWarps - 1) / kGemvWarps);
   switch (T) {
 #define MOEX_GEMV_CASE(n)                                                                                    \
   case n:                                                                                                    \
     launch_pdl("gemv_kernel", gemv_kernel<n, W, ROUTE>, dim3(grid), dim3(kGemvWarps * 32), 0, s, w, out, in, x, xp, \
-               bias, gate, y, yp, acc, add, add_dtype, rp, ticket);                                          \
+               bias, gate, y, yp, acc, rp, ticket);                                                          \
     break;
     MOEX_GEMV_CASE(1)
     MOEX_GEMV_CASE(2)
@@ -1361,29 +1310,14 @@ bool gemv_ok(const void* w, int64_t in, const float* x, int64_t xp, int64_t T) {
 }
 
 void launch_gemv(const void* w, int wdt, int64_t out, int64_t in, const float* x, int64_t xp, int64_t T, const float* bias,
-                 const float* gate, float* y, int64_t yp, bool acc, cudaStream_t s, const void* add, int add_dtype) {
+                 const float* gate, float* y, int64_t yp, bool acc, cudaStream_t s) {
   if (T == 0 || out == 0) return;
-  MOEX_ASSERT(!add || acc);
   const RouterParams none{};
   if (wdt == 1)
-    launch_gemv_t<__half, false>(static_cast<const __half*>(w), out, in, x, xp, T, bias, gate, y, yp, acc, none, nullptr, s,
-                                 add, add_dtype);
+    launch_gemv_t<__half, false>(static_cast<const __half*>(w), out, in, x, xp, T, bias, gate, y, yp, acc, none, nullptr, s);
   else
     launch_gemv_t<__nv_bfloat16, false>(static_cast<const __nv_bfloat16*>(w), out, in, x, xp, T, bias, gate, y, yp, acc,
-                                        none, nullptr, s, add, add_dtype);
-}
-
-bool gemv_norm_ok(const void* w, int64_t in, const RmsNormParams& np) {
-  return np.T == 1 && np.n == in && in <= 4096 && in % 8 == 0 && ::moex::cuda::aligned16(w) && np.x && np.w && !np.ids &&
-         !np.rows;
-}
-
-void launch_gemv_norm(const void* w, int wdt, int64_t out, int64_t in, const RmsNormParams& np, const float* bias, float* y,
-                      cudaStream_t s) {
-  if (out == 0) return;
-  MOEX_ASSERT(gemv_norm_ok(w, in, np));
-  if (wdt == 1) launch_gemv_norm_t(static_cast<const __half*>(w), out, in, np, bias, y, s);
-  else launch_gemv_norm_t(static_cast<const __nv_bfloat16*>(w), out, in, np, bias, y, s);
+                                        none, nullptr, s);
 }
 
 namespace {

@@ -66,21 +66,8 @@ void launch_finish_linear(const float* g, bool two_terms, const float* bias, con
 // aligned W and x rows (x_pitch % 4 == 0); gemv_ok() says whether a call qualifies.
 constexpr int kGemvMaxRows = 8;
 bool gemv_ok(const void* w, int64_t in, const float* x, int64_t x_pitch, int64_t T);
-// `add` (accumulate only; [T, out] contiguous, dtype code add_dtype): y = (y + add) + the product — a
-// residual add left pending by an earlier kernel (the batch-1 decode step's fused input norm), in the
-// order the RMSNorm kernel's x += add and this kernel's y += v would take: the same bits.
 void launch_gemv(const void* w, int w_dtype, int64_t out, int64_t in, const float* x, int64_t x_pitch, int64_t T,
-                 const float* bias, const float* row_gate, float* y, int64_t y_pitch, bool accumulate, cudaStream_t s,
-                 const void* add = nullptr, int add_dtype = 0);
-
-// The RMSNorm of one row (norm's x + add, weights w; np.T == 1, np.n == in <= 4096) and the skinny
-// linear above on it, in one kernel: y [out] = norm(row) · Wᵀ (+ bias). Every block normalises the row
-// itself, bit for bit as launch_rmsnorm would (the decode step's input norm and qkv projection at
-// batch 1: one kernel fewer on the step's latency chain). Writes nothing but y: np.out / np.split /
-// the residual x are not written (the caller adds np.add into x later: launch_gemv's `add`).
-bool gemv_norm_ok(const void* w, int64_t in, const RmsNormParams& np);
-void launch_gemv_norm(const void* w, int w_dtype, int64_t out, int64_t in, const RmsNormParams& np, const float* bias,
-                      float* y, cudaStream_t s);
+                 const float* bias, const float* row_gate, float* y, int64_t y_pitch, bool accumulate, cudaStream_t s);
 
 // out [T, n] in dtype code (0/1/2) = x [T, n] f32; or x [T, n] f32 += in [T, n] of dtype code.
 void launch_to_dtype(const float* x, int64_t T, int64_t n, void* out, int dtype, cudaStream_t s);
