@@ -146,11 +146,13 @@ struct CudaModel::Impl {
   // wait instead of after their reduction (MOEX_CUDA_WEIGHTS_EARLY=0: after it; H200, 2026-12-04:
   // batch 1 -0.16 ms / step, batch 8 -0.14, docs/PERF.md thirty-fourth session)
   bool weights_early = true;
-  // decode steps of <= 8 rows: the post-attention RMSNorm inside the router's cluster kernel — one
-  // kernel fewer per MoE layer on the step's latency chain, the same bits (MOEX_CUDA_FUSE_POST_NORM=0:
-  // the separate RMSNorm kernel; H100, 2026-12-06: batch 1 -0.05 ms / step, docs/PERF.md forty-seventh
-  // session). The input norm inside the qkv GEMV the same way was slower (+0.63 ms) and was removed.
-  bool fuse_post_norm = true;
+  // batch-1 decode steps: the post-attention RMSNorm inside the router's cluster kernel — one kernel
+  // fewer per MoE layer on the step's latency chain, the same bits (MOEX_CUDA_FUSE_POST_NORM=0: the
+  // separate RMSNorm kernel; =all: at every step of <= 8 rows). H100, 2026-12-06 (docs/PERF.md,
+  // forty-seventh session): batch 1 -0.05 ms / step; at batch 8, where each of the 8 CTAs normalises
+  // the 8 rows one after the other, +0.49 ms. The input norm inside the qkv GEMV the same way: +0.63 ms
+  // at batch 1, removed.
+  int fuse_post_norm = 1;  // 0: never, 1: one-row steps, 2: steps of <= kGemvMaxRows rows
   // the q/k/v post-processing issues every load of a head before its arithmetic
   // (MOEX_CUDA_POST_LOADS_FIRST=0: the loop form)
   bool post_loads_first = true;
@@ -818,7 +820,9 @@ struct CudaModel::Impl {
   // Whether this step's post-attention norm of layer d runs inside the router's cluster kernel
   // (fuse_post_norm): MoE layers whose router takes the fused GEMV + routing kernel (mlp_layer).
   bool post_norm_fused(const DLayer& d, int64_t T) {
-    if (!fuse_post_norm || !d.is_moe || skip(T, kSkipNorm) || T > kern::kGemvMaxRows || !gemv_enabled) return false;
+    if (!fuse_post_norm || !d.is_moe || skip(T, kSkipNorm) || T > (fuse_post_norm == 2 ? kern::kGemvMaxRows : 1) ||
+        !gemv_enabled)
+      return false;
     if (t.family == ModelFamily::deepseek_v3 || d.router.dt == DType::f32 || d.router.in != H) return false;
     float* h = b.h.ptr<float>();
     return kern::gemv_ok(d.router.w, d.router.in, h, H, T) &&
@@ -976,7 +980,8 @@ CudaModel::CudaModel(const ModelWeights& w, const TextConfig& t, Device dev) : i
   if (const char* e = std::getenv("MOEX_CUDA_DECODE_EARLY")) m.decode_early = std::string(e) != "0";
   if (const char* e = std::getenv("MOEX_CUDA_WEIGHTS_EARLY")) m.weights_early = std::string(e) != "0";
   if (const char* e = std::getenv("MOEX_CUDA_POST_LOADS_FIRST")) m.post_loads_first = std::string(e) != "0";
-  if (const char* e = std::getenv("MOEX_CUDA_FUSE_POST_NORM")) m.fuse_post_norm = std::string(e) != "0";
+  if (const char* e = std::getenv("MOEX_CUDA_FUSE_POST_NORM"))
+    m.fuse_post_norm = std::string(e) == "0" ? 0 : std::string(e) == "all" ? 2 : 1;
   if (const char* e = std::getenv("MOEX_CUDA_ROUTE_WIDE")) m.route_wide = std::string(e) == "1";
   if (const char* e = std::getenv("MOEX_CUDA_DECODE_CLUSTER")) m.decode_cluster = std::clamp(std::atoi(e), 0, 2);
   if (const char* e = std::getenv("MOEX_CUDA_LINEAR_TERMS")) m.linear_terms = std::string(e) == "2" ? 2 : 1;
