@@ -219,6 +219,14 @@ __host__ __device__ inline int rmsnorm_reg_threads(int64_t n) {
   return int((t > 32 ? t : 32) / 32 * 32);
 }
 
+// Entry k (0..3) of this thread's virtual thread j in rmsnorm_reg_kernel<4>'s layout of B threads: its
+// index in the row, or -1 where that thread has no such entry (vt >= B, or past n).
+__device__ __forceinline__ int64_t norm_entry(int j, int k, int B, int64_t n) {
+  const int vt = int(threadIdx.x) + j * int(blockDim.x);
+  const int64_t i = vt + int64_t(k) * B;
+  return vt < B && i < n ? i : -1;
+}
+
 // The norm weights of this thread's entries (constant: read before pdl_wait).
 template <int V>
 struct NormWeights {
@@ -231,17 +239,17 @@ __device__ __forceinline__ void norm_weights_load(const RmsNormParams& p, NormWe
   for (int j = 0; j < V; ++j)
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      const int vt = int(threadIdx.x) + j * int(blockDim.x);
-      const int64_t i = vt + int64_t(k) * B;
-      nw.w[j][k] = vt < B && i < p.n ? __ldg(p.w + i) : 0.0f;
+      const int64_t i = norm_entry(j, k, B, p.n);
+      nw.w[j][k] = i >= 0 ? __ldg(p.w + i) : 0.0f;
     }
 }
 
 // Row r of norm(x + add) into dst [n] (shared memory); with `outputs`, also what the RMSNorm kernel
-// writes (p.out, p.split; p.x is not written: the callers leave the residual add to another kernel or
-// have none). The weights are in `nw` (norm_weights_load, before pdl_wait). The row goes through dst (x + add first, normalised in place by the thread that
-// wrote it): no per-thread copy of it in registers across the reduction. Needs V·blockDim.x >=
-// rmsnorm_reg_threads(n) (<= 1024: n <= 4096). Synchronises the block; dst is complete on return.
+// writes (p.out, p.split; p.x is not written: the caller has no residual add here). The weights are
+// in `nw` (norm_weights_load, before pdl_wait). The row goes through dst (x + add first, normalised in
+// place by the thread that wrote it): no per-thread copy of it in registers across the reduction.
+// Needs V·blockDim.x >= rmsnorm_reg_threads(n) (<= 1024: n <= 4096). Synchronises the block; dst is
+// complete on return.
 template <int V>
 __device__ void norm_row_into(const RmsNormParams& p, int64_t r, const NormWeights<V>& nw, float* dst, bool outputs) {
   __shared__ float part[32];
@@ -251,14 +259,12 @@ __device__ void norm_row_into(const RmsNormParams& p, int64_t r, const NormWeigh
   float ss[V];
 #pragma unroll
   for (int j = 0; j < V; ++j) {
-    const int vt = int(threadIdx.x) + j * int(blockDim.x);
     ss[j] = 0.0f;
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {  // rmsnorm_reg_kernel's loop, for thread vt
-      const int64_t i = vt + int64_t(k) * B;
-      const bool in = vt < B && i < p.n;
-      const float v = in ? norm_input(p, r, r, i) : 0.0f;
-      if (in) dst[i] = v;
+    for (int k = 0; k < 4; ++k) {  // rmsnorm_reg_kernel's loop, for its thread vt
+      const int64_t i = norm_entry(j, k, B, p.n);
+      const float v = i >= 0 ? norm_input(p, r, r, i) : 0.0f;
+      if (i >= 0) dst[i] = v;
       ss[j] += v * v;
     }
   }
@@ -281,9 +287,8 @@ __device__ void norm_row_into(const RmsNormParams& p, int64_t r, const NormWeigh
   for (int j = 0; j < V; ++j)
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      const int vt = int(threadIdx.x) + j * int(blockDim.x);
-      const int64_t i = vt + int64_t(k) * B;
-      if (vt >= B || i >= p.n) continue;
+      const int64_t i = norm_entry(j, k, B, p.n);
+      if (i < 0) continue;
       const float v = dst[i], wi = nw.w[j][k];
       dst[i] = wi * (v * inv);  // norm_output's arithmetic
       if (outputs) norm_output(p, r, i, v, inv, wi);
