@@ -103,10 +103,12 @@ int main(int argc, char** argv) {
         p = q + 1;
       }
     } else {
-      std::fprintf(stderr, "usage: %s [--layers N] [--prompt N] [--decode-prompt N] [--new N] [--batches 1,8,64] "
+      const bool help = a == "--help" || a == "-h";
+      std::fprintf(help ? stdout : stderr,
+                   "usage: %s [--layers N] [--prompt N] [--decode-prompt N] [--new N] [--batches 1,8,64] "
                    "[--variants switch+graphs,no_switch+graphs,switch_no_graphs] [--out FILE] [--trace FILE [--trace-steps N]]\n",
                    argv[0]);
-      return 2;
+      return help ? 0 : 2;
     }
   }
   if (layers < 1 || prompt < 1 || decode_prompt < 1 || new_tokens < 2 || batches.empty() || trace_steps < 1) {
