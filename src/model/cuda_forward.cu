@@ -150,8 +150,9 @@ struct CudaModel::Impl {
   // fewer per MoE layer on the step's latency chain, the same bits (MOEX_CUDA_FUSE_POST_NORM=0: the
   // separate RMSNorm kernel; =all: at every step of <= 8 rows). H100, 2026-12-06 (docs/PERF.md,
   // forty-seventh session): batch 1 -0.05 ms / step; at batch 8, where each of the 8 CTAs normalises
-  // the 8 rows one after the other, +0.49 ms. The input norm inside the qkv GEMV the same way: +0.63 ms
-  // at batch 1, removed.
+  // the 8 rows one after the other, +0.49 ms. (H200, twenty-sixth session, older kernels: +0.04 ms at
+  // batch 1 — to be A/B'd there again.) The input norm inside the qkv GEMV the same way: +0.63 ms at
+  // batch 1, removed.
   int fuse_post_norm = 1;  // 0: never, 1: one-row steps, 2: steps of <= kGemvMaxRows rows
   // the q/k/v post-processing issues every load of a head before its arithmetic
   // (MOEX_CUDA_POST_LOADS_FIRST=0: the loop form)
