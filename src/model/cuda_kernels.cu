@@ -214,6 +214,7 @@ __global__ void rmsnorm_kernel(RmsNormParams p) {
 // the add left to the o GEMV) — bit-identical, but the step 4.24-4.31 ms against 3.56-3.62 without it:
 // 1 280 copies of the row's loads and block reduction on the chain cost far more than the kernel they
 // replace.
+// The block size launch_rmsnorm gives rmsnorm_reg_kernel<4> (n <= 4096): four entries per thread.
 __host__ __device__ inline int rmsnorm_reg_threads(int64_t n) {
   const int64_t t = (n + 3) / 4 + 31;
   return int((t > 32 ? t : 32) / 32 * 32);
@@ -1276,8 +1277,8 @@ void launch_rmsnorm(const RmsNormParams& p, cudaStream_t s) {
   MOEX_ASSERT(p.T < (int64_t(1) << 31));
   // the row in registers: 4 values a thread up to 4096 (<= 1024 threads), 8 up to 8192
   auto threads = [&](int per) { return unsigned(std::max<int64_t>(32, (p.n + per - 1) / per + 31) / 32 * 32); };
-  if (p.n <= 4 * 1024) {
-    launch_pdl("rmsnorm_kernel", rmsnorm_reg_kernel<4>, dim3(unsigned(p.T)), dim3(threads(4)), 0, s, p);
+  if (p.n <= 4 * 1024) {  // rmsnorm_reg_threads: the layout norm_row_into reproduces bit for bit
+    launch_pdl("rmsnorm_kernel", rmsnorm_reg_kernel<4>, dim3(unsigned(p.T)), dim3(unsigned(rmsnorm_reg_threads(p.n))), 0, s, p);
   } else if (p.n <= 8 * 1024) {
     launch_pdl("rmsnorm_kernel", rmsnorm_reg_kernel<8>, dim3(unsigned(p.T)), dim3(threads(8)), 0, s, p);
   } else {
