@@ -758,7 +758,8 @@ struct CudaModel::Impl {
     linear(d.o, b.attn.ptr<float>(), nh * dv, T, b.x.ptr<float>(), H, true);
   }
 
-  void mlp_layer(const DLayer& d, int64_t T, const std::string& backend) {
+  // post_norm: the post-attention norm to run inside the router kernel (post_norm_fused), else null.
+  void mlp_layer(const DLayer& d, int64_t T, const std::string& backend, const kern::RmsNormParams* post_norm = nullptr) {
     float* h = b.h.ptr<float>();
     float* x = b.x.ptr<float>();
     const bool pre = dtc != 0;
@@ -784,13 +785,11 @@ struct CudaModel::Impl {
     rp.scaling = float(t.routed_scaling_factor);
     rp.idx = b.idx.ptr<int32_t>();
     rp.w = b.wts.ptr<float>();
-    if (rp.kind != 1 && d.router.dt != DType::f32 && T <= kern::kGemvMaxRows && gemv_enabled &&
-        kern::gemv_ok(d.router.w, d.router.in, h, H, T)) {
+    if (router_gemv(d, T)) {
       // decode steps: the router GEMV and the routing in one kernel (its last block routes), with the
       // post-attention norm where post_norm_fused
-      const kern::RmsNormParams np = norm_params(x, H, d.post_norm, T, H, h, H);
       kern::launch_gemv_router(d.router.w, code_of(d.router.dt), d.router.in, h, H, d.router.bias, rp, router_ticket(),
-                               stream, kern::RouterKernel::automatic, post_norm_fused(d, T) ? &np : nullptr);
+                               stream, kern::RouterKernel::automatic, post_norm);
     } else {
       linear(d.router, h, H, T, b.rlogits.ptr<float>(), E, false, pre);
       kern::launch_router(rp, stream);
@@ -818,16 +817,16 @@ struct CudaModel::Impl {
     // x += xout is left to the next RMSNorm (fused; `pending_add`)
   }
 
-  // Whether this step's post-attention norm of layer d runs inside the router's cluster kernel
-  // (fuse_post_norm): MoE layers whose router takes the fused GEMV + routing kernel (mlp_layer).
-  bool post_norm_fused(const DLayer& d, int64_t T) {
-    if (!fuse_post_norm || !d.is_moe || skip(T, kSkipNorm) || T > (fuse_post_norm == 2 ? kern::kGemvMaxRows : 1) ||
-        !gemv_enabled)
-      return false;
-    if (t.family == ModelFamily::deepseek_v3 || d.router.dt == DType::f32 || d.router.in != H) return false;
-    float* h = b.h.ptr<float>();
-    return kern::gemv_ok(d.router.w, d.router.in, h, H, T) &&
-           kern::router_fuses_norm_ok(T, norm_params(b.x.ptr<float>(), H, d.post_norm, T, H, h, H));
+  // Whether the router of MoE layer d runs as the fused GEMV + routing kernel at T rows (mlp_layer).
+  bool router_gemv(const DLayer& d, int64_t T) {
+    return t.family != ModelFamily::deepseek_v3 && d.router.dt != DType::f32 && T <= kern::kGemvMaxRows &&
+           gemv_enabled && kern::gemv_ok(d.router.w, d.router.in, b.h.ptr<float>(), H, T);
+  }
+  // Whether this step's post-attention norm np of layer d runs inside the router's cluster kernel
+  // (fuse_post_norm): MoE layers whose router takes the fused kernel.
+  bool post_norm_fused(const DLayer& d, int64_t T, const kern::RmsNormParams& np) {
+    return fuse_post_norm && d.is_moe && !skip(T, kSkipNorm) && T <= (fuse_post_norm == 2 ? kern::kGemvMaxRows : 1) &&
+           d.router.in == H && router_gemv(d, T) && kern::router_fuses_norm_ok(T, np);
   }
 
   // One forward over T rows whose metadata is on the device: the logits of the n_out rows listed
@@ -852,8 +851,10 @@ struct CudaModel::Impl {
         norm(b.x.ptr<float>(), H, d.input_norm, T, H, h, H, pending_add ? b.xout.data() : nullptr);
       }
       attention_layer(d, l, T, n_tiles, segs);
-      if (!skip(T, kSkipNorm) && !post_norm_fused(d, T)) norm(b.x.ptr<float>(), H, d.post_norm, T, H, h, H);
-      mlp_layer(d, T, backend);
+      const kern::RmsNormParams post = norm_params(b.x.ptr<float>(), H, d.post_norm, T, H, h, H);
+      const bool post_fused = post_norm_fused(d, T, post);
+      if (!skip(T, kSkipNorm) && !post_fused) kern::launch_rmsnorm(post, stream);
+      mlp_layer(d, T, backend, post_fused ? &post : nullptr);
       pending_add = d.is_moe;
     }
     if (layers.empty()) kern::launch_embed(b.ids.ptr<int32_t>(), embed, code_of(dt), T, H, b.x.ptr<float>(), stream);

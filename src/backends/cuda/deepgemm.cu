@@ -353,8 +353,8 @@ struct Sizes {
   // the exact up GEMM on the converting kernel (TmaFp8Extra::exact_conv): gated, concatenated,
   // I % 128 == 0; by default from kConvMinRowsPerExpert rows per expert; MOEX_CUDA_FP8_X_CONV=1 / 0
   // forces it on / off (read per call). Its A rows come by TMA (x_pregather forced) as f16 codes in
-  // natural k order. 0: off; 1: TmaFp8Extra::exact_conv.
-  int x_conv;
+  // natural k order.
+  bool x_conv;
   // FP8 code buffers (derived from the flags above): x codes [x_rows, x_ld] and their scales
   // [ceil(H/128), x_scale_ld]; h codes [M, h_ld]. Code bytes: 2 (exact, f16 values) or 1 (e4m3).
   int64_t x_rows, x_ld, x_scale_ld, h_ld;
@@ -399,9 +399,8 @@ Sizes sizes_of(const ExpertsSpec& s, int64_t T, int64_t K, LayoutChoice choice =
   z.down_exact = z.fp8 && kernels.down_exact;
   if (z.fp8) {
     const char* conv = std::getenv("MOEX_CUDA_FP8_X_CONV");  // read per call, as the route
-    const int conv_wanted = conv && *conv ? (*conv == '1' ? 1 : 0)
-                                          : z.S >= kConvMinRowsPerExpert * z.E ? 1 : 0;
-    z.x_conv = z.up_exact && s.has_gate && !s.interleaved && z.I % 128 == 0 ? conv_wanted : 0;
+    const bool conv_wanted = conv && *conv ? *conv == '1' : z.S >= kConvMinRowsPerExpert * z.E;
+    z.x_conv = z.up_exact && conv_wanted && s.has_gate && !s.interleaved && z.I % 128 == 0;
     const char* pre = std::getenv("MOEX_CUDA_FP8_X_PREGATHER");
     z.x_pregather = z.x_conv || (pre && *pre ? *pre == '1' : z.up_exact && z.S <= kPregatherMaxPairs);
   }

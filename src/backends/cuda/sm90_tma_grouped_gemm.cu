@@ -202,7 +202,7 @@ void launch_bf16_f16(const GroupedGemmArgs& a, DType dtype, const TmaFp8Extra& x
 
 // The FP8 kernels with 128-wide tiles per activation dtype: exact (X, no clusters) or QGMMA, in 2-CTA
 // clusters (MC) or not (the 256-wide QGMMA kernels: fp8_wide_tiles below).
-// BN = 256: the wide (X = 4 / 5) and converting (X = 6 / 8) exact kernels.
+// BN = 256: the wide (X = 4 / 5) and converting (X = 6) exact kernels.
 template <int X, bool MC = false, int BN = 128>
 void launch_fp8(const GroupedGemmArgs& a, DType dtype, const TmaFp8Extra& x, int64_t a_rows, int64_t E, cudaStream_t stream) {
   static_assert(!(X && MC), "the exact FP8 kernel runs without clusters");

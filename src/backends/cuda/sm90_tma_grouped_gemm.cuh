@@ -73,8 +73,8 @@ struct TmaFp8Extra {
   // order): the converting kernel (X = 6 in sm90_tma_kernel.cuh; by default from 256 pairs per expert, MOEX_CUDA_FP8_X_CONV=1 / 0,
   // see deepgemm.cu): untransposed, 256 weight rows per tile converted to f16 in shared memory by the
   // producer warpgroup, SS HGMMA, one accumulator set rescaled per 128-k block, h quantized in its
-  // epilogue where h_codes is set (tma_fp8_quantizes_h). 1: X = 6; 0: off.
-  int exact_conv = 0;
+  // epilogue where h_codes is set (tma_fp8_quantizes_h).
+  bool exact_conv = false;
   // FP8 gated up GEMM (QGMMA with 256-wide tiles, or the converting exact kernel: tma_fp8_quantizes_h):
   // h quantized in the epilogue for the down GEMM instead of written in the activation dtype: e4m3
   // codes [rows, I] at the A (layout) rows and their per-row scales [ceil(I/128), h_scales_ld]
