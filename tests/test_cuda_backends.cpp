@@ -188,7 +188,9 @@ TEST_P(CudaFp8Decode, EverySwitchMatchesTheReference) {
   const std::pair<const char*, const char*> switches[] = {{"MOEX_CUDA_FP8_DECODE_STAGE", "0"},
                                                           {"MOEX_CUDA_FP8_DECODE_EARLY", "0"},
                                                           {"MOEX_CUDA_FP8_DECODE_HQ", "up"},
-                                                          {"MOEX_CUDA_FP8_DECODE_HQ", "down"}};
+                                                          {"MOEX_CUDA_FP8_DECODE_HQ", "down"},
+                                                          {"MOEX_CUDA_FP8_DECODE_TMA", "0"},
+                                                          {"MOEX_CUDA_FP8_DECODE_TMA", "1"}};
   for (const auto& [name, value] : switches) {
     ScopedEnv variant(name, value);
     double worst = 0;
@@ -200,6 +202,34 @@ TEST_P(CudaFp8Decode, EverySwitchMatchesTheReference) {
     }
     std::printf("FP8 decode path, %s=%s: worst rel L2 %.2e\n", name, value, worst);
   }
+}
+
+// The TMA weight ring (MOEX_CUDA_FP8_DECODE_TMA=1: wherever it can run) against the register ring
+// (=0): the same chunks, MMAs and promotion, so the same bytes, on every decode case (T <= 8 and the
+// 8-row-pass cases at T = 64 run the NT = 1 kernels that have it; partial k blocks are zero-filled
+// by the TMA where the register ring clamps into the row), for both h-quantization placements.
+TEST_P(CudaFp8Decode, TmaRingIsBitIdentical) {
+  SKIP_WITHOUT_CUDA();
+  const auto devs = cuda_devices();
+  if (devs[0].compute_capability() != 90) GTEST_SKIP() << "the TMA ring is sm_90: device 0 is not compute capability 9.0";
+  const DType dt = GetParam();
+  ScopedEnv force("MOEX_CUDA_FP8_DECODE", "1");
+  int compared = 0;
+  for (const char* hq : {"up", "down"}) {
+    ScopedEnv h_quant("MOEX_CUDA_FP8_DECODE_HQ", hq);
+    for (const auto& c : decode_cases(seed_from_env(), dt)) {
+      const check::Instance dev = check::make_instance(c).to(Device::cuda());
+      auto run = [&](const char* tma) {
+        ScopedEnv env("MOEX_CUDA_FP8_DECODE_TMA", tma);
+        Tensor out = Tensor::empty(dt, {c.tokens, c.spec.hidden}, Device::cuda());
+        experts_forward("grouped_mm", dev.experts(), dev.call(out));
+        return test::to_host(out);
+      };
+      EXPECT_EQ(run("1"), run("0")) << "HQ=" << hq << " " << c.describe();
+      ++compared;
+    }
+  }
+  std::printf("TMA ring against the register ring: %d cases, bit for bit\n", compared);
 }
 
 // Every slot dropped (index -1): no expert is hit, no up or down block has work; the output must

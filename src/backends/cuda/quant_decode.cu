@@ -109,6 +109,9 @@
 #include "backends/cuda/mma_ptx.cuh"
 #include "backends/cuda/pdl.cuh"
 #include "backends/cuda/quant_common.cuh"
+#include "backends/cuda/sm90_tma_launch.cuh"
+#include "backends/cuda/tma_ptx.cuh"
+#include "backends/cuda/wgmma_ptx.cuh"
 
 namespace moex::cuda {
 
@@ -429,6 +432,118 @@ __device__ __forceinline__ void ring_run(const TileArgs<NT>& t, int kb0, int kb1
   }
 }
 
+// ---- the weights by TMA into a shared-memory ring (NT = 1, sm_90; MOEX_CUDA_FP8_DECODE_TMA) -----
+// The register ring above holds two k blocks (4 KB) per warp in flight: at T = 1 on the qwen shapes
+// decode_up streamed 25 MB at 1.8 TB/s of the H200's ~4.3 (ncu, thirty-second session: 2.9 warps per
+// scheduler, 37 % of their stalls on the weight loads), decode_down 12.6 MB at ~1.2. Here lane 0 of
+// each warp issues its tile's k blocks as TMA copies into kRing shared-memory stages of its own, up to
+// kRing blocks (8 KB) ahead, one mbarrier per stage, and the lanes read the chunks the register ring
+// would have loaded from there: the same MMAs and promotion, bit for bit (a chunk past K is
+// zero-filled by the TMA instead of clamped into the row; it meets zero activation codes either way).
+// A stage is the tile's 16 rows × 128 codes as two 8-row boxes of the tensor map over the [E, N, K]
+// codes: rows 0-7 at byte 0, rows 8-15 at 1024, row r of a box at 128 r (no swizzle).
+constexpr int kRing = 4;
+constexpr int kRingStage = 16 * kQuantGroup;
+constexpr int kRingWarpBytes = kRing * kRingStage;
+// dynamic shared memory of the ring: WARPS rings, their mbarriers, slack for the 1024-byte alignment
+constexpr size_t kRingSmemBytes = size_t(WARPS) * kRingWarpBytes + size_t(WARPS) * kRing * 8 + 1024;
+
+struct TmaRing {
+  const CUtensorMap* map;  // [E, N, K] e4m3 codes, box 128 codes × 8 rows × 1 expert
+  uint8_t* stages;         // this warp's stage 0 (shared memory, 1024-byte aligned)
+  uint32_t bars;           // shared address of its kRing mbarriers
+  int row0, row1, e;       // first weight row of the tile's two boxes; the expert
+  uint32_t used;           // k blocks consumed so far: stage used % kRing, phase parity (used / kRing) & 1
+};
+
+// The warp's ring at dyn + offset (rounded up to 1024 bytes); lane 0 initialises its barriers.
+__device__ __forceinline__ void ring_tma_init(TmaRing& r, uint8_t* dyn, size_t offset, const CUtensorMap* map, int e,
+                                              int row0, int row1) {
+  const int warp = threadIdx.x >> 5;
+  const uint32_t base = uint32_t(__cvta_generic_to_shared(dyn + offset)), aligned = (base + 1023u) & ~1023u;
+  r.map = map;
+  r.stages = dyn + offset + (aligned - base) + warp * kRingWarpBytes;
+  r.bars = aligned + uint32_t(WARPS * kRingWarpBytes) + uint32_t(warp * kRing * 8);
+  r.row0 = row0;
+  r.row1 = row1;
+  r.e = e;
+  r.used = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if ((threadIdx.x & 31) == 0) {
+    for (int s = 0; s < kRing; ++s) tma::mbar_init(r.bars + 8 * s, 1);
+    tma::mbar_fence_init();
+  }
+  __syncwarp();
+#else
+  __trap();  // the host launches the TMA kernels on compute capability >= 9.0 only
+#endif
+}
+
+// Lane 0: k block kb into the stage of the warp's n-th load.
+__device__ __forceinline__ void ring_tma_issue(const TmaRing& r, uint32_t n, int kb) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const uint32_t s = n % kRing, bar = r.bars + 8 * s;
+  const uint32_t dst = uint32_t(__cvta_generic_to_shared(r.stages + s * kRingStage));
+  tma::mbar_arrive_expect_tx(bar, kRingStage);
+  tma::tma_load_3d(dst, r.map, bar, kb * kQuantGroup, r.row0, r.e);
+  tma::tma_load_3d(dst + kRingStage / 2, r.map, bar, kb * kQuantGroup, r.row1, r.e);
+#endif
+}
+
+// The first kRing k blocks of [kb0, kb1) (weights only: may run before pdl_wait; the ring is empty).
+// (A later pass re-reads the rows: the fence orders the last pass' reads of the stages first.)
+__device__ __forceinline__ void ring_tma_prologue(const TmaRing& r, int kb0, int kb1) {
+  if ((threadIdx.x & 31) == 0) {
+    if (r.used > 0) wgmma::fence_proxy_async();
+    for (int i = 0; i < kRing && kb0 + i < kb1; ++i) ring_tma_issue(r, r.used + i, kb0 + i);
+  }
+}
+
+template <int NT, int NU>
+__device__ __forceinline__ void ring_tma_run(const TileArgs<NT>& t, int kb0, int kb1, TmaRing& r, float (&acc)[NU][4]) {
+#pragma unroll
+  for (int nt = 0; nt < NU; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+  const PassCols<NU> cols = pass_cols<NT, NU>(t);
+  // lane (g, q) reads chunks q and 4 + q (16 codes each) of rows g and g + 8; odd rows read the two in
+  // the other order, so that the 8 lanes of each quarter warp (rows g, g + 1) meet 32 distinct banks
+  const bool odd = t.g & 1;
+  const int first = t.g * kQuantGroup + 16 * (odd ? 4 + t.q : t.q), second = t.g * kQuantGroup + 16 * (odd ? t.q : 4 + t.q);
+  float ws_lo = block_scale(t.ws_lo, t.ue8m0, kb0), ws_hi = block_scale(t.ws_hi, t.ue8m0, kb0);
+  for (int kb = kb0; kb < kb1; ++kb) {
+    float next_lo = ws_lo, next_hi = ws_hi;  // the next block's scales, requested before this one's wait
+    if (kb + 1 < kb1) {
+      next_lo = block_scale(t.ws_lo, t.ue8m0, kb + 1);
+      next_hi = block_scale(t.ws_hi, t.ue8m0, kb + 1);
+    }
+    const uint32_t s = r.used % kRing;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    tma::mbar_wait(r.bars + 8 * s, (r.used / kRing) & 1u);
+#endif
+    const uint8_t* st = r.stages + s * kRingStage;
+    const uint4 lo_a = *reinterpret_cast<const uint4*>(st + first), lo_b = *reinterpret_cast<const uint4*>(st + second);
+    const uint4 hi_a = *reinterpret_cast<const uint4*>(st + kRingStage / 2 + first);
+    const uint4 hi_b = *reinterpret_cast<const uint4*>(st + kRingStage / 2 + second);
+    Stage sg;
+    sg.lo0 = odd ? lo_b : lo_a;
+    sg.lo1 = odd ? lo_a : lo_b;
+    sg.hi0 = odd ? hi_b : hi_a;
+    sg.hi1 = odd ? hi_a : hi_b;
+    sg.ws_lo = ws_lo;
+    sg.ws_hi = ws_hi;
+    compute_stage<NT, NU>(t, cols, kb, sg, acc);
+    // every lane has used the stage (its values fed the MMAs): lane 0 refills it, the generic-proxy
+    // reads ordered before the TMA's async-proxy write
+    __syncwarp();
+    if ((threadIdx.x & 31) == 0 && kb + kRing < kb1) {
+      wgmma::fence_proxy_async();
+      ring_tma_issue(r, r.used + kRing, kb + kRing);
+    }
+    ++r.used;
+    ws_lo = next_lo;
+    ws_hi = next_hi;
+  }
+}
+
 // Shared memory of the up/down kernels.
 template <int NT>
 struct TileSmem {
@@ -445,7 +560,9 @@ template <int NT>
 struct WarpTile {
   TileArgs<NT> t;
   int kb0, kb1;
-  Stage s0, s1;  // the ring's first two stages
+  Stage s0, s1;  // the register ring's first two stages
+  TmaRing ring;  // the TMA ring (kTma kernels)
+  int row0, row1;  // first weight row of the warp's m16 tile and of its second half (the TMA boxes)
 };
 
 template <int NT>
@@ -457,6 +574,8 @@ __device__ __forceinline__ void tile_setup(WarpTile<NT>& wt, const QuantWeights&
   t.g = lane >> 2;
   t.q = lane & 3;
   const int n_lo = rows_of_m[mt * 16 + t.g], n_hi = rows_of_m[mt * 16 + t.g + 8];
+  wt.row0 = rows_of_m[mt * 16];
+  wt.row1 = rows_of_m[mt * 16 + 8];
   const uint8_t* base = w.data + int64_t(e) * w.data_stride;
   t.row_lo = base + int64_t(n_lo) * K;
   t.row_hi = base + int64_t(n_hi) * K;
@@ -478,7 +597,7 @@ __device__ __forceinline__ void tile_setup(WarpTile<NT>& wt, const QuantWeights&
 
 // Runs the pass (columns = pair-list entries [r, min(r + 8·NT, r_end))) from the issued
 // prologue and leaves the KS-reduced values readable through tile_value(). Syncs before returning.
-template <int NT, bool kStaged>
+template <int NT, bool kStaged, bool kTma>
 __device__ __forceinline__ void tile_finish(TileSmem<NT>& sm, WarpTile<NT>& wt, const uint8_t* act, const float* act_s,
                                             int act_stride, int ncols) {
   const int warp = threadIdx.x >> 5;
@@ -492,7 +611,8 @@ __device__ __forceinline__ void tile_finish(TileSmem<NT>& sm, WarpTile<NT>& wt, 
   auto run = [&](auto nu_tag) {
     constexpr int NU = decltype(nu_tag)::value;
     float acc[NU][4];
-    ring_run<NT, NU>(t, wt.kb0, wt.kb1, wt.s0, wt.s1, acc);
+    if constexpr (kTma) ring_tma_run<NT, NU>(t, wt.kb0, wt.kb1, wt.ring, acc);
+    else ring_run<NT, NU>(t, wt.kb0, wt.kb1, wt.s0, wt.s1, acc);
 #pragma unroll
     for (int nt = 0; nt < NU; ++nt) {
       const int c = nt * 8 + 2 * t.q;
@@ -559,7 +679,7 @@ __device__ __forceinline__ void stage_activations(const TileSmem<NT>& sm, uint8_
 // to `raw` [8·NT, K], then one warp per (row, 128-group) quantizes from shared memory with
 // decode_up's arithmetic (quantize_group_warp): the same codes and scales, without decode_up's
 // per-block counter and its last block's extra round trips.
-inline size_t staged_h_smem_bytes(int nt, int K, size_t esz) {
+__host__ __device__ inline size_t staged_h_smem_bytes(int nt, int K, size_t esz) {
   return staged_smem_bytes(nt, K) + size_t(8 * nt) * size_t(K) * esz;
 }
 
@@ -653,8 +773,10 @@ __device__ __forceinline__ uint8_t* dynamic_smem() {
 // ---- 2. up projection + gated activation + quantization of h ---------------------------------
 // Column block bx covers outputs i in [i0, i0 + BI): BI = BM/2 gated (local rows [0, BI) gate,
 // [BI, BM) up for the concatenated layout; rows 2i, 2i+1 interleaved), BI = BM otherwise.
-template <class T, int NT, bool kStaged>
-__global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_up(DecodeParams a, int ks_count) {
+// kTma: the weights through the TMA ring (wmap: the tensor map of a.up's codes), else the register ring.
+template <class T, int NT, bool kStaged, bool kTma>
+__global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1)
+    decode_up(DecodeParams a, int ks_count, const __grid_constant__ CUtensorMap wmap) {
   __shared__ TileSmem<NT> sm;
   __shared__ int rows_of_m[16 * WARPS];
   __shared__ unsigned s_bits[kDecodeMaxExperts / 32];
@@ -685,7 +807,12 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_up(DecodePara
   WarpTile<NT> wt;
   if (e >= 0) {
     tile_setup<NT>(wt, a.up, e, rows_of_m, a.H, ks_count);
-    ring_prologue<NT>(wt.t, wt.kb0, wt.kb1, wt.s0, wt.s1);
+    if constexpr (kTma) {
+      ring_tma_init(wt.ring, dynamic_smem(), kStaged ? staged_smem_bytes(NT, a.H) : 0, &wmap, e, wt.row0, wt.row1);
+      ring_tma_prologue(wt.ring, wt.kb0, wt.kb1);
+    } else {
+      ring_prologue<NT>(wt.t, wt.kb0, wt.kb1, wt.s0, wt.s1);
+    }
   }
   if (a.early_plan) pdl_wait();
   pdl_launch_dependents();
@@ -696,14 +823,17 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_up(DecodePara
   for (int r = r_begin; r < r_end; r += 8 * NT) {
     const int ncols = min(8 * NT, r_end - r);
     set_columns(sm, a, r, ncols, true);
-    if (r != r_begin) ring_prologue<NT>(wt.t, wt.kb0, wt.kb1, wt.s0, wt.s1);  // the pass re-reads the rows
+    if (r != r_begin) {  // the pass re-reads the rows
+      if constexpr (kTma) ring_tma_prologue(wt.ring, wt.kb0, wt.kb1);
+      else ring_prologue<NT>(wt.t, wt.kb0, wt.kb1, wt.s0, wt.s1);
+    }
     if constexpr (kStaged) {
       uint8_t* s_act = dynamic_smem();
       float* s_act_s = reinterpret_cast<float*>(s_act + 8 * NT * staged_stride(a.H));
       stage_activations<NT>(sm, s_act, s_act_s, a.xq, a.xs, a.H, ncols);
-      tile_finish<NT, true>(sm, wt, s_act, s_act_s, staged_stride(a.H), ncols);
+      tile_finish<NT, true, kTma>(sm, wt, s_act, s_act_s, staged_stride(a.H), ncols);
     } else {
-      tile_finish<NT, false>(sm, wt, a.xq, a.xs, a.Hp, ncols);
+      tile_finish<NT, false, kTma>(sm, wt, a.xq, a.xs, a.Hp, ncols);
     }
     for (int item = tid; item < BI * ncols; item += THREADS) {
       const int il = item / ncols, c = item % ncols, i = i0 + il;
@@ -749,8 +879,9 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_up(DecodePara
 }
 
 // ---- 3. down projection ------------------------------------------------------------------------
-template <class T, int NT, bool kStaged>
-__global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_down(DecodeParams a, int ks_count) {
+template <class T, int NT, bool kStaged, bool kTma>
+__global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1)
+    decode_down(DecodeParams a, int ks_count, const __grid_constant__ CUtensorMap wmap) {
   __shared__ TileSmem<NT> sm;
   __shared__ int rows_of_m[16 * WARPS];
   const int b = blockIdx.y, tid = threadIdx.x;
@@ -767,14 +898,23 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_down(DecodePa
   if (b >= n_hit) return;  // (block-uniform; the combine writes the output of dropped slots)
   WarpTile<NT> wt;
   tile_setup<NT>(wt, a.down, e, rows_of_m, a.I, ks_count);
-  ring_prologue<NT>(wt.t, wt.kb0, wt.kb1, wt.s0, wt.s1);
+  if constexpr (kTma) {
+    const size_t staged = !kStaged ? 0 : a.h_quant_in_down ? staged_h_smem_bytes(NT, a.I, sizeof(T)) : staged_smem_bytes(NT, a.I);
+    ring_tma_init(wt.ring, dynamic_smem(), staged, &wmap, e, wt.row0, wt.row1);
+    ring_tma_prologue(wt.ring, wt.kb0, wt.kb1);
+  } else {
+    ring_prologue<NT>(wt.t, wt.kb0, wt.kb1, wt.s0, wt.s1);
+  }
   if (a.early_plan) pdl_wait();  // decode_up's h
   pdl_launch_dependents();
   const T* bias = a.down_bias ? static_cast<const T*>(a.down_bias) + int64_t(e) * a.H : nullptr;
   for (int r = r_begin; r < r_end; r += 8 * NT) {
     const int ncols = min(8 * NT, r_end - r);
     set_columns(sm, a, r, ncols, false);
-    if (r != r_begin) ring_prologue<NT>(wt.t, wt.kb0, wt.kb1, wt.s0, wt.s1);
+    if (r != r_begin) {
+      if constexpr (kTma) ring_tma_prologue(wt.ring, wt.kb0, wt.kb1);
+      else ring_prologue<NT>(wt.t, wt.kb0, wt.kb1, wt.s0, wt.s1);
+    }
     if constexpr (kStaged) {
       uint8_t* s_act = dynamic_smem();
       float* s_act_s = reinterpret_cast<float*>(s_act + 8 * NT * staged_stride(a.I));
@@ -784,9 +924,9 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1) decode_down(DecodePa
       } else {
         stage_activations<NT>(sm, s_act, s_act_s, a.hq, a.hs, a.I, ncols);
       }
-      tile_finish<NT, true>(sm, wt, s_act, s_act_s, staged_stride(a.I), ncols);
+      tile_finish<NT, true, kTma>(sm, wt, s_act, s_act_s, staged_stride(a.I), ncols);
     } else {
-      tile_finish<NT, false>(sm, wt, a.hq, a.hs, a.Ip, ncols);
+      tile_finish<NT, false, kTma>(sm, wt, a.hq, a.hs, a.Ip, ncols);
     }
     for (int item = tid; item < BM * ncols; item += THREADS) {
       const int m = item / ncols, c = item % ncols, n = n0 + m;
@@ -874,20 +1014,46 @@ size_t staged_limit(int nt) {
   return on ? (nt == 1 ? size_t(72) << 10 : size_t(160) << 10) : 0;
 }
 
+// MOEX_CUDA_FP8_DECODE_TMA: "0" always the register ring, "1" the TMA ring wherever it can run (tests,
+// A/B), unset: the TMA ring where a kernel's shared memory (staged rows + ring) leaves two blocks per
+// SM. It needs compute capability 9.0, NT = 1 (one 8-row pass per k loop) and the driver's tensor-map
+// encoder.
+bool tma_ring_fits(size_t staged_bytes) {
+  const char* s = decode_env("MOEX_CUDA_FP8_DECODE_TMA");
+  if (s && std::strcmp(s, "0") == 0) return false;
+  const size_t limit = s ? size_t(160) << 10 : size_t(104) << 10;
+  return staged_bytes + kRingSmemBytes <= limit;
+}
+
+// The tensor map of a weight tensor's codes for the TMA ring: [E, N, K] bytes (rows K bytes apart,
+// experts data_stride apart), box 128 codes × 8 rows × 1 expert; zeros past K and past N.
+CUtensorMap ring_map(const QuantWeights& w, int64_t E) {
+  const cuuint64_t dims[3] = {cuuint64_t(w.K), cuuint64_t(w.N), cuuint64_t(E)};
+  const cuuint64_t strides[2] = {cuuint64_t(w.K), cuuint64_t(w.data_stride)};
+  const cuuint32_t box[3] = {cuuint32_t(kQuantGroup), 8u, 1u};
+  return tma::make_map(CU_TENSOR_MAP_DATA_TYPE_UINT8, w.data, 3, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_NONE);
+}
+
 // One GEMV kernel of the path: the staged instantiation where the pass' activation rows fit in
-// shared memory (the attribute for > 48 KB set once per instantiation), else the plain one.
-template <auto kPlain, auto kStaged>
-void launch_gemv(const char* what, int nt, size_t smem, dim3 grid, const DecodeParams& p, int ks, cudaStream_t stream) {
-  if (smem > staged_limit(nt)) {
-    launch_pdl(what, kPlain, grid, dim3(THREADS), 0, stream, p, ks);
-    return;
-  }
+// shared memory, else the plain one; each with the TMA ring (map != nullptr and tma_ring_fits) or
+// the register ring. The attribute for > 48 KB of dynamic shared memory is set once per kernel.
+template <auto kPlain, auto kStaged, auto kPlainTma, auto kStagedTma>
+void launch_gemv(const char* what, int nt, size_t smem, dim3 grid, const DecodeParams& p, int ks, const CUtensorMap* map,
+                 cudaStream_t stream) {
   static const bool attr_set = [] {
-    check(cudaFuncSetAttribute(kStaged, cudaFuncAttributeMaxDynamicSharedMemorySize, int(160 << 10)), "decode kernel attribute");
+    for (auto kernel : {kStaged, kPlainTma, kStagedTma})
+      check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(160 << 10)), "decode kernel attribute");
     return true;
   }();
   (void)attr_set;
-  launch_pdl(what, kStaged, grid, dim3(THREADS), smem, stream, p, ks);
+  static const CUtensorMap no_map{};  // the register-ring kernels do not read theirs
+  const bool staged = smem <= staged_limit(nt);
+  const size_t act_bytes = staged ? smem : 0;
+  if (map && tma_ring_fits(act_bytes)) {
+    launch_pdl(what, staged ? kStagedTma : kPlainTma, grid, dim3(THREADS), act_bytes + kRingSmemBytes, stream, p, ks, *map);
+    return;
+  }
+  launch_pdl(what, staged ? kStaged : kPlain, grid, dim3(THREADS), act_bytes, stream, p, ks, no_map);
 }
 
 template <class T>
@@ -902,11 +1068,23 @@ void launch_typed(const DecodeParams& p, DType dtype, int nt, int ks_up, int ks_
   const size_t smem_up = staged_smem_bytes(nt, p.H);
   const size_t smem_down = p.h_quant_in_down ? staged_h_smem_bytes(nt, p.I, sizeof(T)) : staged_smem_bytes(nt, p.I);
   if (nt == 1) {
-    launch_gemv<decode_up<T, 1, false>, decode_up<T, 1, true>>("decode_up", 1, smem_up, g_up, p, ks_up, stream);
-    launch_gemv<decode_down<T, 1, false>, decode_down<T, 1, true>>("decode_down", 1, smem_down, g_down, p, ks_down, stream);
+    // the TMA ring's tensor maps (compute capability 9.0 with the driver's encoder; else the register ring)
+    const bool tma_ok = current_device_cc() == 90 && tma::encode_fn() != nullptr && !decode_env_is("MOEX_CUDA_FP8_DECODE_TMA", "0");
+    CUtensorMap up_map{}, down_map{};
+    if (tma_ok) {
+      up_map = ring_map(p.up, p.E);
+      down_map = ring_map(p.down, p.E);
+    }
+    launch_gemv<decode_up<T, 1, false, false>, decode_up<T, 1, true, false>, decode_up<T, 1, false, true>,
+                decode_up<T, 1, true, true>>("decode_up", 1, smem_up, g_up, p, ks_up, tma_ok ? &up_map : nullptr, stream);
+    launch_gemv<decode_down<T, 1, false, false>, decode_down<T, 1, true, false>, decode_down<T, 1, false, true>,
+                decode_down<T, 1, true, true>>("decode_down", 1, smem_down, g_down, p, ks_down, tma_ok ? &down_map : nullptr,
+                                               stream);
   } else {
-    launch_gemv<decode_up<T, 4, false>, decode_up<T, 4, true>>("decode_up", 4, smem_up, g_up, p, ks_up, stream);
-    launch_gemv<decode_down<T, 4, false>, decode_down<T, 4, true>>("decode_down", 4, smem_down, g_down, p, ks_down, stream);
+    launch_gemv<decode_up<T, 4, false, false>, decode_up<T, 4, true, false>, decode_up<T, 4, false, false>,
+                decode_up<T, 4, true, false>>("decode_up", 4, smem_up, g_up, p, ks_up, nullptr, stream);
+    launch_gemv<decode_down<T, 4, false, false>, decode_down<T, 4, true, false>, decode_down<T, 4, false, false>,
+                decode_down<T, 4, true, false>>("decode_down", 4, smem_down, g_down, p, ks_down, nullptr, stream);
   }
   // 4. the slot-order sum: combine.cu's kernel, y rows indexed by pair (pair_row), as a PDL link
   CombineArgs c{};
