@@ -12,10 +12,10 @@ mkdir -p "$OUT"
 export BUILD=${BUILD:-build-gpu}
 nvidia-smi --query-gpu=name,clocks.max.sm,memory.total --format=csv,noheader | tee "$OUT/summary.txt"
 OUT=$OUT/main PARTS="tests sanitize perf" SKIP_BUILD=1 COMPARE_OLD=0 AB_ROUNDS=${AB_ROUNDS:-2} \
-  AB_VARIANTS="reg:MOEX_CUDA_FP8_DECODE_TMA=0" SANITIZE_TIMEOUT=200 \
+  AB_VARIANTS="${AB_VARIANTS:-reg:MOEX_CUDA_FP8_DECODE_TMA=0}" SANITIZE_TIMEOUT=200 \
   TEST_FILTER="${TEST_FILTER:-*CudaFp8Decode*:*CudaGraph*:*CudaFp8Route*}" bash bench/gpu_fp8_decode.sh 2>&1 | tee -a "$OUT/summary.txt"
 cp "$OUT/main/fp8_decode.md" "$OUT/" 2> /dev/null
-for v in tma:1 reg:0; do
+for v in ${NCU_VARIANTS-tma:1 reg:0}; do
   MOEX_CUDA_FP8_DECODE_TMA=${v#*:} OUT=$OUT/ncu_${v%%:*} PARTS=ncu SKIP_BUILD=1 NCU_CASES="qwen3_30b_a3b:1 qwen15_moe_a2_7b:1 qwen3_30b_a3b:8" \
     bash bench/gpu_fp8_decode.sh > /dev/null 2>&1
   cp "$OUT/ncu_${v%%:*}/ncu.md" "$OUT/ncu_${v%%:*}.md" 2> /dev/null

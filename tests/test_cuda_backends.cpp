@@ -205,7 +205,8 @@ TEST_P(CudaFp8Decode, EverySwitchMatchesTheReference) {
 }
 
 // The TMA weight ring (MOEX_CUDA_FP8_DECODE_TMA=1: wherever it can run) against the register ring
-// (=0): the same chunks, MMAs and promotion, so the same bytes, on every decode case (T <= 8 and the
+// (=0): the same chunks, MMAs and promotion, so the same bytes, on every decode case, with the
+// default ring depth and with 2 and 3 stages (T <= 8 and the
 // 8-row-pass cases at T = 64 run the NT = 1 kernels that have it; partial k blocks are zero-filled
 // by the TMA where the register ring clamps into the row), for both h-quantization placements.
 TEST_P(CudaFp8Decode, TmaRingIsBitIdentical) {
@@ -225,7 +226,12 @@ TEST_P(CudaFp8Decode, TmaRingIsBitIdentical) {
         experts_forward("grouped_mm", dev.experts(), dev.call(out));
         return test::to_host(out);
       };
-      EXPECT_EQ(run("1"), run("0")) << "HQ=" << hq << " " << c.describe();
+      const auto reference = run("0");
+      EXPECT_EQ(run("1"), reference) << "HQ=" << hq << " " << c.describe();
+      for (const char* stages : {"2", "3"}) {  // rings that wrap more often (and not a power of two)
+        ScopedEnv depth("MOEX_CUDA_FP8_DECODE_TMA_STAGES", stages);
+        EXPECT_EQ(run("1"), reference) << "HQ=" << hq << " stages=" << stages << " " << c.describe();
+      }
       ++compared;
     }
   }

@@ -149,6 +149,7 @@ struct DecodeParams {
   int n_ctr;            // counters (zeroed by decode_prep)
   bool h_quant_in_down; // decode_down quantizes h while staging it (else decode_up's last blocks)
   bool early_plan;      // decode_up / decode_down read the routing / plan before pdl_wait
+  int ring_stages;      // stages of the TMA ring (the kTma kernels; set per launch by launch_gemv)
   void* out;            // [T, H]
 };
 
@@ -436,66 +437,76 @@ __device__ __forceinline__ void ring_run(const TileArgs<NT>& t, int kb0, int kb1
 // The register ring above holds two k blocks (4 KB) per warp in flight: at T = 1 on the qwen shapes
 // decode_up streamed 25 MB at 1.8 TB/s of the H200's ~4.3 (ncu, thirty-second session: 2.9 warps per
 // scheduler, 37 % of their stalls on the weight loads), decode_down 12.6 MB at ~1.2. Here lane 0 of
-// each warp issues its tile's k blocks as TMA copies into kRing shared-memory stages of its own, up to
-// kRing blocks (8 KB) ahead, one mbarrier per stage, and the lanes read the chunks the register ring
-// would have loaded from there: the same MMAs and promotion, bit for bit (a chunk past K is
-// zero-filled by the TMA instead of clamped into the row; it meets zero activation codes either way).
-// A stage is the tile's 16 rows × 128 codes as two 8-row boxes of the tensor map over the [E, N, K]
-// codes: rows 0-7 at byte 0, rows 8-15 at 1024, row r of a box at 128 r (no swizzle).
-constexpr int kRing = 4;
-constexpr int kRingStage = 16 * kQuantGroup;
-constexpr int kRingWarpBytes = kRing * kRingStage;
-// dynamic shared memory of the ring: WARPS rings, their mbarriers, slack for the 1024-byte alignment
-constexpr size_t kRingSmemBytes = size_t(WARPS) * kRingWarpBytes + size_t(WARPS) * kRing * 8 + 1024;
+// each warp issues its tile's k blocks as TMA copies into a ring of a.ring_stages shared-memory
+// stages of its own (4-8: as many as leave two blocks per SM), one mbarrier per stage, all before
+// pdl_wait, and the lanes read the chunks the register ring would have loaded from there: the same
+// MMAs and promotion, bit for bit (a chunk past K is zero-filled by the TMA instead of clamped into
+// the row; it meets zero activation codes either way). A stage is the tile's 16 rows × 128 codes as
+// two 8-row boxes of the tensor map over the [E, N, K] codes: rows 0-7 at byte 0, rows 8-15 at 1024,
+// row r of a box at 128 r (no swizzle).
+constexpr int kRingStage = 16 * kQuantGroup;  // bytes
+constexpr int kRingMaxStages = 8;
+// dynamic shared memory of a ring of `stages`: WARPS rings, their mbarriers, slack for the 1024-byte alignment
+__host__ __device__ constexpr size_t ring_smem_bytes(int stages) {
+  return size_t(WARPS) * size_t(stages) * (kRingStage + 8) + 1024;
+}
 
 struct TmaRing {
   const CUtensorMap* map;  // [E, N, K] e4m3 codes, box 128 codes × 8 rows × 1 expert
   uint8_t* stages;         // this warp's stage 0 (shared memory, 1024-byte aligned)
-  uint32_t bars;           // shared address of its kRing mbarriers
+  uint32_t bars;           // shared address of its n mbarriers
   int row0, row1, e;       // first weight row of the tile's two boxes; the expert
-  uint32_t used;           // k blocks consumed so far: stage used % kRing, phase parity (used / kRing) & 1
+  int n;                   // stages
+  int slot;                // the stage the next k block is read from
+  uint32_t phase;          // its mbarrier's phase parity (flips each time slot wraps to 0)
 };
 
-// The warp's ring at dyn + offset (rounded up to 1024 bytes); lane 0 initialises its barriers.
-__device__ __forceinline__ void ring_tma_init(TmaRing& r, uint8_t* dyn, size_t offset, const CUtensorMap* map, int e,
+// The warp's ring of n stages at dyn + offset (rounded up to 1024 bytes); lane 0 initialises its barriers.
+__device__ __forceinline__ void ring_tma_init(TmaRing& r, uint8_t* dyn, size_t offset, int n, const CUtensorMap* map, int e,
                                               int row0, int row1) {
   const int warp = threadIdx.x >> 5;
   const uint32_t base = uint32_t(__cvta_generic_to_shared(dyn + offset)), aligned = (base + 1023u) & ~1023u;
   r.map = map;
-  r.stages = dyn + offset + (aligned - base) + warp * kRingWarpBytes;
-  r.bars = aligned + uint32_t(WARPS * kRingWarpBytes) + uint32_t(warp * kRing * 8);
+  r.stages = dyn + offset + (aligned - base) + warp * n * kRingStage;
+  r.bars = aligned + uint32_t(WARPS * n * kRingStage) + uint32_t(warp * n * 8);
   r.row0 = row0;
   r.row1 = row1;
   r.e = e;
-  r.used = 0;
+  r.n = n;
+  r.slot = 0;
+  r.phase = 0;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if ((threadIdx.x & 31) == 0) {
-    for (int s = 0; s < kRing; ++s) tma::mbar_init(r.bars + 8 * s, 1);
+    for (int s = 0; s < n; ++s) tma::mbar_init(r.bars + 8 * s, 1);
     tma::mbar_fence_init();
   }
   __syncwarp();
 #else
-  __trap();  // the host launches the TMA kernels on compute capability >= 9.0 only
+  __trap();  // the host launches the TMA kernels on compute capability 9.0 only
 #endif
 }
 
-// Lane 0: k block kb into the stage of the warp's n-th load.
-__device__ __forceinline__ void ring_tma_issue(const TmaRing& r, uint32_t n, int kb) {
+// Lane 0: k block kb into stage s.
+__device__ __forceinline__ void ring_tma_issue(const TmaRing& r, int s, int kb) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  const uint32_t s = n % kRing, bar = r.bars + 8 * s;
-  const uint32_t dst = uint32_t(__cvta_generic_to_shared(r.stages + s * kRingStage));
+  const uint32_t bar = r.bars + 8 * s, dst = uint32_t(__cvta_generic_to_shared(r.stages + s * kRingStage));
   tma::mbar_arrive_expect_tx(bar, kRingStage);
   tma::tma_load_3d(dst, r.map, bar, kb * kQuantGroup, r.row0, r.e);
   tma::tma_load_3d(dst + kRingStage / 2, r.map, bar, kb * kQuantGroup, r.row1, r.e);
 #endif
 }
 
-// The first kRing k blocks of [kb0, kb1) (weights only: may run before pdl_wait; the ring is empty).
-// (A later pass re-reads the rows: the fence orders the last pass' reads of the stages first.)
-__device__ __forceinline__ void ring_tma_prologue(const TmaRing& r, int kb0, int kb1) {
+// The first n k blocks of [kb0, kb1) into the n stages from r.slot on (weights only: may run before
+// pdl_wait; the ring is empty). A later pass re-reads the rows: the fence orders the last pass'
+// reads of the stages before these writes.
+__device__ __forceinline__ void ring_tma_prologue(const TmaRing& r, int kb0, int kb1, bool again) {
   if ((threadIdx.x & 31) == 0) {
-    if (r.used > 0) wgmma::fence_proxy_async();
-    for (int i = 0; i < kRing && kb0 + i < kb1; ++i) ring_tma_issue(r, r.used + i, kb0 + i);
+    if (again) wgmma::fence_proxy_async();
+    int s = r.slot;
+    for (int i = 0; i < r.n && kb0 + i < kb1; ++i) {
+      ring_tma_issue(r, s, kb0 + i);
+      s = s + 1 == r.n ? 0 : s + 1;
+    }
   }
 }
 
@@ -515,11 +526,10 @@ __device__ __forceinline__ void ring_tma_run(const TileArgs<NT>& t, int kb0, int
       next_lo = block_scale(t.ws_lo, t.ue8m0, kb + 1);
       next_hi = block_scale(t.ws_hi, t.ue8m0, kb + 1);
     }
-    const uint32_t s = r.used % kRing;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    tma::mbar_wait(r.bars + 8 * s, (r.used / kRing) & 1u);
+    tma::mbar_wait(r.bars + 8 * r.slot, r.phase);
 #endif
-    const uint8_t* st = r.stages + s * kRingStage;
+    const uint8_t* st = r.stages + r.slot * kRingStage;
     const uint4 lo_a = *reinterpret_cast<const uint4*>(st + first), lo_b = *reinterpret_cast<const uint4*>(st + second);
     const uint4 hi_a = *reinterpret_cast<const uint4*>(st + kRingStage / 2 + first);
     const uint4 hi_b = *reinterpret_cast<const uint4*>(st + kRingStage / 2 + second);
@@ -531,14 +541,17 @@ __device__ __forceinline__ void ring_tma_run(const TileArgs<NT>& t, int kb0, int
     sg.ws_lo = ws_lo;
     sg.ws_hi = ws_hi;
     compute_stage<NT, NU>(t, cols, kb, sg, acc);
-    // every lane has used the stage (its values fed the MMAs): lane 0 refills it, the generic-proxy
-    // reads ordered before the TMA's async-proxy write
+    // every lane has used the stage (its values fed the MMAs): lane 0 refills it with block kb + n,
+    // the generic-proxy reads ordered before the TMA's async-proxy write
     __syncwarp();
-    if ((threadIdx.x & 31) == 0 && kb + kRing < kb1) {
+    if ((threadIdx.x & 31) == 0 && kb + r.n < kb1) {
       wgmma::fence_proxy_async();
-      ring_tma_issue(r, r.used + kRing, kb + kRing);
+      ring_tma_issue(r, r.slot, kb + r.n);
     }
-    ++r.used;
+    if (++r.slot == r.n) {
+      r.slot = 0;
+      r.phase ^= 1u;
+    }
     ws_lo = next_lo;
     ws_hi = next_hi;
   }
@@ -808,8 +821,9 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1)
   if (e >= 0) {
     tile_setup<NT>(wt, a.up, e, rows_of_m, a.H, ks_count);
     if constexpr (kTma) {
-      ring_tma_init(wt.ring, dynamic_smem(), kStaged ? staged_smem_bytes(NT, a.H) : 0, &wmap, e, wt.row0, wt.row1);
-      ring_tma_prologue(wt.ring, wt.kb0, wt.kb1);
+      ring_tma_init(wt.ring, dynamic_smem(), kStaged ? staged_smem_bytes(NT, a.H) : 0, a.ring_stages, &wmap, e, wt.row0,
+                    wt.row1);
+      ring_tma_prologue(wt.ring, wt.kb0, wt.kb1, false);
     } else {
       ring_prologue<NT>(wt.t, wt.kb0, wt.kb1, wt.s0, wt.s1);
     }
@@ -824,7 +838,7 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1)
     const int ncols = min(8 * NT, r_end - r);
     set_columns(sm, a, r, ncols, true);
     if (r != r_begin) {  // the pass re-reads the rows
-      if constexpr (kTma) ring_tma_prologue(wt.ring, wt.kb0, wt.kb1);
+      if constexpr (kTma) ring_tma_prologue(wt.ring, wt.kb0, wt.kb1, true);
       else ring_prologue<NT>(wt.t, wt.kb0, wt.kb1, wt.s0, wt.s1);
     }
     if constexpr (kStaged) {
@@ -900,8 +914,8 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1)
   tile_setup<NT>(wt, a.down, e, rows_of_m, a.I, ks_count);
   if constexpr (kTma) {
     const size_t staged = !kStaged ? 0 : a.h_quant_in_down ? staged_h_smem_bytes(NT, a.I, sizeof(T)) : staged_smem_bytes(NT, a.I);
-    ring_tma_init(wt.ring, dynamic_smem(), staged, &wmap, e, wt.row0, wt.row1);
-    ring_tma_prologue(wt.ring, wt.kb0, wt.kb1);
+    ring_tma_init(wt.ring, dynamic_smem(), staged, a.ring_stages, &wmap, e, wt.row0, wt.row1);
+    ring_tma_prologue(wt.ring, wt.kb0, wt.kb1, false);
   } else {
     ring_prologue<NT>(wt.t, wt.kb0, wt.kb1, wt.s0, wt.s1);
   }
@@ -912,7 +926,7 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1)
     const int ncols = min(8 * NT, r_end - r);
     set_columns(sm, a, r, ncols, false);
     if (r != r_begin) {
-      if constexpr (kTma) ring_tma_prologue(wt.ring, wt.kb0, wt.kb1);
+      if constexpr (kTma) ring_tma_prologue(wt.ring, wt.kb0, wt.kb1, true);
       else ring_prologue<NT>(wt.t, wt.kb0, wt.kb1, wt.s0, wt.s1);
     }
     if constexpr (kStaged) {
@@ -1014,15 +1028,25 @@ size_t staged_limit(int nt) {
   return on ? (nt == 1 ? size_t(72) << 10 : size_t(160) << 10) : 0;
 }
 
-// MOEX_CUDA_FP8_DECODE_TMA: "0" always the register ring, "1" the TMA ring wherever it can run (tests,
-// A/B), unset: the TMA ring where a kernel's shared memory (staged rows + ring) leaves two blocks per
-// SM. It needs compute capability 9.0, NT = 1 (one 8-row pass per k loop) and the driver's tensor-map
-// encoder.
-bool tma_ring_fits(size_t staged_bytes) {
-  const char* s = decode_env("MOEX_CUDA_FP8_DECODE_TMA");
-  if (s && std::strcmp(s, "0") == 0) return false;
-  const size_t limit = s ? size_t(160) << 10 : size_t(104) << 10;
-  return staged_bytes + kRingSmemBytes <= limit;
+// The TMA ring's stages for a kernel with act_bytes of staged rows and `grid` blocks, 0 = the
+// register ring. MOEX_CUDA_FP8_DECODE_TMA: "0" always the register ring; "1" the TMA ring wherever it
+// can run (tests, A/B); unset: where the grid is one wave of two blocks per SM, so that every block
+// is resident, and its first stages requested, while the previous kernel runs (measured on an H100,
+// 2026-12-06, forty-eighth session, docs/PERF.md: T = 1 on the qwen shapes 10 % faster than the
+// register ring; at T = 8, several waves, 5-7 % slower). Stages: the most (4-8) that keep a block's
+// dynamic shared memory within 104 KB (two blocks per SM); MOEX_CUDA_FP8_DECODE_TMA_STAGES=n sets n.
+int tma_ring_stages(size_t act_bytes, dim3 grid) {
+  const char* mode = decode_env("MOEX_CUDA_FP8_DECODE_TMA");
+  if (mode && std::strcmp(mode, "0") == 0) return 0;
+  const bool forced = mode != nullptr;
+  if (!forced && int64_t(grid.x) * grid.y > 2 * int64_t(sm_count())) return 0;
+  const size_t budget = size_t(104) << 10, limit = forced ? size_t(160) << 10 : budget;
+  const char* stages = decode_env("MOEX_CUDA_FP8_DECODE_TMA_STAGES");
+  int n = stages ? std::clamp(std::atoi(stages), 2, kRingMaxStages) : kRingMaxStages;
+  if (!stages)
+    while (n > 4 && act_bytes + ring_smem_bytes(n) > budget) --n;
+  while (n > 2 && act_bytes + ring_smem_bytes(n) > limit) --n;
+  return act_bytes + ring_smem_bytes(n) <= limit ? n : 0;
 }
 
 // The tensor map of a weight tensor's codes for the TMA ring: [E, N, K] bytes (rows K bytes apart,
@@ -1035,7 +1059,7 @@ CUtensorMap ring_map(const QuantWeights& w, int64_t E) {
 }
 
 // One GEMV kernel of the path: the staged instantiation where the pass' activation rows fit in
-// shared memory, else the plain one; each with the TMA ring (map != nullptr and tma_ring_fits) or
+// shared memory, else the plain one; each with the TMA ring (map != nullptr and tma_ring_stages > 0) or
 // the register ring. The attribute for > 48 KB of dynamic shared memory is set once per kernel.
 template <auto kPlain, auto kStaged, auto kPlainTma, auto kStagedTma>
 void launch_gemv(const char* what, int nt, size_t smem, dim3 grid, const DecodeParams& p, int ks, const CUtensorMap* map,
@@ -1049,8 +1073,11 @@ void launch_gemv(const char* what, int nt, size_t smem, dim3 grid, const DecodeP
   static const CUtensorMap no_map{};  // the register-ring kernels do not read theirs
   const bool staged = smem <= staged_limit(nt);
   const size_t act_bytes = staged ? smem : 0;
-  if (map && tma_ring_fits(act_bytes)) {
-    launch_pdl(what, staged ? kStagedTma : kPlainTma, grid, dim3(THREADS), act_bytes + kRingSmemBytes, stream, p, ks, *map);
+  if (const int stages = map ? tma_ring_stages(act_bytes, grid) : 0; stages > 0) {
+    DecodeParams q = p;
+    q.ring_stages = stages;
+    launch_pdl(what, staged ? kStagedTma : kPlainTma, grid, dim3(THREADS), act_bytes + ring_smem_bytes(stages), stream, q, ks,
+               *map);
     return;
   }
   launch_pdl(what, staged ? kStaged : kPlain, grid, dim3(THREADS), act_bytes, stream, p, ks, no_map);
