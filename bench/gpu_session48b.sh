@@ -11,7 +11,7 @@ OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 export BUILD=${BUILD:-build-gpu}
 nvidia-smi --query-gpu=name,clocks.max.sm,memory.total --format=csv,noheader | tee "$OUT/summary.txt"
-OUT=$OUT/main PARTS="tests sanitize perf" SKIP_BUILD=1 COMPARE_OLD=0 AB_ROUNDS=${AB_ROUNDS:-2} \
+OUT=$OUT/main PARTS="${PARTS:-tests sanitize perf}" SKIP_BUILD=1 COMPARE_OLD=0 AB_ROUNDS=${AB_ROUNDS:-2} \
   AB_VARIANTS="${AB_VARIANTS:-reg:MOEX_CUDA_FP8_DECODE_TMA=0}" SANITIZE_TIMEOUT=200 \
   TEST_FILTER="${TEST_FILTER:-*CudaFp8Decode*:*CudaGraph*:*CudaFp8Route*}" bash bench/gpu_fp8_decode.sh 2>&1 | tee -a "$OUT/summary.txt"
 cp "$OUT/main/fp8_decode.md" "$OUT/" 2> /dev/null

@@ -150,6 +150,7 @@ struct DecodeParams {
   bool h_quant_in_down; // decode_down quantizes h while staging it (else decode_up's last blocks)
   bool early_plan;      // decode_up / decode_down read the routing / plan before pdl_wait
   int ring_stages;      // stages of the TMA ring (the kTma kernels; set per launch by launch_gemv)
+  bool l2_down;         // decode_up's blocks ask L2 for their share of their slot's down matrix (A/B)
   void* out;            // [T, H]
 };
 
@@ -828,6 +829,15 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1)
       ring_prologue<NT>(wt.t, wt.kb0, wt.kb1, wt.s0, wt.s1);
     }
   }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // MOEX_CUDA_FP8_DECODE_L2DOWN=1: the slot's down matrix [H, I] codes, split over the slot's blocks
+  // in 16-byte-aligned pieces, requested into L2 before the wait (weights only)
+  if (a.l2_down && e >= 0 && tid == 0) {
+    const int64_t bytes = int64_t(a.H) * a.I, piece = (bytes / gridDim.x + 15) / 16 * 16;
+    const int64_t off = int64_t(blockIdx.x) * piece, len = std::min<int64_t>(piece, bytes - off);
+    if (len > 0) tma::prefetch_l2_bulk(a.down.data + int64_t(e) * a.down.data_stride + off, uint32_t(len) & ~15u);
+  }
+#endif
   if (a.early_plan) pdl_wait();
   pdl_launch_dependents();
   if (e < 0) return;  // b >= number of hit experts (block-uniform)
@@ -1028,25 +1038,27 @@ size_t staged_limit(int nt) {
   return on ? (nt == 1 ? size_t(72) << 10 : size_t(160) << 10) : 0;
 }
 
-// The TMA ring's stages for a kernel with act_bytes of staged rows and `grid` blocks, 0 = the
-// register ring. MOEX_CUDA_FP8_DECODE_TMA: "0" always the register ring; "1" the TMA ring wherever it
-// can run (tests, A/B); unset: where the grid is one wave of two blocks per SM, so that every block
-// is resident, and its first stages requested, while the previous kernel runs (measured on an H100,
-// 2026-12-06, forty-eighth session, docs/PERF.md: T = 1 on the qwen shapes 10 % faster than the
-// register ring; at T = 8, several waves, 5-7 % slower). Stages: the most (4-8) that keep a block's
-// dynamic shared memory within 104 KB (two blocks per SM); MOEX_CUDA_FP8_DECODE_TMA_STAGES=n sets n.
-int tma_ring_stages(size_t act_bytes, dim3 grid) {
+// The TMA ring's stages for a kernel with act_bytes of staged rows, `grid` blocks and k slices of up
+// to k_blocks 128-k blocks per warp; 0 = the register ring. MOEX_CUDA_FP8_DECODE_TMA: "0" always the
+// register ring; "1" the TMA ring wherever it can run (tests, A/B); unset: where most of each warp's
+// weights are requested before pdl_wait — a k slice of at most twice the stages, every block
+// resident while the previous kernel runs (one wave of two blocks per SM) — with 4 stages. Measured
+// on an H100 (2026-12-06, forty-eighth session, docs/PERF.md): T = 1 on the qwen shapes (8 / 6 k
+// blocks per warp) 6-11 % faster than the register ring; slower where it streams long k slices
+// (mixtral's down projection at T = 1, 28 per warp: +2-5 %), runs several waves (T = 8: +5-7 %) or
+// has fewer (2-3) or more (5-8) stages (+2-5 %). MOEX_CUDA_FP8_DECODE_TMA_STAGES=n sets n (2-8).
+int tma_ring_stages(size_t act_bytes, dim3 grid, int k_blocks) {
   const char* mode = decode_env("MOEX_CUDA_FP8_DECODE_TMA");
   if (mode && std::strcmp(mode, "0") == 0) return 0;
   const bool forced = mode != nullptr;
-  if (!forced && int64_t(grid.x) * grid.y > 2 * int64_t(sm_count())) return 0;
-  const size_t budget = size_t(104) << 10, limit = forced ? size_t(160) << 10 : budget;
   const char* stages = decode_env("MOEX_CUDA_FP8_DECODE_TMA_STAGES");
-  int n = stages ? std::clamp(std::atoi(stages), 2, kRingMaxStages) : kRingMaxStages;
-  if (!stages)
-    while (n > 4 && act_bytes + ring_smem_bytes(n) > budget) --n;
-  while (n > 2 && act_bytes + ring_smem_bytes(n) > limit) --n;
-  return act_bytes + ring_smem_bytes(n) <= limit ? n : 0;
+  int n = stages ? std::clamp(std::atoi(stages), 2, kRingMaxStages) : 4;
+  if (!forced) {
+    const bool one_wave = int64_t(grid.x) * grid.y <= 2 * int64_t(sm_count());
+    return one_wave && k_blocks <= 2 * n && act_bytes + ring_smem_bytes(n) <= (size_t(104) << 10) ? n : 0;
+  }
+  while (n > 2 && act_bytes + ring_smem_bytes(n) > (size_t(160) << 10)) --n;
+  return act_bytes + ring_smem_bytes(n) <= (size_t(160) << 10) ? n : 0;
 }
 
 // The tensor map of a weight tensor's codes for the TMA ring: [E, N, K] bytes (rows K bytes apart,
@@ -1062,8 +1074,8 @@ CUtensorMap ring_map(const QuantWeights& w, int64_t E) {
 // shared memory, else the plain one; each with the TMA ring (map != nullptr and tma_ring_stages > 0) or
 // the register ring. The attribute for > 48 KB of dynamic shared memory is set once per kernel.
 template <auto kPlain, auto kStaged, auto kPlainTma, auto kStagedTma>
-void launch_gemv(const char* what, int nt, size_t smem, dim3 grid, const DecodeParams& p, int ks, const CUtensorMap* map,
-                 cudaStream_t stream) {
+void launch_gemv(const char* what, int nt, size_t smem, dim3 grid, const DecodeParams& p, int ks, int k_blocks,
+                 const CUtensorMap* map, cudaStream_t stream) {
   static const bool attr_set = [] {
     for (auto kernel : {kStaged, kPlainTma, kStagedTma})
       check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(160 << 10)), "decode kernel attribute");
@@ -1073,7 +1085,7 @@ void launch_gemv(const char* what, int nt, size_t smem, dim3 grid, const DecodeP
   static const CUtensorMap no_map{};  // the register-ring kernels do not read theirs
   const bool staged = smem <= staged_limit(nt);
   const size_t act_bytes = staged ? smem : 0;
-  if (const int stages = map ? tma_ring_stages(act_bytes, grid) : 0; stages > 0) {
+  if (const int stages = map ? tma_ring_stages(act_bytes, grid, ceil_div(k_blocks, ks)) : 0; stages > 0) {
     DecodeParams q = p;
     q.ring_stages = stages;
     launch_pdl(what, staged ? kStagedTma : kPlainTma, grid, dim3(THREADS), act_bytes + ring_smem_bytes(stages), stream, q, ks,
@@ -1103,15 +1115,15 @@ void launch_typed(const DecodeParams& p, DType dtype, int nt, int ks_up, int ks_
       down_map = ring_map(p.down, p.E);
     }
     launch_gemv<decode_up<T, 1, false, false>, decode_up<T, 1, true, false>, decode_up<T, 1, false, true>,
-                decode_up<T, 1, true, true>>("decode_up", 1, smem_up, g_up, p, ks_up, tma_ok ? &up_map : nullptr, stream);
+                decode_up<T, 1, true, true>>("decode_up", 1, smem_up, g_up, p, ks_up, p.gH, tma_ok ? &up_map : nullptr, stream);
     launch_gemv<decode_down<T, 1, false, false>, decode_down<T, 1, true, false>, decode_down<T, 1, false, true>,
-                decode_down<T, 1, true, true>>("decode_down", 1, smem_down, g_down, p, ks_down, tma_ok ? &down_map : nullptr,
-                                               stream);
+                decode_down<T, 1, true, true>>("decode_down", 1, smem_down, g_down, p, ks_down, p.gI,
+                                               tma_ok ? &down_map : nullptr, stream);
   } else {
     launch_gemv<decode_up<T, 4, false, false>, decode_up<T, 4, true, false>, decode_up<T, 4, false, false>,
-                decode_up<T, 4, true, false>>("decode_up", 4, smem_up, g_up, p, ks_up, nullptr, stream);
+                decode_up<T, 4, true, false>>("decode_up", 4, smem_up, g_up, p, ks_up, p.gH, nullptr, stream);
     launch_gemv<decode_down<T, 4, false, false>, decode_down<T, 4, true, false>, decode_down<T, 4, false, false>,
-                decode_down<T, 4, true, false>>("decode_down", 4, smem_down, g_down, p, ks_down, nullptr, stream);
+                decode_down<T, 4, true, false>>("decode_down", 4, smem_down, g_down, p, ks_down, p.gI, nullptr, stream);
   }
   // 4. the slot-order sum: combine.cu's kernel, y rows indexed by pair (pair_row), as a PDL link
   CombineArgs c{};
@@ -1224,6 +1236,7 @@ void launch_quant_decode(const QuantDecodeArgs& a, cudaStream_t stream) {
   // two kernels back; measured 2-9 % faster at T = 1 on the H200, 2026-12-01).
   // MOEX_CUDA_FP8_DECODE_EARLY=0 reads them after it (A/B measurement, debugging).
   p.early_plan = !decode_env_is("MOEX_CUDA_FP8_DECODE_EARLY", "0");
+  p.l2_down = decode_env_is("MOEX_CUDA_FP8_DECODE_L2DOWN", "1") && current_device_cc() >= 90;
   switch (a.dtype) {
     case DType::f32: launch_typed<float>(p, a.dtype, nt, ks_up, ks_down, stream); break;
     case DType::f16: launch_typed<__half>(p, a.dtype, nt, ks_up, ks_down, stream); break;
