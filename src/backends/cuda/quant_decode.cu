@@ -55,6 +55,15 @@
 // against 0.0257, qwen15_moe_a2_7b 0.0249 against 0.0248 (three rounds, CUDA-graph replay). The
 // down projection's weight stream is not what the T = 1 chain waits for.
 //
+// Measured on an H100 and kept (2026-12-06, forty-eighth session, docs/PERF.md): the weights of
+// decode_up / decode_down by TMA into a 4-stage shared-memory ring per warp (the TMA ring below,
+// where most of a warp's weights are requested before pdl_wait): qwen3_30b_a3b T = 1 0.0228-0.0239 ms
+// against the register ring's 0.0255-0.0258, qwen15_moe_a2_7b 0.0231-0.0243 against 0.0252-0.0256 (three
+// calls, CUDA-graph replay); each kernel alone (ncu) is no faster — what it buys is twice the bytes
+// requested before the wait. Tried in the same calls and removed: decode_up's blocks asking L2 for
+// their slot's down matrix before the wait (cp.async.bulk.prefetch.L2; MOEX_CUDA_FP8_DECODE_L2DOWN):
+// T = 1 no change (0.0242 / 0.0240), T = 8 and 64 15-45 % slower on every shape.
+//
 // The four are chained with programmatic dependent launch (pdl.cuh): each becomes resident while
 // its predecessor runs. decode_up finds its slot's expert from the routing indices and decode_down
 // reads decode_prep's plan — both written at least two kernels back, final once the predecessor
@@ -150,7 +159,6 @@ struct DecodeParams {
   bool h_quant_in_down; // decode_down quantizes h while staging it (else decode_up's last blocks)
   bool early_plan;      // decode_up / decode_down read the routing / plan before pdl_wait
   int ring_stages;      // stages of the TMA ring (the kTma kernels; set per launch by launch_gemv)
-  bool l2_down;         // decode_up's blocks ask L2 for their share of their slot's down matrix (A/B)
   void* out;            // [T, H]
 };
 
@@ -829,15 +837,6 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1)
       ring_prologue<NT>(wt.t, wt.kb0, wt.kb1, wt.s0, wt.s1);
     }
   }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // MOEX_CUDA_FP8_DECODE_L2DOWN=1: the slot's down matrix [H, I] codes, split over the slot's blocks
-  // in 16-byte-aligned pieces, requested into L2 before the wait (weights only)
-  if (a.l2_down && e >= 0 && tid == 0) {
-    const int64_t bytes = int64_t(a.H) * a.I, piece = (bytes / gridDim.x + 15) / 16 * 16;
-    const int64_t off = int64_t(blockIdx.x) * piece, len = std::min<int64_t>(piece, bytes - off);
-    if (len > 0) tma::prefetch_l2_bulk(a.down.data + int64_t(e) * a.down.data_stride + off, uint32_t(len) & ~15u);
-  }
-#endif
   if (a.early_plan) pdl_wait();
   pdl_launch_dependents();
   if (e < 0) return;  // b >= number of hit experts (block-uniform)
@@ -1044,9 +1043,9 @@ size_t staged_limit(int nt) {
 // weights are requested before pdl_wait — a k slice of at most twice the stages, every block
 // resident while the previous kernel runs (one wave of two blocks per SM) — with 4 stages. Measured
 // on an H100 (2026-12-06, forty-eighth session, docs/PERF.md): T = 1 on the qwen shapes (8 / 6 k
-// blocks per warp) 6-11 % faster than the register ring; slower where it streams long k slices
+// blocks per warp) 4-11 % faster than the register ring; slower where it streams long k slices
 // (mixtral's down projection at T = 1, 28 per warp: +2-5 %), runs several waves (T = 8: +5-7 %) or
-// has fewer (2-3) or more (5-8) stages (+2-5 %). MOEX_CUDA_FP8_DECODE_TMA_STAGES=n sets n (2-8).
+// has more stages (5-8: +2 %); 3 stages about the same as 4. MOEX_CUDA_FP8_DECODE_TMA_STAGES=n sets n (2-8).
 int tma_ring_stages(size_t act_bytes, dim3 grid, int k_blocks) {
   const char* mode = decode_env("MOEX_CUDA_FP8_DECODE_TMA");
   if (mode && std::strcmp(mode, "0") == 0) return 0;
@@ -1236,7 +1235,6 @@ void launch_quant_decode(const QuantDecodeArgs& a, cudaStream_t stream) {
   // two kernels back; measured 2-9 % faster at T = 1 on the H200, 2026-12-01).
   // MOEX_CUDA_FP8_DECODE_EARLY=0 reads them after it (A/B measurement, debugging).
   p.early_plan = !decode_env_is("MOEX_CUDA_FP8_DECODE_EARLY", "0");
-  p.l2_down = decode_env_is("MOEX_CUDA_FP8_DECODE_L2DOWN", "1") && current_device_cc() >= 90;
   switch (a.dtype) {
     case DType::f32: launch_typed<float>(p, a.dtype, nt, ks_up, ks_down, stream); break;
     case DType::f16: launch_typed<__half>(p, a.dtype, nt, ks_up, ks_down, stream); break;
