@@ -190,7 +190,8 @@ TEST_P(CudaFp8Decode, EverySwitchMatchesTheReference) {
                                                           {"MOEX_CUDA_FP8_DECODE_HQ", "up"},
                                                           {"MOEX_CUDA_FP8_DECODE_HQ", "down"},
                                                           {"MOEX_CUDA_FP8_DECODE_TMA", "0"},
-                                                          {"MOEX_CUDA_FP8_DECODE_TMA", "1"}};
+                                                          {"MOEX_CUDA_FP8_DECODE_TMA", "1"},
+                                                          {"MOEX_CUDA_FP8_DECODE_TMA_WIDE", "1"}};
   for (const auto& [name, value] : switches) {
     ScopedEnv variant(name, value);
     double worst = 0;

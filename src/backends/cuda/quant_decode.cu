@@ -795,9 +795,14 @@ __device__ __forceinline__ uint8_t* dynamic_smem() {
 // ---- 2. up projection + gated activation + quantization of h ---------------------------------
 // Column block bx covers outputs i in [i0, i0 + BI): BI = BM/2 gated (local rows [0, BI) gate,
 // [BI, BM) up for the concatenated layout; rows 2i, 2i+1 interleaved), BI = BM otherwise.
+// Blocks per SM the kernels are compiled for: 2 at NT = 1, 3 for the wide TMA form of decode_up
+// (MOEX_CUDA_FP8_DECODE_TMA_WIDE: <= 80 registers), 1 at NT = 4.
+constexpr int decode_min_blocks(int nt, bool wide) { return wide ? 3 : nt == 1 ? 2 : 1; }
+
 // kTma: the weights through the TMA ring (wmap: the tensor map of a.up's codes), else the register ring.
-template <class T, int NT, bool kStaged, bool kTma>
-__global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1)
+// kWide: the same code compiled for three blocks per SM (the wide form, unstaged, 4 stages).
+template <class T, int NT, bool kStaged, bool kTma, bool kWide = false>
+__global__ void __launch_bounds__(THREADS, decode_min_blocks(NT, kWide))
     decode_up(DecodeParams a, int ks_count, const __grid_constant__ CUtensorMap wmap) {
   __shared__ TileSmem<NT> sm;
   __shared__ int rows_of_m[16 * WARPS];
@@ -903,7 +908,7 @@ __global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1)
 
 // ---- 3. down projection ------------------------------------------------------------------------
 template <class T, int NT, bool kStaged, bool kTma>
-__global__ void __launch_bounds__(THREADS, NT == 1 ? 2 : 1)
+__global__ void __launch_bounds__(THREADS, decode_min_blocks(NT, false))
     decode_down(DecodeParams a, int ks_count, const __grid_constant__ CUtensorMap wmap) {
   __shared__ TileSmem<NT> sm;
   __shared__ int rows_of_m[16 * WARPS];
@@ -1037,6 +1042,13 @@ size_t staged_limit(int nt) {
   return on ? (nt == 1 ? size_t(72) << 10 : size_t(160) << 10) : 0;
 }
 
+// The deepest ring of at most n stages beside act_bytes of staged rows within the kernels' 160 KB of
+// dynamic shared memory (0: none fits).
+int ring_stages_within(size_t act_bytes, int n) {
+  while (n > 2 && act_bytes + ring_smem_bytes(n) > (size_t(160) << 10)) --n;
+  return act_bytes + ring_smem_bytes(n) <= (size_t(160) << 10) ? n : 0;
+}
+
 // The TMA ring's stages for a kernel with act_bytes of staged rows, `grid` blocks and k slices of up
 // to k_blocks 128-k blocks per warp; 0 = the register ring. MOEX_CUDA_FP8_DECODE_TMA: "0" always the
 // register ring; "1" the TMA ring wherever it can run (tests, A/B); unset: where most of each warp's
@@ -1056,8 +1068,7 @@ int tma_ring_stages(size_t act_bytes, dim3 grid, int k_blocks) {
     const bool one_wave = int64_t(grid.x) * grid.y <= 2 * int64_t(sm_count());
     return one_wave && k_blocks <= 2 * n && act_bytes + ring_smem_bytes(n) <= (size_t(104) << 10) ? n : 0;
   }
-  while (n > 2 && act_bytes + ring_smem_bytes(n) > (size_t(160) << 10)) --n;
-  return act_bytes + ring_smem_bytes(n) <= (size_t(160) << 10) ? n : 0;
+  return ring_stages_within(act_bytes, n);
 }
 
 // The tensor map of a weight tensor's codes for the TMA ring: [E, N, K] bytes (rows K bytes apart,
@@ -1070,11 +1081,12 @@ CUtensorMap ring_map(const QuantWeights& w, int64_t E) {
 }
 
 // One GEMV kernel of the path: the staged instantiation where the pass' activation rows fit in
-// shared memory, else the plain one; each with the TMA ring (map != nullptr and tma_ring_stages > 0) or
-// the register ring. The attribute for > 48 KB of dynamic shared memory is set once per kernel.
+// shared memory, else the plain one; each with the TMA ring (map != nullptr and tma_ring_stages > 0,
+// or force_stages > 0: that many stages where they fit) or the register ring. The attribute for
+// > 48 KB of dynamic shared memory is set once per kernel.
 template <auto kPlain, auto kStaged, auto kPlainTma, auto kStagedTma>
 void launch_gemv(const char* what, int nt, size_t smem, dim3 grid, const DecodeParams& p, int ks, int k_blocks,
-                 const CUtensorMap* map, cudaStream_t stream) {
+                 const CUtensorMap* map, cudaStream_t stream, int force_stages = 0) {
   static const bool attr_set = [] {
     for (auto kernel : {kStaged, kPlainTma, kStagedTma})
       check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(160 << 10)), "decode kernel attribute");
@@ -1084,7 +1096,10 @@ void launch_gemv(const char* what, int nt, size_t smem, dim3 grid, const DecodeP
   static const CUtensorMap no_map{};  // the register-ring kernels do not read theirs
   const bool staged = smem <= staged_limit(nt);
   const size_t act_bytes = staged ? smem : 0;
-  if (const int stages = map ? tma_ring_stages(act_bytes, grid, ceil_div(k_blocks, ks)) : 0; stages > 0) {
+  const int stages = !map ? 0
+                     : force_stages > 0 ? ring_stages_within(act_bytes, force_stages)
+                                        : tma_ring_stages(act_bytes, grid, int(ceil_div(k_blocks, ks)));
+  if (stages > 0) {
     DecodeParams q = p;
     q.ring_stages = stages;
     launch_pdl(what, staged ? kStagedTma : kPlainTma, grid, dim3(THREADS), act_bytes + ring_smem_bytes(stages), stream, q, ks,
@@ -1092,6 +1107,36 @@ void launch_gemv(const char* what, int nt, size_t smem, dim3 grid, const DecodeP
     return;
   }
   launch_pdl(what, staged ? kStaged : kPlain, grid, dim3(THREADS), act_bytes, stream, p, ks, no_map);
+}
+
+// The 160 KB dynamic shared-memory attribute of one kernel (called once per kernel).
+template <class Kernel>
+bool check_attr(Kernel kernel) {
+  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(160 << 10)), "decode kernel attribute");
+  return true;
+}
+
+// MOEX_CUDA_FP8_DECODE_TMA_WIDE=1 (A/B, NT = 1 with the TMA ring): decode_up with every weight byte
+// requested before pdl_wait — k slices of at most 4 blocks (the ring's depth: more, shorter slices),
+// activations unstaged, three blocks per SM (a 4-stage ring of 64 KB each), where the grid is one
+// wave of those; ks = 0 where it does not apply. (The forty-eighth session's measurements: what the
+// TMA ring buys at T = 1 is the bytes requested before the wait, half of decode_up's at two blocks per SM.)
+struct WideUp {
+  int ks = 0;
+  dim3 grid;
+};
+WideUp wide_up(const DecodeParams& p, bool gated) {
+  WideUp w;
+  if (!decode_env_is("MOEX_CUDA_FP8_DECODE_TMA_WIDE", "1")) return w;
+  int ks = 1;
+  while (ks < WARPS && ceil_div(p.gH, ks) > 4) ks *= 2;
+  if (ceil_div(p.gH, ks) > 4 || p.gH < ks) return w;
+  const int bm = 16 * (WARPS / ks), bi = gated ? bm / 2 : bm;
+  const dim3 grid(unsigned(ceil_div(p.I, bi)), unsigned(p.slots));
+  if (int64_t(grid.x) * grid.y > 3 * int64_t(sm_count())) return w;
+  w.ks = ks;
+  w.grid = grid;
+  return w;
 }
 
 template <class T>
@@ -1113,11 +1158,26 @@ void launch_typed(const DecodeParams& p, DType dtype, int nt, int ks_up, int ks_
       up_map = ring_map(p.up, p.E);
       down_map = ring_map(p.down, p.E);
     }
-    launch_gemv<decode_up<T, 1, false, false>, decode_up<T, 1, true, false>, decode_up<T, 1, false, true>,
-                decode_up<T, 1, true, true>>("decode_up", 1, smem_up, g_up, p, ks_up, p.gH, tma_ok ? &up_map : nullptr, stream);
+    const WideUp wide = tma_ok ? wide_up(p, gated) : WideUp{};
+    if (wide.ks > 0) {
+      static const bool attr_set = check_attr(decode_up<T, 1, false, true, true>);
+      (void)attr_set;
+      DecodeParams q = p;
+      q.ring_stages = 4;
+      launch_pdl("decode_up", decode_up<T, 1, false, true, true>, wide.grid, dim3(THREADS), ring_smem_bytes(4), stream, q,
+                 wide.ks, up_map);
+    } else {
+      launch_gemv<decode_up<T, 1, false, false>, decode_up<T, 1, true, false>, decode_up<T, 1, false, true>,
+                  decode_up<T, 1, true, true>>("decode_up", 1, smem_up, g_up, p, ks_up, p.gH, tma_ok ? &up_map : nullptr, stream);
+    }
+    // the wide form: decode_down's ring as deep as its k slice (<= 8 stages) where its grid is one
+    // wave of one block per SM
+    const int down_slice = int(ceil_div(p.gI, ks_down));
+    const bool down_wide = wide.ks > 0 && int64_t(g_down.x) * g_down.y <= int64_t(sm_count());
     launch_gemv<decode_down<T, 1, false, false>, decode_down<T, 1, true, false>, decode_down<T, 1, false, true>,
                 decode_down<T, 1, true, true>>("decode_down", 1, smem_down, g_down, p, ks_down, p.gI,
-                                               tma_ok ? &down_map : nullptr, stream);
+                                               tma_ok ? &down_map : nullptr, stream,
+                                               down_wide ? std::clamp(down_slice, 4, kRingMaxStages) : 0);
   } else {
     launch_gemv<decode_up<T, 4, false, false>, decode_up<T, 4, true, false>, decode_up<T, 4, false, false>,
                 decode_up<T, 4, true, false>>("decode_up", 4, smem_up, g_up, p, ks_up, p.gH, nullptr, stream);
