@@ -1072,12 +1072,15 @@ int tma_ring_stages(size_t act_bytes, dim3 grid, int k_blocks) {
 }
 
 // The tensor map of a weight tensor's codes for the TMA ring: [E, N, K] bytes (rows K bytes apart,
-// experts data_stride apart), box 128 codes × 8 rows × 1 expert; zeros past K and past N.
-CUtensorMap ring_map(const QuantWeights& w, int64_t E) {
+// experts data_stride apart), box 128 codes × 8 rows × 1 expert; zeros past K and past N. False where
+// the driver cannot encode it (the path then keeps the register ring instead of failing).
+bool ring_map(const QuantWeights& w, int64_t E, CUtensorMap& map) {
   const cuuint64_t dims[3] = {cuuint64_t(w.K), cuuint64_t(w.N), cuuint64_t(E)};
   const cuuint64_t strides[2] = {cuuint64_t(w.K), cuuint64_t(w.data_stride)};
-  const cuuint32_t box[3] = {cuuint32_t(kQuantGroup), 8u, 1u};
-  return tma::make_map(CU_TENSOR_MAP_DATA_TYPE_UINT8, w.data, 3, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_NONE);
+  const cuuint32_t box[3] = {cuuint32_t(kQuantGroup), 8u, 1u}, elem_strides[3] = {1, 1, 1};
+  return tma::encode_fn()(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<uint8_t*>(w.data), dims, strides, box, elem_strides,
+                          CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 // One GEMV kernel of the path: the staged instantiation where the pass' activation rows fit in
@@ -1155,12 +1158,10 @@ void launch_typed(const DecodeParams& p, DType dtype, int nt, int ks_up, int ks_
   const size_t smem_down = p.h_quant_in_down ? staged_h_smem_bytes(nt, p.I, sizeof(T)) : staged_smem_bytes(nt, p.I);
   if (nt == 1) {
     // the TMA ring's tensor maps (compute capability 9.0 with the driver's encoder; else the register ring)
-    const bool tma_ok = current_device_cc() == 90 && tma::encode_fn() != nullptr && !decode_env_is("MOEX_CUDA_FP8_DECODE_TMA", "0");
     CUtensorMap up_map{}, down_map{};
-    if (tma_ok) {
-      up_map = ring_map(p.up, p.E);
-      down_map = ring_map(p.down, p.E);
-    }
+    const bool tma_ok = current_device_cc() == 90 && tma::encode_fn() != nullptr &&
+                        !decode_env_is("MOEX_CUDA_FP8_DECODE_TMA", "0") && ring_map(p.up, p.E, up_map) &&
+                        ring_map(p.down, p.E, down_map);
     const WideUp wide = tma_ok ? wide_up(p, gated) : WideUp{};
     if (wide.ks > 0) {
       static const bool attr_set = check_attr(decode_up<T, 1, false, true, true>);
