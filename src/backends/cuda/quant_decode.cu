@@ -447,8 +447,9 @@ __device__ __forceinline__ void ring_run(const TileArgs<NT>& t, int kb0, int kb1
 // decode_up streamed 25 MB at 1.8 TB/s of the H200's ~4.3 (ncu, thirty-second session: 2.9 warps per
 // scheduler, 37 % of their stalls on the weight loads), decode_down 12.6 MB at ~1.2. Here lane 0 of
 // each warp issues its tile's k blocks as TMA copies into a ring of a.ring_stages shared-memory
-// stages of its own (4-8: as many as leave two blocks per SM), one mbarrier per stage, all before
-// pdl_wait, and the lanes read the chunks the register ring would have loaded from there: the same
+// stages of its own (4 by default, see tma_ring_stages; up to 8 in the wide form's decode_down), one
+// mbarrier per stage, the first a.ring_stages k blocks before pdl_wait, and the lanes read the chunks
+// the register ring would have loaded from there: the same
 // MMAs and promotion, bit for bit (a chunk past K is zero-filled by the TMA instead of clamped into
 // the row; it meets zero activation codes either way). A stage is the tile's 16 rows × 128 codes as
 // two 8-row boxes of the tensor map over the [E, N, K] codes: rows 0-7 at byte 0, rows 8-15 at 1024,
