@@ -4,6 +4,8 @@
 # moex_tests built here: tests (the ring bit for bit against the register ring, every switch, graph
 # replay), memcheck / racecheck, the bf16 / FP8 table with the register ring as an A/B variant, and
 # ncu of each decode kernel at T = 1 on the qwen shapes under both rings.
+# Overrides: PARTS (default "tests sanitize perf"), TEST_FILTER, AB_VARIANTS (default the register ring),
+# AB_ROUNDS, SHAPES / TOKENS (bench/gpu_fp8_decode.sh's), NCU_VARIANTS ("name:TMA-value ...", "" skips ncu).
 # Here: bash bench/gpu_prebuilt.sh pack   There (`run`, carry ["build-carry"]):
 #   bash bench/gpu_prebuilt.sh run bench/gpu_session48b.sh   → $OUT/summary.txt, fp8_decode.md, ncu_*.md
 set -u
