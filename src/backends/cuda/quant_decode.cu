@@ -1060,9 +1060,7 @@ int ring_stages_within(size_t act_bytes, int n) {
 // (mixtral's down projection at T = 1, 28 per warp: +2-5 %), runs several waves (T = 8: +5-7 %) or
 // has more stages (5-8: +2 %); 3 stages about the same as 4. MOEX_CUDA_FP8_DECODE_TMA_STAGES=n sets n (2-8).
 int tma_ring_stages(size_t act_bytes, dim3 grid, int k_blocks) {
-  const char* mode = decode_env("MOEX_CUDA_FP8_DECODE_TMA");
-  if (mode && std::strcmp(mode, "0") == 0) return 0;
-  const bool forced = mode != nullptr;
+  const bool forced = decode_env("MOEX_CUDA_FP8_DECODE_TMA") != nullptr;  // "1" ("0" never gets here: launch_typed)
   const char* stages = decode_env("MOEX_CUDA_FP8_DECODE_TMA_STAGES");
   int n = stages ? std::clamp(std::atoi(stages), 2, kRingMaxStages) : 4;
   if (!forced) {
@@ -1078,39 +1076,9 @@ int tma_ring_stages(size_t act_bytes, dim3 grid, int k_blocks) {
 bool ring_map(const QuantWeights& w, int64_t E, CUtensorMap& map) {
   const cuuint64_t dims[3] = {cuuint64_t(w.K), cuuint64_t(w.N), cuuint64_t(E)};
   const cuuint64_t strides[2] = {cuuint64_t(w.K), cuuint64_t(w.data_stride)};
-  const cuuint32_t box[3] = {cuuint32_t(kQuantGroup), 8u, 1u}, elem_strides[3] = {1, 1, 1};
-  return tma::encode_fn()(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<uint8_t*>(w.data), dims, strides, box, elem_strides,
-                          CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
-
-// One GEMV kernel of the path: the staged instantiation where the pass' activation rows fit in
-// shared memory, else the plain one; each with the TMA ring (map != nullptr and tma_ring_stages > 0,
-// or force_stages > 0: that many stages where they fit) or the register ring. The attribute for
-// > 48 KB of dynamic shared memory is set once per kernel.
-template <auto kPlain, auto kStaged, auto kPlainTma, auto kStagedTma>
-void launch_gemv(const char* what, int nt, size_t smem, dim3 grid, const DecodeParams& p, int ks, int k_blocks,
-                 const CUtensorMap* map, cudaStream_t stream, int force_stages = 0) {
-  static const bool attr_set = [] {
-    for (auto kernel : {kStaged, kPlainTma, kStagedTma})
-      check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(160 << 10)), "decode kernel attribute");
-    return true;
-  }();
-  (void)attr_set;
-  static const CUtensorMap no_map{};  // the register-ring kernels do not read theirs
-  const bool staged = smem <= staged_limit(nt);
-  const size_t act_bytes = staged ? smem : 0;
-  const int stages = !map ? 0
-                     : force_stages > 0 ? ring_stages_within(act_bytes, force_stages)
-                                        : tma_ring_stages(act_bytes, grid, int(ceil_div(k_blocks, ks)));
-  if (stages > 0) {
-    DecodeParams q = p;
-    q.ring_stages = stages;
-    launch_pdl(what, staged ? kStagedTma : kPlainTma, grid, dim3(THREADS), act_bytes + ring_smem_bytes(stages), stream, q, ks,
-               *map);
-    return;
-  }
-  launch_pdl(what, staged ? kStaged : kPlain, grid, dim3(THREADS), act_bytes, stream, p, ks, no_map);
+  const cuuint32_t box[3] = {cuuint32_t(kQuantGroup), 8u, 1u};
+  return tma::try_make_map(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, w.data, 3, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_NONE) ==
+         CUDA_SUCCESS;
 }
 
 // The 160 KB dynamic shared-memory attribute of one kernel (called once per kernel).
@@ -1118,6 +1086,30 @@ template <class Kernel>
 bool check_attr(Kernel kernel) {
   check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(160 << 10)), "decode kernel attribute");
   return true;
+}
+
+// One GEMV kernel of the path: the staged instantiation where the pass' activation rows fit in
+// shared memory, else the plain one; each with the TMA ring (tma and tma_ring_stages > 0, or
+// force_stages > 0: that many stages where they fit; the tensor map of w encoded only then) or the
+// register ring. The attribute for > 48 KB of dynamic shared memory is set once per kernel.
+template <auto kPlain, auto kStaged, auto kPlainTma, auto kStagedTma>
+void launch_gemv(const char* what, int nt, size_t smem, dim3 grid, const DecodeParams& p, int ks, int k_blocks,
+                 const QuantWeights& w, bool tma, cudaStream_t stream, int force_stages = 0) {
+  static const bool attr_set = check_attr(kStaged) && check_attr(kPlainTma) && check_attr(kStagedTma);
+  (void)attr_set;
+  const bool staged = smem <= staged_limit(nt);
+  const size_t act_bytes = staged ? smem : 0;
+  const int stages = !tma ? 0
+                     : force_stages > 0 ? ring_stages_within(act_bytes, force_stages)
+                                        : tma_ring_stages(act_bytes, grid, int(ceil_div(k_blocks, ks)));
+  CUtensorMap map{};  // the register-ring kernels do not read theirs
+  if (stages > 0 && ring_map(w, p.E, map)) {
+    DecodeParams q = p;
+    q.ring_stages = stages;
+    launch_pdl(what, staged ? kStagedTma : kPlainTma, grid, dim3(THREADS), act_bytes + ring_smem_bytes(stages), stream, q, ks, map);
+    return;
+  }
+  launch_pdl(what, staged ? kStaged : kPlain, grid, dim3(THREADS), act_bytes, stream, p, ks, map);
 }
 
 // MOEX_CUDA_FP8_DECODE_TMA_WIDE=1 (A/B, NT = 1 with the TMA ring): decode_up with every weight byte
@@ -1158,13 +1150,11 @@ void launch_typed(const DecodeParams& p, DType dtype, int nt, int ks_up, int ks_
   const size_t smem_up = staged_smem_bytes(nt, p.H);
   const size_t smem_down = p.h_quant_in_down ? staged_h_smem_bytes(nt, p.I, sizeof(T)) : staged_smem_bytes(nt, p.I);
   if (nt == 1) {
-    // the TMA ring's tensor maps (compute capability 9.0 with the driver's encoder; else the register ring)
-    CUtensorMap up_map{}, down_map{};
-    const bool tma_ok = current_device_cc() == 90 && tma::encode_fn() != nullptr &&
-                        !decode_env_is("MOEX_CUDA_FP8_DECODE_TMA", "0") && ring_map(p.up, p.E, up_map) &&
-                        ring_map(p.down, p.E, down_map);
+    // the TMA ring: compute capability 9.0 with the driver's tensor-map encoder, not switched off
+    const bool tma_ok = current_device_cc() == 90 && tma::encode_fn() != nullptr && !decode_env_is("MOEX_CUDA_FP8_DECODE_TMA", "0");
     const WideUp wide = tma_ok ? wide_up(p, gated) : WideUp{};
-    if (wide.ks > 0) {
+    CUtensorMap up_map{};
+    if (wide.ks > 0 && ring_map(p.up, p.E, up_map)) {
       static const bool attr_set = check_attr(decode_up<T, 1, false, true, true>);
       (void)attr_set;
       DecodeParams q = p;
@@ -1173,21 +1163,20 @@ void launch_typed(const DecodeParams& p, DType dtype, int nt, int ks_up, int ks_
                  wide.ks, up_map);
     } else {
       launch_gemv<decode_up<T, 1, false, false>, decode_up<T, 1, true, false>, decode_up<T, 1, false, true>,
-                  decode_up<T, 1, true, true>>("decode_up", 1, smem_up, g_up, p, ks_up, p.gH, tma_ok ? &up_map : nullptr, stream);
+                  decode_up<T, 1, true, true>>("decode_up", 1, smem_up, g_up, p, ks_up, p.gH, p.up, tma_ok, stream);
     }
     // the wide form: decode_down's ring as deep as its k slice (<= 8 stages) where its grid is one
     // wave of one block per SM
     const int down_slice = int(ceil_div(p.gI, ks_down));
     const bool down_wide = wide.ks > 0 && int64_t(g_down.x) * g_down.y <= int64_t(sm_count());
     launch_gemv<decode_down<T, 1, false, false>, decode_down<T, 1, true, false>, decode_down<T, 1, false, true>,
-                decode_down<T, 1, true, true>>("decode_down", 1, smem_down, g_down, p, ks_down, p.gI,
-                                               tma_ok ? &down_map : nullptr, stream,
+                decode_down<T, 1, true, true>>("decode_down", 1, smem_down, g_down, p, ks_down, p.gI, p.down, tma_ok, stream,
                                                down_wide ? std::clamp(down_slice, 4, kRingMaxStages) : 0);
   } else {
     launch_gemv<decode_up<T, 4, false, false>, decode_up<T, 4, true, false>, decode_up<T, 4, false, false>,
-                decode_up<T, 4, true, false>>("decode_up", 4, smem_up, g_up, p, ks_up, p.gH, nullptr, stream);
+                decode_up<T, 4, true, false>>("decode_up", 4, smem_up, g_up, p, ks_up, p.gH, p.up, false, stream);
     launch_gemv<decode_down<T, 4, false, false>, decode_down<T, 4, true, false>, decode_down<T, 4, false, false>,
-                decode_down<T, 4, true, false>>("decode_down", 4, smem_down, g_down, p, ks_down, p.gI, nullptr, stream);
+                decode_down<T, 4, true, false>>("decode_down", 4, smem_down, g_down, p, ks_down, p.gI, p.down, false, stream);
   }
   // 4. the slot-order sum: combine.cu's kernel, y rows indexed by pair (pair_row), as a PDL link
   CombineArgs c{};

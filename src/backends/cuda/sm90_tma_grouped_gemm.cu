@@ -173,14 +173,18 @@ EncodeTiledFn encode_fn() {
   return fn;
 }
 
+CUresult try_make_map(CUtensorMap& map, CUtensorMapDataType type, const void* base, int rank, const cuuint64_t* dims,
+                      const cuuint64_t* strides_bytes, const cuuint32_t* box, CUtensorMapSwizzle swizzle) {
+  const cuuint32_t elem_strides[3] = {1, 1, 1};
+  // 256-byte L2 promotion (128 B measured no faster on the H200, 2026-11-29)
+  return encode_fn()(&map, type, cuuint32_t(rank), const_cast<void*>(base), dims, strides_bytes, box, elem_strides,
+                     CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+}
+
 CUtensorMap make_map(CUtensorMapDataType type, const void* base, int rank, const cuuint64_t* dims,
                      const cuuint64_t* strides_bytes, const cuuint32_t* box, CUtensorMapSwizzle swizzle) {
   CUtensorMap map;
-  const cuuint32_t elem_strides[3] = {1, 1, 1};
-  // 256-byte L2 promotion (128 B measured no faster on the H200, 2026-11-29)
-  const CUresult r = encode_fn()(&map, type, cuuint32_t(rank), const_cast<void*>(base), dims, strides_bytes, box, elem_strides,
-                                 CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUresult r = try_make_map(map, type, base, rank, dims, strides_bytes, box, swizzle);
   if (r != CUDA_SUCCESS)
     detail::fail(ErrorCode::internal, "cuTensorMapEncodeTiled failed ({}) for the grouped GEMM's TMA descriptor", int(r));
   return map;

@@ -30,7 +30,10 @@ using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t
                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
 EncodeTiledFn encode_fn();
-// A tiled tensor map (rank 2 or 3) over base; fails with ErrorCode::internal when encoding fails.
+// A tiled tensor map (rank 2 or 3) over base, 256-byte L2 promotion, no OOB NaN fill: try_make_map
+// returns the driver's result, make_map fails with ErrorCode::internal when encoding fails.
+CUresult try_make_map(CUtensorMap& map, CUtensorMapDataType type, const void* base, int rank, const cuuint64_t* dims,
+                      const cuuint64_t* strides_bytes, const cuuint32_t* box, CUtensorMapSwizzle swizzle);
 CUtensorMap make_map(CUtensorMapDataType type, const void* base, int rank, const cuuint64_t* dims,
                      const cuuint64_t* strides_bytes, const cuuint32_t* box, CUtensorMapSwizzle swizzle);
 // SMs of the current device (cached per device).
