@@ -158,7 +158,7 @@ for path in sorted(glob.glob(os.path.join(sys.argv[1], "ncu_*.csv"))):
     k = {}
     for r in rows[hdr + 1:]:
         if len(r) > vi:
-            name = next((n for n in ("decode_prep", "decode_up", "decode_down", "combine") if n in r[ki]), r[ki][:30])
+            name = next((n for n in ("decode_prep", "decode_up", "decode_down", "decode_fused", "combine") if n in r[ki]), r[ki][:30])
             k.setdefault(r[ii], {"name": name})[r[mi]] = float(r[vi].replace(",", ""))
     per = collections.defaultdict(lambda: ([], []))
     for d in k.values():
