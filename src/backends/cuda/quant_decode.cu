@@ -1207,10 +1207,20 @@ __global__ void __launch_bounds__(THREADS, 1)
   __syncthreads();
   if (tid == 0) {
     atomicAdd(f.barrier, 1);
+    // A block that never arrives (not co-resident: an SM limit the host did not see, e.g. MPS) would
+    // hang the stream: after 5 s the kernel traps instead (an error the caller sees).
+    uint64_t start, now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
     int arrived;
-    do {
+    for (;;) {
       asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(arrived) : "l"(f.barrier) : "memory");
-    } while (arrived < G);
+      if (arrived >= G) break;
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+      if (now - start > 5000000000ull) {
+        printf("moex decode_fused: block %d waited 5 s for %d of %d blocks (not co-resident?): trap\n", blk, G - arrived, G);
+        __trap();
+      }
+    }
   }
   __syncthreads();
 
