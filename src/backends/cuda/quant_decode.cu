@@ -13,6 +13,8 @@
 //                     f32 (+ bias). At T <= 8 it quantizes the h rows itself while staging them.
 //   4. combine        (combine.cu's kernel) out[t, n] = Σ_j w[t, j] · y[t·K + j, n] over the
 //                     valid slots in slot order, in f32.
+// At T·K <= 8 pairs on sm_90, 2-4 are one kernel, decode_fused (section 5 below: one block per 16
+// output rows, its down slice in shared memory, a grid-wide barrier between the up and down GEMVs).
 //
 // Tried on the H200 and removed (2026-12-02, twenty-fourth session, docs/PERF.md): at T <= 8 the
 // same work in two kernels — decode_up planning from the routing indices and quantizing its token
