@@ -199,8 +199,7 @@ TEST_P(CudaFp8Decode, EverySwitchMatchesTheReference) {
                                                           {"MOEX_CUDA_FP8_DECODE_TMA", "1"},
                                                           {"MOEX_CUDA_FP8_DECODE_TMA_WIDE", "1"},
                                                           {"MOEX_CUDA_FP8_DECODE_FUSED", "0"},
-                                                          {"MOEX_CUDA_FP8_DECODE_FUSED", "1"},
-                                                          {"MOEX_CUDA_FP8_DECODE_FUSED_STAGES", "2"}};
+                                                          {"MOEX_CUDA_FP8_DECODE_FUSED", "1"}};
   for (const auto& [name, value] : switches) {
     ScopedEnv variant(name, value);
     double worst = 0;
@@ -225,6 +224,7 @@ TEST_P(CudaFp8Decode, TmaRingIsBitIdentical) {
   if (devs[0].compute_capability() != 90) GTEST_SKIP() << "the TMA ring is sm_90: device 0 is not compute capability 9.0";
   const DType dt = GetParam();
   ScopedEnv force("MOEX_CUDA_FP8_DECODE", "1");
+  ScopedEnv four_kernels("MOEX_CUDA_FP8_DECODE_FUSED", "0");  // (other k slices than the rings' kernels)
   int compared = 0;
   for (const char* hq : {"up", "down"}) {
     ScopedEnv h_quant("MOEX_CUDA_FP8_DECODE_HQ", hq);
@@ -252,7 +252,8 @@ TEST_P(CudaFp8Decode, TmaRingIsBitIdentical) {
 // The fused form (decode_fused: up, down and the combine in one kernel, T·K <= 8) against the
 // four-kernel path with the same k slices (MOEX_CUDA_FP8_DECODE_KS_UP / _KS_DOWN) and h quantized by
 // decode_down: the same MMAs, promotions, quantization of h and slot-order sums, so the same bytes; with
-// its default ring depth and with 2 and 3 stages (rings that wrap across its up tiles).
+// its default ring depth, with 2 and 3 stages (rings that wrap across its up tiles) and with the down
+// slab requested at its other two points.
 TEST_P(CudaFp8Decode, FusedIsBitIdentical) {
   SKIP_WITHOUT_CUDA();
   const auto devs = cuda_devices();
@@ -284,6 +285,10 @@ TEST_P(CudaFp8Decode, FusedIsBitIdentical) {
     for (const char* stages : {"2", "3"}) {
       ScopedEnv depth("MOEX_CUDA_FP8_DECODE_FUSED_STAGES", stages);
       EXPECT_EQ(run("1"), four_kernels) << "stages=" << stages << " " << c.describe();
+    }
+    for (const char* slab : {"1", "2"}) {  // the down slab requested after the up stages / after the up tiles
+      ScopedEnv when("MOEX_CUDA_FP8_DECODE_FUSED_SLAB", slab);
+      EXPECT_EQ(run("1"), four_kernels) << "slab=" << slab << " " << c.describe();
     }
     ++compared;
   }

@@ -997,6 +997,8 @@ struct FusedArgs {
   int CB, BI;       // up column blocks per slot, h columns per column block
   uint32_t off_ring, off_x, off_bars;  // dynamic shared memory: slab at 0, ring / h staging, token rows, mbarriers
   int* barrier;     // grid-wide arrival counter (zeroed by decode_prep)
+  int slab_at;      // when the down slab is requested: 0 before the up stages, 1 after them, 2 after the up
+                    // tiles (MOEX_CUDA_FP8_DECODE_FUSED_SLAB, A/B)
 };
 
 // Weight row of local tile row m of decode_up's column block starting at h column i0 (its rows_of_m).
@@ -1091,15 +1093,18 @@ __global__ void __launch_bounds__(THREADS, 1)
   __syncthreads();
   const int n_hit = fs.n_hit;
   // The down slab: lane b of warp 0 requests slot b's 16 rows × all k blocks.
-  if (warp == 0 && lane < n_hit) {
-    const uint32_t bar = slab_bars + 8u * uint32_t(lane);
-    tma::mbar_arrive_expect_tx(bar, uint32_t(a.gI * kRingStage));
-    for (int kb = 0; kb < a.gI; ++kb) {
-      const uint32_t dst = base_s + uint32_t((lane * a.gI + kb) * kRingStage);
-      tma::tma_load_3d(dst, &down_map, bar, kb * kQuantGroup, n0, fs.hit[lane]);
-      tma::tma_load_3d(dst + kRingStage / 2, &down_map, bar, kb * kQuantGroup, n0 + 8, fs.hit[lane]);
+  auto request_slab = [&] {
+    if (warp == 0 && lane < n_hit) {
+      const uint32_t bar = slab_bars + 8u * uint32_t(lane);
+      tma::mbar_arrive_expect_tx(bar, uint32_t(a.gI * kRingStage));
+      for (int kb = 0; kb < a.gI; ++kb) {
+        const uint32_t dst = base_s + uint32_t((lane * a.gI + kb) * kRingStage);
+        tma::tma_load_3d(dst, &down_map, bar, kb * kQuantGroup, n0, fs.hit[lane]);
+        tma::tma_load_3d(dst + kRingStage / 2, &down_map, bar, kb * kQuantGroup, n0 + 8, fs.hit[lane]);
+      }
     }
-  }
+  };
+  if (f.slab_at == 0) request_slab();
   // This warp's up stream: tiles u = blk + j·G (slot u / CB, column block u % CB), each its m16
   // tile `mt` × its k slice [kb0, kb1); step s = (tile s / slice, k block kb0 + s % slice).
   const int mt_count = WARPS / f.ks_up, mt = warp % mt_count, ksi = warp / mt_count;
@@ -1115,6 +1120,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   };
   if (lane == 0)
     for (int s = 0; s < f.stages && s < steps; ++s) issue(s, s);
+  if (f.slab_at == 1) request_slab();
 
   if (a.early_plan) pdl_wait();  // decode_prep's plan and quantized tokens
   pdl_launch_dependents();
@@ -1204,6 +1210,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     __syncthreads();  // ts.part is rewritten by the next tile
   }
 
+  if (f.slab_at == 2) request_slab();
   // ---- every block's h rows written: the grid-wide barrier ----
   __threadfence();
   __syncthreads();
@@ -1481,7 +1488,7 @@ WideUp wide_up(const DecodeParams& p, bool gated) {
 // "1" wherever it can run (tests, A/B), unset: the default rule (kFusedDefault).
 // MOEX_CUDA_FP8_DECODE_KS_UP=n (1, 2, 4, 8) sets its up tiles' k slices (and the four-kernel path's,
 // for the bit-identity test); MOEX_CUDA_FP8_DECODE_FUSED_STAGES=n its ring depth (2-8).
-constexpr bool kFusedDefault = true;
+constexpr bool kFusedDefault = false;
 constexpr int kFusedStages = 4;  // ring depth per warp (MOEX_CUDA_FP8_DECODE_FUSED_STAGES)
 constexpr size_t kFusedSmemMax = size_t(216) << 10;  // dynamic; + ~6 KB static within the 227 KB of sm_90
 struct FusedPlan {
@@ -1520,6 +1527,8 @@ FusedPlan fused_plan(const DecodeParams& p, size_t esz, bool gated) {
   const int bm = 16 * (WARPS / f.ks_up);
   f.BI = gated ? bm / 2 : bm;
   f.CB = int(ceil_div(p.I, f.BI));
+  const char* slab_env = decode_env("MOEX_CUDA_FP8_DECODE_FUSED_SLAB");
+  f.slab_at = slab_env ? std::clamp(std::atoi(slab_env), 0, 2) : 0;
   f.ks_down = 1;  // as many k slices per slot as the 8 warps allow
   while (p.slots * f.ks_down * 2 <= WARPS) f.ks_down *= 2;
   // Shared memory: the slab, the rings (later the h staging), the token rows, the mbarriers.
