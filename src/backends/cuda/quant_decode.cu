@@ -996,6 +996,8 @@ struct FusedArgs {
   int stages;       // TMA ring depth per warp (up)
   int CB, BI;       // up column blocks per slot, h columns per column block
   uint32_t off_ring, off_x, off_bars;  // dynamic shared memory: slab at 0, ring / h staging, token rows, mbarriers
+  uint32_t off_us, off_ds;  // the weight block scales of each warp's up steps [WARPS][up_steps][16] and down k blocks
+  int up_steps, down_steps; // [WARPS][down_steps][16] (f32, staged before pdl_wait: none on the k loops' path)
   int* barrier;     // grid-wide arrival counter (zeroed by decode_prep)
   int slab_at;      // when the down slab is requested: 0 before the up stages, 1 after them, 2 after the up
                     // tiles (MOEX_CUDA_FP8_DECODE_FUSED_SLAB, A/B)
@@ -1008,19 +1010,8 @@ __device__ __forceinline__ int up_row(const DecodeParams& a, int m, int i0, int 
   return min(i0 + m, a.I - 1);
 }
 
-// A lane's block-scale rows of weight rows n_lo / n_hi of expert e (tile_setup's arithmetic).
-__device__ __forceinline__ void scale_rows(TileArgs<1>& t, const QuantWeights& w, int e, int n_lo, int n_hi) {
-  const int64_t s_lo = int64_t(e) * w.scale_stride + int64_t(n_lo / w.block_n) * t.gK;
-  const int64_t s_hi = int64_t(e) * w.scale_stride + int64_t(n_hi / w.block_n) * t.gK;
-  t.ue8m0 = w.ue8m0;
-  if (w.ue8m0) {
-    t.ws_lo = static_cast<const uint8_t*>(w.scales) + s_lo;
-    t.ws_hi = static_cast<const uint8_t*>(w.scales) + s_hi;
-  } else {
-    t.ws_lo = static_cast<const float*>(w.scales) + s_lo;
-    t.ws_hi = static_cast<const float*>(w.scales) + s_hi;
-  }
-}
+// First h column of up tile u (its column block u % CB).
+__device__ __forceinline__ int i0_of(int u, const FusedArgs& f) { return (u % f.CB) * f.BI; }
 
 // One k block from a 16-row × 128-code stage in shared memory (the TMA ring's layout), as
 // ring_tma_run reads it: lane (g, q) takes chunks q and 4 + q of rows g and g + 8, odd rows swapped.
@@ -1043,6 +1034,7 @@ __device__ __forceinline__ Stage stage_from_smem(const uint8_t* st, int g, int q
 // The fused kernel's small tables (static shared memory). Slots are decode_prep's (hit experts in
 // ascending order); S <= 8, so a slot has at most 8 columns (one n8 tile) and there are at most 8 slots.
 struct FusedSmem {
+  int idx[8];           // the routing of pair p (-1: dropped)
   int hit[8];           // expert of slot b
   int n_hit;
   int tok[8][8];        // slot b, column c: its token (row of the staged token codes), -1 = none
@@ -1072,24 +1064,44 @@ __global__ void __launch_bounds__(THREADS, 1)
   float* s_xs = reinterpret_cast<float*>(s_x + a.T * staged_stride(a.H));  // [T][gH] their scales
 
   if (!a.early_plan) pdl_wait();
-  // The slots' experts from the routing (decode_prep's order: ascending, distinct, valid); mbarriers.
+  // The routing (final: decode_prep released this kernel after its own wait), one load per thread.
+  if (tid < a.S) {
+    const int64_t e = load_index_cg(a.idx, a.idx64, tid);
+    fs.idx[tid] = e >= 0 && e < a.E ? int(e) : -1;
+  }
+  __syncthreads();
+  // The slots' experts (decode_prep's order: ascending, distinct, valid) and their columns (the pairs
+  // of each slot in ascending order: a column's result does not depend on where it lands); mbarriers.
   if (tid == 0) {
     int n = 0;
     for (int p = 0; p < a.S; ++p) {
-      const int64_t e = load_index_cg(a.idx, a.idx64, p);
-      if (e < 0 || e >= a.E) continue;
+      const int e = fs.idx[p];
+      if (e < 0) continue;
       int at = n;
       while (at > 0 && fs.hit[at - 1] > int(e)) --at;
       if (at > 0 && fs.hit[at - 1] == int(e)) continue;
       for (int k = n; k > at; --k) fs.hit[k] = fs.hit[k - 1];
-      fs.hit[at] = int(e);
+      fs.hit[at] = e;
       ++n;
     }
     fs.n_hit = n;
+    for (int p = 0; p < 8; ++p) fs.pair_slot[p] = -1;
+    for (int b = 0; b < 8; ++b) {
+      int c = 0;
+      for (int p = 0; p < a.S && b < n; ++p) {
+        if (fs.idx[p] != fs.hit[b]) continue;
+        fs.pair[b][c] = p;
+        fs.tok[b][c] = p / a.K;
+        fs.pair_slot[p] = b;
+        fs.pair_col[p] = c;
+        ++c;
+      }
+      fs.ncols[b] = c;
+      for (; c < 8; ++c) fs.pair[b][c] = fs.tok[b][c] = -1;
+    }
     for (int s = 0; s < a.slots + WARPS * f.stages; ++s) tma::mbar_init(slab_bars + 8u * uint32_t(s), 1);
     tma::mbar_fence_init();
   }
-  if (tid < 8) fs.pair_slot[tid] = -1;
   __syncthreads();
   const int n_hit = fs.n_hit;
   // The down slab: lane b of warp 0 requests slot b's 16 rows × all k blocks.
@@ -1121,22 +1133,30 @@ __global__ void __launch_bounds__(THREADS, 1)
   if (lane == 0)
     for (int s = 0; s < f.stages && s < steps; ++s) issue(s, s);
   if (f.slab_at == 1) request_slab();
-
-  if (a.early_plan) pdl_wait();  // decode_prep's plan and quantized tokens
-  pdl_launch_dependents();
-  // The plan's columns: slot b's pairs (decode_prep's pair list); the token rows staged.
-  if (tid < 64) {
-    const int b = tid >> 3, c = tid & 7;
-    const int r0 = b < n_hit ? __ldcg(a.slot_off + b) : 0, r1 = b < n_hit ? __ldcg(a.slot_off + b + 1) : 0;
-    const int p = r0 + c < r1 ? __ldcg(a.pairs + r0 + c) : -1;
-    fs.pair[b][c] = p;
-    fs.tok[b][c] = p < 0 ? -1 : p / a.K;
-    if (c == 0) fs.ncols[b] = r1 - r0;
-    if (p >= 0) {
-      fs.pair_slot[p] = b;
-      fs.pair_col[p] = c;
+  // The weight block scales this warp's k loops will read, into shared memory (weights: before the wait):
+  // up step s, tile row r (0..15) at us[s·16 + r]; down k block d0 + i, row r at ds[i·16 + r].
+  float* us = reinterpret_cast<float*>(base + f.off_us) + warp * f.up_steps * 16;
+  float* ds = reinterpret_cast<float*>(base + f.off_ds) + warp * f.down_steps * 16;
+  const int mtd = WARPS / f.ks_down, b_down = warp % mtd, kd = warp / mtd;
+  const int d0 = kd * a.gI / f.ks_down, d1 = (kd + 1) * a.gI / f.ks_down;
+  for (int i = lane; i < steps * 16; i += 32) {
+    const int st_i = i >> 4, r = i & 15, u = blk + (st_i / slice) * G, kb = kb0 + st_i % slice;
+    const int e = fs.hit[u / f.CB], row = up_row(a, mt * 16 + r, i0_of(u, f), f.BI);
+    const int64_t srow = int64_t(e) * a.up.scale_stride + int64_t(row / a.up.block_n) * a.gH;
+    us[i] = a.up.ue8m0 ? ue8m0_value(__ldg(static_cast<const uint8_t*>(a.up.scales) + srow + kb))
+                       : __ldg(static_cast<const float*>(a.up.scales) + srow + kb);
+  }
+  if (b_down < n_hit) {
+    for (int i = lane; i < (d1 - d0) * 16; i += 32) {
+      const int kb = d0 + (i >> 4), row = n0 + (i & 15);
+      const int64_t srow = int64_t(fs.hit[b_down]) * a.down.scale_stride + int64_t(row / a.down.block_n) * a.gI;
+      ds[i] = a.down.ue8m0 ? ue8m0_value(__ldg(static_cast<const uint8_t*>(a.down.scales) + srow + kb))
+                           : __ldg(static_cast<const float*>(a.down.scales) + srow + kb);
     }
   }
+
+  if (a.early_plan) pdl_wait();  // decode_prep's quantized tokens
+  pdl_launch_dependents();
   {
     const int xstride = staged_stride(a.H), chunks = a.Hp / 16;
     for (int i = tid; i < a.T * chunks; i += THREADS) {
@@ -1161,7 +1181,6 @@ __global__ void __launch_bounds__(THREADS, 1)
     t.q = q;
     t.K = a.H;
     t.gK = a.gH;
-    scale_rows(t, a.up, e, up_row(a, mt * 16 + g, i0, f.BI), up_row(a, mt * 16 + g + 8, i0, f.BI));
     t.act = s_x;
     t.act_s = s_xs;
     t.act_stride = staged_stride(a.H);
@@ -1169,7 +1188,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     float acc[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
     const PassCols<1> cols = pass_cols<1, 1>(t);
     for (int kb = kb0; kb < kb1; ++kb, ++s) {
-      const float ws_lo = block_scale(t.ws_lo, t.ue8m0, kb), ws_hi = block_scale(t.ws_hi, t.ue8m0, kb);
+      const float ws_lo = us[s * 16 + g], ws_hi = us[s * 16 + g + 8];
       tma::mbar_wait(ring_bars + 8u * uint32_t(st), phase);
       compute_stage<1, 1>(t, cols, kb, stage_from_smem(ring + st * kRingStage, g, q, ws_lo, ws_hi), acc);
       __syncwarp();  // every lane has read the stage: lane 0 refills it (generic reads before the async write)
@@ -1258,25 +1277,22 @@ __global__ void __launch_bounds__(THREADS, 1)
   __syncthreads();
 
   // ---- the down GEMV of rows [n0, n0 + 16) from the slab: warp = (k slice kd, slot b) ----
-  const int mtd = WARPS / f.ks_down, b = warp % mtd, kd = warp / mtd;
+  const int b = b_down;
   if (b < n_hit) {
-    const int e = fs.hit[b];
     TileArgs<1> t;
     t.g = g;
     t.q = q;
     t.K = a.I;
     t.gK = a.gI;
-    scale_rows(t, a.down, e, n0 + g, n0 + g + 8);
     t.act = s_hq;
     t.act_s = s_hs;
     t.act_stride = staged_stride(a.I);
     t.s_arow = fs.pair[b];
     float acc[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
     const PassCols<1> cols = pass_cols<1, 1>(t);
-    const int d0 = kd * a.gI / f.ks_down, d1 = (kd + 1) * a.gI / f.ks_down;
     tma::mbar_wait(slab_bars + 8u * uint32_t(b), 0);
     for (int kb = d0; kb < d1; ++kb) {
-      const float ws_lo = block_scale(t.ws_lo, t.ue8m0, kb), ws_hi = block_scale(t.ws_hi, t.ue8m0, kb);
+      const float ws_lo = ds[(kb - d0) * 16 + g], ws_hi = ds[(kb - d0) * 16 + g + 8];
       compute_stage<1, 1>(t, cols, kb, stage_from_smem(slab + (b * a.gI + kb) * kRingStage, g, q, ws_lo, ws_hi), acc);
     }
     ts.part[warp][g][2 * q] = acc[0][0];
@@ -1531,7 +1547,11 @@ FusedPlan fused_plan(const DecodeParams& p, size_t esz, bool gated) {
   f.slab_at = slab_env ? std::clamp(std::atoi(slab_env), 0, 2) : 0;
   f.ks_down = 1;  // as many k slices per slot as the 8 warps allow
   while (p.slots * f.ks_down * 2 <= WARPS) f.ks_down *= 2;
-  // Shared memory: the slab, the rings (later the h staging), the token rows, the mbarriers.
+  // Each warp's weight block scales: its up steps (its tiles × its k slice) and its down k blocks.
+  f.up_steps = int(ceil_div(int64_t(p.slots) * f.CB, G) * ceil_div(p.gH, f.ks_up));
+  f.down_steps = int(ceil_div(p.gI, f.ks_down));
+  const size_t scales = size_t(WARPS) * size_t(f.up_steps + f.down_steps) * 16 * sizeof(float);
+  // Shared memory: the slab, the rings (later the h staging), the token rows, the scales, the mbarriers.
   const size_t slab = size_t(p.slots) * size_t(p.gI) * kRingStage;
   const size_t h_stage = (size_t(p.S) * size_t(p.I) * esz + 15) / 16 * 16 + size_t(p.S) * staged_stride(p.I) +
                          size_t(p.S) * size_t(p.gI) * sizeof(float);
@@ -1540,12 +1560,14 @@ FusedPlan fused_plan(const DecodeParams& p, size_t esz, bool gated) {
   for (int n = st_env ? std::clamp(std::atoi(st_env), 2, kRingMaxStages) : kFusedStages; n >= 2; --n) {
     const size_t ring = std::max(size_t(WARPS) * size_t(n) * kRingStage, h_stage);
     const size_t bars = size_t(p.slots + WARPS * n) * 8;
-    const size_t total = 1024 + slab + ring + x_stage + bars;
+    const size_t total = 1024 + slab + ring + x_stage + scales + bars;
     if (total > kFusedSmemMax) continue;
     f.stages = n;
     f.off_ring = uint32_t(slab);
     f.off_x = uint32_t(slab + ring);
-    f.off_bars = uint32_t(slab + ring + x_stage);
+    f.off_us = uint32_t(slab + ring + x_stage);
+    f.off_ds = f.off_us + uint32_t(size_t(WARPS) * f.up_steps * 16 * sizeof(float));
+    f.off_bars = uint32_t(slab + ring + x_stage + scales);
     plan.smem = total;
     plan.ok = true;
     break;
