@@ -217,7 +217,8 @@ TEST_P(CudaFp8Decode, EverySwitchMatchesTheReference) {
 // (=0): the same chunks, MMAs and promotion, so the same bytes, on every decode case, with the
 // default ring depth and with 2 and 3 stages (T <= 8 and the
 // 8-row-pass cases at T = 64 run the NT = 1 kernels that have it; partial k blocks are zero-filled
-// by the TMA where the register ring clamps into the row), for both h-quantization placements.
+// by the TMA where the register ring clamps into the row), for both h-quantization placements, and
+// with the block scales staged in shared memory (MOEX_CUDA_FP8_DECODE_TMA_SCALES=1).
 TEST_P(CudaFp8Decode, TmaRingIsBitIdentical) {
   SKIP_WITHOUT_CUDA();
   const auto devs = cuda_devices();
@@ -241,6 +242,10 @@ TEST_P(CudaFp8Decode, TmaRingIsBitIdentical) {
       for (const char* stages : {"2", "3"}) {  // rings that wrap more often (and not a power of two)
         ScopedEnv depth("MOEX_CUDA_FP8_DECODE_TMA_STAGES", stages);
         EXPECT_EQ(run("1"), reference) << "HQ=" << hq << " stages=" << stages << " " << c.describe();
+      }
+      {  // the block scales staged in shared memory before the wait
+        ScopedEnv scales("MOEX_CUDA_FP8_DECODE_TMA_SCALES", "1");
+        EXPECT_EQ(run("1"), reference) << "HQ=" << hq << " staged scales " << c.describe();
       }
       ++compared;
     }

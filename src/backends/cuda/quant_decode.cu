@@ -163,6 +163,8 @@ struct DecodeParams {
   bool h_quant_in_down; // decode_down quantizes h while staging it (else decode_up's last blocks)
   bool early_plan;      // decode_up / decode_down read the routing / plan before pdl_wait
   int ring_stages;      // stages of the TMA ring (the kTma kernels; set per launch by launch_gemv)
+  int ring_scale_steps; // > 0: the TMA ring kernels stage each warp's weight block scales (up to this many
+                        // k blocks) in shared memory before pdl_wait (MOEX_CUDA_FP8_DECODE_TMA_SCALES=1)
   void* out;            // [T, H]
 };
 
@@ -473,7 +475,12 @@ struct TmaRing {
   int n;                   // stages
   int slot;                // the stage the next k block is read from
   uint32_t phase;          // its mbarrier's phase parity (flips each time slot wraps to 0)
+  float* scales;           // ring_scale_steps > 0: this warp's block scales, k block kb0 + i, tile row r at
+                           // scales[16 i + r] (shared memory); else nullptr (loaded in the k loop)
 };
+
+// The staged block scales' shared memory (after the rings and their barriers).
+__host__ __device__ constexpr size_t ring_scale_bytes(int steps) { return size_t(WARPS) * size_t(steps) * 16 * sizeof(float); }
 
 // The warp's ring of n stages at dyn + offset (rounded up to 1024 bytes); lane 0 initialises its barriers.
 __device__ __forceinline__ void ring_tma_init(TmaRing& r, uint8_t* dyn, size_t offset, int n, const CUtensorMap* map, int e,
@@ -489,6 +496,7 @@ __device__ __forceinline__ void ring_tma_init(TmaRing& r, uint8_t* dyn, size_t o
   r.n = n;
   r.slot = 0;
   r.phase = 0;
+  r.scales = nullptr;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if ((threadIdx.x & 31) == 0) {
     for (int s = 0; s < n; ++s) tma::mbar_init(r.bars + 8 * s, 1);
@@ -498,6 +506,22 @@ __device__ __forceinline__ void ring_tma_init(TmaRing& r, uint8_t* dyn, size_t o
 #else
   __trap();  // the host launches the TMA kernels on compute capability 9.0 only
 #endif
+}
+
+// ring_scale_steps > 0: the block scales of the warp's k blocks [kb0, kb1) (at most `steps` of them) of
+// its rows g and g + 8 into shared memory after the rings' barriers (lane (g, q) loads k blocks kb0 + q,
+// kb0 + q + 4, ...: every load in flight at once, before pdl_wait), so that the k loop reads no global memory.
+template <int NT>
+__device__ __forceinline__ void ring_stage_scales(TmaRing& r, const TileArgs<NT>& t, int kb0, int kb1, int steps) {
+  const int warp = threadIdx.x >> 5;
+  const uint32_t end = r.bars - uint32_t(warp * r.n * 8) + uint32_t(WARPS * r.n * 8);  // past every warp's barriers
+  uint8_t* base = r.stages - warp * r.n * kRingStage;  // stage 0 of warp 0
+  r.scales = reinterpret_cast<float*>(base + (end - uint32_t(__cvta_generic_to_shared(base)))) + warp * steps * 16;
+  for (int kb = kb0 + t.q; kb < kb1; kb += 4) {
+    r.scales[(kb - kb0) * 16 + t.g] = block_scale(t.ws_lo, t.ue8m0, kb);
+    r.scales[(kb - kb0) * 16 + t.g + 8] = block_scale(t.ws_hi, t.ue8m0, kb);
+  }
+  __syncwarp();
 }
 
 // Lane 0: k block kb into stage s.
@@ -533,12 +557,13 @@ __device__ __forceinline__ void ring_tma_run(const TileArgs<NT>& t, int kb0, int
   // the other order, so that the 8 lanes of each quarter warp (rows g, g + 1) meet 32 distinct banks
   const bool odd = t.g & 1;
   const int first = t.g * kQuantGroup + 16 * (odd ? 4 + t.q : t.q), second = t.g * kQuantGroup + 16 * (odd ? t.q : 4 + t.q);
-  float ws_lo = block_scale(t.ws_lo, t.ue8m0, kb0), ws_hi = block_scale(t.ws_hi, t.ue8m0, kb0);
+  const float* sc = r.scales;
+  float ws_lo = sc ? sc[t.g] : block_scale(t.ws_lo, t.ue8m0, kb0), ws_hi = sc ? sc[t.g + 8] : block_scale(t.ws_hi, t.ue8m0, kb0);
   for (int kb = kb0; kb < kb1; ++kb) {
     float next_lo = ws_lo, next_hi = ws_hi;  // the next block's scales, requested before this one's wait
     if (kb + 1 < kb1) {
-      next_lo = block_scale(t.ws_lo, t.ue8m0, kb + 1);
-      next_hi = block_scale(t.ws_hi, t.ue8m0, kb + 1);
+      next_lo = sc ? sc[(kb + 1 - kb0) * 16 + t.g] : block_scale(t.ws_lo, t.ue8m0, kb + 1);
+      next_hi = sc ? sc[(kb + 1 - kb0) * 16 + t.g + 8] : block_scale(t.ws_hi, t.ue8m0, kb + 1);
     }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     tma::mbar_wait(r.bars + 8 * r.slot, r.phase);
@@ -843,6 +868,7 @@ __global__ void __launch_bounds__(THREADS, decode_min_blocks(NT, kWide))
       ring_tma_init(wt.ring, dynamic_smem(), kStaged ? staged_smem_bytes(NT, a.H) : 0, a.ring_stages, &wmap, e, wt.row0,
                     wt.row1);
       ring_tma_prologue(wt.ring, wt.kb0, wt.kb1, false);
+      if (a.ring_scale_steps > 0) ring_stage_scales(wt.ring, wt.t, wt.kb0, wt.kb1, a.ring_scale_steps);
     } else {
       ring_prologue<NT>(wt.t, wt.kb0, wt.kb1, wt.s0, wt.s1);
     }
@@ -935,6 +961,7 @@ __global__ void __launch_bounds__(THREADS, decode_min_blocks(NT, false))
     const size_t staged = !kStaged ? 0 : a.h_quant_in_down ? staged_h_smem_bytes(NT, a.I, sizeof(T)) : staged_smem_bytes(NT, a.I);
     ring_tma_init(wt.ring, dynamic_smem(), staged, a.ring_stages, &wmap, e, wt.row0, wt.row1);
     ring_tma_prologue(wt.ring, wt.kb0, wt.kb1, false);
+    if (a.ring_scale_steps > 0) ring_stage_scales(wt.ring, wt.t, wt.kb0, wt.kb1, a.ring_scale_steps);
   } else {
     ring_prologue<NT>(wt.t, wt.kb0, wt.kb1, wt.s0, wt.s1);
   }
@@ -1467,7 +1494,13 @@ void launch_gemv(const char* what, int nt, size_t smem, dim3 grid, const DecodeP
   if (stages > 0 && ring_map(w, p.E, map)) {
     DecodeParams q = p;
     q.ring_stages = stages;
-    launch_pdl(what, staged ? kStagedTma : kPlainTma, grid, dim3(THREADS), act_bytes + ring_smem_bytes(stages), stream, q, ks, map);
+    // MOEX_CUDA_FP8_DECODE_TMA_SCALES=1 (A/B): the warps' block scales staged before pdl_wait, where they fit
+    const int slice = int(ceil_div(k_blocks, ks));
+    const size_t ring = act_bytes + ring_smem_bytes(stages);
+    q.ring_scale_steps = decode_env_is("MOEX_CUDA_FP8_DECODE_TMA_SCALES", "1") && ring + ring_scale_bytes(slice) <= (size_t(160) << 10)
+                             ? slice : 0;
+    launch_pdl(what, staged ? kStagedTma : kPlainTma, grid, dim3(THREADS), ring + ring_scale_bytes(q.ring_scale_steps), stream, q,
+               ks, map);
     return;
   }
   launch_pdl(what, staged ? kStaged : kPlain, grid, dim3(THREADS), act_bytes, stream, p, ks, map);
