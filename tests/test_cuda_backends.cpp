@@ -218,7 +218,8 @@ TEST_P(CudaFp8Decode, EverySwitchMatchesTheReference) {
 // default ring depth and with 2 and 3 stages (T <= 8 and the
 // 8-row-pass cases at T = 64 run the NT = 1 kernels that have it; partial k blocks are zero-filled
 // by the TMA where the register ring clamps into the row), for both h-quantization placements, and
-// with the block scales staged in shared memory (MOEX_CUDA_FP8_DECODE_TMA_SCALES=1).
+// with the block scales staged in shared memory (MOEX_CUDA_FP8_DECODE_TMA_SCALES=1) and with stages of two k
+// blocks (MOEX_CUDA_FP8_DECODE_TMA_BOX=256).
 TEST_P(CudaFp8Decode, TmaRingIsBitIdentical) {
   SKIP_WITHOUT_CUDA();
   const auto devs = cuda_devices();
@@ -246,6 +247,12 @@ TEST_P(CudaFp8Decode, TmaRingIsBitIdentical) {
       {  // the block scales staged in shared memory before the wait
         ScopedEnv scales("MOEX_CUDA_FP8_DECODE_TMA_SCALES", "1");
         EXPECT_EQ(run("1"), reference) << "HQ=" << hq << " staged scales " << c.describe();
+      }
+      {  // stages of two k blocks (256-byte boxes), two of them and one (a ring that wraps every stage)
+        ScopedEnv box("MOEX_CUDA_FP8_DECODE_TMA_BOX", "256");
+        EXPECT_EQ(run("1"), reference) << "HQ=" << hq << " 256-byte boxes " << c.describe();
+        ScopedEnv depth("MOEX_CUDA_FP8_DECODE_TMA_STAGES", "3");
+        EXPECT_EQ(run("1"), reference) << "HQ=" << hq << " 256-byte boxes, one stage " << c.describe();
       }
       ++compared;
     }

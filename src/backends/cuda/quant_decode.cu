@@ -163,6 +163,7 @@ struct DecodeParams {
   bool h_quant_in_down; // decode_down quantizes h while staging it (else decode_up's last blocks)
   bool early_plan;      // decode_up / decode_down read the routing / plan before pdl_wait
   int ring_stages;      // stages of the TMA ring (the kTma kernels; set per launch by launch_gemv)
+  int ring_kbs;         // k blocks per TMA ring stage: 1, or 2 (MOEX_CUDA_FP8_DECODE_TMA_BOX=256: 256-byte boxes); 0 = 1
   int ring_scale_steps; // > 0: the TMA ring kernels stage each warp's weight block scales (up to this many
                         // k blocks) in shared memory before pdl_wait (MOEX_CUDA_FP8_DECODE_TMA_SCALES=1)
   void* out;            // [T, H]
@@ -473,6 +474,7 @@ struct TmaRing {
   uint32_t bars;           // shared address of its n mbarriers
   int row0, row1, e;       // first weight row of the tile's two boxes; the expert
   int n;                   // stages
+  int kbs;                 // k blocks per stage (1, or 2: boxes of 8 rows × 256 codes, rows 256 bytes apart)
   int slot;                // the stage the next k block is read from
   uint32_t phase;          // its mbarrier's phase parity (flips each time slot wraps to 0)
   float* scales;           // ring_scale_steps > 0: this warp's block scales, k block kb0 + i, tile row r at
@@ -484,12 +486,14 @@ __host__ __device__ constexpr size_t ring_scale_bytes(int steps) { return size_t
 
 // The warp's ring of n stages at dyn + offset (rounded up to 1024 bytes); lane 0 initialises its barriers.
 __device__ __forceinline__ void ring_tma_init(TmaRing& r, uint8_t* dyn, size_t offset, int n, const CUtensorMap* map, int e,
-                                              int row0, int row1) {
+                                              int row0, int row1, int kbs = 1) {
   const int warp = threadIdx.x >> 5;
   const uint32_t base = uint32_t(__cvta_generic_to_shared(dyn + offset)), aligned = (base + 1023u) & ~1023u;
+  kbs = kbs == 2 ? 2 : 1;
+  r.kbs = kbs;
   r.map = map;
-  r.stages = dyn + offset + (aligned - base) + warp * n * kRingStage;
-  r.bars = aligned + uint32_t(WARPS * n * kRingStage) + uint32_t(warp * n * 8);
+  r.stages = dyn + offset + (aligned - base) + warp * n * kbs * kRingStage;
+  r.bars = aligned + uint32_t(WARPS * n * kbs * kRingStage) + uint32_t(warp * n * 8);
   r.row0 = row0;
   r.row1 = row1;
   r.e = e;
@@ -515,7 +519,7 @@ template <int NT>
 __device__ __forceinline__ void ring_stage_scales(TmaRing& r, const TileArgs<NT>& t, int kb0, int kb1, int steps) {
   const int warp = threadIdx.x >> 5;
   const uint32_t end = r.bars - uint32_t(warp * r.n * 8) + uint32_t(WARPS * r.n * 8);  // past every warp's barriers
-  uint8_t* base = r.stages - warp * r.n * kRingStage;  // stage 0 of warp 0
+  uint8_t* base = r.stages - warp * r.n * r.kbs * kRingStage;  // stage 0 of warp 0
   r.scales = reinterpret_cast<float*>(base + (end - uint32_t(__cvta_generic_to_shared(base)))) + warp * steps * 16;
   for (int kb = kb0 + t.q; kb < kb1; kb += 4) {
     r.scales[(kb - kb0) * 16 + t.g] = block_scale(t.ws_lo, t.ue8m0, kb);
@@ -524,13 +528,14 @@ __device__ __forceinline__ void ring_stage_scales(TmaRing& r, const TileArgs<NT>
   __syncwarp();
 }
 
-// Lane 0: k block kb into stage s.
+// Lane 0: k blocks [kb, kb + kbs) into stage s (a block past K is zero-filled: never read).
 __device__ __forceinline__ void ring_tma_issue(const TmaRing& r, int s, int kb) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  const uint32_t bar = r.bars + 8 * s, dst = uint32_t(__cvta_generic_to_shared(r.stages + s * kRingStage));
-  tma::mbar_arrive_expect_tx(bar, kRingStage);
+  const int sb = r.kbs * kRingStage;
+  const uint32_t bar = r.bars + 8 * s, dst = uint32_t(__cvta_generic_to_shared(r.stages + s * sb));
+  tma::mbar_arrive_expect_tx(bar, uint32_t(sb));
   tma::tma_load_3d(dst, r.map, bar, kb * kQuantGroup, r.row0, r.e);
-  tma::tma_load_3d(dst + kRingStage / 2, r.map, bar, kb * kQuantGroup, r.row1, r.e);
+  tma::tma_load_3d(dst + sb / 2, r.map, bar, kb * kQuantGroup, r.row1, r.e);
 #endif
 }
 
@@ -541,8 +546,8 @@ __device__ __forceinline__ void ring_tma_prologue(const TmaRing& r, int kb0, int
   if ((threadIdx.x & 31) == 0) {
     if (again) wgmma::fence_proxy_async();
     int s = r.slot;
-    for (int i = 0; i < r.n && kb0 + i < kb1; ++i) {
-      ring_tma_issue(r, s, kb0 + i);
+    for (int i = 0; i < r.n && kb0 + i * r.kbs < kb1; ++i) {
+      ring_tma_issue(r, s, kb0 + i * r.kbs);
       s = s + 1 == r.n ? 0 : s + 1;
     }
   }
@@ -556,7 +561,8 @@ __device__ __forceinline__ void ring_tma_run(const TileArgs<NT>& t, int kb0, int
   // lane (g, q) reads chunks q and 4 + q (16 codes each) of rows g and g + 8; odd rows read the two in
   // the other order, so that the 8 lanes of each quarter warp (rows g, g + 1) meet 32 distinct banks
   const bool odd = t.g & 1;
-  const int first = t.g * kQuantGroup + 16 * (odd ? 4 + t.q : t.q), second = t.g * kQuantGroup + 16 * (odd ? t.q : 4 + t.q);
+  const int sb = r.kbs * kRingStage, row_stride = r.kbs * kQuantGroup;  // a stage's bytes; a box row's
+  const int first = t.g * row_stride + 16 * (odd ? 4 + t.q : t.q), second = t.g * row_stride + 16 * (odd ? t.q : 4 + t.q);
   const float* sc = r.scales;
   float ws_lo = sc ? sc[t.g] : block_scale(t.ws_lo, t.ue8m0, kb0), ws_hi = sc ? sc[t.g + 8] : block_scale(t.ws_hi, t.ue8m0, kb0);
   for (int kb = kb0; kb < kb1; ++kb) {
@@ -565,13 +571,14 @@ __device__ __forceinline__ void ring_tma_run(const TileArgs<NT>& t, int kb0, int
       next_lo = sc ? sc[(kb + 1 - kb0) * 16 + t.g] : block_scale(t.ws_lo, t.ue8m0, kb + 1);
       next_hi = sc ? sc[(kb + 1 - kb0) * 16 + t.g + 8] : block_scale(t.ws_hi, t.ue8m0, kb + 1);
     }
+    const int sub = r.kbs == 2 ? (kb - kb0) & 1 : 0;  // the k block's place in its stage
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    tma::mbar_wait(r.bars + 8 * r.slot, r.phase);
+    if (sub == 0) tma::mbar_wait(r.bars + 8 * r.slot, r.phase);
 #endif
-    const uint8_t* st = r.stages + r.slot * kRingStage;
+    const uint8_t* st = r.stages + r.slot * sb + sub * kQuantGroup;
     const uint4 lo_a = *reinterpret_cast<const uint4*>(st + first), lo_b = *reinterpret_cast<const uint4*>(st + second);
-    const uint4 hi_a = *reinterpret_cast<const uint4*>(st + kRingStage / 2 + first);
-    const uint4 hi_b = *reinterpret_cast<const uint4*>(st + kRingStage / 2 + second);
+    const uint4 hi_a = *reinterpret_cast<const uint4*>(st + sb / 2 + first);
+    const uint4 hi_b = *reinterpret_cast<const uint4*>(st + sb / 2 + second);
     Stage sg;
     sg.lo0 = odd ? lo_b : lo_a;
     sg.lo1 = odd ? lo_a : lo_b;
@@ -580,16 +587,19 @@ __device__ __forceinline__ void ring_tma_run(const TileArgs<NT>& t, int kb0, int
     sg.ws_lo = ws_lo;
     sg.ws_hi = ws_hi;
     compute_stage<NT, NU>(t, cols, kb, sg, acc);
-    // every lane has used the stage (its values fed the MMAs): lane 0 refills it with block kb + n,
-    // the generic-proxy reads ordered before the TMA's async-proxy write
-    __syncwarp();
-    if ((threadIdx.x & 31) == 0 && kb + r.n < kb1) {
-      wgmma::fence_proxy_async();
-      ring_tma_issue(r, r.slot, kb + r.n);
-    }
-    if (++r.slot == r.n) {
-      r.slot = 0;
-      r.phase ^= 1u;
+    // the stage's last k block: every lane has used the stage (its values fed the MMAs), lane 0 refills
+    // it with the blocks n stages on, the generic-proxy reads ordered before the TMA's async-proxy write
+    if (sub == r.kbs - 1 || kb + 1 == kb1) {
+      __syncwarp();
+      const int refill = kb - sub + r.n * r.kbs;
+      if ((threadIdx.x & 31) == 0 && refill < kb1) {
+        wgmma::fence_proxy_async();
+        ring_tma_issue(r, r.slot, refill);
+      }
+      if (++r.slot == r.n) {
+        r.slot = 0;
+        r.phase ^= 1u;
+      }
     }
     ws_lo = next_lo;
     ws_hi = next_hi;
@@ -866,7 +876,7 @@ __global__ void __launch_bounds__(THREADS, decode_min_blocks(NT, kWide))
     tile_setup<NT>(wt, a.up, e, rows_of_m, a.H, ks_count);
     if constexpr (kTma) {
       ring_tma_init(wt.ring, dynamic_smem(), kStaged ? staged_smem_bytes(NT, a.H) : 0, a.ring_stages, &wmap, e, wt.row0,
-                    wt.row1);
+                    wt.row1, a.ring_kbs);
       ring_tma_prologue(wt.ring, wt.kb0, wt.kb1, false);
       if (a.ring_scale_steps > 0) ring_stage_scales(wt.ring, wt.t, wt.kb0, wt.kb1, a.ring_scale_steps);
     } else {
@@ -959,7 +969,7 @@ __global__ void __launch_bounds__(THREADS, decode_min_blocks(NT, false))
   tile_setup<NT>(wt, a.down, e, rows_of_m, a.I, ks_count);
   if constexpr (kTma) {
     const size_t staged = !kStaged ? 0 : a.h_quant_in_down ? staged_h_smem_bytes(NT, a.I, sizeof(T)) : staged_smem_bytes(NT, a.I);
-    ring_tma_init(wt.ring, dynamic_smem(), staged, a.ring_stages, &wmap, e, wt.row0, wt.row1);
+    ring_tma_init(wt.ring, dynamic_smem(), staged, a.ring_stages, &wmap, e, wt.row0, wt.row1, a.ring_kbs);
     ring_tma_prologue(wt.ring, wt.kb0, wt.kb1, false);
     if (a.ring_scale_steps > 0) ring_stage_scales(wt.ring, wt.t, wt.kb0, wt.kb1, a.ring_scale_steps);
   } else {
@@ -1461,10 +1471,10 @@ int tma_ring_stages(size_t act_bytes, dim3 grid, int k_blocks) {
 // The tensor map of a weight tensor's codes for the TMA ring: [E, N, K] bytes (rows K bytes apart,
 // experts data_stride apart), box 128 codes × 8 rows × 1 expert; zeros past K and past N. False where
 // the driver cannot encode it (the path then keeps the register ring instead of failing).
-bool ring_map(const QuantWeights& w, int64_t E, CUtensorMap& map) {
+bool ring_map(const QuantWeights& w, int64_t E, CUtensorMap& map, int kbs = 1) {
   const cuuint64_t dims[3] = {cuuint64_t(w.K), cuuint64_t(w.N), cuuint64_t(E)};
   const cuuint64_t strides[2] = {cuuint64_t(w.K), cuuint64_t(w.data_stride)};
-  const cuuint32_t box[3] = {cuuint32_t(kQuantGroup), 8u, 1u};
+  const cuuint32_t box[3] = {cuuint32_t(kQuantGroup * kbs), 8u, 1u};
   return tma::try_make_map(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, w.data, 3, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_NONE) ==
          CUDA_SUCCESS;
 }
@@ -1491,12 +1501,15 @@ void launch_gemv(const char* what, int nt, size_t smem, dim3 grid, const DecodeP
                      : force_stages > 0 ? ring_stages_within(act_bytes, force_stages)
                                         : tma_ring_stages(act_bytes, grid, int(ceil_div(k_blocks, ks)));
   CUtensorMap map{};  // the register-ring kernels do not read theirs
-  if (stages > 0 && ring_map(w, p.E, map)) {
+  // MOEX_CUDA_FP8_DECODE_TMA_BOX=256 (A/B): stages of two k blocks, 8-row × 256-byte boxes (the same bytes in flight)
+  const int kbs = decode_env_is("MOEX_CUDA_FP8_DECODE_TMA_BOX", "256") ? 2 : 1;
+  if (stages > 0 && ring_map(w, p.E, map, kbs)) {
     DecodeParams q = p;
-    q.ring_stages = stages;
+    q.ring_stages = std::max(1, stages / kbs);
+    q.ring_kbs = kbs;
     // MOEX_CUDA_FP8_DECODE_TMA_SCALES=1 (A/B): the warps' block scales staged before pdl_wait, where they fit
     const int slice = int(ceil_div(k_blocks, ks));
-    const size_t ring = act_bytes + ring_smem_bytes(stages);
+    const size_t ring = act_bytes + ring_smem_bytes(q.ring_stages * kbs);
     q.ring_scale_steps = decode_env_is("MOEX_CUDA_FP8_DECODE_TMA_SCALES", "1") && ring + ring_scale_bytes(slice) <= (size_t(160) << 10)
                              ? slice : 0;
     launch_pdl(what, staged ? kStagedTma : kPlainTma, grid, dim3(THREADS), ring + ring_scale_bytes(q.ring_scale_steps), stream, q,
