@@ -218,8 +218,8 @@ TEST_P(CudaFp8Decode, EverySwitchMatchesTheReference) {
 // default ring depth and with 2 and 3 stages (T <= 8 and the
 // 8-row-pass cases at T = 64 run the NT = 1 kernels that have it; partial k blocks are zero-filled
 // by the TMA where the register ring clamps into the row), for both h-quantization placements, and
-// with the block scales staged in shared memory (MOEX_CUDA_FP8_DECODE_TMA_SCALES=1) and with stages of two k
-// blocks (MOEX_CUDA_FP8_DECODE_TMA_BOX=256).
+// with the block scales loaded in the k loop (MOEX_CUDA_FP8_DECODE_TMA_SCALES=0) and with stages of one k
+// block (MOEX_CUDA_FP8_DECODE_TMA_BOX=128; the default is two, so that "2" / "3" stages above are one stage of two).
 TEST_P(CudaFp8Decode, TmaRingIsBitIdentical) {
   SKIP_WITHOUT_CUDA();
   const auto devs = cuda_devices();
@@ -244,15 +244,15 @@ TEST_P(CudaFp8Decode, TmaRingIsBitIdentical) {
         ScopedEnv depth("MOEX_CUDA_FP8_DECODE_TMA_STAGES", stages);
         EXPECT_EQ(run("1"), reference) << "HQ=" << hq << " stages=" << stages << " " << c.describe();
       }
-      {  // the block scales staged in shared memory before the wait
-        ScopedEnv scales("MOEX_CUDA_FP8_DECODE_TMA_SCALES", "1");
-        EXPECT_EQ(run("1"), reference) << "HQ=" << hq << " staged scales " << c.describe();
+      {  // the block scales loaded in the k loop instead of staged before the wait
+        ScopedEnv scales("MOEX_CUDA_FP8_DECODE_TMA_SCALES", "0");
+        EXPECT_EQ(run("1"), reference) << "HQ=" << hq << " scales in the loop " << c.describe();
       }
-      {  // stages of two k blocks (256-byte boxes), two of them and one (a ring that wraps every stage)
-        ScopedEnv box("MOEX_CUDA_FP8_DECODE_TMA_BOX", "256");
-        EXPECT_EQ(run("1"), reference) << "HQ=" << hq << " 256-byte boxes " << c.describe();
+      {  // stages of one k block (128-byte boxes), with 2 and 3 stages
+        ScopedEnv box("MOEX_CUDA_FP8_DECODE_TMA_BOX", "128");
+        EXPECT_EQ(run("1"), reference) << "HQ=" << hq << " 128-byte boxes " << c.describe();
         ScopedEnv depth("MOEX_CUDA_FP8_DECODE_TMA_STAGES", "3");
-        EXPECT_EQ(run("1"), reference) << "HQ=" << hq << " 256-byte boxes, one stage " << c.describe();
+        EXPECT_EQ(run("1"), reference) << "HQ=" << hq << " 128-byte boxes, 3 stages " << c.describe();
       }
       ++compared;
     }

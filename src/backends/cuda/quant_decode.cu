@@ -163,9 +163,10 @@ struct DecodeParams {
   bool h_quant_in_down; // decode_down quantizes h while staging it (else decode_up's last blocks)
   bool early_plan;      // decode_up / decode_down read the routing / plan before pdl_wait
   int ring_stages;      // stages of the TMA ring (the kTma kernels; set per launch by launch_gemv)
-  int ring_kbs;         // k blocks per TMA ring stage: 1, or 2 (MOEX_CUDA_FP8_DECODE_TMA_BOX=256: 256-byte boxes); 0 = 1
+  int ring_kbs;         // k blocks per TMA ring stage: 2 (256-byte boxes; the default), or 1
+                        // (MOEX_CUDA_FP8_DECODE_TMA_BOX=128); 0 = 1 (the wide form)
   int ring_scale_steps; // > 0: the TMA ring kernels stage each warp's weight block scales (up to this many
-                        // k blocks) in shared memory before pdl_wait (MOEX_CUDA_FP8_DECODE_TMA_SCALES=1)
+                        // k blocks) in shared memory before pdl_wait (the default; MOEX_CUDA_FP8_DECODE_TMA_SCALES=0: not)
   void* out;            // [T, H]
 };
 
@@ -458,9 +459,12 @@ __device__ __forceinline__ void ring_run(const TileArgs<NT>& t, int kb0, int kb1
 // mbarrier per stage, the first a.ring_stages k blocks before pdl_wait, and the lanes read the chunks
 // the register ring would have loaded from there: the same
 // MMAs and promotion, bit for bit (a chunk past K is zero-filled by the TMA instead of clamped into
-// the row; it meets zero activation codes either way). A stage is the tile's 16 rows × 128 codes as
-// two 8-row boxes of the tensor map over the [E, N, K] codes: rows 0-7 at byte 0, rows 8-15 at 1024,
-// row r of a box at 128 r (no swizzle).
+// the row; it meets zero activation codes either way). A stage is the tile's 16 rows × kbs·128 codes
+// (kbs = 2 k blocks by default, 1 with MOEX_CUDA_FP8_DECODE_TMA_BOX=128) as two 8-row boxes of the tensor
+// map over the [E, N, K] codes: rows 0-7 at byte 0, rows 8-15 at kbs·1024, row r of a box at kbs·128·r
+// (no swizzle); the host's stage count is in k blocks (4: two stages of two). Longer boxes measured 3-4 %
+// faster at T = 1 (fewer, longer requests per row; forty-ninth session). The warps' weight block scales
+// are staged in shared memory before the wait (ring_stage_scales) unless MOEX_CUDA_FP8_DECODE_TMA_SCALES=0.
 constexpr int kRingStage = 16 * kQuantGroup;  // bytes
 constexpr int kRingMaxStages = 8;
 // dynamic shared memory of a ring of `stages`: WARPS rings, their mbarriers, slack for the 1024-byte alignment
@@ -1501,16 +1505,21 @@ void launch_gemv(const char* what, int nt, size_t smem, dim3 grid, const DecodeP
                      : force_stages > 0 ? ring_stages_within(act_bytes, force_stages)
                                         : tma_ring_stages(act_bytes, grid, int(ceil_div(k_blocks, ks)));
   CUtensorMap map{};  // the register-ring kernels do not read theirs
-  // MOEX_CUDA_FP8_DECODE_TMA_BOX=256 (A/B): stages of two k blocks, 8-row × 256-byte boxes (the same bytes in flight)
-  const int kbs = decode_env_is("MOEX_CUDA_FP8_DECODE_TMA_BOX", "256") ? 2 : 1;
+  // Stages of two k blocks: 8-row × 256-byte boxes, the same bytes in flight as twice the stages of one
+  // block. Measured on an H100 (2026-12-06, forty-ninth session, calls 3-4, CUDA-graph replay): T = 1
+  // qwen3_30b_a3b 0.0237-0.0240 ms against 0.0245-0.0250, qwen15_moe_a2_7b 0.0237-0.0239 against 0.0246-0.0251;
+  // T = 8 unchanged. MOEX_CUDA_FP8_DECODE_TMA_BOX=128: stages of one k block (A/B).
+  const int kbs = decode_env_is("MOEX_CUDA_FP8_DECODE_TMA_BOX", "128") ? 1 : 2;
   if (stages > 0 && ring_map(w, p.E, map, kbs)) {
     DecodeParams q = p;
     q.ring_stages = std::max(1, stages / kbs);
     q.ring_kbs = kbs;
-    // MOEX_CUDA_FP8_DECODE_TMA_SCALES=1 (A/B): the warps' block scales staged before pdl_wait, where they fit
+    // The warps' block scales staged before pdl_wait, where they fit (with the 256-byte boxes: qwen15 T = 1
+    // 0.0233 ms against 0.0237, qwen3 0.0239 against 0.0240, H100, same session, call 4; alone 0-4 % in calls
+    // 2-3). MOEX_CUDA_FP8_DECODE_TMA_SCALES=0: loaded in the k loop, one block ahead (A/B).
     const int slice = int(ceil_div(k_blocks, ks));
     const size_t ring = act_bytes + ring_smem_bytes(q.ring_stages * kbs);
-    q.ring_scale_steps = decode_env_is("MOEX_CUDA_FP8_DECODE_TMA_SCALES", "1") && ring + ring_scale_bytes(slice) <= (size_t(160) << 10)
+    q.ring_scale_steps = !decode_env_is("MOEX_CUDA_FP8_DECODE_TMA_SCALES", "0") && ring + ring_scale_bytes(slice) <= (size_t(160) << 10)
                              ? slice : 0;
     launch_pdl(what, staged ? kStagedTma : kPlainTma, grid, dim3(THREADS), ring + ring_scale_bytes(q.ring_scale_steps), stream, q,
                ks, map);
