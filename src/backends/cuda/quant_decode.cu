@@ -1072,6 +1072,31 @@ __device__ __forceinline__ Stage stage_from_smem(const uint8_t* st, int g, int q
   return s;
 }
 
+// A lane's operands for a k loop whose activations are staged in shared memory (act: codes, rows
+// act_stride apart; act_s: scales, gK per row; arow: the row of each column, -1 = none). The weight block
+// scales come from the caller (the fused kernel stages them), so the scale pointers stay unset.
+__device__ __forceinline__ TileArgs<1> staged_tile_args(int g, int q, int K, int gK, const uint8_t* act, const float* act_s,
+                                                        int act_stride, const int* arow) {
+  TileArgs<1> t{};
+  t.g = g;
+  t.q = q;
+  t.K = K;
+  t.gK = gK;
+  t.act = act;
+  t.act_s = act_s;
+  t.act_stride = act_stride;
+  t.s_arow = arow;
+  return t;
+}
+
+// A warp's partial m16 × n8 tile into ts.part (tile_finish's layout, NU = 1).
+__device__ __forceinline__ void store_part(TileSmem<1>& ts, int warp, int g, int q, const float (&acc)[1][4]) {
+  ts.part[warp][g][2 * q] = acc[0][0];
+  ts.part[warp][g][2 * q + 1] = acc[0][1];
+  ts.part[warp][g + 8][2 * q] = acc[0][2];
+  ts.part[warp][g + 8][2 * q + 1] = acc[0][3];
+}
+
 // The fused kernel's small tables (static shared memory). Slots are decode_prep's (hit experts in
 // ascending order); S <= 8, so a slot has at most 8 columns (one n8 tile) and there are at most 8 slots.
 struct FusedSmem {
@@ -1217,15 +1242,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   uint32_t phase = 0;
   for (int j = 0; j < my_tiles; ++j) {
     const int u = blk + j * G, b = u / f.CB, i0 = (u % f.CB) * f.BI, e = fs.hit[b];
-    TileArgs<1> t;
-    t.g = g;
-    t.q = q;
-    t.K = a.H;
-    t.gK = a.gH;
-    t.act = s_x;
-    t.act_s = s_xs;
-    t.act_stride = staged_stride(a.H);
-    t.s_arow = fs.tok[b];
+    const TileArgs<1> t = staged_tile_args(g, q, a.H, a.gH, s_x, s_xs, staged_stride(a.H), fs.tok[b]);
     float acc[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
     const PassCols<1> cols = pass_cols<1, 1>(t);
     for (int kb = kb0; kb < kb1; ++kb, ++s) {
@@ -1242,10 +1259,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         phase ^= 1u;
       }
     }
-    ts.part[warp][g][2 * q] = acc[0][0];
-    ts.part[warp][g][2 * q + 1] = acc[0][1];
-    ts.part[warp][g + 8][2 * q] = acc[0][2];
-    ts.part[warp][g + 8][2 * q + 1] = acc[0][3];
+    store_part(ts, warp, g, q, acc);
     __syncthreads();
     const int ncols = fs.ncols[b];
     const T* bias = a.up_bias ? static_cast<const T*>(a.up_bias) + int64_t(e) * a.R : nullptr;
@@ -1320,15 +1334,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   // ---- the down GEMV of rows [n0, n0 + 16) from the slab: warp = (k slice kd, slot b) ----
   const int b = b_down;
   if (b < n_hit) {
-    TileArgs<1> t;
-    t.g = g;
-    t.q = q;
-    t.K = a.I;
-    t.gK = a.gI;
-    t.act = s_hq;
-    t.act_s = s_hs;
-    t.act_stride = staged_stride(a.I);
-    t.s_arow = fs.pair[b];
+    const TileArgs<1> t = staged_tile_args(g, q, a.I, a.gI, s_hq, s_hs, staged_stride(a.I), fs.pair[b]);
     float acc[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
     const PassCols<1> cols = pass_cols<1, 1>(t);
     tma::mbar_wait(slab_bars + 8u * uint32_t(b), 0);
@@ -1336,10 +1342,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       const float ws_lo = ds[(kb - d0) * 16 + g], ws_hi = ds[(kb - d0) * 16 + g + 8];
       compute_stage<1, 1>(t, cols, kb, stage_from_smem(slab + (b * a.gI + kb) * kRingStage, g, q, ws_lo, ws_hi), acc);
     }
-    ts.part[warp][g][2 * q] = acc[0][0];
-    ts.part[warp][g][2 * q + 1] = acc[0][1];
-    ts.part[warp][g + 8][2 * q] = acc[0][2];
-    ts.part[warp][g + 8][2 * q + 1] = acc[0][3];
+    store_part(ts, warp, g, q, acc);
   }
   __syncthreads();
   // y of each pair (decode_down's value: the k slices in slice order, + bias), then each token's
