@@ -1522,8 +1522,9 @@ void launch_gemv(const char* what, int nt, size_t smem, dim3 grid, const DecodeP
     // 2-3). MOEX_CUDA_FP8_DECODE_TMA_SCALES=0: loaded in the k loop, one block ahead (A/B).
     const int slice = int(ceil_div(k_blocks, ks));
     const size_t ring = act_bytes + ring_smem_bytes(q.ring_stages * kbs);
-    q.ring_scale_steps = !decode_env_is("MOEX_CUDA_FP8_DECODE_TMA_SCALES", "0") && ring + ring_scale_bytes(slice) <= (size_t(160) << 10)
-                             ? slice : 0;
+    // (within the 104 KB that keep two blocks per SM where the ring's rule chose it; 160 KB where forced)
+    const size_t limit = decode_env("MOEX_CUDA_FP8_DECODE_TMA") || force_stages > 0 ? size_t(160) << 10 : size_t(104) << 10;
+    q.ring_scale_steps = !decode_env_is("MOEX_CUDA_FP8_DECODE_TMA_SCALES", "0") && ring + ring_scale_bytes(slice) <= limit ? slice : 0;
     launch_pdl(what, staged ? kStagedTma : kPlainTma, grid, dim3(THREADS), ring + ring_scale_bytes(q.ring_scale_steps), stream, q,
                ks, map);
     return;
