@@ -9,6 +9,7 @@
 # "" skips ncu).
 # Here: bash bench/gpu_prebuilt.sh pack   There (`run`, carry ["build-carry"]):
 #   bash bench/gpu_prebuilt.sh run bench/gpu_session49b.sh   → $OUT/summary.txt, fp8_decode.md, ncu_*.md
+# decode_fused was removed at the end of the forty-ninth session: its switches now change nothing.
 set -u
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"

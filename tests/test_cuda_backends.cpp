@@ -27,7 +27,6 @@
 #ifdef MOEX_WITH_CUDA
 #include <cuda_runtime.h>
 
-#include "backends/cuda/decode_probe.hpp"
 #include "backends/cuda/plan_probe.hpp"
 #endif
 
@@ -152,8 +151,8 @@ std::vector<check::Case> decode_cases(uint64_t seed, DType dt) {
   add(make_case(seed + 55, dt, 8, 384, 256, 1, 3), fp8);
   // zero weight blocks with scale 0 (Case::zero_weight_blocks)
   { auto c = make_case(seed + 56, dt, 8, 512, 384, 4, 2); c.zero_weight_blocks = true; add(c, fp8); }
-  // the fused form (T·K <= 8): 64 blocks of 16 rows, up tiles spread over them; two tokens whose
-  // slots share experts (two columns in one slot), interleaved with biases
+  // T = 1 with K = E = 8 on a wider H; two tokens whose slots share experts (two columns in one slot),
+  // interleaved with biases
   add(make_case(seed + 57, dt, 8, 1024, 384, 1, 8), ue8m0);
   { auto c = make_case(seed + 58, dt, 6, 512, 256, 2, 4); c.routing = check::Routing::skewed; c.spec.interleaved = true;
     c.spec.has_bias = true; add(c, fp8); }
@@ -197,9 +196,7 @@ TEST_P(CudaFp8Decode, EverySwitchMatchesTheReference) {
                                                           {"MOEX_CUDA_FP8_DECODE_HQ", "down"},
                                                           {"MOEX_CUDA_FP8_DECODE_TMA", "0"},
                                                           {"MOEX_CUDA_FP8_DECODE_TMA", "1"},
-                                                          {"MOEX_CUDA_FP8_DECODE_TMA_WIDE", "1"},
-                                                          {"MOEX_CUDA_FP8_DECODE_FUSED", "0"},
-                                                          {"MOEX_CUDA_FP8_DECODE_FUSED", "1"}};
+                                                          {"MOEX_CUDA_FP8_DECODE_TMA_WIDE", "1"}};
   for (const auto& [name, value] : switches) {
     ScopedEnv variant(name, value);
     double worst = 0;
@@ -226,7 +223,6 @@ TEST_P(CudaFp8Decode, TmaRingIsBitIdentical) {
   if (devs[0].compute_capability() != 90) GTEST_SKIP() << "the TMA ring is sm_90: device 0 is not compute capability 9.0";
   const DType dt = GetParam();
   ScopedEnv force("MOEX_CUDA_FP8_DECODE", "1");
-  ScopedEnv four_kernels("MOEX_CUDA_FP8_DECODE_FUSED", "0");  // (other k slices than the rings' kernels)
   int compared = 0;
   for (const char* hq : {"up", "down"}) {
     ScopedEnv h_quant("MOEX_CUDA_FP8_DECODE_HQ", hq);
@@ -259,55 +255,6 @@ TEST_P(CudaFp8Decode, TmaRingIsBitIdentical) {
   }
   std::printf("TMA ring against the register ring: %d cases, bit for bit\n", compared);
 }
-
-#ifdef MOEX_WITH_CUDA  // (moex::cuda::probe_fused_decode)
-// The fused form (decode_fused: up, down and the combine in one kernel, T·K <= 8) against the
-// four-kernel path with the same k slices (MOEX_CUDA_FP8_DECODE_KS_UP / _KS_DOWN) and h quantized by
-// decode_down: the same MMAs, promotions, quantization of h and slot-order sums, so the same bytes; with
-// its default ring depth, with 2 and 3 stages (rings that wrap across its up tiles) and with the down
-// slab requested at its other two points.
-TEST_P(CudaFp8Decode, FusedIsBitIdentical) {
-  SKIP_WITHOUT_CUDA();
-  const auto devs = cuda_devices();
-  if (devs[0].compute_capability() != 90) GTEST_SKIP() << "the fused form is sm_90: device 0 is not compute capability 9.0";
-  const DType dt = GetParam();
-  ScopedEnv force("MOEX_CUDA_FP8_DECODE", "1");
-  int compared = 0;
-  for (const auto& c : decode_cases(seed_from_env(), dt)) {
-    ScopedEnv on("MOEX_CUDA_FP8_DECODE_FUSED", "1");
-    const auto probe = moex::cuda::probe_fused_decode(c.tokens, c.top_k, c.spec.num_experts, c.spec.hidden, c.spec.intermediate,
-                                                      c.spec.has_gate, dtype_size(dt));
-    if (!probe.applies) continue;
-    const check::Instance dev = check::make_instance(c).to(Device::cuda());
-    const std::string ks_up = std::to_string(probe.ks_up), ks_down = std::to_string(probe.ks_down);
-    ScopedEnv up("MOEX_CUDA_FP8_DECODE_KS_UP", ks_up.c_str());
-    auto run = [&](const char* fused) {
-      ScopedEnv env("MOEX_CUDA_FP8_DECODE_FUSED", fused);
-      Tensor out = Tensor::empty(dt, {c.tokens, c.spec.hidden}, Device::cuda());
-      experts_forward("grouped_mm", dev.experts(), dev.call(out));
-      return test::to_host(out);
-    };
-    std::vector<char> four_kernels;
-    {
-      ScopedEnv down("MOEX_CUDA_FP8_DECODE_KS_DOWN", ks_down.c_str());
-      ScopedEnv h_quant("MOEX_CUDA_FP8_DECODE_HQ", "down");
-      four_kernels = run("0");
-    }
-    EXPECT_EQ(run("1"), four_kernels) << "ks_up=" << ks_up << " ks_down=" << ks_down << " " << c.describe();
-    for (const char* stages : {"2", "3"}) {
-      ScopedEnv depth("MOEX_CUDA_FP8_DECODE_FUSED_STAGES", stages);
-      EXPECT_EQ(run("1"), four_kernels) << "stages=" << stages << " " << c.describe();
-    }
-    for (const char* slab : {"1", "2"}) {  // the down slab requested after the up stages / after the up tiles
-      ScopedEnv when("MOEX_CUDA_FP8_DECODE_FUSED_SLAB", slab);
-      EXPECT_EQ(run("1"), four_kernels) << "slab=" << slab << " " << c.describe();
-    }
-    ++compared;
-  }
-  std::printf("fused form against the four kernels: %d cases, bit for bit\n", compared);
-  EXPECT_GE(compared, 5) << "too few decode cases take the fused form";
-}
-#endif
 
 // Every slot dropped (index -1): no expert is hit, no up or down block has work; the output must
 // still be written, all zeros (poisoned with NaN first).

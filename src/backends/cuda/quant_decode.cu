@@ -13,8 +13,6 @@
 //                     f32 (+ bias). At T <= 8 it quantizes the h rows itself while staging them.
 //   4. combine        (combine.cu's kernel) out[t, n] = Σ_j w[t, j] · y[t·K + j, n] over the
 //                     valid slots in slot order, in f32.
-// At T·K <= 8 pairs on sm_90, 2-4 are one kernel, decode_fused (section 5 below: one block per 16
-// output rows, its down slice in shared memory, a grid-wide barrier between the up and down GEMVs).
 //
 // Tried on the H200 and removed (2026-12-02, twenty-fourth session, docs/PERF.md): at T <= 8 the
 // same work in two kernels — decode_up planning from the routing indices and quantizing its token
@@ -65,6 +63,18 @@
 // requested before the wait. Tried in the same calls and removed: decode_up's blocks asking L2 for
 // their slot's down matrix before the wait (cp.async.bulk.prefetch.L2; MOEX_CUDA_FP8_DECODE_L2DOWN):
 // T = 1 no change (0.0242 / 0.0240), T = 8 and 64 15-45 % slower on every shape.
+//
+// Tried on an H100 and removed (2026-12-06, forty-ninth session, commit bdacce9, docs/PERF.md): at
+// T·K <= 8, decode_up, decode_down and the combine as ONE kernel after decode_prep (decode_fused: one
+// block of 8 warps per 16 output rows, grid H/16 <= the SM count; before pdl_wait each block requested
+// by TMA its whole down slice — every hit expert's 16 rows × I codes, 96 KB on qwen3_30b_a3b — into a
+// shared-memory slab and the first stages of its share of the up tiles into per-warp rings; after it the
+// up tiles, a grid-wide barrier, h staged and quantized in every block, the down GEMV from the slab and
+// the slot-order sum) — bit-identical to these kernels with the same k slices, memcheck / racecheck
+// clean, and 30-50 % slower: qwen3_30b_a3b T = 1 0.0332-0.0355 ms against 0.0236-0.0241,
+// qwen15_moe_a2_7b 0.0307-0.0316 against 0.0238-0.0251; ncu: 35-41 us alone at 0.95-1.08 TB/s (8 warps
+// per SM moving 7 GB/s each SM, decode_up's 16 move 11); neither deeper rings, nor the slab requested
+// later, nor other up k slices, nor the routing and the block scales staged ahead changed it.
 //
 // The four are chained with programmatic dependent launch (pdl.cuh): each becomes resident while
 // its predecessor runs. decode_up finds its slot's expert from the routing indices and decode_down
@@ -117,7 +127,6 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "backends/cuda/decode_probe.hpp"
 #include "backends/cuda/mma_ptx.cuh"
 #include "backends/cuda/pdl.cuh"
 #include "backends/cuda/quant_common.cuh"
@@ -157,9 +166,8 @@ struct DecodeParams {
   int* slot_off;        // [slots + 1] slot b owns pair-list entries [slot_off[b], slot_off[b+1])
   int* pairs;           // [S]     pair ids grouped by expert
   int* pair_row;        // [S]     row of y of pair p: p, or -1 for a dropped slot (launch_combine)
-  int* up_ctr;          // [slots * gI] finished up blocks per (slot, 128-group of I), then the fused
-                        // form's grid-wide barrier counter
-  int n_ctr;            // counters (zeroed by decode_prep): slots * gI + 1
+  int* up_ctr;          // [slots * gI] finished up blocks per (slot, 128-group of I)
+  int n_ctr;            // counters (zeroed by decode_prep)
   bool h_quant_in_down; // decode_down quantizes h while staging it (else decode_up's last blocks)
   bool early_plan;      // decode_up / decode_down read the routing / plan before pdl_wait
   int ring_stages;      // stages of the TMA ring (the kTma kernels; set per launch by launch_gemv)
@@ -1011,366 +1019,6 @@ __global__ void __launch_bounds__(THREADS, decode_min_blocks(NT, false))
   }
 }
 
-// ---- 5. the fused form at S = T·K <= 8 pairs (MOEX_CUDA_FP8_DECODE_FUSED) -----------------------
-// decode_up, decode_down and the combine as ONE kernel after decode_prep, one block per 16 output
-// rows of the down projection (grid H/16 <= the SM count, every block resident at once). Why: at T = 1
-// on the qwen shapes the four-kernel chain spent ~24 us on an H100 for 37.7 MB of weights (~11 us at
-// the copy rate): decode_down's blocks become resident only as decode_up's leave, so its weights are
-// requested late, and each kernel boundary drains the GPU. Here every block requests, before pdl_wait:
-//   * its whole down slice — 16 rows × I codes of every hit expert (≤ 8), a shared-memory slab of
-//     slots × gI stages (one mbarrier per slot), e.g. 96 KB on qwen3_30b_a3b;
-//   * the first `stages` k blocks of its share of the up projection, per warp a TMA ring as in
-//     decode_up (its tiles: decode_up's block tiles u = blockIdx.x + j·G, j = 0, 1, …).
-// After the wait: the token rows staged, the up tiles (decode_up's arithmetic: the same MMAs, KS slices
-// in slice order, gated activation), h written to global memory; a grid-wide barrier (one counter,
-// zeroed by decode_prep); every block stages all S rows of h and quantizes them (decode_down's
-// stage_h_quantized arithmetic), runs the down GEMV of its 16 rows from the slab (warp = (k slice,
-// slot)), and sums the slots of each token in slot order (the combine's arithmetic). With the same k
-// slices (MOEX_CUDA_FP8_DECODE_KS_UP / _KS_DOWN) the four-kernel path gives the same bytes
-// (test CudaFp8Decode.FusedIsBitIdentical).
-// The grid-wide barrier needs every block resident: G <= the SM count and one block per SM fits (the
-// host checks both); a kernel of another stream holding SMs only delays it. Under MPS with a limit on
-// the SMs a client may use, set MOEX_CUDA_FP8_DECODE_FUSED=0.
-struct FusedArgs {
-  int ks_up;        // k slices of an up tile (decode_up's ks)
-  int ks_down;      // k slices of a slot in the down GEMV (warp = k slice · (8 / ks_down) + slot)
-  int stages;       // TMA ring depth per warp (up)
-  int CB, BI;       // up column blocks per slot, h columns per column block
-  uint32_t off_ring, off_x, off_bars;  // dynamic shared memory: slab at 0, ring / h staging, token rows, mbarriers
-  uint32_t off_us, off_ds;  // the weight block scales of each warp's up steps [WARPS][up_steps][16] and down k blocks
-  int up_steps, down_steps; // [WARPS][down_steps][16] (f32, staged before pdl_wait: none on the k loops' path)
-  int* barrier;     // grid-wide arrival counter (zeroed by decode_prep)
-  int slab_at;      // when the down slab is requested: 0 before the up stages, 1 after them, 2 after the up
-                    // tiles (MOEX_CUDA_FP8_DECODE_FUSED_SLAB, A/B)
-};
-
-// Weight row of local tile row m of decode_up's column block starting at h column i0 (its rows_of_m).
-__device__ __forceinline__ int up_row(const DecodeParams& a, int m, int i0, int BI) {
-  if (a.up_epi == Epi::up_concat) return m < BI ? min(i0 + m, a.I - 1) : a.I + min(i0 + m - BI, a.I - 1);
-  if (a.up_epi == Epi::up_interleaved) return 2 * min(i0 + m / 2, a.I - 1) + (m & 1);
-  return min(i0 + m, a.I - 1);
-}
-
-// First h column of up tile u (its column block u % CB).
-__device__ __forceinline__ int i0_of(int u, const FusedArgs& f) { return (u % f.CB) * f.BI; }
-
-// One k block from a 16-row × 128-code stage in shared memory (the TMA ring's layout), as
-// ring_tma_run reads it: lane (g, q) takes chunks q and 4 + q of rows g and g + 8, odd rows swapped.
-__device__ __forceinline__ Stage stage_from_smem(const uint8_t* st, int g, int q, float ws_lo, float ws_hi) {
-  const bool odd = g & 1;
-  const int first = g * kQuantGroup + 16 * (odd ? 4 + q : q), second = g * kQuantGroup + 16 * (odd ? q : 4 + q);
-  const uint4 lo_a = *reinterpret_cast<const uint4*>(st + first), lo_b = *reinterpret_cast<const uint4*>(st + second);
-  const uint4 hi_a = *reinterpret_cast<const uint4*>(st + kRingStage / 2 + first);
-  const uint4 hi_b = *reinterpret_cast<const uint4*>(st + kRingStage / 2 + second);
-  Stage s;
-  s.lo0 = odd ? lo_b : lo_a;
-  s.lo1 = odd ? lo_a : lo_b;
-  s.hi0 = odd ? hi_b : hi_a;
-  s.hi1 = odd ? hi_a : hi_b;
-  s.ws_lo = ws_lo;
-  s.ws_hi = ws_hi;
-  return s;
-}
-
-// A lane's operands for a k loop whose activations are staged in shared memory (act: codes, rows
-// act_stride apart; act_s: scales, gK per row; arow: the row of each column, -1 = none). The weight block
-// scales come from the caller (the fused kernel stages them), so the scale pointers stay unset.
-__device__ __forceinline__ TileArgs<1> staged_tile_args(int g, int q, int K, int gK, const uint8_t* act, const float* act_s,
-                                                        int act_stride, const int* arow) {
-  TileArgs<1> t{};
-  t.g = g;
-  t.q = q;
-  t.K = K;
-  t.gK = gK;
-  t.act = act;
-  t.act_s = act_s;
-  t.act_stride = act_stride;
-  t.s_arow = arow;
-  return t;
-}
-
-// A warp's partial m16 × n8 tile into ts.part (tile_finish's layout, NU = 1).
-__device__ __forceinline__ void store_part(TileSmem<1>& ts, int warp, int g, int q, const float (&acc)[1][4]) {
-  ts.part[warp][g][2 * q] = acc[0][0];
-  ts.part[warp][g][2 * q + 1] = acc[0][1];
-  ts.part[warp][g + 8][2 * q] = acc[0][2];
-  ts.part[warp][g + 8][2 * q + 1] = acc[0][3];
-}
-
-// The fused kernel's small tables (static shared memory). Slots are decode_prep's (hit experts in
-// ascending order); S <= 8, so a slot has at most 8 columns (one n8 tile) and there are at most 8 slots.
-struct FusedSmem {
-  int idx[8];           // the routing of pair p (-1: dropped)
-  int hit[8];           // expert of slot b
-  int n_hit;
-  int tok[8][8];        // slot b, column c: its token (row of the staged token codes), -1 = none
-  int pair[8][8];       // slot b, column c: its pair (row of h / the staged h codes), -1 = none
-  int ncols[8];
-  int pair_slot[8];     // pair p: its slot (-1 = dropped), and column
-  int pair_col[8];
-  float y[8][16];       // pair p, local output row m: the down projection (+ bias), f32
-};
-
-template <class T>
-__global__ void __launch_bounds__(THREADS, 1)
-    decode_fused(DecodeParams a, FusedArgs f, const __grid_constant__ CUtensorMap up_map,
-                 const __grid_constant__ CUtensorMap down_map) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  __shared__ TileSmem<1> ts;  // ts.part: the per-warp partial tiles (up tiles, then the down GEMV)
-  __shared__ FusedSmem fs;
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, q = lane & 3;
-  const int blk = int(blockIdx.x), G = int(gridDim.x), n0 = 16 * blk;
-  uint8_t* dyn = dynamic_smem();
-  const uint32_t dyn_s = uint32_t(__cvta_generic_to_shared(dyn)), base_s = (dyn_s + 1023u) & ~1023u;
-  uint8_t* base = dyn + (base_s - dyn_s);
-  uint8_t* slab = base;                                       // [slots][gI] stages of 16 rows × 128 codes
-  uint8_t* ring = base + f.off_ring + warp * f.stages * kRingStage;  // this warp's up ring
-  const uint32_t slab_bars = base_s + f.off_bars, ring_bars = slab_bars + 8u * uint32_t(a.slots + warp * f.stages);
-  uint8_t* s_x = base + f.off_x;                              // [T][staged_stride(H)] token codes
-  float* s_xs = reinterpret_cast<float*>(s_x + a.T * staged_stride(a.H));  // [T][gH] their scales
-
-  if (!a.early_plan) pdl_wait();
-  // The routing (final: decode_prep released this kernel after its own wait), one load per thread.
-  if (tid < a.S) {
-    const int64_t e = load_index_cg(a.idx, a.idx64, tid);
-    fs.idx[tid] = e >= 0 && e < a.E ? int(e) : -1;
-  }
-  __syncthreads();
-  // The slots' experts (decode_prep's order: ascending, distinct, valid) and their columns (the pairs
-  // of each slot in ascending order: a column's result does not depend on where it lands); mbarriers.
-  if (tid == 0) {
-    int n = 0;
-    for (int p = 0; p < a.S; ++p) {
-      const int e = fs.idx[p];
-      if (e < 0) continue;
-      int at = n;
-      while (at > 0 && fs.hit[at - 1] > int(e)) --at;
-      if (at > 0 && fs.hit[at - 1] == int(e)) continue;
-      for (int k = n; k > at; --k) fs.hit[k] = fs.hit[k - 1];
-      fs.hit[at] = e;
-      ++n;
-    }
-    fs.n_hit = n;
-    for (int p = 0; p < 8; ++p) fs.pair_slot[p] = -1;
-    for (int b = 0; b < 8; ++b) {
-      int c = 0;
-      for (int p = 0; p < a.S && b < n; ++p) {
-        if (fs.idx[p] != fs.hit[b]) continue;
-        fs.pair[b][c] = p;
-        fs.tok[b][c] = p / a.K;
-        fs.pair_slot[p] = b;
-        fs.pair_col[p] = c;
-        ++c;
-      }
-      fs.ncols[b] = c;
-      for (; c < 8; ++c) fs.pair[b][c] = fs.tok[b][c] = -1;
-    }
-    for (int s = 0; s < a.slots + WARPS * f.stages; ++s) tma::mbar_init(slab_bars + 8u * uint32_t(s), 1);
-    tma::mbar_fence_init();
-  }
-  __syncthreads();
-  const int n_hit = fs.n_hit;
-  // The down slab: lane b of warp 0 requests slot b's 16 rows × all k blocks.
-  auto request_slab = [&] {
-    if (warp == 0 && lane < n_hit) {
-      const uint32_t bar = slab_bars + 8u * uint32_t(lane);
-      tma::mbar_arrive_expect_tx(bar, uint32_t(a.gI * kRingStage));
-      for (int kb = 0; kb < a.gI; ++kb) {
-        const uint32_t dst = base_s + uint32_t((lane * a.gI + kb) * kRingStage);
-        tma::tma_load_3d(dst, &down_map, bar, kb * kQuantGroup, n0, fs.hit[lane]);
-        tma::tma_load_3d(dst + kRingStage / 2, &down_map, bar, kb * kQuantGroup, n0 + 8, fs.hit[lane]);
-      }
-    }
-  };
-  if (f.slab_at == 0) request_slab();
-  // This warp's up stream: tiles u = blk + j·G (slot u / CB, column block u % CB), each its m16
-  // tile `mt` × its k slice [kb0, kb1); step s = (tile s / slice, k block kb0 + s % slice).
-  const int mt_count = WARPS / f.ks_up, mt = warp % mt_count, ksi = warp / mt_count;
-  const int kb0 = ksi * a.gH / f.ks_up, kb1 = (ksi + 1) * a.gH / f.ks_up, slice = kb1 - kb0;
-  const int tiles_total = n_hit * f.CB, my_tiles = blk < tiles_total ? (tiles_total - 1 - blk) / G + 1 : 0;
-  const int steps = my_tiles * slice;
-  auto issue = [&](int s, int st) {  // lane 0: step s into ring stage st
-    const int u = blk + (s / slice) * G, kb = kb0 + s % slice, i0 = (u % f.CB) * f.BI, e = fs.hit[u / f.CB];
-    const uint32_t bar = ring_bars + 8u * uint32_t(st), dst = uint32_t(__cvta_generic_to_shared(ring + st * kRingStage));
-    tma::mbar_arrive_expect_tx(bar, kRingStage);
-    tma::tma_load_3d(dst, &up_map, bar, kb * kQuantGroup, up_row(a, mt * 16, i0, f.BI), e);
-    tma::tma_load_3d(dst + kRingStage / 2, &up_map, bar, kb * kQuantGroup, up_row(a, mt * 16 + 8, i0, f.BI), e);
-  };
-  if (lane == 0)
-    for (int s = 0; s < f.stages && s < steps; ++s) issue(s, s);
-  if (f.slab_at == 1) request_slab();
-  // The weight block scales this warp's k loops will read, into shared memory (weights: before the wait):
-  // up step s, tile row r (0..15) at us[s·16 + r]; down k block d0 + i, row r at ds[i·16 + r].
-  float* us = reinterpret_cast<float*>(base + f.off_us) + warp * f.up_steps * 16;
-  float* ds = reinterpret_cast<float*>(base + f.off_ds) + warp * f.down_steps * 16;
-  const int mtd = WARPS / f.ks_down, b_down = warp % mtd, kd = warp / mtd;
-  const int d0 = kd * a.gI / f.ks_down, d1 = (kd + 1) * a.gI / f.ks_down;
-  for (int i = lane; i < steps * 16; i += 32) {
-    const int st_i = i >> 4, r = i & 15, u = blk + (st_i / slice) * G, kb = kb0 + st_i % slice;
-    const int e = fs.hit[u / f.CB], row = up_row(a, mt * 16 + r, i0_of(u, f), f.BI);
-    const int64_t srow = int64_t(e) * a.up.scale_stride + int64_t(row / a.up.block_n) * a.gH;
-    us[i] = a.up.ue8m0 ? ue8m0_value(__ldg(static_cast<const uint8_t*>(a.up.scales) + srow + kb))
-                       : __ldg(static_cast<const float*>(a.up.scales) + srow + kb);
-  }
-  if (b_down < n_hit) {
-    for (int i = lane; i < (d1 - d0) * 16; i += 32) {
-      const int kb = d0 + (i >> 4), row = n0 + (i & 15);
-      const int64_t srow = int64_t(fs.hit[b_down]) * a.down.scale_stride + int64_t(row / a.down.block_n) * a.gI;
-      ds[i] = a.down.ue8m0 ? ue8m0_value(__ldg(static_cast<const uint8_t*>(a.down.scales) + srow + kb))
-                           : __ldg(static_cast<const float*>(a.down.scales) + srow + kb);
-    }
-  }
-
-  if (a.early_plan) pdl_wait();  // decode_prep's quantized tokens
-  pdl_launch_dependents();
-  {
-    const int xstride = staged_stride(a.H), chunks = a.Hp / 16;
-    for (int i = tid; i < a.T * chunks; i += THREADS) {
-      const int t = i / chunks, k = 16 * (i % chunks);
-      ptx::cp_async16(uint32_t(__cvta_generic_to_shared(s_x + t * xstride + k)), a.xq + int64_t(t) * a.Hp + k, true);
-    }
-    ptx::cp_async_commit();
-    for (int i = tid; i < a.T * a.gH; i += THREADS) s_xs[i] = __ldcg(a.xs + i);
-    ptx::cp_async_wait<0>();
-  }
-  __syncthreads();
-
-  // ---- the up tiles (decode_up's arithmetic) ----
-  const bool gated = a.up_epi != Epi::up_plain;
-  T* h = static_cast<T*>(a.h);
-  int s = 0, st = 0;
-  uint32_t phase = 0;
-  for (int j = 0; j < my_tiles; ++j) {
-    const int u = blk + j * G, b = u / f.CB, i0 = (u % f.CB) * f.BI, e = fs.hit[b];
-    const TileArgs<1> t = staged_tile_args(g, q, a.H, a.gH, s_x, s_xs, staged_stride(a.H), fs.tok[b]);
-    float acc[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
-    const PassCols<1> cols = pass_cols<1, 1>(t);
-    for (int kb = kb0; kb < kb1; ++kb, ++s) {
-      const float ws_lo = us[s * 16 + g], ws_hi = us[s * 16 + g + 8];
-      tma::mbar_wait(ring_bars + 8u * uint32_t(st), phase);
-      compute_stage<1, 1>(t, cols, kb, stage_from_smem(ring + st * kRingStage, g, q, ws_lo, ws_hi), acc);
-      __syncwarp();  // every lane has read the stage: lane 0 refills it (generic reads before the async write)
-      if (lane == 0 && s + f.stages < steps) {
-        wgmma::fence_proxy_async();
-        issue(s + f.stages, st);
-      }
-      if (++st == f.stages) {
-        st = 0;
-        phase ^= 1u;
-      }
-    }
-    store_part(ts, warp, g, q, acc);
-    __syncthreads();
-    const int ncols = fs.ncols[b];
-    const T* bias = a.up_bias ? static_cast<const T*>(a.up_bias) + int64_t(e) * a.R : nullptr;
-    for (int item = tid; item < f.BI * ncols; item += THREADS) {
-      const int il = item / ncols, c = item % ncols, i = i0 + il;
-      if (i >= a.I) continue;
-      float v;
-      if (gated) {
-        const int mg = a.up_epi == Epi::up_concat ? il : 2 * il, mu = a.up_epi == Epi::up_concat ? f.BI + il : 2 * il + 1;
-        float gv = tile_value(ts, f.ks_up, mg, c), uv = tile_value(ts, f.ks_up, mu, c);
-        if (bias) {
-          gv += to_f32(bias[up_row(a, mg, i0, f.BI)]);
-          uv += to_f32(bias[up_row(a, mu, i0, f.BI)]);
-        }
-        v = gated_act(a.act, gv, uv);
-      } else {
-        v = tile_value(ts, f.ks_up, il, c) + (bias ? to_f32(bias[i]) : 0.0f);
-        v = plain_act(a.act, v);
-      }
-      h[int64_t(fs.pair[b][c]) * a.I + i] = from_f32<T>(v);
-    }
-    __syncthreads();  // ts.part is rewritten by the next tile
-  }
-
-  if (f.slab_at == 2) request_slab();
-  // ---- every block's h rows written: the grid-wide barrier ----
-  __threadfence();
-  __syncthreads();
-  if (tid == 0) {
-    atomicAdd(f.barrier, 1);
-    // A block that never arrives (not co-resident: an SM limit the host did not see, e.g. MPS) would
-    // hang the stream: after 5 s the kernel traps instead (an error the caller sees).
-    uint64_t start, now;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-    int arrived;
-    for (;;) {
-      asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(arrived) : "l"(f.barrier) : "memory");
-      if (arrived >= G) break;
-      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-      if (now - start > 5000000000ull) {
-        printf("moex decode_fused: block %d waited 5 s for %d of %d blocks (not co-resident?): trap\n", blk, G - arrived, G);
-        __trap();
-      }
-    }
-  }
-  __syncthreads();
-
-  // ---- all S rows of h staged (through L2: written by other blocks) and quantized, in the ring's
-  // space (every ring stage issued has been consumed) ----
-  T* raw = reinterpret_cast<T*>(base + f.off_ring);  // [S][I]
-  uint8_t* s_hq = base + f.off_ring + (size_t(a.S) * a.I * sizeof(T) + 15) / 16 * 16;  // [S][staged_stride(I)]
-  float* s_hs = reinterpret_cast<float*>(s_hq + a.S * staged_stride(a.I));             // [S][gI]
-  {
-    const int chunks = a.I * int(sizeof(T)) / 16;
-    for (int i = tid; i < a.S * chunks; i += THREADS) {
-      const int p = i / chunks, k = 16 * (i % chunks);
-      const bool valid = fs.pair_slot[p] >= 0;
-      ptx::cp_async16(uint32_t(__cvta_generic_to_shared(reinterpret_cast<uint8_t*>(raw) + int64_t(p) * a.I * sizeof(T) + k)),
-                      reinterpret_cast<const uint8_t*>(h) + (valid ? int64_t(p) * a.I * int64_t(sizeof(T)) : 0) + k, valid);
-    }
-    ptx::cp_async_commit();
-    ptx::cp_async_wait<0>();
-  }
-  __syncthreads();
-  for (int item = warp; item < a.S * a.gI; item += WARPS) {
-    const int p = item / a.gI, gi = item % a.gI;
-    if (fs.pair_slot[p] < 0) continue;
-    quantize_group_warp<T, true>(raw + p * a.I, a.I, gi, s_hq + p * staged_stride(a.I), s_hs + p * a.gI + gi, lane);
-  }
-  __syncthreads();
-
-  // ---- the down GEMV of rows [n0, n0 + 16) from the slab: warp = (k slice kd, slot b) ----
-  const int b = b_down;
-  if (b < n_hit) {
-    const TileArgs<1> t = staged_tile_args(g, q, a.I, a.gI, s_hq, s_hs, staged_stride(a.I), fs.pair[b]);
-    float acc[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
-    const PassCols<1> cols = pass_cols<1, 1>(t);
-    tma::mbar_wait(slab_bars + 8u * uint32_t(b), 0);
-    for (int kb = d0; kb < d1; ++kb) {
-      const float ws_lo = ds[(kb - d0) * 16 + g], ws_hi = ds[(kb - d0) * 16 + g + 8];
-      compute_stage<1, 1>(t, cols, kb, stage_from_smem(slab + (b * a.gI + kb) * kRingStage, g, q, ws_lo, ws_hi), acc);
-    }
-    store_part(ts, warp, g, q, acc);
-  }
-  __syncthreads();
-  // y of each pair (decode_down's value: the k slices in slice order, + bias), then each token's
-  // slots in slot order (the combine's sum), one thread per (token, row)
-  if (tid < 16 * a.S) {
-    const int p = tid >> 4, m = tid & 15, bp = fs.pair_slot[p];
-    if (bp >= 0) {
-      const T* bias = a.down_bias ? static_cast<const T*>(a.down_bias) + int64_t(fs.hit[bp]) * a.H : nullptr;
-      fs.y[p][m] = tile_value(ts, f.ks_down, 16 * bp + m, fs.pair_col[p]) + (bias ? to_f32(bias[n0 + m]) : 0.0f);
-    }
-  }
-  __syncthreads();
-  if (tid < 16 * a.T) {
-    const int t = tid >> 4, m = tid & 15;
-    float acc = 0.0f;
-    for (int j = 0; j < a.K; ++j) {
-      const int p = t * a.K + j;
-      if (fs.pair_slot[p] < 0) continue;
-      const float w = load_any(a.topw, a.topw_code, p);
-      acc += w * fs.y[p][m];
-    }
-    static_cast<T*>(a.out)[int64_t(t) * a.H + n0 + m] = from_f32<T>(acc);
-  }
-#else
-  __trap();  // the host launches it on compute capability 9.0 only
-#endif
-}
-
 // ---- host side -------------------------------------------------------------------------------
 // The path's A/B switches (MOEX_CUDA_FP8_DECODE_*) are read at every launch, like
 // MOEX_CUDA_FP8_DECODE itself, so that one process (the tests) can run each variant.
@@ -1425,7 +1073,7 @@ struct Carved {
 };
 
 int64_t plan_ints(int64_t S, int64_t slots, int64_t gI, int64_t H) {
-  return 1 + slots + (slots + 1) + 2 * S + slots * gI + 1;
+  return 1 + slots + (slots + 1) + 2 * S + slots * gI;
 }
 
 Carved carve(void* base, size_t capacity, int64_t T, int64_t S, int64_t slots, int64_t H, int64_t I, size_t esz) {
@@ -1558,104 +1206,6 @@ WideUp wide_up(const DecodeParams& p, bool gated) {
   return w;
 }
 
-// The fused form's launch parameters for a forward (FusedArgs without the barrier pointer) and its
-// dynamic shared memory; ok = false where it does not apply. MOEX_CUDA_FP8_DECODE_FUSED: "0" never,
-// "1" wherever it can run (tests, A/B), unset: the default rule (kFusedDefault).
-// MOEX_CUDA_FP8_DECODE_KS_UP=n (1, 2, 4, 8) sets its up tiles' k slices (and the four-kernel path's,
-// for the bit-identity test); MOEX_CUDA_FP8_DECODE_FUSED_STAGES=n its ring depth (2-8).
-constexpr bool kFusedDefault = false;
-constexpr int kFusedStages = 4;  // ring depth per warp (MOEX_CUDA_FP8_DECODE_FUSED_STAGES)
-constexpr size_t kFusedSmemMax = size_t(216) << 10;  // dynamic; + ~6 KB static within the 227 KB of sm_90
-struct FusedPlan {
-  bool ok = false;
-  FusedArgs args{};
-  size_t smem = 0;
-};
-
-int env_ks(const char* name) {  // 0 = unset
-  const char* s = decode_env(name);
-  const int v = s ? std::atoi(s) : 0;
-  return v == 1 || v == 2 || v == 4 || v == 8 ? v : 0;
-}
-
-FusedPlan fused_plan(const DecodeParams& p, size_t esz, bool gated) {
-  FusedPlan plan;
-  if (decode_env_is("MOEX_CUDA_FP8_DECODE_FUSED", "0") || (!kFusedDefault && !decode_env_is("MOEX_CUDA_FP8_DECODE_FUSED", "1")))
-    return plan;
-  const int G = p.H / 16;
-  if (p.S > 8 || p.S < 1 || G < 1 || G > sm_count()) return plan;
-  FusedArgs& f = plan.args;
-  // Up tiles: decode_up's block tiles, G blocks taking n_hit·CB of them in turn. k slices: the fewest
-  // rows per block at the busiest block (slots·CB tiles over G blocks), ties to fewer slices.
-  f.ks_up = env_ks("MOEX_CUDA_FP8_DECODE_KS_UP");
-  if (f.ks_up == 0) {
-    int64_t best = -1;
-    for (int ks = 1; ks <= WARPS && ks <= p.gH; ks *= 2) {
-      const int bm = 16 * (WARPS / ks), bi = gated ? bm / 2 : bm;
-      const int64_t tiles = int64_t(p.slots) * ceil_div(p.I, bi), rows = ceil_div(tiles, G) * bm;
-      if (best < 0 || rows < best) {
-        best = rows;
-        f.ks_up = ks;
-      }
-    }
-  }
-  const int bm = 16 * (WARPS / f.ks_up);
-  f.BI = gated ? bm / 2 : bm;
-  f.CB = int(ceil_div(p.I, f.BI));
-  const char* slab_env = decode_env("MOEX_CUDA_FP8_DECODE_FUSED_SLAB");
-  f.slab_at = slab_env ? std::clamp(std::atoi(slab_env), 0, 2) : 0;
-  f.ks_down = 1;  // as many k slices per slot as the 8 warps allow
-  while (p.slots * f.ks_down * 2 <= WARPS) f.ks_down *= 2;
-  // Each warp's weight block scales: its up steps (its tiles × its k slice) and its down k blocks.
-  f.up_steps = int(ceil_div(int64_t(p.slots) * f.CB, G) * ceil_div(p.gH, f.ks_up));
-  f.down_steps = int(ceil_div(p.gI, f.ks_down));
-  const size_t scales = size_t(WARPS) * size_t(f.up_steps + f.down_steps) * 16 * sizeof(float);
-  // Shared memory: the slab, the rings (later the h staging), the token rows, the scales, the mbarriers.
-  const size_t slab = size_t(p.slots) * size_t(p.gI) * kRingStage;
-  const size_t h_stage = (size_t(p.S) * size_t(p.I) * esz + 15) / 16 * 16 + size_t(p.S) * staged_stride(p.I) +
-                         size_t(p.S) * size_t(p.gI) * sizeof(float);
-  const size_t x_stage = (size_t(p.T) * staged_stride(p.H) + size_t(p.T) * size_t(p.gH) * sizeof(float) + 15) / 16 * 16;
-  const char* st_env = decode_env("MOEX_CUDA_FP8_DECODE_FUSED_STAGES");
-  for (int n = st_env ? std::clamp(std::atoi(st_env), 2, kRingMaxStages) : kFusedStages; n >= 2; --n) {
-    const size_t ring = std::max(size_t(WARPS) * size_t(n) * kRingStage, h_stage);
-    const size_t bars = size_t(p.slots + WARPS * n) * 8;
-    const size_t total = 1024 + slab + ring + x_stage + scales + bars;
-    if (total > kFusedSmemMax) continue;
-    f.stages = n;
-    f.off_ring = uint32_t(slab);
-    f.off_x = uint32_t(slab + ring);
-    f.off_us = uint32_t(slab + ring + x_stage);
-    f.off_ds = f.off_us + uint32_t(size_t(WARPS) * f.up_steps * 16 * sizeof(float));
-    f.off_bars = uint32_t(slab + ring + x_stage + scales);
-    plan.smem = total;
-    plan.ok = true;
-    break;
-  }
-  return plan;
-}
-
-// The fused form where fused_plan allows it and both tensor maps encode; false: the caller runs the
-// four-kernel path.
-template <class T>
-bool launch_fused(const DecodeParams& p, bool gated, cudaStream_t stream) {
-  FusedPlan plan = fused_plan(p, sizeof(T), gated);
-  if (!plan.ok) return false;
-  CUtensorMap up_map{}, down_map{};
-  if (!ring_map(p.up, p.E, up_map) || !ring_map(p.down, p.E, down_map)) return false;
-  static const bool attr_set = [] {
-    check(cudaFuncSetAttribute(decode_fused<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kFusedSmemMax)),
-          "decode_fused attribute");
-    return true;
-  }();
-  (void)attr_set;
-  plan.args.barrier = p.up_ctr + (p.n_ctr - 1);
-  DecodeParams q = p;
-  q.ring_stages = plan.args.stages;
-  launch_pdl("decode_fused", decode_fused<T>, dim3(unsigned(p.H / 16)), dim3(THREADS), plan.smem, stream, q, plan.args, up_map,
-             down_map);
-  return true;
-}
-
 template <class T>
 void launch_typed(const DecodeParams& p, DType dtype, int nt, int ks_up, int ks_down, cudaStream_t stream) {
   const int64_t prep_blocks = 1 + ceil_div(int64_t(p.T) * p.gH, WARPS);
@@ -1670,7 +1220,6 @@ void launch_typed(const DecodeParams& p, DType dtype, int nt, int ks_up, int ks_
   if (nt == 1) {
     // the TMA ring: compute capability 9.0 with the driver's tensor-map encoder, not switched off
     const bool tma_ok = current_device_cc() == 90 && tma::encode_fn() != nullptr && !decode_env_is("MOEX_CUDA_FP8_DECODE_TMA", "0");
-    if (tma_ok && launch_fused<T>(p, gated, stream)) return;  // up, down and the combine in one kernel
     const WideUp wide = tma_ok ? wide_up(p, gated) : WideUp{};
     CUtensorMap up_map{};
     if (wide.ks > 0 && ring_map(p.up, p.E, up_map)) {
@@ -1785,7 +1334,7 @@ void launch_quant_decode(const QuantDecodeArgs& a, cudaStream_t stream) {
   p.pairs = p.slot_off + slots + 1;
   p.pair_row = p.pairs + S;
   p.up_ctr = p.pair_row + S;
-  p.n_ctr = int(slots * p.gI) + 1;  // the last one: decode_fused's barrier
+  p.n_ctr = int(slots * p.gI);
   p.out = a.out;
   MOEX_CHECK(slots <= 65535, "FP8 decode path: {} expert slots exceed the grid limit", slots);
   // Rows per pass: 8 (one n8 tile) when T <= 8 (an expert gets at most one row per token with
@@ -1793,9 +1342,8 @@ void launch_quant_decode(const QuantDecodeArgs& a, cudaStream_t stream) {
   // T = 64: few experts need a second pass, and the NT = 1 kernel runs 2 blocks per SM, 64 KB of
   // loads in flight); else 32 rows (mixtral at T = 64: ~16 rows per expert).
   const int nt = a.T <= 8 || S <= 5 * slots ? 1 : 4;
-  // MOEX_CUDA_FP8_DECODE_KS_UP / _KS_DOWN = 1, 2, 4, 8 set the k slices (the fused form's bit-identity test)
-  const int ks_up = env_ks("MOEX_CUDA_FP8_DECODE_KS_UP") ? env_ks("MOEX_CUDA_FP8_DECODE_KS_UP") : choose_ks(slots, a.up.N, nt, p.gH);
-  const int ks_down = env_ks("MOEX_CUDA_FP8_DECODE_KS_DOWN") ? env_ks("MOEX_CUDA_FP8_DECODE_KS_DOWN") : choose_ks(slots, a.H, nt, p.gI);
+  const int ks_up = choose_ks(slots, a.up.N, nt, p.gH);
+  const int ks_down = choose_ks(slots, a.H, nt, p.gI);
   // Who quantizes h: decode_down while staging it at T <= 8 (decode_up then has no counters and
   // no last-block work: its one or two waves would end on that tail), decode_up's last blocks
   // above (every down column block of a slot would quantize the same rows again: at T = 64 that
@@ -1815,27 +1363,6 @@ void launch_quant_decode(const QuantDecodeArgs& a, cudaStream_t stream) {
     case DType::bf16: launch_typed<__nv_bfloat16>(p, a.dtype, nt, ks_up, ks_down, stream); break;
     default: detail::fail(ErrorCode::internal, "FP8 decode path: unexpected dtype {}", dtype_name(a.dtype));
   }
-}
-
-FusedDecodeProbe probe_fused_decode(int64_t T, int64_t K, int64_t E, int64_t H, int64_t I, bool gated, size_t esz) {
-  FusedDecodeProbe r;
-  if (current_device_cc() != 90 || tma::encode_fn() == nullptr || decode_env_is("MOEX_CUDA_FP8_DECODE_TMA", "0")) return r;
-  DecodeParams p{};
-  p.T = int(T);
-  p.K = int(K);
-  p.E = int(E);
-  p.H = int(H);
-  p.I = int(I);
-  p.S = int(T * K);
-  p.slots = int(std::min(T * K, E));
-  p.gH = int(quant_groups(H));
-  p.gI = int(quant_groups(I));
-  const FusedPlan plan = fused_plan(p, esz, gated);
-  r.applies = plan.ok;
-  r.ks_up = plan.args.ks_up;
-  r.ks_down = plan.args.ks_down;
-  r.stages = plan.args.stages;
-  return r;
 }
 
 }  // namespace moex::cuda
