@@ -172,7 +172,7 @@ struct DecodeParams {
   bool early_plan;      // decode_up / decode_down read the routing / plan before pdl_wait
   int ring_stages;      // stages of the TMA ring (the kTma kernels; set per launch by launch_gemv)
   int ring_kbs;         // k blocks per TMA ring stage: 2 (256-byte boxes; the default), or 1
-                        // (MOEX_CUDA_FP8_DECODE_TMA_BOX=128); 0 = 1 (the wide form)
+                        // (MOEX_CUDA_FP8_DECODE_TMA_BOX=128, and the wide form)
   int ring_scale_steps; // > 0: the TMA ring kernels stage each warp's weight block scales (up to this many
                         // k blocks) in shared memory before pdl_wait (the default; MOEX_CUDA_FP8_DECODE_TMA_SCALES=0: not)
   void* out;            // [T, H]
@@ -496,23 +496,26 @@ struct TmaRing {
 // The staged block scales' shared memory (after the rings and their barriers).
 __host__ __device__ constexpr size_t ring_scale_bytes(int steps) { return size_t(WARPS) * size_t(steps) * 16 * sizeof(float); }
 
-// The warp's ring of n stages at dyn + offset (rounded up to 1024 bytes); lane 0 initialises its barriers.
-__device__ __forceinline__ void ring_tma_init(TmaRing& r, uint8_t* dyn, size_t offset, int n, const CUtensorMap* map, int e,
-                                              int row0, int row1, int kbs = 1) {
+// The warp's ring of n stages of kbs k blocks at dyn + offset (rounded up to 1024 bytes): every warp's
+// stages, then every warp's mbarriers, then (scale_steps > 0) every warp's staged block scales;
+// lane 0 initialises its barriers.
+__device__ __forceinline__ void ring_tma_init(TmaRing& r, uint8_t* dyn, size_t offset, int n, int kbs, int scale_steps,
+                                              const CUtensorMap* map, int e, int row0, int row1) {
   const int warp = threadIdx.x >> 5;
   const uint32_t base = uint32_t(__cvta_generic_to_shared(dyn + offset)), aligned = (base + 1023u) & ~1023u;
-  kbs = kbs == 2 ? 2 : 1;
+  uint8_t* const first = dyn + offset + (aligned - base);  // warp 0's stage 0
+  const int stages_bytes = WARPS * n * kbs * kRingStage, bars_bytes = WARPS * n * 8;
   r.kbs = kbs;
   r.map = map;
-  r.stages = dyn + offset + (aligned - base) + warp * n * kbs * kRingStage;
-  r.bars = aligned + uint32_t(WARPS * n * kbs * kRingStage) + uint32_t(warp * n * 8);
+  r.stages = first + warp * n * kbs * kRingStage;
+  r.bars = aligned + uint32_t(stages_bytes) + uint32_t(warp * n * 8);
   r.row0 = row0;
   r.row1 = row1;
   r.e = e;
   r.n = n;
   r.slot = 0;
   r.phase = 0;
-  r.scales = nullptr;
+  r.scales = scale_steps > 0 ? reinterpret_cast<float*>(first + stages_bytes + bars_bytes) + warp * scale_steps * 16 : nullptr;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if ((threadIdx.x & 31) == 0) {
     for (int s = 0; s < n; ++s) tma::mbar_init(r.bars + 8 * s, 1);
@@ -524,15 +527,12 @@ __device__ __forceinline__ void ring_tma_init(TmaRing& r, uint8_t* dyn, size_t o
 #endif
 }
 
-// ring_scale_steps > 0: the block scales of the warp's k blocks [kb0, kb1) (at most `steps` of them) of
-// its rows g and g + 8 into shared memory after the rings' barriers (lane (g, q) loads k blocks kb0 + q,
-// kb0 + q + 4, ...: every load in flight at once, before pdl_wait), so that the k loop reads no global memory.
+// Where the ring has room for them (r.scales): the block scales of the warp's k blocks [kb0, kb1) of its
+// rows g and g + 8 into shared memory (lane (g, q) loads k blocks kb0 + q, kb0 + q + 4, ...: every load in
+// flight at once, before pdl_wait), so that the k loop reads no global memory.
 template <int NT>
-__device__ __forceinline__ void ring_stage_scales(TmaRing& r, const TileArgs<NT>& t, int kb0, int kb1, int steps) {
-  const int warp = threadIdx.x >> 5;
-  const uint32_t end = r.bars - uint32_t(warp * r.n * 8) + uint32_t(WARPS * r.n * 8);  // past every warp's barriers
-  uint8_t* base = r.stages - warp * r.n * r.kbs * kRingStage;  // stage 0 of warp 0
-  r.scales = reinterpret_cast<float*>(base + (end - uint32_t(__cvta_generic_to_shared(base)))) + warp * steps * 16;
+__device__ __forceinline__ void ring_stage_scales(const TmaRing& r, const TileArgs<NT>& t, int kb0, int kb1) {
+  if (!r.scales) return;
   for (int kb = kb0 + t.q; kb < kb1; kb += 4) {
     r.scales[(kb - kb0) * 16 + t.g] = block_scale(t.ws_lo, t.ue8m0, kb);
     r.scales[(kb - kb0) * 16 + t.g + 8] = block_scale(t.ws_hi, t.ue8m0, kb);
@@ -575,13 +575,16 @@ __device__ __forceinline__ void ring_tma_run(const TileArgs<NT>& t, int kb0, int
   const bool odd = t.g & 1;
   const int sb = r.kbs * kRingStage, row_stride = r.kbs * kQuantGroup;  // a stage's bytes; a box row's
   const int first = t.g * row_stride + 16 * (odd ? 4 + t.q : t.q), second = t.g * row_stride + 16 * (odd ? t.q : 4 + t.q);
-  const float* sc = r.scales;
-  float ws_lo = sc ? sc[t.g] : block_scale(t.ws_lo, t.ue8m0, kb0), ws_hi = sc ? sc[t.g + 8] : block_scale(t.ws_hi, t.ue8m0, kb0);
+  // block kb's scale of row g (hi: g + 8), staged or from global memory
+  auto scale = [&](int kb, bool hi) {
+    return r.scales ? r.scales[(kb - kb0) * 16 + t.g + (hi ? 8 : 0)] : block_scale(hi ? t.ws_hi : t.ws_lo, t.ue8m0, kb);
+  };
+  float ws_lo = scale(kb0, false), ws_hi = scale(kb0, true);
   for (int kb = kb0; kb < kb1; ++kb) {
     float next_lo = ws_lo, next_hi = ws_hi;  // the next block's scales, requested before this one's wait
     if (kb + 1 < kb1) {
-      next_lo = sc ? sc[(kb + 1 - kb0) * 16 + t.g] : block_scale(t.ws_lo, t.ue8m0, kb + 1);
-      next_hi = sc ? sc[(kb + 1 - kb0) * 16 + t.g + 8] : block_scale(t.ws_hi, t.ue8m0, kb + 1);
+      next_lo = scale(kb + 1, false);
+      next_hi = scale(kb + 1, true);
     }
     const int sub = r.kbs == 2 ? (kb - kb0) & 1 : 0;  // the k block's place in its stage
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -887,10 +890,10 @@ __global__ void __launch_bounds__(THREADS, decode_min_blocks(NT, kWide))
   if (e >= 0) {
     tile_setup<NT>(wt, a.up, e, rows_of_m, a.H, ks_count);
     if constexpr (kTma) {
-      ring_tma_init(wt.ring, dynamic_smem(), kStaged ? staged_smem_bytes(NT, a.H) : 0, a.ring_stages, &wmap, e, wt.row0,
-                    wt.row1, a.ring_kbs);
+      ring_tma_init(wt.ring, dynamic_smem(), kStaged ? staged_smem_bytes(NT, a.H) : 0, a.ring_stages, a.ring_kbs,
+                    a.ring_scale_steps, &wmap, e, wt.row0, wt.row1);
       ring_tma_prologue(wt.ring, wt.kb0, wt.kb1, false);
-      if (a.ring_scale_steps > 0) ring_stage_scales(wt.ring, wt.t, wt.kb0, wt.kb1, a.ring_scale_steps);
+      ring_stage_scales(wt.ring, wt.t, wt.kb0, wt.kb1);
     } else {
       ring_prologue<NT>(wt.t, wt.kb0, wt.kb1, wt.s0, wt.s1);
     }
@@ -981,9 +984,9 @@ __global__ void __launch_bounds__(THREADS, decode_min_blocks(NT, false))
   tile_setup<NT>(wt, a.down, e, rows_of_m, a.I, ks_count);
   if constexpr (kTma) {
     const size_t staged = !kStaged ? 0 : a.h_quant_in_down ? staged_h_smem_bytes(NT, a.I, sizeof(T)) : staged_smem_bytes(NT, a.I);
-    ring_tma_init(wt.ring, dynamic_smem(), staged, a.ring_stages, &wmap, e, wt.row0, wt.row1, a.ring_kbs);
+    ring_tma_init(wt.ring, dynamic_smem(), staged, a.ring_stages, a.ring_kbs, a.ring_scale_steps, &wmap, e, wt.row0, wt.row1);
     ring_tma_prologue(wt.ring, wt.kb0, wt.kb1, false);
-    if (a.ring_scale_steps > 0) ring_stage_scales(wt.ring, wt.t, wt.kb0, wt.kb1, a.ring_scale_steps);
+    ring_stage_scales(wt.ring, wt.t, wt.kb0, wt.kb1);
   } else {
     ring_prologue<NT>(wt.t, wt.kb0, wt.kb1, wt.s0, wt.s1);
   }
@@ -1096,11 +1099,14 @@ size_t staged_limit(int nt) {
   return on ? (nt == 1 ? size_t(72) << 10 : size_t(160) << 10) : 0;
 }
 
+// Dynamic shared memory: the kernels' attribute, and what leaves two blocks per SM (NT = 1).
+constexpr size_t kDecodeSmemMax = size_t(160) << 10, kDecodeSmemTwoBlocks = size_t(104) << 10;
+
 // The deepest ring of at most n stages beside act_bytes of staged rows within the kernels' 160 KB of
 // dynamic shared memory (0: none fits).
 int ring_stages_within(size_t act_bytes, int n) {
-  while (n > 2 && act_bytes + ring_smem_bytes(n) > (size_t(160) << 10)) --n;
-  return act_bytes + ring_smem_bytes(n) <= (size_t(160) << 10) ? n : 0;
+  while (n > 2 && act_bytes + ring_smem_bytes(n) > kDecodeSmemMax) --n;
+  return act_bytes + ring_smem_bytes(n) <= kDecodeSmemMax ? n : 0;
 }
 
 // The TMA ring's stages for a kernel with act_bytes of staged rows, `grid` blocks and k slices of up
@@ -1118,7 +1124,7 @@ int tma_ring_stages(size_t act_bytes, dim3 grid, int k_blocks) {
   int n = stages ? std::clamp(std::atoi(stages), 2, kRingMaxStages) : 4;
   if (!forced) {
     const bool one_wave = int64_t(grid.x) * grid.y <= 2 * int64_t(sm_count());
-    return one_wave && k_blocks <= 2 * n && act_bytes + ring_smem_bytes(n) <= (size_t(104) << 10) ? n : 0;
+    return one_wave && k_blocks <= 2 * n && act_bytes + ring_smem_bytes(n) <= kDecodeSmemTwoBlocks ? n : 0;
   }
   return ring_stages_within(act_bytes, n);
 }
@@ -1137,7 +1143,7 @@ bool ring_map(const QuantWeights& w, int64_t E, CUtensorMap& map, int kbs = 1) {
 // The 160 KB dynamic shared-memory attribute of one kernel (called once per kernel).
 template <class Kernel>
 bool check_attr(Kernel kernel) {
-  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(160 << 10)), "decode kernel attribute");
+  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kDecodeSmemMax)), "decode kernel attribute");
   return true;
 }
 
@@ -1171,7 +1177,7 @@ void launch_gemv(const char* what, int nt, size_t smem, dim3 grid, const DecodeP
     const int slice = int(ceil_div(k_blocks, ks));
     const size_t ring = act_bytes + ring_smem_bytes(q.ring_stages * kbs);
     // (within the 104 KB that keep two blocks per SM where the ring's rule chose it; 160 KB where forced)
-    const size_t limit = decode_env("MOEX_CUDA_FP8_DECODE_TMA") || force_stages > 0 ? size_t(160) << 10 : size_t(104) << 10;
+    const size_t limit = decode_env("MOEX_CUDA_FP8_DECODE_TMA") || force_stages > 0 ? kDecodeSmemMax : kDecodeSmemTwoBlocks;
     q.ring_scale_steps = !decode_env_is("MOEX_CUDA_FP8_DECODE_TMA_SCALES", "0") && ring + ring_scale_bytes(slice) <= limit ? slice : 0;
     launch_pdl(what, staged ? kStagedTma : kPlainTma, grid, dim3(THREADS), ring + ring_scale_bytes(q.ring_scale_steps), stream, q,
                ks, map);
@@ -1227,6 +1233,7 @@ void launch_typed(const DecodeParams& p, DType dtype, int nt, int ks_up, int ks_
       (void)attr_set;
       DecodeParams q = p;
       q.ring_stages = 4;
+      q.ring_kbs = 1;
       launch_pdl("decode_up", decode_up<T, 1, false, true, true>, wide.grid, dim3(THREADS), ring_smem_bytes(4), stream, q,
                  wide.ks, up_map);
     } else {
