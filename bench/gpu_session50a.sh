@@ -21,7 +21,7 @@ if [ -x "$BUILD/moex_stream_probe" ]; then  # the weight stream by request shape
     timeout 60 "$BUILD/moex_stream_probe" $a 2>&1 | tee -a "$OUT/summary.txt"
   done
 fi
-OUT=$OUT/suite PARTS="tests" SKIP_BUILD=1 TEST_TIMEOUT=${SUITE_TIMEOUT:-300} \
+OUT=$OUT/suite PARTS="tests" SKIP_BUILD=1 TEST_TIMEOUT=${SUITE_TIMEOUT:-420} \
   TEST_FILTER="${TEST_FILTER:-*Cuda*:*DeepGemm*:-CudaPerf.*}" bash bench/gpu_check.sh 2>&1 | tail -30 | tee -a "$OUT/summary.txt"
 cp "$OUT/suite/tests.log" "$OUT/" 2> /dev/null
 left=$(( ${CALL_LIMIT:-585} - ($(date +%s) - t0) ))
