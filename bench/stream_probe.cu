@@ -260,6 +260,7 @@ int main(int argc, char** argv) {
               "%d k blocks in flight per warp, %d blocks per SM requested\n",
               prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20, rows, K, bytes / 1e6, copies, warps, blocks,
               kWarps, ks, stages_kb, per_sm);
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // rows in order with an error on stderr
   std::printf("%-10s %10s %10s %12s %12s\n", "form", "us/launch", "GB/s", "us single", "fold");
   uint32_t want = 0;
   bool first = true, same = true;
@@ -308,8 +309,9 @@ int main(int argc, char** argv) {
     const int need = kWarps * n * kbs * kTileBytes + kWarps * n * 8;
     const int smem = std::max(need, std::min(pad_smem, int(prop.sharedMemPerBlockOptin)));
     CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    std::vector<CUtensorMap> maps;
-    for (int c = 0; c < copies; ++c) maps.push_back(map_for(plain[c], kbs));
+    std::vector<CUtensorMap> maps(copies);  // the bulk forms read no map
+    if (!bulk)
+      for (int c = 0; c < copies; ++c) maps[c] = map_for(plain[c], kbs);
     run(name, [&](int c) {
       Work w{bulk ? tiled[c] : plain[c], rows, K, ks, stages_kb, out};
       kernel<<<blocks, kWarps * 32, smem>>>(maps[c], w);
