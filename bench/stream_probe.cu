@@ -120,7 +120,11 @@ __global__ void __launch_bounds__(kWarps * 32) ring_reader(const __grid_constant
     moex::cuda::tma::mbar_wait(bars + 8 * slot, phase);
     const uint8_t* st = stages + slot * kStage;
     const int nkb = kb + KBS <= s.kb1 ? KBS : s.kb1 - kb;
-    for (int c = lane; c < nkb * kTileBytes / 16; c += 32) acc ^= fold(reinterpret_cast<const uint4*>(st)[c]);
+    for (int c = lane; c < kStage / 16; c += 32) {
+      // the chunk's k block within the stage: blocks past the slice's end (a short last stage) are not its own
+      const int o = 16 * c, kbi = BULK ? o / kTileBytes : (o % (kStage / 2)) % (KBS * 128) / 128;
+      if (kbi < nkb) acc ^= fold(reinterpret_cast<const uint4*>(st)[c]);
+    }
     __syncwarp();
     if (lane == 0 && kb + n * KBS < s.kb1) {
       fence_proxy_async();
