@@ -76,6 +76,12 @@
 // per SM moving 7 GB/s each SM, decode_up's 16 move 11); neither deeper rings, nor the slab requested
 // later, nor other up k slices, nor the routing and the block scales staged ahead changed it.
 //
+// Measured on an H100 before building it (2026-12-06, fiftieth session, bench/stream_probe.cu, docs/PERF.md):
+// a load-time weight layout with each 16-row × 128-code tile contiguous, streamed with 1-D cp.async.bulk
+// copies of 2-4 KB instead of the TMA ring's 8-row boxes. Pure readers with decode_up's split read qwen3's
+// 25.2 MB in 11.8 µs either way (back-to-back launches; 15.8-16.1 µs single) and decode_down's 12.6 MB in
+// 7.5 µs: the request shape does not set the pace, so the layout was not built.
+//
 // The four are chained with programmatic dependent launch (pdl.cuh): each becomes resident while
 // its predecessor runs. decode_up finds its slot's expert from the routing indices and decode_down
 // reads decode_prep's plan — both written at least two kernels back, final once the predecessor
