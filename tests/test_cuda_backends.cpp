@@ -184,7 +184,8 @@ TEST_P(CudaFp8Decode, MatchesTheReference) {
 
 // The path's A/B switches each select other kernels than the default on these small shapes: the
 // unstaged activations (the default for rows too long to stage, e.g. mixtral's down projection),
-// the plan read after pdl_wait, h quantized by decode_up at every T, and by decode_down at every T.
+// the plan read after pdl_wait, h quantized by decode_up at every T, and by decode_down at every T, the TMA
+// ring off / forced, the wide form, decode_up's k slices forced to 1 and 8; a k-slice count it lacks is an error.
 TEST_P(CudaFp8Decode, EverySwitchMatchesTheReference) {
   SKIP_WITHOUT_CUDA();
   const DType dt = GetParam();
@@ -196,7 +197,9 @@ TEST_P(CudaFp8Decode, EverySwitchMatchesTheReference) {
                                                           {"MOEX_CUDA_FP8_DECODE_HQ", "down"},
                                                           {"MOEX_CUDA_FP8_DECODE_TMA", "0"},
                                                           {"MOEX_CUDA_FP8_DECODE_TMA", "1"},
-                                                          {"MOEX_CUDA_FP8_DECODE_TMA_WIDE", "1"}};
+                                                          {"MOEX_CUDA_FP8_DECODE_TMA_WIDE", "1"},
+                                                          {"MOEX_CUDA_FP8_DECODE_KS_UP", "1"},
+                                                          {"MOEX_CUDA_FP8_DECODE_KS_UP", "8"}};
   for (const auto& [name, value] : switches) {
     ScopedEnv variant(name, value);
     double worst = 0;
@@ -207,6 +210,13 @@ TEST_P(CudaFp8Decode, EverySwitchMatchesTheReference) {
       worst = std::max(worst, r.rel_l2);
     }
     std::printf("FP8 decode path, %s=%s: worst rel L2 %.2e\n", name, value, worst);
+  }
+  {  // a k-slice count the kernels do not have: a clear error, no launch
+    ScopedEnv bad("MOEX_CUDA_FP8_DECODE_KS_UP", "3");
+    const auto c = decode_cases(seed, dt).front();
+    const check::Instance dev = check::make_instance(c).to(Device::cuda());
+    Tensor out = Tensor::empty(dt, {c.tokens, c.spec.hidden}, Device::cuda());
+    EXPECT_THROW(experts_forward("grouped_mm", dev.experts(), dev.call(out)), Error);
   }
 }
 

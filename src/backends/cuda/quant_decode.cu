@@ -1071,6 +1071,22 @@ int choose_ks(int64_t slots, int64_t out_rows, int nt, int64_t k_blocks) {
   return ks;
 }
 
+// MOEX_CUDA_FP8_DECODE_KS_UP=n (A/B): decode_up's k slices per m16 tile forced to n (1, 2, 4 or 8; at most one
+// k block per warp short of k_blocks), else `chosen`. What it is for: at T = 1 on the qwen shapes ks = 1 gives
+// decode_up one block on 96 of 132 SMs instead of two blocks on 60, so that a decode_down block fits beside every
+// one of them (shared memory and registers) and becomes resident — requesting its first weight stages — while
+// decode_up still streams (with the default split, decode_down's blocks on the 60 full SMs wait for decode_up's to
+// leave). A pure read streams decode_up's 25.2 MB as fast with either split (bench/stream_probe.cu, fiftieth
+// session). The k slices are summed in another grouping: not bit-identical to the default split.
+int forced_ks(const char* env, int64_t k_blocks, int chosen) {
+  const char* v = decode_env(env);
+  if (!v) return chosen;
+  int ks = std::atoi(v);
+  MOEX_CHECK(ks == 1 || ks == 2 || ks == 4 || ks == 8, "{}={}: expected 1, 2, 4 or 8 k slices", env, v);
+  while (ks > 1 && k_blocks < ks) ks /= 2;  // every warp keeps at least one k block
+  return ks;
+}
+
 struct Carved {
   uint8_t* xq;
   float* xs;
@@ -1355,7 +1371,7 @@ void launch_quant_decode(const QuantDecodeArgs& a, cudaStream_t stream) {
   // T = 64: few experts need a second pass, and the NT = 1 kernel runs 2 blocks per SM, 64 KB of
   // loads in flight); else 32 rows (mixtral at T = 64: ~16 rows per expert).
   const int nt = a.T <= 8 || S <= 5 * slots ? 1 : 4;
-  const int ks_up = choose_ks(slots, a.up.N, nt, p.gH);
+  const int ks_up = forced_ks("MOEX_CUDA_FP8_DECODE_KS_UP", p.gH, choose_ks(slots, a.up.N, nt, p.gH));
   const int ks_down = choose_ks(slots, a.H, nt, p.gI);
   // Who quantizes h: decode_down while staging it at T <= 8 (decode_up then has no counters and
   // no last-block work: its one or two waves would end on that tail), decode_up's last blocks
