@@ -33,17 +33,9 @@
 
 #include "model/cuda_forward.hpp"  // measure_copy_bandwidth
 #include "model/cuda_kernels.cuh"  // launch_fill_random
+#include "cuda_check.hpp"  // CHECK
 
 namespace {
-
-#define CHECK(x)                                                                                    \
-  do {                                                                                              \
-    const cudaError_t e_ = (x);                                                                     \
-    if (e_ != cudaSuccess) {                                                                        \
-      std::fprintf(stderr, "error: %s: %s (%s:%d)\n", #x, cudaGetErrorString(e_), __FILE__, __LINE__); \
-      std::exit(1);                                                                                 \
-    }                                                                                               \
-  } while (0)
 
 constexpr int kWarpsGraph = 4;  // warps per block of the per-phase kernels
 

@@ -34,17 +34,9 @@
 
 #include "backends/cuda/sm90_tma_launch.cuh"  // encode_fn
 #include "backends/cuda/tma_ptx.cuh"
+#include "cuda_check.hpp"  // CHECK
 
 namespace {
-
-#define CHECK(x)                                                                                    \
-  do {                                                                                              \
-    const cudaError_t e_ = (x);                                                                     \
-    if (e_ != cudaSuccess) {                                                                        \
-      std::fprintf(stderr, "error: %s: %s (%s:%d)\n", #x, cudaGetErrorString(e_), __FILE__, __LINE__); \
-      std::exit(1);                                                                                 \
-    }                                                                                               \
-  } while (0)
 
 constexpr int kWarps = 8;        // warps per block (decode_up's)
 constexpr int kTileBytes = 2048;  // a 16-row × 128-code tile
