@@ -1071,8 +1071,8 @@ int choose_ks(int64_t slots, int64_t out_rows, int nt, int64_t k_blocks) {
   return ks;
 }
 
-// MOEX_CUDA_FP8_DECODE_KS_UP=n (A/B): decode_up's k slices per m16 tile forced to n (1, 2, 4 or 8; at most one
-// k block per warp short of k_blocks), else `chosen`. What it is for: at T = 1 on the qwen shapes ks = 1 gives
+// MOEX_CUDA_FP8_DECODE_KS_UP=n (A/B): decode_up's k slices per m16 tile forced to n (1, 2, 4 or 8; halved while
+// n > k_blocks, so that every warp keeps at least one k block), else `chosen`. What it is for: at T = 1 on the qwen shapes ks = 1 gives
 // decode_up one block on 96 of 132 SMs instead of two blocks on 60, so that a decode_down block fits beside every
 // one of them (shared memory and registers) and becomes resident — requesting its first weight stages — while
 // decode_up still streams (with the default split, decode_down's blocks on the 60 full SMs wait for decode_up's to
