@@ -199,7 +199,8 @@ TEST_P(CudaFp8Decode, EverySwitchMatchesTheReference) {
                                                           {"MOEX_CUDA_FP8_DECODE_TMA", "1"},
                                                           {"MOEX_CUDA_FP8_DECODE_TMA_WIDE", "1"},
                                                           {"MOEX_CUDA_FP8_DECODE_KS_UP", "1"},
-                                                          {"MOEX_CUDA_FP8_DECODE_KS_UP", "8"}};
+                                                          {"MOEX_CUDA_FP8_DECODE_KS_UP", "8"},
+                                                          {"MOEX_CUDA_FP8_DECODE_EARLY_COLS", "1"}};
   for (const auto& [name, value] : switches) {
     ScopedEnv variant(name, value);
     double worst = 0;
