@@ -8,8 +8,9 @@
 #   bash bench/gpu_prebuilt.sh pack [BUILD_DIR]
 #     builds $PACK_TARGETS there (default moex_tests; e.g. PACK_TARGETS=moex_model_bench for the model
 #     runtime's A/B and end-to-end runs), writes build-carry/<target>.xz and the shared libraries they need
-#     that are not CUDA's or the C/C++ runtime's (libfmt) — ~32-37 MB each, and a call may carry 64 MiB:
-#     one target at a time (moex_tests + moex_model_bench is ~70 MB); build-carry/ is ignored by git.
+#     that are not CUDA's or the C/C++ runtime's (libfmt) — ~18 MB each with the default architectures
+#     (90a-real; a build dir configured with 90a, which embeds PTX too, gives ~36 MB each), and a call may
+#     carry 64 MiB: moex_tests + moex_model_bench + moex fit; build-carry/ is ignored by git.
 # There (`run` with carry ["build-carry"]):
 #   bash bench/gpu_prebuilt.sh run bench/gpu_session45b.sh
 #     unpacks every build-carry/<target>.xz into build-gpu/; if they start (moex_tests: its test list;
