@@ -933,12 +933,16 @@ TEST(CudaPerf, Shapes) {
                               {"qwen15_moe_a2_7b", 2048, 1408, 60, 4},
                               {"mixtral_8x7b", 4096, 14336, 8, 2},
                               {"deepseek_v3", 7168, 2048, 256, 8}};
+  // Timed only where MOEX_CUDA_PERF_SHAPES names it: qwen3's H, E and K with I = 16, so that a forward
+  // moves ~1 MB of weights (FP8) — what is left is the chain's own latency (launches, dependencies, plan).
+  const Shape latency_probe{"latency_probe", 2048, 16, 128, 8};
   // MOEX_CUDA_PERF_SHAPES / MOEX_CUDA_PERF_BACKENDS: comma-separated subsets (default: all but deepgemm,
   // which is timed only where MOEX_CUDA_PERF_BACKENDS names it)
   std::vector<Shape> shapes;
+  const char* only_shapes = std::getenv("MOEX_CUDA_PERF_SHAPES");
   for (const Shape& sh : all_shapes)
-    if (const char* only = std::getenv("MOEX_CUDA_PERF_SHAPES"); !only || std::string(only).find(sh.name) != std::string::npos)
-      shapes.push_back(sh);
+    if (!only_shapes || std::string(only_shapes).find(sh.name) != std::string::npos) shapes.push_back(sh);
+  if (only_shapes && std::string(only_shapes).find(latency_probe.name) != std::string::npos) shapes.push_back(latency_probe);
   std::vector<int64_t> tokens = {1, 8, 64, 512, 4096, 16384};
   if (const char* s = std::getenv("MOEX_CUDA_PERF_TOKENS")) {
     tokens.clear();
