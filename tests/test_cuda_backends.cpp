@@ -201,13 +201,15 @@ TEST_P(CudaFp8Decode, EverySwitchMatchesTheReference) {
                                                           {"MOEX_CUDA_FP8_DECODE_KS_UP", "1"},
                                                           {"MOEX_CUDA_FP8_DECODE_KS_UP", "8"},
                                                           {"MOEX_CUDA_FP8_DECODE_EARLY_COLS", "1"}};
+  std::vector<check::PreparedCase> prepared;  // each case and its references once, for every switch
+  for (const auto& c : decode_cases(seed, dt)) prepared.emplace_back(c, Device::cuda());
   for (const auto& [name, value] : switches) {
     ScopedEnv variant(name, value);
     double worst = 0;
-    for (const auto& c : decode_cases(seed, dt)) {
-      const auto r = check::run_case("grouped_mm", c, Device::cuda());
+    for (const auto& pc : prepared) {
+      const auto r = pc.run("grouped_mm");
       EXPECT_EQ(r.status, check::Result::Status::passed)
-          << name << "=" << value << " " << c.describe() << ": " << check::status_name(r.status) << ": " << r.message;
+          << name << "=" << value << " " << pc.spec().describe() << ": " << check::status_name(r.status) << ": " << r.message;
       worst = std::max(worst, r.rel_l2);
     }
     std::printf("FP8 decode path, %s=%s: worst rel L2 %.2e\n", name, value, worst);
@@ -393,6 +395,9 @@ TEST_P(CudaFp8Prefill, TmaAndPortablePathsMatchTheReference) {
       {"exact", "0", "", "0", "2", ""}, {"hybrid", "", "", "", "", "1"}, {"exact", "", "", "", "", "1"}};
   // MOEX_TEST_FP8_CONV_ONLY=1: only the converting kernel's modes (a short GPU call after a change to it)
   const char* conv_only = std::getenv("MOEX_TEST_FP8_CONV_ONLY");
+  // each case and its f64 references once, for every mode (the references were most of this test's time)
+  std::vector<check::PreparedCase> prepared;
+  for (const auto& c : fp8_prefill_cases(seed, dt)) prepared.emplace_back(c, Device::cuda());
   for (const auto& mode : modes) {
     if (conv_only && *conv_only == '1' && !*mode[5]) continue;
     ScopedEnv path("MOEX_CUDA_FP8_TMA", mode[0]);
@@ -402,15 +407,15 @@ TEST_P(CudaFp8Prefill, TmaAndPortablePathsMatchTheReference) {
     ScopedEnv wide("MOEX_CUDA_FP8_X_WIDE", mode[4]);
     ScopedEnv conv("MOEX_CUDA_FP8_X_CONV", mode[5]);
     double worst = 0;
-    for (const auto& c : fp8_prefill_cases(seed, dt)) {
-      const auto r = check::run_case("grouped_mm", c, Device::cuda());
+    for (const auto& pc : prepared) {
+      const auto r = pc.run("grouped_mm");
       EXPECT_EQ(r.status, check::Result::Status::passed) << "MOEX_CUDA_FP8_TMA=" << mode[0] << " MOEX_CUDA_FP8_X_PREGATHER="
                                                          << mode[1] << " MOEX_CUDA_FP8_X_NT=" << mode[2]
                                                          << " MOEX_CUDA_FP8_X_FEW=" << mode[3]
                                                          << " MOEX_CUDA_FP8_X_WIDE=" << mode[4]
                                                          << " MOEX_CUDA_FP8_X_CONV=" << mode[5]
-                                                         << " " << c.describe() << ": " << check::status_name(r.status) << ": "
-                                                         << r.message;
+                                                         << " " << pc.spec().describe() << ": " << check::status_name(r.status)
+                                                         << ": " << r.message;
       worst = std::max(worst, r.rel_l2);
     }
     std::printf("FP8 prefill, MOEX_CUDA_FP8_TMA=%s MOEX_CUDA_FP8_X_PREGATHER=%s MOEX_CUDA_FP8_X_NT=%s MOEX_CUDA_FP8_X_FEW=%s "

@@ -82,6 +82,41 @@ TEST(Equivalence, HarnessCatchesAWrongBackend) {
   reg.unregister_backend("broken_weights");
 }
 
+// A prepared case (instance and references made once) gives run_case's verdicts run after run, with a
+// fresh poisoned output each time: a broken backend between two good runs still fails.
+TEST(Equivalence, PreparedCaseRunsLikeRunCase) {
+  auto& reg = ExpertsInterface::global();
+  reg.register_backend("broken_skip_row2", [](const Experts& ex, const ExpertsCall& call, const RunContext& ctx) {
+    const int64_t T = call.hidden.shape[0];
+    Tensor tmp = Tensor::empty(call.out.dtype, {T, call.out.shape[1]});
+    RunOptions o = ctx.options;
+    experts_forward("grouped_mm", ex, ExpertsCall{call.hidden, call.top_k_index, call.top_k_weights, tmp}, o);
+    std::memcpy(call.out.data, tmp.data(), size_t(T - 1) * size_t(call.out.shape[1]) * dtype_size(call.out.dtype));
+  });
+  check::Case c;
+  c.seed = 11;
+  c.spec.num_experts = 6;
+  c.spec.hidden = 48;
+  c.spec.intermediate = 32;
+  c.spec.dtype = DType::bf16;
+  c.tokens = 9;
+  c.top_k = 2;
+  const check::PreparedCase prepared(c, Device::cpu());
+  const auto direct = check::run_case("grouped_mm", c);
+  const auto first = prepared.run("grouped_mm");
+  const auto broken = prepared.run("broken_skip_row2");
+  const auto again = prepared.run("grouped_mm");
+  EXPECT_EQ(direct.status, check::Result::Status::passed) << direct.message;
+  EXPECT_EQ(first.status, check::Result::Status::passed) << first.message;
+  EXPECT_EQ(again.status, check::Result::Status::passed) << again.message;
+  EXPECT_EQ(first.rel_l2, direct.rel_l2);
+  EXPECT_EQ(again.rel_l2, direct.rel_l2);
+  EXPECT_EQ(broken.status, check::Result::Status::failed);
+  EXPECT_NE(broken.message.find("never written"), std::string::npos) << broken.message;
+  EXPECT_EQ(prepared.spec().seed, 11u);
+  reg.unregister_backend("broken_skip_row2");
+}
+
 TEST(Equivalence, DeterministicAcrossRunsAndThreadCounts) {
   // Each output element is computed by one thread in a fixed order: bitwise equal results.
   check::Case c;

@@ -77,6 +77,22 @@ Result run_case(const std::string& backend, const Case& c, Device dev = Device::
 std::vector<Result> run_case(const std::vector<std::string>& backends, const Case& c, Device dev = Device::cpu(),
                              const RunOptions& opts = {});
 
+// One case generated once, on the host and on dev, with its f64 references computed once: run() checks
+// a backend against them as run_case does (a fresh poisoned output each time), so that a test running
+// the same case under many settings (environment switches) pays for the reference once.
+class PreparedCase {
+ public:
+  PreparedCase(const Case& c, Device dev);
+  Result run(const std::string& backend, const RunOptions& opts = {}) const;
+  const Case& spec() const { return host_.c; }
+
+ private:
+  Instance host_, on_dev_;
+  Device dev_;
+  std::vector<double> ref_, plain_ref_;  // plain_ref_: FP8 cases' unquantized reference (SPEC §8: 8e-2)
+  double ref_norm2_ = 0.0;
+};
+
 // `count` seeded random cases of one dtype: first the fixed edge cases (T = 0, T = 1, K = 1,
 // K = E, all tokens on one expert, empty experts, dropped slots, sizes off every tile, every
 // layout variant and activation, integer-valued exact cases), then random shapes.

@@ -310,90 +310,95 @@ Instance Instance::to(Device dev) const {
   return r;
 }
 
-std::vector<Result> run_case(const std::vector<std::string>& backends, const Case& c, Device dev, const RunOptions& opts) {
-  const Instance host = make_instance(c);
-  const Instance on_dev = dev.is_cpu() ? host : host.to(dev);
+PreparedCase::PreparedCase(const Case& c, Device dev)
+    : host_(make_instance(c)), on_dev_(dev.is_cpu() ? host_ : host_.to(dev)), dev_(dev) {
+  const TensorView shape(nullptr, c.spec.dtype, {c.tokens, c.spec.hidden});
+  ref_ = reference_forward(host_.experts(), host_.call(shape));
+  for (double v : ref_) ref_norm2_ += v * v;
+  // FP8 experts must also stay close to the unquantized experts they came from (SPEC §8: 8e-2)
+  if (c.spec.quant.kind == QuantKind::fp8_block) plain_ref_ = reference_forward(host_.plain_experts(), host_.call(shape));
+}
+
+Result PreparedCase::run(const std::string& name, const RunOptions& opts) const {
+  const Case& c = host_.c;
   const int64_t T = c.tokens, H = c.spec.hidden;
   const DType dt = c.spec.dtype;
-  const std::vector<double> ref = reference_forward(host.experts(), host.call(TensorView(nullptr, dt, {T, H})));
+  const Device dev = dev_;
+  const std::vector<double>& ref = ref_;
+  const std::vector<double>& plain_ref = plain_ref_;
+  const double ref_norm2 = ref_norm2_;
   const Tolerance tol = tolerance_for(c);
-  double ref_norm2 = 0.0;
-  for (double v : ref) ref_norm2 += v * v;
-  // FP8 experts must also stay close to the unquantized experts they came from (SPEC §8: 8e-2)
-  std::vector<double> plain_ref;
-  if (c.spec.quant.kind == QuantKind::fp8_block)
-    plain_ref = reference_forward(host.plain_experts(), host.call(TensorView(nullptr, dt, {T, H})));
-
-  std::vector<Result> results;
-  for (const std::string& name : backends) {
-    Result res;
-    res.tolerance = tol.rel_l2;
-    Problem p = Problem::from(on_dev.experts(), on_dev.call(TensorView(nullptr, dt, {T, H}, dev)));
-    p.cpu_threads = opts.num_threads;
-    Support sup = ExpertsInterface::global().supports(name, p);
-    if (!sup.ok) {
-      res.status = Result::Status::skipped;
-      res.message = sup.reason;
-      results.push_back(res);
-      continue;
-    }
-    const int64_t n = T * H + 2 * kGuard;
-    const std::vector<char> poison = poisoned_host(dt, n);
-    Tensor buf = Tensor::empty(dt, {n}, dev);
-    copy_bytes(buf.data(), dev, poison.data(), Device::cpu(), poison.size());
-    GuardedOut out{buf, n, dt, dev};
-    try {
-      experts_forward(name, on_dev.experts(), on_dev.call(out.view(T, H)), opts);
-    } catch (const Error& e) {
-      res.status = Result::Status::failed;
-      res.message = std::string("threw: ") + e.what();
-      results.push_back(res);
-      continue;
-    }
-    std::vector<char> got(poison.size());
-    copy_bytes(got.data(), Device::cpu(), buf.data(), dev, got.size());
-    const size_t esz = dtype_size(dt);
-    std::string problem;
-    // 1. guards untouched
-    if (std::memcmp(got.data(), poison.data(), size_t(kGuard) * esz) != 0 ||
-        std::memcmp(got.data() + size_t(n - kGuard) * esz, poison.data() + size_t(n - kGuard) * esz, size_t(kGuard) * esz) != 0)
-      problem = "wrote outside the output (guard elements changed)";
-    // 2. every element written, finite where the reference is finite; error norm
-    double err2 = 0.0;
-    const char* body = got.data() + size_t(kGuard) * esz;
-    for (int64_t i = 0; i < T * H && problem.empty(); ++i) {
-      if (std::memcmp(body + size_t(i) * esz, poison.data(), esz) == 0) {
-        problem = fmt::format("output element {} (token {}, column {}) was never written", i, i / H, i % H);
-        break;
-      }
-      const double v = load_value(dt, body, i);
-      if (!std::isfinite(v) && std::isfinite(ref[size_t(i)])) {
-        problem = fmt::format("output element {} is {} but the reference is {}", i, v, ref[size_t(i)]);
-        break;
-      }
-      if (c.integer_valued && v != double(round_to(dt, float(ref[size_t(i)])))) {
-        problem = fmt::format("exact case: output element {} is {} but must be exactly {}", i, v, ref[size_t(i)]);
-        break;
-      }
-      err2 += (v - ref[size_t(i)]) * (v - ref[size_t(i)]);
-    }
-    res.rel_l2 = ref_norm2 > 0 ? std::sqrt(err2 / ref_norm2) : std::sqrt(err2);
-    if (problem.empty() && !plain_ref.empty()) {
-      double e2 = 0, n2 = 0;
-      for (int64_t i = 0; i < T * H; ++i) {
-        const double d = load_value(dt, body, i) - plain_ref[size_t(i)];
-        e2 += d * d;
-        n2 += plain_ref[size_t(i)] * plain_ref[size_t(i)];
-      }
-      const double rel = n2 > 0 ? std::sqrt(e2 / n2) : std::sqrt(e2);
-      if (rel > 8e-2) problem = fmt::format("FP8 output is {:.3e} away from the unquantized reference (bar 8e-2)", rel);
-    }
-    if (problem.empty() && res.rel_l2 > tol.rel_l2)
-      problem = fmt::format("relative L2 error {:.3e} exceeds {:.0e} ({})", res.rel_l2, tol.rel_l2, tol.reason);
-    res.status = problem.empty() ? Result::Status::passed : Result::Status::failed;
-    res.message = problem;
-    results.push_back(res);
+  Result res;
+  res.tolerance = tol.rel_l2;
+  Problem p = Problem::from(on_dev_.experts(), on_dev_.call(TensorView(nullptr, dt, {T, H}, dev)));
+  p.cpu_threads = opts.num_threads;
+  Support sup = ExpertsInterface::global().supports(name, p);
+  if (!sup.ok) {
+    res.status = Result::Status::skipped;
+    res.message = sup.reason;
+    return res;
   }
+  const int64_t n = T * H + 2 * kGuard;
+  const std::vector<char> poison = poisoned_host(dt, n);
+  Tensor buf = Tensor::empty(dt, {n}, dev);
+  copy_bytes(buf.data(), dev, poison.data(), Device::cpu(), poison.size());
+  GuardedOut out{buf, n, dt, dev};
+  try {
+    experts_forward(name, on_dev_.experts(), on_dev_.call(out.view(T, H)), opts);
+  } catch (const Error& e) {
+    res.status = Result::Status::failed;
+    res.message = std::string("threw: ") + e.what();
+    return res;
+  }
+  std::vector<char> got(poison.size());
+  copy_bytes(got.data(), Device::cpu(), buf.data(), dev, got.size());
+  const size_t esz = dtype_size(dt);
+  std::string problem;
+  // 1. guards untouched
+  if (std::memcmp(got.data(), poison.data(), size_t(kGuard) * esz) != 0 ||
+      std::memcmp(got.data() + size_t(n - kGuard) * esz, poison.data() + size_t(n - kGuard) * esz, size_t(kGuard) * esz) != 0)
+    problem = "wrote outside the output (guard elements changed)";
+  // 2. every element written, finite where the reference is finite; error norm
+  double err2 = 0.0;
+  const char* body = got.data() + size_t(kGuard) * esz;
+  for (int64_t i = 0; i < T * H && problem.empty(); ++i) {
+    if (std::memcmp(body + size_t(i) * esz, poison.data(), esz) == 0) {
+      problem = fmt::format("output element {} (token {}, column {}) was never written", i, i / H, i % H);
+      break;
+    }
+    const double v = load_value(dt, body, i);
+    if (!std::isfinite(v) && std::isfinite(ref[size_t(i)])) {
+      problem = fmt::format("output element {} is {} but the reference is {}", i, v, ref[size_t(i)]);
+      break;
+    }
+    if (c.integer_valued && v != double(round_to(dt, float(ref[size_t(i)])))) {
+      problem = fmt::format("exact case: output element {} is {} but must be exactly {}", i, v, ref[size_t(i)]);
+      break;
+    }
+    err2 += (v - ref[size_t(i)]) * (v - ref[size_t(i)]);
+  }
+  res.rel_l2 = ref_norm2 > 0 ? std::sqrt(err2 / ref_norm2) : std::sqrt(err2);
+  if (problem.empty() && !plain_ref.empty()) {
+    double e2 = 0, n2 = 0;
+    for (int64_t i = 0; i < T * H; ++i) {
+      const double d = load_value(dt, body, i) - plain_ref[size_t(i)];
+      e2 += d * d;
+      n2 += plain_ref[size_t(i)] * plain_ref[size_t(i)];
+    }
+    const double rel = n2 > 0 ? std::sqrt(e2 / n2) : std::sqrt(e2);
+    if (rel > 8e-2) problem = fmt::format("FP8 output is {:.3e} away from the unquantized reference (bar 8e-2)", rel);
+  }
+  if (problem.empty() && res.rel_l2 > tol.rel_l2)
+    problem = fmt::format("relative L2 error {:.3e} exceeds {:.0e} ({})", res.rel_l2, tol.rel_l2, tol.reason);
+  res.status = problem.empty() ? Result::Status::passed : Result::Status::failed;
+  res.message = problem;
+  return res;
+}
+
+std::vector<Result> run_case(const std::vector<std::string>& backends, const Case& c, Device dev, const RunOptions& opts) {
+  const PreparedCase prepared(c, dev);
+  std::vector<Result> results;
+  for (const std::string& name : backends) results.push_back(prepared.run(name, opts));
   return results;
 }
 
