@@ -18,6 +18,17 @@ uint64_t seed_from_env() {
   return s ? std::strtoull(s, nullptr, 10) : 20261129;
 }
 
+// Registers `name`: grouped_mm that forgets the last output row (the harness must see it unwritten).
+void register_skip_last_row(const char* name) {
+  ExpertsInterface::global().register_backend(name, [](const Experts& ex, const ExpertsCall& call, const RunContext& ctx) {
+    const int64_t T = call.hidden.shape[0];
+    Tensor tmp = Tensor::empty(call.out.dtype, {T, call.out.shape[1]});
+    RunOptions o = ctx.options;
+    experts_forward("grouped_mm", ex, ExpertsCall{call.hidden, call.top_k_index, call.top_k_weights, tmp}, o);
+    std::memcpy(call.out.data, tmp.data(), size_t(T - 1) * size_t(call.out.shape[1]) * dtype_size(call.out.dtype));
+  });
+}
+
 class Equivalence : public ::testing::TestWithParam<DType> {};
 
 TEST_P(Equivalence, EveryBackendMatchesTheReference) {
@@ -52,13 +63,7 @@ TEST(Equivalence, HarnessCatchesAWrongBackend) {
   // A backend that forgets the last output row must fail (unwritten elements are detected),
   // and one that drops the routing weight must fail on the error bound: the harness can fail.
   auto& reg = ExpertsInterface::global();
-  reg.register_backend("broken_skip_row", [](const Experts& ex, const ExpertsCall& call, const RunContext& ctx) {
-    const int64_t T = call.hidden.shape[0];
-    Tensor tmp = Tensor::empty(call.out.dtype, {T, call.out.shape[1]});
-    RunOptions o = ctx.options;
-    experts_forward("grouped_mm", ex, ExpertsCall{call.hidden, call.top_k_index, call.top_k_weights, tmp}, o);
-    std::memcpy(call.out.data, tmp.data(), size_t(T - 1) * size_t(call.out.shape[1]) * dtype_size(call.out.dtype));
-  });
+  register_skip_last_row("broken_skip_row");
   reg.register_backend("broken_weights", [](const Experts& ex, const ExpertsCall& call, const RunContext& ctx) {
     Tensor ones = Tensor::empty(DType::f32, {call.top_k_weights.shape[0], call.top_k_weights.shape[1]});
     for (int64_t i = 0; i < ones.numel(); ++i) ones.ptr<float>()[i] = 1.0f;
@@ -86,13 +91,7 @@ TEST(Equivalence, HarnessCatchesAWrongBackend) {
 // fresh poisoned output each time: a broken backend between two good runs still fails.
 TEST(Equivalence, PreparedCaseRunsLikeRunCase) {
   auto& reg = ExpertsInterface::global();
-  reg.register_backend("broken_skip_row2", [](const Experts& ex, const ExpertsCall& call, const RunContext& ctx) {
-    const int64_t T = call.hidden.shape[0];
-    Tensor tmp = Tensor::empty(call.out.dtype, {T, call.out.shape[1]});
-    RunOptions o = ctx.options;
-    experts_forward("grouped_mm", ex, ExpertsCall{call.hidden, call.top_k_index, call.top_k_weights, tmp}, o);
-    std::memcpy(call.out.data, tmp.data(), size_t(T - 1) * size_t(call.out.shape[1]) * dtype_size(call.out.dtype));
-  });
+  register_skip_last_row("broken_skip_row2");
   check::Case c;
   c.seed = 11;
   c.spec.num_experts = 6;
