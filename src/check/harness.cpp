@@ -323,14 +323,10 @@ Result PreparedCase::run(const std::string& name, const RunOptions& opts) const 
   const Case& c = host_.c;
   const int64_t T = c.tokens, H = c.spec.hidden;
   const DType dt = c.spec.dtype;
-  const Device dev = dev_;
-  const std::vector<double>& ref = ref_;
-  const std::vector<double>& plain_ref = plain_ref_;
-  const double ref_norm2 = ref_norm2_;
   const Tolerance tol = tolerance_for(c);
   Result res;
   res.tolerance = tol.rel_l2;
-  Problem p = Problem::from(on_dev_.experts(), on_dev_.call(TensorView(nullptr, dt, {T, H}, dev)));
+  Problem p = Problem::from(on_dev_.experts(), on_dev_.call(TensorView(nullptr, dt, {T, H}, dev_)));
   p.cpu_threads = opts.num_threads;
   Support sup = ExpertsInterface::global().supports(name, p);
   if (!sup.ok) {
@@ -340,9 +336,9 @@ Result PreparedCase::run(const std::string& name, const RunOptions& opts) const 
   }
   const int64_t n = T * H + 2 * kGuard;
   const std::vector<char> poison = poisoned_host(dt, n);
-  Tensor buf = Tensor::empty(dt, {n}, dev);
-  copy_bytes(buf.data(), dev, poison.data(), Device::cpu(), poison.size());
-  GuardedOut out{buf, n, dt, dev};
+  Tensor buf = Tensor::empty(dt, {n}, dev_);
+  copy_bytes(buf.data(), dev_, poison.data(), Device::cpu(), poison.size());
+  GuardedOut out{buf, n, dt, dev_};
   try {
     experts_forward(name, on_dev_.experts(), on_dev_.call(out.view(T, H)), opts);
   } catch (const Error& e) {
@@ -351,7 +347,7 @@ Result PreparedCase::run(const std::string& name, const RunOptions& opts) const 
     return res;
   }
   std::vector<char> got(poison.size());
-  copy_bytes(got.data(), Device::cpu(), buf.data(), dev, got.size());
+  copy_bytes(got.data(), Device::cpu(), buf.data(), dev_, got.size());
   const size_t esz = dtype_size(dt);
   std::string problem;
   // 1. guards untouched
@@ -367,23 +363,23 @@ Result PreparedCase::run(const std::string& name, const RunOptions& opts) const 
       break;
     }
     const double v = load_value(dt, body, i);
-    if (!std::isfinite(v) && std::isfinite(ref[size_t(i)])) {
-      problem = fmt::format("output element {} is {} but the reference is {}", i, v, ref[size_t(i)]);
+    if (!std::isfinite(v) && std::isfinite(ref_[size_t(i)])) {
+      problem = fmt::format("output element {} is {} but the reference is {}", i, v, ref_[size_t(i)]);
       break;
     }
-    if (c.integer_valued && v != double(round_to(dt, float(ref[size_t(i)])))) {
-      problem = fmt::format("exact case: output element {} is {} but must be exactly {}", i, v, ref[size_t(i)]);
+    if (c.integer_valued && v != double(round_to(dt, float(ref_[size_t(i)])))) {
+      problem = fmt::format("exact case: output element {} is {} but must be exactly {}", i, v, ref_[size_t(i)]);
       break;
     }
-    err2 += (v - ref[size_t(i)]) * (v - ref[size_t(i)]);
+    err2 += (v - ref_[size_t(i)]) * (v - ref_[size_t(i)]);
   }
-  res.rel_l2 = ref_norm2 > 0 ? std::sqrt(err2 / ref_norm2) : std::sqrt(err2);
-  if (problem.empty() && !plain_ref.empty()) {
+  res.rel_l2 = ref_norm2_ > 0 ? std::sqrt(err2 / ref_norm2_) : std::sqrt(err2);
+  if (problem.empty() && !plain_ref_.empty()) {
     double e2 = 0, n2 = 0;
     for (int64_t i = 0; i < T * H; ++i) {
-      const double d = load_value(dt, body, i) - plain_ref[size_t(i)];
+      const double d = load_value(dt, body, i) - plain_ref_[size_t(i)];
       e2 += d * d;
-      n2 += plain_ref[size_t(i)] * plain_ref[size_t(i)];
+      n2 += plain_ref_[size_t(i)] * plain_ref_[size_t(i)];
     }
     const double rel = n2 > 0 ? std::sqrt(e2 / n2) : std::sqrt(e2);
     if (rel > 8e-2) problem = fmt::format("FP8 output is {:.3e} away from the unquantized reference (bar 8e-2)", rel);

@@ -1078,13 +1078,12 @@ int choose_ks(int64_t slots, int64_t out_rows, int nt, int64_t k_blocks) {
   return ks;
 }
 
-// MOEX_CUDA_FP8_DECODE_KS_UP=n (A/B): decode_up's k slices per m16 tile forced to n (1, 2, 4 or 8; halved while
-// n > k_blocks, so that every warp keeps at least one k block), else `chosen`. What it is for: at T = 1 on the qwen shapes ks = 1 gives
-// decode_up one block on 96 of 132 SMs instead of two blocks on 60, so that a decode_down block fits beside every
-// one of them (shared memory and registers) and becomes resident — requesting its first weight stages — while
-// decode_up still streams (with the default split, decode_down's blocks on the 60 full SMs wait for decode_up's to
-// leave). A pure read streams decode_up's 25.2 MB as fast with either split (bench/stream_probe.cu, fiftieth
-// session). The k slices are summed in another grouping: not bit-identical to the default split.
+// MOEX_CUDA_FP8_DECODE_KS_UP=n (A/B): decode_up's k slices per m16 tile forced to n (1, 2, 4 or 8; halved
+// while n > k_blocks, so that every warp keeps at least one k block), else `chosen`. Built to test whether, at
+// T = 1 on the qwen shapes, ks = 1 (decode_up on 96 SMs, one block each, so that every decode_down block is
+// resident early) pays: on an H100 (fifty-first session, docs/PERF.md) it is 1.4-1.8 µs slower — each warp's
+// 16 k blocks of arithmetic after the wait outweigh the early down blocks. The k slices are summed in
+// another grouping: not bit-identical to the default split.
 int forced_ks(const char* env, int64_t k_blocks, int chosen) {
   const char* v = decode_env(env);
   if (!v) return chosen;
@@ -1393,7 +1392,8 @@ void launch_quant_decode(const QuantDecodeArgs& a, cudaStream_t stream) {
   // two kernels back; measured 2-9 % faster at T = 1 on the H200, 2026-12-01).
   // MOEX_CUDA_FP8_DECODE_EARLY=0 reads them after it (A/B measurement, debugging).
   p.early_plan = !decode_env_is("MOEX_CUDA_FP8_DECODE_EARLY", "0");
-  // MOEX_CUDA_FP8_DECODE_EARLY_COLS=1: decode_down's first pass' pair-list entries before pdl_wait too (A/B).
+  // MOEX_CUDA_FP8_DECODE_EARLY_COLS=1: decode_down's first pass' pair-list entries before pdl_wait too (A/B;
+  // no measurable change at T = 1 on an H100, fifty-first session).
   p.early_columns = decode_env_is("MOEX_CUDA_FP8_DECODE_EARLY_COLS", "1");
   switch (a.dtype) {
     case DType::f32: launch_typed<float>(p, a.dtype, nt, ks_up, ks_down, stream); break;
