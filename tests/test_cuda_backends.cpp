@@ -199,8 +199,7 @@ TEST_P(CudaFp8Decode, EverySwitchMatchesTheReference) {
                                                           {"MOEX_CUDA_FP8_DECODE_TMA", "1"},
                                                           {"MOEX_CUDA_FP8_DECODE_TMA_WIDE", "1"},
                                                           {"MOEX_CUDA_FP8_DECODE_KS_UP", "1"},
-                                                          {"MOEX_CUDA_FP8_DECODE_KS_UP", "8"},
-                                                          {"MOEX_CUDA_FP8_DECODE_EARLY_COLS", "1"}};
+                                                          {"MOEX_CUDA_FP8_DECODE_KS_UP", "8"}};
   std::vector<check::PreparedCase> prepared;  // each case and its references once, for every switch
   for (const auto& c : decode_cases(seed, dt)) prepared.emplace_back(c, Device::cuda());
   for (const auto& [name, value] : switches) {

@@ -76,6 +76,10 @@
 // per SM moving 7 GB/s each SM, decode_up's 16 move 11); neither deeper rings, nor the slab requested
 // later, nor other up k slices, nor the routing and the block scales staged ahead changed it.
 //
+// Tried on an H100 and removed (2026-12-06, fifty-first session, commit 8b0ed58, docs/PERF.md): decode_down's
+// first pass' pair-list entries read before pdl_wait (MOEX_CUDA_FP8_DECODE_EARLY_COLS=1): correct, no
+// measurable change (qwen15_moe_a2_7b / qwen3_30b_a3b T = 1 0.0240 / 0.0241 ms against 0.0240 / 0.0243, CUDA-graph replay).
+//
 // Measured on an H100 before building it (2026-12-06, fiftieth session, bench/stream_probe.cu, docs/PERF.md):
 // a load-time weight layout with each 16-row × 128-code tile contiguous, streamed with 1-D cp.async.bulk
 // copies of 2-4 KB instead of the TMA ring's 8-row boxes. Pure readers with decode_up's split read qwen3's
@@ -176,8 +180,6 @@ struct DecodeParams {
   int n_ctr;            // counters (zeroed by decode_prep)
   bool h_quant_in_down; // decode_down quantizes h while staging it (else decode_up's last blocks)
   bool early_plan;      // decode_up / decode_down read the routing / plan before pdl_wait
-  bool early_columns;   // with early_plan: decode_down fills its first pass' column tables (the pair list)
-                        // before pdl_wait too (MOEX_CUDA_FP8_DECODE_EARLY_COLS=1, A/B)
   int ring_stages;      // stages of the TMA ring (the kTma kernels; set per launch by launch_gemv)
   int ring_kbs;         // k blocks per TMA ring stage: 2 (256-byte boxes; the default), or 1
                         // (MOEX_CUDA_FP8_DECODE_TMA_BOX=128, and the wide form)
@@ -792,13 +794,12 @@ __device__ __forceinline__ float tile_value(const TileSmem<NT>& sm, int ks_count
   return v;
 }
 
-// Fills the pass' column tables: pair-list entries [r, r + ncols). The list is read through L2
-// (decode_down may read it before pdl_wait, where an L1 line could be stale).
+// Fills the pass' column tables: pair-list entries [r, r + ncols).
 template <int NT>
 __device__ __forceinline__ void set_columns(TileSmem<NT>& sm, const DecodeParams& a, int r, int ncols, bool by_token) {
   if (threadIdx.x < 8 * NT) {
     const int c = threadIdx.x;
-    const int p = c < ncols ? __ldcg(a.pairs + r + c) : -1;
+    const int p = c < ncols ? __ldg(a.pairs + r + c) : -1;
     sm.pair[c] = p;
     sm.arow[c] = p < 0 ? -1 : by_token ? p / a.K : p;
     sm.col[c] = p < 0 ? -1 : c;
@@ -999,16 +1000,12 @@ __global__ void __launch_bounds__(THREADS, decode_min_blocks(NT, false))
   } else {
     ring_prologue<NT>(wt.t, wt.kb0, wt.kb1, wt.s0, wt.s1);
   }
-  // early_columns: the first pass' pair-list entries too (the list is decode_prep's, final like the
-  // plan), so that no L2 round trip for them follows the wait.
-  const bool columns_ready = a.early_plan && a.early_columns;
-  if (columns_ready) set_columns(sm, a, r_begin, min(8 * NT, r_end - r_begin), false);
   if (a.early_plan) pdl_wait();  // decode_up's h
   pdl_launch_dependents();
   const T* bias = a.down_bias ? static_cast<const T*>(a.down_bias) + int64_t(e) * a.H : nullptr;
   for (int r = r_begin; r < r_end; r += 8 * NT) {
     const int ncols = min(8 * NT, r_end - r);
-    if (r != r_begin || !columns_ready) set_columns(sm, a, r, ncols, false);
+    set_columns(sm, a, r, ncols, false);
     if (r != r_begin) {
       if constexpr (kTma) ring_tma_prologue(wt.ring, wt.kb0, wt.kb1, true);
       else ring_prologue<NT>(wt.t, wt.kb0, wt.kb1, wt.s0, wt.s1);
@@ -1392,9 +1389,6 @@ void launch_quant_decode(const QuantDecodeArgs& a, cudaStream_t stream) {
   // two kernels back; measured 2-9 % faster at T = 1 on the H200, 2026-12-01).
   // MOEX_CUDA_FP8_DECODE_EARLY=0 reads them after it (A/B measurement, debugging).
   p.early_plan = !decode_env_is("MOEX_CUDA_FP8_DECODE_EARLY", "0");
-  // MOEX_CUDA_FP8_DECODE_EARLY_COLS=1: decode_down's first pass' pair-list entries before pdl_wait too (A/B;
-  // no measurable change at T = 1 on an H100, fifty-first session).
-  p.early_columns = decode_env_is("MOEX_CUDA_FP8_DECODE_EARLY_COLS", "1");
   switch (a.dtype) {
     case DType::f32: launch_typed<float>(p, a.dtype, nt, ks_up, ks_down, stream); break;
     case DType::f16: launch_typed<__half>(p, a.dtype, nt, ks_up, ks_down, stream); break;
