@@ -11,7 +11,21 @@ mem_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | he
 want=${WANT:-$([ "${mem_mib:-0}" -gt 100000 ] && echo e2e || echo suite)}
 echo "== $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), ${mem_mib} MiB: $want"
 if [ "$want" = e2e ]; then
-  FP8_VARIANTS= TOKENS=1 CALL_LIMIT=${CALL_LIMIT:-580} exec bash bench/gpu_session51b.sh
+  # issue 5's end-to-end table beside the reference, then (in place of bench/gpu_session51b.sh's A/B) the tests
+  # this session's code changed, with what is left of the call
+  OUT=${OUT:-$PWD/out}
+  mkdir -p "$OUT/r"
+  export BUILD=${BUILD:-build-gpu} MOEX_SOURCE_DIR=$PWD
+  t0=$(date +%s)
+  OUT=$OUT/r PARTS=model SKIP_BUILD=1 DEADLINE=$(( ${CALL_LIMIT:-580} - 150 )) bash bench/gpu_session28.sh 2>&1 |
+    tail -20 | tee -a "$OUT/summary.txt"
+  for f in side_by_side.md moex_e2e.json ref_e2e.json model.txt; do cp "$OUT/r/$f" "$OUT/" 2> /dev/null; done
+  OUT=$OUT/r PARTS=tests SKIP_BUILD=1 TEST_TIMEOUT=$(( ${CALL_LIMIT:-580} - ($(date +%s) - t0) - 15 )) \
+    TEST_FILTER="*CudaFp8Decode*:*CudaFp8Prefill*:CudaModelGraphs.*:CudaModelSwitching.*" bash bench/gpu_check.sh 2>&1 |
+    tail -12 | tee -a "$OUT/summary.txt"
+  cp "$OUT/r/tests.log" "$OUT/" 2> /dev/null
+  tar czf "$OUT/logs.tgz" -C "$OUT" r && rm -rf "$OUT/r"
+  ls "$OUT"
 else
   SUITE_TIMEOUT=${SUITE_TIMEOUT:-560} CALL_LIMIT=${CALL_LIMIT:-590} AB_VARIANTS=" " TOKENS=1 exec bash bench/gpu_session50a.sh
 fi
