@@ -27,5 +27,6 @@ if [ "$want" = e2e ]; then
   tar czf "$OUT/logs.tgz" -C "$OUT" r && rm -rf "$OUT/r"
   ls "$OUT"
 else
-  SUITE_TIMEOUT=${SUITE_TIMEOUT:-560} CALL_LIMIT=${CALL_LIMIT:-590} AB_VARIANTS=" " TOKENS=1 exec bash bench/gpu_session50a.sh
+  limit=${CALL_LIMIT:-590}
+  SUITE_TIMEOUT=${SUITE_TIMEOUT:-$(( limit - 30 ))} CALL_LIMIT=$limit AB_VARIANTS=" " TOKENS=1 exec bash bench/gpu_session50a.sh
 fi
