@@ -5,7 +5,7 @@
 # (bench/gpu_session50a.sh). Run through the carried binaries:
 #   here:  PACK_TARGETS="moex_tests moex_model_bench" bash bench/gpu_prebuilt.sh pack /tmp/breal
 #   there: bash bench/gpu_prebuilt.sh run bench/gpu_session52.sh   (carry ["build-carry"])
-# WANT=suite or WANT=e2e forces one of the two.
+# WANT=suite or WANT=e2e forces one of the two; TESTS_RESERVE (150 s) is what the end-to-end table leaves the tests.
 set -u
 mem_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1 | tr -d ' ')
 want=${WANT:-$([ "${mem_mib:-0}" -gt 100000 ] && echo e2e || echo suite)}
@@ -17,7 +17,7 @@ if [ "$want" = e2e ]; then
   mkdir -p "$OUT/r"
   export BUILD=${BUILD:-build-gpu} MOEX_SOURCE_DIR=$PWD
   t0=$(date +%s)
-  OUT=$OUT/r PARTS=model SKIP_BUILD=1 DEADLINE=$(( ${CALL_LIMIT:-580} - 150 )) bash bench/gpu_session28.sh 2>&1 |
+  OUT=$OUT/r PARTS=model SKIP_BUILD=1 DEADLINE=$(( ${CALL_LIMIT:-580} - ${TESTS_RESERVE:-150} )) bash bench/gpu_session28.sh 2>&1 |
     tail -20 | tee -a "$OUT/summary.txt"
   for f in side_by_side.md moex_e2e.json ref_e2e.json model.txt; do cp "$OUT/r/$f" "$OUT/" 2> /dev/null; done
   OUT=$OUT/r PARTS=tests SKIP_BUILD=1 TEST_TIMEOUT=$(( ${CALL_LIMIT:-580} - ($(date +%s) - t0) - 15 )) \
