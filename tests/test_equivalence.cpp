@@ -8,6 +8,7 @@
 
 #include "moex/check.hpp"
 #include "moex/moex.hpp"
+#include "test_util.hpp"
 
 using namespace moex;
 
@@ -92,14 +93,7 @@ TEST(Equivalence, HarnessCatchesAWrongBackend) {
 TEST(Equivalence, PreparedCaseRunsLikeRunCase) {
   auto& reg = ExpertsInterface::global();
   register_skip_last_row("broken_skip_row2");
-  check::Case c;
-  c.seed = 11;
-  c.spec.num_experts = 6;
-  c.spec.hidden = 48;
-  c.spec.intermediate = 32;
-  c.spec.dtype = DType::bf16;
-  c.tokens = 9;
-  c.top_k = 2;
+  const check::Case c = test::make_case(11, DType::bf16, 6, 48, 32, 9, 2);
   const check::PreparedCase prepared(c, Device::cpu());
   const auto direct = check::run_case("grouped_mm", c);
   const auto first = prepared.run("grouped_mm");
