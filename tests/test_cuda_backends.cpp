@@ -511,8 +511,8 @@ TEST_P(CudaEquivalence, BatchedMmWithSeveralChannelsPerWarpMatchesTheReference) 
 // batched_mm's down projection with its weights staged in shared memory before the wait
 // (MOEX_CUDA_DOWN_STAGED=1, batched_gemv.cu: where T · ceil(H / 16) blocks fit one per SM and K · I
 // rows fit shared memory) does batched_down_nt's arithmetic in the same order: the same bytes, on
-// shapes where it runs (a partial last block of rows, K = 1 .. 8, dropped slots, biases, f32 indices
-// and weights of other dtypes), and the reference's tolerance.
+// shapes where it runs (a partial last block of rows, K = 1 .. 8, dropped slots, biases, i64 indices,
+// routing weights in the activation dtype), and the reference's tolerance.
 TEST_P(CudaEquivalence, BatchedMmStagedDownIsBitIdentical) {
   SKIP_WITHOUT_CUDA();
   const DType dt = GetParam();

@@ -421,17 +421,6 @@ bool stream_weights_enabled() {
   return on;
 }
 
-// Shared memory a block may opt in to on the current device, cached per device.
-inline int device_smem_optin() {
-  static int cache[64] = {};
-  int dev = 0;
-  check(cudaGetDevice(&dev), "cudaGetDevice");
-  if (dev < 0 || dev >= 64) dev = 63;
-  if (cache[dev] == 0)
-    check(cudaDeviceGetAttribute(&cache[dev], cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), "cudaDeviceGetAttribute");
-  return cache[dev];
-}
-
 // Whether the down projection runs batched_down_staged: MOEX_CUDA_DOWN_STAGED=1 (read per call: an
 // A/B switch) and the call fits it — one wave at one block per SM, its shared memory within the
 // device's opt-in limit.
@@ -440,7 +429,7 @@ bool use_staged_down(const BatchedArgs& a) {
   const char* env = std::getenv("MOEX_CUDA_DOWN_STAGED");
   if (!(env && std::string(env) == "1")) return false;
   return a.T * ceil_div(a.H, kStagedRows) <= current_device_sms() &&
-         staged_down_smem<T>(a.K, a.I) <= size_t(device_smem_optin());
+         staged_down_smem<T>(a.K, a.I) <= size_t(current_device_smem_optin());
 }
 
 template <class T, bool CS>
