@@ -10,7 +10,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -506,45 +505,6 @@ TEST_P(CudaEquivalence, BatchedMmWithSeveralChannelsPerWarpMatchesTheReference) 
     }
     std::printf("batched_mm, MOEX_CUDA_UP_CHANNELS=%s: %zu cases, worst rel L2 %.2e\n", channels, cases.size(), worst);
   }
-}
-
-// batched_mm's down projection with its weights staged in shared memory before the wait
-// (MOEX_CUDA_DOWN_STAGED=1, batched_gemv.cu: where T · ceil(H / 16) blocks fit one per SM and K · I
-// rows fit shared memory) does batched_down_nt's arithmetic in the same order: the same bytes, on
-// shapes where it runs (a partial last block of rows, K = 1 .. 8, dropped slots, biases, i64 indices,
-// routing weights in the activation dtype), and the reference's tolerance.
-TEST_P(CudaEquivalence, BatchedMmStagedDownIsBitIdentical) {
-  SKIP_WITHOUT_CUDA();
-  const DType dt = GetParam();
-  std::vector<check::Case> cases;
-  uint64_t seed = seed_from_env() + 31;
-  for (const auto& [E, H, I, T, K] : std::vector<std::array<int64_t, 5>>{
-           {8, 64, 32, 1, 2}, {16, 200, 96, 1, 8}, {16, 256, 128, 3, 4}, {4, 72, 64, 2, 1}, {32, 512, 768, 1, 8}}) {
-    for (const auto routing : {check::Routing::random, check::Routing::dropped}) {
-      check::Case c = make_case(seed++, dt, E, H, I, T, K);
-      c.routing = routing;
-      c.spec.has_bias = (seed & 1) != 0;
-      cases.push_back(c);
-    }
-  }
-  cases[1].index_dtype = DType::i64;
-  cases[2].weights_dtype = dt;
-  int compared = 0;
-  for (const auto& c : cases) {
-    const check::Instance dev = check::make_instance(c).to(Device::cuda());
-    auto run = [&](const char* staged) {
-      ScopedEnv env("MOEX_CUDA_DOWN_STAGED", staged);
-      Tensor out = Tensor::empty(dt, {c.tokens, c.spec.hidden}, Device::cuda());
-      experts_forward("batched_mm", dev.experts(), dev.call(out));
-      return test::to_host(out);
-    };
-    EXPECT_EQ(run("1"), run("0")) << c.describe();
-    ScopedEnv env("MOEX_CUDA_DOWN_STAGED", "1");
-    const auto r = check::run_case("batched_mm", c, Device::cuda());
-    EXPECT_EQ(r.status, check::Result::Status::passed) << c.describe() << ": " << check::status_name(r.status) << ": " << r.message;
-    ++compared;
-  }
-  std::printf("batched_mm, staged down projection against the default: %d cases, bit for bit\n", compared);
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, CudaEquivalence, ::testing::Values(DType::f32, DType::f16, DType::bf16),

@@ -11,7 +11,6 @@
 // Weights stored [E, out, in] (default) use one warp per output row; transposed weights
 // [E, in, out] use 64 output columns × 4 k-slices per block (coalesced along the output dim).
 #include "backends/cuda/cuda_common.cuh"
-#include "backends/cuda/mma_ptx.cuh"
 #include "backends/cuda/pdl.cuh"
 
 namespace moex::cuda {
@@ -164,6 +163,11 @@ __global__ void __launch_bounds__(THREADS) batched_up_nt(BatchedArgs a) {
 // prefetch.global.L2 per line before its wait (twenty-sixth session), and the up kernel's blocks
 // issuing cp.async.bulk.prefetch.L2 for their slot's down matrix (thirty-fifth session: H200, 48-layer
 // Qwen3-30B-A3B, batch 1 +0.17 ms per step) — the up kernel's own stream is what they delay.
+// Copying them into shared memory before the wait was slower too (fifty-fourth session, H100, 2026-12-07,
+// commit 19f4db8, removed): a block of 8 warps per 16 output rows of one token, its K down rows (192 KB
+// on qwen3 bf16) cp.async'd before pdl_wait, the up kernel's carve-out set to the largest shared part —
+// bit-identical, but qwen3_30b_a3b / qwen15_moe_a2_7b T = 1 0.046 / 0.041 ms against 0.037 / 0.035, and
+// the 48-layer model's batch-1 step 4.419 ms against 3.594 (two interleaved rounds each).
 // Slots in groups of SLOTS whose dot products run interleaved, UC chunks of each in flight
 // (SLOTS·UC = 8 sixteen-byte weight loads per lane): a row of W is short (I elements: 1.5 KB on
 // qwen3), so one slot at a time left too few loads in flight (H200, batch 1: 17 µs for 25 MB), and
@@ -233,77 +237,6 @@ __global__ void __launch_bounds__(THREADS) batched_down_nt(BatchedArgs a) {
     }
   }
   if (lane == 0) static_cast<T*>(a.out)[t * H + n] = from_f32<T>(acc);
-}
-
-// ---- down projection with its weights staged in shared memory before the wait (T·H/16 <= SMs) ----
-// batched_down_nt's blocks wait idle while the up kernel streams (their routing is known: the indices
-// were written before the up kernel's pdl_wait, which precedes this launch), and then request their
-// 25 MB (qwen3, batch 1) only after it. Here a block of 8 warps owns kStagedRows output rows of one
-// token and copies their K down rows (kStagedRows · K · I elements, 192 KB on qwen3 bf16) into shared
-// memory with cp.async BEFORE pdl_wait, so that they stream while the up kernel runs; after the wait
-// it stages the token's K h rows (K · I) and computes from shared memory. One wave only: the grid
-// (T, H / kStagedRows) must fit the SMs at one block each (launch_vec checks), and the kernel keeps to
-// 64 registers (launch bounds) so that a block fits beside three of the up kernel's (62 registers).
-// Same chunks per lane in the same order, same warp reduction, slots added in slot order: the same
-// bits as batched_down_nt. MOEX_CUDA_DOWN_STAGED=1 selects it where it fits (opt-in: an A/B).
-constexpr int kStagedRows = 2 * (THREADS / 32);
-
-template <class T>
-size_t staged_down_smem(int64_t K, int64_t I) {
-  return size_t(kStagedRows + 1) * size_t(K) * size_t(I) * sizeof(T);
-}
-
-template <class T>
-__global__ void __launch_bounds__(THREADS, 4) batched_down_staged(BatchedArgs a) {
-  MOEX_CUDA_TRACE_BLOCK(k_batched_down);
-  extern __shared__ __align__(16) unsigned char staged_smem[];
-  constexpr int V = 16 / sizeof(T);
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t t = blockIdx.x, n0 = int64_t(blockIdx.y) * kStagedRows;
-  const int H = int(a.H), K = int(a.K), iv = int(a.I / V);  // iv: 16-byte chunks per row
-  T* slab = reinterpret_cast<T*>(staged_smem);              // [kStagedRows][K][I]
-  T* hs = slab + int64_t(kStagedRows) * K * a.I;              // [K][I]
-  // weight rows (r, j) = row n0 + r of slot j's expert, one per warp at a time; rows past H and
-  // dropped slots are zero-filled (never read below)
-  for (int rj = warp; rj < kStagedRows * K; rj += THREADS / 32) {
-    const int r = rj / K, j = rj % K;
-    const int64_t e = load_index(a.idx, a.idx64, t * K + j);
-    const bool ok = n0 + r < H && e >= 0 && e < a.E;
-    const T* src = static_cast<const T*>(a.down) + ((ok ? e : 0) * a.H + (ok ? n0 + r : 0)) * a.I;
-    for (int c = lane; c < iv; c += 32) ptx::cp_async16(ptx::smem_u32(slab + int64_t(rj) * a.I + c * V), src + c * V, ok);
-  }
-  ptx::cp_async_commit();
-  pdl_wait();  // h comes from the up kernel
-  MOEX_CUDA_TRACE_WAITED();
-  pdl_launch_dependents();
-  for (int j = warp; j < K; j += THREADS / 32) {
-    const int64_t e = load_index(a.idx, a.idx64, t * K + j);
-    const bool ok = e >= 0 && e < a.E;  // a dropped slot's h row is never written
-    const T* src = static_cast<const T*>(a.h) + (ok ? t * K + j : 0) * a.I;
-    for (int c = lane; c < iv; c += 32) ptx::cp_async16(ptx::smem_u32(hs + int64_t(j) * a.I + c * V), src + c * V, ok);
-  }
-  ptx::cp_async_commit();
-  ptx::cp_async_wait<0>();
-  __syncthreads();
-#pragma unroll 1
-  for (int r = warp; r < kStagedRows; r += THREADS / 32) {
-    const int64_t n = n0 + r;
-    if (n >= H) break;
-    float acc = 0.0f;
-#pragma unroll 1
-    for (int j = 0; j < K; ++j) {
-      const int64_t e = load_index(a.idx, a.idx64, t * K + j);
-      if (e < 0 || e >= a.E) continue;
-      const uint4* hv = reinterpret_cast<const uint4*>(hs + int64_t(j) * a.I);
-      const uint4* wv = reinterpret_cast<const uint4*>(slab + int64_t(r * K + j) * a.I);
-      float part = 0.0f;
-      for (int c = lane; c < iv; c += 32) part = dot_vec<T>(hv[c], wv[c], part);
-      float y = warp_sum(part);
-      if (a.down_bias) y += to_f32(static_cast<const T*>(a.down_bias)[e * a.H + n]);
-      acc += load_any(a.topw, a.topw_code, t * K + j) * y;
-    }
-    if (lane == 0) static_cast<T*>(a.out)[t * a.H + n] = from_f32<T>(acc);
-  }
 }
 
 // ---- transposed weights: 64 output columns × 4 k-slices per block ----
@@ -421,38 +354,10 @@ bool stream_weights_enabled() {
   return on;
 }
 
-// Whether the down projection runs batched_down_staged: MOEX_CUDA_DOWN_STAGED=1 (read per call: an
-// A/B switch) and the call fits it — one wave at one block per SM, its shared memory within the
-// device's opt-in limit.
-template <class T>
-bool use_staged_down(const BatchedArgs& a) {
-  const char* env = std::getenv("MOEX_CUDA_DOWN_STAGED");
-  if (!(env && std::string(env) == "1")) return false;
-  return a.T * ceil_div(a.H, kStagedRows) <= current_device_sms() &&
-         staged_down_smem<T>(a.K, a.I) <= size_t(current_device_smem_optin());
-}
-
 template <class T, bool CS>
 void launch_vec(const BatchedArgs& a, dim3 g_up, dim3 g_down, cudaStream_t stream) {
-  const auto up = a.up_channels > 1 ? batched_up_nt<T, true, true, CS> : batched_up_nt<T, true, false, CS>;
-  const bool staged = use_staged_down<T>(a);
-  // an SM runs blocks of kernels with one L1 / shared-memory split: the up kernel (no shared memory)
-  // asks for the largest shared part, so that the staged down blocks can become resident beside its
-  // blocks rather than only once an SM has emptied
-  // (set either way once the switch is given: the attribute stays with the kernel for later calls)
-  if (staged || std::getenv("MOEX_CUDA_DOWN_STAGED"))
-    check(cudaFuncSetAttribute(up, cudaFuncAttributePreferredSharedMemoryCarveout,
-                               int(staged ? cudaSharedmemCarveoutMaxShared : cudaSharedmemCarveoutDefault)),
-          "batched_up_nt attribute");
-  launch_pdl("batched_up_nt", up, g_up, dim3(THREADS), 0, stream, a);
-  if (staged) {
-    const size_t smem = staged_down_smem<T>(a.K, a.I);
-    check(cudaFuncSetAttribute(batched_down_staged<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
-          "batched_down_staged attribute");
-    launch_pdl("batched_down_staged", batched_down_staged<T>, dim3(unsigned(a.T), unsigned(ceil_div(a.H, kStagedRows))),
-               dim3(THREADS), smem, stream, a);
-    return;
-  }
+  launch_pdl("batched_up_nt", a.up_channels > 1 ? batched_up_nt<T, true, true, CS> : batched_up_nt<T, true, false, CS>,
+             g_up, dim3(THREADS), 0, stream, a);
   // slots interleaved: K itself up to 8 (rounded up to a power of two), else groups of 8
   const auto down = a.K <= 1   ? batched_down_nt<T, true, 1, CS>
                     : a.K <= 2 ? batched_down_nt<T, true, 2, CS>

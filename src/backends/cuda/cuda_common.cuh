@@ -81,8 +81,6 @@ int current_device_attribute() {
 
 // Multiprocessors of the current device.
 inline int current_device_sms() { return current_device_attribute<cudaDevAttrMultiProcessorCount>(); }
-// Shared memory a block may opt in to on the current device (bytes).
-inline int current_device_smem_optin() { return current_device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(); }
 
 // nvcc cannot compile fmt in C++20 mode (core/check.hpp): the same "{}" formatter as fail(), for
 // the host code of the .cu files (requirement messages).
