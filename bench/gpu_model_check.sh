@@ -132,7 +132,8 @@ if m or r:
         if d["variant"] != "switch+graphs":
             continue
         b = d["batch"]
-        row(f"decode batch {b} tok/s", d["decode_tok_s"], rd.get(b, {}).get("decode_tok_s"), ">= 5x" if b == 1 else "")
+        row(f"decode batch {b} tok/s", d.get("decode_tok_s"), rd.get(b, {}).get("decode_tok_s"),
+            (">= 5x" if b == 1 else "") + (f" (moex skipped: {d['skipped']})" if "skipped" in d else ""))
     if m:
         print()
         print(f"copy bandwidth {m['copy_bandwidth_GBs']:.0f} GB/s; batch-1 step reads {m['decode_step_weight_bytes'] / 1e9:.2f} GB "
@@ -140,6 +141,9 @@ if m or r:
         print("| variant | batch | step ms | tok/s | x floor | graph replays |")
         print("| --- | --- | --- | --- | --- | --- |")
         for d in m.get("decode", []):
+            if "skipped" in d:
+                print(f"| {d['variant']} | {d['batch']} | skipped: {d['skipped']} | | | |")
+                continue
             print(f"| {d['variant']} | {d['batch']} | {d['step_ms']:.3f} | {d['decode_tok_s']:.0f} | "
                   f"{d['step_ms'] / m['floor_ms']:.2f} | {d['graph_replays']} |")
 EOF

@@ -7,7 +7,9 @@
 //   decode tok/s   = B × N / (time of generate(N + 1) − time of generate(1)) on B × DECODE_PROMPT
 // for B in --batches, with decode-stage switching (grouped_mm → batched_mm) and CUDA graphs, plus
 // the same without switching and without graphs. The batch-1 step is compared with its memory
-// floor: bytes of all weights one step reads / measured device copy bandwidth.
+// floor: bytes of all weights one step reads / measured device copy bandwidth. Every run keeps the
+// prefill's KV capacity (PROMPT + N + 1 positions per sequence, f32 keys and values); a batch whose
+// cache does not fit the card is printed as "skipped" (and so in the JSON) and the others still run.
 //
 //   moex_model_bench [--layers 48] [--prompt 2048] [--decode-prompt 128] [--new 64] [--batches 1,8,64]
 //                    [--variants switch+graphs,no_switch+graphs,switch_no_graphs] [--out results.json]
@@ -33,6 +35,15 @@
 using namespace moex;
 
 namespace {
+// s as the inside of a JSON string (error messages: quotes, backslashes, control characters)
+std::string json_escaped(const std::string& s) {
+  std::string o;
+  for (const char c : s) {
+    if (c == '"' || c == '\\') o += '\\';
+    if (static_cast<unsigned char>(c) >= 0x20) o += c;
+  }
+  return o;
+}
 
 std::string qwen3_30b_a3b_config(int64_t layers) {
   return R"({"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], "vocab_size": 151936,
@@ -134,8 +145,11 @@ int main(int argc, char** argv) {
       m = std::make_unique<model::CudaModel>(w, cfg.text, dev);
     }
     const double build_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const int64_t max_batch = *std::max_element(batches.begin(), batches.end());
-    m->reserve(max_batch, std::max(prompt, decode_prompt) + new_tokens + 1, std::max(prompt, max_batch * decode_prompt));
+    // KV capacity of every run: the prefill's length, so that the decode attention splits its keys as
+    // it does in the table's earlier runs. The prefill's buffers now; each decode batch grows them
+    // below, and one that does not fit the card is reported as skipped (the rest still run).
+    const int64_t kv_len = std::max(prompt, decode_prompt) + new_tokens + 1;
+    m->reserve(1, kv_len, prompt);
     const double bw = model::measure_copy_bandwidth(dev);
     const double floor_ms = double(m->decode_step_weight_bytes()) / bw * 1e3;
     std::printf("# random Qwen3-30B-A3B shape, %lld layers, bf16, built in %.1f s; copy bandwidth %.0f GB/s; "
@@ -174,6 +188,17 @@ int main(int argc, char** argv) {
       if (!only.empty() && only.find(std::string(",") + v.name + ",") == std::string::npos) continue;
       for (int64_t B : batches) {
         if (!v.graphs && B != 1) continue;  // the graph effect is shown at batch 1
+        try {
+          m->reserve(B, kv_len, B * decode_prompt);
+        } catch (const Error& e) {
+          if (e.code() != ErrorCode::out_of_memory) throw;
+          std::printf("decode %-17s batch %3lld: skipped: %s\n", v.name, (long long)B, e.what());
+          std::fflush(stdout);
+          json += std::string(first ? "" : ", ") + "{\"variant\": \"" + v.name + "\", \"batch\": " + std::to_string(B) +
+                  ", \"skipped\": \"" + json_escaped(e.what()) + "\"}";
+          first = false;
+          continue;
+        }
         const auto p = random_prompts(B, decode_prompt, V, 11 + uint64_t(B));
         model::CudaGenerateOptions o;
         o.eos = {-1};

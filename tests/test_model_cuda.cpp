@@ -272,6 +272,36 @@ TEST(CudaModelErrors, BadInputIsAClearError) {
   EXPECT_THROW(Model::from_pretrained(fixture("qwen3_moe").string(), {.device = Device::cuda(999)}), Error);
 }
 
+// A reservation too large for the card (SPEC §7: a clear error, never a crash) leaves the model
+// usable: reserve() frees what it had allocated before the failure and forgets its capacity, so the
+// next generation allocates afresh and gives the same tokens (before this, the old capacity stayed
+// recorded over freed buffers).
+TEST(CudaModelErrors, ReservationTooLargeForTheCardLeavesTheModelUsable) {
+  SKIP_WITHOUT_CUDA();
+#ifndef MOEX_WITH_CUDA
+  GTEST_SKIP() << "built without CUDA";
+#else
+  if (!fs::exists(fixture("qwen3_moe"))) GTEST_SKIP() << "no fixtures";
+  const auto cfg = load_model_config(fixture("qwen3_moe").string());
+  const auto w = model::load_weights(Checkpoint::open(fixture("qwen3_moe").string()), cfg, DType::bf16);
+  model::CudaModel cm(w, cfg.text, Device::cuda());
+  const std::vector<std::vector<int64_t>> prompts = {{1, 5, 9, 13, 2, 7}, {3, 4, 8}};
+  model::CudaGenerateOptions o;
+  o.max_new_tokens = 6;
+  o.eos = {-1};
+  const auto before = cm.generate(prompts, o);
+  try {
+    cm.reserve(int64_t(1) << 20, int64_t(1) << 16, 64);  // 2^36 positions of keys and values per layer
+    FAIL() << "a reservation of 2^36 KV positions succeeded";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::out_of_memory) << e.what();
+  }
+  EXPECT_EQ(cm.generate(prompts, o), before);
+  o.cuda_graphs = false;
+  EXPECT_EQ(cm.generate(prompts, o), before);
+#endif
+}
+
 // The bf16 prefill attention through cuBLAS (sequences of at least MOEX_CUDA_ATTENTION_GEMM_MIN_ROWS
 // rows) against the attention kernel on the same model: GQA, q/k norms, sliding windows + sinks, MLA.
 TEST(CudaModelAttention, GemmPrefillPathMatchesTheKernel) {

@@ -363,6 +363,23 @@ struct CudaModel::Impl {
     check(cudaStreamSynchronize(stream), "cudaStreamSynchronize (reserve)");
     drop_graphs();
     b = Buffers{};  // free first: growth does not need both generations at once
+    // No capacity until every buffer below exists: when an allocation fails (out of GPU memory: a
+    // batch or length too large for the card), the partial buffers are freed and the next call
+    // allocates afresh, so the model stays usable at sizes that fit.
+    cap_batch = cap_len = cap_rows = cap_out = 0;
+    try {
+      allocate(B, L, R, O);
+    } catch (...) {
+      b = Buffers{};
+      throw;
+    }
+    cap_batch = B;
+    cap_len = L;
+    cap_rows = R;
+    cap_out = O;
+  }
+  // The buffers of reserve() for B sequences of up to L positions, R rows per step and O output rows.
+  void allocate(int64_t B, int64_t L, int64_t R, int64_t O) {
     const int64_t E = std::max<int64_t>(t.num_experts, 1), K = std::max<int64_t>(t.num_experts_per_tok, 1);
     auto f32 = [&](int64_t r, int64_t c) { return Tensor::empty(DType::f32, {std::max<int64_t>(r * c, 1)}, dev); };
     auto i32 = [&](int64_t n) { return Tensor::empty(DType::i32, {std::max<int64_t>(n, 1)}, dev); };
@@ -419,12 +436,12 @@ struct CudaModel::Impl {
     }
     if (host_stage) cudaFreeHost(host_stage);
     host_stage = nullptr;
-    host_stage_bytes = size_t(5 * R + 2 * O) * sizeof(int32_t);
-    check(cudaHostAlloc(&host_stage, host_stage_bytes, cudaHostAllocDefault), "cudaHostAlloc");
-    cap_batch = B;
-    cap_len = L;
-    cap_rows = R;
-    cap_out = O;
+    host_stage_bytes = 0;
+    void* staged = nullptr;
+    const size_t stage_bytes = size_t(5 * R + 2 * O) * sizeof(int32_t);
+    check(cudaHostAlloc(&staged, stage_bytes, cudaHostAllocDefault), "cudaHostAlloc");
+    host_stage = staged;
+    host_stage_bytes = stage_bytes;
     // The experts workspace is reserved for the largest step of every CUDA backend now, so that it
     // never moves under a captured graph.
     size_t need = 0;
