@@ -49,6 +49,15 @@ nlohmann::json read_greedy(const std::string& name) {
 
 const std::vector<std::string> kCudaBackends = {"eager", "batched_mm", "grouped_mm"};
 
+#ifdef MOEX_WITH_CUDA
+// A fixture's text model in bf16 on the CUDA runtime directly (CudaModel: reserve, stats)
+std::unique_ptr<model::CudaModel> cuda_model_of(const std::string& name) {
+  const auto cfg = load_model_config(fixture(name).string());
+  const auto w = model::load_weights(Checkpoint::open(fixture(name).string()), cfg, DType::bf16);
+  return std::make_unique<model::CudaModel>(w, cfg.text, Device::cuda());
+}
+#endif
+
 }  // namespace
 
 class CudaModelParity : public ::testing::TestWithParam<std::string> {};
@@ -230,9 +239,8 @@ TEST(CudaModelGraphs, CapturedForCapturableBackendsAndSameTokens) {
   GTEST_SKIP() << "built without CUDA";
 #else
   if (!fs::exists(fixture("qwen3_moe"))) GTEST_SKIP() << "no fixtures";
-  const auto cfg = load_model_config(fixture("qwen3_moe").string());
-  const auto w = model::load_weights(Checkpoint::open(fixture("qwen3_moe").string()), cfg, DType::bf16);
-  model::CudaModel cm(w, cfg.text, Device::cuda());
+  const auto owned = cuda_model_of("qwen3_moe");
+  model::CudaModel& cm = *owned;
   const std::vector<std::vector<int64_t>> prompts = {{1, 5, 9, 13, 2, 7}, {3, 4, 8}, {11, 12}};
   for (const char* decode : {"batched_mm", "grouped_mm", "eager"}) {
     model::CudaGenerateOptions o;
@@ -282,9 +290,8 @@ TEST(CudaModelErrors, ReservationTooLargeForTheCardLeavesTheModelUsable) {
   GTEST_SKIP() << "built without CUDA";
 #else
   if (!fs::exists(fixture("qwen3_moe"))) GTEST_SKIP() << "no fixtures";
-  const auto cfg = load_model_config(fixture("qwen3_moe").string());
-  const auto w = model::load_weights(Checkpoint::open(fixture("qwen3_moe").string()), cfg, DType::bf16);
-  model::CudaModel cm(w, cfg.text, Device::cuda());
+  const auto owned = cuda_model_of("qwen3_moe");
+  model::CudaModel& cm = *owned;
   const std::vector<std::vector<int64_t>> prompts = {{1, 5, 9, 13, 2, 7}, {3, 4, 8}};
   model::CudaGenerateOptions o;
   o.max_new_tokens = 6;
