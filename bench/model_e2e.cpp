@@ -28,6 +28,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "backends/cuda/trace.hpp"
 #include "model/cuda_forward.hpp"
 #include "moex/moex.hpp"
@@ -35,15 +37,6 @@
 using namespace moex;
 
 namespace {
-// s as the inside of a JSON string (error messages: quotes, backslashes, control characters)
-std::string json_escaped(const std::string& s) {
-  std::string o;
-  for (const char c : s) {
-    if (c == '"' || c == '\\') o += '\\';
-    if (static_cast<unsigned char>(c) >= 0x20) o += c;
-  }
-  return o;
-}
 
 std::string qwen3_30b_a3b_config(int64_t layers) {
   return R"({"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], "vocab_size": 151936,
@@ -195,7 +188,7 @@ int main(int argc, char** argv) {
           std::printf("decode %-17s batch %3lld: skipped: %s\n", v.name, (long long)B, e.what());
           std::fflush(stdout);
           json += std::string(first ? "" : ", ") + "{\"variant\": \"" + v.name + "\", \"batch\": " + std::to_string(B) +
-                  ", \"skipped\": \"" + json_escaped(e.what()) + "\"}";
+                  ", \"skipped\": " + nlohmann::json(e.what()).dump() + "}";
           first = false;
           continue;
         }
