@@ -8,8 +8,9 @@
 // for B in --batches, with decode-stage switching (grouped_mm → batched_mm) and CUDA graphs, plus
 // the same without switching and without graphs. The batch-1 step is compared with its memory
 // floor: bytes of all weights one step reads / measured device copy bandwidth. Every run keeps the
-// prefill's KV capacity (PROMPT + N + 1 positions per sequence, f32 keys and values); a batch whose
-// cache does not fit the card is printed as "skipped" (and so in the JSON) and the others still run.
+// prefill's KV capacity (PROMPT + N + 1 positions per sequence; keys and values in bf16, the model's
+// dtype, unless MOEX_CUDA_KV_CACHE=f32); a batch whose cache does not fit the card is printed as
+// "skipped" (and so in the JSON) and the others still run.
 //
 //   moex_model_bench [--layers 48] [--prompt 2048] [--decode-prompt 128] [--new 64] [--batches 1,8,64]
 //                    [--variants switch+graphs,no_switch+graphs,switch_no_graphs] [--out results.json]
@@ -145,16 +146,18 @@ int main(int argc, char** argv) {
     m->reserve(1, kv_len, prompt);
     const double bw = model::measure_copy_bandwidth(dev);
     const double floor_ms = double(m->decode_step_weight_bytes()) / bw * 1e3;
+    const char* kv_name = m->kv_cache_dtype() == DType::bf16 ? "bf16" : "f32";
     std::printf("# random Qwen3-30B-A3B shape, %lld layers, bf16, built in %.1f s; copy bandwidth %.0f GB/s; "
-                "batch-1 step reads %.2f GB of weights -> floor %.3f ms\n",
-                (long long)layers, build_s, bw / 1e9, m->decode_step_weight_bytes() / 1e9, floor_ms);
+                "batch-1 step reads %.2f GB of weights -> floor %.3f ms; KV cache %s (%.1f MB per sequence)\n",
+                (long long)layers, build_s, bw / 1e9, m->decode_step_weight_bytes() / 1e9, floor_ms, kv_name,
+                double(m->kv_cache_bytes()) / 1e6);
     std::fflush(stdout);
 
     const int64_t V = cfg.text.vocab_size;
     std::string json = "{\"model\": \"qwen3_30b_a3b_random\", \"layers\": " + std::to_string(layers) +
                        ", \"dtype\": \"bf16\", \"copy_bandwidth_GBs\": " + std::to_string(bw / 1e9) +
                        ", \"decode_step_weight_bytes\": " + std::to_string(m->decode_step_weight_bytes()) +
-                       ", \"floor_ms\": " + std::to_string(floor_ms);
+                       ", \"floor_ms\": " + std::to_string(floor_ms) + ", \"kv_cache_dtype\": \"" + kv_name + "\"";
     // prefill
     {
       const auto p = random_prompts(1, prompt, V, 7);

@@ -309,6 +309,73 @@ TEST(CudaModelErrors, ReservationTooLargeForTheCardLeavesTheModelUsable) {
 #endif
 }
 
+// A bf16 model's KV cache is bf16: half the bytes of the f32 cache (MOEX_CUDA_KV_CACHE=f32), and the
+// logits of a prefill (attention kernel: 40 rows) and of 5 decode steps fed the same scripted tokens
+// within 1e-2 rel. L2 of the f32 cache's and not equal to them (the bf16 path ran) — GQA with q/k norms,
+// MLA, sliding windows with sinks; graphs and no graphs give the same logits. A bad value of the
+// variable is a clear error.
+TEST(CudaModelKvCache, Bf16CacheHalvesTheBytesAndStaysCloseToTheF32Cache) {
+  SKIP_WITHOUT_CUDA();
+#ifndef MOEX_WITH_CUDA
+  GTEST_SKIP() << "built without CUDA";
+#else
+  if (!fs::exists(fixture("qwen3_moe"))) GTEST_SKIP() << "no fixtures";
+  for (const char* name : {"qwen3_moe", "deepseek_v3", "gpt_oss"}) {
+    const auto bf = cuda_model_of(name);
+    std::unique_ptr<model::CudaModel> f32;
+    {
+      test::ScopedEnv env("MOEX_CUDA_KV_CACHE", "f32");
+      f32 = cuda_model_of(name);
+    }
+    EXPECT_EQ(bf->kv_cache_dtype(), DType::bf16) << name;
+    EXPECT_EQ(f32->kv_cache_dtype(), DType::f32) << name;
+    bf->reserve(2, 64, 80);
+    f32->reserve(2, 64, 80);
+    EXPECT_GT(bf->kv_cache_bytes(), 0u) << name;
+    EXPECT_EQ(2 * bf->kv_cache_bytes(), f32->kv_cache_bytes()) << name;
+    const int64_t V = load_model_config(fixture(name).string()).text.vocab_size;
+    std::vector<std::vector<int64_t>> ids(2, std::vector<int64_t>(40));
+    for (size_t b = 0; b < ids.size(); ++b)
+      for (size_t i = 0; i < ids[b].size(); ++i) ids[b][i] = int64_t((i * 7 + b * 13 + 1) % size_t(V));
+    const std::vector<float> pa = bf->forward(ids, "grouped_mm"), pb = f32->forward(ids, "grouped_mm");
+    const double prefill_err = rel_l2(pa.data(), pb.data(), pa.size());
+    // decode: every step's logits recorded, the next tokens scripted (the same inputs for both caches)
+    auto decode_logits = [&](model::CudaModel& m, bool graphs) {
+      std::vector<float> seen;
+      int64_t calls = 0;
+      model::CudaGenerateOptions o;
+      o.max_new_tokens = 6;
+      o.eos = {-1};
+      o.cuda_graphs = graphs;
+      o.pick = [&](const float* logits, int64_t n) {
+        seen.insert(seen.end(), logits, logits + n);
+        return (calls++ * 5 + 3) % n;
+      };
+      m.generate(ids, o);
+      return seen;
+    };
+    const std::vector<float> da = decode_logits(*bf, true), db = decode_logits(*f32, true);
+    ASSERT_EQ(da.size(), db.size());
+    ASSERT_EQ(da.size(), size_t(2 * 6 * V)) << name;
+    const double decode_err = rel_l2(da.data(), db.data(), da.size());
+    std::printf("  %s: bf16 vs f32 KV cache, prefill logits rel L2 %.2e, decode %.2e\n", name, prefill_err, decode_err);
+    EXPECT_LE(prefill_err, 1e-2) << name;
+    EXPECT_LE(decode_err, 1e-2) << name;
+    EXPECT_GT(decode_err, 0.0) << name << ": the bf16 cache changed nothing";
+    EXPECT_EQ(decode_logits(*bf, false), da) << name << ": graphs and no graphs differ";
+  }
+  {
+    test::ScopedEnv env("MOEX_CUDA_KV_CACHE", "f16");
+    try {
+      cuda_model_of("qwen3_moe");
+      FAIL() << "MOEX_CUDA_KV_CACHE=f16 was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("MOEX_CUDA_KV_CACHE"), std::string::npos) << e.what();
+    }
+  }
+#endif
+}
+
 // The bf16 prefill attention through cuBLAS (sequences of at least MOEX_CUDA_ATTENTION_GEMM_MIN_ROWS
 // rows) against the attention kernel on the same model: GQA, q/k norms, sliding windows + sinks, MLA.
 TEST(CudaModelAttention, GemmPrefillPathMatchesTheKernel) {

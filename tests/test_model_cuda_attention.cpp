@@ -46,6 +46,14 @@ Tensor to_device_i32(const std::vector<int32_t>& h) {
   copy_bytes(t.data(), Device::cuda(), h.data(), Device::cpu(), h.size() * 4);
   return t;
 }
+// The values as a bf16 device tensor (rounded to nearest even, as the runtime's bf16 KV cache)
+Tensor to_device_bf16(const std::vector<float>& h) {
+  std::vector<uint16_t> bits(h.size());
+  for (size_t i = 0; i < h.size(); ++i) bits[i] = float_to_bf16(h[i]);
+  Tensor t = Tensor::empty(DType::bf16, {int64_t(std::max<size_t>(h.size(), 1))}, Device::cuda());
+  copy_bytes(t.data(), Device::cuda(), bits.data(), Device::cpu(), h.size() * 2);
+  return t;
+}
 std::vector<float> to_host(const Tensor& t, size_t n) {
   std::vector<float> h(n);
   copy_bytes(h.data(), Device::cpu(), t.data(), Device::cuda(), n * 4);
@@ -84,7 +92,8 @@ namespace kern = ::moex::model::cuda;
 // Flash-decoding against the f64 reference and attention_kernel (one-row tiles), for every split
 // count the runtime could pick plus 1, 3, 8, 16 and the maximum; each launch twice (tickets reset to
 // zero); the early first tile and, where decode_attention_cluster_ok, the cluster merge (with and
-// without the early tile) give the same bits.
+// without the early tile) give the same bits. Every case with an f32 KV cache and, where the head
+// dims are multiples of 8, a bf16 one (kv_dtype 2; the reference reads the same rounded values).
 TEST(CudaAttentionKernels, DecodeMatchesReferenceAndTheOldKernel) {
   SKIP_WITHOUT_CUDA();
   struct Case {
@@ -117,15 +126,17 @@ TEST(CudaAttentionKernels, DecodeMatchesReferenceAndTheOldKernel) {
     cases.push_back({lens, 32, 4, 128, 128, 200, true});
   }
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  for (const Case& c : cases) {
+  for (const Case& c : cases)
+   for (int kv_dtype : {0, 2}) {
+    if (kv_dtype == 2 && (c.dq % 8 != 0 || c.dv % 8 != 0)) continue;
     const int64_t T = int64_t(c.lens.size());
     const int64_t max_len = *std::max_element(c.lens.begin(), c.lens.end()) + 3;
     const int64_t slots = T + 1;  // rows use slots in reverse order, one slot unused
     std::vector<float> q(size_t(T * c.nh * c.dq)), kc(size_t(slots * max_len * c.nkv * c.dq)),
         vc(size_t(slots * max_len * c.nkv * c.dv)), sinks(size_t(c.nh));
     for (auto& x : q) x = 2.0f * u(rng);  // peaky enough that the max matters
-    for (auto& x : kc) x = u(rng);
-    for (auto& x : vc) x = u(rng);
+    for (auto& x : kc) x = kv_dtype == 2 ? round_to(DType::bf16, u(rng)) : u(rng);
+    for (auto& x : vc) x = kv_dtype == 2 ? round_to(DType::bf16, u(rng)) : u(rng);
     for (auto& x : sinks) x = u(rng);
     std::vector<int32_t> pos(static_cast<size_t>(T)), slot(static_cast<size_t>(T));
     for (int64_t r = 0; r < T; ++r) {
@@ -146,12 +157,15 @@ TEST(CudaAttentionKernels, DecodeMatchesReferenceAndTheOldKernel) {
                       vf, ref.data() + (r * c.nh + h) * c.dv);
       }
     std::vector<float> reff(ref.begin(), ref.end());
-    const Tensor dq = to_device(q), dk = to_device(kc), dvv = to_device(vc), ds = to_device(sinks);
+    const Tensor dq = to_device(q), ds = to_device(sinks);
+    const Tensor dk = kv_dtype == 2 ? to_device_bf16(kc) : to_device(kc);
+    const Tensor dvv = kv_dtype == 2 ? to_device_bf16(vc) : to_device(vc);
     const Tensor dpos = to_device_i32(pos), dslot = to_device_i32(slot);
     const size_t n_out = size_t(T * c.nh * c.dv);
     const std::string what = "T=" + std::to_string(T) + " ctx " + std::to_string(c.lens[0]) + " nh " + std::to_string(c.nh) +
                              "/" + std::to_string(c.nkv) + " d " + std::to_string(c.dq) + "/" + std::to_string(c.dv) +
-                             " window " + std::to_string(c.window) + (c.sinks ? " sinks" : "");
+                             " window " + std::to_string(c.window) + (c.sinks ? " sinks" : "") +
+                             (kv_dtype == 2 ? " bf16 cache" : "");
 
     // the old kernel (one-row tiles), itself checked against the reference
     std::vector<int32_t> tiles;
@@ -163,8 +177,9 @@ TEST(CudaAttentionKernels, DecodeMatchesReferenceAndTheOldKernel) {
     Tensor old_out = Tensor::empty(DType::f32, {int64_t(n_out)}, Device::cuda());
     kern::AttentionParams ap{};
     ap.q = dq.ptr<float>();
-    ap.k_cache = dk.ptr<float>();
-    ap.v_cache = dvv.ptr<float>();
+    ap.k_cache = dk.data();
+    ap.v_cache = dvv.data();
+    ap.kv_dtype = kv_dtype;
     ap.max_len = max_len;
     ap.nh = c.nh;
     ap.nkv = c.nkv;
@@ -194,8 +209,9 @@ TEST(CudaAttentionKernels, DecodeMatchesReferenceAndTheOldKernel) {
       Tensor out = Tensor::empty(DType::f32, {int64_t(n_out)}, Device::cuda());
       kern::DecodeAttentionParams p{};
       p.q = dq.ptr<float>();
-      p.k_cache = dk.ptr<float>();
-      p.v_cache = dvv.ptr<float>();
+      p.k_cache = dk.data();
+      p.v_cache = dvv.data();
+      p.kv_dtype = kv_dtype;
       p.max_len = max_len;
       p.T = T;
       p.nh = c.nh;
@@ -263,7 +279,8 @@ TEST(CudaAttentionKernels, DecodeMatchesReferenceAndTheOldKernel) {
 // (norm_w_early), and that as one cluster (DecodeAttentionParams::cluster, 3 and 8 chunks). The two
 // kernels run the post-processing's loop form; the fused runs its loads-first form
 // (QkvPostParams::loads_first), and one run the loop form again. q of the fused runs is a NaN buffer
-// they must not read.
+// they must not read. All of it with an f32 and with a bf16 cache (kv_dtype 2), whose every value
+// must be the f32 cache's rounded to nearest even.
 TEST(CudaAttentionKernels, DecodeWithThePostProcessingMatchesTheTwoKernels) {
   SKIP_WITHOUT_CUDA();
   struct Case {
@@ -311,15 +328,20 @@ TEST(CudaAttentionKernels, DecodeWithThePostProcessingMatchesTheTwoKernels) {
     const std::string what = "T=" + std::to_string(T) + " ctx " + std::to_string(c.lens[0]) + " nh " + std::to_string(c.nh) +
                              "/" + std::to_string(c.nkv) + " hd " + std::to_string(c.hd) + " rope " + std::to_string(c.rope_dim);
     const int runtime_splits = kern::decode_attention_splits(T, c.nh, c.nkv, max_len, 132);
-    for (int splits : {runtime_splits, 1, 3, 8, 16}) {
+    std::vector<float> f32_caches[2];  // the f32 cache's k and v after the first two-kernel run
+    for (int kv_dtype : {0, 2})
+     for (int splits : {runtime_splits, 1, 3, 8, 16}) {
       // [two kernels, fused, + early, + norm_w_early, + loop form, + as one cluster][out, k cache, v cache]
       const bool cluster_ok = kern::decode_attention_cluster_ok(splits, c.hd, c.hd);
       const int runs = cluster_ok ? 6 : 5;
       std::vector<float> got[6][3];
+      // the caches' bytes as floats, compared bit for bit (a bf16 cache: two values per float)
+      const size_t cache_floats = kv_dtype == 2 ? kc.size() / 2 : kc.size();
       for (int run = 0; run < runs; ++run) {
         const bool old_forms = run == 0 || run == 4;  // the post-processing's loop form
         const bool fused = run > 0;
-        const Tensor dk = to_device(kc), dvv = to_device(vc);
+        const Tensor dk = kv_dtype == 2 ? to_device_bf16(kc) : to_device(kc);
+        const Tensor dvv = kv_dtype == 2 ? to_device_bf16(vc) : to_device(vc);
         Tensor dq = to_device(std::vector<float>(n_out, NAN));
         Tensor part = Tensor::empty(DType::f32, {int64_t(kern::decode_attention_partial_floats(T, c.nh, c.hd, splits))},
                                     Device::cuda());
@@ -343,15 +365,17 @@ TEST(CudaAttentionKernels, DecodeWithThePostProcessingMatchesTheTwoKernels) {
         qp.pos = dpos.ptr<int32_t>();
         qp.slot = dslot.ptr<int32_t>();
         qp.q_out = dq.ptr<float>();
-        qp.k_cache = const_cast<float*>(dk.ptr<float>());
-        qp.v_cache = const_cast<float*>(dvv.ptr<float>());
+        qp.k_cache = const_cast<void*>(dk.data());
+        qp.v_cache = const_cast<void*>(dvv.data());
+        qp.kv_dtype = kv_dtype;
         qp.max_len = max_len;
         qp.loads_first = !old_forms;
         ASSERT_TRUE(kern::decode_attention_fuses_post(qp, c.nh, c.nkv, c.hd, c.hd)) << what;
         kern::DecodeAttentionParams p{};
         p.q = dq.ptr<float>();
-        p.k_cache = dk.ptr<float>();
-        p.v_cache = dvv.ptr<float>();
+        p.k_cache = dk.data();
+        p.v_cache = dvv.data();
+        p.kv_dtype = kv_dtype;
         p.max_len = max_len;
         p.T = T;
         p.nh = c.nh;
@@ -379,8 +403,8 @@ TEST(CudaAttentionKernels, DecodeWithThePostProcessingMatchesTheTwoKernels) {
         kern::launch_decode_attention(p, nullptr);
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
         got[run][0] = to_host(out, n_out);
-        got[run][1] = to_host(dk, kc.size());
-        got[run][2] = to_host(dvv, vc.size());
+        got[run][1] = to_host(dk, cache_floats);
+        got[run][2] = to_host(dvv, cache_floats);
         if (fused) {
           const std::vector<float> qh = to_host(dq, n_out);
           EXPECT_TRUE(std::all_of(qh.begin(), qh.end(), [](float x) { return std::isnan(x); })) << what << ": q written";
@@ -396,6 +420,19 @@ TEST(CudaAttentionKernels, DecodeWithThePostProcessingMatchesTheTwoKernels) {
               << what << " splits " << splits << modes[run] << ": " << names[i] << " differs";
         }
       EXPECT_FALSE(std::any_of(got[1][0].begin(), got[1][0].end(), [](float x) { return std::isnan(x); })) << what;
+      // the bf16 cache holds the f32 cache's values rounded to nearest even (rows at pos written, the rest as uploaded)
+      if (kv_dtype == 0 && f32_caches[0].empty()) {
+        f32_caches[0] = got[0][1];
+        f32_caches[1] = got[0][2];
+      }
+      if (kv_dtype == 2) {
+        for (int i = 0; i < 2; ++i) {
+          const uint16_t* bits = reinterpret_cast<const uint16_t*>(got[0][1 + i].data());
+          size_t bad = 0;
+          for (size_t e = 0; e < kc.size(); ++e) bad += bits[e] != float_to_bf16(f32_caches[i][e]);
+          EXPECT_EQ(bad, 0u) << what << " splits " << splits << ": " << names[1 + i] << " is not the f32 one rounded";
+        }
+      }
     }
   }
 }

@@ -89,6 +89,22 @@ __device__ __forceinline__ void row_slices(const float* row, int width, int lane
     out[i] = d < width ? *reinterpret_cast<const float4*>(row + d) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
 }
+// The same of a row of bf16 (a bf16 KV cache's tile): 8 bytes per slice, widened exactly to f32.
+template <int N>
+__device__ __forceinline__ void row_slices(const __nv_bfloat16* row, int width, int lane, float4 (&out)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    const int d = 4 * lane + 128 * i;
+    if (d < width) {
+      const uint2 raw = *reinterpret_cast<const uint2*>(row + d);
+      const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
+      const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
+      out[i] = make_float4(lo.x, lo.y, hi.x, hi.y);
+    } else {
+      out[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+  }
+}
 
 // Block (row, head block, key chunk z): head block = up to 8 query heads h0 .. h0 + hc - 1 of kv
 // head kh. The row's keys j0 .. pos are cut into chunks of a multiple of 32 keys, at most `splits`
@@ -101,7 +117,10 @@ __device__ __forceinline__ void row_slices(const float* row, int width, int lane
 // last of the non-empty chunks to finish (an atomic ticket) merges their partials.
 // CLUSTER: p.cluster — rows of at most kDecodeClusterMax chunks merge through distributed shared
 // memory instead (a separate instantiation: without it the kernel's code has no cluster barrier).
-template <int NQ, int NV, bool CLUSTER>
+// KV: the cache's element type (float, or __nv_bfloat16 for p.kv_dtype 2). The shared-memory layout
+// is the f32 one whatever KV is (a bf16 tile fills the first half of its buffer), so that the fused
+// post-processing's scratch and the cross-warp sum keep their places.
+template <class KV, int NQ, int NV, bool CLUSTER>
 __global__ void __launch_bounds__(kDecThreads, 2) decode_attention_kernel(DecodeAttentionParams p) {
   MOEX_CUDA_TRACE_BLOCK(k_decode_attention);
   if (!p.early) {
@@ -140,21 +159,27 @@ __global__ void __launch_bounds__(kDecThreads, 2) decode_attention_kernel(Decode
   float* wz = linv + 8;
 
   const int64_t kstride = int64_t(p.nkv) * dq, vstride = int64_t(p.nkv) * dv;
-  const float* kbase = p.k_cache + (slot * p.max_len * p.nkv + kh) * int64_t(dq);
-  const float* vbase = p.v_cache + (slot * p.max_len * p.nkv + kh) * int64_t(dv);
-  const int dq4 = dq / 4, dv4 = dv / 4;
+  const KV* kbase = static_cast<const KV*>(p.k_cache) + (slot * p.max_len * p.nkv + kh) * int64_t(dq);
+  const KV* vbase = static_cast<const KV*>(p.v_cache) + (slot * p.max_len * p.nkv + kh) * int64_t(dv);
+  // the tiles as KV rows: buffer buf's row r of keys at kt_of(buf) + r · dq (values: dv)
+  KV* const ks_kv = reinterpret_cast<KV*>(ks);
+  KV* const vs_kv = reinterpret_cast<KV*>(vs);
+  constexpr int kVec = 16 / int(sizeof(KV));  // elements per 16-byte copy
+  const int dq4 = dq / 4, dv4 = dv / 4, dqc = dq / kVec, dvc = dv / kVec;
   // K/V rows of tile i into buffer buf; rows past b are zero-filled (read nothing, masked below)
   auto issue = [&](int i, int buf) {
     const int64_t t0 = a + int64_t(i) * kDecKeys;
-    for (int e = tid; e < kDecKeys * dq4; e += kDecThreads) {
-      const int r = e / dq4, q4 = e % dq4;
+    for (int e = tid; e < kDecKeys * dqc; e += kDecThreads) {
+      const int r = e / dqc, c = e % dqc;
       const int64_t key = min(t0 + r, b - 1);
-      ptx::cp_async16(ptx::smem_u32(ks + (buf * kDecKeys + r) * dq + 4 * q4), kbase + key * kstride + 4 * q4, t0 + r < b);
+      ptx::cp_async16(ptx::smem_u32(ks_kv + (buf * kDecKeys + r) * dq + kVec * c), kbase + key * kstride + kVec * c,
+                      t0 + r < b);
     }
-    for (int e = tid; e < kDecKeys * dv4; e += kDecThreads) {
-      const int r = e / dv4, q4 = e % dv4;
+    for (int e = tid; e < kDecKeys * dvc; e += kDecThreads) {
+      const int r = e / dvc, c = e % dvc;
       const int64_t key = min(t0 + r, b - 1);
-      ptx::cp_async16(ptx::smem_u32(vs + (buf * kDecKeys + r) * dv + 4 * q4), vbase + key * vstride + 4 * q4, t0 + r < b);
+      ptx::cp_async16(ptx::smem_u32(vs_kv + (buf * kDecKeys + r) * dv + kVec * c), vbase + key * vstride + kVec * c,
+                      t0 + r < b);
     }
     ptx::cp_async_commit();
   };
@@ -250,8 +275,8 @@ __global__ void __launch_bounds__(kDecThreads, 2) decode_attention_kernel(Decode
     }
     __syncthreads();
     const int64_t t0 = a + int64_t(it) * kDecKeys;
-    const float* kt = ks + buf * kDecKeys * dq;
-    const float* vt = vs + buf * kDecKeys * dv;
+    const KV* kt = ks_kv + buf * kDecKeys * dq;
+    const KV* vt = vs_kv + buf * kDecKeys * dv;
     {  // (1) scores of keys 4·warp + kk for every head: per-lane partial dots, then reduce-scatter
       float4 kv[kDecWarpKeys][NQ];
 #pragma unroll
@@ -764,13 +789,17 @@ bool decode_attention_fuses_post(const QkvPostParams& post, int nh, int nkv, int
 
 // The decode kernel for q / v dims above 128 (NQ / NV = 2) and the cluster merge.
 using DecodeKernel = void (*)(DecodeAttentionParams);
-static DecodeKernel decode_kernel_for(bool q2, bool v2, bool cluster) {
+template <class KV>
+static DecodeKernel decode_kernel_typed(bool q2, bool v2, bool cluster) {
   static const DecodeKernel kernels[2][2][2] = {  // [cluster][q2][v2]
-      {{decode_attention_kernel<1, 1, false>, decode_attention_kernel<1, 2, false>},
-       {decode_attention_kernel<2, 1, false>, decode_attention_kernel<2, 2, false>}},
-      {{decode_attention_kernel<1, 1, true>, decode_attention_kernel<1, 2, true>},
-       {decode_attention_kernel<2, 1, true>, decode_attention_kernel<2, 2, true>}}};
+      {{decode_attention_kernel<KV, 1, 1, false>, decode_attention_kernel<KV, 1, 2, false>},
+       {decode_attention_kernel<KV, 2, 1, false>, decode_attention_kernel<KV, 2, 2, false>}},
+      {{decode_attention_kernel<KV, 1, 1, true>, decode_attention_kernel<KV, 1, 2, true>},
+       {decode_attention_kernel<KV, 2, 1, true>, decode_attention_kernel<KV, 2, 2, true>}}};
   return kernels[cluster][q2][v2];
+}
+static DecodeKernel decode_kernel_for(bool bf16, bool q2, bool v2, bool cluster) {
+  return bf16 ? decode_kernel_typed<__nv_bfloat16>(q2, v2, cluster) : decode_kernel_typed<float>(q2, v2, cluster);
 }
 
 void launch_decode_attention(const DecodeAttentionParams& p, cudaStream_t s) {
@@ -778,22 +807,25 @@ void launch_decode_attention(const DecodeAttentionParams& p, cudaStream_t s) {
   MOEX_ASSERT(decode_attention_ok(p.dq, p.dv) && p.nkv >= 1 && p.nh % p.nkv == 0 && p.splits >= 1 &&
               p.splits <= kDecodeMaxSplits);
   MOEX_ASSERT(p.splits == 1 || (p.partial && p.counters));
+  MOEX_ASSERT(p.kv_dtype == 0 || (p.kv_dtype == 2 && p.dq % 8 == 0 && p.dv % 8 == 0));
   MOEX_ASSERT((p.post_fused || ::moex::cuda::aligned16(p.q)) && ::moex::cuda::aligned16(p.k_cache) &&
               ::moex::cuda::aligned16(p.v_cache) && ::moex::cuda::aligned16(p.out) && ::moex::cuda::aligned16(p.partial));
   MOEX_ASSERT(!p.post_fused || (decode_attention_fuses_post(p.post, p.nh, p.nkv, p.dq, p.dv) &&
-                                p.post.k_cache == p.k_cache && p.post.v_cache == p.v_cache && p.post.pos == p.pos &&
+                                p.post.k_cache == p.k_cache && p.post.v_cache == p.v_cache &&
+                                p.post.kv_dtype == p.kv_dtype && p.post.pos == p.pos &&
                                 p.post.slot == p.slot && p.post.max_len == p.max_len && p.post.T == p.T));
   const int group = p.nh / p.nkv, chunks = (group + kDecodeHeads - 1) / kDecodeHeads;
   const size_t smem = decode_smem_floats(p.dq, p.dv, p.post_fused ? p.post.rope.dim / 2 : 0) * sizeof(float);
   static bool configured = false;  // once per process: the largest shared memory any call needs (dims <= 256)
   if (!configured) {
     const int most = int(decode_smem_floats(256, 256, kDecRopeHalfMax) * sizeof(float));
-    for (bool q2 : {false, true})
-      for (bool v2 : {false, true})
-        for (bool cluster : {false, true})
-          check(cudaFuncSetAttribute(reinterpret_cast<const void*>(decode_kernel_for(q2, v2, cluster)),
-                                     cudaFuncAttributeMaxDynamicSharedMemorySize, most),
-                "cudaFuncSetAttribute(decode_attention_kernel)");
+    for (bool bf16 : {false, true})
+      for (bool q2 : {false, true})
+        for (bool v2 : {false, true})
+          for (bool cluster : {false, true})
+            check(cudaFuncSetAttribute(reinterpret_cast<const void*>(decode_kernel_for(bf16, q2, v2, cluster)),
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, most),
+                  "cudaFuncSetAttribute(decode_attention_kernel)");
     configured = true;
   }
   MOEX_ASSERT(!p.cluster || decode_attention_cluster_ok(p.splits, p.dq, p.dv));
@@ -802,7 +834,7 @@ void launch_decode_attention(const DecodeAttentionParams& p, cudaStream_t s) {
   const int cz = p.cluster ? std::min(p.splits, kDecodeClusterMax) : 1;
   const dim3 grid(unsigned(p.T), unsigned(p.nkv * chunks), unsigned(p.splits));
   const dim3 cluster(1, 1, unsigned(cz));
-  ::moex::cuda::launch_pdl_cluster("decode_attention_kernel", decode_kernel_for(p.dq > 128, p.dv > 128, p.cluster), grid,
+  ::moex::cuda::launch_pdl_cluster("decode_attention_kernel", decode_kernel_for(p.kv_dtype == 2, p.dq > 128, p.dv > 128, p.cluster), grid,
                                    cluster, dim3(kDecThreads), smem, s, p);
 }
 

@@ -33,7 +33,10 @@ constexpr int kDecodeClusterMax = 8;  // CTAs of a decode-attention cluster (the
 
 struct DecodeAttentionParams {
   const float* q;                  // [T, nh, dq]
-  const float *k_cache, *v_cache;  // [slots, max_len, nkv, dq|dv]
+  const void *k_cache, *v_cache;  // [slots, max_len, nkv, dq|dv] of kv_dtype
+  // 0 f32; 2 bf16 (dq and dv multiples of 8): the tiles are staged as bf16 and widened to f32 in the
+  // key loop — the same arithmetic on the rounded values
+  int kv_dtype = 0;
   int64_t max_len;
   int64_t T;
   int nh, nkv, dq, dv;

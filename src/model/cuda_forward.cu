@@ -109,6 +109,10 @@ struct CudaModel::Impl {
   Device dev;
   DType dt = DType::f32;
   int dtc = 0;
+  // The KV cache's elements: 2 (bf16) for bf16 models whose head dims are multiples of 8 — the
+  // reference library's cache is in the model dtype, and the prefill attention reads bf16 keys and
+  // values anyway — else 0 (f32; f16 models too). MOEX_CUDA_KV_CACHE=f32 keeps it f32.
+  int kv_dtype = 0;
   bool mla = false;
   int64_t H = 0, V = 0, nh = 0, nkv = 0, hd = 0, dq = 0, dv = 0, kv_heads = 0;
   std::vector<Tensor> owned;  // device storage of everything uploaded
@@ -392,8 +396,10 @@ struct CudaModel::Impl {
     b.q = f32(R, nh * dq);
     if (dtc != 0) {
       b.qb = Tensor::empty(dt, {R * nh * dq}, dev);
-      b.kb = Tensor::empty(dt, {R * kv_heads * dq}, dev);
-      b.vb = Tensor::empty(dt, {R * kv_heads * dv}, dev);
+      if (kv_dtype != dtc) {  // the prefill attention's keys and values in the model dtype (else: the cache itself)
+        b.kb = Tensor::empty(dt, {R * kv_heads * dq}, dev);
+        b.vb = Tensor::empty(dt, {R * kv_heads * dv}, dev);
+      }
     }
     if (mla) {
       b.qa = f32(R, std::max<int64_t>(t.q_lora_rank, 1));
@@ -430,9 +436,10 @@ struct CudaModel::Impl {
       b.dec_counters = i32(kern::decode_attention_counters(B, int(nh), int(kv_heads)));
       check(cudaMemsetAsync(b.dec_counters.data(), 0, b.dec_counters.nbytes(), stream), "cudaMemsetAsync (counters)");
     }
+    const DType kv_type = kv_dtype == 2 ? DType::bf16 : DType::f32;
     for (size_t l = 0; l < layers.size(); ++l) {
-      b.k_cache.push_back(f32(B * L, kv_heads * dq));
-      b.v_cache.push_back(f32(B * L, kv_heads * dv));
+      b.k_cache.push_back(Tensor::empty(kv_type, {B * L, kv_heads * dq}, dev));
+      b.v_cache.push_back(Tensor::empty(kv_type, {B * L, kv_heads * dv}, dev));
     }
     if (host_stage) cudaFreeHost(host_stage);
     host_stage = nullptr;
@@ -557,6 +564,19 @@ struct CudaModel::Impl {
   unsigned* router_ticket() { return static_cast<unsigned*>(b.sync.data()); }
 
   // Prefill attention on the tensor cores for bf16/f16 models: per sequence and kv-head group,
+  // The sequence's keys and values [n, kv_heads, dq | dv] in the model dtype, for the tensor-core
+  // prefill attention: its rows of the cache itself when the cache is in the model dtype, else
+  // rounded from the f32 cache into b.kb / b.vb.
+  std::pair<const void*, const void*> prefill_keys_values(size_t l, const Segment& sg) {
+    const size_t kesz = dtype_size(b.k_cache[l].dtype());
+    const char* kc = static_cast<const char*>(b.k_cache[l].data()) + size_t(sg.slot * cap_len * kv_heads * dq) * kesz;
+    const char* vc = static_cast<const char*>(b.v_cache[l].data()) + size_t(sg.slot * cap_len * kv_heads * dv) * kesz;
+    if (kv_dtype == dtc) return {kc, vc};
+    kern::launch_to_dtype(reinterpret_cast<const float*>(kc), sg.n, kv_heads * dq, b.kb.data(), dtc, stream);
+    kern::launch_to_dtype(reinterpret_cast<const float*>(vc), sg.n, kv_heads * dv, b.vb.data(), dtc, stream);
+    return {b.kb.data(), b.vb.data()};
+  }
+
   // S = Q·Kᵀ (cuBLAS, f32 out), P = softmax rows (kernel, model dtype), O = P·V (cuBLAS, f32 out).
   // Q, K, V are rounded to the model dtype (as the reference's bf16 attention).
   void gemm_attention(size_t l, int64_t T, const std::vector<Segment>& segs, int window, const float* sinks) {
@@ -572,14 +592,11 @@ struct CudaModel::Impl {
         b.scores = Tensor::empty(DType::f32, {int64_t(nn)}, dev);
         b.probs = Tensor::empty(dt, {int64_t(nn)}, dev);
       }
-      const float* kc = b.k_cache[l].ptr<float>() + sg.slot * cap_len * kv_heads * dq;
-      const float* vc = b.v_cache[l].ptr<float>() + sg.slot * cap_len * kv_heads * dv;
-      kern::launch_to_dtype(kc, n, kv_heads * dq, b.kb.data(), dtc, stream);
-      kern::launch_to_dtype(vc, n, kv_heads * dv, b.vb.data(), dtc, stream);
+      const auto [kd, vd] = prefill_keys_values(l, sg);
       const cudaDataType ty = blas_type(dt);
       for (int64_t g = 0; g < kv_heads; ++g) {
-        const char* kg = static_cast<const char*>(b.kb.data()) + size_t(g * dq) * esz;
-        const char* vg = static_cast<const char*>(b.vb.data()) + size_t(g * dv) * esz;
+        const char* kg = static_cast<const char*>(kd) + size_t(g * dq) * esz;
+        const char* vg = static_cast<const char*>(vd) + size_t(g * dv) * esz;
         const char* qg = static_cast<const char*>(b.qb.data()) + size_t((sg.row0 * nh + g * group) * dq) * esz;
         // S_h [n, n] row-major = Q_h · K_gᵀ for the group's heads h (K shared: stride 0)
         blas_check(cublasGemmStridedBatchedEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, int(n), int(n), int(dq), &one, kg, ty,
@@ -598,18 +615,15 @@ struct CudaModel::Impl {
       }
     }
   }
-  // Prefill attention on the tensor cores, fused: per sequence, K and V rounded to the model dtype
-  // (as gemm_attention), then one flash-attention kernel (Q rounded inside) writing b.attn.
+  // Prefill attention on the tensor cores, fused: per sequence, K and V in the model dtype (as
+  // gemm_attention), then one flash-attention kernel (Q rounded inside) writing b.attn.
   void flash_attention(size_t l, const std::vector<Segment>& segs, int window, const float* sinks) {
     for (const Segment& sg : segs) {
-      const float* kc = b.k_cache[l].ptr<float>() + sg.slot * cap_len * kv_heads * dq;
-      const float* vc = b.v_cache[l].ptr<float>() + sg.slot * cap_len * kv_heads * dv;
-      kern::launch_to_dtype(kc, sg.n, kv_heads * dq, b.kb.data(), dtc, stream);
-      kern::launch_to_dtype(vc, sg.n, kv_heads * dv, b.vb.data(), dtc, stream);
+      const auto [kd, vd] = prefill_keys_values(l, sg);
       kern::FlashPrefillParams fp{};
       fp.q = b.q.ptr<float>();
-      fp.k = b.kb.data();
-      fp.v = b.vb.data();
+      fp.k = kd;
+      fp.v = vd;
       fp.row0 = sg.row0;
       fp.n = sg.n;
       fp.nh = int(nh);
@@ -681,8 +695,9 @@ struct CudaModel::Impl {
       mp.rope = rope;
       mp.pos = b.pos.ptr<int32_t>();
       mp.slot = b.slot.ptr<int32_t>();
-      mp.k_cache = b.k_cache[l].ptr<float>();
-      mp.v_cache = b.v_cache[l].ptr<float>();
+      mp.k_cache = b.k_cache[l].data();
+      mp.v_cache = b.v_cache[l].data();
+      mp.kv_dtype = kv_dtype;
       mp.max_len = cap_len;
       kern::launch_mla_post(mp, stream);
     } else {
@@ -702,8 +717,9 @@ struct CudaModel::Impl {
       qp.pos = b.pos.ptr<int32_t>();
       qp.slot = b.slot.ptr<int32_t>();
       qp.q_out = b.q.ptr<float>();
-      qp.k_cache = b.k_cache[l].ptr<float>();
-      qp.v_cache = b.v_cache[l].ptr<float>();
+      qp.k_cache = b.k_cache[l].data();
+      qp.v_cache = b.v_cache[l].data();
+      qp.kv_dtype = kv_dtype;
       qp.max_len = cap_len;
       qp.loads_first = post_loads_first;
       // decode steps: the decode attention kernel post-processes q, k, v itself (one kernel less)
@@ -727,8 +743,9 @@ struct CudaModel::Impl {
       dp.early = decode_early;
       dp.norm_w_early = weights_early;
       dp.q = b.q.ptr<float>();
-      dp.k_cache = b.k_cache[l].ptr<float>();
-      dp.v_cache = b.v_cache[l].ptr<float>();
+      dp.k_cache = b.k_cache[l].data();
+      dp.v_cache = b.v_cache[l].data();
+      dp.kv_dtype = kv_dtype;
       dp.max_len = cap_len;
       dp.T = T;
       dp.nh = int(nh);
@@ -757,8 +774,9 @@ struct CudaModel::Impl {
       return;
     }
     ap.q = b.q.ptr<float>();
-    ap.k_cache = b.k_cache[l].ptr<float>();
-    ap.v_cache = b.v_cache[l].ptr<float>();
+    ap.k_cache = b.k_cache[l].data();
+    ap.v_cache = b.v_cache[l].data();
+    ap.kv_dtype = kv_dtype;
     ap.max_len = cap_len;
     ap.nh = int(nh);
     ap.nkv = int(kv_heads);
@@ -1004,6 +1022,12 @@ CudaModel::CudaModel(const ModelWeights& w, const TextConfig& t, Device dev) : i
   if (const char* e = std::getenv("MOEX_CUDA_ROUTE_WIDE")) m.route_wide = std::string(e) == "1";
   if (const char* e = std::getenv("MOEX_CUDA_DECODE_CLUSTER")) m.decode_cluster = std::clamp(std::atoi(e), 0, 2);
   if (const char* e = std::getenv("MOEX_CUDA_LINEAR_TERMS")) m.linear_terms = std::string(e) == "2" ? 2 : 1;
+  {
+    const char* e = std::getenv("MOEX_CUDA_KV_CACHE");
+    const bool f32_asked = e && std::string(e) == "f32";
+    MOEX_CHECK(!e || f32_asked || std::string(e) == "model", "MOEX_CUDA_KV_CACHE must be 'f32' or 'model', not '{}'", e);
+    m.kv_dtype = m.dtc == 2 && !f32_asked && m.dq % 8 == 0 && m.dv % 8 == 0 ? 2 : 0;
+  }
   if (const char* e = std::getenv("MOEX_CUDA_DEBUG_SKIP")) {
     std::string v = std::string(",") + e + ",";  // names separated by ',' or '+'
     std::replace(v.begin(), v.end(), '+', ',');
@@ -1033,6 +1057,15 @@ void CudaModel::reserve(int64_t max_batch, int64_t max_len, int64_t max_rows) {
 }
 
 const CudaGenerateStats& CudaModel::last_stats() const { return impl_->stats; }
+
+DType CudaModel::kv_cache_dtype() const { return impl_->kv_dtype == 2 ? DType::bf16 : DType::f32; }
+
+size_t CudaModel::kv_cache_bytes() const {
+  size_t bytes = 0;
+  for (const Tensor& t : impl_->b.k_cache) bytes += t.nbytes();
+  for (const Tensor& t : impl_->b.v_cache) bytes += t.nbytes();
+  return bytes;
+}
 
 std::vector<float> CudaModel::forward(const std::vector<std::vector<int64_t>>& ids, const std::string& backend) {
   Impl& m = *impl_;

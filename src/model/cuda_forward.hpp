@@ -62,6 +62,12 @@ class CudaModel {
                                              const CudaGenerateOptions& opts);
   const CudaGenerateStats& last_stats() const;
 
+  // The KV cache: its element type (bf16 for bf16 models whose head dims are multiples of 8, as the
+  // reference library's cache in the model dtype; f32 otherwise, or with MOEX_CUDA_KV_CACHE=f32) and
+  // the bytes reserved for keys and values over all layers (0 before the first reserve()).
+  DType kv_cache_dtype() const;
+  size_t kv_cache_bytes() const;
+
   // Bytes of the weights one decode step at batch 1 reads (dense weights, norms, routers, the
   // embedding row, the lm_head and top_k experts per MoE layer): the memory floor's numerator.
   size_t decode_step_weight_bytes() const;

@@ -726,12 +726,11 @@ __global__ void mla_post_kernel(MlaPostParams p) {
   rope_to(a, b, p.rope, pos);
   __syncthreads();
   const int64_t cache_row = (int64_t(p.slot[r]) * p.max_len + pos) * p.nh + h;
-  float* kd = p.k_cache + cache_row * qk;
-  float* vd = p.v_cache + cache_row * p.vd;
+  const int64_t kd = cache_row * qk, vd = cache_row * p.vd;  // element offsets in the caches
   const float* src = p.kvb + (r * p.nh + h) * (p.nope + p.vd);
-  for (int i = threadIdx.x; i < p.nope; i += blockDim.x) kd[i] = src[i];
-  for (int i = threadIdx.x; i < p.rd; i += blockDim.x) kd[p.nope + i] = b[i];
-  for (int i = threadIdx.x; i < p.vd; i += blockDim.x) vd[i] = src[p.nope + i];
+  for (int i = threadIdx.x; i < p.nope; i += blockDim.x) store_any(p.k_cache, p.kv_dtype, kd + i, src[i]);
+  for (int i = threadIdx.x; i < p.rd; i += blockDim.x) store_any(p.k_cache, p.kv_dtype, kd + p.nope + i, b[i]);
+  for (int i = threadIdx.x; i < p.vd; i += blockDim.x) store_any(p.v_cache, p.kv_dtype, vd + i, src[p.nope + i]);
 }
 
 // ---- attention -----------------------------------------------------------------------------------
@@ -776,19 +775,20 @@ __global__ void __launch_bounds__(kAttnRows * 32) attention_kernel(AttentionPara
 #pragma unroll
   for (int i = 0; i < kMaxPer; ++i) acc[i] = 0.0f;
   float m = -INFINITY, l = 0.0f;
-  const float* kbase = p.k_cache + (slot * p.max_len * p.nkv + kh) * int64_t(dq);
-  const float* vbase = p.v_cache + (slot * p.max_len * p.nkv + kh) * int64_t(dv);
+  // element offsets of the kv head's key / value at position 0 of the slot, in caches of p.kv_dtype
+  const int64_t kbase = (slot * p.max_len * p.nkv + kh) * int64_t(dq);
+  const int64_t vbase = (slot * p.max_len * p.nkv + kh) * int64_t(dv);
   const int64_t kstride = int64_t(p.nkv) * dq, vstride = int64_t(p.nkv) * dv;
   for (int64_t t0 = first; t0 <= last; t0 += 32) {
     __syncthreads();
     const int n = int(min(int64_t(32), last + 1 - t0));
     for (int e = threadIdx.x; e < 32 * dq; e += blockDim.x) {
       const int j = e / dq, d = e % dq;
-      ks[j * kp + d] = j < n ? kbase[(t0 + j) * kstride + d] : 0.0f;
+      ks[j * kp + d] = j < n ? load_any(p.k_cache, p.kv_dtype, kbase + (t0 + j) * kstride + d) : 0.0f;
     }
     for (int e = threadIdx.x; e < 32 * dv; e += blockDim.x) {
       const int j = e / dv, d = e % dv;
-      vs[j * dv + d] = j < n ? vbase[(t0 + j) * vstride + d] : 0.0f;
+      vs[j * dv + d] = j < n ? load_any(p.v_cache, p.kv_dtype, vbase + (t0 + j) * vstride + d) : 0.0f;
     }
     __syncthreads();
     if (!active) continue;
@@ -1394,6 +1394,7 @@ void launch_gated_act(const float* gu, int64_t T, int64_t I, int act, float* h, 
 
 void launch_qkv_post(const QkvPostParams& p, cudaStream_t s) {
   if (p.T == 0) return;
+  MOEX_ASSERT(p.kv_dtype == 0 || p.kv_dtype == 2);
   const int slots = p.nh + 2 * p.nkv;
   const size_t smem = size_t(p.rope.dim / 2) * 2 * sizeof(double) + size_t(kQkvWarps) * p.hd * sizeof(float);
   launch_pdl("qkv_post_kernel", qkv_post_kernel, dim3(unsigned(p.T), unsigned((slots + kQkvWarps - 1) / kQkvWarps)),
@@ -1402,6 +1403,7 @@ void launch_qkv_post(const QkvPostParams& p, cudaStream_t s) {
 
 void launch_mla_post(const MlaPostParams& p, cudaStream_t s) {
   if (p.T == 0) return;
+  MOEX_ASSERT(p.kv_dtype == 0 || p.kv_dtype == 2);
   mla_post_kernel<<<dim3(unsigned(p.T), unsigned(p.nh)), 128, size_t(2 * p.rd) * sizeof(float), s>>>(p);
   check_launch("mla_post_kernel");
 }
@@ -1420,6 +1422,7 @@ void launch_attention(const AttentionParams& p, cudaStream_t s) {
     configured = true;
   }
   MOEX_ASSERT(!p.heads_per_block || p.nh / p.nkv <= kAttnRows);
+  MOEX_ASSERT(p.kv_dtype == 0 || p.kv_dtype == 2);
   attention_kernel<<<dim3(unsigned(p.num_tiles), unsigned(p.heads_per_block ? p.nkv : p.nh)), kAttnRows * 32, smem, s>>>(p);
   check_launch("attention_kernel");
 }

@@ -98,7 +98,8 @@ struct QkvPostParams {
   RopeParams rope;
   const int32_t *pos, *slot;
   float* q_out;
-  float *k_cache, *v_cache;
+  void *k_cache, *v_cache;  // [slots, max_len, nkv, hd] of kv_dtype
+  int kv_dtype = 0;         // the KV cache's elements: 0 f32, 2 bf16 (values rounded to nearest even)
   int64_t max_len;
   // heads of at most 256 dims: every load of a head slot issued before its arithmetic (and, in the
   // decode attention, both slots of a warp before either is finished); false: the loop form, one
@@ -119,7 +120,8 @@ struct MlaPostParams {
   int nh, nope, rd, vd;
   RopeParams rope;
   const int32_t *pos, *slot;
-  float *k_cache, *v_cache;
+  void *k_cache, *v_cache;  // [slots, max_len, nh, nope + rd | vd] of kv_dtype
+  int kv_dtype = 0;         // 0 f32, 2 bf16
   int64_t max_len;
 };
 void launch_mla_post(const MlaPostParams& p, cudaStream_t s);
@@ -128,7 +130,8 @@ void launch_mla_post(const MlaPostParams& p, cudaStream_t s);
 // GQA (head h reads kv head h / (nh / nkv)), optional sinks [nh]. q [T, nh, dq], out [T, nh, dv].
 struct AttentionParams {
   const float* q;
-  const float *k_cache, *v_cache;  // [slots, max_len, nkv, dq|dv]
+  const void *k_cache, *v_cache;  // [slots, max_len, nkv, dq|dv] of kv_dtype
+  int kv_dtype = 0;               // 0 f32, 2 bf16
   int64_t max_len;
   int nh, nkv, dq, dv;
   float scaling;

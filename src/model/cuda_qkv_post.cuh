@@ -4,6 +4,7 @@
 // heads at decode steps (cuda_attention.cu: one kernel less per layer), so that both give the same
 // bits.
 #pragma once
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -76,25 +77,43 @@ __device__ __forceinline__ void qkv_post_load(const QkvPostParams& p, int64_t r,
   }
 }
 
+// Where a head slot's values go: a q row (f32), or its row of the KV cache (f32, or bf16 when
+// p.kv_dtype == 2: rounded to nearest even, as the reference's cache in the model dtype).
+struct PostOut {
+  float* f = nullptr;
+  __nv_bfloat16* b = nullptr;
+  __device__ __forceinline__ void put(int i, float v) const {
+    if (b) b[i] = __float2bfloat16_rn(v);
+    else f[i] = v;
+  }
+};
+
 // The stores of a q or k slot from `a` (normalised and clipped): rotated, or copied past the rotary dims.
 __device__ __forceinline__ void qkv_post_rotate(const QkvPostParams& p, const float* a, const double* cs,
-                                                const double* sn, float* dst) {
+                                                const double* sn, PostOut dst) {
   const int lane = threadIdx.x & 31, hd = p.hd, h2 = p.rope.dim / 2;
   for (int i = lane; i < h2; i += 32) {
     const double c = cs[i], s = sn[i];
     const double x1 = p.rope.interleave ? a[2 * i] : a[i];
     const double x2 = p.rope.interleave ? a[2 * i + 1] : a[i + h2];
-    dst[i] = float(x1 * c - x2 * s);
-    dst[i + h2] = float(x2 * c + x1 * s);
+    dst.put(i, float(x1 * c - x2 * s));
+    dst.put(i + h2, float(x2 * c + x1 * s));
   }
-  for (int i = p.rope.dim + lane; i < hd; i += 32) dst[i] = a[i];  // beyond the rotary dim: unchanged
+  for (int i = p.rope.dim + lane; i < hd; i += 32) dst.put(i, a[i]);  // beyond the rotary dim: unchanged
 }
 
-__device__ __forceinline__ float* qkv_post_dst(const QkvPostParams& p, int64_t r, int hs, float* q_dst) {
+__device__ __forceinline__ PostOut qkv_post_dst(const QkvPostParams& p, int64_t r, int hs, float* q_dst) {
   const int kind = qkv_post_kind(p, hs), head = qkv_post_head(p, hs);
-  if (kind == 0) return q_dst ? q_dst : p.q_out + (r * p.nh + head) * p.hd;
-  const int64_t cache_row = (int64_t(p.slot[r]) * p.max_len + p.pos[r]) * p.nkv + head;
-  return (kind == 1 ? p.k_cache : p.v_cache) + cache_row * p.hd;
+  PostOut o;
+  if (kind == 0) {
+    o.f = q_dst ? q_dst : p.q_out + (r * p.nh + head) * p.hd;
+    return o;
+  }
+  const int64_t at = ((int64_t(p.slot[r]) * p.max_len + p.pos[r]) * p.nkv + head) * p.hd;
+  void* cache = kind == 1 ? p.k_cache : p.v_cache;
+  if (p.kv_dtype == 2) o.b = static_cast<__nv_bfloat16*>(cache) + at;
+  else o.f = static_cast<float*>(cache) + at;
+  return o;
 }
 
 // hd <= kPostMaxDims; g from qkv_post_load of the same slot. The arithmetic of qkv_post_slot's loop
@@ -104,11 +123,11 @@ __device__ __forceinline__ void qkv_post_finish(const QkvPostParams& p, int64_t 
                                                 const QkvPostRegs& g) {
   const int lane = threadIdx.x & 31, hd = p.hd;
   const int kind = qkv_post_kind(p, hs);
-  float* dst = qkv_post_dst(p, r, hs, q_dst);
+  const PostOut dst = qkv_post_dst(p, r, hs, q_dst);
   if (kind == 2) {  // v: clipped only
 #pragma unroll
     for (int k = 0; k < kPostPerLane; ++k)
-      if (lane + 32 * k < hd) dst[lane + 32 * k] = p.clip > 0.0f ? fminf(fmaxf(g.v[k], -p.clip), p.clip) : g.v[k];
+      if (lane + 32 * k < hd) dst.put(lane + 32 * k, p.clip > 0.0f ? fminf(fmaxf(g.v[k], -p.clip), p.clip) : g.v[k]);
     return;
   }
   float o[kPostPerLane];
@@ -161,9 +180,9 @@ __device__ __forceinline__ void qkv_post_slot(const QkvPostParams& p, int64_t r,
   if (p.clip > 0.0f)
     for (int i = lane; i < hd; i += 32) a[i] = fminf(fmaxf(a[i], -p.clip), p.clip);
   __syncwarp();  // the rotation pairs values of other lanes
-  float* dst = qkv_post_dst(p, r, hs, q_dst);
+  const PostOut dst = qkv_post_dst(p, r, hs, q_dst);
   if (kind == 2) {
-    for (int i = lane; i < hd; i += 32) dst[i] = a[i];
+    for (int i = lane; i < hd; i += 32) dst.put(i, a[i]);
     return;
   }
   qkv_post_rotate(p, a, cs, sn, dst);
