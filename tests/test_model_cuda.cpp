@@ -309,11 +309,14 @@ TEST(CudaModelErrors, ReservationTooLargeForTheCardLeavesTheModelUsable) {
 #endif
 }
 
-// A bf16 model's KV cache is bf16: half the bytes of the f32 cache (MOEX_CUDA_KV_CACHE=f32), and the
-// logits of a prefill (attention kernel: 40 rows) and of 5 decode steps fed the same scripted tokens
-// within 1e-2 rel. L2 of the f32 cache's and not equal to them (the bf16 path ran) — GQA with q/k norms,
-// MLA, sliding windows with sinks; graphs and no graphs give the same logits. A bad value of the
-// variable is a clear error.
+// A bf16 model's KV cache is bf16: half the bytes of the f32 cache (MOEX_CUDA_KV_CACHE=f32). With it
+// the fixture prompts' logits stay within SPEC §8's bf16 bound of the f32 reference (as
+// CudaModelParity), and 5 decode steps fed the same scripted tokens stay within twice that bound of
+// the f32 cache's (path against path: each bf16 model is held to the bound) and differ from them (the
+// bf16 path ran) — GQA with q/k norms, MLA, sliding windows with sinks; graphs and no graphs give the
+// same logits. A bad value of the variable is a clear error. Measured on an H100 (2026-12-07), 40-token
+// prompts: bf16 vs f32 cache prefill logits 1.3e-2 .. 5.2e-2, decode 4.5e-3 .. 2.3e-2 — these tiny
+// random models amplify any rounding (the reference's own bf16 vs f32: up to 5e-2).
 TEST(CudaModelKvCache, Bf16CacheHalvesTheBytesAndStaysCloseToTheF32Cache) {
   SKIP_WITHOUT_CUDA();
 #ifndef MOEX_WITH_CUDA
@@ -334,11 +337,20 @@ TEST(CudaModelKvCache, Bf16CacheHalvesTheBytesAndStaysCloseToTheF32Cache) {
     EXPECT_GT(bf->kv_cache_bytes(), 0u) << name;
     EXPECT_EQ(2 * bf->kv_cache_bytes(), f32->kv_cache_bytes()) << name;
     const int64_t V = load_model_config(fixture(name).string()).text.vocab_size;
-    std::vector<std::vector<int64_t>> ids(2, std::vector<int64_t>(40));
-    for (size_t b = 0; b < ids.size(); ++b)
-      for (size_t i = 0; i < ids[b].size(); ++i) ids[b][i] = int64_t((i * 7 + b * 13 + 1) % size_t(V));
-    const std::vector<float> pa = bf->forward(ids, "grouped_mm"), pb = f32->forward(ids, "grouped_mm");
-    const double prefill_err = rel_l2(pa.data(), pb.data(), pa.size());
+    const auto greedy = read_greedy(name);
+    const auto ids = greedy["prompts"].get<std::vector<std::vector<int64_t>>>();
+    const auto ref_err = greedy["reference"]["bf16_vs_f32_rel_l2"].get<std::vector<double>>();
+    const auto ref = SafetensorsFile::open((fixture(name) / "logits_f32.safetensors").string());
+    for (size_t p = 0; p < ids.size(); ++p) {
+      const TensorView r = ref.get("logits." + std::to_string(p));
+      const std::vector<float> a = bf->forward({ids[p]}, "grouped_mm"), b = f32->forward({ids[p]}, "grouped_mm");
+      ASSERT_EQ(a.size(), size_t(r.numel()));
+      const double err_bf = rel_l2(a.data(), r.ptr<float>(), a.size()), err_f32 = rel_l2(b.data(), r.ptr<float>(), b.size());
+      const double bound = std::max(3e-2, 1.5 * ref_err[p]);
+      std::printf("  %s prompt %zu: rel L2 to the f32 logits, bf16 cache %.2e, f32 cache %.2e (bound %.2e)\n", name, p,
+                  err_bf, err_f32, bound);
+      EXPECT_LE(err_bf, bound) << name << " prompt " << p;
+    }
     // decode: every step's logits recorded, the next tokens scripted (the same inputs for both caches)
     auto decode_logits = [&](model::CudaModel& m, bool graphs) {
       std::vector<float> seen;
@@ -356,11 +368,10 @@ TEST(CudaModelKvCache, Bf16CacheHalvesTheBytesAndStaysCloseToTheF32Cache) {
     };
     const std::vector<float> da = decode_logits(*bf, true), db = decode_logits(*f32, true);
     ASSERT_EQ(da.size(), db.size());
-    ASSERT_EQ(da.size(), size_t(2 * 6 * V)) << name;
+    ASSERT_EQ(da.size(), ids.size() * 6 * size_t(V)) << name;
     const double decode_err = rel_l2(da.data(), db.data(), da.size());
-    std::printf("  %s: bf16 vs f32 KV cache, prefill logits rel L2 %.2e, decode %.2e\n", name, prefill_err, decode_err);
-    EXPECT_LE(prefill_err, 1e-2) << name;
-    EXPECT_LE(decode_err, 1e-2) << name;
+    std::printf("  %s: bf16 vs f32 KV cache, logits of the prefill and 5 decode steps rel L2 %.2e\n", name, decode_err);
+    EXPECT_LE(decode_err, 6e-2) << name;
     EXPECT_GT(decode_err, 0.0) << name << ": the bf16 cache changed nothing";
     EXPECT_EQ(decode_logits(*bf, false), da) << name << ": graphs and no graphs differ";
   }
