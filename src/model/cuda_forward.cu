@@ -1011,6 +1011,12 @@ CudaModel::CudaModel(const ModelWeights& w, const TextConfig& t, Device dev) : i
       m.attn_scaling *= ms * ms;
     }
   }
+  {  // the KV cache's type, checked before the weights are uploaded (a bad value costs no upload)
+    const char* e = std::getenv("MOEX_CUDA_KV_CACHE");
+    const bool f32_asked = e && std::string(e) == "f32";
+    MOEX_CHECK(!e || f32_asked || std::string(e) == "model", "MOEX_CUDA_KV_CACHE must be 'f32' or 'model', not '{}'", e);
+    m.kv_dtype = m.dtc == 2 && !f32_asked && m.dq % 8 == 0 && m.dv % 8 == 0 ? 2 : 0;
+  }
   m.upload(w);
   if (const char* e = std::getenv("MOEX_CUDA_GEMV")) m.gemv_enabled = std::string(e) != "0";
   if (const char* e = std::getenv("MOEX_CUDA_FUSE_QKV_POST")) m.fuse_qkv_post = std::string(e) != "0";
@@ -1022,12 +1028,6 @@ CudaModel::CudaModel(const ModelWeights& w, const TextConfig& t, Device dev) : i
   if (const char* e = std::getenv("MOEX_CUDA_ROUTE_WIDE")) m.route_wide = std::string(e) == "1";
   if (const char* e = std::getenv("MOEX_CUDA_DECODE_CLUSTER")) m.decode_cluster = std::clamp(std::atoi(e), 0, 2);
   if (const char* e = std::getenv("MOEX_CUDA_LINEAR_TERMS")) m.linear_terms = std::string(e) == "2" ? 2 : 1;
-  {
-    const char* e = std::getenv("MOEX_CUDA_KV_CACHE");
-    const bool f32_asked = e && std::string(e) == "f32";
-    MOEX_CHECK(!e || f32_asked || std::string(e) == "model", "MOEX_CUDA_KV_CACHE must be 'f32' or 'model', not '{}'", e);
-    m.kv_dtype = m.dtc == 2 && !f32_asked && m.dq % 8 == 0 && m.dv % 8 == 0 ? 2 : 0;
-  }
   if (const char* e = std::getenv("MOEX_CUDA_DEBUG_SKIP")) {
     std::string v = std::string(",") + e + ",";  // names separated by ',' or '+'
     std::replace(v.begin(), v.end(), '+', ',');
