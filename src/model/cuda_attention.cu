@@ -161,7 +161,7 @@ __global__ void __launch_bounds__(kDecThreads, 2) decode_attention_kernel(Decode
   const int64_t kstride = int64_t(p.nkv) * dq, vstride = int64_t(p.nkv) * dv;
   const KV* kbase = static_cast<const KV*>(p.k_cache) + (slot * p.max_len * p.nkv + kh) * int64_t(dq);
   const KV* vbase = static_cast<const KV*>(p.v_cache) + (slot * p.max_len * p.nkv + kh) * int64_t(dv);
-  // the tiles as KV rows: buffer buf's row r of keys at kt_of(buf) + r · dq (values: dv)
+  // the tiles as KV rows: buffer buf's row r of keys at ks_kv + (buf · kDecKeys + r) · dq (values: vs_kv, dv)
   KV* const ks_kv = reinterpret_cast<KV*>(ks);
   KV* const vs_kv = reinterpret_cast<KV*>(vs);
   constexpr int kVec = 16 / int(sizeof(KV));  // elements per 16-byte copy

@@ -563,7 +563,6 @@ struct CudaModel::Impl {
   }
   unsigned* router_ticket() { return static_cast<unsigned*>(b.sync.data()); }
 
-  // Prefill attention on the tensor cores for bf16/f16 models: per sequence and kv-head group,
   // The sequence's keys and values [n, kv_heads, dq | dv] in the model dtype, for the tensor-core
   // prefill attention: its rows of the cache itself when the cache is in the model dtype, else
   // rounded from the f32 cache into b.kb / b.vb.
@@ -577,6 +576,7 @@ struct CudaModel::Impl {
     return {b.kb.data(), b.vb.data()};
   }
 
+  // Prefill attention on the tensor cores for bf16/f16 models: per sequence and kv-head group,
   // S = Q·Kᵀ (cuBLAS, f32 out), P = softmax rows (kernel, model dtype), O = P·V (cuBLAS, f32 out).
   // Q, K, V are rounded to the model dtype (as the reference's bf16 attention).
   void gemm_attention(size_t l, int64_t T, const std::vector<Segment>& segs, int window, const float* sinks) {
