@@ -507,6 +507,58 @@ TEST_P(CudaEquivalence, BatchedMmWithSeveralChannelsPerWarpMatchesTheReference) 
   }
 }
 
+// batched_mm's expert-shared form (MOEX_CUDA_BATCHED_SHARED; by default where T·K >= 2E): the pairs
+// sorted by expert and each expert's weight rows read once for all its pairs, each pair's arithmetic
+// unchanged. Forced on, every case must pass the harness (poisoned output, guards, the f64 reference)
+// and give the per-pair kernels' output bit for bit; with every slot dropped, zeros.
+TEST_P(CudaEquivalence, BatchedMmExpertSharedFormMatchesThePerPairKernelsBitForBit) {
+  SKIP_WITHOUT_CUDA();
+  const DType dt = GetParam();
+  const uint64_t seed = seed_from_env();
+  auto cases = check::generate_cases(seed + 11 + uint64_t(dt), count_from_env(40), dt);
+  // many pairs per expert: full and partial 8-row tiles, more tiles than one per expert
+  for (const int64_t T : {37, 64, 200}) cases.push_back(make_case(seed + uint64_t(T), dt, 8, 256, 136, T, 2));
+  int compared = 0;
+  double worst = 0;
+  for (const auto& c : cases) {
+    {
+      ScopedEnv on("MOEX_CUDA_BATCHED_SHARED", "1");
+      const auto r = check::run_case("batched_mm", c, Device::cuda());
+      EXPECT_EQ(r.status, check::Result::Status::passed)
+          << "expert-shared " << c.describe() << ": " << check::status_name(r.status) << ": " << r.message;
+      worst = std::max(worst, r.rel_l2);
+    }
+    const check::Instance dev = check::make_instance(c).to(Device::cuda());
+    auto run = [&](const char* shared) {
+      ScopedEnv env("MOEX_CUDA_BATCHED_SHARED", shared);
+      Tensor out = Tensor::empty(dt, {c.tokens, c.spec.hidden}, Device::cuda());
+      experts_forward("batched_mm", dev.experts(), dev.call(out));
+      return test::to_host(out);
+    };
+    EXPECT_EQ(run("1"), run("0")) << "expert-shared against per-pair: " << c.describe();
+    ++compared;
+  }
+  {  // every slot dropped: no tile, no up or down block with work; the output still written, zeros
+    check::Case c = make_case(seed + 5, dt, 8, 256, 128, 64, 2);
+    check::Instance host = check::make_instance(c);
+    int32_t* idx = static_cast<int32_t*>(host.top_k_index.data());
+    for (int64_t i = 0; i < host.top_k_index.numel(); ++i) idx[i] = -1;
+    const check::Instance dev = host.to(Device::cuda());
+    Tensor poison = Tensor::empty(dt, {c.tokens, c.spec.hidden}, Device::cpu());
+    std::memset(poison.data(), 0xff, size_t(poison.nbytes()));  // NaN in every dtype
+    Tensor out = poison.to(Device::cuda());
+    ScopedEnv on("MOEX_CUDA_BATCHED_SHARED", "1");
+    experts_forward("batched_mm", dev.experts(), dev.call(out));
+    const Tensor back = out.to(Device::cpu());
+    const uint8_t* bytes = static_cast<const uint8_t*>(back.data());
+    int64_t nonzero = 0;
+    for (int64_t i = 0; i < back.nbytes(); ++i) nonzero += bytes[i] != 0;
+    EXPECT_EQ(nonzero, 0) << "all slots dropped: bytes not zero";
+  }
+  std::printf("batched_mm expert-shared form: %d cases bit for bit with the per-pair kernels, worst rel L2 %.2e\n",
+              compared, worst);
+}
+
 INSTANTIATE_TEST_SUITE_P(Dtypes, CudaEquivalence, ::testing::Values(DType::f32, DType::f16, DType::bf16),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
 

@@ -239,6 +239,131 @@ __global__ void __launch_bounds__(THREADS) batched_down_nt(BatchedArgs a) {
   if (lane == 0) static_cast<T*>(a.out)[t * H + n] = from_f32<T>(acc);
 }
 
+// ---- the expert-shared form (batched_shares_experts, cuda_common.cuh) ----
+// At T·K >= 2E most experts serve several pairs, and the per-pair kernels above read each expert's
+// matrices once per pair: at batch 64 on Qwen3-30B-A3B (512 pairs, 128 experts) ~2.4 GB per layer
+// from L2 where 1.2 GB are distinct, a decode step 1.87x slower than grouped_mm's (H100, docs/PERF.md,
+// fifty-fifth session). Here the pairs come sorted by expert (the routing plan, tiles of kSharedRows
+// rows of one expert) and a warp streams one weight row ONCE for its tile's rows: per 16-byte weight
+// chunk, one dot_vec per row. Every row's per-lane partial sum runs over the chunks in warp_dot's order
+// and is reduced by warp_sum, so h and y equal the per-pair kernels' bit for bit; the slot-order sum
+// (combine.cu) adds topw · (y + bias) as batched_down_nt does.
+
+// up, weights [E, R, H]: grid (plan tile, I / 8); warp = one channel i for the tile's rows.
+// h[p, i] by pair p (the down kernel reads it by sorted row through sorted_pairs).
+template <class T, bool CS>
+__global__ void __launch_bounds__(THREADS) shared_up_nt(BatchedArgs a) {
+  MOEX_CUDA_TRACE_BLOCK(k_batched_up);
+  pdl_wait();  // the plan is the previous kernel's
+  MOEX_CUDA_TRACE_WAITED();
+  pdl_launch_dependents();
+  const int4 tile = a.plan.tiles[blockIdx.x];  // (expert, first row, end row)
+  if (tile.x < 0) return;                      // past the plan's tiles
+  const int64_t i = int64_t(blockIdx.y) * (THREADS / 32) + (threadIdx.x >> 5);
+  if (i >= a.I) return;
+  const int lane = threadIdx.x & 31;
+  const int rows = tile.z - tile.y;  // 1..kSharedRows, uniform over the block
+  const int64_t e = tile.x, H = a.H, I = a.I, R = a.has_gate ? 2 * I : I;
+  constexpr int V = 16 / sizeof(T);
+  const int64_t nv = H / V;
+  int64_t pair[kSharedRows];
+  const uint4* xv[kSharedRows];
+#pragma unroll
+  for (int r = 0; r < kSharedRows; ++r) {
+    pair[r] = a.plan.sorted_pairs[tile.y + (r < rows ? r : 0)];
+    xv[r] = reinterpret_cast<const uint4*>(static_cast<const T*>(a.hidden) + (pair[r] / a.K) * H);
+  }
+  const T* W = static_cast<const T*>(a.gate_up) + e * R * H;
+  const T* bias = a.gate_up_bias ? static_cast<const T*>(a.gate_up_bias) + e * R : nullptr;
+  float g[kSharedRows], u[kSharedRows];
+#pragma unroll
+  for (int r = 0; r < kSharedRows; ++r) g[r] = u[r] = 0.0f;
+  if (a.has_gate) {
+    const int64_t wg = a.interleaved ? 2 * i : i, wu = a.interleaved ? 2 * i + 1 : I + i;
+    const uint4* gv = reinterpret_cast<const uint4*>(W + wg * H);
+    const uint4* uv = reinterpret_cast<const uint4*>(W + wu * H);
+#pragma unroll 2
+    for (int64_t c = lane; c < nv; c += 32) {
+      const uint4 wga = load_weight<CS>(gv + c), wua = load_weight<CS>(uv + c);
+#pragma unroll
+      for (int r = 0; r < kSharedRows; ++r)
+        if (r < rows) {
+          const uint4 xa = __ldg(xv[r] + c);
+          g[r] = dot_vec<T>(xa, wga, g[r]);
+          u[r] = dot_vec<T>(xa, wua, u[r]);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < kSharedRows; ++r)
+      if (r < rows) {
+        float gs = warp_sum(g[r]), us = warp_sum(u[r]);
+        if (bias) {
+          gs += to_f32(bias[wg]);
+          us += to_f32(bias[wu]);
+        }
+        if (lane == 0) static_cast<T*>(a.h)[pair[r] * I + i] = from_f32<T>(gated_act(a.act, gs, us));
+      }
+  } else {
+    const uint4* wv = reinterpret_cast<const uint4*>(W + i * H);
+#pragma unroll 2
+    for (int64_t c = lane; c < nv; c += 32) {
+      const uint4 wa = load_weight<CS>(wv + c);
+#pragma unroll
+      for (int r = 0; r < kSharedRows; ++r)
+        if (r < rows) g[r] = dot_vec<T>(__ldg(xv[r] + c), wa, g[r]);
+    }
+#pragma unroll
+    for (int r = 0; r < kSharedRows; ++r)
+      if (r < rows) {
+        float v = warp_sum(g[r]);
+        if (bias) v += to_f32(bias[i]);
+        if (lane == 0) static_cast<T*>(a.h)[pair[r] * I + i] = from_f32<T>(plain_act(a.act, v));
+      }
+  }
+}
+
+// down, weights [E, H, I]: grid (plan tile, H / 8); warp = one output n for the tile's rows.
+// y[row, n] = h[pair(row)] · Wdᵉ[n] in f32 by sorted row (no bias: the combine adds it).
+template <class T, bool CS>
+__global__ void __launch_bounds__(THREADS) shared_down_nt(BatchedArgs a) {
+  MOEX_CUDA_TRACE_BLOCK(k_batched_down);
+  pdl_wait();
+  MOEX_CUDA_TRACE_WAITED();
+  pdl_launch_dependents();
+  const int4 tile = a.plan.tiles[blockIdx.x];
+  if (tile.x < 0) return;
+  const int64_t n = int64_t(blockIdx.y) * (THREADS / 32) + (threadIdx.x >> 5);
+  if (n >= a.H) return;
+  const int lane = threadIdx.x & 31;
+  const int rows = tile.z - tile.y;
+  const int64_t e = tile.x, H = a.H, I = a.I;
+  constexpr int V = 16 / sizeof(T);
+  const int64_t nv = I / V;
+  const uint4* hv[kSharedRows];
+#pragma unroll
+  for (int r = 0; r < kSharedRows; ++r) {
+    const int64_t p = a.plan.sorted_pairs[tile.y + (r < rows ? r : 0)];
+    hv[r] = reinterpret_cast<const uint4*>(static_cast<const T*>(a.h) + p * I);
+  }
+  const uint4* wv = reinterpret_cast<const uint4*>(static_cast<const T*>(a.down) + (e * H + n) * I);
+  float part[kSharedRows];
+#pragma unroll
+  for (int r = 0; r < kSharedRows; ++r) part[r] = 0.0f;
+#pragma unroll 2
+  for (int64_t c = lane; c < nv; c += 32) {
+    const uint4 wa = load_weight<CS>(wv + c);
+#pragma unroll
+    for (int r = 0; r < kSharedRows; ++r)
+      if (r < rows) part[r] = dot_vec<T>(__ldg(hv[r] + c), wa, part[r]);
+  }
+#pragma unroll
+  for (int r = 0; r < kSharedRows; ++r)
+    if (r < rows) {
+      const float y = warp_sum(part[r]);
+      if (lane == 0) a.y[int64_t(tile.y + r) * H + n] = y;
+    }
+}
+
 // ---- transposed weights: 64 output columns × 4 k-slices per block ----
 constexpr int TN_COLS = 64, TN_SLICES = THREADS / TN_COLS;
 
@@ -366,12 +491,45 @@ void launch_vec(const BatchedArgs& a, dim3 g_up, dim3 g_down, cudaStream_t strea
   launch_pdl("batched_down_nt", down, g_down, dim3(THREADS), 0, stream, a);
 }
 
+// The expert-shared form: plan, up, down, combine (the last three chained with PDL).
+template <class T, bool CS>
+void launch_shared(const BatchedArgs& a, DType dtype, cudaStream_t stream) {
+  const int64_t S = a.T * a.K;
+  const int warps = THREADS / 32;
+  build_plan(a.plan, a.idx, a.idx64, S, a.E, stream);
+  const unsigned tiles = unsigned(a.plan.max_tiles);
+  launch_pdl("shared_up_nt", shared_up_nt<T, CS>, dim3(tiles, unsigned(ceil_div(a.I, warps))), dim3(THREADS), 0, stream, a);
+  launch_pdl("shared_down_nt", shared_down_nt<T, CS>, dim3(tiles, unsigned(ceil_div(a.H, warps))), dim3(THREADS), 0, stream,
+             a);
+  CombineArgs c{};
+  c.y = a.y;
+  c.pair_to_row = a.plan.pair_to_row;
+  c.idx = a.idx;
+  c.idx64 = a.idx64;
+  c.topw = a.topw;
+  c.topw_code = a.topw_code;
+  c.down_bias = a.down_bias;
+  c.T = a.T;
+  c.K = a.K;
+  c.H = a.H;
+  c.out = a.out;
+  launch_combine(c, dtype, stream, /*pdl=*/true);
+}
+
 template <class T>
-void launch_typed(const BatchedArgs& a_in, bool vec16, cudaStream_t stream) {
+void launch_typed(const BatchedArgs& a_in, DType dtype, bool vec16, cudaStream_t stream) {
   BatchedArgs a = a_in;
   const int64_t S = a.T * a.K;
   MOEX_CHECK(S < (int64_t(1) << 31) && a.T < (int64_t(1) << 31), "batched_mm on CUDA: T*K = {} pairs is too many", S);
   const int warps = THREADS / 32;
+  if (a.share_experts && vec16 && !a.transposed) {
+    MOEX_CHECK(a.plan.tile_m == kSharedRows && a.y, "batched_mm on CUDA: the expert-shared form needs its plan and y");
+    MOEX_CHECK(ceil_div(a.I, warps) <= 65535 && ceil_div(a.H, warps) <= 65535 && a.plan.max_tiles <= 65535,
+               "batched_mm on CUDA: sizes H={} I={} too large", a.H, a.I);
+    if (stream_weights_enabled()) launch_shared<T, true>(a, dtype, stream);
+    else launch_shared<T, false>(a, dtype, stream);
+    return;
+  }
   if (!a.transposed) {
     a.up_channels = vec16 ? up_channels<T, true>(S, a.I) : up_channels<T, false>(S, a.I);
     dim3 g_up(unsigned(S), unsigned(ceil_div(a.I, int64_t(warps) * a.up_channels)));
@@ -399,11 +557,17 @@ void launch_typed(const BatchedArgs& a_in, bool vec16, cudaStream_t stream) {
 
 }  // namespace
 
+bool batched_shares_experts(int64_t S, int64_t E, bool transposed) {
+  if (transposed || S <= 0 || max_m_tiles(S, E, kSharedRows) > 65535) return false;
+  if (const char* e = std::getenv("MOEX_CUDA_BATCHED_SHARED"); e && *e) return *e != '0';
+  return S >= 2 * E;
+}
+
 void launch_batched(const BatchedArgs& a, DType dtype, bool vec16, cudaStream_t stream) {
   switch (dtype) {
-    case DType::f32: launch_typed<float>(a, vec16, stream); break;
-    case DType::f16: launch_typed<__half>(a, vec16, stream); break;
-    case DType::bf16: launch_typed<__nv_bfloat16>(a, vec16, stream); break;
+    case DType::f32: launch_typed<float>(a, dtype, vec16, stream); break;
+    case DType::f16: launch_typed<__half>(a, dtype, vec16, stream); break;
+    case DType::bf16: launch_typed<__nv_bfloat16>(a, dtype, vec16, stream); break;
     default: detail::fail(ErrorCode::internal, "batched_mm on CUDA: unexpected dtype {}", dtype_name(dtype));
   }
 }

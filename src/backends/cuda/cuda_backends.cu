@@ -5,8 +5,10 @@
 //               rows each expert got, then per hit expert two cuBLAS GEMMs (cublasGemmEx,
 //               CUBLAS_COMPUTE_32F, f32 output; TF32 never used) around an activation kernel,
 //               and the shared combine kernel. Not capturable in a CUDA graph (host sync).
-//   batched_mm  GEMV kernels reading every pair's expert weights in place (batched_gemv.cu).
-//               No plan, no host sync: capturable.
+//   batched_mm  GEMV kernels reading every pair's expert weights in place (batched_gemv.cu);
+//               where the pairs are at least twice the experts, a routing plan first so that each
+//               expert's weights are read once for all its pairs (same per-pair arithmetic), and
+//               combine.cu's slot-order sum. No host sync: capturable.
 //   grouped_mm  device routing plan (routing_plan.cu), grouped GEMM with the gated activation in
 //               its epilogue (sm90_tma_grouped_gemm.cu on Hopper: TMA + wgmma, warp-specialised,
 //               persistent; else sm90_bf16_grouped_gemm.cu / sm80_grouped_gemm.cu for bf16/f16,
@@ -27,7 +29,7 @@
 // (~1e-6 relative), far inside the 2e-3 bar of the harness's quantized cases.
 //
 // Workspace (all sized from T, K, E, H, I before the call; nothing is allocated in a forward):
-//   batched_mm  h [S, I] activation dtype
+//   batched_mm  h [S, I] activation dtype (+ expert-shared form: plan of 8-row tiles + y [S, H] f32)
 //               (+ quantized: xq [T, H] u8 + xs [T, H/128] f32 + hq [S, I] u8 + hs [S, I/128] f32)
 //   grouped_mm  plan (~8·S + 16·(S/128 + E) bytes) + h [S, I] act dtype + y [S, H] f32
 //               (+ quantized: the batched_mm codes and scales)
@@ -321,8 +323,13 @@ static bool fp8_on_tma(const Problem& p) {
 
 size_t cuda_batched_workspace(const Problem& p) {
   const int64_t S = pairs_of(p), H = p.spec.hidden, I = p.spec.intermediate;
-  const size_t quant = p.spec.quant.quantized() ? QuantActs::bytes(p.tokens, S, H, I) : 0;
-  return std::max(bytes_of(S * I, dtype_size(p.spec.dtype)) + quant, decode_workspace(p));
+  const bool quantized = p.spec.quant.quantized();
+  const size_t quant = quantized ? QuantActs::bytes(p.tokens, S, H, I) : 0;
+  // the expert-shared form: its routing plan and y [S, H] f32 after h
+  const size_t shared = !quantized && batched_shares_experts(S, p.spec.num_experts, p.spec.transposed)
+                            ? plan_workspace_bytes(S, p.spec.num_experts, kSharedRows) + bytes_of(S * H, 4)
+                            : 0;
+  return std::max(bytes_of(S * I, dtype_size(p.spec.dtype)) + quant + shared, decode_workspace(p));
 }
 
 size_t cuda_grouped_workspace(const Problem& p) {
@@ -394,6 +401,12 @@ void cuda_batched(const Experts& ex, const ExpertsCall& call, const RunContext& 
     q.hs = acts.hs;
     launch_quant_batched(q, s.dtype, stream_of(ctx));
     return;
+  }
+  // Each expert's weights read once for all its pairs where the pairs are many (cuda_common.cuh)
+  if (batched_shares_experts(S, s.num_experts, s.transposed)) {
+    a.share_experts = true;
+    a.plan = carve_plan(ws, S, s.num_experts, kSharedRows);
+    a.y = ws.take<float>(size_t(S * s.hidden));
   }
   launch_batched(a, s.dtype, vec16_ok(ex, call), stream_of(ctx));
 }

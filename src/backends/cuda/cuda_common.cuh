@@ -292,7 +292,20 @@ struct BatchedArgs {
   void* h;                  // [S, I] activation dtype (workspace)
   void* out;                // [T, H]
   int up_channels = 1;      // intermediate channels per warp in the up kernel (set by launch_batched)
+  // The expert-shared form (batched_shares_experts): a routing plan of kSharedRows-row tiles and
+  // y [S, H] f32 (pair rows in sorted order), both carved from the workspace by the caller.
+  bool share_experts = false;
+  DevicePlan plan{};
+  float* y = nullptr;
 };
+// batched_mm's expert-shared form: the pairs sorted by expert (the routing plan, tiles of
+// kSharedRows rows), every block serving up to kSharedRows pairs of one expert so that each weight
+// row is read once for all of them, then combine.cu's slot-order sum. Each pair's dot products are
+// the per-pair kernels' to the bit (the same lanes, chunks and order). Chosen on the host from the
+// shapes: where the pairs are at least twice the experts (T·K >= 2E) and the weights are [E, out,
+// in]; MOEX_CUDA_BATCHED_SHARED=0 / 1 forces it off / on wherever it can run (read per call).
+constexpr int kSharedRows = 8;
+bool batched_shares_experts(int64_t S, int64_t E, bool transposed);
 void launch_batched(const BatchedArgs& a, DType dtype, bool vec16, cudaStream_t stream);
 
 // ---- shared small kernels (combine.cu) --------------------------------------------------------
