@@ -9,6 +9,9 @@
 #   perf   CudaPerf, batched_mm and grouped_mm on the four SPEC §9 shapes at $PERF_TOKENS (default
 #          1,8,16,32,64,128,512), MOEX_CUDA_BATCHED_SHARED=0 (per pair) then unset (the default rule)
 #          then 1 (forced) → perf_{0,auto,1}.log
+#   pipe   CudaPerf batched_mm (forced by the default rule) with MOEX_CUDA_BATCHED_SHARED_PIPE=$PIPES (default
+#          0 1 2 3: bit 0 the up kernel's register double buffer, bit 1 the down kernel's) → pipe_N.log
+#   prof   ncu of the expert-shared chain at qwen3_30b_a3b T = 64 → prof.txt
 #   ab     moex_model_bench --batches 1,8,64, switch+graphs and no_switch+graphs, with the default rule
 #          and with MOEX_CUDA_BATCHED_SHARED=0 → ab_{auto,0}.txt
 #   e2e    issue 5's end-to-end table beside the reference library (bench/gpu_session28.sh PARTS=model)
@@ -45,6 +48,27 @@ if has perf; then
         timeout $(( $(left) - 10 )) "$BUILD/moex_tests" --gtest_filter='CudaPerf.Shapes' > "$OUT/perf_$mode.log" 2>&1 )
     grep -E "batched_mm|grouped_mm" "$OUT/perf_$mode.log" | grep -v "^\[" | head -60 | tee -a "$OUT/summary.txt"
   done
+fi
+
+if has pipe; then  # the expert-shared kernels with and without their register double buffer
+  for pipe in ${PIPES:-0 1 2 3}; do
+    [ "$(left)" -gt 40 ] || break
+    echo "== CudaPerf batched_mm, MOEX_CUDA_BATCHED_SHARED_PIPE=$pipe" | tee -a "$OUT/summary.txt"
+    MOEX_CUDA_BATCHED_SHARED_PIPE=$pipe MOEX_CUDA_PERF=1 MOEX_CUDA_PERF_BACKENDS=batched_mm MOEX_CUDA_PERF_TOKENS=32,64,128,512 \
+      MOEX_CUDA_PERF_SHAPES=qwen3_30b_a3b,qwen15_moe_a2_7b,mixtral_8x7b,deepseek_v3 \
+      timeout $(( $(left) - 10 )) "$BUILD/moex_tests" --gtest_filter='CudaPerf.Shapes' > "$OUT/pipe_$pipe.log" 2>&1
+    grep -E "^PERF" "$OUT/pipe_$pipe.log" | tee -a "$OUT/summary.txt"
+  done
+fi
+
+if has prof && [ "$(left)" -gt 60 ]; then  # ncu: the expert-shared chain at qwen3_30b_a3b T = 64
+  timeout $(( $(left) - 10 )) ncu --clock-control none -k "regex:shared_|combine|plan_" --launch-skip 4 --launch-count 4 \
+    --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
+    "$BUILD/moex" bench --device cuda --backends batched_mm --shapes qwen3_30b_a3b --tokens 64 --min-time-ms 0 \
+    --max-iters 2 --warmup 1 > "$OUT/prof.txt" 2>&1
+  echo "ncu rc $?" | tee -a "$OUT/summary.txt"
+  grep -E "^  [a-z_]+.*\(|Duration|DRAM Throughput|Memory Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy" \
+    "$OUT/prof.txt" | head -40 | tee -a "$OUT/summary.txt"
 fi
 
 if has ab; then

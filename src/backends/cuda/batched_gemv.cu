@@ -270,7 +270,7 @@ __device__ __forceinline__ int tile_rows(const BatchedArgs& a, const int4& tile,
 
 // up, weights [E, R, H]: grid (plan tile, I / (8·NC)); a warp computes NC consecutive channels
 // i0 .. i0+NC-1 for the tile's rows. h[p, i] by pair p (the down kernel reads it through sorted_pairs).
-template <class T, bool CS, bool GATE>
+template <class T, bool CS, bool GATE, bool PIPE>
 __global__ void __launch_bounds__(THREADS) shared_up_nt(BatchedArgs a) {
   MOEX_CUDA_TRACE_BLOCK(k_batched_up);
   pdl_wait();  // the plan is the previous kernel's
@@ -305,13 +305,20 @@ __global__ void __launch_bounds__(THREADS) shared_up_nt(BatchedArgs a) {
   for (int q = 0; q < NC; ++q)
 #pragma unroll
     for (int r = 0; r < kSharedRows; ++r) g[q][r] = u[q][r] = 0.0f;
-  for (int64_t c = lane; c < nv; c += 32) {
-    uint4 wga[NC], wua[NC];
+  // weights double-buffered in registers: the next chunk's requested before this chunk's arithmetic
+  uint4 wga[NC], wua[NC];
+  auto load_chunk = [&](int64_t c, uint4 (&wg_)[NC], uint4 (&wu_)[NC]) {
 #pragma unroll
     for (int q = 0; q < NC; ++q) {
-      wga[q] = load_weight<CS>(gv[q] + c);
-      if constexpr (GATE) wua[q] = load_weight<CS>(uv[q] + c);
+      wg_[q] = load_weight<CS>(gv[q] + c);
+      if constexpr (GATE) wu_[q] = load_weight<CS>(uv[q] + c);
     }
+  };
+  if (PIPE && lane < nv) load_chunk(lane, wga, wua);
+  for (int64_t c = lane; c < nv; c += 32) {
+    uint4 nga[NC], nua[NC];
+    if (!PIPE) load_chunk(c, wga, wua);
+    else if (c + 32 < nv) load_chunk(c + 32, nga, nua);
 #pragma unroll
     for (int r = 0; r < kSharedRows; ++r)
       if (r < rows) {
@@ -321,6 +328,12 @@ __global__ void __launch_bounds__(THREADS) shared_up_nt(BatchedArgs a) {
           g[q][r] = dot_vec<T>(xa, wga[q], g[q][r]);
           if constexpr (GATE) u[q][r] = dot_vec<T>(xa, wua[q], u[q][r]);
         }
+      }
+    if constexpr (PIPE)
+#pragma unroll
+      for (int q = 0; q < NC; ++q) {
+        wga[q] = nga[q];
+        if constexpr (GATE) wua[q] = nua[q];
       }
   }
   const T* bias = a.gate_up_bias ? static_cast<const T*>(a.gate_up_bias) + e * R : nullptr;
@@ -351,7 +364,7 @@ __global__ void __launch_bounds__(THREADS) shared_up_nt(BatchedArgs a) {
 // down, weights [E, H, I]: grid (plan tile, H / (8·NR)); a warp computes NR consecutive outputs
 // n0 .. n0+NR-1 for the tile's rows: y[row, n] = h[pair(row)] · Wdᵉ[n] in f32 by sorted row (no bias:
 // the combine adds it).
-template <class T, bool CS>
+template <class T, bool CS, bool PIPE>
 __global__ void __launch_bounds__(THREADS) shared_down_nt(BatchedArgs a) {
   MOEX_CUDA_TRACE_BLOCK(k_batched_down);
   pdl_wait();
@@ -378,10 +391,18 @@ __global__ void __launch_bounds__(THREADS) shared_down_nt(BatchedArgs a) {
   for (int q = 0; q < NR; ++q)
 #pragma unroll
     for (int r = 0; r < kSharedRows; ++r) part[q][r] = 0.0f;
-  for (int64_t c = lane; c < nv; c += 32) {
-    uint4 wa[NR];
+  uint4 wa[NR];  // double-buffered as in shared_up_nt
+  if (PIPE && lane < nv)
 #pragma unroll
-    for (int q = 0; q < NR; ++q) wa[q] = load_weight<CS>(wv[q] + c);
+    for (int q = 0; q < NR; ++q) wa[q] = load_weight<CS>(wv[q] + lane);
+  for (int64_t c = lane; c < nv; c += 32) {
+    uint4 na[NR];
+    if (!PIPE)
+#pragma unroll
+      for (int q = 0; q < NR; ++q) wa[q] = load_weight<CS>(wv[q] + c);
+    else if (c + 32 < nv)
+#pragma unroll
+      for (int q = 0; q < NR; ++q) na[q] = load_weight<CS>(wv[q] + c + 32);
 #pragma unroll
     for (int r = 0; r < kSharedRows; ++r)
       if (r < rows) {
@@ -389,6 +410,9 @@ __global__ void __launch_bounds__(THREADS) shared_down_nt(BatchedArgs a) {
 #pragma unroll
         for (int q = 0; q < NR; ++q) part[q][r] = dot_vec<T>(ha, wa[q], part[q][r]);
       }
+    if constexpr (PIPE)
+#pragma unroll
+      for (int q = 0; q < NR; ++q) wa[q] = na[q];
   }
 #pragma unroll
   for (int q = 0; q < NR; ++q) {
@@ -536,10 +560,15 @@ void launch_shared(const BatchedArgs& a, DType dtype, cudaStream_t stream) {
   const int warps = THREADS / 32;
   build_plan(a.plan, a.idx, a.idx64, S, a.E, stream);
   const unsigned tiles = unsigned(a.plan.max_tiles);
-  launch_pdl("shared_up_nt", a.has_gate ? shared_up_nt<T, CS, true> : shared_up_nt<T, CS, false>,
-             dim3(tiles, unsigned(ceil_div(a.I, int64_t(warps) * kSharedUpChannels))), dim3(THREADS), 0, stream, a);
-  launch_pdl("shared_down_nt", shared_down_nt<T, CS>, dim3(tiles, unsigned(ceil_div(a.H, int64_t(warps) * kSharedDownRows))),
-             dim3(THREADS), 0, stream, a);
+  // MOEX_CUDA_BATCHED_SHARED_PIPE (A/B, temporary): bit 0 up kernel pipelined, bit 1 down kernel
+  const char* pe = std::getenv("MOEX_CUDA_BATCHED_SHARED_PIPE");
+  const int pipe = pe && *pe ? std::atoi(pe) : 3;
+  const auto up = a.has_gate ? ((pipe & 1) ? shared_up_nt<T, CS, true, true> : shared_up_nt<T, CS, true, false>)
+                             : ((pipe & 1) ? shared_up_nt<T, CS, false, true> : shared_up_nt<T, CS, false, false>);
+  launch_pdl("shared_up_nt", up, dim3(tiles, unsigned(ceil_div(a.I, int64_t(warps) * kSharedUpChannels))), dim3(THREADS), 0,
+             stream, a);
+  launch_pdl("shared_down_nt", (pipe & 2) ? shared_down_nt<T, CS, true> : shared_down_nt<T, CS, false>,
+             dim3(tiles, unsigned(ceil_div(a.H, int64_t(warps) * kSharedDownRows))), dim3(THREADS), 0, stream, a);
   CombineArgs c{};
   c.y = a.y;
   c.pair_to_row = a.plan.pair_to_row;
