@@ -3,14 +3,14 @@
 # carried binaries:
 #   here:  PACK_TARGETS="moex_tests moex_model_bench moex" bash bench/gpu_prebuilt.sh pack /tmp/breal
 #   there: CALL_LIMIT=560 bash bench/gpu_prebuilt.sh run bench/gpu_session56.sh   (carry ["build-carry"])
-# Steps (PARTS, default "new perf ab e2e suite", in this order, each skipped when too little of CALL_LIMIT is left):
+# Steps (PARTS, default "new ring ab e2e suite", in this order, each skipped when too little of CALL_LIMIT is left):
 #   new    the new test (expert-shared form bit for bit with the per-pair kernels, all dtypes), batched_mm's
 #          other equivalence tests, the model's switching and graph tests → new_tests.log
 #   perf   CudaPerf, batched_mm and grouped_mm on the four SPEC §9 shapes at $PERF_TOKENS (default
 #          1,8,16,32,64,128,512), MOEX_CUDA_BATCHED_SHARED=0 (per pair) then unset (the default rule)
 #          then 1 (forced) → perf_{0,auto,1}.log
-#   pipe   CudaPerf batched_mm (forced by the default rule) with MOEX_CUDA_BATCHED_SHARED_PIPE=$PIPES (default
-#          0 1 2 3: bit 0 the up kernel's register double buffer, bit 1 the down kernel's) → pipe_N.log
+#   ring   CudaPerf batched_mm (the default rule) with MOEX_CUDA_BATCHED_SHARED_RING=$RINGS (default "0 1": the
+#          weights loaded into registers / through the shared-memory ring) → ring_N.log
 #   prof   ncu of the expert-shared chain at qwen3_30b_a3b T = 64 → prof.txt
 #   ab     moex_model_bench --batches 1,8,64, switch+graphs and no_switch+graphs, with the default rule
 #          and with MOEX_CUDA_BATCHED_SHARED=0 → ab_{auto,0}.txt
@@ -21,7 +21,7 @@ set -u
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 export BUILD=${BUILD:-build-gpu} MOEX_SOURCE_DIR=$PWD
-PARTS=${PARTS:-"new perf ab e2e suite"}
+PARTS=${PARTS:-"new ring ab e2e suite"}
 has() { [[ " $PARTS " == *" $1 "* ]]; }
 t0=$(date +%s)
 limit=${CALL_LIMIT:-560}
@@ -50,14 +50,14 @@ if has perf; then
   done
 fi
 
-if has pipe; then  # the expert-shared kernels with and without their register double buffer
-  for pipe in ${PIPES:-0 1 2 3}; do
+if has ring; then  # the expert-shared kernels with their weights through the shared-memory ring and without
+  for ring in ${RINGS:-0 1}; do
     [ "$(left)" -gt 40 ] || break
-    echo "== CudaPerf batched_mm, MOEX_CUDA_BATCHED_SHARED_PIPE=$pipe" | tee -a "$OUT/summary.txt"
-    MOEX_CUDA_BATCHED_SHARED_PIPE=$pipe MOEX_CUDA_PERF=1 MOEX_CUDA_PERF_BACKENDS=batched_mm MOEX_CUDA_PERF_TOKENS=32,64,128,512 \
+    echo "== CudaPerf batched_mm, MOEX_CUDA_BATCHED_SHARED_RING=$ring" | tee -a "$OUT/summary.txt"
+    MOEX_CUDA_BATCHED_SHARED_RING=$ring MOEX_CUDA_PERF=1 MOEX_CUDA_PERF_BACKENDS=batched_mm MOEX_CUDA_PERF_TOKENS=32,64,128,512 \
       MOEX_CUDA_PERF_SHAPES=qwen3_30b_a3b,qwen15_moe_a2_7b,mixtral_8x7b,deepseek_v3 \
-      timeout $(( $(left) - 10 )) "$BUILD/moex_tests" --gtest_filter='CudaPerf.Shapes' > "$OUT/pipe_$pipe.log" 2>&1
-    grep -E "^PERF" "$OUT/pipe_$pipe.log" | tee -a "$OUT/summary.txt"
+      timeout $(( $(left) - 10 )) "$BUILD/moex_tests" --gtest_filter='CudaPerf.Shapes' > "$OUT/ring_$ring.log" 2>&1
+    grep -E "^PERF" "$OUT/ring_$ring.log" | tee -a "$OUT/summary.txt"
   done
 fi
 
@@ -99,4 +99,6 @@ if has suite && [ "$(left)" -gt 100 ]; then
 fi
 
 echo "done at $(( $(date +%s) - t0 )) s" | tee -a "$OUT/summary.txt"
+# everything but the summary in one archive (a call brings back only a few files)
+( cd "$OUT" && tar czf logs.tgz --exclude=summary.txt --exclude=logs.tgz . && find . -type f ! -name summary.txt ! -name logs.tgz -delete )
 ls "$OUT"

@@ -11,6 +11,7 @@
 // Weights stored [E, out, in] (default) use one warp per output row; transposed weights
 // [E, in, out] use 64 output columns × 4 k-slices per block (coalesced along the output dim).
 #include "backends/cuda/cuda_common.cuh"
+#include "backends/cuda/mma_ptx.cuh"
 #include "backends/cuda/pdl.cuh"
 
 namespace moex::cuda {
@@ -254,6 +255,13 @@ __global__ void __launch_bounds__(THREADS) batched_down_nt(BatchedArgs a) {
 // first form with one row per warp was latency-bound (qwen3_30b_a3b T = 64, H100: 0.669 ms against
 // grouped_mm's 0.421; the down kernel's warps read 1.5 KB each, three loads per lane in flight).
 constexpr int kSharedUpChannels = 2, kSharedDownRows = 4;
+// RING (MOEX_CUDA_BATCHED_SHARED_RING, default on): each lane streams its own 16-byte weight chunks
+// through a kRingStages-deep ring in shared memory with cp.async, kRingStages − 1 chunks per weight row
+// in flight while it computes one, at no register cost. Without it the chunks are loaded into registers
+// in the loop. A register double buffer (the next chunk's loads issued before this chunk's arithmetic)
+// was slower (H100, 2026-12-07, docs/PERF.md, fifty-sixth session: qwen3_30b_a3b T = 64 0.649 ms against
+// 0.578): its 94 / 120 registers left 16 warps per SM.
+constexpr int kRingStages = 3;
 
 // The tile's rows: pair ids (sorted order) and their activation rows as 16-byte chunks.
 template <class T>
@@ -268,72 +276,105 @@ __device__ __forceinline__ int tile_rows(const BatchedArgs& a, const int4& tile,
   return rows;
 }
 
+// The NW weight rows' 16-byte chunks c = lane + 32k for k = 0, 1, ... in the lane's order: from a
+// per-warp ring in shared memory ([kRingStages][NW][32] uint4, RING) or straight from global memory.
+template <int NW, bool RING, bool CS>
+struct WeightChunks {
+  const uint4* rows[NW];
+  int64_t nv;       // chunks per row
+  uint32_t ring;    // shared address of this warp's ring (RING)
+  int lane;
+
+  __device__ void issue(int64_t k) {  // RING: request chunk k of every row (one commit group)
+    const int64_t c = lane + 32 * k;
+    const int slot = int(k % kRingStages);
+#pragma unroll
+    for (int w = 0; w < NW; ++w)
+      ptx::cp_async16(ring + uint32_t(((slot * NW + w) * 32 + lane) * 16), c < nv ? rows[w] + c : rows[w], c < nv);
+    ptx::cp_async_commit();
+  }
+  __device__ void start() {
+    if constexpr (RING)
+#pragma unroll
+      for (int k = 0; k < kRingStages - 1; ++k) issue(k);
+  }
+  // chunk k of every row into w (c = lane + 32k < nv for this lane; the call itself is warp-uniform)
+  __device__ void next(int64_t k, uint4 (&w)[NW]) {
+    const int64_t c = lane + 32 * k;
+    if constexpr (RING) {
+      ptx::cp_async_wait<kRingStages - 2>();  // chunk k landed (this lane's own copies)
+      issue(k + kRingStages - 1);             // into the slot chunk k − 1 used, already consumed
+      if (c < nv) {
+        const int slot = int(k % kRingStages);
+#pragma unroll
+        for (int q = 0; q < NW; ++q) w[q] = ptx::lds128(ring + uint32_t(((slot * NW + q) * 32 + lane) * 16));
+      }
+    } else if (c < nv) {
+#pragma unroll
+      for (int q = 0; q < NW; ++q) w[q] = load_weight<CS>(rows[q] + c);
+    }
+  }
+};
+
+template <int NW, bool RING>
+constexpr size_t ring_bytes() { return RING ? size_t(THREADS / 32) * kRingStages * NW * 32 * 16 : 0; }
+
 // up, weights [E, R, H]: grid (plan tile, I / (8·NC)); a warp computes NC consecutive channels
 // i0 .. i0+NC-1 for the tile's rows. h[p, i] by pair p (the down kernel reads it through sorted_pairs).
-template <class T, bool CS, bool GATE, bool PIPE>
-__global__ void __launch_bounds__(THREADS) shared_up_nt(BatchedArgs a) {
+template <class T, bool CS, bool GATE, bool RING>
+__global__ void __launch_bounds__(THREADS, 3) shared_up_nt(BatchedArgs a) {
   MOEX_CUDA_TRACE_BLOCK(k_batched_up);
   pdl_wait();  // the plan is the previous kernel's
   MOEX_CUDA_TRACE_WAITED();
   pdl_launch_dependents();
-  constexpr int NC = kSharedUpChannels;
+  constexpr int NC = kSharedUpChannels, NW = GATE ? 2 * NC : NC;  // weight rows per warp: (gate, up) per channel
+  extern __shared__ uint4 s_ring[];
   const int4 tile = a.plan.tiles[blockIdx.x];  // (expert, first row, end row)
   if (tile.x < 0) return;                      // past the plan's tiles
-  const int64_t i0 = (int64_t(blockIdx.y) * (THREADS / 32) + (threadIdx.x >> 5)) * NC;
+  const int warp = threadIdx.x >> 5;
+  const int64_t i0 = (int64_t(blockIdx.y) * (THREADS / 32) + warp) * NC;
   if (i0 >= a.I) return;
   const int lane = threadIdx.x & 31;
   const int64_t e = tile.x, H = a.H, I = a.I, R = GATE ? 2 * I : I;
   constexpr int V = 16 / sizeof(T);
-  const int64_t nv = H / V;
   int64_t pair[kSharedRows];
   const uint4* xv[kSharedRows];
   const int rows = tile_rows<T>(a, tile, a.hidden, H, /*by_token=*/true, pair, xv);
   const T* W = static_cast<const T*>(a.gate_up) + e * R * H;
-  const uint4* gv[NC];
-  const uint4* uv[NC];
+  WeightChunks<NW, RING, CS> wc;
+  wc.nv = H / V;
+  wc.lane = lane;
+  wc.ring = ptx::smem_u32(s_ring + size_t(warp) * kRingStages * NW * 32);
   int64_t wg[NC], wu[NC];
 #pragma unroll
   for (int q = 0; q < NC; ++q) {
     const int64_t i = i0 + q < I ? i0 + q : I - 1;  // past I: a valid row, its result not written
     wg[q] = GATE && a.interleaved ? 2 * i : i;
     wu[q] = a.interleaved ? 2 * i + 1 : I + i;
-    gv[q] = reinterpret_cast<const uint4*>(W + wg[q] * H);
-    uv[q] = reinterpret_cast<const uint4*>(W + (GATE ? wu[q] : wg[q]) * H);
+    wc.rows[GATE ? 2 * q : q] = reinterpret_cast<const uint4*>(W + wg[q] * H);
+    if constexpr (GATE) wc.rows[2 * q + 1] = reinterpret_cast<const uint4*>(W + wu[q] * H);
   }
+  wc.start();
   float g[NC][kSharedRows], u[NC][kSharedRows];
 #pragma unroll
   for (int q = 0; q < NC; ++q)
 #pragma unroll
     for (int r = 0; r < kSharedRows; ++r) g[q][r] = u[q][r] = 0.0f;
-  // weights double-buffered in registers: the next chunk's requested before this chunk's arithmetic
-  uint4 wga[NC], wua[NC];
-  auto load_chunk = [&](int64_t c, uint4 (&wg_)[NC], uint4 (&wu_)[NC]) {
-#pragma unroll
-    for (int q = 0; q < NC; ++q) {
-      wg_[q] = load_weight<CS>(gv[q] + c);
-      if constexpr (GATE) wu_[q] = load_weight<CS>(uv[q] + c);
-    }
-  };
-  if (PIPE && lane < nv) load_chunk(lane, wga, wua);
-  for (int64_t c = lane; c < nv; c += 32) {
-    uint4 nga[NC], nua[NC];
-    if (!PIPE) load_chunk(c, wga, wua);
-    else if (c + 32 < nv) load_chunk(c + 32, nga, nua);
+  const int64_t iters = (wc.nv + 31) / 32;  // warp-uniform: every lane steps through the same k
+  for (int64_t k = 0; k < iters; ++k) {
+    uint4 w[NW];
+    wc.next(k, w);
+    const int64_t c = lane + 32 * k;
+    if (c >= wc.nv) continue;
 #pragma unroll
     for (int r = 0; r < kSharedRows; ++r)
       if (r < rows) {
         const uint4 xa = __ldg(xv[r] + c);
 #pragma unroll
         for (int q = 0; q < NC; ++q) {
-          g[q][r] = dot_vec<T>(xa, wga[q], g[q][r]);
-          if constexpr (GATE) u[q][r] = dot_vec<T>(xa, wua[q], u[q][r]);
+          g[q][r] = dot_vec<T>(xa, w[GATE ? 2 * q : q], g[q][r]);
+          if constexpr (GATE) u[q][r] = dot_vec<T>(xa, w[2 * q + 1], u[q][r]);
         }
-      }
-    if constexpr (PIPE)
-#pragma unroll
-      for (int q = 0; q < NC; ++q) {
-        wga[q] = nga[q];
-        if constexpr (GATE) wua[q] = nua[q];
       }
   }
   const T* bias = a.gate_up_bias ? static_cast<const T*>(a.gate_up_bias) + e * R : nullptr;
@@ -364,55 +405,51 @@ __global__ void __launch_bounds__(THREADS) shared_up_nt(BatchedArgs a) {
 // down, weights [E, H, I]: grid (plan tile, H / (8·NR)); a warp computes NR consecutive outputs
 // n0 .. n0+NR-1 for the tile's rows: y[row, n] = h[pair(row)] · Wdᵉ[n] in f32 by sorted row (no bias:
 // the combine adds it).
-template <class T, bool CS, bool PIPE>
-__global__ void __launch_bounds__(THREADS) shared_down_nt(BatchedArgs a) {
+template <class T, bool CS, bool RING>
+__global__ void __launch_bounds__(THREADS, 3) shared_down_nt(BatchedArgs a) {
   MOEX_CUDA_TRACE_BLOCK(k_batched_down);
   pdl_wait();
   MOEX_CUDA_TRACE_WAITED();
   pdl_launch_dependents();
   constexpr int NR = kSharedDownRows;
+  extern __shared__ uint4 s_ring[];
   const int4 tile = a.plan.tiles[blockIdx.x];
   if (tile.x < 0) return;
-  const int64_t n0 = (int64_t(blockIdx.y) * (THREADS / 32) + (threadIdx.x >> 5)) * NR;
+  const int warp = threadIdx.x >> 5;
+  const int64_t n0 = (int64_t(blockIdx.y) * (THREADS / 32) + warp) * NR;
   if (n0 >= a.H) return;
   const int lane = threadIdx.x & 31;
   const int64_t e = tile.x, H = a.H, I = a.I;
   constexpr int V = 16 / sizeof(T);
-  const int64_t nv = I / V;
   int64_t pair[kSharedRows];
   const uint4* hv[kSharedRows];
   const int rows = tile_rows<T>(a, tile, a.h, I, /*by_token=*/false, pair, hv);
-  const uint4* wv[NR];
+  WeightChunks<NR, RING, CS> wc;
+  wc.nv = I / V;
+  wc.lane = lane;
+  wc.ring = ptx::smem_u32(s_ring + size_t(warp) * kRingStages * NR * 32);
 #pragma unroll
   for (int q = 0; q < NR; ++q)
-    wv[q] = reinterpret_cast<const uint4*>(static_cast<const T*>(a.down) + (e * H + (n0 + q < H ? n0 + q : H - 1)) * I);
+    wc.rows[q] = reinterpret_cast<const uint4*>(static_cast<const T*>(a.down) + (e * H + (n0 + q < H ? n0 + q : H - 1)) * I);
+  wc.start();
   float part[NR][kSharedRows];
 #pragma unroll
   for (int q = 0; q < NR; ++q)
 #pragma unroll
     for (int r = 0; r < kSharedRows; ++r) part[q][r] = 0.0f;
-  uint4 wa[NR];  // double-buffered as in shared_up_nt
-  if (PIPE && lane < nv)
-#pragma unroll
-    for (int q = 0; q < NR; ++q) wa[q] = load_weight<CS>(wv[q] + lane);
-  for (int64_t c = lane; c < nv; c += 32) {
-    uint4 na[NR];
-    if (!PIPE)
-#pragma unroll
-      for (int q = 0; q < NR; ++q) wa[q] = load_weight<CS>(wv[q] + c);
-    else if (c + 32 < nv)
-#pragma unroll
-      for (int q = 0; q < NR; ++q) na[q] = load_weight<CS>(wv[q] + c + 32);
+  const int64_t iters = (wc.nv + 31) / 32;  // warp-uniform: every lane steps through the same k
+  for (int64_t k = 0; k < iters; ++k) {
+    uint4 w[NR];
+    wc.next(k, w);
+    const int64_t c = lane + 32 * k;
+    if (c >= wc.nv) continue;
 #pragma unroll
     for (int r = 0; r < kSharedRows; ++r)
       if (r < rows) {
         const uint4 ha = __ldg(hv[r] + c);
 #pragma unroll
-        for (int q = 0; q < NR; ++q) part[q][r] = dot_vec<T>(ha, wa[q], part[q][r]);
+        for (int q = 0; q < NR; ++q) part[q][r] = dot_vec<T>(ha, w[q], part[q][r]);
       }
-    if constexpr (PIPE)
-#pragma unroll
-      for (int q = 0; q < NR; ++q) wa[q] = na[q];
   }
 #pragma unroll
   for (int q = 0; q < NR; ++q) {
@@ -553,6 +590,13 @@ void launch_vec(const BatchedArgs& a, dim3 g_up, dim3 g_down, cudaStream_t strea
   launch_pdl("batched_down_nt", down, g_down, dim3(THREADS), 0, stream, a);
 }
 
+// MOEX_CUDA_BATCHED_SHARED_RING=0: the expert-shared kernels load their weights into registers
+// instead of the shared-memory ring (A/B measurement; the same bits). Read per call.
+bool shared_ring_enabled() {
+  const char* e = std::getenv("MOEX_CUDA_BATCHED_SHARED_RING");
+  return !(e && *e == '0');
+}
+
 // The expert-shared form: plan, up, down, combine (the last three chained with PDL).
 template <class T, bool CS>
 void launch_shared(const BatchedArgs& a, DType dtype, cudaStream_t stream) {
@@ -560,15 +604,20 @@ void launch_shared(const BatchedArgs& a, DType dtype, cudaStream_t stream) {
   const int warps = THREADS / 32;
   build_plan(a.plan, a.idx, a.idx64, S, a.E, stream);
   const unsigned tiles = unsigned(a.plan.max_tiles);
-  // MOEX_CUDA_BATCHED_SHARED_PIPE (A/B, temporary): bit 0 up kernel pipelined, bit 1 down kernel
-  const char* pe = std::getenv("MOEX_CUDA_BATCHED_SHARED_PIPE");
-  const int pipe = pe && *pe ? std::atoi(pe) : 3;
-  const auto up = a.has_gate ? ((pipe & 1) ? shared_up_nt<T, CS, true, true> : shared_up_nt<T, CS, true, false>)
-                             : ((pipe & 1) ? shared_up_nt<T, CS, false, true> : shared_up_nt<T, CS, false, false>);
-  launch_pdl("shared_up_nt", up, dim3(tiles, unsigned(ceil_div(a.I, int64_t(warps) * kSharedUpChannels))), dim3(THREADS), 0,
-             stream, a);
-  launch_pdl("shared_down_nt", (pipe & 2) ? shared_down_nt<T, CS, true> : shared_down_nt<T, CS, false>,
-             dim3(tiles, unsigned(ceil_div(a.H, int64_t(warps) * kSharedDownRows))), dim3(THREADS), 0, stream, a);
+  if (shared_ring_enabled()) {
+    constexpr int UPW = kSharedUpChannels * 2;  // ring rows of the gated up kernel (the plain one uses half)
+    launch_pdl("shared_up_nt", a.has_gate ? shared_up_nt<T, CS, true, true> : shared_up_nt<T, CS, false, true>,
+               dim3(tiles, unsigned(ceil_div(a.I, int64_t(warps) * kSharedUpChannels))), dim3(THREADS),
+               a.has_gate ? ring_bytes<UPW, true>() : ring_bytes<UPW / 2, true>(), stream, a);
+    launch_pdl("shared_down_nt", shared_down_nt<T, CS, true>,
+               dim3(tiles, unsigned(ceil_div(a.H, int64_t(warps) * kSharedDownRows))), dim3(THREADS),
+               ring_bytes<kSharedDownRows, true>(), stream, a);
+  } else {
+    launch_pdl("shared_up_nt", a.has_gate ? shared_up_nt<T, CS, true, false> : shared_up_nt<T, CS, false, false>,
+               dim3(tiles, unsigned(ceil_div(a.I, int64_t(warps) * kSharedUpChannels))), dim3(THREADS), 0, stream, a);
+    launch_pdl("shared_down_nt", shared_down_nt<T, CS, false>,
+               dim3(tiles, unsigned(ceil_div(a.H, int64_t(warps) * kSharedDownRows))), dim3(THREADS), 0, stream, a);
+  }
   CombineArgs c{};
   c.y = a.y;
   c.pair_to_row = a.plan.pair_to_row;
