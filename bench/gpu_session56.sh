@@ -100,5 +100,6 @@ fi
 
 echo "done at $(( $(date +%s) - t0 )) s" | tee -a "$OUT/summary.txt"
 # everything but the summary in one archive (a call brings back only a few files)
-( cd "$OUT" && tar czf logs.tgz --exclude=summary.txt --exclude=logs.tgz . && find . -type f ! -name summary.txt ! -name logs.tgz -delete )
+( cd "$OUT" && tar czf /tmp/logs56.tgz --exclude=summary.txt . && find . -type f ! -name summary.txt -delete &&
+  mv /tmp/logs56.tgz logs.tgz )
 ls "$OUT"

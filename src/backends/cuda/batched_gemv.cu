@@ -11,7 +11,6 @@
 // Weights stored [E, out, in] (default) use one warp per output row; transposed weights
 // [E, in, out] use 64 output columns × 4 k-slices per block (coalesced along the output dim).
 #include "backends/cuda/cuda_common.cuh"
-#include "backends/cuda/mma_ptx.cuh"
 #include "backends/cuda/pdl.cuh"
 
 namespace moex::cuda {
@@ -255,13 +254,13 @@ __global__ void __launch_bounds__(THREADS) batched_down_nt(BatchedArgs a) {
 // first form with one row per warp was latency-bound (qwen3_30b_a3b T = 64, H100: 0.669 ms against
 // grouped_mm's 0.421; the down kernel's warps read 1.5 KB each, three loads per lane in flight).
 constexpr int kSharedUpChannels = 2, kSharedDownRows = 4;
-// RING (MOEX_CUDA_BATCHED_SHARED_RING, default on): each lane streams its own 16-byte weight chunks
-// through a kRingStages-deep ring in shared memory with cp.async, kRingStages − 1 chunks per weight row
-// in flight while it computes one, at no register cost. Without it the chunks are loaded into registers
-// in the loop. A register double buffer (the next chunk's loads issued before this chunk's arithmetic)
-// was slower (H100, 2026-12-07, docs/PERF.md, fifty-sixth session: qwen3_30b_a3b T = 64 0.649 ms against
-// 0.578): its 94 / 120 registers left 16 warps per SM.
-constexpr int kRingStages = 3;
+// The weights are loaded into registers in the chunk loop; __launch_bounds__(THREADS, 3) keeps the
+// kernels at <= 80 registers, three blocks (24 warps) per SM. Measured on an H100 (2026-12-07, docs/PERF.md,
+// fifty-sixth session) and removed: a register double buffer (the next chunk's loads issued before this
+// chunk's arithmetic; 94 / 120 registers, 16 warps per SM): qwen3_30b_a3b T = 64 0.649 ms against 0.578;
+// the weights through a 3-stage per-warp shared-memory ring filled by cp.async (48 KB per block; not
+// profiled — perhaps L1 left too small for the tiles' activation rows): 0.580 against 0.547, deepseek_v3
+// T = 512 34.4 against 27.5.
 
 // The tile's rows: pair ids (sorted order) and their activation rows as 16-byte chunks.
 template <class T>
@@ -276,63 +275,18 @@ __device__ __forceinline__ int tile_rows(const BatchedArgs& a, const int4& tile,
   return rows;
 }
 
-// The NW weight rows' 16-byte chunks c = lane + 32k for k = 0, 1, ... in the lane's order: from a
-// per-warp ring in shared memory ([kRingStages][NW][32] uint4, RING) or straight from global memory.
-template <int NW, bool RING, bool CS>
-struct WeightChunks {
-  const uint4* rows[NW];
-  int64_t nv;       // chunks per row
-  uint32_t ring;    // shared address of this warp's ring (RING)
-  int lane;
-
-  __device__ void issue(int64_t k) {  // RING: request chunk k of every row (one commit group)
-    const int64_t c = lane + 32 * k;
-    const int slot = int(k % kRingStages);
-#pragma unroll
-    for (int w = 0; w < NW; ++w)
-      ptx::cp_async16(ring + uint32_t(((slot * NW + w) * 32 + lane) * 16), c < nv ? rows[w] + c : rows[w], c < nv);
-    ptx::cp_async_commit();
-  }
-  __device__ void start() {
-    if constexpr (RING)
-#pragma unroll
-      for (int k = 0; k < kRingStages - 1; ++k) issue(k);
-  }
-  // chunk k of every row into w (c = lane + 32k < nv for this lane; the call itself is warp-uniform)
-  __device__ void next(int64_t k, uint4 (&w)[NW]) {
-    const int64_t c = lane + 32 * k;
-    if constexpr (RING) {
-      ptx::cp_async_wait<kRingStages - 2>();  // chunk k landed (this lane's own copies)
-      issue(k + kRingStages - 1);             // into the slot chunk k − 1 used, already consumed
-      if (c < nv) {
-        const int slot = int(k % kRingStages);
-#pragma unroll
-        for (int q = 0; q < NW; ++q) w[q] = ptx::lds128(ring + uint32_t(((slot * NW + q) * 32 + lane) * 16));
-      }
-    } else if (c < nv) {
-#pragma unroll
-      for (int q = 0; q < NW; ++q) w[q] = load_weight<CS>(rows[q] + c);
-    }
-  }
-};
-
-template <int NW, bool RING>
-constexpr size_t ring_bytes() { return RING ? size_t(THREADS / 32) * kRingStages * NW * 32 * 16 : 0; }
-
 // up, weights [E, R, H]: grid (plan tile, I / (8·NC)); a warp computes NC consecutive channels
 // i0 .. i0+NC-1 for the tile's rows. h[p, i] by pair p (the down kernel reads it through sorted_pairs).
-template <class T, bool CS, bool GATE, bool RING>
+template <class T, bool CS, bool GATE>
 __global__ void __launch_bounds__(THREADS, 3) shared_up_nt(BatchedArgs a) {
   MOEX_CUDA_TRACE_BLOCK(k_batched_up);
   pdl_wait();  // the plan is the previous kernel's
   MOEX_CUDA_TRACE_WAITED();
   pdl_launch_dependents();
   constexpr int NC = kSharedUpChannels, NW = GATE ? 2 * NC : NC;  // weight rows per warp: (gate, up) per channel
-  extern __shared__ uint4 s_ring[];
   const int4 tile = a.plan.tiles[blockIdx.x];  // (expert, first row, end row)
   if (tile.x < 0) return;                      // past the plan's tiles
-  const int warp = threadIdx.x >> 5;
-  const int64_t i0 = (int64_t(blockIdx.y) * (THREADS / 32) + warp) * NC;
+  const int64_t i0 = (int64_t(blockIdx.y) * (THREADS / 32) + (threadIdx.x >> 5)) * NC;
   if (i0 >= a.I) return;
   const int lane = threadIdx.x & 31;
   const int64_t e = tile.x, H = a.H, I = a.I, R = GATE ? 2 * I : I;
@@ -340,32 +294,31 @@ __global__ void __launch_bounds__(THREADS, 3) shared_up_nt(BatchedArgs a) {
   int64_t pair[kSharedRows];
   const uint4* xv[kSharedRows];
   const int rows = tile_rows<T>(a, tile, a.hidden, H, /*by_token=*/true, pair, xv);
+  const int64_t nv = H / V;
   const T* W = static_cast<const T*>(a.gate_up) + e * R * H;
-  WeightChunks<NW, RING, CS> wc;
-  wc.nv = H / V;
-  wc.lane = lane;
-  wc.ring = ptx::smem_u32(s_ring + size_t(warp) * kRingStages * NW * 32);
+  const uint4* wrow[NW];  // (gate, up) rows of each channel, or its one row
   int64_t wg[NC], wu[NC];
 #pragma unroll
   for (int q = 0; q < NC; ++q) {
     const int64_t i = i0 + q < I ? i0 + q : I - 1;  // past I: a valid row, its result not written
     wg[q] = GATE && a.interleaved ? 2 * i : i;
     wu[q] = a.interleaved ? 2 * i + 1 : I + i;
-    wc.rows[GATE ? 2 * q : q] = reinterpret_cast<const uint4*>(W + wg[q] * H);
-    if constexpr (GATE) wc.rows[2 * q + 1] = reinterpret_cast<const uint4*>(W + wu[q] * H);
+    wrow[GATE ? 2 * q : q] = reinterpret_cast<const uint4*>(W + wg[q] * H);
+    if constexpr (GATE) wrow[2 * q + 1] = reinterpret_cast<const uint4*>(W + wu[q] * H);
   }
-  wc.start();
   float g[NC][kSharedRows], u[NC][kSharedRows];
 #pragma unroll
   for (int q = 0; q < NC; ++q)
 #pragma unroll
     for (int r = 0; r < kSharedRows; ++r) g[q][r] = u[q][r] = 0.0f;
-  const int64_t iters = (wc.nv + 31) / 32;  // warp-uniform: every lane steps through the same k
-  for (int64_t k = 0; k < iters; ++k) {
-    uint4 w[NW];
-    wc.next(k, w);
+  // k counts the warp's steps (the same for every lane: a lane past nv sits the last one out)
+  const int64_t steps = (nv + 31) / 32;
+  for (int64_t k = 0; k < steps; ++k) {
     const int64_t c = lane + 32 * k;
-    if (c >= wc.nv) continue;
+    if (c >= nv) continue;
+    uint4 w[NW];
+#pragma unroll
+    for (int q = 0; q < NW; ++q) w[q] = load_weight<CS>(wrow[q] + c);
 #pragma unroll
     for (int r = 0; r < kSharedRows; ++r)
       if (r < rows) {
@@ -405,18 +358,16 @@ __global__ void __launch_bounds__(THREADS, 3) shared_up_nt(BatchedArgs a) {
 // down, weights [E, H, I]: grid (plan tile, H / (8·NR)); a warp computes NR consecutive outputs
 // n0 .. n0+NR-1 for the tile's rows: y[row, n] = h[pair(row)] · Wdᵉ[n] in f32 by sorted row (no bias:
 // the combine adds it).
-template <class T, bool CS, bool RING>
+template <class T, bool CS>
 __global__ void __launch_bounds__(THREADS, 3) shared_down_nt(BatchedArgs a) {
   MOEX_CUDA_TRACE_BLOCK(k_batched_down);
   pdl_wait();
   MOEX_CUDA_TRACE_WAITED();
   pdl_launch_dependents();
   constexpr int NR = kSharedDownRows;
-  extern __shared__ uint4 s_ring[];
   const int4 tile = a.plan.tiles[blockIdx.x];
   if (tile.x < 0) return;
-  const int warp = threadIdx.x >> 5;
-  const int64_t n0 = (int64_t(blockIdx.y) * (THREADS / 32) + warp) * NR;
+  const int64_t n0 = (int64_t(blockIdx.y) * (THREADS / 32) + (threadIdx.x >> 5)) * NR;
   if (n0 >= a.H) return;
   const int lane = threadIdx.x & 31;
   const int64_t e = tile.x, H = a.H, I = a.I;
@@ -424,25 +375,24 @@ __global__ void __launch_bounds__(THREADS, 3) shared_down_nt(BatchedArgs a) {
   int64_t pair[kSharedRows];
   const uint4* hv[kSharedRows];
   const int rows = tile_rows<T>(a, tile, a.h, I, /*by_token=*/false, pair, hv);
-  WeightChunks<NR, RING, CS> wc;
-  wc.nv = I / V;
-  wc.lane = lane;
-  wc.ring = ptx::smem_u32(s_ring + size_t(warp) * kRingStages * NR * 32);
+  const int64_t nv = I / V;
+  const uint4* wrow[NR];  // past H: a valid row, its result not written
 #pragma unroll
   for (int q = 0; q < NR; ++q)
-    wc.rows[q] = reinterpret_cast<const uint4*>(static_cast<const T*>(a.down) + (e * H + (n0 + q < H ? n0 + q : H - 1)) * I);
-  wc.start();
+    wrow[q] = reinterpret_cast<const uint4*>(static_cast<const T*>(a.down) + (e * H + (n0 + q < H ? n0 + q : H - 1)) * I);
   float part[NR][kSharedRows];
 #pragma unroll
   for (int q = 0; q < NR; ++q)
 #pragma unroll
     for (int r = 0; r < kSharedRows; ++r) part[q][r] = 0.0f;
-  const int64_t iters = (wc.nv + 31) / 32;  // warp-uniform: every lane steps through the same k
-  for (int64_t k = 0; k < iters; ++k) {
-    uint4 w[NR];
-    wc.next(k, w);
+  // k counts the warp's steps (the same for every lane: a lane past nv sits the last one out)
+  const int64_t steps = (nv + 31) / 32;
+  for (int64_t k = 0; k < steps; ++k) {
     const int64_t c = lane + 32 * k;
-    if (c >= wc.nv) continue;
+    if (c >= nv) continue;
+    uint4 w[NR];
+#pragma unroll
+    for (int q = 0; q < NR; ++q) w[q] = load_weight<CS>(wrow[q] + c);
 #pragma unroll
     for (int r = 0; r < kSharedRows; ++r)
       if (r < rows) {
@@ -590,13 +540,6 @@ void launch_vec(const BatchedArgs& a, dim3 g_up, dim3 g_down, cudaStream_t strea
   launch_pdl("batched_down_nt", down, g_down, dim3(THREADS), 0, stream, a);
 }
 
-// MOEX_CUDA_BATCHED_SHARED_RING=0: the expert-shared kernels load their weights into registers
-// instead of the shared-memory ring (A/B measurement; the same bits). Read per call.
-bool shared_ring_enabled() {
-  const char* e = std::getenv("MOEX_CUDA_BATCHED_SHARED_RING");
-  return !(e && *e == '0');
-}
-
 // The expert-shared form: plan, up, down, combine (the last three chained with PDL).
 template <class T, bool CS>
 void launch_shared(const BatchedArgs& a, DType dtype, cudaStream_t stream) {
@@ -604,20 +547,10 @@ void launch_shared(const BatchedArgs& a, DType dtype, cudaStream_t stream) {
   const int warps = THREADS / 32;
   build_plan(a.plan, a.idx, a.idx64, S, a.E, stream);
   const unsigned tiles = unsigned(a.plan.max_tiles);
-  if (shared_ring_enabled()) {
-    constexpr int UPW = kSharedUpChannels * 2;  // ring rows of the gated up kernel (the plain one uses half)
-    launch_pdl("shared_up_nt", a.has_gate ? shared_up_nt<T, CS, true, true> : shared_up_nt<T, CS, false, true>,
-               dim3(tiles, unsigned(ceil_div(a.I, int64_t(warps) * kSharedUpChannels))), dim3(THREADS),
-               a.has_gate ? ring_bytes<UPW, true>() : ring_bytes<UPW / 2, true>(), stream, a);
-    launch_pdl("shared_down_nt", shared_down_nt<T, CS, true>,
-               dim3(tiles, unsigned(ceil_div(a.H, int64_t(warps) * kSharedDownRows))), dim3(THREADS),
-               ring_bytes<kSharedDownRows, true>(), stream, a);
-  } else {
-    launch_pdl("shared_up_nt", a.has_gate ? shared_up_nt<T, CS, true, false> : shared_up_nt<T, CS, false, false>,
-               dim3(tiles, unsigned(ceil_div(a.I, int64_t(warps) * kSharedUpChannels))), dim3(THREADS), 0, stream, a);
-    launch_pdl("shared_down_nt", shared_down_nt<T, CS, false>,
-               dim3(tiles, unsigned(ceil_div(a.H, int64_t(warps) * kSharedDownRows))), dim3(THREADS), 0, stream, a);
-  }
+  launch_pdl("shared_up_nt", a.has_gate ? shared_up_nt<T, CS, true> : shared_up_nt<T, CS, false>,
+             dim3(tiles, unsigned(ceil_div(a.I, int64_t(warps) * kSharedUpChannels))), dim3(THREADS), 0, stream, a);
+  launch_pdl("shared_down_nt", shared_down_nt<T, CS>, dim3(tiles, unsigned(ceil_div(a.H, int64_t(warps) * kSharedDownRows))),
+             dim3(THREADS), 0, stream, a);
   CombineArgs c{};
   c.y = a.y;
   c.pair_to_row = a.plan.pair_to_row;
