@@ -12,7 +12,7 @@
 #   ring   CudaPerf batched_mm (the default rule) with MOEX_CUDA_BATCHED_SHARED_RING=$RINGS (default "0 1": the
 #          weights loaded into registers / through the shared-memory ring) → ring_N.log
 #   prof   ncu of the expert-shared chain at qwen3_30b_a3b T = 64 → prof.txt
-#   ab     moex_model_bench --batches 1,8,64, switch+graphs and no_switch+graphs, with the default rule
+#   ab     moex_model_bench --batches $AB_BATCHES (default 1,8,64), switch+graphs and no_switch+graphs, with the default rule
 #          and with MOEX_CUDA_BATCHED_SHARED=0 → ab_{auto,0}.txt
 #   e2e    issue 5's end-to-end table beside the reference library (bench/gpu_session28.sh PARTS=model)
 #   suite  the GPU suite, $TEST_FILTER (default every CUDA and deepgemm test but the timed one) → tests.log
@@ -77,7 +77,7 @@ if has ab; then
     echo "== moex_model_bench, MOEX_CUDA_BATCHED_SHARED=$mode" | tee -a "$OUT/summary.txt"
     ( [ "$mode" = auto ] && unset MOEX_CUDA_BATCHED_SHARED || export MOEX_CUDA_BATCHED_SHARED=$mode
       timeout $(( $(left) - 5 )) "$BUILD/moex_model_bench" --layers 48 --prompt 2048 --decode-prompt 128 \
-        --new 64 --batches 1,8,64 --variants switch+graphs,no_switch+graphs --out "$OUT/ab_$mode.json" > "$OUT/ab_$mode.txt" 2>&1 )
+        --new 64 --batches ${AB_BATCHES:-1,8,64} --variants switch+graphs,no_switch+graphs --out "$OUT/ab_$mode.json" > "$OUT/ab_$mode.txt" 2>&1 )
     grep -vE "^\s*$" "$OUT/ab_$mode.txt" | tail -10 | tee -a "$OUT/summary.txt"
   done
 fi

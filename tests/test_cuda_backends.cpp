@@ -507,7 +507,7 @@ TEST_P(CudaEquivalence, BatchedMmWithSeveralChannelsPerWarpMatchesTheReference) 
   }
 }
 
-// batched_mm's expert-shared form (MOEX_CUDA_BATCHED_SHARED; by default where T·K >= 2E): the pairs
+// batched_mm's expert-shared form (MOEX_CUDA_BATCHED_SHARED; by default where T·K >= E): the pairs
 // sorted by expert and each expert's weight rows read once for all its pairs, each pair's arithmetic
 // unchanged. Forced on, every case must pass the harness (poisoned output, guards, the f64 reference)
 // and give the per-pair kernels' output bit for bit; with every slot dropped, zeros.

@@ -240,7 +240,7 @@ __global__ void __launch_bounds__(THREADS) batched_down_nt(BatchedArgs a) {
 }
 
 // ---- the expert-shared form (batched_shares_experts, cuda_common.cuh) ----
-// At T·K >= 2E most experts serve several pairs, and the per-pair kernels above read each expert's
+// At T·K >= E most experts serve several pairs, and the per-pair kernels above read each expert's
 // matrices once per pair: at batch 64 on Qwen3-30B-A3B (512 pairs, 128 experts) ~2.4 GB per layer
 // from L2 where 1.2 GB are distinct, a decode step 1.87x slower than grouped_mm's (H100, docs/PERF.md,
 // fifty-fifth session). Here the pairs come sorted by expert (the routing plan, tiles of kSharedRows
@@ -610,7 +610,10 @@ void launch_typed(const BatchedArgs& a_in, DType dtype, bool vec16, cudaStream_t
 bool batched_shares_experts(int64_t S, int64_t E, bool transposed) {
   if (transposed || S <= 0 || max_m_tiles(S, E, kSharedRows) > 65535) return false;
   if (const char* e = std::getenv("MOEX_CUDA_BATCHED_SHARED"); e && *e) return *e != '0';
-  return S >= 2 * E;
+  // from one pair per expert on average: forced on at S = E (H100, 2026-12-07, docs/PERF.md, fifty-sixth
+  // session) qwen3_30b_a3b T = 16 0.276 ms against 0.289 per pair, deepseek_v3 T = 32 4.56 against 4.95;
+  // below it slower (qwen3_30b_a3b T = 8: 0.188 against 0.181)
+  return S >= E;
 }
 
 void launch_batched(const BatchedArgs& a, DType dtype, bool vec16, cudaStream_t stream) {

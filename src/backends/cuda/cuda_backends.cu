@@ -6,7 +6,7 @@
 //               CUBLAS_COMPUTE_32F, f32 output; TF32 never used) around an activation kernel,
 //               and the shared combine kernel. Not capturable in a CUDA graph (host sync).
 //   batched_mm  GEMV kernels reading every pair's expert weights in place (batched_gemv.cu);
-//               where the pairs are at least twice the experts, a routing plan first so that each
+//               where the pairs are at least as many as the experts, a routing plan first so that each
 //               expert's weights are read once for all its pairs (same per-pair arithmetic), and
 //               combine.cu's slot-order sum. No host sync: capturable.
 //   grouped_mm  device routing plan (routing_plan.cu), grouped GEMM with the gated activation in

@@ -302,7 +302,7 @@ struct BatchedArgs {
 // kSharedRows rows), every block serving up to kSharedRows pairs of one expert so that each weight
 // row is read once for all of them, then combine.cu's slot-order sum. Each pair's dot products are
 // the per-pair kernels' to the bit (the same lanes, chunks and order). Chosen on the host from the
-// shapes: where the pairs are at least twice the experts (T·K >= 2E) and the weights are [E, out,
+// shapes: where the pairs are at least as many as the experts (T·K >= E) and the weights are [E, out,
 // in]; MOEX_CUDA_BATCHED_SHARED=0 / 1 forces it off / on wherever it can run (read per call).
 constexpr int kSharedRows = 8;
 bool batched_shares_experts(int64_t S, int64_t E, bool transposed);
