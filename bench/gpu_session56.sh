@@ -11,6 +11,7 @@
 #          then 1 (forced) → perf_{0,auto,1}.log
 #   ring   CudaPerf batched_mm (the default rule) with MOEX_CUDA_BATCHED_SHARED_RING=$RINGS (default "0 1": the
 #          weights loaded into registers / through the shared-memory ring) → ring_N.log
+#   occ    CudaPerf batched_mm and model steps at batches 32, 64 with MOEX_CUDA_BATCHED_SHARED_OCC=3 then 4 → occ_N.*
 #   prof   ncu of the expert-shared chain at qwen3_30b_a3b T = 64 → prof.txt
 #   ab     moex_model_bench --batches $AB_BATCHES (default 1,8,64), switch+graphs and no_switch+graphs, with the default rule
 #          and with MOEX_CUDA_BATCHED_SHARED=0 → ab_{auto,0}.txt
@@ -47,6 +48,20 @@ if has perf; then
         MOEX_CUDA_PERF_SHAPES=${PERF_SHAPES:-qwen3_30b_a3b,qwen15_moe_a2_7b,mixtral_8x7b,deepseek_v3} \
         timeout $(( $(left) - 10 )) "$BUILD/moex_tests" --gtest_filter='CudaPerf.Shapes' > "$OUT/perf_$mode.log" 2>&1 )
     grep -E "batched_mm|grouped_mm" "$OUT/perf_$mode.log" | grep -v "^\[" | head -60 | tee -a "$OUT/summary.txt"
+  done
+fi
+
+if has occ; then  # the expert-shared kernels compiled for 3 or 4 blocks per SM
+  for occ in 3 4; do
+    [ "$(left)" -gt 40 ] || break
+    echo "== CudaPerf batched_mm, MOEX_CUDA_BATCHED_SHARED_OCC=$occ" | tee -a "$OUT/summary.txt"
+    MOEX_CUDA_BATCHED_SHARED_OCC=$occ MOEX_CUDA_PERF=1 MOEX_CUDA_PERF_BACKENDS=batched_mm MOEX_CUDA_PERF_TOKENS=16,32,64,128 \
+      MOEX_CUDA_PERF_SHAPES=qwen3_30b_a3b,qwen15_moe_a2_7b,mixtral_8x7b,deepseek_v3 \
+      timeout $(( $(left) - 10 )) "$BUILD/moex_tests" --gtest_filter='CudaPerf.Shapes' > "$OUT/occ_$occ.log" 2>&1
+    grep -E "^PERF" "$OUT/occ_$occ.log" | tee -a "$OUT/summary.txt"
+    MOEX_CUDA_BATCHED_SHARED_OCC=$occ timeout $(( $(left) - 5 )) "$BUILD/moex_model_bench" --layers 48 --prompt 2048 \
+      --decode-prompt 128 --new 64 --batches 32,64 --variants switch+graphs --out "$OUT/occ_$occ.json" > "$OUT/occ_$occ.txt" 2>&1
+    grep -E "^decode" "$OUT/occ_$occ.txt" | tee -a "$OUT/summary.txt"
   done
 fi
 
