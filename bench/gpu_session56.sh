@@ -3,15 +3,14 @@
 # carried binaries:
 #   here:  PACK_TARGETS="moex_tests moex_model_bench moex" bash bench/gpu_prebuilt.sh pack /tmp/breal
 #   there: CALL_LIMIT=560 bash bench/gpu_prebuilt.sh run bench/gpu_session56.sh   (carry ["build-carry"])
-# Steps (PARTS, default "new ring ab e2e suite", in this order, each skipped when too little of CALL_LIMIT is left):
+# Steps (PARTS, default "new perf ab e2e suite", in this order, each skipped when too little of CALL_LIMIT is left):
 #   new    the new test (expert-shared form bit for bit with the per-pair kernels, all dtypes), batched_mm's
 #          other equivalence tests, the model's switching and graph tests → new_tests.log
 #   perf   CudaPerf, batched_mm and grouped_mm on the four SPEC §9 shapes at $PERF_TOKENS (default
 #          1,8,16,32,64,128,512), MOEX_CUDA_BATCHED_SHARED=0 (per pair) then unset (the default rule)
 #          then 1 (forced) → perf_{0,auto,1}.log
-#   ring   CudaPerf batched_mm (the default rule) with MOEX_CUDA_BATCHED_SHARED_RING=$RINGS (default "0 1": the
-#          weights loaded into registers / through the shared-memory ring) → ring_N.log
-#   occ    CudaPerf batched_mm and model steps at batches 32, 64 with MOEX_CUDA_BATCHED_SHARED_OCC=3 then 4 → occ_N.*
+#   (calls 3, 4 and 7 also had parts pipe, ring and occ: A/B runs of kernel variants chosen by temporary
+#   variables, removed with the variants they measured; docs/PERF.md, fifty-sixth session)
 #   prof   ncu of the expert-shared chain at qwen3_30b_a3b T = 64 → prof.txt
 #   ab     moex_model_bench --batches $AB_BATCHES (default 1,8,64), switch+graphs and no_switch+graphs, with the default rule
 #          and with MOEX_CUDA_BATCHED_SHARED=0 → ab_{auto,0}.txt
@@ -22,7 +21,7 @@ set -u
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 export BUILD=${BUILD:-build-gpu} MOEX_SOURCE_DIR=$PWD
-PARTS=${PARTS:-"new ring ab e2e suite"}
+PARTS=${PARTS:-"new perf ab e2e suite"}
 has() { [[ " $PARTS " == *" $1 "* ]]; }
 t0=$(date +%s)
 limit=${CALL_LIMIT:-560}
@@ -48,31 +47,6 @@ if has perf; then
         MOEX_CUDA_PERF_SHAPES=${PERF_SHAPES:-qwen3_30b_a3b,qwen15_moe_a2_7b,mixtral_8x7b,deepseek_v3} \
         timeout $(( $(left) - 10 )) "$BUILD/moex_tests" --gtest_filter='CudaPerf.Shapes' > "$OUT/perf_$mode.log" 2>&1 )
     grep -E "batched_mm|grouped_mm" "$OUT/perf_$mode.log" | grep -v "^\[" | head -60 | tee -a "$OUT/summary.txt"
-  done
-fi
-
-if has occ; then  # the expert-shared kernels compiled for 3 or 4 blocks per SM
-  for occ in 3 4; do
-    [ "$(left)" -gt 40 ] || break
-    echo "== CudaPerf batched_mm, MOEX_CUDA_BATCHED_SHARED_OCC=$occ" | tee -a "$OUT/summary.txt"
-    MOEX_CUDA_BATCHED_SHARED_OCC=$occ MOEX_CUDA_PERF=1 MOEX_CUDA_PERF_BACKENDS=batched_mm MOEX_CUDA_PERF_TOKENS=16,32,64,128 \
-      MOEX_CUDA_PERF_SHAPES=qwen3_30b_a3b,qwen15_moe_a2_7b,mixtral_8x7b,deepseek_v3 \
-      timeout $(( $(left) - 10 )) "$BUILD/moex_tests" --gtest_filter='CudaPerf.Shapes' > "$OUT/occ_$occ.log" 2>&1
-    grep -E "^PERF" "$OUT/occ_$occ.log" | tee -a "$OUT/summary.txt"
-    MOEX_CUDA_BATCHED_SHARED_OCC=$occ timeout $(( $(left) - 5 )) "$BUILD/moex_model_bench" --layers 48 --prompt 2048 \
-      --decode-prompt 128 --new 64 --batches 32,64 --variants switch+graphs --out "$OUT/occ_$occ.json" > "$OUT/occ_$occ.txt" 2>&1
-    grep -E "^decode" "$OUT/occ_$occ.txt" | tee -a "$OUT/summary.txt"
-  done
-fi
-
-if has ring; then  # the expert-shared kernels with their weights through the shared-memory ring and without
-  for ring in ${RINGS:-0 1}; do
-    [ "$(left)" -gt 40 ] || break
-    echo "== CudaPerf batched_mm, MOEX_CUDA_BATCHED_SHARED_RING=$ring" | tee -a "$OUT/summary.txt"
-    MOEX_CUDA_BATCHED_SHARED_RING=$ring MOEX_CUDA_PERF=1 MOEX_CUDA_PERF_BACKENDS=batched_mm MOEX_CUDA_PERF_TOKENS=32,64,128,512 \
-      MOEX_CUDA_PERF_SHAPES=qwen3_30b_a3b,qwen15_moe_a2_7b,mixtral_8x7b,deepseek_v3 \
-      timeout $(( $(left) - 10 )) "$BUILD/moex_tests" --gtest_filter='CudaPerf.Shapes' > "$OUT/ring_$ring.log" 2>&1
-    grep -E "^PERF" "$OUT/ring_$ring.log" | tee -a "$OUT/summary.txt"
   done
 fi
 

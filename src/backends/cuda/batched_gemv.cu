@@ -254,9 +254,10 @@ __global__ void __launch_bounds__(THREADS) batched_down_nt(BatchedArgs a) {
 // first form with one row per warp was latency-bound (qwen3_30b_a3b T = 64, H100: 0.669 ms against
 // grouped_mm's 0.421; the down kernel's warps read 1.5 KB each, three loads per lane in flight).
 constexpr int kSharedUpChannels = 2, kSharedDownRows = 4;
-// The weights are loaded into registers in the chunk loop; __launch_bounds__(THREADS, 3) keeps the
-// kernels at <= 80 registers, three blocks (24 warps) per SM. Measured on an H100 (2026-12-07, docs/PERF.md,
-// fifty-sixth session) and removed: a register double buffer (the next chunk's loads issued before this
+// The weights are loaded into registers in the chunk loop; __launch_bounds__(THREADS, 4) keeps the
+// kernels at <= 64 registers, four blocks (32 warps) per SM: against three blocks (<= 80 registers)
+// qwen3_30b_a3b T = 64 0.518 ms against 0.548, the 48-layer model's batch-64 step 28.95 against 30.60 ms
+// (H100, 2026-12-07, docs/PERF.md, fifty-sixth session, call 7). Measured there and removed: a register double buffer (the next chunk's loads issued before this
 // chunk's arithmetic; 94 / 120 registers, 16 warps per SM): qwen3_30b_a3b T = 64 0.649 ms against 0.578;
 // the weights through a 3-stage per-warp shared-memory ring filled by cp.async (48 KB per block; not
 // profiled — perhaps L1 left too small for the tiles' activation rows): 0.580 against 0.547, deepseek_v3
@@ -277,8 +278,8 @@ __device__ __forceinline__ int tile_rows(const BatchedArgs& a, const int4& tile,
 
 // up, weights [E, R, H]: grid (plan tile, I / (8·NC)); a warp computes NC consecutive channels
 // i0 .. i0+NC-1 for the tile's rows. h[p, i] by pair p (the down kernel reads it through sorted_pairs).
-template <class T, bool CS, bool GATE, int MINB>
-__global__ void __launch_bounds__(THREADS, MINB) shared_up_nt(BatchedArgs a) {
+template <class T, bool CS, bool GATE>
+__global__ void __launch_bounds__(THREADS, 4) shared_up_nt(BatchedArgs a) {
   MOEX_CUDA_TRACE_BLOCK(k_batched_up);
   pdl_wait();  // the plan is the previous kernel's
   MOEX_CUDA_TRACE_WAITED();
@@ -358,8 +359,8 @@ __global__ void __launch_bounds__(THREADS, MINB) shared_up_nt(BatchedArgs a) {
 // down, weights [E, H, I]: grid (plan tile, H / (8·NR)); a warp computes NR consecutive outputs
 // n0 .. n0+NR-1 for the tile's rows: y[row, n] = h[pair(row)] · Wdᵉ[n] in f32 by sorted row (no bias:
 // the combine adds it).
-template <class T, bool CS, int MINB>
-__global__ void __launch_bounds__(THREADS, MINB) shared_down_nt(BatchedArgs a) {
+template <class T, bool CS>
+__global__ void __launch_bounds__(THREADS, 4) shared_down_nt(BatchedArgs a) {
   MOEX_CUDA_TRACE_BLOCK(k_batched_down);
   pdl_wait();
   MOEX_CUDA_TRACE_WAITED();
@@ -547,15 +548,10 @@ void launch_shared(const BatchedArgs& a, DType dtype, cudaStream_t stream) {
   const int warps = THREADS / 32;
   build_plan(a.plan, a.idx, a.idx64, S, a.E, stream);
   const unsigned tiles = unsigned(a.plan.max_tiles);
-  // MOEX_CUDA_BATCHED_SHARED_OCC (A/B, temporary): blocks per SM the kernels are compiled for (3 or 4)
-  const char* oe = std::getenv("MOEX_CUDA_BATCHED_SHARED_OCC");
-  const bool four = oe && *oe == '4';
-  const auto up = four ? (a.has_gate ? shared_up_nt<T, CS, true, 4> : shared_up_nt<T, CS, false, 4>)
-                       : (a.has_gate ? shared_up_nt<T, CS, true, 3> : shared_up_nt<T, CS, false, 3>);
-  launch_pdl("shared_up_nt", up, dim3(tiles, unsigned(ceil_div(a.I, int64_t(warps) * kSharedUpChannels))), dim3(THREADS), 0,
-             stream, a);
-  launch_pdl("shared_down_nt", four ? shared_down_nt<T, CS, 4> : shared_down_nt<T, CS, 3>,
-             dim3(tiles, unsigned(ceil_div(a.H, int64_t(warps) * kSharedDownRows))), dim3(THREADS), 0, stream, a);
+  launch_pdl("shared_up_nt", a.has_gate ? shared_up_nt<T, CS, true> : shared_up_nt<T, CS, false>,
+             dim3(tiles, unsigned(ceil_div(a.I, int64_t(warps) * kSharedUpChannels))), dim3(THREADS), 0, stream, a);
+  launch_pdl("shared_down_nt", shared_down_nt<T, CS>, dim3(tiles, unsigned(ceil_div(a.H, int64_t(warps) * kSharedDownRows))),
+             dim3(THREADS), 0, stream, a);
   CombineArgs c{};
   c.y = a.y;
   c.pair_to_row = a.plan.pair_to_row;
