@@ -119,6 +119,24 @@ std::vector<check::Case> quant_cases(uint64_t seed, DType dt) {
 // 128 (partial k blocks, partial column blocks, partial 128-groups of h), skewed / dropped /
 // one-expert routing, f32 and UE8M0 scales, block_n 1 / 64 / 128, every epilogue, biases, i64
 // indices, K = E, and shapes that make the host pick 1 and 8 k slices per block.
+// Runs `backend` on case c with every routing slot dropped (index -1), its output poisoned with NaN
+// first; returns how many output bytes are not zero (+0 is all zero bytes in every dtype).
+int64_t nonzero_bytes_with_every_slot_dropped(const std::string& backend, const check::Case& c) {
+  check::Instance host = check::make_instance(c);
+  int32_t* idx = static_cast<int32_t*>(host.top_k_index.data());
+  for (int64_t i = 0; i < host.top_k_index.numel(); ++i) idx[i] = -1;
+  const check::Instance dev = host.to(Device::cuda());
+  Tensor poison = Tensor::empty(c.spec.dtype, {c.tokens, c.spec.hidden}, Device::cpu());
+  std::memset(poison.data(), 0xff, size_t(poison.nbytes()));  // NaN in every dtype
+  Tensor out = poison.to(Device::cuda());
+  experts_forward(backend, dev.experts(), dev.call(out));
+  const Tensor back = out.to(Device::cpu());  // (the copy waits for the forward)
+  const uint8_t* bytes = static_cast<const uint8_t*>(back.data());
+  int64_t nonzero = 0;
+  for (int64_t i = 0; i < back.nbytes(); ++i) nonzero += bytes[i] != 0;
+  return nonzero;
+}
+
 std::vector<check::Case> decode_cases(uint64_t seed, DType dt) {
   std::vector<check::Case> out;
   auto add = [&](check::Case c, QuantSpec q) {
@@ -277,21 +295,8 @@ TEST_P(CudaFp8Decode, AllSlotsDroppedGiveZeros) {
   for (const int64_t T : {1, 3, 8, 64}) {
     check::Case c = make_case(97, dt, 8, 256, 128, T, 2);
     c.spec.quant = QuantSpec::fp8_block();
-    check::Instance host = check::make_instance(c);
-    int32_t* idx = static_cast<int32_t*>(host.top_k_index.data());
-    for (int64_t i = 0; i < host.top_k_index.numel(); ++i) idx[i] = -1;
-    const check::Instance dev = host.to(Device::cuda());
-    Tensor poison = Tensor::empty(dt, {T, c.spec.hidden}, Device::cpu());
-    std::memset(poison.data(), 0xff, size_t(poison.nbytes()));  // NaN in every dtype
-    for (const std::string name : {"batched_mm", "grouped_mm"}) {
-      Tensor out = poison.to(Device::cuda());
-      experts_forward(name, dev.experts(), dev.call(out));
-      const Tensor back = out.to(Device::cpu());  // (the copy waits for the forward)
-      const uint8_t* bytes = static_cast<const uint8_t*>(back.data());  // +0 is all zero bytes in every dtype
-      int64_t nonzero = 0;
-      for (int64_t i = 0; i < back.nbytes(); ++i) nonzero += bytes[i] != 0;
-      EXPECT_EQ(nonzero, 0) << name << " T=" << T << ": bytes not zero";
-    }
+    for (const std::string name : {"batched_mm", "grouped_mm"})
+      EXPECT_EQ(nonzero_bytes_with_every_slot_dropped(name, c), 0) << name << " T=" << T << ": bytes not zero";
   }
 }
 
@@ -539,21 +544,9 @@ TEST_P(CudaEquivalence, BatchedMmExpertSharedFormMatchesThePerPairKernelsBitForB
     ++compared;
   }
   {  // every slot dropped: no tile, no up or down block with work; the output still written, zeros
-    check::Case c = make_case(seed + 5, dt, 8, 256, 128, 64, 2);
-    check::Instance host = check::make_instance(c);
-    int32_t* idx = static_cast<int32_t*>(host.top_k_index.data());
-    for (int64_t i = 0; i < host.top_k_index.numel(); ++i) idx[i] = -1;
-    const check::Instance dev = host.to(Device::cuda());
-    Tensor poison = Tensor::empty(dt, {c.tokens, c.spec.hidden}, Device::cpu());
-    std::memset(poison.data(), 0xff, size_t(poison.nbytes()));  // NaN in every dtype
-    Tensor out = poison.to(Device::cuda());
     ScopedEnv on("MOEX_CUDA_BATCHED_SHARED", "1");
-    experts_forward("batched_mm", dev.experts(), dev.call(out));
-    const Tensor back = out.to(Device::cpu());
-    const uint8_t* bytes = static_cast<const uint8_t*>(back.data());
-    int64_t nonzero = 0;
-    for (int64_t i = 0; i < back.nbytes(); ++i) nonzero += bytes[i] != 0;
-    EXPECT_EQ(nonzero, 0) << "all slots dropped: bytes not zero";
+    EXPECT_EQ(nonzero_bytes_with_every_slot_dropped("batched_mm", make_case(seed + 5, dt, 8, 256, 128, 64, 2)), 0)
+        << "all slots dropped: bytes not zero";
   }
   std::printf("batched_mm expert-shared form: %d cases bit for bit with the per-pair kernels, worst rel L2 %.2e\n",
               compared, worst);

@@ -257,8 +257,9 @@ constexpr int kSharedUpChannels = 2, kSharedDownRows = 4;
 // The weights are loaded into registers in the chunk loop; __launch_bounds__(THREADS, 4) keeps the
 // kernels at <= 64 registers, four blocks (32 warps) per SM: against three blocks (<= 80 registers)
 // qwen3_30b_a3b T = 64 0.518 ms against 0.548, the 48-layer model's batch-64 step 28.95 against 30.60 ms
-// (H100, 2026-12-07, docs/PERF.md, fifty-sixth session, call 7). Measured there and removed: a register double buffer (the next chunk's loads issued before this
-// chunk's arithmetic; 94 / 120 registers, 16 warps per SM): qwen3_30b_a3b T = 64 0.649 ms against 0.578;
+// (H100, 2026-12-07, docs/PERF.md, fifty-sixth session, call 7). Measured there and removed: a register
+// double buffer (the next chunk's loads issued before this chunk's arithmetic; 94 / 120 registers, 16 warps
+// per SM): qwen3_30b_a3b T = 64 0.649 ms against 0.578;
 // the weights through a 3-stage per-warp shared-memory ring filled by cp.async (48 KB per block; not
 // profiled — perhaps L1 left too small for the tiles' activation rows): 0.580 against 0.547, deepseek_v3
 // T = 512 34.4 against 27.5.
