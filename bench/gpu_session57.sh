@@ -6,6 +6,7 @@
 #          xz -T0 -6 -c /tmp/btrace/moex_model_bench > build-carry/moex_model_bench_trace.xz
 #          (/tmp/btrace: the same tree configured with -DMOEX_CUDA_TRACE=ON)
 #   there: CALL_LIMIT=570 bash bench/gpu_prebuilt.sh run bench/gpu_session57.sh   (carry ["build-carry"])
+# REQUIRE_GPU=H200: nothing runs unless the card's name contains it.
 # Steps (PARTS, default "new e2e suite ab trace", in this order, each skipped when too little of CALL_LIMIT is left):
 #   new    batched_mm's equivalence tests (the expert-shared form's 4-block kernels bit for bit with the per-pair
 #          ones), the model's switching and graph tests, the every-slot-dropped helper's tests → new_tests.log
@@ -27,8 +28,13 @@ t0=$(date +%s)
 limit=${CALL_LIMIT:-560}
 left() { echo $(( limit - ($(date +%s) - t0) )); }
 envs_of() { [ "${1:--}" = "-" ] && return; echo "${1//,/ }"; }
-echo "== $(nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,noheader | head -1); tree $(cat build-carry/commit 2> /dev/null); parts: $PARTS" |
-  tee "$OUT/summary.txt"
+gpu=$(nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,noheader | head -1)
+echo "== $gpu; tree $(cat build-carry/commit 2> /dev/null); parts: $PARTS" | tee "$OUT/summary.txt"
+# REQUIRE_GPU=H200: stop at once on any other card (a call that asks for the bar's card may get an H100)
+if [ -n "${REQUIRE_GPU:-}" ] && [[ "$gpu" != *"$REQUIRE_GPU"* ]]; then
+  echo "not a $REQUIRE_GPU: stopping" | tee -a "$OUT/summary.txt"
+  exit 0
+fi
 
 if has new && [ "$(left)" -gt 60 ]; then
   timeout $(( $(left) - 30 )) "$BUILD/moex_tests" \
