@@ -948,6 +948,44 @@ TEST(CudaModelGraphs, FusedNormsGiveTheSameBits) {
   }
 }
 
+// MOEX_CUDA_FUSE_IN_NORM=1: at one-row steps the qkv GEMV normalises x + the previous experts' output itself and
+// the o projection makes the residual add (kern::GemvFuse). Not the RMSNorm kernel's bits, so: one-row logits
+// within 1e-4 of the separate kernels' (f32 rounding apart; a routing flip would show as far more), at least one
+// fixture's bytes different (the fused path ran), several-row steps (not fused) byte for byte, greedy tokens
+// equal with CUDA graphs. MLA (deepseek_v3) keeps its norms: its bytes equal.
+TEST(CudaModelGraphs, FusedInputNormMatchesTheNormKernel) {
+  SKIP_WITHOUT_CUDA();
+  if (!fs::exists(fixture("qwen3_moe"))) GTEST_SKIP() << "no fixtures";
+  struct EnvRestore {
+    ~EnvRestore() { unsetenv("MOEX_CUDA_FUSE_IN_NORM"); }
+  } restore;
+  int fixtures_differing = 0;
+  for (const char* name : {"qwen3_moe", "qwen2_moe", "olmoe", "gpt_oss", "mixtral", "qwen3_vl_moe", "deepseek_v3"}) {
+    if (!fs::exists(fixture(name))) continue;
+    setenv("MOEX_CUDA_FUSE_IN_NORM", "0", 1);
+    Model plain = Model::from_pretrained(fixture(name).string(), {.dtype = DType::bf16, .device = Device::cuda()});
+    setenv("MOEX_CUDA_FUSE_IN_NORM", "1", 1);
+    Model fused = Model::from_pretrained(fixture(name).string(), {.dtype = DType::bf16, .device = Device::cuda()});
+    const std::vector<std::vector<int64_t>> one{{5}}, three{{5}, {9}, {2}};
+    const Tensor a1 = plain.forward(one), b1 = fused.forward(one);
+    ASSERT_EQ(a1.numel(), b1.numel());
+    const double err = rel_l2(b1.ptr<float>(), a1.ptr<float>(), a1.numel());
+    std::printf("fused input norm: %s one-row logits rel L2 %.3e against the norm kernel\n", name, err);
+    EXPECT_LE(err, 1e-4) << name;
+    const bool differ = std::memcmp(a1.data(), b1.data(), a1.nbytes()) != 0;
+    if (std::string(name) == "deepseek_v3") EXPECT_FALSE(differ) << "MLA layers keep their input norm";
+    fixtures_differing += differ ? 1 : 0;
+    const Tensor a3 = plain.forward(three), b3 = fused.forward(three);
+    EXPECT_EQ(std::memcmp(a3.data(), b3.data(), a3.nbytes()), 0) << name << ": three-row steps are not fused";
+    GenerateOptions g;
+    g.max_new_tokens = 6;
+    g.eos_token_id = std::vector<int64_t>{-1};
+    const std::vector<std::vector<int64_t>> prompt{{1, 5, 9, 13}};
+    EXPECT_EQ(plain.generate(prompt, g), fused.generate(prompt, g)) << name;
+  }
+  EXPECT_GT(fixtures_differing, 0) << "the fused input norm never ran";
+}
+
 // The router GEMV fused with the routing (decode steps) against the host: logits = x · Wᵀ (+ bias)
 // and moex::route on them, for 1..8 rows, softmax (qwen3_moe) and gpt_oss (router bias) kinds, bf16
 // and f16 weights, 128, 200 and 300 experts (4, 8 and 16 per lane in the routing); both kernels (the ticket kernel launched twice on one

@@ -158,6 +158,13 @@ struct CudaModel::Impl {
   // batch 1 — to be A/B'd there again.) The input norm inside the qkv GEMV the same way: +0.63 ms at
   // batch 1, removed.
   int fuse_post_norm = 1;  // 0: never, 1: one-row steps, 2: steps of <= kGemvMaxRows rows
+  // batch-1 decode steps: the input RMSNorm of a layer after an MoE layer done by the qkv GEMV itself — every warp
+  // reads the whole row anyway, so it adds the experts' output, sums the squares and scales its dot product
+  // (kern::GemvFuse; not the RMSNorm kernel's bits, the same values to f32 rounding) — and the residual add by the
+  // o projection: one kernel and one hand-off fewer per layer (MOEX_CUDA_FUSE_IN_NORM=1 on, 0 off). Unlike the
+  // forty-seventh session's form (every block normalising the row bit for bit before its dot products: +0.63 ms),
+  // nothing waits for a block-wide reduction.
+  bool fuse_in_norm = false;
   // the q/k/v post-processing issues every load of a head before its arithmetic
   // (MOEX_CUDA_POST_LOADS_FIRST=0: the loop form)
   bool post_loads_first = true;
@@ -660,7 +667,10 @@ struct CudaModel::Impl {
            kern::decode_attention_ok(int(dq), int(dv));
   }
 
-  void attention_layer(const DLayer& d, size_t l, int64_t T, int64_t n_tiles, const std::vector<Segment>* segs) {
+  // in_norm_fused (in_norm_fuses): this layer's input RMSNorm was not run; the qkv GEMV normalises x + the
+  // previous experts' output itself and the o projection makes the residual add.
+  void attention_layer(const DLayer& d, size_t l, int64_t T, int64_t n_tiles, const std::vector<Segment>* segs,
+                       bool in_norm_fused = false) {
     float* h = b.h.ptr<float>();
     const bool pre = dtc != 0;
     kern::AttentionParams ap{};
@@ -702,7 +712,13 @@ struct CudaModel::Impl {
       kern::launch_mla_post(mp, stream);
     } else {
       const int64_t width = (nh + 2 * nkv) * hd;
-      if (!skip(T, kSkipQkv)) linear(d.qkv, h, H, T, b.qkv.ptr<float>(), width, false, pre);
+      if (in_norm_fused) {
+        const kern::GemvFuse fz = in_norm_fuse(d);
+        kern::launch_gemv(d.qkv.w, code_of(d.qkv.dt), width, H, b.x.ptr<float>(), H, T, d.qkv.bias, nullptr,
+                          b.qkv.ptr<float>(), width, false, stream, fz);
+      } else if (!skip(T, kSkipQkv)) {
+        linear(d.qkv, h, H, T, b.qkv.ptr<float>(), width, false, pre);
+      }
       qp.qkv = b.qkv.ptr<float>();
       qp.T = T;
       qp.nh = int(nh);
@@ -732,7 +748,7 @@ struct CudaModel::Impl {
     if (use_gemm_attention(segs)) {
       if (use_flash_prefill()) flash_attention(l, *segs, ap.window, ap.sinks);
       else gemm_attention(l, T, *segs, ap.window, ap.sinks);
-      linear(d.o, b.attn.ptr<float>(), nh * dv, T, b.x.ptr<float>(), H, true);
+      o_projection(d, T, in_norm_fused);
       return;
     }
     if (flash_decode) {
@@ -770,7 +786,7 @@ struct CudaModel::Impl {
       dp.counters = b.dec_counters.ptr<int32_t>();
       dp.out = b.attn.ptr<float>();
       if (!skip(T, kSkipAttn)) kern::launch_decode_attention(dp, stream);
-      if (!skip(T, kSkipO)) linear(d.o, b.attn.ptr<float>(), nh * dv, T, b.x.ptr<float>(), H, true);
+      if (!skip(T, kSkipO)) o_projection(d, T, in_norm_fused);
       return;
     }
     ap.q = b.q.ptr<float>();
@@ -790,7 +806,39 @@ struct CudaModel::Impl {
     ap.slot = b.slot.ptr<int32_t>();
     ap.out = b.attn.ptr<float>();
     kern::launch_attention(ap, stream);
-    linear(d.o, b.attn.ptr<float>(), nh * dv, T, b.x.ptr<float>(), H, true);
+    o_projection(d, T, in_norm_fused);
+  }
+
+  // x += attn · Woᵀ; where the input norm was fused into the qkv GEMV, x += experts' output first (the
+  // residual add that norm would have made: (x + add) + o, the same order of additions).
+  void o_projection(const DLayer& d, int64_t T, bool in_norm_fused) {
+    if (!in_norm_fused) {
+      linear(d.o, b.attn.ptr<float>(), nh * dv, T, b.x.ptr<float>(), H, true);
+      return;
+    }
+    kern::GemvFuse fz;
+    fz.acc_add = b.xout.data();
+    fz.acc_add_dtype = dtc;
+    kern::launch_gemv(d.o.w, code_of(d.o.dt), H, nh * dv, b.attn.ptr<float>(), nh * dv, T, d.o.bias, nullptr,
+                      b.x.ptr<float>(), H, true, stream, fz);
+  }
+  kern::GemvFuse in_norm_fuse(const DLayer& d) const {
+    kern::GemvFuse fz;
+    fz.norm_add = b.xout.data();
+    fz.norm_add_dtype = dtc;
+    fz.norm_w = d.input_norm;
+    fz.norm_eps = float(t.rms_norm_eps);
+    return fz;
+  }
+  // Whether layer d's input RMSNorm runs inside its qkv GEMV at this step (fuse_in_norm): one-row steps after an
+  // MoE layer (pending_add), the one-GEMV qkv projection (not MLA), both attention projections by the GEMV.
+  bool in_norm_fuses(const DLayer& d, int64_t T, bool pending_add) const {
+    if (!fuse_in_norm || T != 1 || !pending_add || mla || dtc == 0 || !gemv_enabled || debug_skip != 0) return false;
+    if (!d.qkv.defined() || !d.o.defined() || d.qkv.dt == DType::f32 || d.o.dt == DType::f32 || d.qkv.in != H ||
+        d.o.out != H || !d.input_norm)
+      return false;
+    return kern::gemv_norm_ok(d.qkv.w, code_of(d.qkv.dt), H, b.x.ptr<float>(), T, in_norm_fuse(d)) &&
+           kern::gemv_ok(d.o.w, d.o.in, b.attn.ptr<float>(), d.o.in, T) && code_of(d.qkv.dt) == dtc;
   }
 
   // post_norm: the post-attention norm to run inside the router kernel (post_norm_fused), else null.
@@ -882,10 +930,11 @@ struct CudaModel::Impl {
         p.embed = embed;
         p.embed_dtype = code_of(dt);
         kern::launch_rmsnorm(p, stream);
-      } else if (!skip(T, kSkipNorm)) {
-        norm(b.x.ptr<float>(), H, d.input_norm, T, H, h, H, pending_add ? b.xout.data() : nullptr);
       }
-      attention_layer(d, l, T, n_tiles, segs);
+      const bool in_norm_fused = l > 0 && in_norm_fuses(d, T, pending_add);
+      if (l > 0 && !in_norm_fused && !skip(T, kSkipNorm))
+        norm(b.x.ptr<float>(), H, d.input_norm, T, H, h, H, pending_add ? b.xout.data() : nullptr);
+      attention_layer(d, l, T, n_tiles, segs, in_norm_fused);
       const kern::RmsNormParams post = norm_params(b.x.ptr<float>(), H, d.post_norm, T, H, h, H);
       const bool post_fused = post_norm_fused(d, T, post);
       if (!skip(T, kSkipNorm) && !post_fused) kern::launch_rmsnorm(post, stream);
@@ -1025,6 +1074,7 @@ CudaModel::CudaModel(const ModelWeights& w, const TextConfig& t, Device dev) : i
   if (const char* e = std::getenv("MOEX_CUDA_POST_LOADS_FIRST")) m.post_loads_first = std::string(e) != "0";
   if (const char* e = std::getenv("MOEX_CUDA_FUSE_POST_NORM"))
     m.fuse_post_norm = std::string(e) == "0" ? 0 : std::string(e) == "all" ? 2 : 1;
+  if (const char* e = std::getenv("MOEX_CUDA_FUSE_IN_NORM")) m.fuse_in_norm = std::string(e) == "1";
   if (const char* e = std::getenv("MOEX_CUDA_ROUTE_WIDE")) m.route_wide = std::string(e) == "1";
   if (const char* e = std::getenv("MOEX_CUDA_DECODE_CLUSTER")) m.decode_cluster = std::clamp(std::atoi(e), 0, 2);
   if (const char* e = std::getenv("MOEX_CUDA_LINEAR_TERMS")) m.linear_terms = std::string(e) == "2" ? 2 : 1;

@@ -434,12 +434,63 @@ __device__ __forceinline__ void gemv_row(const W* wr, int lane, int64_t in, cons
   for (int t = 0; t < TM; ++t) sum[t] = warp_sum(sum[t]);
 }
 
+// The fused input RMSNorm (GemvFuse::norm_w, one row): chunk c of v = x + add (add in W's type, the previous
+// layer's experts output) feeds the lane's sum of squares ss and its dot product with v ⊙ norm_w.
+template <class W>
+__device__ __forceinline__ void gemv_chunk_norm(const uint4& raw, const float* x, const W* add, const float* nw, int64_t c,
+                                                float& sum, float& ss) {
+  const W* wv = reinterpret_cast<const W*>(&raw);
+  const float4 xa = __ldg(reinterpret_cast<const float4*>(x + c)), xb = __ldg(reinterpret_cast<const float4*>(x + c) + 1);
+  const float4 ga = __ldg(reinterpret_cast<const float4*>(nw + c)), gb = __ldg(reinterpret_cast<const float4*>(nw + c) + 1);
+  const uint4 ar = __ldg(reinterpret_cast<const uint4*>(add + c));
+  const W* av = reinterpret_cast<const W*>(&ar);
+  const float xs[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+  const float gs[8] = {ga.x, ga.y, ga.z, ga.w, gb.x, gb.y, gb.z, gb.w};
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    const float v = xs[k] + ::moex::cuda::to_f32(av[k]);  // norm_input's x + add
+    ss = fmaf(v, v, ss);
+    sum = fmaf(::moex::cuda::to_f32(wv[k]), gs[k] * v, sum);
+  }
+}
+
+// gemv_row for one row with the input RMSNorm fused: the warp reads the whole row (every lane its chunks
+// 8l, 8l + 256, ...), so it computes the row's sum of squares itself, and returns
+// rsqrt(mean(v²) + eps) · Σ_k W[k] · (norm_w[k] · v[k]) — the normed row's dot product, without the
+// RMSNorm kernel and its hand-off. Not the RMSNorm kernel's bits (it rounds w · (v · inv) per element
+// and sums v² in another order): the same value to f32 rounding.
+template <class W>
+__device__ __forceinline__ float gemv_row_norm(const W* wr, int lane, int64_t in, const float* x, const W* add,
+                                               const float* nw, float eps, bool early, const uint4 (&first)[8]) {
+  int64_t c = int64_t(lane) * 8;
+  float sum = 0.0f, ss = 0.0f;
+  if (early) {
+#pragma unroll
+    for (int u = 0; u < 8; ++u) gemv_chunk_norm<W>(first[u], x, add, nw, c + u * 256, sum, ss);
+    c += 8 * 256;
+  }
+  for (; c + 3 * 256 < in; c += 4 * 256) {
+    uint4 raw[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) raw[u] = __ldcs(reinterpret_cast<const uint4*>(wr + c + u * 256));
+#pragma unroll
+    for (int u = 0; u < 4; ++u) gemv_chunk_norm<W>(raw[u], x, add, nw, c + u * 256, sum, ss);
+  }
+  for (; c < in; c += 256) gemv_chunk_norm<W>(__ldcs(reinterpret_cast<const uint4*>(wr + c)), x, add, nw, c, sum, ss);
+  sum = warp_sum(sum);
+  ss = warp_sum(ss);
+  return sum * rsqrtf(ss / float(in) + eps);
+}
+
 // ROUTE: y holds router logits [TM, E] (rp.logits); the last block to finish routes the TM rows
 // (the other blocks' logits made visible by their fences before the ticket).
-template <int TM, class W, bool ROUTE>
+// NORM (TM = 1): x is the residual row before the input RMSNorm, fused as GemvFuse says (gemv_row_norm).
+// fz.acc_add (with acc): y = (y + acc_add) + v, the residual add the skipped RMSNorm would have made.
+template <int TM, class W, bool ROUTE, bool NORM = false>
 __global__ void __launch_bounds__(kGemvWarps * 32)
     gemv_kernel(const W* w, int64_t out, int64_t in, const float* x, int64_t xp, const float* bias, const float* row_gate,
-                float* y, int64_t yp, bool acc, RouterParams rp, unsigned* ticket) {
+                float* y, int64_t yp, bool acc, RouterParams rp, unsigned* ticket, GemvFuse fz) {
+  static_assert(!NORM || (TM == 1 && !ROUTE), "the fused input norm is for one-row GEMVs");
   MOEX_CUDA_TRACE_BLOCK(k_gemv);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t row = blockIdx.x * int64_t(kGemvWarps) + warp;
@@ -458,14 +509,18 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
   pdl_launch_dependents();
   if (row < out) {
     float sum[TM];
-    gemv_row<TM, W>(wr, lane, in, x, xp, early, first, sum);
+    if constexpr (NORM)
+      sum[0] = gemv_row_norm<W>(wr, lane, in, x, static_cast<const W*>(fz.norm_add), fz.norm_w, fz.norm_eps, early, first);
+    else
+      gemv_row<TM, W>(wr, lane, in, x, xp, early, first, sum);
     if (lane == 0) {
       const float bv = bias ? bias[row] : 0.0f;
 #pragma unroll
       for (int t = 0; t < TM; ++t) {
         float v = sum[t] + bv;
         if (row_gate) v *= 1.0f / (1.0f + expf(-row_gate[t]));
-        if (acc) y[t * yp + row] += v;
+        if (acc && fz.acc_add) y[t * yp + row] = (y[t * yp + row] + load_any(fz.acc_add, fz.acc_add_dtype, t * out + row)) + v;
+        else if (acc) y[t * yp + row] += v;
         else y[t * yp + row] = v;
       }
     }
@@ -601,13 +656,21 @@ void launch_router_cluster(const W* w, int64_t in, const float* x, int64_t xp, c
 template <class W, bool ROUTE>
 void launch_gemv_t(const W* w, int64_t out, int64_t in, const float* x, int64_t xp, int64_t T, const float* bias,
                    const float* gate, float* y, int64_t yp, bool acc, const RouterParams& rp, unsigned* ticket,
-                   cudaStream_t s) {
+                   cudaStream_t s, const GemvFuse& fz = {}) {
   const unsigned grid = unsigned((out + kGemvWarps - 1) / kGemvWarps);
+  if constexpr (!ROUTE) {
+    if (fz.norm_w) {
+      MOEX_ASSERT(T == 1);  // the fused input norm takes one row
+      launch_pdl("gemv_kernel", gemv_kernel<1, W, false, true>, dim3(grid), dim3(kGemvWarps * 32), 0, s, w, out, in, x,
+                 xp, bias, gate, y, yp, acc, rp, ticket, fz);
+      return;
+    }
+  }
   switch (T) {
 #define MOEX_GEMV_CASE(n)                                                                                    \
   case n:                                                                                                    \
     launch_pdl("gemv_kernel", gemv_kernel<n, W, ROUTE>, dim3(grid), dim3(kGemvWarps * 32), 0, s, w, out, in, x, xp, \
-               bias, gate, y, yp, acc, rp, ticket);                                                          \
+               bias, gate, y, yp, acc, rp, ticket, fz);                                                      \
     break;
     MOEX_GEMV_CASE(1)
     MOEX_GEMV_CASE(2)
@@ -1316,14 +1379,23 @@ bool gemv_ok(const void* w, int64_t in, const float* x, int64_t xp, int64_t T) {
 }
 
 void launch_gemv(const void* w, int wdt, int64_t out, int64_t in, const float* x, int64_t xp, int64_t T, const float* bias,
-                 const float* gate, float* y, int64_t yp, bool acc, cudaStream_t s) {
+                 const float* gate, float* y, int64_t yp, bool acc, cudaStream_t s, const GemvFuse& fz) {
   if (T == 0 || out == 0) return;
+  MOEX_ASSERT(!fz.norm_w || gemv_norm_ok(w, wdt, in, x, T, fz));
+  MOEX_ASSERT(!fz.acc_add || acc);
   const RouterParams none{};
   if (wdt == 1)
-    launch_gemv_t<__half, false>(static_cast<const __half*>(w), out, in, x, xp, T, bias, gate, y, yp, acc, none, nullptr, s);
+    launch_gemv_t<__half, false>(static_cast<const __half*>(w), out, in, x, xp, T, bias, gate, y, yp, acc, none, nullptr, s,
+                                 fz);
   else
     launch_gemv_t<__nv_bfloat16, false>(static_cast<const __nv_bfloat16*>(w), out, in, x, xp, T, bias, gate, y, yp, acc,
-                                        none, nullptr, s);
+                                        none, nullptr, s, fz);
+}
+
+bool gemv_norm_ok(const void* w, int wdt, int64_t in, const float* x, int64_t T, const GemvFuse& fz) {
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  return T == 1 && (wdt == 1 || wdt == 2) && fz.norm_w && fz.norm_add && fz.norm_add_dtype == wdt && in % 8 == 0 &&
+         aligned(w) && aligned(x) && aligned(fz.norm_w) && aligned(fz.norm_add);
 }
 
 namespace {

@@ -66,8 +66,25 @@ void launch_finish_linear(const float* g, bool two_terms, const float* bias, con
 // aligned W and x rows (x_pitch % 4 == 0); gemv_ok() says whether a call qualifies.
 constexpr int kGemvMaxRows = 8;
 bool gemv_ok(const void* w, int64_t in, const float* x, int64_t x_pitch, int64_t T);
+// What a one-row decode GEMV may take over from the kernels around it (CudaModel's MOEX_CUDA_FUSE_IN_NORM):
+// - norm_w: x is the residual row before the input RMSNorm; the GEMV adds norm_add (the previous layer's
+//   experts output [in], dtype code norm_add_dtype = W's) and normalises the row itself (rsqrt(mean(v²) + eps)
+//   · Σ W·(norm_w ⊙ v), v = x + norm_add), so that no RMSNorm kernel runs before it. gemv_norm_ok() says
+//   whether a call qualifies (one row, 16-byte aligned pointers).
+// - acc_add (with accumulate): y = (y + acc_add) + x · Wᵀ, acc_add [T, out] of dtype code acc_add_dtype — the
+//   residual add of the skipped RMSNorm, made by the o projection instead (the same additions in the same order).
+struct GemvFuse {
+  const void* norm_add = nullptr;
+  int norm_add_dtype = 0;
+  const float* norm_w = nullptr;
+  float norm_eps = 0.0f;
+  const void* acc_add = nullptr;
+  int acc_add_dtype = 0;
+};
+bool gemv_norm_ok(const void* w, int w_dtype, int64_t in, const float* x, int64_t T, const GemvFuse& fz);
 void launch_gemv(const void* w, int w_dtype, int64_t out, int64_t in, const float* x, int64_t x_pitch, int64_t T,
-                 const float* bias, const float* row_gate, float* y, int64_t y_pitch, bool accumulate, cudaStream_t s);
+                 const float* bias, const float* row_gate, float* y, int64_t y_pitch, bool accumulate, cudaStream_t s,
+                 const GemvFuse& fz = {});
 
 // out [T, n] in dtype code (0/1/2) = x [T, n] f32; or x [T, n] f32 += in [T, n] of dtype code.
 void launch_to_dtype(const float* x, int64_t T, int64_t n, void* out, int dtype, cudaStream_t s);
