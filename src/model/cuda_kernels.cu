@@ -487,7 +487,7 @@ __device__ __forceinline__ float gemv_row_norm(const W* wr, int lane, int64_t in
 // NORM (TM = 1): x is the residual row before the input RMSNorm, fused as GemvFuse says (gemv_row_norm).
 // fz.acc_add (with acc): y = (y + acc_add) + v, the residual add the skipped RMSNorm would have made.
 template <int TM, class W, bool ROUTE, bool NORM = false>
-__global__ void __launch_bounds__(kGemvWarps * 32)
+__global__ void __launch_bounds__(kGemvWarps * 32, NORM ? 5 : 1)
     gemv_kernel(const W* w, int64_t out, int64_t in, const float* x, int64_t xp, const float* bias, const float* row_gate,
                 float* y, int64_t yp, bool acc, RouterParams rp, unsigned* ticket, GemvFuse fz) {
   static_assert(!NORM || (TM == 1 && !ROUTE), "the fused input norm is for one-row GEMVs");
