@@ -5,6 +5,7 @@
 #   here:  PACK_TARGETS="moex_tests moex_model_bench" bash bench/gpu_prebuilt.sh pack /tmp/breal
 #          xz -T0 -6 -c /tmp/btrace/moex_model_bench > build-carry/moex_model_bench_trace.xz
 #   there: CALL_LIMIT=450 bash bench/gpu_prebuilt.sh run bench/gpu_session57b.sh   (carry ["build-carry"])
+# E2E_ONLY_ON=H200: the e2e step only where the card's name contains it.
 # Steps (PARTS, default "new ab e2e suite trace", in this order, each skipped when too little of CALL_LIMIT is left):
 #   new    the new test (fused against separate norms, every fixture), then the bf16 / f32 parity tests and the
 #          graph tests with MOEX_CUDA_FUSE_IN_NORM=1 → new_tests.log, parity_fin.log
@@ -25,6 +26,8 @@ t0=$(date +%s)
 limit=${CALL_LIMIT:-450}
 left() { echo $(( limit - ($(date +%s) - t0) )); }
 gpu=$(nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,noheader | head -1)
+# E2E_ONLY_ON=H200: the end-to-end table only on that card (the bar's; the H100's table was measured in call 1)
+if [ -n "${E2E_ONLY_ON:-}" ] && [[ "$gpu" != *"$E2E_ONLY_ON"* ]]; then PARTS=${PARTS//e2e/}; fi
 echo "== $gpu; tree $(cat build-carry/commit 2> /dev/null); parts: $PARTS" | tee "$OUT/summary.txt"
 
 if has new && [ "$(left)" -gt 60 ]; then
