@@ -714,7 +714,7 @@ struct CudaModel::Impl {
       const int64_t width = (nh + 2 * nkv) * hd;
       if (in_norm_fused) {
         const kern::GemvFuse fz = in_norm_fuse(d);
-        kern::launch_gemv(d.qkv.w, code_of(d.qkv.dt), width, H, b.x.ptr<float>(), H, T, d.qkv.bias, nullptr,
+        kern::launch_gemv(d.qkv.w, code_of(d.qkv.dt), d.qkv.out, d.qkv.in, b.x.ptr<float>(), H, T, d.qkv.bias, nullptr,
                           b.qkv.ptr<float>(), width, false, stream, fz);
       } else if (!skip(T, kSkipQkv)) {
         linear(d.qkv, h, H, T, b.qkv.ptr<float>(), width, false, pre);
@@ -819,7 +819,7 @@ struct CudaModel::Impl {
     kern::GemvFuse fz;
     fz.acc_add = b.xout.data();
     fz.acc_add_dtype = dtc;
-    kern::launch_gemv(d.o.w, code_of(d.o.dt), H, nh * dv, b.attn.ptr<float>(), nh * dv, T, d.o.bias, nullptr,
+    kern::launch_gemv(d.o.w, code_of(d.o.dt), d.o.out, d.o.in, b.attn.ptr<float>(), nh * dv, T, d.o.bias, nullptr,
                       b.x.ptr<float>(), H, true, stream, fz);
   }
   kern::GemvFuse in_norm_fuse(const DLayer& d) const {
@@ -838,7 +838,7 @@ struct CudaModel::Impl {
         d.o.out != H || !d.input_norm)
       return false;
     return kern::gemv_norm_ok(d.qkv.w, code_of(d.qkv.dt), H, b.x.ptr<float>(), T, in_norm_fuse(d)) &&
-           kern::gemv_ok(d.o.w, d.o.in, b.attn.ptr<float>(), d.o.in, T) && code_of(d.qkv.dt) == dtc;
+           kern::gemv_ok(d.o.w, d.o.in, b.attn.ptr<float>(), nh * dv, T) && code_of(d.qkv.dt) == dtc;
   }
 
   // post_norm: the post-attention norm to run inside the router kernel (post_norm_fused), else null.
