@@ -42,7 +42,7 @@ fi
 
 best=base
 if has ab; then
-  declare -A total=([base]=0 [fin]=0)
+  declare -A total=([base]=0 [fin]=0) count=([base]=0 [fin]=0)
   for round in $(seq 1 "${AB_ROUNDS:-3}"); do
     for v in base fin; do
       [ "$(left)" -gt 45 ] || break 2
@@ -53,11 +53,13 @@ if has ab; then
         tee -a "$OUT/summary.txt"
       grep -E "^decode" "$OUT/ab_${v}_$round.txt" | head -4 | tee -a "$OUT/summary.txt"
       ms=$(grep -E "^decode switch\+graphs +batch +1:" "$OUT/ab_${v}_$round.txt" | sed -E 's/.*: ([0-9.]+) ms.*/\1/')
-      [ -n "$ms" ] && total[$v]=$(python3 -c "print(${total[$v]} + $ms)")
+      if [ -n "$ms" ]; then total[$v]=$(python3 -c "print(${total[$v]} + $ms)"); count[$v]=$(( ${count[$v]} + 1 )); fi
     done
   done
-  best=$(python3 -c "print('fin' if 0 < ${total[fin]} < ${total[base]} else 'base')")
-  echo "batch-1 ms summed over rounds: base ${total[base]}, fin ${total[fin]} -> $best" | tee -a "$OUT/summary.txt"
+  # fin only where both ran the same number of rounds (a failed fin round must not look faster)
+  best=$(python3 -c "print('fin' if ${count[fin]} == ${count[base]} > 0 and ${total[fin]} < ${total[base]} else 'base')")
+  echo "batch-1 ms summed over rounds: base ${total[base]} (${count[base]} rounds), fin ${total[fin]} (${count[fin]}) -> $best" |
+    tee -a "$OUT/summary.txt"
 fi
 [ "$best" = fin ] && export MOEX_CUDA_FUSE_IN_NORM=1
 echo "MOEX_CUDA_FUSE_IN_NORM=${MOEX_CUDA_FUSE_IN_NORM:-unset} for the steps below" | tee -a "$OUT/summary.txt"
