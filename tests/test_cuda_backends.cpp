@@ -114,11 +114,6 @@ std::vector<check::Case> quant_cases(uint64_t seed, DType dt) {
   return out;
 }
 
-// The FP8 decode path (quant_decode.cu; MOEX_CUDA_FP8_DECODE=1 forces it at any T): T in
-// {1, 3, 8, 64, 200} (200: experts with more rows than one 32-row pass), H or I not multiples of
-// 128 (partial k blocks, partial column blocks, partial 128-groups of h), skewed / dropped /
-// one-expert routing, f32 and UE8M0 scales, block_n 1 / 64 / 128, every epilogue, biases, i64
-// indices, K = E, and shapes that make the host pick 1 and 8 k slices per block.
 // Runs `backend` on case c with every routing slot dropped (index -1), its output poisoned with NaN
 // first; returns how many output bytes are not zero (+0 is all zero bytes in every dtype).
 int64_t nonzero_bytes_with_every_slot_dropped(const std::string& backend, const check::Case& c) {
@@ -137,6 +132,11 @@ int64_t nonzero_bytes_with_every_slot_dropped(const std::string& backend, const 
   return nonzero;
 }
 
+// The FP8 decode path (quant_decode.cu; MOEX_CUDA_FP8_DECODE=1 forces it at any T): T in
+// {1, 3, 8, 64, 200} (200: experts with more rows than one 32-row pass), H or I not multiples of
+// 128 (partial k blocks, partial column blocks, partial 128-groups of h), skewed / dropped /
+// one-expert routing, f32 and UE8M0 scales, block_n 1 / 64 / 128, every epilogue, biases, i64
+// indices, K = E, and shapes that make the host pick 1 and 8 k slices per block.
 std::vector<check::Case> decode_cases(uint64_t seed, DType dt) {
   std::vector<check::Case> out;
   auto add = [&](check::Case c, QuantSpec q) {

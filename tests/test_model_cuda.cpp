@@ -956,16 +956,15 @@ TEST(CudaModelGraphs, FusedNormsGiveTheSameBits) {
 TEST(CudaModelGraphs, FusedInputNormMatchesTheNormKernel) {
   SKIP_WITHOUT_CUDA();
   if (!fs::exists(fixture("qwen3_moe"))) GTEST_SKIP() << "no fixtures";
-  struct EnvRestore {
-    ~EnvRestore() { unsetenv("MOEX_CUDA_FUSE_IN_NORM"); }
-  } restore;
+  const auto load = [](const char* name, const char* fuse) {
+    test::ScopedEnv env("MOEX_CUDA_FUSE_IN_NORM", fuse);  // read when the model is built
+    return Model::from_pretrained(fixture(name).string(), {.dtype = DType::bf16, .device = Device::cuda()});
+  };
   int fixtures_differing = 0;
   for (const char* name : {"qwen3_moe", "qwen2_moe", "olmoe", "gpt_oss", "mixtral", "qwen3_vl_moe", "deepseek_v3"}) {
     if (!fs::exists(fixture(name))) continue;
-    setenv("MOEX_CUDA_FUSE_IN_NORM", "0", 1);
-    Model plain = Model::from_pretrained(fixture(name).string(), {.dtype = DType::bf16, .device = Device::cuda()});
-    setenv("MOEX_CUDA_FUSE_IN_NORM", "1", 1);
-    Model fused = Model::from_pretrained(fixture(name).string(), {.dtype = DType::bf16, .device = Device::cuda()});
+    Model plain = load(name, "0");
+    Model fused = load(name, "1");
     const std::vector<std::vector<int64_t>> one{{5}}, three{{5}, {9}, {2}};
     const Tensor a1 = plain.forward(one), b1 = fused.forward(one);
     ASSERT_EQ(a1.numel(), b1.numel());

@@ -834,12 +834,12 @@ struct CudaModel::Impl {
   // Whether layer d's input RMSNorm runs inside its qkv GEMV at this step (fuse_in_norm): one-row steps after an
   // MoE layer (pending_add), the one-GEMV qkv projection (not MLA), both attention projections by the GEMV.
   bool in_norm_fuses(const DLayer& d, int64_t T, bool pending_add) const {
-    if (!fuse_in_norm || T != 1 || !pending_add || mla || dtc == 0 || !gemv_enabled || debug_skip != 0) return false;
-    if (!d.qkv.defined() || !d.o.defined() || d.qkv.dt == DType::f32 || d.o.dt == DType::f32 || d.qkv.in != H ||
-        d.o.out != H || !d.input_norm)
+    if (!fuse_in_norm || T != 1 || !pending_add || mla || !gemv_enabled || debug_skip != 0) return false;
+    if (!d.qkv.defined() || !d.o.defined() || d.o.dt == DType::f32 || d.qkv.in != H || d.o.out != H || !d.input_norm)
       return false;
+    // gemv_norm_ok: qkv weights bf16/f16 of the experts output's dtype (the model's), aligned rows
     return kern::gemv_norm_ok(d.qkv.w, code_of(d.qkv.dt), H, b.x.ptr<float>(), T, in_norm_fuse(d)) &&
-           kern::gemv_ok(d.o.w, d.o.in, b.attn.ptr<float>(), nh * dv, T) && code_of(d.qkv.dt) == dtc;
+           kern::gemv_ok(d.o.w, d.o.in, b.attn.ptr<float>(), nh * dv, T);
   }
 
   // post_norm: the post-attention norm to run inside the router kernel (post_norm_fused), else null.
