@@ -6,12 +6,15 @@
 #          xz -T0 -6 -c /tmp/btrace/moex_model_bench > build-carry/moex_model_bench_trace.xz
 #   there: CALL_LIMIT=450 bash bench/gpu_prebuilt.sh run bench/gpu_session57b.sh   (carry ["build-carry"])
 # E2E_ONLY_ON=H200: the e2e step only where the card's name contains it.
-# Steps (PARTS, default "new ab e2e suite trace", in this order, each skipped when too little of CALL_LIMIT is left):
+# Steps (PARTS, default "new ab probe e2e suite trace", in this order, each skipped when too little of CALL_LIMIT is left):
 #   new    the new test (fused against separate norms, every fixture), then the bf16 / f32 parity tests and the
 #          graph tests with MOEX_CUDA_FUSE_IN_NORM=1 → new_tests.log, parity_fin.log
 #   ab     moex_model_bench --batches 1,8 switch+graphs, $AB_ROUNDS (default 3) interleaved rounds of base and
 #          fin (MOEX_CUDA_FUSE_IN_NORM=1) → ab_<variant>_<round>.txt; the faster at batch 1 (sum over rounds)
 #          is exported for the steps after it
+#   probe  (fifty-eighth session) bench/experts_stream_probe.cu, when carried (xz -c /tmp/breal/moex_experts_stream_probe
+#          > build-carry/moex_experts_stream_probe.xz): the batch-1 experts' two kernels against one persistent
+#          kernel → probe.txt
 #   e2e    issue 5's end-to-end table beside the reference library (bench/gpu_session28.sh PARTS=model)
 #   suite  the GPU suite, $TEST_FILTER (default every CUDA and deepgemm test but the timed one) → tests.log
 #   trace  the traced moex_model_bench at batch 1 with the chosen setting, bench/trace_report.py → trace_report.md
@@ -20,7 +23,7 @@ set -u
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 export BUILD=${BUILD:-build-gpu} MOEX_SOURCE_DIR=$PWD
-PARTS=${PARTS:-"new ab e2e suite trace"}
+PARTS=${PARTS:-"new ab probe e2e suite trace"}
 has() { [[ " $PARTS " == *" $1 "* ]]; }
 t0=$(date +%s)
 limit=${CALL_LIMIT:-450}
@@ -63,6 +66,15 @@ if has ab; then
 fi
 [ "$best" = fin ] && export MOEX_CUDA_FUSE_IN_NORM=1
 echo "MOEX_CUDA_FUSE_IN_NORM=${MOEX_CUDA_FUSE_IN_NORM:-unset} for the steps below" | tee -a "$OUT/summary.txt"
+
+if has probe && [ "$(left)" -gt 150 ] && [ -x "$BUILD/moex_experts_stream_probe" ]; then
+  for a in "" "--reps 9"; do
+    # shellcheck disable=SC2086
+    timeout 60 "$BUILD/moex_experts_stream_probe" $a > "$OUT/probe.txt" 2>&1
+    echo "== moex_experts_stream_probe $a: rc $? at $(( $(date +%s) - t0 )) s" | tee -a "$OUT/summary.txt"
+    cat "$OUT/probe.txt" | tee -a "$OUT/summary.txt"
+  done
+fi
 
 if has e2e && [ "$(left)" -gt 120 ]; then
   OUT=$OUT/r PARTS=model SKIP_BUILD=1 DEADLINE=$(( $(left) - 10 )) bash bench/gpu_session28.sh 2>&1 |
