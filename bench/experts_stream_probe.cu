@@ -318,14 +318,20 @@ int main(int argc, char** argv) {
   CHECK(cudaDeviceSynchronize());
   auto layer = [&](int l) { return Layer{up[l % copies], down[l % copies], x, h, out + size_t(l) * S.H, topw}; };
 
-  int per_sm = 0;
-  CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, persistent_kernel<1>, kThreads, 0));
-  const int persist_blocks = per_sm * prop.multiProcessorCount;
+  // the persistent grids: every block resident (blocks per SM by each instantiation's registers)
+  auto resident = [&](const void* kernel) {
+    int per_sm = 0;
+    CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0));
+    return per_sm * prop.multiProcessorCount;
+  };
+  const int resident0 = resident(reinterpret_cast<const void*>(persistent_kernel<0>)),
+            resident1 = resident(reinterpret_cast<const void*>(persistent_kernel<1>)),
+            resident3 = resident(reinterpret_cast<const void*>(persistent_kernel<3>));
   const double copy_bw = copy_rate();
   std::printf("# %s, %d SMs, L2 %d MB; %d pairs, H %d, I %d: %.1f MB per layer, %d layers over %d weight copies; "
-              "copy rate %.0f GB/s (floor %.2f us per layer); persistent grid %d blocks (%d per SM)\n",
+              "copy rate %.0f GB/s (floor %.2f us per layer); persistent grids %d / %d / %d blocks (PRE 0 / 1 / 3)\n",
               prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20, S.P, S.H, S.I, layer_bytes / 1e6, layers,
-              copies, copy_bw / 1e9, layer_bytes / copy_bw * 1e6, persist_blocks, per_sm);
+              copies, copy_bw / 1e9, layer_bytes / copy_bw * 1e6, resident0, resident1, resident3);
 
   cudaStream_t s;
   CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -335,34 +341,35 @@ int main(int argc, char** argv) {
     const char* name;
     void (*enqueue)(const Layer&, const Shape&, dim3, dim3, int, unsigned*, cudaStream_t);
     bool checked;
+    int blocks;  // the persistent forms' grid
   };
   const Form forms[] = {
       {"two", [](const Layer& L, const Shape& S, dim3 ug, dim3 dg, int, unsigned*, cudaStream_t s) {
          launch(up_kernel, ug, s, L, S);
          launch(down_kernel<0>, dg, s, L, S);
-       }, true},
+       }, true, 0},
       {"two_pre", [](const Layer& L, const Shape& S, dim3 ug, dim3 dg, int, unsigned*, cudaStream_t s) {
          launch(up_kernel, ug, s, L, S);
          launch(down_kernel<1>, dg, s, L, S);
-       }, true},
+       }, true, 0},
       {"persist0", [](const Layer& L, const Shape& S, dim3, dim3, int pb, unsigned* c, cudaStream_t s) {
          launch(persistent_kernel<0>, dim3(pb), s, L, S, c);
-       }, true},
+       }, true, resident0},
       {"persist1", [](const Layer& L, const Shape& S, dim3, dim3, int pb, unsigned* c, cudaStream_t s) {
          launch(persistent_kernel<1>, dim3(pb), s, L, S, c);
-       }, true},
+       }, true, resident1},
       {"persist3", [](const Layer& L, const Shape& S, dim3, dim3, int pb, unsigned* c, cudaStream_t s) {
          launch(persistent_kernel<3>, dim3(pb), s, L, S, c);
-       }, true},
+       }, true, resident3},
       {"one", [](const Layer& L, const Shape& S, dim3, dim3, int, unsigned*, cudaStream_t s) {
          launch(one_kernel, dim3(S.up_items() + S.down_items()), s, L, S);
-       }, false},
+       }, false, 0},
       {"up", [](const Layer& L, const Shape& S, dim3 ug, dim3, int, unsigned*, cudaStream_t s) {
          launch(up_kernel, ug, s, L, S);
-       }, false},
+       }, false, 0},
       {"down", [](const Layer& L, const Shape& S, dim3, dim3 dg, int, unsigned*, cudaStream_t s) {
          launch(down_kernel<0>, dg, s, L, S);
-       }, false},
+       }, false, 0},
   };
 
   std::vector<float> first, got(size_t(layers) * S.H);
@@ -372,7 +379,7 @@ int main(int argc, char** argv) {
     cudaGraph_t graph;
     cudaGraphExec_t exec;
     CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    for (int l = 0; l < layers; ++l) f.enqueue(layer(l), S, up_grid, down_grid, persist_blocks, ctr, s);
+    for (int l = 0; l < layers; ++l) f.enqueue(layer(l), S, up_grid, down_grid, f.blocks, ctr, s);
     CHECK(cudaStreamEndCapture(s, &graph));
     CHECK(cudaGraphInstantiate(&exec, graph, 0));
     CHECK(cudaMemsetAsync(out, 0xff, size_t(layers) * S.H * sizeof(float), s));  // poisoned: NaN
