@@ -9,9 +9,9 @@
 #   there: CALL_LIMIT=540 bash bench/gpu_prebuilt.sh run bench/gpu_session58.sh   (carry ["build-carry"])
 # Steps (PARTS, default "new ab e2e suite trace", in this order, each skipped when too little of CALL_LIMIT is left):
 #   new    the new test (the three down forms bit for bit, every dtype) and the model's parity, graph and
-#          switching tests on the default → new_tests.log
-#   ab     moex_model_bench --batches 1,8 switch+graphs, $AB_ROUNDS (default 3) interleaved rounds of early (the
-#          default), plain (MOEX_CUDA_DOWN_FORM=plain) and lean → ab_<form>_<round>.txt; the fastest at batch 1
+#          switching tests on the default ($NEW_FILTER overrides the test filter) → new_tests.log
+#   ab     moex_model_bench --batches 1,8 switch+graphs, $AB_ROUNDS (default 3) interleaved rounds of $AB_FORMS (default
+#          "early plain lean": early, the default, plain (MOEX_CUDA_DOWN_FORM=plain) and lean) → ab_<form>_<round>.txt; the fastest at batch 1
 #          (sum over rounds, equal round counts only) is exported for the steps after it
 #   e2e    issue 5's end-to-end table beside the reference library (bench/gpu_session28.sh PARTS=model)
 #   suite  the GPU suite, $TEST_FILTER (default every CUDA and deepgemm test but the timed one) → tests.log
@@ -33,7 +33,7 @@ echo "== $gpu; tree $(cat build-carry/commit 2> /dev/null); parts: $PARTS" | tee
 
 if has new && [ "$(left)" -gt 60 ]; then
   timeout $(( $(left) - 30 )) "$BUILD/moex_tests" \
-    --gtest_filter='*BatchedMmDownForms*:*CudaModelParity*:CudaModelGraphs.*:CudaModelSwitching.*' > "$OUT/new_tests.log" 2>&1
+    --gtest_filter="${NEW_FILTER:-*BatchedMmDownForms*:*CudaModelParity*:CudaModelGraphs.*:CudaModelSwitching.*}" > "$OUT/new_tests.log" 2>&1
   echo "new test, parity / graphs / switching: rc $? at $(( $(date +%s) - t0 )) s" | tee -a "$OUT/summary.txt"
   grep -E "down forms|^\[  (PASSED|FAILED) |FAILED  \]|Failure" -A3 "$OUT/new_tests.log" | head -40 | tee -a "$OUT/summary.txt"
 fi
@@ -42,7 +42,7 @@ best=early
 if has ab; then
   declare -A total=([early]=0 [plain]=0 [lean]=0) count=([early]=0 [plain]=0 [lean]=0)
   for round in $(seq 1 "${AB_ROUNDS:-3}"); do
-    for v in early plain lean; do
+    for v in ${AB_FORMS:-early plain lean}; do
       [ "$(left)" -gt 45 ] || break 2
       ( export MOEX_CUDA_DOWN_FORM=$v
         timeout $(( $(left) - 5 )) "$BUILD/moex_model_bench" --layers 48 --prompt 2048 --decode-prompt 128 --new 64 \
