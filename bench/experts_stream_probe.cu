@@ -17,6 +17,10 @@
 //   one        up and down work in one grid with no dependency at all (down reads a stale h): the floor of
 //              one continuous stream with these work shapes
 //   up, down   each kernel alone
+// Measured (H100, 2026-12-07, docs/PERF.md, fifty-eighth session): two 31.5, two_pre 28.6, persist0/1/3 32.1 /
+// 33.8 / 38.8, one 31.5 µs per layer (floor 24.9). The runtime's down kernel given two_pre's early loads was
+// slower in the 48-layer step, not faster (batched_gemv.cu, batched_down_nt's comment): this copy leaves out
+// what the real kernel carries (the routing indices, 64-bit addressing, the register bound of its shapes).
 // Prints µs per layer, GB/s and % of the copy rate. Exit status 0 when two, two_pre and persist<N> wrote the
 // same output bits (the same sums in the same order), 1 otherwise or on a CUDA error.
 //

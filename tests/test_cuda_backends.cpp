@@ -552,50 +552,6 @@ TEST_P(CudaEquivalence, BatchedMmExpertSharedFormMatchesThePerPairKernelsBitForB
               compared, worst);
 }
 
-// batched_mm's per-pair down kernel in its three forms (MOEX_CUDA_DOWN_FORM): `early` (the default: the
-// first weight chunks requested before pdl_wait), `lean` (the same addressing, no early loads) and `plain`
-// (batched_down_nt). The same chunks and order of arithmetic: early and lean must pass the harness and give
-// plain's output bit for bit — K from 1 to 16 (two slot groups, the second loaded after the wait), rows
-// whose chunk count is not a multiple of 32, dropped slots; with every slot dropped, zeros.
-TEST_P(CudaEquivalence, BatchedMmDownFormsMatchBitForBit) {
-  SKIP_WITHOUT_CUDA();
-  const DType dt = GetParam();
-  const uint64_t seed = seed_from_env();
-  ScopedEnv per_pair("MOEX_CUDA_BATCHED_SHARED", "0");
-  auto cases = check::generate_cases(seed + 13 + uint64_t(dt), count_from_env(40), dt);
-  for (const int64_t K : {1, 2, 3, 4, 8, 16}) cases.push_back(make_case(seed + 17 * uint64_t(K), dt, 32, 192, 776, 3, K));
-  cases.push_back(make_case(seed + 19, dt, 128, 256, 768, 1, 8));  // qwen3's I: three rounds of 32 chunks (bf16)
-  int compared = 0;
-  double worst = 0;
-  for (const auto& c : cases) {
-    for (const char* form : {"early", "lean"}) {
-      ScopedEnv env("MOEX_CUDA_DOWN_FORM", form);
-      const auto r = check::run_case("batched_mm", c, Device::cuda());
-      EXPECT_EQ(r.status, check::Result::Status::passed)
-          << "down form " << form << " " << c.describe() << ": " << check::status_name(r.status) << ": " << r.message;
-      worst = std::max(worst, r.rel_l2);
-    }
-    const check::Instance dev = check::make_instance(c).to(Device::cuda());
-    auto run = [&](const char* form) {
-      ScopedEnv env("MOEX_CUDA_DOWN_FORM", form);
-      Tensor out = Tensor::empty(dt, {c.tokens, c.spec.hidden}, Device::cuda());
-      experts_forward("batched_mm", dev.experts(), dev.call(out));
-      return test::to_host(out);
-    };
-    const auto plain = run("plain");
-    EXPECT_EQ(run("early"), plain) << "early down form against batched_down_nt: " << c.describe();
-    EXPECT_EQ(run("lean"), plain) << "lean down form against batched_down_nt: " << c.describe();
-    ++compared;
-  }
-  {
-    ScopedEnv env("MOEX_CUDA_DOWN_FORM", "early");
-    EXPECT_EQ(nonzero_bytes_with_every_slot_dropped("batched_mm", make_case(seed + 23, dt, 8, 256, 128, 4, 2)), 0)
-        << "all slots dropped: bytes not zero";
-  }
-  std::printf("batched_mm down forms: %d cases, early and lean bit for bit with plain, worst rel L2 %.2e\n", compared,
-              worst);
-}
-
 INSTANTIATE_TEST_SUITE_P(Dtypes, CudaEquivalence, ::testing::Values(DType::f32, DType::f16, DType::bf16),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
 

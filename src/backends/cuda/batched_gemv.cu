@@ -11,10 +11,7 @@
 // Weights stored [E, out, in] (default) use one warp per output row; transposed weights
 // [E, in, out] use 64 output columns × 4 k-slices per block (coalesced along the output dim).
 #include "backends/cuda/cuda_common.cuh"
-#include "backends/cuda/mma_ptx.cuh"
 #include "backends/cuda/pdl.cuh"
-
-#include <type_traits>
 
 namespace moex::cuda {
 
@@ -161,8 +158,8 @@ __global__ void __launch_bounds__(THREADS) batched_up_nt(BatchedArgs a) {
 }
 
 // ---- down projection + weighted slot sum, weights [E, H, I]: one warp per (token, n) ----
-// (`plain`: the default is batched_down_lean_nt below, which requests its first chunks before the wait.)
-// Asking L2 for its weights early was slower every time (docs/PERF.md): this kernel issuing
+// Its blocks become resident only as the up kernel's leave, so its weights cannot be requested early.
+// Asking L2 for them from elsewhere was slower every time (docs/PERF.md): this kernel issuing
 // prefetch.global.L2 per line before its wait (twenty-sixth session), and the up kernel's blocks
 // issuing cp.async.bulk.prefetch.L2 for their slot's down matrix (thirty-fifth session: H200, 48-layer
 // Qwen3-30B-A3B, batch 1 +0.17 ms per step) — the up kernel's own stream is what they delay.
@@ -171,6 +168,12 @@ __global__ void __launch_bounds__(THREADS) batched_up_nt(BatchedArgs a) {
 // on qwen3 bf16) cp.async'd before pdl_wait, the up kernel's carve-out set to the largest shared part —
 // bit-identical, but qwen3_30b_a3b / qwen15_moe_a2_7b T = 1 0.046 / 0.041 ms against 0.037 / 0.035, and
 // the 48-layer model's batch-1 step 4.419 ms against 3.594 (two interleaved rounds each).
+// And the first third of them only, before the wait, bit-identical (fifty-eighth session, H100, 2026-12-07,
+// commits 2f49d2d / 781039b, removed; docs/PERF.md): though this kernel's blocks sit resident beside the up
+// kernel's from its start, and bench/experts_stream_probe.cu's copy of the pair gained 2.9 µs per layer that
+// way (31.5 → 28.6), the runtime's step lost — in registers (171, or 128 with spills under a 2-block bound,
+// with the addressing slimmed: 32-bit expert ids, offsets per load) 3.64–3.66 ms against 3.55–3.57 at batch 1
+// and 14.8 against 13.3 at batch 8; staged in shared memory by cp.async (32 KB a block) 3.76 and 16.3.
 // Slots in groups of SLOTS whose dot products run interleaved, UC chunks of each in flight
 // (SLOTS·UC = 8 sixteen-byte weight loads per lane): a row of W is short (I elements: 1.5 KB on
 // qwen3), so one slot at a time left too few loads in flight (H200, batch 1: 17 µs for 25 MB), and
@@ -240,113 +243,6 @@ __global__ void __launch_bounds__(THREADS) batched_down_nt(BatchedArgs a) {
     }
   }
   if (lane == 0) static_cast<T*>(a.out)[t * H + n] = from_f32<T>(acc);
-}
-
-// load_index through L2 only (ld.global.cg): for indices read before pdl_wait, written by a kernel that
-// has finished but ran while this SM may have cached older lines.
-__device__ __forceinline__ int64_t load_index_cg(const void* idx, bool idx64, int64_t p) {
-  return idx64 ? int64_t(__ldcg(static_cast<const long long*>(idx) + p))
-               : int64_t(__ldcg(static_cast<const int32_t*>(idx) + p));
-}
-
-// The same down projection with its first weight chunks requested before pdl_wait (VEC only; EARLY, the
-// default: down_form below). At batch 1 on qwen3_30b_a3b the up kernel's 384 blocks leave room on the
-// SMs for this kernel's 256, which become resident while the up kernel streams; batched_down_nt's then
-// wait idle, and DRAM ramps down at the up kernel's tail and up again for them. Here each warp first
-// reads its first slot group's expert indices and requests its first round of weight chunks (SLOTS·UC
-// loads per lane: a third of qwen3's 1.5 KB rows), then waits. The indices may be read before the wait:
-// the up kernel waits for its predecessors before releasing this one (batched_up_nt), so whatever wrote
-// them has finished; they are read through L2 (ld.global.cg), and h, the biases and the routing weights
-// after the wait. The same chunks, dot products and slot order as batched_down_nt: the same bits.
-// Its addressing is leaner than batched_down_nt's (32-bit expert ids, chunk offsets computed per load
-// instead of 2·SLOTS pointers): batched_down_nt with these loads added took 171 registers at SLOTS = 8,
-// one block per SM — the form a thirty-first-session attempt measured slower (docs/PERF.md, "batched
-// down reads its expert indices and first weight chunks into registers before its wait").
-// EARLY = false: the lean addressing alone (MOEX_CUDA_DOWN_FORM=lean, for the A/B).
-template <class T, int SLOTS, bool CS, bool EARLY>
-__global__ void __launch_bounds__(THREADS, 2) batched_down_lean_nt(BatchedArgs a) {
-  MOEX_CUDA_TRACE_BLOCK(k_batched_down);
-  constexpr int UC = 8 / SLOTS;          // chunks of each slot per round
-  constexpr int V = 16 / int(sizeof(T));  // elements per chunk
-  const int t = int(blockIdx.x), K = int(a.K);
-  const int64_t H = a.H, n = int64_t(blockIdx.y) * (THREADS / 32) + (threadIdx.x >> 5);
-  const int lane = threadIdx.x & 31;
-  const int64_t nv = a.I / V;  // chunks per row
-  const uint4* down = static_cast<const uint4*>(a.down);
-  const uint4* h = static_cast<const uint4*>(a.h);
-  // slot j0 + q's expert, or -1 where the slot is dropped (out of [0, E)) or past K
-  auto expert = [&](int j, bool through_l2) -> int32_t {
-    if (j >= K || n >= H) return -1;
-    const int64_t e = through_l2 ? load_index_cg(a.idx, a.idx64, int64_t(t) * K + j) : load_index(a.idx, a.idx64, int64_t(t) * K + j);
-    return e >= 0 && e < a.E ? int32_t(e) : -1;
-  };
-  auto weight = [&](int32_t e, int64_t c) { return load_weight<CS>(down + (int64_t(e) * H + n) * nv + c); };
-  int32_t e[SLOTS];
-  // the early chunks, [warp][q·UC + u][lane] (32 KB a block), copied by cp.async: in registers across the wait
-  // they took the kernel to 143 registers, 128 with spills under the 2-blocks-per-SM bound, and made it
-  // slower (H100, fifty-eighth session: batch 1 +0.08 ms per step, batch 8 +1.4)
-  __shared__ uint4 early_s[EARLY ? THREADS / 32 : 1][EARLY ? SLOTS * UC : 1][32];
-  [[maybe_unused]] uint4(&mine)[EARLY ? SLOTS * UC : 1][32] = early_s[EARLY ? threadIdx.x >> 5 : 0];
-  if constexpr (EARLY) {
-#pragma unroll
-    for (int q = 0; q < SLOTS; ++q) {
-      e[q] = expert(q, true);
-#pragma unroll
-      for (int u = 0; u < UC; ++u)
-        if (e[q] >= 0 && lane + 32 * u < nv)
-          ptx::cp_async16(ptx::smem_u32(&mine[q * UC + u][lane]), down + (int64_t(e[q]) * H + n) * nv + lane + 32 * u, true);
-    }
-    ptx::cp_async_commit();
-  }
-  pdl_wait();
-  MOEX_CUDA_TRACE_WAITED();
-  pdl_launch_dependents();
-  if (n >= H) return;
-  float acc = 0.0f;
-  for (int j0 = 0; j0 < K; j0 += SLOTS) {
-    if (!EARLY || j0 > 0) {
-#pragma unroll
-      for (int q = 0; q < SLOTS; ++q) e[q] = expert(j0 + q, false);
-    }
-    float part[SLOTS];
-#pragma unroll
-    for (int q = 0; q < SLOTS; ++q) part[q] = 0.0f;
-    // one round: chunks c0 + 32·u of every slot's row, the weights loaded here or (FROM_EARLY) w_early
-    auto round = [&](int64_t c0, auto from_early) {
-      uint4 xh[SLOTS][UC], xw[SLOTS][UC];
-#pragma unroll
-      for (int q = 0; q < SLOTS; ++q)
-#pragma unroll
-        for (int u = 0; u < UC; ++u)
-          if (e[q] >= 0 && c0 + 32 * u < nv) {
-            xh[q][u] = __ldg(h + (int64_t(t) * K + j0 + q) * nv + c0 + 32 * u);
-            if constexpr (decltype(from_early)::value) xw[q][u] = mine[q * UC + u][lane];  // the lane's own copy
-            else xw[q][u] = weight(e[q], c0 + 32 * u);
-          }
-#pragma unroll
-      for (int q = 0; q < SLOTS; ++q)
-#pragma unroll
-        for (int u = 0; u < UC; ++u)
-          if (e[q] >= 0 && c0 + 32 * u < nv) part[q] = dot_vec<T>(xh[q][u], xw[q][u], part[q]);
-    };
-    int64_t c0 = lane;
-    if constexpr (EARLY) {
-      if (j0 == 0) {
-        ptx::cp_async_wait<0>();  // this thread's copies (each lane reads back only its own)
-        round(c0, std::true_type{});
-        c0 += 32 * UC;
-      }
-    }
-    for (; c0 < nv; c0 += 32 * UC) round(c0, std::false_type{});
-#pragma unroll
-    for (int q = 0; q < SLOTS; ++q) {
-      if (e[q] < 0) continue;
-      float y = warp_sum(part[q]);
-      if (a.down_bias) y += to_f32(static_cast<const T*>(a.down_bias)[int64_t(e[q]) * H + n]);
-      acc += load_any(a.topw, a.topw_code, int64_t(t) * K + j0 + q) * y;
-    }
-  }
-  if (lane == 0) static_cast<T*>(a.out)[int64_t(t) * H + n] = from_f32<T>(acc);
 }
 
 // ---- the expert-shared form (batched_shares_experts, cuda_common.cuh) ----
@@ -640,51 +536,16 @@ bool stream_weights_enabled() {
   return on;
 }
 
-// Which down kernel launch_vec runs (read per call: the A/B and the bit-identity test set it):
-// MOEX_CUDA_DOWN_FORM=early (default) batched_down_lean_nt with its early loads, `lean` the same without
-// them, `plain` batched_down_nt. Early by default: in bench/experts_stream_probe.cu's copy of the batch-1
-// pair (qwen3_30b_a3b's sizes, 48 layers in a CUDA graph) the two kernels took 28.6 µs per layer with the
-// early loads against 31.5 without (H100, 2026-12-07, docs/PERF.md, fifty-eighth session).
-enum class DownForm { early, lean, plain };
-DownForm down_form() {
-  const char* e = std::getenv("MOEX_CUDA_DOWN_FORM");
-  if (!e || !*e || std::string(e) == "early") return DownForm::early;
-  if (std::string(e) == "lean") return DownForm::lean;
-  if (std::string(e) == "plain") return DownForm::plain;
-  detail::fail(ErrorCode::invalid_argument, "MOEX_CUDA_DOWN_FORM={}: expected early, lean or plain", e);
-}
-
-// slots interleaved: K itself up to 8 (rounded up to a power of two), else groups of 8
-template <class T, bool CS, bool EARLY>
-auto lean_down_kernel(int64_t K) {
-  return K <= 1   ? batched_down_lean_nt<T, 1, CS, EARLY>
-         : K <= 2 ? batched_down_lean_nt<T, 2, CS, EARLY>
-         : K <= 4 ? batched_down_lean_nt<T, 4, CS, EARLY>
-                  : batched_down_lean_nt<T, 8, CS, EARLY>;
-}
-template <class T, bool CS>
-auto plain_down_kernel(int64_t K) {
-  return K <= 1   ? batched_down_nt<T, true, 1, CS>
-         : K <= 2 ? batched_down_nt<T, true, 2, CS>
-         : K <= 4 ? batched_down_nt<T, true, 4, CS>
-                  : batched_down_nt<T, true, 8, CS>;
-}
-
 template <class T, bool CS>
 void launch_vec(const BatchedArgs& a, dim3 g_up, dim3 g_down, cudaStream_t stream) {
   launch_pdl("batched_up_nt", a.up_channels > 1 ? batched_up_nt<T, true, true, CS> : batched_up_nt<T, true, false, CS>,
              g_up, dim3(THREADS), 0, stream, a);
-  switch (down_form()) {
-    case DownForm::early:
-      launch_pdl("batched_down_lean_nt", lean_down_kernel<T, CS, true>(a.K), g_down, dim3(THREADS), 0, stream, a);
-      break;
-    case DownForm::lean:
-      launch_pdl("batched_down_lean_nt", lean_down_kernel<T, CS, false>(a.K), g_down, dim3(THREADS), 0, stream, a);
-      break;
-    case DownForm::plain:
-      launch_pdl("batched_down_nt", plain_down_kernel<T, CS>(a.K), g_down, dim3(THREADS), 0, stream, a);
-      break;
-  }
+  // slots interleaved: K itself up to 8 (rounded up to a power of two), else groups of 8
+  const auto down = a.K <= 1   ? batched_down_nt<T, true, 1, CS>
+                    : a.K <= 2 ? batched_down_nt<T, true, 2, CS>
+                    : a.K <= 4 ? batched_down_nt<T, true, 4, CS>
+                               : batched_down_nt<T, true, 8, CS>;
+  launch_pdl("batched_down_nt", down, g_down, dim3(THREADS), 0, stream, a);
 }
 
 // The expert-shared form: plan, up, down, combine (the last three chained with PDL).
