@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# (Ran in the fifty-eighth session on trees 2f49d2d and 781039b; the forms it compares were removed in ec23aea, and
+# MOEX_CUDA_DOWN_FORM no longer exists: kept as it ran.)
 # bench/gpu_session58.sh — the fifty-eighth session's second GPU call: batched_mm's down kernel with its first
 # weight chunks requested before pdl_wait (MOEX_CUDA_DOWN_FORM=early, the new default; batched_down_lean_nt)
 # — tested bit for bit against batched_down_nt, A/B'd on the 48-layer model, then the end-to-end table (H200
