@@ -164,8 +164,8 @@ struct CudaModel::Impl {
   // o projection: one kernel and one hand-off fewer per layer. Unlike the forty-seventh session's form (every
   // block normalising the row bit for bit before its dot products: +0.63 ms), nothing waits for a block-wide
   // reduction — and still slower: the 48-layer model's batch-1 step 3.62–3.63 ms against 3.57–3.58 (H100,
-  // 2026-12-07, three interleaved rounds; docs/PERF.md, fifty-eighth session): the GEMV's extra loads and the
-  // bounded kernel's spills cost more than the norm kernel's hand-off. Opt-in (MOEX_CUDA_FUSE_IN_NORM=1).
+  // 2026-12-07, three interleaved rounds; docs/PERF.md, fifty-eighth session; not traced — presumably the GEMV's
+  // extra loads and the bounded kernel's spills cost more than the hand-off). Opt-in (MOEX_CUDA_FUSE_IN_NORM=1).
   bool fuse_in_norm = false;
   // the q/k/v post-processing issues every load of a head before its arithmetic
   // (MOEX_CUDA_POST_LOADS_FIRST=0: the loop form)
