@@ -926,16 +926,16 @@ struct CudaModel::Impl {
     float* h = dtc == 0 || any_f32_linear || (T <= kern::kGemvMaxRows && gemv_enabled) ? b.h.ptr<float>() : nullptr;
     for (size_t l = 0; l < layers.size(); ++l) {
       const DLayer& d = layers[l];
+      const bool in_norm_fused = in_norm_fuses(d, T, pending_add);  // never at layer 0: nothing is pending there
       if (l == 0) {  // the embedding lookup fused into the first norm: x = embed[ids], h = norm(x)
         kern::RmsNormParams p = norm_params(b.x.ptr<float>(), H, d.input_norm, T, H, h, H);
         p.ids = b.ids.ptr<int32_t>();
         p.embed = embed;
         p.embed_dtype = code_of(dt);
         kern::launch_rmsnorm(p, stream);
-      }
-      const bool in_norm_fused = l > 0 && in_norm_fuses(d, T, pending_add);
-      if (l > 0 && !in_norm_fused && !skip(T, kSkipNorm))
+      } else if (!in_norm_fused && !skip(T, kSkipNorm)) {
         norm(b.x.ptr<float>(), H, d.input_norm, T, H, h, H, pending_add ? b.xout.data() : nullptr);
+      }
       attention_layer(d, l, T, n_tiles, segs, in_norm_fused);
       const kern::RmsNormParams post = norm_params(b.x.ptr<float>(), H, d.post_norm, T, H, h, H);
       const bool post_fused = post_norm_fused(d, T, post);
