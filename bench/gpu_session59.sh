@@ -3,13 +3,16 @@
 # table, the model runtime's H100-chosen defaults A/B'd there, and the GPU suite; on any other card the GPU suite
 # only (the final tree had not run it whole). Carried binaries, built on the development machine:
 #   here:  PACK_TARGETS="moex_tests moex_model_bench moex" bash bench/gpu_prebuilt.sh pack /tmp/breal
-#   there: CALL_LIMIT=500 bash bench/gpu_prebuilt.sh run bench/gpu_session59.sh   (carry ["build-carry"])
-# Steps (PARTS, default "ab e2e suite", in this order, each skipped when too little of CALL_LIMIT is left; on a
+#          mkdir -p build-carry2 && mv build-carry/moex.xz build-carry2/   (the carry limit: 64 MiB with the tree)
+#          xz -T0 -9e -c /tmp/btrace/moex_model_bench > build-carry/moex_model_bench_trace.xz   (-DMOEX_CUDA_TRACE=ON)
+#   there: CALL_LIMIT=540 bash bench/gpu_prebuilt.sh run bench/gpu_session59.sh   (carry ["build-carry"])
+# Steps (PARTS, default "ab e2e trace suite", in this order, each skipped when too little of CALL_LIMIT is left; on a
 # card whose name lacks $BAR_CARD (default H200) only "suite" runs):
 #   ab     moex_model_bench --batches 1,8 switch+graphs, $AB_ROUNDS (default 2) interleaved rounds of
 #          base / fin (MOEX_CUDA_FUSE_IN_NORM=1) / nopost (MOEX_CUDA_FUSE_POST_NORM=0) / kvf32
 #          (MOEX_CUDA_KV_CACHE=f32) → ab_<variant>_<round>.txt: the defaults chosen on H100s, checked on the H200
 #   e2e    issue 5's end-to-end table beside the reference library (bench/gpu_session28.sh PARTS=model)
+#   trace  the traced moex_model_bench at batch 1, bench/trace_report.py → trace_report.md (the per-kernel timeline)
 #   suite  the GPU suite, $TEST_FILTER (default every CUDA and deepgemm test but the timed one) → tests.log
 # → $OUT/summary.txt and logs.tgz. A second call on the same warm machine can run issue 7's and issue 6's tables
 # with the moex binary this one unpacked: PARTS="side fp8" BUILD=build-gpu DEADLINE=560 bash bench/gpu_session29.sh
@@ -17,7 +20,7 @@ set -u
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 export BUILD=${BUILD:-build-gpu} MOEX_SOURCE_DIR=$PWD
-PARTS=${PARTS:-"ab e2e suite"}
+PARTS=${PARTS:-"ab e2e trace suite"}
 has() { [[ " $PARTS " == *" $1 "* ]]; }
 t0=$(date +%s)
 limit=${CALL_LIMIT:-500}
@@ -32,7 +35,7 @@ if has ab; then
                    [kvf32]="MOEX_CUDA_KV_CACHE=f32")
   for round in $(seq 1 "${AB_ROUNDS:-2}"); do
     for v in "${variants[@]}"; do
-      [ "$(left)" -gt 330 ] || break 2  # leave the e2e table and the suite their time
+      [ "$(left)" -gt 350 ] || break 2  # leave the e2e table, the trace and the suite their time
       # shellcheck disable=SC2086
       env ${envs[$v]} timeout 60 "$BUILD/moex_model_bench" --layers 48 --prompt 2048 --decode-prompt 128 --new 64 \
         --batches 1,8 --variants switch+graphs --out "$OUT/ab_${v}_$round.json" > "$OUT/ab_${v}_$round.txt" 2>&1
@@ -49,6 +52,16 @@ if has e2e && [ "$(left)" -gt 120 ]; then
   for f in side_by_side.md moex_e2e.json ref_e2e.json model.txt progress.log; do cp "$OUT/r/$f" "$OUT/" 2> /dev/null; done
   rm -rf "$OUT/r"
   echo "e2e done at $(( $(date +%s) - t0 )) s" | tee -a "$OUT/summary.txt"
+fi
+
+if has trace && [ "$(left)" -gt 240 ] && [ -x "$BUILD/moex_model_bench_trace" ]; then
+  timeout 60 "$BUILD/moex_model_bench_trace" --layers 48 --prompt 2048 --new 32 --batches 1 \
+    --variants switch+graphs --trace "$OUT/trace.csv" --trace-steps "${TRACE_STEPS:-8}" > "$OUT/trace_bench.txt" 2>&1
+  echo "traced bench rc $? at $(( $(date +%s) - t0 )) s" | tee -a "$OUT/summary.txt"
+  timeout 40 python3 bench/trace_report.py "$OUT/trace.csv" --json "$OUT/trace_report.json" \
+    --launches "$OUT/launches.csv" > "$OUT/trace_report.md" 2>&1
+  head -24 "$OUT/trace_report.md" | tee -a "$OUT/summary.txt"
+  rm -f "$OUT/trace.csv" "$OUT/launches.csv"
 fi
 
 if has suite && [ "$(left)" -gt 100 ]; then
