@@ -7,7 +7,7 @@
 #          xz -T0 -9e -c /tmp/btrace/moex_model_bench > build-carry/moex_model_bench_trace.xz   (-DMOEX_CUDA_TRACE=ON)
 #   there: CALL_LIMIT=540 bash bench/gpu_prebuilt.sh run bench/gpu_session59.sh   (carry ["build-carry"])
 # Steps (PARTS, default "ab e2e trace suite", in this order, each skipped when too little of CALL_LIMIT is left; on a
-# card whose name lacks $BAR_CARD (default H200) only "suite" runs):
+# card whose name lacks $BAR_CARD (default H200) only $NON_BAR_PARTS, default "suite", runs):
 #   ab     moex_model_bench --batches 1,8 switch+graphs, $AB_ROUNDS (default 2) interleaved rounds of
 #          base / fin (MOEX_CUDA_FUSE_IN_NORM=1) / nopost (MOEX_CUDA_FUSE_POST_NORM=0) / kvf32
 #          (MOEX_CUDA_KV_CACHE=f32) → ab_<variant>_<round>.txt: the defaults chosen on H100s, checked on the H200
@@ -26,7 +26,7 @@ t0=$(date +%s)
 limit=${CALL_LIMIT:-500}
 left() { echo $(( limit - ($(date +%s) - t0) )); }
 gpu=$(nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.mem --format=csv,noheader | head -1)
-if [[ "$gpu" != *"${BAR_CARD:-H200}"* ]]; then PARTS=suite; fi
+if [[ "$gpu" != *"${BAR_CARD:-H200}"* ]]; then PARTS=${NON_BAR_PARTS-suite}; fi  # NON_BAR_PARTS="": nothing there
 echo "== $gpu; tree $(cat build-carry/commit 2> /dev/null); parts: $PARTS" | tee "$OUT/summary.txt"
 
 if has ab; then
