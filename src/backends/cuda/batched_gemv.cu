@@ -158,9 +158,10 @@ __global__ void __launch_bounds__(THREADS) batched_up_nt(BatchedArgs a) {
 }
 
 // ---- down projection + weighted slot sum, weights [E, H, I]: one warp per (token, n) ----
-// Its blocks become resident only as the up kernel's leave, so its weights cannot be requested early.
-// Asking L2 for them from elsewhere was slower every time (docs/PERF.md): this kernel issuing
-// prefetch.global.L2 per line before its wait (twenty-sixth session), and the up kernel's blocks
+// At batch 1 its blocks are resident beside the up kernel's from early on (PDL; the fifty-seventh and
+// fifty-eighth sessions' traces), idle at pdl_wait. Requesting its weights before then was slower every
+// time (docs/PERF.md): this kernel issuing prefetch.global.L2 per line before its wait (twenty-sixth
+// session), and the up kernel's blocks
 // issuing cp.async.bulk.prefetch.L2 for their slot's down matrix (thirty-fifth session: H200, 48-layer
 // Qwen3-30B-A3B, batch 1 +0.17 ms per step) — the up kernel's own stream is what they delay.
 // Copying them into shared memory before the wait was slower too (fifty-fourth session, H100, 2026-12-07,
@@ -169,9 +170,8 @@ __global__ void __launch_bounds__(THREADS) batched_up_nt(BatchedArgs a) {
 // bit-identical, but qwen3_30b_a3b / qwen15_moe_a2_7b T = 1 0.046 / 0.041 ms against 0.037 / 0.035, and
 // the 48-layer model's batch-1 step 4.419 ms against 3.594 (two interleaved rounds each).
 // And the first third of them only, before the wait, bit-identical (fifty-eighth session, H100, 2026-12-07,
-// commits 2f49d2d / 781039b, removed; docs/PERF.md): though this kernel's blocks sit resident beside the up
-// kernel's from its start, and bench/experts_stream_probe.cu's copy of the pair gained 2.9 µs per layer that
-// way (31.5 → 28.6), the runtime's step lost — in registers (171, or 128 with spills under a 2-block bound,
+// commits 2f49d2d / 781039b, removed; docs/PERF.md): though bench/experts_stream_probe.cu's copy of the pair
+// gained 2.9 µs per layer that way (31.5 → 28.6), the runtime's step lost — in registers (171, or 128 with spills under a 2-block bound,
 // with the addressing slimmed: 32-bit expert ids, offsets per load) 3.64–3.66 ms against 3.55–3.57 at batch 1
 // and 14.8 against 13.3 at batch 8; staged in shared memory by cp.async (32 KB a block) 3.76 and 16.3.
 // Slots in groups of SLOTS whose dot products run interleaved, UC chunks of each in flight
