@@ -14,8 +14,10 @@
 #   e2e    issue 5's end-to-end table beside the reference library (bench/gpu_session28.sh PARTS=model)
 #   trace  the traced moex_model_bench at batch 1, bench/trace_report.py → trace_report.md (the per-kernel timeline)
 #   suite  the GPU suite, $TEST_FILTER (default every CUDA and deepgemm test but the timed one) → tests.log
-# → $OUT/summary.txt and logs.tgz. A second call on the same warm machine can run issue 7's and issue 6's tables
-# with the moex binary this one unpacked: PARTS="side fp8" BUILD=build-gpu DEADLINE=560 bash bench/gpu_session29.sh
+# → $OUT/summary.txt and logs.tgz. A second call on the same warm machine, carrying build-carry2, can run issue 7's
+# and issue 6's tables: moex unpacked from build-carry2/moex.xz into build-gpu/ beside the binaries this call left
+# there, then PARTS="side fp8" BUILD=build-gpu DEADLINE=560 bash bench/gpu_session29.sh (the whole command:
+# docs/PERF.md, fifty-ninth session, "For the next session (sixtieth)").
 set -u
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
