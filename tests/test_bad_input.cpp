@@ -184,6 +184,21 @@ TEST(BadInput, NaNAndInfPropagateWithoutCrashing) {
   }
 }
 
+TEST(BadInput, MessagesAreOneSafeLine) {
+  // Controls and bytes that are not UTF-8 become escapes; printable ASCII and valid UTF-8 stay.
+  EXPECT_EQ(one_line("plain 'text' [1, 2]"), "plain 'text' [1, 2]");
+  EXPECT_EQ(one_line("a\nb\tc\rd"), "a\\nb\\tc\\rd");
+  EXPECT_EQ(one_line(std::string("nul\0bel\a", 8)), "nul\\x00bel\\x07");
+  EXPECT_EQ(one_line("\x1b[2J\x7f"), "\\x1b[2J\\x7f");
+  EXPECT_EQ(one_line("caf\xc3\xa9 \xe2\x89\xa5 \xf0\x9f\x98\x80"), "caf\xc3\xa9 \xe2\x89\xa5 \xf0\x9f\x98\x80");  // é ≥ 😀
+  EXPECT_EQ(one_line("\xc2\x9b" "31m"), "\\xc2\\x9b31m");                        // C1 CSI
+  EXPECT_EQ(one_line("\x88\xc3"), "\\x88\\xc3");                                  // stray / cut sequences
+  EXPECT_EQ(one_line("\xc0\xaf \xed\xa0\x80 \xf4\x90\x80\x80"), "\\xc0\\xaf \\xed\\xa0\\x80 \\xf4\\x90\\x80\\x80");  // overlong, surrogate, > U+10FFFF
+  // Every moex::Error carries the escaped form, whoever builds it.
+  const Error e(ErrorCode::parse, "tensor 'x\ny'");
+  EXPECT_STREQ(e.what(), "tensor 'x\\ny'");
+}
+
 TEST(BadInput, ParsersGiveClearErrors) {
   expect_error([] { parse_device("tpu"); }, ErrorCode::invalid_argument, "tpu");
   expect_error([] { parse_activation("swishy"); }, ErrorCode::invalid_argument, "swishy");

@@ -57,6 +57,11 @@ void expect_error(const std::string& path, ErrorCode code, std::vector<std::stri
 }
 
 
+// True when `msg` prints as one line: no control bytes (C0, DEL, C1) and only valid UTF-8.
+bool printable_one_line(const std::string& msg) {
+  return moex::one_line(msg) == msg;
+}
+
 }  // namespace
 
 TEST(Safetensors, RoundTripAllDTypes) {
@@ -270,9 +275,34 @@ TEST(Safetensors, RandomCorruptionNeverCrashes) {
       }
     } catch (const Error& e) {
       ++errors;
+      EXPECT_TRUE(printable_one_line(e.what())) << e.what();  // random bytes of the file never reach the terminal raw
     }
   }
   EXPECT_GT(errors, 100);
+}
+
+TEST(Safetensors, NamesAndBytesFromTheFileAreEscapedInMessages) {
+  // A hostile header: a tensor name with a newline, a BEL and a terminal colour sequence (ESC [31m),
+  // then a byte that is not UTF-8 inside the JSON. The errors quote them escaped, on one line; valid
+  // UTF-8 in a name (é) is kept as it is.
+  TempDir tmp;
+  const std::string data(4, '\0');
+  const std::string hostile = R"({"a\nb\u0007\u001b[31mé":{"dtype":"zz","shape":[1],"data_offsets":[0,4]}})";
+  write_bytes(tmp / "names.safetensors", raw_file(hostile, data));
+  expect_error(tmp / "names.safetensors", ErrorCode::parse, {"'a\\nb\\x07\\x1b[31mé'", "unknown dtype 'zz'"});
+  std::string bad_utf8 = R"({"t":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"x)";
+  bad_utf8 += char(0x88);
+  bad_utf8 += R"(":1})";
+  write_bytes(tmp / "bytes.safetensors", raw_file(bad_utf8, data));
+  try {
+    SafetensorsFile::open(tmp / "bytes.safetensors");
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("malformed JSON"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("\\x88"), std::string::npos) << msg;
+    EXPECT_TRUE(printable_one_line(msg)) << msg;
+  }
 }
 
 TEST(Safetensors, WriterRejectsBadInput) {

@@ -2,6 +2,7 @@
 #pragma once
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 namespace moex {
 
@@ -17,9 +18,15 @@ enum class ErrorCode {
 
 const char* error_code_name(ErrorCode c);
 
+// `text` made safe to print as one line: control characters (a newline, an ESC starting a terminal
+// sequence, C1 controls) and bytes that are not valid UTF-8 become escapes (\n, \t, \r, \xNN); valid
+// UTF-8 is kept. Messages quote names and bytes read from files (a tensor name, a JSON parser's "last
+// read"), which a corrupt or hostile checkpoint controls.
+std::string one_line(std::string_view text);
+
 class Error : public std::runtime_error {
  public:
-  Error(ErrorCode code, const std::string& msg) : std::runtime_error(msg), code_(code) {}
+  Error(ErrorCode code, const std::string& msg) : std::runtime_error(one_line(msg)), code_(code) {}
   ErrorCode code() const noexcept { return code_; }
 
  private:
