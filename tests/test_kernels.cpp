@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <type_traits>
@@ -975,21 +976,40 @@ std::vector<uint16_t> pack_panels_bf16(const std::vector<uint16_t>& w, int64_t n
 
 // One packed micro-kernel under test: f32 (PackedMatmulArgs, every table) or bf16
 // (PackedBf16MatmulArgs, the tables that have it), with its element type, packing and kernel.
+// XElem: the activations' element type, Elem: the weights'.
 struct PackedF32 {
   using Elem = float;
+  using XElem = float;
   using Args = PackedMatmulArgs;
   static Elem from_float(float v) { return v; }
   static float to_float(Elem v) { return v; }
+  static XElem x_from_float(float v) { return v; }
+  static float x_to_float(XElem v) { return v; }
   static std::vector<Elem> pack(const std::vector<Elem>& w, int64_t n, int64_t k) { return pack_panels(w, n, k); }
   static auto kernel(const KernelTable& kt) { return kt.packed_matmul; }
 };
 struct PackedBf16 {
   using Elem = uint16_t;
+  using XElem = uint16_t;
   using Args = PackedBf16MatmulArgs;
   static Elem from_float(float v) { return float_to_bf16(v); }
   static float to_float(Elem v) { return bf16_to_float(v); }
+  static XElem x_from_float(float v) { return float_to_bf16(v); }
+  static float x_to_float(XElem v) { return bf16_to_float(v); }
   static std::vector<Elem> pack(const std::vector<Elem>& w, int64_t n, int64_t k) { return pack_panels_bf16(w, n, k); }
   static auto kernel(const KernelTable& kt) { return kt.packed_matmul_bf16; }
+};
+// bf16 panels with f32 activations on FMAs (the AVX2 table).
+struct PackedBf16Wide {
+  using Elem = uint16_t;
+  using XElem = float;
+  using Args = PackedBf16WideArgs;
+  static Elem from_float(float v) { return float_to_bf16(v); }
+  static float to_float(Elem v) { return bf16_to_float(v); }
+  static XElem x_from_float(float v) { return v; }
+  static float x_to_float(XElem v) { return v; }
+  static std::vector<Elem> pack(const std::vector<Elem>& w, int64_t n, int64_t k) { return pack_panels_bf16(w, n, k); }
+  static auto kernel(const KernelTable& kt) { return kt.packed_matmul_bf16_wide; }
 };
 
 template <class P>
@@ -1001,7 +1021,7 @@ std::vector<const KernelTable*> tables_with() {
 }
 
 template <class P>
-void run_packed(const KernelTable& kt, const std::vector<typename P::Elem>& x, int64_t ldx, int64_t m, int64_t k,
+void run_packed(const KernelTable& kt, const std::vector<typename P::XElem>& x, int64_t ldx, int64_t m, int64_t k,
                 const std::vector<typename P::Elem>& panels, float* y, int64_t ldy, int64_t n0, int64_t n1) {
   typename P::Args a;
   a.x = x.data();
@@ -1027,8 +1047,9 @@ void packed_matches_loop(uint32_t seed, int iters) {
   for (const KernelTable* kt : tables_with<P>()) {
     for (int iter = 0; iter < iters; ++iter) {
       const int64_t m = 1 + rng() % 30, n = 1 + rng() % 100, k = iter == 0 ? 0 : iter == 1 ? 1 : iter == 2 ? 2049 + rng() % 400 : 1 + rng() % 700;
-      std::vector<typename P::Elem> x(static_cast<size_t>(m * k)), w(static_cast<size_t>(n * k));
-      for (auto& v : x) v = P::from_float(nd(rng));
+      std::vector<typename P::XElem> x(static_cast<size_t>(m * k));
+      std::vector<typename P::Elem> w(static_cast<size_t>(n * k));
+      for (auto& v : x) v = P::x_from_float(nd(rng));
       for (auto& v : w) v = P::from_float(nd(rng));
       const auto panels = P::pack(w, n, k);
       const int64_t n0 = (rng() % n) / kPanelCols * kPanelCols, n1 = n0 + 1 + rng() % (n - n0);
@@ -1044,7 +1065,7 @@ void packed_matches_loop(uint32_t seed, int iters) {
           }
           double ref = 0, mag = 0;
           for (int64_t kk = 0; kk < k; ++kk) {
-            const double p = double(P::to_float(x[size_t(i * k + kk)])) * P::to_float(w[size_t((n0 + c) * k + kk)]);
+            const double p = double(P::x_to_float(x[size_t(i * k + kk)])) * P::to_float(w[size_t((n0 + c) * k + kk)]);
             ref += p;
             mag += std::fabs(p);
           }
@@ -1061,15 +1082,16 @@ void packed_rows_do_not_depend_on_the_batch(uint32_t seed, int64_t k) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> nd;
   const int64_t m = 13, n = 96;
-  std::vector<typename P::Elem> x(static_cast<size_t>(m * k)), w(static_cast<size_t>(n * k));
-  for (auto& v : x) v = P::from_float(nd(rng));
+  std::vector<typename P::XElem> x(static_cast<size_t>(m * k));
+  std::vector<typename P::Elem> w(static_cast<size_t>(n * k));
+  for (auto& v : x) v = P::x_from_float(nd(rng));
   for (auto& v : w) v = P::from_float(nd(rng));
   const auto panels = P::pack(w, n, k);
   for (const KernelTable* kt : tables_with<P>()) {
     std::vector<float> all(static_cast<size_t>(m * n));
     run_packed<P>(*kt, x, k, m, k, panels, all.data(), n, 0, n);
     for (int64_t i = 0; i < m; ++i) {
-      const std::vector<typename P::Elem> row(x.begin() + i * k, x.begin() + (i + 1) * k);
+      const std::vector<typename P::XElem> row(x.begin() + i * k, x.begin() + (i + 1) * k);
       std::vector<float> one(static_cast<size_t>(n - 32));
       run_packed<P>(*kt, row, k, 1, k, panels, one.data(), n - 32, 32, n);
       for (int64_t c = 32; c < n; ++c) ASSERT_EQ(one[size_t(c - 32)], all[size_t(i * n + c)]) << kt->isa << " row " << i << " column " << c;
@@ -1155,6 +1177,38 @@ TEST(CpuKernels, PackedBf16MatmulRowsDoNotDependOnTheBatch) {
   if (tables_with<PackedBf16>().empty()) GTEST_SKIP() << "no kernel table with the packed bf16 kernel on this CPU";
   packed_rows_do_not_depend_on_the_batch<PackedBf16>(37, 601);
   packed_rows_do_not_depend_on_the_batch<PackedBf16>(37, 2301);
+}
+
+// bf16 panels with f32 activations on FMAs (AVX2): against the f64 loop, rows independent of the batch,
+// and bit for bit the f32 packed kernel of the same table on the weights widened to f32 (the same FMA
+// chain in k order) — m across every row block (1..30), odd k, chunks of one and of several row blocks.
+TEST(CpuKernels, PackedBf16WideMatchesLoopAndTheF32KernelBitForBit) {
+  if (tables_with<PackedBf16Wide>().empty()) GTEST_SKIP() << "no kernel table with the bf16-panel f32 kernel on this CPU";
+  packed_matches_loop<PackedBf16Wide>(43, 60);
+  packed_rows_do_not_depend_on_the_batch<PackedBf16Wide>(47, 601);
+  packed_rows_do_not_depend_on_the_batch<PackedBf16Wide>(47, 2301);
+  std::mt19937 rng(53);
+  std::normal_distribution<float> nd;
+  for (const KernelTable* kt : tables_with<PackedBf16Wide>())
+    for (int iter = 0; iter < 40; ++iter) {
+      const int64_t m = 1 + rng() % 30, n = 1 + rng() % 100;
+      const int64_t k = iter == 0 ? 1 : iter == 1 ? 2049 + rng() % 400 : iter == 2 ? 4097 : 1 + rng() % 700;
+      std::vector<float> x(size_t(m * k)), wf(size_t(n * k));
+      std::vector<uint16_t> w(size_t(n * k));
+      for (auto& v : x) v = nd(rng);
+      if (iter == 5) x[0] = std::numeric_limits<float>::infinity();  // an inf in row 0: no 0 · inf from padding
+      for (size_t i = 0; i < w.size(); ++i) {
+        w[i] = float_to_bf16(nd(rng));
+        wf[i] = bf16_to_float(w[i]);
+      }
+      const int64_t n0 = (rng() % n) / kPanelCols * kPanelCols, n1 = n0 + 1 + rng() % (n - n0), wd = n1 - n0;
+      std::vector<float> want(size_t(m * wd)), got(size_t(m * wd), -777.0f);
+      run_packed<PackedF32>(*kt, x, k, m, k, pack_panels(wf, n, k), want.data(), wd, n0, n1);
+      run_packed<PackedBf16Wide>(*kt, x, k, m, k, pack_panels_bf16(w, n, k), got.data(), wd, n0, n1);
+      for (size_t i = 0; i < got.size(); ++i)
+        ASSERT_EQ(std::memcmp(&got[i], &want[i], 4), 0) << kt->isa << " m" << m << " n" << n << " k" << k << " at " << i << ": "
+                                                        << got[i] << " vs " << want[i];
+    }
 }
 
 namespace {

@@ -46,7 +46,7 @@ struct PackedParts {
   int count = 0;
 };
 
-// x: f32 rows for f32 panels, bf16 rows for bf16 panels, for FP8 and FP4 panels the activations' e4m3
+// x: f32 rows for f32 panels, bf16 rows for bf16 panels (f32 rows on the tables with packed_matmul_bf16_wide), for FP8 and FP4 panels the activations' e4m3
 // codes as f32 with their scales xs [m, ceil(K / 128)] (false, in place, for any other pairing, and for fewer
 // rows than the matrix's min_rows).
 bool project_packed(const KernelTable& kt, PackedParts pk, const void* x, DType xdt, int64_t m, int64_t K, int64_t r0,
@@ -55,7 +55,7 @@ bool project_packed(const KernelTable& kt, PackedParts pk, const void* x, DType 
     const PackedMatrix& p = pk.parts[i];
     const bool pairing = p.panels_e4m3  ? xdt == DType::f32 && xs && kt.packed_matmul_fp8 && kt.packed_fp8_pairs == p.fp8_pairs
                          : p.panels_fp4  ? xdt == DType::f32 && xs && kt.packed_matmul_fp4 && kt.packed_fp4_pairs == p.fp4_pairs
-                         : p.panels_bf16 ? xdt == DType::bf16 && kt.packed_matmul_bf16
+                         : p.panels_bf16 ? (xdt == DType::bf16 && kt.packed_matmul_bf16) || (xdt == DType::f32 && kt.packed_matmul_bf16_wide)
                                          : xdt == DType::f32;
     const bool kernel = pairing && m >= p.min_rows;
     const int64_t lo = std::max(r0, p.row0), hi = std::min(r0 + width, p.row0 + p.n);
@@ -92,6 +92,10 @@ bool project_packed(const KernelTable& kt, PackedParts pk, const void* x, DType 
       a.group_scales = p.group_scales;
       a.group = p.group;
       kt.packed_matmul_fp4(a);
+    } else if (p.panels_bf16 && xdt == DType::f32) {  // tables without vdpbf16ps (AVX2): f32 x on FMAs
+      PackedBf16WideArgs a;
+      fill(a, static_cast<const float*>(x), p.panels_bf16);
+      kt.packed_matmul_bf16_wide(a);
     } else if (p.panels_bf16) {
       PackedBf16MatmulArgs a;
       fill(a, static_cast<const uint16_t*>(x), p.panels_bf16);
@@ -107,7 +111,8 @@ bool project_packed(const KernelTable& kt, PackedParts pk, const void* x, DType 
 
 // y[0:m, 0:w] (row stride ldy) = x[m, K] · W[r0 : r0 + w, :]ᵀ (+ bias[r0 : r0 + w]): the weight rows
 // r0.. of the logical [N, K] matrix, written to columns 0.. of a compact buffer. With `packed` (f32
-// experts, bf16 experts with bf16 x) the packed copy of W is read instead of W.
+// experts; bf16 experts with bf16 x, or with f32 x where the table has packed_matmul_bf16_wide) the
+// packed copy of W is read instead of W.
 // x_vnni: x's bf16 rows already packed for the AMX kernel (MatmulArgs::x_vnni), or null.
 void project_rows(const KernelTable& kt, const ExpertsSpec& s, const void* w, const void* bias, const void* x, DType xdt,
                   int64_t m, int64_t N, int64_t K, int64_t r0, int64_t width, float* y, int64_t ldy, PackedParts packed = {},

@@ -110,6 +110,24 @@ struct PackedBf16MatmulArgs {
 // bf16 elements of one panel of PackedBf16MatmulArgs.
 inline int64_t packed_bf16_panel_elems(int64_t k) { return (k + 1) / 2 * 2 * kPanelCols; }
 
+// Y[0:m, 0:n1−n0] = X[0:m, 0:k] · P[:, n0:n1] for f32 X and the packed bf16 panels of
+// PackedBf16MatmulArgs, on f32 FMAs: for the tables without vdpbf16ps (AVX2), whose bf16 experts take
+// f32 activations. Per pair of k, one vector load of a panel row holds W columns' two weights; a
+// shift and a mask make them the f32 vectors of the even and the odd k (bf16 → f32 is exact), each
+// multiplied by one broadcast x per row. Each output is one f32 FMA chain in k order 0, 1, …, k−1 —
+// the arithmetic of packed_matmul on the weights widened to f32, bit for bit — whatever m or the
+// column range. The weights stay bf16 in memory: half the bytes of an f32 panel.
+struct PackedBf16WideArgs {
+  const float* x = nullptr;          // [m, k] f32, row stride ldx
+  int64_t ldx = 0;
+  int64_t m = 0, k = 0;
+  const uint16_t* panels = nullptr;  // [ceil(N / 32), ceil(k / 2), 32, 2] (PackedBf16MatmulArgs)
+  float* y = nullptr;                // [m, n1 − n0], row stride ldy: column 0 is output column n0
+  int64_t ldy = 0;
+  int64_t n0 = 0, n1 = 0;
+  int64_t prefetch_ahead = 0;        // as PackedMatmulArgs::prefetch_ahead
+};
+
 // The gated up projection in one pass: H[0:m, 0:n1−n0] = bf16(silu(G) · U) with G = X · Pg[:, n0:n1]
 // and U = X · Pu[:, n0:n1] for bf16 X and the gate and up halves of a packed bf16 [2I, k] weight
 // (two PackedBf16MatmulArgs panel sets over the same columns). Each G and U value is the f32 chain of
@@ -233,6 +251,9 @@ struct KernelTable {
   // The gated up projection on packed bf16 panels (PackedBf16GatedArgs); nullptr where the table has
   // none (then: two packed_matmul_bf16 calls, silu_mul and from_f32).
   void (*packed_gated_bf16)(const PackedBf16GatedArgs& a) = nullptr;
+  // The packed bf16 panels with f32 activations on FMAs (PackedBf16WideArgs); nullptr where the
+  // table has none (AVX-512 tables: not measured there; vdpbf16ps tables use packed_matmul_bf16).
+  void (*packed_matmul_bf16_wide)(const PackedBf16WideArgs& a) = nullptr;
 };
 
 // The table for this CPU. MOEX_CPU_ISA=avx512|avx2|generic forces a (supported) variant.

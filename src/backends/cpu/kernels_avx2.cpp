@@ -64,6 +64,13 @@ struct Avx2 {
     __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
     return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
   }
+  // 16 bf16 at p — 8 columns' (k, k + 1) pairs of a packed bf16 panel row — as the f32 vectors of the
+  // even k (the low halves shifted up) and the odd k (the high halves, low bits cleared): exact.
+  static void load_bf16_pairs(const uint16_t* p, V& even, V& odd) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    even = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+    odd = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(int32_t(0xffff0000u))));
+  }
   static V load_f16(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
   static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
   static float reduce(V v) {

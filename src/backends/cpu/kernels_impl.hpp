@@ -605,6 +605,137 @@ void packed_matmul(const PackedMatmulArgs& a) {
   }
 }
 
+// ---- packed bf16 weights, f32 x: Y = X · P on FMAs (see PackedBf16WideArgs) ----------------------
+// packed_block's scheme on the k-pair panels of the vdpbf16ps kernel: MR rows × NV vectors of outputs;
+// per pair of k, NV vector loads (W columns × 2 k each) split by Isa::load_bf16_pairs into 2·NV f32
+// weight vectors, two broadcast x per row, 2·MR·NV FMAs — the even k's before the odd k's into the
+// same accumulator, so each output is the f32 chain of packed_block in k order. Registers (AVX2, 16):
+// 2·MR accumulators + 4 weights + 2 broadcasts, so MR ≤ 5 (packed_bf16w_max_rows).
+template <class Isa>
+constexpr int packed_bf16w_max_rows() {
+  return Isa::W >= 16 ? 12 : 5;
+}
+template <class Isa>
+constexpr int packed_bf16w_default_rows() {
+  return Isa::W >= 16 ? 7 : 4;
+}
+
+// Rows [i0, i0 + MR) × columns [c0, c0 + ncols) of a panel, pairs [p0, p1); first / pf as packed_block.
+template <class Isa, int MR, int NV>
+inline void packed_bf16w_block(const PackedBf16WideArgs& a, int64_t i0, const uint16_t* panel, int c0, int ncols, float* y,
+                               int64_t p0, int64_t p1, bool first, const char* pf, int64_t pf_lines) {
+  using V = typename Isa::V;
+  constexpr int W = Isa::W, NC = NV * W;
+  V acc[MR][NV];
+  alignas(64) float tmp[MR][NC];  // partial panels: y goes through here (never touched past ncols)
+  const bool full = ncols == NC;
+  if (first) {
+    for (int r = 0; r < MR; ++r)
+      for (int c = 0; c < NV; ++c) acc[r][c] = Isa::zero();
+  } else {
+    for (int r = 0; r < MR; ++r) {
+      const float* yr = y + (i0 + r) * a.ldy;
+      if (!full) {
+        std::fill(tmp[r], tmp[r] + NC, 0.0f);
+        std::memcpy(tmp[r], yr, size_t(ncols) * sizeof(float));
+        yr = tmp[r];
+      }
+      for (int c = 0; c < NV; ++c) acc[r][c] = Isa::load(yr + c * W);
+    }
+  }
+  const float* xr[MR];
+  for (int r = 0; r < MR; ++r) xr[r] = a.x + (i0 + r) * a.ldx;
+  const int64_t whole = a.k / 2, pe = std::min(p1, whole);  // pairs with both k inside
+  const uint16_t* pp = panel + p0 * 2 * kPanelCols + 2 * c0;
+  const int64_t steps = std::max<int64_t>(1, p1 - p0);
+  const int64_t stride = pf_lines > 0 ? std::max<int64_t>(1, steps / pf_lines) : steps + 1;
+  const int64_t per_step = pf_lines > 0 ? (pf_lines + steps - 1) / steps : 0;
+  int64_t pf_next = 0, countdown = stride;
+  for (int64_t j = p0; j < pe; ++j, pp += 2 * kPanelCols) {
+    if (--countdown == 0) {
+      countdown = stride;
+      for (int64_t q = 0; q < per_step && pf_next < pf_lines; ++q) prefetch_line_l2(pf + 64 * pf_next++);
+    }
+    V we[NV], wo[NV];
+    for (int c = 0; c < NV; ++c) Isa::load_bf16_pairs(pp + 2 * W * c, we[c], wo[c]);
+    for (int r = 0; r < MR; ++r) {
+      const V xe = Isa::set1(xr[r][2 * j]);
+      for (int c = 0; c < NV; ++c) acc[r][c] = Isa::fma(xe, we[c], acc[r][c]);
+      const V xo = Isa::set1(xr[r][2 * j + 1]);
+      for (int c = 0; c < NV; ++c) acc[r][c] = Isa::fma(xo, wo[c], acc[r][c]);
+    }
+  }
+  if (p1 > whole) {  // odd k: the last pair holds W[c, k − 1] and a zero, which is skipped
+    const uint16_t* pl = panel + whole * 2 * kPanelCols + 2 * c0;
+    V we[NV], wo[NV];
+    for (int c = 0; c < NV; ++c) Isa::load_bf16_pairs(pl + 2 * W * c, we[c], wo[c]);
+    for (int r = 0; r < MR; ++r) {
+      const V xe = Isa::set1(xr[r][a.k - 1]);
+      for (int c = 0; c < NV; ++c) acc[r][c] = Isa::fma(xe, we[c], acc[r][c]);
+    }
+  }
+  for (int r = 0; r < MR; ++r) {
+    float* yr = y + (i0 + r) * a.ldy;
+    if (full) {
+      for (int c = 0; c < NV; ++c) Isa::store(yr + c * W, acc[r][c]);
+    } else {
+      for (int c = 0; c < NV; ++c) Isa::store(tmp[r] + c * W, acc[r][c]);
+      std::memcpy(yr, tmp[r], size_t(ncols) * sizeof(float));
+    }
+  }
+}
+
+template <class Isa, int NV, int MR = packed_bf16w_max_rows<Isa>()>
+inline void packed_bf16w_rows(int mr, const PackedBf16WideArgs& a, int64_t i0, const uint16_t* panel, int c0, int ncols, float* y,
+                              int64_t p0, int64_t p1, bool first, const char* pf, int64_t pf_lines) {
+  if constexpr (MR > 1) {
+    if (mr < MR) {
+      packed_bf16w_rows<Isa, NV, MR - 1>(mr, a, i0, panel, c0, ncols, y, p0, p1, first, pf, pf_lines);
+      return;
+    }
+  }
+  packed_bf16w_block<Isa, MR, NV>(a, i0, panel, c0, ncols, y, p0, p1, first, pf, pf_lines);
+}
+
+// packed_matmul's loop (panel-outer, k in chunks every row block passes over, the next chunk
+// prefetched spread over the row blocks) in pairs of k: a pair step reads as many bytes as an f32 k step.
+template <class Isa>
+void packed_matmul_bf16_wide(const PackedBf16WideArgs& a) {
+  if (a.m <= 0 || a.n1 <= a.n0) return;
+  if (a.k == 0) {
+    for (int64_t i = 0; i < a.m; ++i) std::fill(a.y + i * a.ldy, a.y + i * a.ldy + (a.n1 - a.n0), 0.0f);
+    return;
+  }
+  constexpr int NV = 2, NC = NV * Isa::W;
+  static_assert(kPanelCols % NC == 0, "a panel is a whole number of micro-kernel column groups");
+  // MOEX_CPU_PACKED_ROWS (1 .. packed_bf16w_max_rows) for A/B runs
+  static const int64_t MRmax = packed_rows_setting(packed_bf16w_max_rows<Isa>(), packed_bf16w_default_rows<Isa>());
+  const int64_t blocks = (a.m + MRmax - 1) / MRmax;
+  const int64_t pairs = (a.k + 1) / 2, panel_elems = packed_bf16_panel_elems(a.k);
+  const int64_t chunk = (packed_k_chunk(blocks) + 1) / 2;  // in pairs of k
+  constexpr int64_t kPairBytes = 2 * kPanelCols * int64_t(sizeof(uint16_t));  // 128: two cache lines
+  for (int64_t n = a.n0; n < a.n1; n += kPanelCols) {
+    const uint16_t* panel = a.panels + (n / kPanelCols) * panel_elems;
+    const int64_t width = std::min<int64_t>(kPanelCols, a.n1 - n);
+    float* yp = a.y + (n - a.n0);
+    for (int64_t p0 = 0; p0 < pairs; p0 += chunk) {
+      const int64_t p1 = std::min(pairs, p0 + chunk);
+      const int64_t ahead = blocks == 1 ? a.prefetch_ahead : 0;
+      const bool stream = blocks > 1 || a.prefetch_ahead >= 0;  // prefetch_ahead < 0: none (one row block)
+      const char* base = reinterpret_cast<const char*>(panel);
+      const char* next = ahead > 0 && ahead < chunk * kPairBytes ? base + p0 * kPairBytes + ahead : base + p1 * kPairBytes;
+      const int64_t next_lines = std::min(chunk, pairs) * kPairBytes / 64;
+      for (int64_t b = 0; b < blocks; ++b) {
+        const int64_t i0 = b * a.m / blocks, i1 = (b + 1) * a.m / blocks;
+        const int64_t l0 = b * next_lines / blocks, l1 = (b + 1) * next_lines / blocks;
+        for (int c0 = 0; c0 < width; c0 += NC)
+          packed_bf16w_rows<Isa, NV>(int(i1 - i0), a, i0, panel, c0, int(std::min<int64_t>(NC, width - c0)), yp + c0, p0, p1,
+                                     p0 == 0, next + l0 * 64, c0 == 0 && stream ? l1 - l0 : 0);
+      }
+    }
+  }
+}
+
 // ---- packed FP8: see PackedFp8MatmulArgs ---------------------------------------------------------
 // MR rows × one panel (2 vectors of 16 columns): per k step one 32-byte row of codes converted to two
 // vectors (fast form where the block is all normal: × 2^-56, taken back with the block's scales), one
@@ -731,11 +862,15 @@ KernelTable make_table(const char* name) {
   void (*packed_gated)(const PackedBf16GatedArgs&) = nullptr;
   if constexpr (requires { Isa::kPackedBf16; })
     if constexpr (Isa::kPackedBf16) packed_gated = &Isa::packed_gated_bf16;
+  // bf16 panels with f32 x on FMAs: the ISAs whose traits split bf16 pairs (AVX2), not the vdpbf16ps ones
+  void (*packed_bf16_wide)(const PackedBf16WideArgs&) = nullptr;
+  if constexpr (!Isa::kBf16Dot && requires(const uint16_t* p, typename Isa::V& v) { Isa::load_bf16_pairs(p, v, v); })
+    packed_bf16_wide = &packed_matmul_bf16_wide<Isa>;
   return KernelTable{name,           Isa::kBf16Dot,        &matmul<Isa>,         &to_f32<Isa>,
                      &from_f32<Isa>, &fma_probe<Isa>,      &e4m3_to_f32<Isa>,    &fp8_matmul<Isa>,
                      &packed_matmul<Isa>, &silu_mul<Isa>,  &read_probe<Isa>,     dot_probe,
                      packed_bf16,    packed_fp8,           fp8_pairs,            quantize,
-                     packed_fp4,     fp4_pairs,            packed_gated};
+                     packed_fp4,     fp4_pairs,            packed_gated,         packed_bf16_wide};
 }
 
 // Scalar rounding loops shared by the traits (the compiler vectorises the bf16 one).
