@@ -656,13 +656,27 @@ inline void packed_bf16w_block(const PackedBf16WideArgs& a, int64_t i0, const ui
       countdown = stride;
       for (int64_t q = 0; q < per_step && pf_next < pf_lines; ++q) prefetch_line_l2(pf + 64 * pf_next++);
     }
-    V we[NV], wo[NV];
-    for (int c = 0; c < NV; ++c) Isa::load_bf16_pairs(pp + 2 * W * c, we[c], wo[c]);
-    for (int r = 0; r < MR; ++r) {
-      const V xe = Isa::set1(xr[r][2 * j]);
-      for (int c = 0; c < NV; ++c) acc[r][c] = Isa::fma(xe, we[c], acc[r][c]);
-      const V xo = Isa::set1(xr[r][2 * j + 1]);
-      for (int c = 0; c < NV; ++c) acc[r][c] = Isa::fma(xo, wo[c], acc[r][c]);
+    if constexpr (NV > 2) {
+      // few rows, a whole panel: the broadcasts first, then one column group's weights at a time
+      V xe[MR], xo[MR];
+      for (int r = 0; r < MR; ++r) {
+        xe[r] = Isa::set1(xr[r][2 * j]);
+        xo[r] = Isa::set1(xr[r][2 * j + 1]);
+      }
+      for (int c = 0; c < NV; ++c) {
+        V we, wo;
+        Isa::load_bf16_pairs(pp + 2 * W * c, we, wo);
+        for (int r = 0; r < MR; ++r) acc[r][c] = Isa::fma(xo[r], wo, Isa::fma(xe[r], we, acc[r][c]));
+      }
+    } else {
+      V we[NV], wo[NV];
+      for (int c = 0; c < NV; ++c) Isa::load_bf16_pairs(pp + 2 * W * c, we[c], wo[c]);
+      for (int r = 0; r < MR; ++r) {
+        const V xe = Isa::set1(xr[r][2 * j]);
+        for (int c = 0; c < NV; ++c) acc[r][c] = Isa::fma(xe, we[c], acc[r][c]);
+        const V xo = Isa::set1(xr[r][2 * j + 1]);
+        for (int c = 0; c < NV; ++c) acc[r][c] = Isa::fma(xo, wo[c], acc[r][c]);
+      }
     }
   }
   if (p1 > whole) {  // odd k: the last pair holds W[c, k − 1] and a zero, which is skipped
@@ -728,9 +742,21 @@ void packed_matmul_bf16_wide(const PackedBf16WideArgs& a) {
       for (int64_t b = 0; b < blocks; ++b) {
         const int64_t i0 = b * a.m / blocks, i1 = (b + 1) * a.m / blocks;
         const int64_t l0 = b * next_lines / blocks, l1 = (b + 1) * next_lines / blocks;
+        const int64_t pf_lines = stream ? l1 - l0 : 0;
+        if (i1 - i0 <= 2 && NC < kPanelCols) {
+          // one or two rows (decode; a few rows per expert): the whole panel in one pass, so that 4·rows
+          // independent FMA chains hide the FMA latency (16 columns leave 2·rows chains with two FMAs per
+          // pair step, which held decode below the memory's rate)
+          constexpr int NVP = int(kPanelCols / Isa::W);
+          if (i1 - i0 == 2)
+            packed_bf16w_block<Isa, 2, NVP>(a, i0, panel, 0, int(width), yp, p0, p1, p0 == 0, next + l0 * 64, pf_lines);
+          else
+            packed_bf16w_block<Isa, 1, NVP>(a, i0, panel, 0, int(width), yp, p0, p1, p0 == 0, next + l0 * 64, pf_lines);
+          continue;
+        }
         for (int c0 = 0; c0 < width; c0 += NC)
           packed_bf16w_rows<Isa, NV>(int(i1 - i0), a, i0, panel, c0, int(std::min<int64_t>(NC, width - c0)), yp + c0, p0, p1,
-                                     p0 == 0, next + l0 * 64, c0 == 0 && stream ? l1 - l0 : 0);
+                                     p0 == 0, next + l0 * 64, c0 == 0 ? pf_lines : 0);
       }
     }
   }
