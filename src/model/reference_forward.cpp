@@ -144,13 +144,20 @@ void add_lo_and_bias(float* y, const float* lo, int64_t rows, int64_t ld, int64_
     for (int64_t c = c0; c < c1; ++c) y[r * ld + c] += (lo ? lo[r * ld + c] : 0.0f) + (b ? b[c] : 0.0f);
 }
 
+// Whether bf16 panels run on the f32-input FMA kernel (AVX2: packed_matmul_bf16_wide, x kept in f32 as on
+// linear()'s path there) rather than on vdpbf16ps with x as bf16 terms.
+bool bf16_panels_wide() {
+  const cpu::KernelTable& kt = cpu::kernels();
+  return !(kt.packed_matmul_bf16 && kt.bf16_dot) && kt.packed_matmul_bf16_wide;
+}
+
 // Whether linear l of input width `in` runs on its packed panels (pack_linears_for_cpu) for T rows: bf16
 // panels for any T, f32 panels from 8 rows on (fewer rows: the dot kernel, which reads the weights in
 // place as fast).
 bool packed_path(const Linear& l, int64_t T, int64_t in) {
   const cpu::KernelTable& kt = cpu::kernels();
   if (!l.packed || l.weight.size(1) != in || l.weight.dtype() != l.packed->dtype) return false;
-  return l.packed->dtype == DType::bf16 ? kt.packed_matmul_bf16 && kt.bf16_dot : T >= 8;
+  return l.packed->dtype == DType::bf16 ? (kt.packed_matmul_bf16 && kt.bf16_dot) || kt.packed_matmul_bf16_wide : T >= 8;
 }
 
 // bf16 terms of the input of a bf16 linear of T rows: linear_terms() from 8 rows on; fewer rows
@@ -166,7 +173,8 @@ std::vector<Mat> packed_linears(const Mat& x, int64_t T, const std::vector<const
   const int64_t in = ls.front()->weight.size(1);
   MOEX_ASSERT(int64_t(x.size()) == T * in);
   const bool f32 = ls.front()->packed->dtype == DType::f32;  // f32 panels: x as it is, one term
-  const SplitTerms xs(f32 ? Mat() : x, terms_for(T));
+  const bool wide = !f32 && bf16_panels_wide();              // bf16 panels on FMAs: x as it is too
+  const SplitTerms xs(f32 || wide ? Mat() : x, terms_for(T));
   struct Job {
     const Linear* l;
     Tensor bias;  // f32, or undefined
@@ -205,6 +213,9 @@ std::vector<Mat> packed_linears(const Mat& x, int64_t T, const std::vector<const
     if (f32) {
       cpu::PackedMatmulArgs a;
       multiply(a, x.data(), T, j.l->packed->f32(), kt.packed_matmul);
+    } else if (wide) {
+      cpu::PackedBf16WideArgs a;
+      multiply(a, x.data(), T, j.l->packed->bf16(), kt.packed_matmul_bf16_wide);
     } else {
       cpu::PackedBf16MatmulArgs a;
       multiply(a, xs.hi(), xs.two() ? 2 * T : T, j.l->packed->bf16(), kt.packed_matmul_bf16);
@@ -722,9 +733,9 @@ void pack_linears_for_cpu(ModelWeights& w, int threads) {
     const char* v = std::getenv("MOEX_CPU_PACK_LINEARS");
     return v && std::string(v) == "0";
   }();
-  // bf16 weights where the table has the packed bf16 kernel (AVX512_BF16 without AMX), f32 weights on
-  // the packed f32 kernel every table has
-  const bool bf16 = w.dtype == DType::bf16 && cpu::kernels().packed_matmul_bf16;
+  // bf16 weights where the table has a packed bf16 kernel (AVX512_BF16 without AMX: vdpbf16ps; AVX2: f32
+  // FMAs on the same panels), f32 weights on the packed f32 kernel every table has
+  const bool bf16 = w.dtype == DType::bf16 && (cpu::kernels().packed_matmul_bf16 || cpu::kernels().packed_matmul_bf16_wide);
   if (off || !(bf16 || w.dtype == DType::f32)) return;
   const DType dt = w.dtype;
   std::vector<std::pair<const Tensor*, std::shared_ptr<const PackedLinear>*>> to_pack;  // (weight, where its panels go)
