@@ -999,16 +999,12 @@ struct PackedBf16 {
   static std::vector<Elem> pack(const std::vector<Elem>& w, int64_t n, int64_t k) { return pack_panels_bf16(w, n, k); }
   static auto kernel(const KernelTable& kt) { return kt.packed_matmul_bf16; }
 };
-// bf16 panels with f32 activations on FMAs (the AVX2 table).
-struct PackedBf16Wide {
-  using Elem = uint16_t;
+// The same bf16 panels with f32 activations on FMAs (the AVX2 table).
+struct PackedBf16Wide : PackedBf16 {
   using XElem = float;
   using Args = PackedBf16WideArgs;
-  static Elem from_float(float v) { return float_to_bf16(v); }
-  static float to_float(Elem v) { return bf16_to_float(v); }
   static XElem x_from_float(float v) { return v; }
   static float x_to_float(XElem v) { return v; }
-  static std::vector<Elem> pack(const std::vector<Elem>& w, int64_t n, int64_t k) { return pack_panels_bf16(w, n, k); }
   static auto kernel(const KernelTable& kt) { return kt.packed_matmul_bf16_wide; }
 };
 

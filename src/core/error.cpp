@@ -60,9 +60,10 @@ std::string one_line(std::string_view text) {
                n > 0 && !(c == 0xC2 && static_cast<unsigned char>(text[i + 1]) <= 0x9F)) {  // not a C1 control
       out.append(text.substr(i, n));
       i += n;
-    } else {  // other controls, C1 controls, bytes that are not UTF-8
-      for (size_t k = 0, n1 = std::max<size_t>(n, 1); k < n1; ++k) append_hex_escape(out, static_cast<unsigned char>(text[i + k]));
-      i += std::max<size_t>(n, 1);
+    } else {  // other controls, C1 controls (both bytes), bytes that are not UTF-8
+      const size_t len = std::max<size_t>(n, 1);
+      for (size_t k = 0; k < len; ++k) append_hex_escape(out, static_cast<unsigned char>(text[i + k]));
+      i += len;
     }
   }
   return out;

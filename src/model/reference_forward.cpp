@@ -735,7 +735,7 @@ void pack_linears_for_cpu(ModelWeights& w, int threads) {
   }();
   // bf16 weights where the table has a packed bf16 kernel (AVX512_BF16 without AMX: vdpbf16ps; AVX2: f32
   // FMAs on the same panels), f32 weights on the packed f32 kernel every table has
-  const bool bf16 = w.dtype == DType::bf16 && (cpu::kernels().packed_matmul_bf16 || cpu::kernels().packed_matmul_bf16_wide);
+  const bool bf16 = w.dtype == DType::bf16 && cpu::packs_bf16(cpu::kernels());
   if (off || !(bf16 || w.dtype == DType::f32)) return;
   const DType dt = w.dtype;
   std::vector<std::pair<const Tensor*, std::shared_ptr<const PackedLinear>*>> to_pack;  // (weight, where its panels go)

@@ -256,6 +256,10 @@ struct KernelTable {
   void (*packed_matmul_bf16_wide)(const PackedBf16WideArgs& a) = nullptr;
 };
 
+// Whether bf16 weights are worth packing into the bf16 panels for this table: it has a kernel that reads
+// them (packed_matmul_bf16 on vdpbf16ps, or packed_matmul_bf16_wide on FMAs).
+inline bool packs_bf16(const KernelTable& kt) { return kt.packed_matmul_bf16 || kt.packed_matmul_bf16_wide; }
+
 // The table for this CPU. MOEX_CPU_ISA=avx512|avx2|generic forces a (supported) variant.
 const KernelTable& kernels();
 const KernelTable& generic_kernels();

@@ -495,6 +495,43 @@ constexpr int packed_default_rows() {
   return Isa::W >= 16 ? 7 : packed_max_rows<Isa>();
 }
 
+// The MR × NV accumulators of a packed micro-kernel block over rows y[0..MR) (row stride ldy): zero
+// (`first`), or the partial sums stored there. A panel's last ncols < NV·W columns go through tmp, so
+// y is never touched past ncols. Called once per block and inlined (acc stays in registers).
+template <class Isa, int MR, int NV>
+inline void packed_acc_load(typename Isa::V (&acc)[MR][NV], float (&tmp)[MR][NV * Isa::W], const float* y, int64_t ldy,
+                            int ncols, bool first) {
+  constexpr int W = Isa::W, NC = NV * W;
+  if (first) {
+    for (int r = 0; r < MR; ++r)
+      for (int c = 0; c < NV; ++c) acc[r][c] = Isa::zero();
+    return;
+  }
+  for (int r = 0; r < MR; ++r) {
+    const float* yr = y + r * ldy;
+    if (ncols != NC) {
+      std::fill(tmp[r], tmp[r] + NC, 0.0f);
+      std::memcpy(tmp[r], yr, size_t(ncols) * sizeof(float));
+      yr = tmp[r];
+    }
+    for (int c = 0; c < NV; ++c) acc[r][c] = Isa::load(yr + c * W);
+  }
+}
+template <class Isa, int MR, int NV>
+inline void packed_acc_store(const typename Isa::V (&acc)[MR][NV], float (&tmp)[MR][NV * Isa::W], float* y, int64_t ldy,
+                             int ncols) {
+  constexpr int W = Isa::W, NC = NV * W;
+  for (int r = 0; r < MR; ++r) {
+    float* yr = y + r * ldy;
+    if (ncols == NC) {
+      for (int c = 0; c < NV; ++c) Isa::store(yr + c * W, acc[r][c]);
+    } else {
+      for (int c = 0; c < NV; ++c) Isa::store(tmp[r] + c * W, acc[r][c]);
+      std::memcpy(yr, tmp[r], size_t(ncols) * sizeof(float));
+    }
+  }
+}
+
 // Rows [i0, i0 + MR) × columns [c0, c0 + ncols) of a panel (c0 relative to the panel, ncols ≤ NV·W), k in
 // [k0, k1); `first`: start from zero, else continue the sums stored in y (the same f32 sum in k order).
 template <class Isa, int MR, int NV>
@@ -505,21 +542,7 @@ inline void packed_block(const PackedMatmulArgs& a, int64_t i0, const float* pan
   constexpr int W = Isa::W, NC = NV * W;
   V acc[MR][NV];
   alignas(64) float tmp[MR][NC];  // partial panels: y goes through here (never touched past ncols)
-  const bool full = ncols == NC;
-  if (first) {
-    for (int r = 0; r < MR; ++r)
-      for (int c = 0; c < NV; ++c) acc[r][c] = Isa::zero();
-  } else {
-    for (int r = 0; r < MR; ++r) {
-      const float* yr = y + (i0 + r) * a.ldy;
-      if (!full) {
-        std::fill(tmp[r], tmp[r] + NC, 0.0f);
-        std::memcpy(tmp[r], yr, size_t(ncols) * sizeof(float));
-        yr = tmp[r];
-      }
-      for (int c = 0; c < NV; ++c) acc[r][c] = Isa::load(yr + c * W);
-    }
-  }
+  packed_acc_load<Isa>(acc, tmp, y + i0 * a.ldy, a.ldy, ncols, first);
   const float* xr[MR];
   for (int r = 0; r < MR; ++r) xr[r] = a.x + (i0 + r) * a.ldx;
   const float* pp = panel + k0 * kPanelCols + c0;
@@ -542,15 +565,7 @@ inline void packed_block(const PackedMatmulArgs& a, int64_t i0, const float* pan
       for (int c = 0; c < NV; ++c) acc[r][c] = Isa::fma(xb, wv[c], acc[r][c]);
     }
   }
-  for (int r = 0; r < MR; ++r) {
-    float* yr = y + (i0 + r) * a.ldy;
-    if (full) {
-      for (int c = 0; c < NV; ++c) Isa::store(yr + c * W, acc[r][c]);
-    } else {
-      for (int c = 0; c < NV; ++c) Isa::store(tmp[r] + c * W, acc[r][c]);
-      std::memcpy(yr, tmp[r], size_t(ncols) * sizeof(float));
-    }
-  }
+  packed_acc_store<Isa>(acc, tmp, y + i0 * a.ldy, a.ldy, ncols);
 }
 
 template <class Isa, int NV, int MR = packed_max_rows<Isa>()>
@@ -628,21 +643,7 @@ inline void packed_bf16w_block(const PackedBf16WideArgs& a, int64_t i0, const ui
   constexpr int W = Isa::W, NC = NV * W;
   V acc[MR][NV];
   alignas(64) float tmp[MR][NC];  // partial panels: y goes through here (never touched past ncols)
-  const bool full = ncols == NC;
-  if (first) {
-    for (int r = 0; r < MR; ++r)
-      for (int c = 0; c < NV; ++c) acc[r][c] = Isa::zero();
-  } else {
-    for (int r = 0; r < MR; ++r) {
-      const float* yr = y + (i0 + r) * a.ldy;
-      if (!full) {
-        std::fill(tmp[r], tmp[r] + NC, 0.0f);
-        std::memcpy(tmp[r], yr, size_t(ncols) * sizeof(float));
-        yr = tmp[r];
-      }
-      for (int c = 0; c < NV; ++c) acc[r][c] = Isa::load(yr + c * W);
-    }
-  }
+  packed_acc_load<Isa>(acc, tmp, y + i0 * a.ldy, a.ldy, ncols, first);
   const float* xr[MR];
   for (int r = 0; r < MR; ++r) xr[r] = a.x + (i0 + r) * a.ldx;
   const int64_t whole = a.k / 2, pe = std::min(p1, whole);  // pairs with both k inside
@@ -688,15 +689,7 @@ inline void packed_bf16w_block(const PackedBf16WideArgs& a, int64_t i0, const ui
       for (int c = 0; c < NV; ++c) acc[r][c] = Isa::fma(xe, we[c], acc[r][c]);
     }
   }
-  for (int r = 0; r < MR; ++r) {
-    float* yr = y + (i0 + r) * a.ldy;
-    if (full) {
-      for (int c = 0; c < NV; ++c) Isa::store(yr + c * W, acc[r][c]);
-    } else {
-      for (int c = 0; c < NV; ++c) Isa::store(tmp[r] + c * W, acc[r][c]);
-      std::memcpy(yr, tmp[r], size_t(ncols) * sizeof(float));
-    }
-  }
+  packed_acc_store<Isa>(acc, tmp, y + i0 * a.ldy, a.ldy, ncols);
 }
 
 template <class Isa, int NV, int MR = packed_bf16w_max_rows<Isa>()>

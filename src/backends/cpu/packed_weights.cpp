@@ -283,7 +283,7 @@ std::shared_ptr<PackedWeights> PackedWeights::of(const Experts& ex) {
   const ExpertsSpec& s = ex.spec;
   const bool f32 = s.dtype == DType::f32 && ex.gate_up.dtype == DType::f32 && ex.down.dtype == DType::f32;
   const bool bf16 = s.dtype == DType::bf16 && ex.gate_up.dtype == DType::bf16 && ex.down.dtype == DType::bf16 &&
-                    !s.transposed && (kernels().packed_matmul_bf16 != nullptr || kernels().packed_matmul_bf16_wide != nullptr);
+                    !s.transposed && packs_bf16(kernels());
   const bool fp8 = s.quant.kind == QuantKind::fp8_block && s.quant.block_k == 128 && s.quant.block_n >= 1 && !s.transposed &&
                    ex.gate_up.dtype == DType::fp8_e4m3 && ex.down.dtype == DType::fp8_e4m3 && kernels().packed_matmul_fp8 != nullptr;
   const int64_t group = s.quant.block_k;
