@@ -447,15 +447,24 @@ void fp8_matmul(const Fp8MatmulArgs& a) {
 // next panel) is prefetched into L2, spread over all row blocks of this chunk so that DRAM stays busy
 // the whole time, not only during the first row block (with 16 rows = 2 blocks that halved the
 // streaming rate). Chunk length (packed_k_chunk):
-// - several row blocks: up to kPackedKChunkRows k steps (256 KiB of an f32 panel, from L2). Chunks of
-//   256 (the block in L1) cost each row block a reload of its accumulators and a restart of the
-//   stream every 256 steps: on the AMD EPYC development VM (2 threads, 2026-12-04) small_moe f32
-//   T = 256 took 8.53–8.62 ms with them and 8.17–8.21 ms with whole panels (docs/PERF.md,
-//   thirty-sixth session);
+// - several row blocks: up to `rows_chunk` k steps. The f32 kernel (packed_f32_k_chunk_rows):
+//   - AVX-512 (two 16-column vectors per k step, 128 bytes): kPackedKChunkRows, 256 KiB of an f32
+//     panel, from L2. Chunks of 256 (the block in L1) cost each row block a reload of its
+//     accumulators and a restart of the stream every 256 steps: on the AMD EPYC (AVX-512) development
+//     VM (2 threads, 2026-12-04) small_moe f32 T = 256 took 8.53–8.62 ms with them and 8.17–8.21 ms
+//     with whole panels (docs/PERF.md, thirty-sixth session);
+//   - AVX2 (two 8-column vectors: a panel's k step is two calls of 64 bytes each):
+//     kPackedKChunkRowsAvx2 = 256: the 16 KiB of the chunk a call reads stay in L1 for the next row
+//     block (the x rows' 256 k beside them: 1 KiB each). On the AVX2
+//     AMD EPYC (Zen 3) development VM, 2 threads, interleaved (2026-12-07, sixty-first session):
+//     qwen3_30b_a3b f32 T = 256 151–164 ms against 166–172 ms with whole panels (4 of 4 rounds),
+//     small_moe f32 T = 256 10.7–10.8 against 10.8–12.7 ms; the bf16 kernels showed no difference and
+//     keep whole panels.
 // - one row block (decode): kPackedKChunk, the prefetch distance those paths were tuned with.
 // MOEX_CPU_PACKED_KCHUNK=n (≥ 16) sets the first for A/B runs.
 constexpr int64_t kPackedKChunk = 256;
 constexpr int64_t kPackedKChunkRows = 2048;
+constexpr int64_t kPackedKChunkRowsAvx2 = 256;
 
 // The largest row block of a packed kernel: MOEX_CPU_PACKED_ROWS where it is 1 .. max_rows (A/B
 // runs), else default_rows.
@@ -467,13 +476,18 @@ inline int64_t packed_rows_setting(int max_rows, int default_rows) {
   return requested >= 1 && requested <= max_rows ? requested : default_rows;
 }
 
-inline int64_t packed_k_chunk(int64_t row_blocks) {
-  static const int64_t several = [] {
+// k steps per chunk for `row_blocks` row blocks; rows_chunk: the chunk of several row blocks.
+inline int64_t packed_k_chunk(int64_t row_blocks, int64_t rows_chunk = kPackedKChunkRows) {
+  static const int64_t requested = [] {
     const char* e = std::getenv("MOEX_CPU_PACKED_KCHUNK");
     const int v = e ? std::atoi(e) : 0;
-    return int64_t(v >= 16 ? v : kPackedKChunkRows);
+    return int64_t(v >= 16 ? v : 0);
   }();
-  return row_blocks == 1 ? kPackedKChunk : several;
+  return row_blocks == 1 ? kPackedKChunk : requested > 0 ? requested : rows_chunk;
+}
+template <class Isa>
+constexpr int64_t packed_f32_k_chunk_rows() {
+  return Isa::W >= 16 ? kPackedKChunkRows : kPackedKChunkRowsAvx2;
 }
 
 template <class Isa>
@@ -593,7 +607,7 @@ void packed_matmul(const PackedMatmulArgs& a) {
   static const int64_t MRmax = packed_rows_setting(packed_max_rows<Isa>(), packed_default_rows<Isa>());
   // rows in blocks of near-equal size (16 rows: 8 + 8 rather than 12 + 4)
   const int64_t blocks = (a.m + MRmax - 1) / MRmax;
-  const int64_t chunk = packed_k_chunk(blocks);
+  const int64_t chunk = packed_k_chunk(blocks, packed_f32_k_chunk_rows<Isa>());
   for (int64_t n = a.n0; n < a.n1; n += kPanelCols) {
     const float* panel = a.panels + (n / kPanelCols) * a.k * kPanelCols;
     const int64_t width = std::min<int64_t>(kPanelCols, a.n1 - n);
