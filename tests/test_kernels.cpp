@@ -1092,6 +1092,15 @@ void packed_rows_do_not_depend_on_the_batch(uint32_t seed, int64_t k) {
       run_packed<P>(*kt, row, k, 1, k, panels, one.data(), n - 32, 32, n);
       for (int64_t c = 32; c < n; ++c) ASSERT_EQ(one[size_t(c - 32)], all[size_t(i * n + c)]) << kt->isa << " row " << i << " column " << c;
     }
+    // two rows at a time (the AVX2 kernels' whole-panel blocks of one and two rows)
+    for (int64_t i = 0; i + 1 < m; i += 2) {
+      const std::vector<typename P::XElem> rows(x.begin() + i * k, x.begin() + (i + 2) * k);
+      std::vector<float> two(static_cast<size_t>(2 * n));
+      run_packed<P>(*kt, rows, k, 2, k, panels, two.data(), n, 0, n);
+      for (int64_t r = 0; r < 2; ++r)
+        for (int64_t c = 0; c < n; ++c)
+          ASSERT_EQ(two[size_t(r * n + c)], all[size_t((i + r) * n + c)]) << kt->isa << " rows " << i << "+" << r << " column " << c;
+    }
   }
 }
 

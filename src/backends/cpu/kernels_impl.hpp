@@ -626,6 +626,19 @@ void packed_matmul(const PackedMatmulArgs& a) {
       for (int64_t b = 0; b < blocks; ++b) {
         const int64_t i0 = b * a.m / blocks, i1 = (b + 1) * a.m / blocks;
         const int64_t l0 = b * next_lines / blocks, l1 = (b + 1) * next_lines / blocks;
+        if (i1 - i0 <= 2 && NC < kPanelCols) {
+          // one or two rows (decode; a few rows per expert) where a column group is less than a panel
+          // (AVX2): the whole panel in one pass, as packed_matmul_bf16_wide does — a sequential stream
+          // of 128 bytes per k step rather than two passes at a 128-byte stride, and 4·rows
+          // independent FMA chains. The same sums in the same order, so the same bits.
+          constexpr int NVP = int(kPanelCols / Isa::W);
+          const int64_t pf_lines = stream ? l1 - l0 : 0;
+          if (i1 - i0 == 2)
+            packed_block<Isa, 2, NVP>(a, i0, panel, 0, int(width), yp, k0, k1, k0 == 0, next + l0 * 16, pf_lines);
+          else
+            packed_block<Isa, 1, NVP>(a, i0, panel, 0, int(width), yp, k0, k1, k0 == 0, next + l0 * 16, pf_lines);
+          continue;
+        }
         for (int c0 = 0; c0 < width; c0 += NC)
           packed_rows<Isa, NV>(int(i1 - i0), a, i0, panel, c0, int(std::min<int64_t>(NC, width - c0)), yp + c0, k0, k1, k0 == 0,
                                next + l0 * 16, c0 == 0 && stream ? l1 - l0 : 0);
