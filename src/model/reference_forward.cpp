@@ -767,7 +767,7 @@ void pack_linears_for_cpu(ModelWeights& w, int threads) {
     total += bytes;
     made[i] = std::move(p);
   }
-  const int64_t ahead = cpu::stream_prefetch_ahead(total);  // a decode step streams them all
+  const int64_t ahead = cpu::stream_prefetch_ahead(total, dt);  // a decode step streams them all
   for (auto& p : made) p->prefetch_ahead = ahead;
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
   for (size_t i = 0; i < to_pack.size(); ++i) {

@@ -331,10 +331,14 @@ bool intel_cpu() {
 
 }  // namespace
 
-int64_t stream_prefetch_ahead(size_t bytes) {
+int64_t stream_prefetch_ahead(size_t bytes, DType packed_dtype) {
   if (const char* e = std::getenv("MOEX_CPU_PREFETCH_AHEAD"); e && *e) return std::max<int64_t>(-1, std::atoll(e));
   static const bool intel = intel_cpu();
-  if (!intel) return -1;
+  if (!intel) {
+    const KernelTable& kt = kernels();
+    const bool wide_bf16 = packed_dtype == DType::bf16 && kt.packed_matmul_bf16_wide && !kt.packed_matmul_bf16;
+    return wide_bf16 ? kWideBf16PrefetchAhead : -1;
+  }
   const long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);  // 0 or -1 where unknown: taken as smaller
   return llc > 0 && bytes <= size_t(llc) ? 0 : 2048;
 }
@@ -352,7 +356,7 @@ int64_t packed_min_rows(const ExpertsSpec& s) {
 
 PackedWeights::PackedWeights(const Experts& ex)
     : dtype_(weights_dtype(ex.spec)),
-      prefetch_ahead_(stream_prefetch_ahead(size_t(ex.spec.num_experts) * expert_bytes(ex.spec))),
+      prefetch_ahead_(stream_prefetch_ahead(size_t(ex.spec.num_experts) * expert_bytes(ex.spec), weights_dtype(ex.spec))),
       min_rows_(packed_min_rows(ex.spec)),
       experts_(size_t(ex.spec.num_experts)) {}
 PackedWeights::~PackedWeights() = default;

@@ -159,12 +159,22 @@ void pack_rows_fp4(const uint8_t* w, const uint8_t* scales, int64_t group, int64
 // Bytes of one FP8 panel of k codes per column: [k, 32], or [ceil(k / 2), 32, 2] in k pairs.
 inline int64_t fp8_panel_bytes(int64_t k, bool pairs) { return (pairs ? (k + 1) / 2 * 2 : k) * kPanelCols; }
 
-// The packed kernels' prefetch_ahead (PackedMatrix::prefetch_ahead) for weights of `bytes` in all
-// that are streamed one row block at a time: on Intel CPUs 0 (one k chunk ahead) when they fit the
-// last-level cache, else 2 KiB; on other CPUs −1 (no software prefetch: the hardware prefetchers
-// stream faster alone). MOEX_CPU_PREFETCH_AHEAD=bytes overrides it. The experts' copies and the model
-// runtime's packed dense linears (model/reference_forward.cpp) both take it.
-int64_t stream_prefetch_ahead(size_t bytes);
+// The packed kernels' prefetch_ahead (PackedMatrix::prefetch_ahead) for weights of `bytes` in all,
+// packed as `packed_dtype`, that are streamed one row block at a time: on Intel CPUs 0 (one k chunk
+// ahead) when they fit the last-level cache, else 2 KiB; on other CPUs −1 (no software prefetch: the
+// hardware prefetchers stream faster alone), except bf16 panels read by the wide kernel (AVX2's f32
+// FMAs on bf16 pairs): 1 KiB, kWideBf16PrefetchAhead. MOEX_CPU_PREFETCH_AHEAD=bytes overrides it.
+// The experts' copies and the model runtime's packed dense linears (model/reference_forward.cpp)
+// both take it.
+int64_t stream_prefetch_ahead(size_t bytes, DType packed_dtype);
+
+// Why the wide bf16 kernel prefetches where the f32 one does not: per 32 bytes of weights it issues
+// a load, a shift, a mask and two FMAs (the f32 kernel: a load and an FMA), so the core's
+// out-of-order window covers ~2.5× fewer bytes ahead of the stream. On the AVX2 AMD EPYC (Zen 3)
+// development VM, 2 threads, qwen3_30b_a3b bf16 decode (T = 1), paired runs one after the other
+// (2026-12-08, docs/PERF.md, sixty-first session): 1 KiB ahead faster than none in 16 of 19 pairs,
+// by 4–14 % in the first 8 (a median of 7.5 %); f32 decode, same pairs: none faster in 4 of 5.
+constexpr int64_t kWideBf16PrefetchAhead = 1024;
 
 // Frees every packed copy (they are rebuilt on the next call that needs them). Not to be called
 // while an experts call runs.
