@@ -1,9 +1,10 @@
 // tools/model_cmds.cpp — `moex forward` and `moex generate` (SPEC §5):
 //   moex forward  --model DIR --ids "1,2,3;4,5,6" --out FILE [--dtype f32|bf16|f16] [--device cpu|cuda]
-//                 [--experts-implementation NAME | "text_config=eager,=grouped_mm"] [--dequantize]
+//                 [--experts-implementation NAME | "text_config=eager,=grouped_mm"] [--dequantize] [--threads N]
 //   moex generate --model DIR --ids "…" --max-new-tokens N [--do-sample --temperature T --top-k K
 //                 --top-p P --seed S] [--no-decode-switching]   → prints [[ids…], …]
 #include <fmt/format.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <chrono>
@@ -19,7 +20,14 @@ namespace {
 struct ModelOptions {
   std::string model, ids, out, dtype = "f32", device = "cpu", experts;
   bool dequantize = false;  // FP8 checkpoints: experts back to the model dtype at load
+  int threads = 0;          // CPU threads of the model's OpenMP loops and experts calls; 0 = the OpenMP default
 };
+
+void add_threads_option(CLI::App* cmd, ModelOptions& o) {
+  cmd->add_option("--threads", o.threads, "CPU threads (0 = the OpenMP default: OMP_NUM_THREADS, else all)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 4096));
+}
 
 // "NAME", or "key=name,key=name" with "" (written "=name") for the top level.
 ExpertsImplementation parse_experts(const std::string& s) {
@@ -37,6 +45,9 @@ ExpertsImplementation parse_experts(const std::string& s) {
 
 Model load(const ModelOptions& o) {
   if (o.model.empty()) throw Error(ErrorCode::invalid_argument, "--model DIR is required");
+  // the runtime's parallel loops and its experts calls (RunOptions::num_threads 0) take OpenMP's
+  // default team size, set here once for the whole command (packing at load included)
+  if (o.threads > 0) omp_set_num_threads(o.threads);
   LoadOptions lo;
   lo.dtype = parse_dtype(o.dtype);
   lo.device = parse_device(o.device);
@@ -57,6 +68,7 @@ void add_common(CLI::App* cmd, ModelOptions& o) {
   cmd->add_option("--device", o.device, "cpu or cuda")->capture_default_str();
   cmd->add_option("--experts-implementation", o.experts, "a backend name, or key=name pairs per sub-config (=name: top level)");
   cmd->add_flag("--dequantize", o.dequantize, "FP8 checkpoints: turn the quantized experts into the model dtype at load");
+  add_threads_option(cmd, o);
 }
 
 }  // namespace
@@ -211,6 +223,7 @@ void add_bench_model(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--format", o->format, "table or json")->capture_default_str();
   cmd->add_option("--repeat", o->repeat, "timed rounds per backend (the median is reported)")->capture_default_str()->check(CLI::Range(1, 1000));
   cmd->add_flag("--dequantize", o->m.dequantize, "FP8 checkpoints: turn the quantized experts into the model dtype at load");
+  add_threads_option(cmd, o->m);
   cmd->callback([&run, o] {
     run = [o] { return run_bench_model(o->m, o->batch, o->len, o->new_tokens, o->backends, o->format, o->repeat); };
   });
