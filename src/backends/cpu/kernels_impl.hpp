@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 #include "backends/cpu/kernels.hpp"
 #include "backends/cpu/quant_math.hpp"
@@ -594,6 +595,28 @@ inline void packed_rows(int mr, const PackedMatmulArgs& a, int64_t i0, const flo
   packed_block<Isa, MR, NV>(a, i0, panel, c0, ncols, y, k0, k1, first, pf, pf_lines);
 }
 
+// One or two rows (decode; a few rows per expert) on an ISA whose micro-kernel column group (2
+// vectors) is narrower than a panel (AVX2: 16 of 32 columns): the packed drivers run the whole panel
+// in one pass instead — a sequential stream of 128 bytes per k step rather than one pass per column
+// group at a 128-byte stride, and 4·rows independent FMA chains (16 columns leave 2·rows, which held
+// decode below the memory's rate). Each output is the same chain in the same order, so the same bits.
+// Calls block(integral_constant rows, integral_constant vectors per panel) and returns true, or
+// returns false where this form does not apply.
+template <class Isa, class Block>
+inline bool run_whole_panel_rows(int64_t rows, Block&& block) {
+  constexpr int NVP = int(kPanelCols / Isa::W);
+  if constexpr (NVP <= 2) {
+    return false;
+  } else {
+    if (rows > 2) return false;
+    if (rows == 2)
+      block(std::integral_constant<int, 2>{}, std::integral_constant<int, NVP>{});
+    else
+      block(std::integral_constant<int, 1>{}, std::integral_constant<int, NVP>{});
+    return true;
+  }
+}
+
 template <class Isa>
 void packed_matmul(const PackedMatmulArgs& a) {
   if (a.m <= 0 || a.n1 <= a.n0) return;
@@ -626,19 +649,11 @@ void packed_matmul(const PackedMatmulArgs& a) {
       for (int64_t b = 0; b < blocks; ++b) {
         const int64_t i0 = b * a.m / blocks, i1 = (b + 1) * a.m / blocks;
         const int64_t l0 = b * next_lines / blocks, l1 = (b + 1) * next_lines / blocks;
-        if (i1 - i0 <= 2 && NC < kPanelCols) {
-          // one or two rows (decode; a few rows per expert) where a column group is less than a panel
-          // (AVX2): the whole panel in one pass, as packed_matmul_bf16_wide does — a sequential stream
-          // of 128 bytes per k step rather than two passes at a 128-byte stride, and 4·rows
-          // independent FMA chains. The same sums in the same order, so the same bits.
-          constexpr int NVP = int(kPanelCols / Isa::W);
-          const int64_t pf_lines = stream ? l1 - l0 : 0;
-          if (i1 - i0 == 2)
-            packed_block<Isa, 2, NVP>(a, i0, panel, 0, int(width), yp, k0, k1, k0 == 0, next + l0 * 16, pf_lines);
-          else
-            packed_block<Isa, 1, NVP>(a, i0, panel, 0, int(width), yp, k0, k1, k0 == 0, next + l0 * 16, pf_lines);
-          continue;
-        }
+        const bool whole = run_whole_panel_rows<Isa>(i1 - i0, [&](auto mr, auto nv) {
+          packed_block<Isa, decltype(mr)::value, decltype(nv)::value>(a, i0, panel, 0, int(width), yp, k0, k1, k0 == 0,
+                                                                     next + l0 * 16, stream ? l1 - l0 : 0);
+        });
+        if (whole) continue;
         for (int c0 = 0; c0 < width; c0 += NC)
           packed_rows<Isa, NV>(int(i1 - i0), a, i0, panel, c0, int(std::min<int64_t>(NC, width - c0)), yp + c0, k0, k1, k0 == 0,
                                next + l0 * 16, c0 == 0 && stream ? l1 - l0 : 0);
@@ -763,17 +778,11 @@ void packed_matmul_bf16_wide(const PackedBf16WideArgs& a) {
         const int64_t i0 = b * a.m / blocks, i1 = (b + 1) * a.m / blocks;
         const int64_t l0 = b * next_lines / blocks, l1 = (b + 1) * next_lines / blocks;
         const int64_t pf_lines = stream ? l1 - l0 : 0;
-        if (i1 - i0 <= 2 && NC < kPanelCols) {
-          // one or two rows (decode; a few rows per expert): the whole panel in one pass, so that 4·rows
-          // independent FMA chains hide the FMA latency (16 columns leave 2·rows chains with two FMAs per
-          // pair step, which held decode below the memory's rate)
-          constexpr int NVP = int(kPanelCols / Isa::W);
-          if (i1 - i0 == 2)
-            packed_bf16w_block<Isa, 2, NVP>(a, i0, panel, 0, int(width), yp, p0, p1, p0 == 0, next + l0 * 64, pf_lines);
-          else
-            packed_bf16w_block<Isa, 1, NVP>(a, i0, panel, 0, int(width), yp, p0, p1, p0 == 0, next + l0 * 64, pf_lines);
-          continue;
-        }
+        const bool whole = run_whole_panel_rows<Isa>(i1 - i0, [&](auto mr, auto nv) {
+          packed_bf16w_block<Isa, decltype(mr)::value, decltype(nv)::value>(a, i0, panel, 0, int(width), yp, p0, p1, p0 == 0,
+                                                                           next + l0 * 64, pf_lines);
+        });
+        if (whole) continue;
         for (int c0 = 0; c0 < width; c0 += NC)
           packed_bf16w_rows<Isa, NV>(int(i1 - i0), a, i0, panel, c0, int(std::min<int64_t>(NC, width - c0)), yp + c0, p0, p1,
                                      p0 == 0, next + l0 * 64, c0 == 0 ? pf_lines : 0);
